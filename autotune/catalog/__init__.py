@@ -1,0 +1,1 @@
+"""Configs (numbers only, no weights) of well-known architectures, for offline model resolution."""

@@ -1,0 +1,263 @@
+"""Resolve ``--model`` to a Hugging Face config, offline, and describe the model's shape.
+
+Resolution order: a local directory with ``config.json``; the Hugging Face cache (no network);
+the catalog of configs shipped in ``autotune/catalog``; the Hub, unless ``HF_HUB_OFFLINE=1``.
+Only the config is needed: models are built with ``from_config`` (random weights), because
+throughput and memory do not depend on the weights' values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+
+# Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
+# decoders get causal LM. ``--task`` overrides.
+TASKS = ("sequence-classification", "causal-lm", "masked-lm")
+
+_DECODER_MODEL_TYPES = {
+    "gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi",
+    "phi3", "gemma", "gemma2", "opt", "bloom", "falcon", "olmo", "olmo2", "smollm3", "starcoder2",
+}
+
+# Hub ids that name the same architecture as a catalog entry.
+_CATALOG_ALIASES = {
+    "google-bert/bert-base-uncased": "bert-base-uncased",
+    "google-bert/bert-large-uncased": "bert-large-uncased",
+    "FacebookAI/roberta-base": "roberta-base",
+    "FacebookAI/roberta-large": "roberta-large",
+    "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
+    "openai-community/gpt2": "gpt2",
+    "openai-community/gpt2-medium": "gpt2-medium",
+    "openai-community/gpt2-large": "gpt2-large",
+    "prajjwal1/bert-tiny": "bert-tiny",
+    "prajjwal1/bert-mini": "bert-mini",
+    "prajjwal1/bert-small": "bert-small",
+    "TinyLlama/TinyLlama_v1.1": "tinyllama-1.1b",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the tuner needs to know about a model: its config and its shape.
+
+    Attributes:
+        name: The name or path the user gave.
+        source: Where the config came from: ``local``, ``hf-cache``, ``catalog`` or ``hub``.
+        config: The Hugging Face config as a plain dict (``PretrainedConfig.to_dict()``).
+        family: ``encoder`` (bidirectional attention) or ``decoder`` (causal attention).
+        task: The training head: one of :data:`TASKS`.
+        num_layers: Transformer blocks.
+        hidden_size: Model width h.
+        num_heads: Attention heads a.
+        num_kv_heads: Key/value heads (fewer than ``num_heads`` under grouped-query attention).
+        intermediate_size: FFN width f.
+        vocab_size: Vocabulary V.
+        max_positions: Longest sequence the position embeddings allow (0 if unbounded, e.g. RoPE).
+        num_params: All trainable parameters of the model with its task head.
+        num_embedding_params: Parameters used only as lookup tables (token, position, type
+            embeddings). A language-model head tied to the token embedding multiplies every token
+            by that matrix, so it counts as compute, not as embedding.
+        num_block_params: Parameters inside the transformer blocks (what checkpointing recomputes).
+        local_dir: The local directory the config came from, if any (tokenizer lives there too).
+    """
+
+    name: str
+    source: str
+    config: dict[str, Any]
+    family: str
+    task: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int
+    num_params: int
+    num_embedding_params: int
+    num_block_params: int
+    local_dir: str | None = None
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config["model_type"])
+
+    @property
+    def num_non_embedding_params(self) -> int:
+        return self.num_params - self.num_embedding_params
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def catalog_names() -> list[str]:
+    """Names of the configs shipped in the catalog."""
+    files = resources.files("autotune.catalog").iterdir()
+    return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
+
+
+def resolve_model(name: str, task: str | None = None) -> ModelSpec:
+    """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
+
+    Args:
+        name: A local directory holding ``config.json``, a Hugging Face id, or a catalog name.
+        task: One of :data:`TASKS`; ``None`` picks the family's default head.
+
+    Raises:
+        AutotuneError: The name resolves nowhere, or the task is unknown.
+    """
+    if task is not None and task not in TASKS:
+        raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
+    config, source, local_dir = _load_config(name)
+    return spec_from_config(name, config, source, task, local_dir)
+
+
+def _load_config(name: str) -> tuple[Any, str, str | None]:
+    from transformers import AutoConfig
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
+        return AutoConfig.from_pretrained(str(path)), "local", str(path.resolve())
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True), "hf-cache", None
+    except (OSError, ValueError):
+        pass
+    catalog_name = _CATALOG_ALIASES.get(name, name)
+    if catalog_name in catalog_names():
+        return _catalog_config(catalog_name), "catalog", None
+    if os.environ.get("HF_HUB_OFFLINE") != "1":
+        try:
+            return AutoConfig.from_pretrained(name), "hub", None
+        except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
+            pass
+    raise AutotuneError(
+        f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
+        f"cache, or a catalog name ({', '.join(catalog_names())})"
+    )
+
+
+def _catalog_config(catalog_name: str) -> Any:
+    from transformers import AutoConfig
+
+    text = resources.files("autotune.catalog").joinpath(f"{catalog_name}.json").read_text()
+    values = {k: v for k, v in json.loads(text).items() if not k.startswith("_autotune")}
+    return AutoConfig.for_model(**values)
+
+
+def spec_from_config(name: str, config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
+    """Describe a config's shape and count its parameters on the meta device (no memory used)."""
+    model_type = config.model_type
+    family = "decoder" if model_type in _DECODER_MODEL_TYPES or _has_causal_head(config) else "encoder"
+    task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
+    if task == "causal-lm" and family == "encoder":
+        raise AutotuneError(f"--task causal-lm: {name} is an encoder ({model_type}); use sequence-classification or masked-lm")
+
+    hidden = _first_attr(config, "hidden_size", "n_embd", "dim", "d_model")
+    heads = _first_attr(config, "num_attention_heads", "n_head", "n_heads")
+    layers = _first_attr(config, "num_hidden_layers", "n_layer", "n_layers")
+    ffn = _first_attr(config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
+    kv_heads = _first_attr(config, "num_key_value_heads", default=heads)
+    max_positions = _first_attr(config, "max_position_embeddings", "n_positions", default=0)
+    if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
+        max_positions = 0  # RoPE: no learned position table limits the length
+
+    num_params, num_embedding_params, num_block_params = _count_params(config, task)
+    return ModelSpec(
+        name=name,
+        source=source,
+        config=config.to_dict(),
+        family=family,
+        task=task,
+        num_layers=int(layers),
+        hidden_size=int(hidden),
+        num_heads=int(heads),
+        num_kv_heads=int(kv_heads),
+        intermediate_size=int(ffn),
+        vocab_size=int(config.vocab_size),
+        max_positions=int(max_positions),
+        num_params=num_params,
+        num_embedding_params=num_embedding_params,
+        num_block_params=num_block_params,
+        local_dir=local_dir,
+    )
+
+
+def _has_causal_head(config: Any) -> bool:
+    architectures = getattr(config, "architectures", None) or []
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+
+
+def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
+    for attr in names:
+        value = getattr(config, attr, None)
+        if value is not None:
+            return value
+    if default is None:
+        raise AutotuneError(f"config of type {config.model_type!r} has none of {names}; autotune cannot size it")
+    return default
+
+
+def _count_params(config: Any, task: str) -> tuple[int, int, int]:
+    """Exact parameter counts from the model built on the meta device (no weights allocated).
+
+    Returns:
+        (all parameters, lookup-only embedding parameters, transformer-block parameters).
+    """
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(config, task)
+    num_params = sum(p.numel() for p in model.parameters())
+    output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = getattr(output_embeddings, "weight", None)
+    num_embedding_params = sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m.weight is not head_weight
+    )
+    # The blocks are the model's longest ModuleList (encoder.layer, h, layers, ...).
+    block_lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    blocks = max(block_lists, key=len, default=None)
+    num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
+    return num_params, num_embedding_params, num_block_params
+
+
+def build_model(config: Any, task: str, attn_implementation: str | None = None) -> Any:
+    """Build the model for ``task`` from a config, with random weights.
+
+    Args:
+        config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
+        task: One of :data:`TASKS`.
+        attn_implementation: ``eager``, ``sdpa``, ``flash_attention_2`` or ``None`` for the default.
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    if isinstance(config, dict):
+        values = dict(config)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    kwargs: dict[str, Any] = {}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if task == "causal-lm":
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    if task == "masked-lm":
+        return AutoModelForMaskedLM.from_config(config, **kwargs)
+    config.num_labels = 2
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # decoders need one to classify a batch
+    return AutoModelForSequenceClassification.from_config(config, **kwargs)

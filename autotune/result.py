@@ -1,0 +1,77 @@
+"""The outcome of one trial: a JSON-serialisable record stored in the trial's user attrs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# ok: ran and fits under the ceiling. over_ceiling: ran, but its peak memory exceeds the ceiling.
+# oom: the allocator failed (a property of the config, not a crash). screened: predicted not to fit,
+# not run. pruned: stopped early, clearly slower than the best. timeout / crash / error: failures
+# that say nothing about the config's memory. interrupted: the user stopped the search.
+STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "timeout", "crash", "error", "interrupted")
+FEASIBLE_STATUSES = ("ok",)
+# Statuses recorded as COMPLETE trials with a violated memory constraint: the sampler learns from them.
+INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened")
+FAILED_STATUSES = ("timeout", "crash", "error", "interrupted")
+
+USER_ATTR_KEY = "result"
+
+
+@dataclasses.dataclass
+class TrialResult:
+    """What one trial measured, or why it measured nothing.
+
+    Throughput figures are per device and over steady-state optimizer steps only. Every memory
+    figure is in bytes and names its source; ``peak_memory_bytes`` is the one compared with the
+    ceiling, and ``memory_source`` names it.
+    """
+
+    status: str
+    samples_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    model_tflops: float = 0.0  # useful work per second (no recomputation), the ranking metric
+    hardware_tflops: float = 0.0  # work the device did per second (recomputation included)
+    mfu: float | None = None  # model TFLOPs / datasheet peak for the dtype used
+    hfu: float | None = None  # hardware TFLOPs / datasheet peak
+    mfu_measured: float | None = None  # model TFLOPs / peak measured by `autotune devices --calibrate`
+    peak_tflops: float | None = None  # the datasheet peak used for MFU/HFU, if known
+    measured_peak_tflops: float | None = None
+    step_time_median_s: float = 0.0  # one optimizer step (all accumulation micro-batches)
+    step_time_cv: float = 0.0  # coefficient of variation of the measured step times
+    measured_steps: int = 0
+    warmup_steps: int = 0
+    warmup_s: float = 0.0  # warm-up steps, compilation included; excluded from throughput
+    setup_s: float = 0.0  # child start to first step: model build, Trainer set-up
+    peak_memory_bytes: int = 0
+    memory_source: str = ""
+    memory_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    ceiling_bytes: int = 0
+    error: str = ""  # the exception or signal, one line
+    stderr_tail: str = ""  # last lines the child wrote
+    wall_s: float = 0.0  # the whole trial as the orchestrator saw it
+    attempts: int = 1
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.status in FEASIBLE_STATUSES
+
+    @property
+    def memory_excess_bytes(self) -> int:
+        """Peak minus ceiling: positive means the config does not fit."""
+        return self.peak_memory_bytes - self.ceiling_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_trial(cls, trial: Any) -> TrialResult | None:
+        """The result stored in an Optuna trial's user attrs, if any."""
+        values = trial.user_attrs.get(USER_ATTR_KEY)
+        return cls.from_dict(values) if values else None
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrialResult:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})

@@ -1,0 +1,63 @@
+"""Entry point of a trial child process (started by the forkserver)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import traceback
+from multiprocessing.connection import Connection
+
+from autotune.devices import child_environment
+from autotune.result import TrialResult
+from autotune.runner._failures import is_oom_exception
+from autotune.runner._job import TrialJob
+
+
+def child_main(conn: Connection, job: TrialJob) -> None:
+    """Set the child up, run the trial, send one ``("result", dict)`` message, exit.
+
+    The child leads its own process group, so the orchestrator can kill it together with its
+    dataloader workers; its stdout and stderr go to ``job.log_path``, whose tail is kept with the
+    trial if something goes wrong.
+    """
+    os.setsid()
+    os.environ.update(child_environment(job.device))  # before anything initialises CUDA
+    _redirect_output(job.log_path)
+    if job.address_space_bytes is not None:
+        _limit_address_space(job.address_space_bytes)
+    conn.send(("started", os.getpid()))
+    try:
+        from autotune.runner._trial import train_and_measure
+
+        result = train_and_measure(job)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
+        traceback.print_exc()
+        result = TrialResult(
+            status="oom" if is_oom_exception(exc) else "error",
+            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+            ceiling_bytes=job.ceiling_bytes,
+        )
+    conn.send(("result", result.to_dict()))
+    conn.close()
+
+
+def _redirect_output(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _limit_address_space(budget_bytes: int) -> None:
+    """Cap virtual memory at today's size plus ``budget_bytes``: a runaway batch fails in here.
+
+    torch's CPU allocator then raises "DefaultCPUAllocator: can't allocate memory", a clean OOM.
+    """
+    import psutil
+
+    current = psutil.Process().memory_info().vms
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = current + budget_bytes
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

@@ -1,0 +1,165 @@
+"""The body of a trial: build the model, train through the real Trainer, measure.
+
+Imported by the forkserver before any child starts, so torch and transformers are loaded once.
+Nothing here touches CUDA at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import time
+from typing import Any
+
+import torch
+import transformers
+from transformers import Trainer, TrainingArguments
+
+from autotune.config import training_arguments_kwargs
+from autotune.devices import memory_probe
+from autotune.flops import hardware_flops_per_sample, model_flops_per_sample
+from autotune.measure import StepTimer
+from autotune.models import build_model
+from autotune.result import TrialResult
+from autotune.runner._job import TrialJob
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """Random token ids at a fixed length, as the HF single-GPU performance guide measures.
+
+    A small pool of sequences is drawn once and cycled, so data generation costs nothing that a
+    real tokenized dataset would not.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, task: str, length: int, pool: int = 64) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self._ids = torch.randint(0, vocab_size, (pool, seq_len), generator=generator)
+        self._task = task
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self._ids[index % len(self._ids)]
+        sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if self._task == "sequence-classification":
+            sample["labels"] = torch.tensor(index % 2)
+        else:
+            sample["labels"] = ids  # causal LM shifts inside the model; MLM predicts every token
+        return sample
+
+
+def harness_arguments(job: TrialJob) -> dict[str, Any]:
+    """TrainingArguments that only the measurement needs; never exported."""
+    return dict(
+        output_dir=job.work_dir,
+        max_steps=job.measure.total_steps_cap,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+
+
+def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
+    if job.dataset is not None:
+        from autotune.data import load_training_dataset
+
+        return load_training_dataset(job.dataset, job.model, job.seq_len)
+    length = job.config.global_batch * (job.measure.total_steps_cap + 1)
+    return SyntheticTokens(job.model.vocab_size, job.seq_len, job.model.task, length)
+
+
+def train_and_measure(job: TrialJob) -> TrialResult:
+    """Train ``job.config`` until the step time is steady and return what was measured."""
+    started = time.perf_counter()
+    probe = memory_probe(job.device.kind)
+    probe.start()
+    try:
+        torch.manual_seed(0)
+        model = build_model(job.model.config, job.model.task, job.config.attn_implementation)
+        kwargs = training_arguments_kwargs(job.config, job.device.kind, job.base_args)
+        args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
+        timer = StepTimer(job.measure, probe.synchronize, _pruner(job))
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=build_dataset(job),
+            callbacks=[timer, *(_load_callback(name)() for name in job.callbacks)],
+        )
+        trainer.train()
+        peaks = probe.peaks()
+    finally:
+        probe.stop()
+    stats = timer.stats()
+    if stats.measured_steps == 0:
+        raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
+    samples_per_s = job.config.global_batch / stats.median_s
+    model_tflops = samples_per_s * model_flops_per_sample(job.model, job.seq_len) / 1e12
+    hardware_tflops = (
+        samples_per_s * hardware_flops_per_sample(job.model, job.seq_len, job.config.checkpointing) / 1e12
+    )
+    peak_tflops = job.device.datasheet_peak_tflops(job.config.dtype)
+    return TrialResult(
+        status="pruned" if timer.stopped_early else "ok",
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * job.seq_len,
+        model_tflops=model_tflops,
+        hardware_tflops=hardware_tflops,
+        mfu=model_tflops / peak_tflops if peak_tflops else None,
+        hfu=hardware_tflops / peak_tflops if peak_tflops else None,
+        mfu_measured=model_tflops / job.measured_peak_tflops if job.measured_peak_tflops else None,
+        peak_tflops=peak_tflops,
+        measured_peak_tflops=job.measured_peak_tflops,
+        step_time_median_s=stats.median_s,
+        step_time_cv=stats.cv,
+        measured_steps=stats.measured_steps,
+        warmup_steps=stats.warmup_steps,
+        warmup_s=stats.warmup_s,
+        setup_s=(timer.first_step_started_at or started) - started,
+        peak_memory_bytes=peaks[probe.ceiling_source],
+        memory_source=probe.ceiling_source,
+        memory_peaks=peaks,
+        ceiling_bytes=job.ceiling_bytes,
+        versions=versions(job),
+    )
+
+
+def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
+    threshold = job.prune_below_samples_per_s
+    if threshold is None:
+        return None
+
+    def clearly_slower(timer: StepTimer) -> bool:
+        # Judge only once the steady-state window is full; the median resists a stray slow step.
+        if len(timer.step_times) < timer.settings.min_steps:
+            return False
+        return job.config.global_batch / timer.stats().median_s < threshold
+
+    return clearly_slower
+
+
+def _load_callback(name: str) -> type:
+    module_name, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def versions(job: TrialJob) -> dict[str, str]:
+    found = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": job.device.name,
+    }
+    if job.device.kind == "cuda":
+        found["cuda"] = str(torch.version.cuda)
+        try:
+            import pynvml
+
+            found["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001 - the driver version is informative only
+            pass
+    return found

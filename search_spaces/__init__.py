@@ -1,0 +1,1 @@
+"""Search-space YAML files shipped with autotune (installed as the package ``autotune.spaces``)."""
