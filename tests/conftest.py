@@ -1,0 +1,65 @@
+"""Shared fixtures: real models from the catalog, the real CPU device, real storages, the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Tests never reach a hub: names resolve from local dirs, the cache, or the catalog.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    from autotune.devices import cpu_device
+
+    return cpu_device()
+
+
+@pytest.fixture(scope="session")
+def bert_tiny():
+    from autotune.models import resolve_model
+
+    return resolve_model("bert-tiny")
+
+
+@pytest.fixture(scope="session")
+def gpt2_tiny():
+    from autotune.models import resolve_model
+
+    return resolve_model("gpt2-tiny")
+
+
+@pytest.fixture
+def fast_measure():
+    """Short measurement windows: tests check behaviour, not speed."""
+    from autotune.measure import MeasureSettings
+
+    return MeasureSettings(warmup_steps=1, min_steps=3, max_steps=4, max_seconds=10.0, cv_target=1.0)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+FAST_SEARCH_ARGS = ["--warmup-steps", "1", "--max-measure-steps", "4", "--seq-len", "32"]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``autotune`` command line in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
