@@ -226,19 +226,25 @@ def run_search(
     started = time.monotonic()
     done = 0
     while (n_trials is None or done < n_trials) and (timeout_s is None or time.monotonic() - started < timeout_s):
-        trial = study.ask(request.space.distributions())
-        study._storage.set_trial_system_attr(
-            trial._trial_id, "autotune_owner", {"host": socket.gethostname(), "pid": os.getpid()}
-        )
-        config = TrialConfig.from_params(trial.params)
-        if progress.on_trial_start:
-            progress.on_trial_start(trial.number, config)
-        result = _reuse_measured(study, trial) or _run_with_retry(study, trial, config, request)
-        tell(study, trial, result)
+        run_one_trial(study, request, progress)
         done += 1
-        if progress.on_trial_end:
-            progress.on_trial_end(trial.number, config, result)
     return done
+
+
+def run_one_trial(study: optuna.Study, request: SearchRequest, progress: SearchProgress) -> TrialResult:
+    """One ask -> (reuse | run in a child) -> tell cycle."""
+    trial = study.ask(request.space.distributions())
+    study._storage.set_trial_system_attr(
+        trial._trial_id, "autotune_owner", {"host": socket.gethostname(), "pid": os.getpid()}
+    )
+    config = TrialConfig.from_params(trial.params)
+    if progress.on_trial_start:
+        progress.on_trial_start(trial.number, config)
+    result = _reuse_measured(study, trial) or _run_with_retry(study, trial, config, request)
+    tell(study, trial, result)
+    if progress.on_trial_end:
+        progress.on_trial_end(trial.number, config, result)
+    return result
 
 
 def _run_with_retry(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, request: SearchRequest) -> TrialResult:
