@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install autotune into .venv and run a real search on the CPU: a tiny BERT, 12 trials, the study in
+# ./autotune.db. Then: `.venv/bin/autotune best` and `.venv/bin/autotune export --out best_args.json`.
+#   bash scripts/demo.sh                      # defaults below
+#   bash scripts/demo.sh --trials 30          # extra arguments go to `autotune search`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0   # the CPU build; on a GPU box install your CUDA build instead
+.venv/bin/pip install -q -e '.[bnb]'
+HF_HUB_OFFLINE=1 .venv/bin/autotune search --model bert-tiny --device cpu --seq-len 128 --trials 12 \
+  --space search_spaces/quick.yaml "$@"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs on a fresh machine, then run it.
+#   bash scripts/test.sh            # the whole suite
+#   bash scripts/test.sh -k export  # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages: Chromium renders the HTML report in its test; the PostgreSQL server backs the
+# multi-worker tests (the suite starts its own server in a temp dir, on loopback).
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing system packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# torch first, pinned: an open `torch` requirement with no torch installed pulls a multi-GB CUDA build.
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[test]'
+
+export HF_HUB_OFFLINE=1
+status=0
+.venv/bin/python -m pytest -q -ra "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here, not a pass" >&2
+  exit 1
+fi
+exit "$status"
