@@ -8,9 +8,33 @@ what the user gets.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
+import tempfile
 from typing import Any
 
+from autotune.errors import AutotuneError
+
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
+
+# Under a global-batch constraint the space holds one of these as a fixed (single-choice) knob, and
+# accumulation is not searched but derived from it: ``limit // micro_batch``. Optuna samples knobs
+# independently and cannot change a knob's choices between trials, so deriving one of the pair is
+# how every trial gets an allowed product (see space.constrain_global_batch, search_spaces/README.md).
+BATCH_LIMIT_KNOBS = ("global_batch", "max_global_batch")
+
+# The TrainingArguments fields each knob writes in training_arguments_kwargs. A --base-args file
+# that sets one of them fixes that knob (space.apply_base_args).
+KNOB_FIELDS: dict[str, tuple[str, ...]] = {
+    "micro_batch": ("per_device_train_batch_size",),
+    "grad_accum": ("gradient_accumulation_steps",),
+    "checkpointing": ("activation_checkpointing", "gradient_checkpointing"),
+    "dtype": ("bf16", "fp16", "tf32"),
+    "optim": ("optim",),
+    "dataloader_workers": ("dataloader_num_workers",),
+    "pin_memory": ("dataloader_pin_memory",),
+    "compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +70,17 @@ class TrialConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TrialConfig:
-        """Build from an Optuna trial's params; knobs the space does not search keep their default."""
+        """Build from an Optuna trial's params; knobs the space does not search keep their default.
+
+        Under a ``global_batch`` or ``max_global_batch`` param (:data:`BATCH_LIMIT_KNOBS`), the
+        accumulation is derived: the most micro-batches that fit, ``limit // micro_batch``.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in known})
+        values = {k: v for k, v in params.items() if k in known}
+        for limit in BATCH_LIMIT_KNOBS:
+            if limit in params:
+                values["grad_accum"] = int(params[limit]) // int(values.get("micro_batch", cls.micro_batch))
+        return cls(**values)
 
     def to_params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +134,87 @@ def training_arguments_kwargs(
     if device_kind == "cpu":
         kwargs["use_cpu"] = True
     return kwargs
+
+
+def knob_values_from_base_args(base_args: dict[str, Any]) -> dict[str, Any]:
+    """The knob values that reproduce what ``base_args`` fix: the inverse of the mapping below.
+
+    For every knob one of whose :data:`KNOB_FIELDS` the user set, the value for which
+    :func:`training_arguments_kwargs` writes the same arguments (the user's other fields pass
+    through unchanged). Knobs the base arguments do not touch are absent.
+    """
+    values: dict[str, Any] = {}
+    if "per_device_train_batch_size" in base_args:
+        values["micro_batch"] = int(base_args["per_device_train_batch_size"])
+    if "gradient_accumulation_steps" in base_args:
+        values["grad_accum"] = int(base_args["gradient_accumulation_steps"])
+    for field in KNOB_FIELDS["checkpointing"]:
+        if field in base_args:
+            values["checkpointing"] = bool(base_args[field])
+    if any(field in base_args for field in KNOB_FIELDS["dtype"]):
+        # bf16/fp16 are the mixed-precision modes; tf32 alone means fp32 storage with TF32 matmuls.
+        set_true = [field for field in ("bf16", "fp16", "tf32") if base_args.get(field)]
+        values["dtype"] = set_true[0] if set_true else "fp32"
+    if "optim" in base_args:
+        values["optim"] = str(base_args["optim"])
+    if "dataloader_num_workers" in base_args:
+        values["dataloader_workers"] = int(base_args["dataloader_num_workers"])
+    if "dataloader_pin_memory" in base_args:
+        values["pin_memory"] = bool(base_args["dataloader_pin_memory"])
+    if any(field in base_args for field in KNOB_FIELDS["compile"]):
+        # TrainingArguments turns torch_compile on when a backend or a mode is given.
+        compiled = base_args.get("torch_compile") or base_args.get("torch_compile_backend") or base_args.get("torch_compile_mode")
+        values["compile"] = str(base_args.get("torch_compile_backend") or "inductor") if compiled else "off"
+    return values
+
+
+# Fields autotune decides itself; a --base-args file may not set them.
+REFUSED_BASE_FIELDS = {
+    "output_dir": "the export leaves it to you: TrainingArguments(output_dir=..., **args)",
+    "use_cpu": "autotune sets it from --device / --gpu",
+    "auto_find_batch_size": "it shrinks the batch on OOM inside the Trainer; autotune measures batch sizes instead",
+}
+
+
+def load_base_args(path: str) -> dict[str, Any]:
+    """Read and check a ``--base-args`` JSON file of TrainingArguments the user fixes.
+
+    Every key must be a ``TrainingArguments`` field, and ``TrainingArguments`` must accept the
+    values (checked here, in the parent, so that no trial fails on them).
+
+    Raises:
+        AutotuneError: Unreadable or not a JSON object, an unknown or refused field, or a value
+            ``TrainingArguments`` rejects; one line naming the field.
+    """
+    from transformers import TrainingArguments
+
+    try:
+        with open(path) as f:
+            base_args = json.load(f)
+    except OSError as exc:
+        raise AutotuneError(f"--base-args {path}: cannot read it ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise AutotuneError(f"--base-args {path}: not valid JSON ({exc})") from None
+    if not isinstance(base_args, dict):
+        raise AutotuneError(f"--base-args {path}: expected a JSON object of TrainingArguments fields")
+    fields = [f.name for f in dataclasses.fields(TrainingArguments) if f.init]
+    for key in base_args:
+        if key in REFUSED_BASE_FIELDS:
+            raise AutotuneError(f"--base-args {path}: remove {key}: {REFUSED_BASE_FIELDS[key]}")
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
+    # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
+    # against this (CPU) process rather than the device the trials run on.
+    checked = {k: v for k, v in base_args.items() if k not in KNOB_FIELDS["dtype"]}
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            TrainingArguments(output_dir=scratch, use_cpu=True, **checked)
+        except (ValueError, TypeError, ImportError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AutotuneError(f"--base-args {path}: TrainingArguments rejects them: {reason[:300]}") from None
+    return base_args
 
 
 def checkpointing_field() -> str:

@@ -5,14 +5,20 @@ Two backends stand behind one interface:
 * ``cpu``: memory is the peak resident set of the trial's whole process tree (dataloader workers
   count), sampled by a thread and cross-checked with the kernel's own high-water mark.
 * ``cuda``: memory is the caching allocator's peak reservation plus what lives outside it (the CUDA
-  context, cuBLAS workspaces), read from NVML per process. The orchestrator reads device facts
-  through NVML only, so it never creates a CUDA context on the GPU it is measuring.
+  context, cuDNN workspaces), from the ``mem_get_info`` delta and NVML's per-process figure, each
+  recorded. The orchestrator reads device facts through NVML only, so it never creates a CUDA
+  context on the GPU it is measuring.
+
+No API reports a device's peak FLOPS: datasheet peaks are looked up by device name (unknown
+devices get none), and ``autotune devices --calibrate`` measures an achievable one
+(:mod:`autotune.calibrate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import resource
 import threading
 import time
@@ -22,21 +28,68 @@ from autotune.errors import AutotuneError
 
 GiB = 1024**3
 
-# Dense datasheet peaks in TFLOPS by dtype: fp32 (no tensor cores), tf32 and fp16/bf16 tensor
-# cores with fp32 accumulate. Sources: NVIDIA datasheets (V100, A100, H100, H200, L4, A10G,
-# RTX 3090/4090); figures collected in ../shared/FACTS.md. V100 has no bf16 and no tf32.
-# Matched against the NVML device name, most specific key first.
-DATASHEET_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
-    "H100": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
-    "H200": {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-    "A10G": {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
-    "V100": {"fp32": 15.7, "fp16": 125.0},
-    "RTX 4090": {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2},
-    "RTX 3090": {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0},
-}
+
+@dataclasses.dataclass(frozen=True)
+class DatasheetEntry:
+    """One GPU model's dense datasheet peaks.
+
+    Attributes:
+        label: The model as the tables print it (``H100 SXM``).
+        pattern: Regular expression matched (case-insensitively) against the NVML device name.
+        peaks_tflops: Dense TFLOPS by dtype: ``fp32`` (CUDA cores), ``tf32`` and ``fp16``/``bf16``
+            (tensor cores, fp32 accumulate). A dtype the GPU lacks is absent.
+        source: Where the figures come from.
+    """
+
+    label: str
+    pattern: str
+    peaks_tflops: dict[str, float]
+    source: str
+
+
+# Dense datasheet peaks (without the 2:4 sparsity factor NVIDIA often quotes), figures collected in
+# ../shared/FACTS.md. Patterns are strict on purpose: a variant with other clocks or SM counts
+# (H100 NVL, H200 NVL, L40/L40S, RTX 3090 Ti, RTX 4090 D, A100X) matches nothing and gets no MFU,
+# rather than the peak of a sibling. NVML names look like "NVIDIA H100 80GB HBM3" (SXM5),
+# "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090".
+DATASHEETS: tuple[DatasheetEntry, ...] = (
+    DatasheetEntry("V100 SXM2", r"\bV100-SXM2\b", {"fp32": 15.7, "fp16": 125.0}, "NVIDIA Tesla V100 datasheet"),
+    DatasheetEntry("V100 PCIe", r"\bV100-PCIE\b", {"fp32": 14.0, "fp16": 112.0}, "NVIDIA Tesla V100 datasheet"),
+    DatasheetEntry("V100S PCIe", r"\bV100S\b", {"fp32": 16.4, "fp16": 130.0}, "NVIDIA Tesla V100S datasheet"),
+    DatasheetEntry(
+        "A100", r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+        "NVIDIA A100 datasheet (SXM4 and PCIe, 40 and 80 GB)",
+    ),
+    DatasheetEntry(
+        "H100 PCIe", r"\bH100 PCIe\b", {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+        "NVIDIA H100 datasheet (sparsity figures halved)",
+    ),
+    DatasheetEntry(
+        "H100 SXM", r"\bH100\b(?!.*\bNVL\b).*\b(HBM3|SXM\d?)\b",
+        {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
+        "NVIDIA H100 datasheet (sparsity figures halved)",
+    ),
+    DatasheetEntry(
+        "H200 SXM", r"\bH200\b(?!.*\bNVL\b)", {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
+        "NVIDIA H200 datasheet (sparsity figures halved)",
+    ),
+    DatasheetEntry(
+        "L4", r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
+        "NVIDIA L4 datasheet (sparsity figures halved)",
+    ),
+    DatasheetEntry(
+        "A10G", r"\bA10G\b", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
+        "NVIDIA A10 datasheet (AWS publishes no separate A10G figures)",
+    ),
+    DatasheetEntry(
+        "RTX 3090", r"\bRTX 3090\b(?!\s*Ti\b)", {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0},
+        "NVIDIA Ampere GA102 whitepaper (fp16/bf16 tensor with fp32 accumulate)",
+    ),
+    DatasheetEntry(
+        "RTX 4090", r"\bRTX 4090\b(?!\s*D\b)", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2},
+        "NVIDIA Ada Lovelace whitepaper (fp16/bf16 tensor with fp32 accumulate)",
+    ),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +118,37 @@ class DeviceSpec:
 
     def datasheet_peak_tflops(self, dtype: str) -> float | None:
         """The datasheet dense peak for ``dtype``; ``None`` where unknown (never invented)."""
+        if self.kind != "cuda":
+            return None  # CPUs publish no matmul peak per dtype; `autotune devices --calibrate` measures one
         return datasheet_peak_tflops(self.name, dtype)
+
+    def datasheet_entry(self) -> DatasheetEntry | None:
+        """This GPU's datasheet entry; ``None`` for the CPU and for GPUs not in :data:`DATASHEETS`."""
+        return datasheet_entry(self.name) if self.kind == "cuda" else None
+
+
+def datasheet_entry(device_name: str) -> DatasheetEntry | None:
+    """The datasheet of the GPU an NVML name describes; ``None`` for CPUs and GPUs not in the table."""
+    for entry in DATASHEETS:
+        if re.search(entry.pattern, device_name, flags=re.IGNORECASE):
+            return entry
+    return None
 
 
 def datasheet_peak_tflops(device_name: str, dtype: str) -> float | None:
     """Look up the datasheet peak for a GPU name and dtype; ``None`` for unknown GPUs and CPUs."""
-    for key, peaks in DATASHEET_PEAK_TFLOPS.items():
-        if key in device_name:
-            return peaks.get(dtype)
-    return None
+    entry = datasheet_entry(device_name)
+    return entry.peaks_tflops.get(dtype) if entry is not None else None
+
+
+def matmul_dtype(dtype: str, tf32_enabled: bool = False) -> str:
+    """The dtype whose peak bounds a trial's matmuls: ``tf32`` for fp32 training with TF32 enabled.
+
+    Mixed precision (``fp16``/``bf16``) runs its matmuls in half precision, so the half-precision
+    tensor peak applies; plain ``fp32`` runs on CUDA cores unless TF32 is switched on (PyTorch leaves
+    it off for matmuls by default).
+    """
+    return "tf32" if dtype == "fp32" and tf32_enabled else dtype
 
 
 def resolve_device(device: str | None, gpu: int | None) -> DeviceSpec:
@@ -150,6 +225,18 @@ def cuda_device(index: int) -> DeviceSpec:
     )
 
 
+def list_devices() -> list[DeviceSpec]:
+    """The CPU, then every CUDA device NVML sees (none where there is no driver)."""
+    found = [cpu_device()]
+    index = 0
+    while True:
+        try:
+            found.append(cuda_device(index))
+        except AutotuneError:
+            return found
+        index += 1
+
+
 def cuda_dtypes(compute_capability: tuple[int, int]) -> tuple[str, ...]:
     """bf16 and TF32 need Ampere (compute capability 8.0) or newer; fp16 tensor cores need Volta (7.0)."""
     dtypes = ["fp32"]
@@ -194,16 +281,34 @@ class MemoryProbe(Protocol):
 
 
 class CpuMemoryProbe:
-    """Peak resident memory of this process and its children (dataloader workers)."""
+    """Peak resident memory of this process and every process below it (dataloader workers).
+
+    The ceiling is compared with ``peak_rss_tree_bytes``: the largest sum of resident set sizes of
+    the trial's process tree seen by a sampling thread, or the kernel's high-water mark of the
+    trial process itself if that is larger (it catches spikes shorter than the sampling interval).
+    Pages that forked workers share with the trial process count once per process, so the figure
+    errs on the safe side of the ceiling.
+    """
 
     ceiling_source = "peak_rss_tree_bytes"
 
-    def __init__(self, interval_s: float = 0.02) -> None:
+    def __init__(self, interval_s: float = 0.02, relist_interval_s: float = 0.5) -> None:
+        """
+        Args:
+            interval_s: How often the tree's resident memory is summed (a cheap read per process).
+            relist_interval_s: How often the tree is listed again. Listing scans every process on
+                the host (about 5 ms with 100 processes), so it is done rarely; workers live for
+                the whole epoch, so a late listing misses little.
+        """
         import psutil
 
         self._process = psutil.Process()
         self._interval_s = interval_s
+        self._relist_interval_s = relist_interval_s
+        self._tree: list[psutil.Process] = [self._process]
+        self._listed_at = 0.0
         self._peak_tree_bytes = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample_forever, daemon=True, name="rss-sampler")
 
@@ -212,34 +317,66 @@ class CpuMemoryProbe:
 
     def _sample_forever(self) -> None:
         while not self._stop.is_set():
-            self._peak_tree_bytes = max(self._peak_tree_bytes, self._tree_rss())
+            self._sample()
             self._stop.wait(self._interval_s)
 
-    def _tree_rss(self) -> int:
+    def _sample(self, relist: bool = False) -> None:
         import psutil
 
-        total = 0
-        for proc in [self._process, *self._process.children(recursive=True)]:
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass  # a worker that exited between listing and reading
-        return total
+        with self._lock:
+            now = time.monotonic()
+            if relist or now - self._listed_at >= self._relist_interval_s:
+                try:
+                    self._tree = [self._process, *self._process.children(recursive=True)]
+                except psutil.Error:
+                    self._tree = [self._process]
+                self._listed_at = now
+            total = 0
+            for proc in self._tree:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass  # a worker that exited since the last listing
+            self._peak_tree_bytes = max(self._peak_tree_bytes, total)
 
     def synchronize(self) -> None:
         """CPU work is synchronous: nothing to wait for."""
 
     def peaks(self) -> dict[str, int]:
-        self._peak_tree_bytes = max(self._peak_tree_bytes, self._tree_rss())
-        # The kernel's high-water mark catches spikes shorter than the sampling interval.
-        self_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._sample(relist=True)
+        self_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
         return {
             "peak_rss_tree_bytes": max(self._peak_tree_bytes, self_hwm),
+            "peak_rss_tree_sampled_bytes": self._peak_tree_bytes,
             "peak_rss_self_bytes": self_hwm,
         }
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaReadings:
+    """Raw CUDA memory readings of one trial process, taken after its last step.
+
+    Attributes:
+        max_reserved: ``torch.cuda.max_memory_reserved()``: the caching allocator's peak holding.
+        max_allocated: ``torch.cuda.max_memory_allocated()``: the peak of live tensors.
+        reserved_now: ``torch.cuda.memory_reserved()`` at the time of the other readings.
+        device_used_now: ``total - free`` from ``torch.cuda.mem_get_info()``: device-wide use.
+        device_used_before: NVML's device-wide use read before this process created its CUDA
+            context (``None`` if NVML could not be read).
+        nvml_process_used: Device memory NVML attributes to this PID (``None`` where NVML cannot
+            see it, e.g. in a container with its own PID namespace).
+    """
+
+    max_reserved: int
+    max_allocated: int
+    reserved_now: int
+    device_used_now: int
+    device_used_before: int | None
+    nvml_process_used: int | None
 
 
 class CudaMemoryProbe:
@@ -251,6 +388,8 @@ class CudaMemoryProbe:
         import torch
 
         self._torch = torch
+        # Read through NVML before torch creates a context, so the context shows in the delta.
+        self._device_used_before = nvml_device_used_bytes()
 
     def start(self) -> None:
         self._torch.cuda.init()
@@ -264,47 +403,77 @@ class CudaMemoryProbe:
         cuda.synchronize()
         free, total = cuda.mem_get_info()
         return cuda_peaks(
-            max_reserved=cuda.max_memory_reserved(),
-            max_allocated=cuda.max_memory_allocated(),
-            reserved_now=cuda.memory_reserved(),
-            process_used=nvml_process_used_bytes(os.getpid()),
-            device_used_now=total - free,
+            CudaReadings(
+                max_reserved=cuda.max_memory_reserved(),
+                max_allocated=cuda.max_memory_allocated(),
+                reserved_now=cuda.memory_reserved(),
+                device_used_now=total - free,
+                device_used_before=self._device_used_before,
+                nvml_process_used=nvml_process_used_bytes(os.getpid()),
+            )
         )
 
     def stop(self) -> None:
         pass
 
 
-def cuda_peaks(
-    max_reserved: int, max_allocated: int, reserved_now: int, process_used: int | None, device_used_now: int
-) -> dict[str, int]:
+def cuda_peaks(readings: CudaReadings) -> dict[str, int]:
     """Combine CUDA readings into peak figures (pure arithmetic, unit-tested without a GPU).
 
-    Memory outside the caching allocator (context, cuBLAS/cuDNN workspaces) is what the process
+    The ceiling figure is ``peak_device_bytes = max_memory_reserved + outside_allocator``. Memory
+    outside the caching allocator (the CUDA context, cuDNN/NCCL workspaces) is what the process
     holds now minus what the allocator holds now; it does not shrink during a run, so it adds to
-    the allocator's peak. NVML's per-process figure is preferred; where a container hides PIDs
-    from NVML, the device-wide figure is an upper bound (it includes other processes).
+    the allocator's peak. What the process holds is taken from NVML's per-process figure where
+    NVML sees this PID (exact, blind to other processes), else from the ``mem_get_info`` delta
+    since before the context existed (exact on a GPU nobody else is using), else from the
+    device-wide use (an upper bound: it includes other processes). Each estimate is recorded.
     """
-    held_now = process_used if process_used is not None else device_used_now
-    outside_allocator = max(held_now - reserved_now, 0)
+    r = readings
     peaks = {
-        "peak_device_bytes": max_reserved + outside_allocator,
-        "max_memory_reserved_bytes": max_reserved,
-        "max_memory_allocated_bytes": max_allocated,
-        "outside_allocator_bytes": outside_allocator,
+        "max_memory_reserved_bytes": r.max_reserved,
+        "max_memory_allocated_bytes": r.max_allocated,
     }
-    if process_used is not None:
-        peaks["nvml_process_used_bytes"] = process_used
+    delta_outside = None
+    if r.device_used_before is not None:
+        delta_outside = max(r.device_used_now - r.device_used_before - r.reserved_now, 0)
+        peaks["outside_allocator_mem_get_info_bytes"] = delta_outside
+    nvml_outside = None
+    if r.nvml_process_used is not None:
+        nvml_outside = max(r.nvml_process_used - r.reserved_now, 0)
+        peaks["nvml_process_used_bytes"] = r.nvml_process_used
+        peaks["outside_allocator_nvml_bytes"] = nvml_outside
+    if nvml_outside is not None:
+        outside = nvml_outside
+    elif delta_outside is not None:
+        outside = delta_outside
+    else:
+        outside = max(r.device_used_now - r.reserved_now, 0)
+    peaks["outside_allocator_bytes"] = outside
+    peaks["peak_device_bytes"] = r.max_reserved + outside
     return peaks
+
+
+def _nvml_handle():  # noqa: ANN202 - a pynvml handle
+    import pynvml
+
+    pynvml.nvmlInit()
+    # Inside a trial child CUDA_VISIBLE_DEVICES names the one physical GPU the child may use.
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(0))
+
+
+def nvml_device_used_bytes() -> int | None:
+    """Device-wide memory in use according to NVML (creates no CUDA context), or ``None``."""
+    try:
+        pynvml, handle = _nvml_handle()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # noqa: BLE001 - a cross-check, never a reason to fail a trial
+        return None
 
 
 def nvml_process_used_bytes(pid: int) -> int | None:
     """Device memory NVML attributes to ``pid``, or ``None`` where NVML cannot see it."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(0))
+        pynvml, handle = _nvml_handle()
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid == pid and proc.usedGpuMemory is not None:
                 return int(proc.usedGpuMemory)
@@ -314,9 +483,16 @@ def nvml_process_used_bytes(pid: int) -> int | None:
 
 
 def memory_probe(kind: str) -> MemoryProbe:
+    """The probe a trial child uses on a device of ``kind`` (``cpu`` or ``cuda``)."""
     return CpuMemoryProbe() if kind == "cpu" else CudaMemoryProbe()
 
 
+def memory_source_description(source: str) -> str:
+    """What a probe's ceiling figure measures, in words for tables and notes."""
+    return {
+        "peak_rss_tree_bytes": "peak resident memory (RSS) of the trial's whole process tree",
+        "peak_device_bytes": "peak CUDA memory: max_memory_reserved + memory outside the allocator (context)",
+    }.get(source, source)
 
 
 def child_address_space_budget(ceiling_bytes: int, available_bytes: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 
@@ -11,6 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from autotune.config import TrialConfig
+from autotune.devices import memory_source_description
+from autotune.estimate import MemoryEstimate
 from autotune.ranking import RankedTrial
 from autotune.result import TrialResult
 from autotune.units import format_bytes
@@ -21,60 +25,91 @@ STATUS_STYLE = {
 }
 
 LEGEND = (
-    "samples/s and tokens/s: steady-state median over whole optimizer steps (warm-up excluded). "
-    "model TFLOPs: useful work per second (6N + 12·L·h·s per token, PaLM), the ranking metric; "
-    "HFU counts checkpointing's recomputed forward too. MFU/HFU: against the datasheet peak for the dtype"
-    " (mfu*: against the peak measured by `autotune devices --calibrate`). "
-    "peak mem: what the ceiling is compared with ({source}). CV: step-time coefficient of variation."
+    "samples/s: steady-state median over whole optimizer steps (warm-up and compilation excluded); "
+    "✓ = median of the end-of-search re-runs. model TFLOPs: useful work per second (6N + 12·L·h·s per "
+    "token, PaLM), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
+    "matmuls ran in; * = over the peak measured by `autotune devices --calibrate`; - = no peak known "
+    "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
+    "over the same peak. peak mem: the figure the ceiling is compared with ({source}). "
+    "CV: step-time coefficient of variation over the steady window."
 )
-
 
 def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def format_tflops(value: float) -> str:
+    """Three significant figures at any scale (a tiny CPU model and an H100 both read well)."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
+    """``41.2%`` against the datasheet, ``48.0%*`` against the measured peak, both when both exist."""
+    parts = []
+    if datasheet is not None:
+        parts.append(f"{datasheet:.1%}")
+    if measured is not None:
+        parts.append(f"{measured:.1%}*")
+    return " / ".join(parts) if parts else "-"
+
+
 def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
     """One row per trial: its status, knobs and every measured figure with its unit."""
-    table = Table(title=title, caption=LEGEND.format(source=memory_source or "see each trial's memory_source"),
-                  caption_justify="left")
+    source = memory_source_description(memory_source) or "see each trial's memory_source"
+    table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
     for header, justify in [
         ("#", "right"), ("status", "left"), ("config", "left"), ("samples/s", "right"),
-        ("model TFLOPs", "right"), ("MFU/HFU", "right"), ("peak mem", "right"), ("CV", "right"),
+        ("model TFLOPs", "right"), ("MFU", "right"), ("HFU", "right"), ("peak mem", "right"), ("CV", "right"),
         ("time", "right"), ("note", "left"),
     ]:
         table.add_column(header, justify=justify, overflow="fold")
     for row in rows:
-        table.add_row(*trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s))
+        table.add_row(*trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s, row.confirmation))
     return table
 
 
-def trial_cells(number: int, config: TrialConfig, result: TrialResult | None, confirmed: float | None = None) -> list[str]:
+def trial_cells(
+    number: int,
+    config: TrialConfig,
+    result: TrialResult | None,
+    confirmed: float | None = None,
+    confirmation: dict | None = None,
+) -> list[str]:
     """The cells of one table row; ``-`` where a trial measured nothing."""
     if result is None:
-        return [str(number), "running", config.short()] + ["-"] * 7
+        return [str(number), "running", config.short()] + ["-"] * 8
     status = f"[{STATUS_STYLE.get(result.status, '')}]{result.status}[/]"
     ran = result.samples_per_s > 0
     samples = "-"
     if ran:
         samples = f"{confirmed:.1f} ✓" if confirmed is not None else f"{result.samples_per_s:.1f}"
-    if result.mfu is not None:
-        utilisation = f"{result.mfu:.1%}"
-    elif result.mfu_measured is not None:
-        utilisation = f"{result.mfu_measured:.1%}*"
-    else:
-        utilisation = "-"
-    if config.checkpointing and result.hfu is not None:
-        utilisation += f"/{result.hfu:.1%}"
-    note = result.error
-    if not note and result.attempts > 1:
-        note = f"attempt {result.attempts}"
+    if confirmation and confirmation.get("figures"):
+        # Show the figures at the confirmed median, the one the row is ranked by.
+        result = dataclasses.replace(result, **confirmation["figures"])
+    mfu = utilisation_cell(result.mfu, result.mfu_measured)
+    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
+    notes = [result.error] if result.error else []
+    if result.attempts > 1:
+        notes.append(f"attempt {result.attempts}")
+    if confirmation:
+        runs = confirmation.get("repeats", 0)
+        notes.append(f"confirmed: {runs} re-runs, CV {confirmation.get('cv', 0.0):.1%}")
+        if confirmation.get("ties_with_leader"):
+            notes.append("ties with the leader (within noise)")
+        if not confirmation.get("feasible", True):
+            notes.append(f"re-runs: {', '.join(confirmation.get('statuses', []))}")
+    if ran and not result.steady and result.status == "ok":
+        notes.append("CV target not met")
     return [
         str(number), status, config.short(), samples,
-        _fmt(result.model_tflops, ".4f") if ran else "-",
-        utilisation if ran else "-",
+        format_tflops(result.model_tflops) if ran else "-",
+        mfu if ran else "-",
+        hfu if ran else "-",
         format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-",
         _fmt(result.step_time_cv, ".1%") if ran else "-",
-        f"{result.wall_s:.0f}s", note[:60],
+        f"{result.wall_s:.0f}s", "; ".join(notes)[:90],
     ]
 
 
@@ -93,6 +128,9 @@ class SearchView:
         self._task = self._progress.add_task("starting", total=n_trials)
         self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
         self._trial_started = 0.0
+        self._running: dict[int, TrialConfig] = {}
+        # Several workers (threads) report trials; one at a time changes the rows and the bar.
+        self._lock = threading.Lock()
 
     def _render(self) -> Group:
         title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source})"
@@ -103,14 +141,55 @@ class SearchView:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._live.update(self._render())
+        with self._lock:
+            self._live.update(self._render())
         self._live.__exit__(*exc)  # type: ignore[arg-type]
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
-        self._trial_started = time.monotonic()
-        self._progress.update(self._task, description=f"running #{number}: {config.short()}")
+        with self._lock:
+            self._trial_started = time.monotonic()
+            self._running[number] = config
+            self._progress.update(self._task, description=self._running_description())
 
     def trial_finished(self, number: int, config: TrialConfig, result: TrialResult) -> None:
-        self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
-        self._progress.update(self._task, advance=1, description="")
-        self._live.update(self._render())
+        with self._lock:
+            self._running.pop(number, None)
+            self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
+            self._progress.update(self._task, advance=1, description=self._running_description())
+            self._live.update(self._render())
+
+    def _running_description(self) -> str:
+        if len(self._running) == 1:
+            number, config = next(iter(self._running.items()))
+            return f"running #{number}: {config.short()}"
+        return f"running {', '.join(f'#{n}' for n in sorted(self._running))}" if self._running else ""
+
+
+def estimate_table(
+    title: str, rows: Sequence[tuple[TrialConfig, MemoryEstimate]], ceiling_bytes: int, screen_margin: float
+) -> Table:
+    """Predicted peak memory per config, by part, against the ceiling (``autotune estimate``)."""
+    table = Table(
+        title=title,
+        caption=(
+            "weights: fp32 parameters (+ 16-bit copies under fp16/bf16 autocast); gradients: fp32; optimizer "
+            "states: per optimizer; activations: Korthikanti et al. 2022 per layer, calibrated scale; logits: "
+            "three fp32 b·s·V tensors of the LM loss; context: CUDA context, or on the CPU the process baseline "
+            f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "
+            "a search would not run it."
+        ),
+        caption_justify="left",
+    )
+    headers = ["config", "weights", "gradients", "optimizer states", "activations", "logits", "context", "predicted peak", "vs ceiling"]
+    for header in headers:
+        table.add_column(header, justify="left" if header == "config" else "right")
+    for config, estimate in rows:
+        total = estimate.total_bytes
+        if total <= ceiling_bytes:
+            verdict = "[green]fits[/]"
+        elif total <= ceiling_bytes * screen_margin:
+            verdict = "[yellow]over (would run)[/]"
+        else:
+            verdict = "[magenta]screened[/]"
+        table.add_row(config.short(), *(format_bytes(v) for v in estimate.parts().values()), format_bytes(total), verdict)
+    return table

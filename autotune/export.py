@@ -1,20 +1,32 @@
-"""Export the winner's TrainingArguments: exactly the arguments its trial trained with."""
+"""Export the winner's TrainingArguments: exactly the arguments its trial trained with.
+
+Every format derives from one dict, :func:`winner_arguments` (the single mapping
+:func:`autotune.config.training_arguments_kwargs`): ``json`` for ``TrainingArguments(**json.load(f))``,
+``cli`` for the flags HF example scripts parse with ``HfArgumentParser``, ``python`` for a
+``TrainingArguments(...)`` snippet, ``accelerate`` for the part an accelerate config can carry
+(mixed precision, CPU, torch.compile).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 
 from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
-from autotune.ranking import RankedTrial, feasible_ranking
+from autotune.ranking import RankedTrial, study_ranking
+from autotune.result import TrialResult
 
 
 def winner(study: optuna.Study) -> RankedTrial:
-    ranking = feasible_ranking(study.get_trials(deepcopy=False))
+    ranking = study_ranking(study)  # the confirmed winner, where the search confirmed one
     if not ranking:
         raise AutotuneError(
             f"study {study.study_name!r} has no feasible trial to export (every trial failed, ran out of memory "
@@ -34,4 +46,193 @@ def write_json(arguments: dict[str, Any], out: str) -> None:
     """JSON that both ``TrainingArguments(output_dir=..., **json.load(f))`` and
     ``HfArgumentParser(TrainingArguments).parse_json_file(f)`` accept (the parser needs an output_dir
     only when none is given, so one is not written: the user chooses where to save)."""
-    Path(out).write_text(json.dumps(arguments, indent=2, sort_keys=True) + "\n")
+    Path(out).write_text(json_text(arguments))
+
+
+FORMATS = ("json", "cli", "python", "accelerate")
+DEFAULT_OUT = {
+    "json": "best_args.json",
+    "cli": "best_args.txt",
+    "python": "best_args.py",
+    "accelerate": "accelerate_config.yaml",
+}
+
+
+def json_text(arguments: dict[str, Any]) -> str:
+    """The ``json`` format (see :func:`write_json`)."""
+    return json.dumps(arguments, indent=2, sort_keys=True) + "\n"
+
+
+def cli_flags(arguments: dict[str, Any]) -> str:
+    """The ``cli`` format: one shell-quoted line of ``--field value`` flags for ``HfArgumentParser``.
+
+    Booleans that are on become a bare ``--flag`` where the parser reads that as True, else
+    ``--flag True``; off ones are spelled ``--flag False``. Lists become several values where the parser takes several
+    (``nargs="+"``), one value where it takes one (``report_to``: ``str | list[str]``); dicts
+    become JSON, which ``TrainingArguments`` parses for its dict fields. ``None`` and empty lists
+    mean "the default" and are left out.
+
+    Raises:
+        AutotuneError: A list of several values for a field the parser takes one value of.
+    """
+    nargs = _parser_nargs()
+    tokens: list[str] = []
+    for name, value in arguments.items():
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            continue
+        if value is True:
+            tokens += [f"--{name}"] if nargs.get(name) == "?" else [f"--{name}", "True"]
+        elif value is False:
+            tokens += [f"--{name}", "False"]
+        elif isinstance(value, (list, tuple)):
+            if len(value) > 1 and nargs.get(name) not in ("+", "*"):
+                raise AutotuneError(
+                    f"--format cli cannot carry {name}={list(value)!r}: script parsers take one value for it; "
+                    "use --format json or python"
+                )
+            tokens += [f"--{name}", *(str(item) for item in value)]
+        elif isinstance(value, dict):
+            tokens += [f"--{name}", json.dumps(value, sort_keys=True)]
+        else:
+            tokens += [f"--{name}", str(value)]
+    return " ".join(shlex.quote(token) for token in tokens) + "\n"
+
+
+def _parser_nargs() -> dict[str, Any]:
+    """How many values ``HfArgumentParser`` reads for each TrainingArguments flag (``--name`` only)."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser(TrainingArguments)
+    return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
+
+
+def python_snippet(arguments: dict[str, Any], provenance: str = "") -> str:
+    """The ``python`` format: a ``TrainingArguments(...)`` call with every argument as a literal."""
+    lines = [f"# {line}" for line in provenance.splitlines()]
+    lines += [
+        "from transformers import TrainingArguments",
+        "",
+        "# Add output_dir=... to choose where checkpoints go.",
+        "training_args = TrainingArguments(",
+    ]
+    lines += [f"    {name}={value!r}," for name, value in arguments.items()]
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
+    """The ``accelerate`` format: an ``accelerate launch --config_file`` YAML, for scripts that build
+    their own ``Accelerator()``.
+
+    An accelerate config carries mixed precision, CPU use and torch.compile (dynamo); the comment
+    at its top lists the winner's other arguments, which belong in the script.
+    """
+    if arguments.get("bf16"):
+        mixed_precision = "bf16"
+    elif arguments.get("fp16"):
+        mixed_precision = "fp16"
+    else:
+        mixed_precision = "no"
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "NO",
+        "num_machines": 1,
+        "num_processes": 1,
+        "machine_rank": 0,
+        "mixed_precision": mixed_precision,
+        "use_cpu": bool(arguments.get("use_cpu", False)),
+        "debug": False,
+    }
+    if arguments.get("torch_compile"):
+        config["dynamo_config"] = {
+            # accelerate names backends in upper case (accelerate.utils.DynamoBackend).
+            "dynamo_backend": str(arguments.get("torch_compile_backend") or "inductor").upper(),
+            "dynamo_mode": str(arguments.get("torch_compile_mode") or "default"),
+        }
+    carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode"}
+    rest = {name: value for name, value in arguments.items() if name not in carried}
+    header = [f"# {line}" for line in provenance.splitlines()]
+    header += [
+        "# accelerate launch --config_file <this file> train.py",
+        "# accelerate has no config field for these; set them in your script:",
+    ]
+    header += [f"#   {name} = {value!r}" for name, value in rest.items()]
+    if arguments.get("tf32"):
+        header.append("#   (tf32: torch.backends.cuda.matmul.allow_tf32 = True before training)")
+    if "gradient_accumulation_steps" in rest:
+        header.append(f"#   (accumulation: Accelerator(gradient_accumulation_steps={rest['gradient_accumulation_steps']!r}))")
+    return "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+def ranked_result(row: RankedTrial) -> TrialResult | None:
+    """A ranked trial's figures as ranked: at the confirmed median where the search confirmed it
+    (model/hardware TFLOPs, MFU scale with samples/s), with the larger peak of search and re-runs."""
+    if row.result is None:
+        return None
+    figures = dict((row.confirmation or {}).get("figures") or {})
+    if row.confirmed_samples_per_s is not None:
+        figures["samples_per_s"] = row.confirmed_samples_per_s
+    known = {field.name for field in dataclasses.fields(TrialResult)}
+    return dataclasses.replace(
+        row.result, **{k: v for k, v in figures.items() if k in known}, peak_memory_bytes=row.peak_memory_bytes
+    )
+
+
+def confirmation_label(row: RankedTrial) -> str:
+    """How a ranked trial's samples/s was measured, for tables: empty for a single measurement."""
+    if not row.confirmed:
+        return ""
+    return " (confirmed, ties with the leader)" if row.ties_with_leader else " (confirmed)"
+
+
+def winner_summary(best: RankedTrial) -> str:
+    """``#3 (mb=16 ...), 8.3 samples/s (...), ... model TFLOPs, peak memory ... under the ... ceiling``."""
+    from autotune.units import format_bytes
+
+    result = ranked_result(best)
+    measured = ""
+    if result is not None:
+        how = " (median of confirming re-runs)" if best.confirmed else " (one measurement)"
+        measured = (
+            f", {result.samples_per_s:.1f} samples/s{how}, {result.model_tflops:.4g} model TFLOPs, "
+            f"peak memory {format_bytes(result.peak_memory_bytes)} ({result.memory_source}) under the "
+            f"{format_bytes(result.ceiling_bytes)} ceiling"
+        )
+    return f"#{best.number} ({best.config.short()}){measured}"
+
+
+def provenance_of(study: optuna.Study, best: RankedTrial) -> str:
+    """Where an export comes from, in a line for the comments of the formats that take them."""
+    return f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"
+
+
+def render(arguments: dict[str, Any], fmt: str, provenance: str = "") -> str:
+    """The text of ``arguments`` in one of :data:`FORMATS`.
+
+    Raises:
+        AutotuneError: An unknown format.
+    """
+    if fmt == "json":
+        return json_text(arguments)
+    if fmt == "cli":
+        return cli_flags(arguments)
+    if fmt == "python":
+        return python_snippet(arguments, provenance)
+    if fmt == "accelerate":
+        return accelerate_config(arguments, provenance)
+    raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
+
+
+def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
+    """Write the winner's arguments in ``fmt`` to ``out`` (``-``: standard output).
+
+    Returns:
+        The trial that was exported.
+    """
+    best = winner(study)
+    text = render(winner_arguments(study), fmt, provenance_of(study, best))
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(out).write_text(text)
+    return best

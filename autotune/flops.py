@@ -2,6 +2,21 @@
 
 Model FLOPs rank configurations; hardware FLOPs add the forward pass that activation
 checkpointing recomputes, so recomputation can never make a configuration look better.
+The vocabulary follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", section 6: model FLOPs utilisation (MFU) counts only the work the model
+needs; hardware FLOPs utilisation (HFU) counts the recomputation too.
+
+One formula serves both families, because both run the same blocks over every token:
+
+* encoder (BERT, RoBERTa): bidirectional attention over the full sequence; a masked-LM head
+  multiplies every token by the (tied) ``h x V`` output matrix;
+* decoder (GPT-2, Llama): causal attention, counted unhalved (see below); the LM head, tied or
+  not, multiplies every token by ``h x V``.
+
+Heads that only see one token per sequence (BERT's pooler and classifier) are counted per token
+like every other non-embedding parameter, as PaLM and Hugging Face count them: that overstates
+bert-base's FLOPs by under 1 % and does not change any ranking (the factor is the same for
+every configuration of one model and sequence length).
 """
 
 from __future__ import annotations
@@ -9,40 +24,61 @@ from __future__ import annotations
 from autotune.models import ModelSpec
 
 
-def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+def attention_width(spec: ModelSpec) -> int:
+    """Query heads times head dimension: the width of the QK^T and AV matmuls.
+
+    Equal to the hidden size for BERT, GPT-2 and Llama; some configs (Gemma) set ``head_dim``
+    explicitly. Grouped-query attention shares K and V between heads, but every query head still
+    multiplies its own scores, so the query head count is the one that matters.
+    """
+    head_dim = spec.config.get("head_dim") or spec.head_dim
+    return spec.num_heads * int(head_dim)
+
+
+def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """Training FLOPs per token of the attention score and value matmuls (QK^T and AV).
+
+    PaLM (Chowdhery et al. 2022), appendix B: ``12 * L * H * Q * T``. Per layer and token the
+    forward does ``T * H * Q`` multiply-adds for QK^T and as many for AV, ``4 * T * H * Q`` FLOPs;
+    the backward costs twice the forward. Causal masking is not halved, as in PaLM and Megatron,
+    so decoder figures compare with published MFU numbers.
+    """
+    return 12 * spec.num_layers * attention_width(spec) * seq_len
+
+
+def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     """Useful training FLOPs per token: forward + backward, no recomputation.
 
     PaLM (Chowdhery et al. 2022), appendix B: ``6N + 12 * L * H * Q * T`` per token, where N is the
-    number of non-embedding parameters, L layers, H heads, Q head dim (H * Q = hidden size) and T
-    the sequence length. ``6N`` is 2 FLOPs per multiply-add for the forward and twice that for the
-    backward; the second term is the attention score and value matmuls (QK^T and AV, 2 * 2 * T * h
-    per layer and token forward, times 3 for forward + backward). Like PaLM and Megatron, causal
-    masking is not halved, so decoder figures compare with published MFU numbers. Encoders attend
-    to the full sequence anyway.
+    number of non-embedding parameters, L layers, H heads, Q head dim and T the sequence length.
+    ``6N`` is 2 FLOPs per multiply-add for the forward and twice that for the backward (Kaplan et
+    al. 2020, section 2.1).
 
     N here includes a language-model head tied to the token embedding (``6 * h * V`` per token):
     that matrix multiplies every token even though its weight is shared with a lookup table.
+    Hugging Face's ``Trainer.floating_point_ops`` (``6 * tokens * num_parameters(exclude_embeddings=
+    True)``) leaves out exactly two terms: the attention term and the tied head.
     """
-    num_compute_params = spec.num_non_embedding_params
-    attention = 12 * spec.num_layers * spec.hidden_size * seq_len
-    return 6 * num_compute_params + attention
+    return 6 * spec.num_non_embedding_params + attention_flops_per_token(spec, seq_len)
 
 
-def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     """FLOPs that full activation checkpointing adds per token: one more forward of every block.
 
-    Forward cost is a third of training cost (2N of 6N; 4 * L * h * T of the attention term), per
-    the ML Engineering book's 8N-vs-6N rule. Only the blocks are recomputed, not the embedding or head.
+    Forward cost is a third of training cost (2N of 6N; ``4 * L * H * Q * T`` of the attention
+    term): Narayanan et al. 2021, eq. 3 (96 instead of 72 with full recomputation), and the ML
+    Engineering book's 8N-vs-6N rule. Hugging Face checkpoints each transformer block, so the
+    blocks are recomputed and the embedding and head are not.
     """
-    return 2 * spec.num_block_params + 4 * spec.num_layers * spec.hidden_size * seq_len
+    return 2 * spec.num_block_params + 4 * spec.num_layers * attention_width(spec) * seq_len
 
 
-def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> float:
-    """Useful training FLOPs for one sequence of ``seq_len`` tokens."""
+def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> int:
+    """Useful training FLOPs for one sequence of ``seq_len`` tokens (the ranking metric's numerator)."""
     return model_flops_per_token(spec, seq_len) * seq_len
 
 
-def hardware_flops_per_sample(spec: ModelSpec, seq_len: int, checkpointing: bool) -> float:
+def hardware_flops_per_sample(spec: ModelSpec, seq_len: int, checkpointing: bool) -> int:
     """FLOPs the device executes for one sequence, counting recomputation under checkpointing."""
     flops = model_flops_per_token(spec, seq_len)
     if checkpointing:
@@ -50,3 +86,11 @@ def hardware_flops_per_sample(spec: ModelSpec, seq_len: int, checkpointing: bool
     return flops * seq_len
 
 
+def utilisation(achieved_tflops: float, peak_tflops: float | None) -> float | None:
+    """Achieved over peak TFLOPs (MFU for model TFLOPs, HFU for hardware TFLOPs).
+
+    ``None`` where the peak is unknown: an unknown device gets no utilisation, never an invented one.
+    """
+    if not peak_tflops or peak_tflops <= 0:
+        return None
+    return achieved_tflops / peak_tflops

@@ -1,14 +1,20 @@
-"""Rank a study's trials: feasible ones by throughput, ties within noise broken by memory."""
+"""Rank a study's trials: feasible ones by throughput, confirmed leaders first, ties broken by memory."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
+
+# Study user attr holding the last confirmation (see autotune.confirm): {"trials": {"<number>": {...}}}.
+# A study attr because Optuna refuses writes to finished trials.
+CONFIRMATION_ATTR = "confirmation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +28,7 @@ class RankedTrial:
         result: What it measured (``None`` for trials still running).
         confirmed_samples_per_s: Median of the end-of-search re-measurement, if it was confirmed.
         ties_with_leader: Within noise of the top trial after confirmation.
+        confirmation: The whole confirmation record (re-runs, their CV, peak memory), if any.
     """
 
     number: int
@@ -30,6 +37,7 @@ class RankedTrial:
     result: TrialResult | None
     confirmed_samples_per_s: float | None = None
     ties_with_leader: bool = False
+    confirmation: dict[str, Any] | None = None
 
     @property
     def samples_per_s(self) -> float:
@@ -38,40 +46,91 @@ class RankedTrial:
             return self.confirmed_samples_per_s
         return self.result.samples_per_s if self.result else 0.0
 
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation is not None
 
-def to_ranked(trial: FrozenTrial) -> RankedTrial:
-    confirmation = trial.user_attrs.get("confirmation") or {}
+    @property
+    def peak_memory_bytes(self) -> int:
+        """Peak memory for tie-breaking: the largest seen, at search or confirmation."""
+        search_peak = self.result.peak_memory_bytes if self.result else 0
+        return max(search_peak, int((self.confirmation or {}).get("peak_memory_bytes") or 0))
+
+
+def confirmations_of(study: optuna.Study) -> dict[int, dict[str, Any]]:
+    """The last confirmation's records by trial number, while they still confirm the leaders.
+
+    A confirmation re-measured the top-k trials by search-time figure. Once later trials change
+    that top-k (a resumed search found a new contender), it no longer says who wins: it is ignored,
+    and the ranking falls back to search-time figures until the next confirmation.
+
+    Returns:
+        Trial number -> confirmation record; empty if never confirmed, or stale.
+    """
+    record = study.user_attrs.get(CONFIRMATION_ATTR) or {}
+    confirmed = {int(number): values for number, values in (record.get("trials") or {}).items()}
+    if not confirmed:
+        return {}
+    top_k = int(record.get("top_k") or len(confirmed))
+    leaders = {r.number for r in feasible_ranking(study.get_trials(deepcopy=False), confirmations={})[:top_k]}
+    return confirmed if leaders == set(confirmed) else {}
+
+
+def to_ranked(trial: FrozenTrial, confirmation: dict[str, Any] | None = None) -> RankedTrial:
+    """A trial as the tables see it, with its confirmation record if it has one."""
     return RankedTrial(
         number=trial.number,
         state=trial.state.name,
         config=TrialConfig.from_params(trial.params),
         result=TrialResult.from_trial(trial),
-        confirmed_samples_per_s=confirmation.get("samples_per_s"),
-        ties_with_leader=bool(confirmation.get("ties_with_leader", False)),
+        confirmed_samples_per_s=(confirmation or {}).get("samples_per_s"),
+        ties_with_leader=bool((confirmation or {}).get("ties_with_leader", False)),
+        confirmation=confirmation,
     )
 
 
-def feasible_ranking(trials: Sequence[FrozenTrial]) -> list[RankedTrial]:
+def feasible_ranking(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> list[RankedTrial]:
     """Trials that ran and fit under the ceiling, fastest first (each config once).
 
     For one model and sequence length, model TFLOPs is proportional to samples/s, so ranking by
-    samples/s ranks by model TFLOPs; recomputation (hardware FLOPs) never raises a rank. Confirmed
-    leaders that tie within noise are ordered by peak memory, smaller first.
+    samples/s ranks by model TFLOPs; recomputation (hardware FLOPs) never raises a rank.
+
+    Order: confirmed trials first, by their confirmed median, with the leader and every trial
+    tied with it (within noise) ordered by peak memory, smaller first; then unconfirmed trials by
+    their search-time figure (a single measurement does not outrank a confirmed one). A trial
+    whose confirmation found it infeasible (a re-run ran out of memory or went over the ceiling)
+    is left out.
+
+    Args:
+        trials: The study's trials.
+        confirmations: Confirmation records by trial number (:func:`confirmations_of`); ``{}``
+            ranks by search-time figures only.
     """
+    confirmations = confirmations or {}
     ranked = [
-        to_ranked(t)
+        to_ranked(t, confirmations.get(t.number))
         for t in trials
         if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
     ]
     ranked = [r for r in ranked if r.result is not None and r.result.feasible]
-    ranked.sort(key=lambda r: -r.samples_per_s)
-    tied = [r for r in ranked if r.ties_with_leader]
+    ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
+    confirmed = sorted((r for r in ranked if r.confirmed), key=lambda r: -r.samples_per_s)
+    unconfirmed = sorted((r for r in ranked if not r.confirmed), key=lambda r: -r.samples_per_s)
+    tied = [r for r in confirmed if r.ties_with_leader]
     if tied:
-        tied.sort(key=lambda r: r.result.peak_memory_bytes if r.result else 0)
-        ranked = tied + [r for r in ranked if not r.ties_with_leader]
-    return ranked
+        tied.sort(key=lambda r: (r.peak_memory_bytes, -r.samples_per_s))
+        confirmed = tied + [r for r in confirmed if not r.ties_with_leader]
+    return confirmed + unconfirmed
 
 
-def all_trials(trials: Sequence[FrozenTrial]) -> list[RankedTrial]:
+def study_ranking(study: optuna.Study) -> list[RankedTrial]:
+    """:func:`feasible_ranking` of a study, with its last confirmation applied."""
+    return feasible_ranking(study.get_trials(deepcopy=False), confirmations_of(study))
+
+
+def all_trials(trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None) -> list[RankedTrial]:
     """Every trial in number order, whatever its status."""
-    return [to_ranked(t) for t in sorted(trials, key=lambda t: t.number)]
+    confirmations = confirmations or {}
+    return [to_ranked(t, confirmations.get(t.number)) for t in sorted(trials, key=lambda t: t.number)]

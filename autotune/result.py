@@ -35,6 +35,8 @@ class TrialResult:
     mfu: float | None = None  # model TFLOPs / datasheet peak for the dtype used
     hfu: float | None = None  # hardware TFLOPs / datasheet peak
     mfu_measured: float | None = None  # model TFLOPs / peak measured by `autotune devices --calibrate`
+    hfu_measured: float | None = None  # hardware TFLOPs / that measured peak
+    peak_dtype: str = ""  # the dtype whose peak bounds the matmuls (tf32 for fp32 with TF32 on)
     peak_tflops: float | None = None  # the datasheet peak used for MFU/HFU, if known
     measured_peak_tflops: float | None = None
     step_time_median_s: float = 0.0  # one optimizer step (all accumulation micro-batches)
@@ -42,7 +44,10 @@ class TrialResult:
     measured_steps: int = 0
     warmup_steps: int = 0
     warmup_s: float = 0.0  # warm-up steps, compilation included; excluded from throughput
+    compile_s: float = 0.0  # torch.compile's own compilation time (within warm-up; 0 without compile)
+    steady: bool = False  # the step-time CV target was met (False: the step/time budget ran out first)
     setup_s: float = 0.0  # child start to first step: model build, Trainer set-up
+    model_build_s: float = 0.0  # the model build within setup_s
     peak_memory_bytes: int = 0
     memory_source: str = ""
     memory_peaks: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -16,7 +16,8 @@ def parse_ceiling(text: str, total_bytes: int) -> int:
     Raises:
         AutotuneError: Unparsable, not positive, a fraction above 1, or more than the device has.
     """
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    # A sign is accepted so that "-1" is answered with "must be above zero", not "not understood".
+    match = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise AutotuneError(
             f"--memory-ceiling {text!r} is not understood: give a fraction of device memory (0.9) or a size (14GiB, 512MiB)"

@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 # multi-worker tests (the suite starts its own server in a temp dir, on loopback).
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)  # selenium drives chromium through it
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}"

@@ -15,6 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
+from tests.postgres import postgres_server, postgres_url  # noqa: E402,F401 - fixtures
+
 
 @pytest.fixture(scope="session")
 def cpu():
@@ -50,7 +53,17 @@ def sqlite_url(tmp_path):
     return f"sqlite:///{tmp_path / 'study.db'}"
 
 
-FAST_SEARCH_ARGS = ["--warmup-steps", "1", "--max-measure-steps", "4", "--seq-len", "32"]
+@pytest.fixture(scope="session")
+def searched_study(tmp_path_factory):
+    """One real search with one real OOM, shared by the dashboard, report and export-format tests."""
+    from tests.searched_study import make_searched_study
+
+    return make_searched_study(tmp_path_factory.mktemp("searched-study"))
+
+
+# No end-of-search confirmation (3 x 3 re-runs by default): a test that wants it passes
+# --confirm-top after these (the last occurrence of an option wins).
+FAST_SEARCH_ARGS = ["--warmup-steps", "1", "--max-measure-steps", "4", "--seq-len", "32", "--confirm-top", "0"]
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from autotune.runner._callbacks import load_callback
 from autotune.runner._failures import classify_exit, is_oom_exception
 from autotune.runner._job import TrialJob
 from autotune.runner._pool import run_isolated
 
-__all__ = ["TrialJob", "run_isolated", "is_oom_exception", "classify_exit"]
+__all__ = ["TrialJob", "run_isolated", "is_oom_exception", "classify_exit", "load_callback"]

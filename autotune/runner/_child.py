@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import resource
+import signal
+import threading
 import traceback
 from multiprocessing.connection import Connection
 
@@ -13,16 +16,26 @@ from autotune.runner._failures import is_oom_exception
 from autotune.runner._job import TrialJob
 
 
-def child_main(conn: Connection, job: TrialJob) -> None:
+def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     """Set the child up, run the trial, send one ``("result", dict)`` message, exit.
 
     The child leads its own process group, so the orchestrator can kill it together with its
-    dataloader workers; its stdout and stderr go to ``job.log_path``, whose tail is kept with the
-    trial if something goes wrong.
+    dataloader workers, and a Ctrl-C in the terminal reaches only the orchestrator. Its stdout and
+    stderr go to ``job.log_path``, whose tail is kept with the trial if something goes wrong; a
+    fatal signal (SIGSEGV, SIGABRT) writes the Python stack there too.
+
+    Args:
+        conn: Where the result goes.
+        lifeline: Never written to; it reads end-of-file once the orchestrator is gone, even when
+            SIGKILL gave the orchestrator no chance to clean up. The child then kills itself and
+            its workers, so no orphan keeps training next to the trials of a resumed search.
+        job: The trial to run.
     """
     os.setsid()
+    _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.device))  # before anything initialises CUDA
     _redirect_output(job.log_path)
+    faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
     if job.address_space_bytes is not None:
         _limit_address_space(job.address_space_bytes)
     conn.send(("started", os.getpid()))
@@ -39,6 +52,17 @@ def child_main(conn: Connection, job: TrialJob) -> None:
         )
     conn.send(("result", result.to_dict()))
     conn.close()
+
+
+def _die_with_orchestrator(lifeline: Connection) -> None:
+    def wait_for_orphaning() -> None:
+        try:
+            lifeline.recv()
+        except (EOFError, OSError):
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=wait_for_orphaning, daemon=True, name="autotune-lifeline").start()
 
 
 def _redirect_output(path: str) -> None:

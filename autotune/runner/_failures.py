@@ -46,7 +46,8 @@ def classify_exit(exitcode: int | None, near_memory_limit: bool) -> tuple[str, s
 
     Args:
         exitcode: ``multiprocessing`` exit code: negative for a signal.
-        near_memory_limit: The child's last reported memory was close to the host's limit.
+        near_memory_limit: The kernel counted an OOM kill while the child ran, or the host had
+            little memory left at the orchestrator's last sample (see ``_watch.killed_for_memory``).
 
     Returns:
         (status, one-line reason).

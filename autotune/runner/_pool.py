@@ -7,16 +7,22 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
 
 from autotune.result import TrialResult
 from autotune.runner._child import child_main
 from autotune.runner._failures import classify_exit
 from autotune.runner._job import TrialJob
+from autotune.runner._watch import ChildWatch
 
 # Imported once by the forkserver: every child starts with torch and transformers loaded
 # (about 0.01 s per child instead of about 5 s). None of them initialises CUDA on import.
 PRELOAD = ["autotune.runner._trial"]
+POLL_S = 0.2
+# How long a child that sent its result may take to exit by itself before it is killed.
+EXIT_GRACE_S = 10.0
 
 _context: ForkServerContext | None = None
 
@@ -41,7 +47,7 @@ def run_isolated(
         job: The trial to run.
         timeout_s: Wall-clock limit; the child and its workers are killed past it.
         on_tick: Called about every 0.2 s while the child runs (the orchestrator's heartbeat).
-        target: The child's entry point (tests pass others to inject faults).
+        target: The child's entry point, called as ``target(conn, lifeline, job)``.
 
     Raises:
         KeyboardInterrupt: After killing the child, so the caller can record the interruption.
@@ -49,47 +55,38 @@ def run_isolated(
     os.makedirs(job.work_dir, exist_ok=True)
     context = forkserver_context()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=target, args=(sender, job), name="autotune-trial")
+    lifeline_reader, lifeline = context.Pipe(duplex=False)
+    process = context.Process(target=target, args=(sender, lifeline_reader, job), name="autotune-trial")
     started = time.perf_counter()
     process.start()
     sender.close()
+    lifeline_reader.close()
+    assert process.pid is not None
+    watch = ChildWatch(process.pid)
     payload: dict | None = None
     timed_out = False
     try:
-        while payload is None:
-            if receiver.poll(0.2):
-                try:
-                    kind, message = receiver.recv()
-                except EOFError:  # the child died without a result
-                    break
-                if kind == "result":
-                    payload = message
-                continue
-            if not process.is_alive() and not receiver.poll(0):
-                break
-            if time.perf_counter() - started > timeout_s:
-                timed_out = True
-                break
-            if on_tick is not None:
-                on_tick()
-    except KeyboardInterrupt:
-        _kill_tree(process)
-        raise
+        payload, timed_out = _await_result(receiver, process, watch, started, timeout_s, on_tick)
+        if payload is not None:
+            process.join(timeout=EXIT_GRACE_S)  # let it exit by itself: its log gets flushed
     finally:
-        receiver.close()
-    if timed_out or payload is None:
+        # Whatever happened (a result, a timeout, Ctrl-C): nothing of the trial outlives this call.
         _kill_tree(process)
-    process.join(timeout=30)
-    _kill_tree(process)  # dataloader workers left behind
+        receiver.close()
+        lifeline.close()
     wall_s = time.perf_counter() - started
 
     if payload is not None:
         result = TrialResult.from_dict(payload)
     elif timed_out:
-        result = TrialResult(status="timeout", error=f"no result within the {timeout_s:.0f} s timeout; killed")
+        result = TrialResult(status="timeout", error=f"no result within the {timeout_s:g} s timeout; killed")
     else:
-        status, reason = classify_exit(process.exitcode, near_memory_limit=False)
+        near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
+        status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)
         result = TrialResult(status=status, error=reason)
+    if payload is None and watch.peak_rss_tree_bytes:
+        # The child measured nothing itself: keep what the orchestrator saw from outside.
+        result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
     result.wall_s = wall_s
     result.ceiling_bytes = job.ceiling_bytes
     if result.status != "ok":
@@ -99,7 +96,34 @@ def run_isolated(
     return result
 
 
-def _kill_tree(process: multiprocessing.process.BaseProcess) -> None:
+def _await_result(
+    receiver: Connection,
+    process: BaseProcess,
+    watch: ChildWatch,
+    started: float,
+    timeout_s: float,
+    on_tick: Callable[[], None] | None,
+) -> tuple[dict | None, bool]:
+    """Wait for the child's result message; ``(None, False)`` if it died first, ``(None, True)`` on timeout."""
+    while True:
+        if receiver.poll(POLL_S):
+            try:
+                kind, message = receiver.recv()
+            except EOFError:  # the child died without a result
+                return None, False
+            if kind == "result":
+                return message, False
+            continue
+        watch.sample()
+        if not process.is_alive() and not receiver.poll(0):
+            return None, False
+        if time.perf_counter() - started > timeout_s:
+            return None, True
+        if on_tick is not None:
+            on_tick()
+
+
+def _kill_tree(process: BaseProcess) -> None:
     """SIGKILL the child's process group (the child and its dataloader workers)."""
     if process.pid is None:
         return
@@ -112,9 +136,12 @@ def _kill_tree(process: multiprocessing.process.BaseProcess) -> None:
     process.join(timeout=10)
 
 
-def _tail(path: str, lines: int = 25) -> str:
+def _tail(path: str, lines: int = 40, line_chars: int = 300) -> str:
+    """The last lines of the child's log, each cut to ``line_chars`` (one huge line, such as the
+    list of extension modules after a segfault, must not push the stack out of the tail)."""
     try:
         with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])[-4000:]
+            last = f.readlines()[-lines:]
     except OSError:
         return ""
+    return "".join(line if len(line) <= line_chars else line[:line_chars] + " [...]\n" for line in last)

@@ -6,7 +6,6 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-import importlib
 import platform
 import time
 from typing import Any
@@ -16,11 +15,12 @@ import transformers
 from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
-from autotune.devices import memory_probe
-from autotune.flops import hardware_flops_per_sample, model_flops_per_sample
+from autotune.devices import matmul_dtype, memory_probe
+from autotune.flops import hardware_flops_per_sample, model_flops_per_sample, utilisation
 from autotune.measure import StepTimer
 from autotune.models import build_model
 from autotune.result import TrialResult
+from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 
 
@@ -80,7 +80,9 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     probe.start()
     try:
         torch.manual_seed(0)
+        build_started = time.perf_counter()
         model = build_model(job.model.config, job.model.task, job.config.attn_implementation)
+        model_build_s = time.perf_counter() - build_started
         kwargs = training_arguments_kwargs(job.config, job.device.kind, job.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         timer = StepTimer(job.measure, probe.synchronize, _pruner(job))
@@ -88,7 +90,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             model=model,
             args=args,
             train_dataset=build_dataset(job),
-            callbacks=[timer, *(_load_callback(name)() for name in job.callbacks)],
+            callbacks=[timer, *(load_callback(name)() for name in job.callbacks)],
         )
         trainer.train()
         peaks = probe.peaks()
@@ -102,16 +104,19 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     hardware_tflops = (
         samples_per_s * hardware_flops_per_sample(job.model, job.seq_len, job.config.checkpointing) / 1e12
     )
-    peak_tflops = job.device.datasheet_peak_tflops(job.config.dtype)
+    peak_dtype = matmul_dtype(job.config.dtype, bool(job.base_args.get("tf32")))
+    peak_tflops = job.device.datasheet_peak_tflops(peak_dtype)
     return TrialResult(
         status="pruned" if timer.stopped_early else "ok",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * job.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
-        mfu=model_tflops / peak_tflops if peak_tflops else None,
-        hfu=hardware_tflops / peak_tflops if peak_tflops else None,
-        mfu_measured=model_tflops / job.measured_peak_tflops if job.measured_peak_tflops else None,
+        mfu=utilisation(model_tflops, peak_tflops),
+        hfu=utilisation(hardware_tflops, peak_tflops),
+        mfu_measured=utilisation(model_tflops, job.measured_peak_tflops),
+        hfu_measured=utilisation(hardware_tflops, job.measured_peak_tflops),
+        peak_dtype=peak_dtype,
         peak_tflops=peak_tflops,
         measured_peak_tflops=job.measured_peak_tflops,
         step_time_median_s=stats.median_s,
@@ -119,7 +124,10 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         measured_steps=stats.measured_steps,
         warmup_steps=stats.warmup_steps,
         warmup_s=stats.warmup_s,
+        compile_s=stats.compile_s,
+        steady=stats.converged,
         setup_s=(timer.first_step_started_at or started) - started,
+        model_build_s=model_build_s,
         peak_memory_bytes=peaks[probe.ceiling_source],
         memory_source=probe.ceiling_source,
         memory_peaks=peaks,
@@ -140,11 +148,6 @@ def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
         return job.config.global_batch / timer.stats().median_s < threshold
 
     return clearly_slower
-
-
-def _load_callback(name: str) -> type:
-    module_name, _, attr = name.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 def versions(job: TrialJob) -> dict[str, str]:

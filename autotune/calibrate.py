@@ -1,0 +1,202 @@
+"""Measured matmul peaks: what a device actually achieves per dtype, the honest MFU denominator.
+
+No API reports peak FLOPS and datasheets know only GPUs (and quote clocks a device may not hold),
+so ``autotune devices --calibrate`` times large square matmuls per dtype and stores the best rate
+seen, keyed by device name, in ``$XDG_CACHE_HOME/autotune/peaks.json`` (``AUTOTUNE_PEAKS_FILE``
+overrides the path). A search then reports MFU against that measured peak too. Achievable matmul
+peaks are typically 80-87 % of datasheet figures on GPUs (../shared/FACTS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import multiprocessing
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.devices import DeviceSpec, child_environment
+from autotune.errors import AutotuneError
+
+PEAKS_FILE_ENV = "AUTOTUNE_PEAKS_FILE"
+# Square matmul sizes: large enough to saturate the units, small enough to time in a second.
+DEFAULT_MATRIX_SIZE = {"cpu": 2048, "cuda": 8192}
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredPeak:
+    """The achievable matmul rate of one dtype on one device.
+
+    Attributes:
+        dtype: ``fp32``, ``tf32``, ``fp16`` or ``bf16``.
+        tflops: The best rate seen over the timed matmuls: the achievable peak.
+        median_tflops: The median rate (how steady the device was while measuring).
+        matrix_size: n of the n x n by n x n matmuls (``2 * n**3`` FLOPs each).
+        iterations: Timed matmuls.
+    """
+
+    dtype: str
+    tflops: float
+    median_tflops: float
+    matrix_size: int
+    iterations: int
+
+
+def peaks_file() -> Path:
+    """Where measured peaks are stored: ``AUTOTUNE_PEAKS_FILE``, else the user's cache directory."""
+    override = os.environ.get(PEAKS_FILE_ENV)
+    if override:
+        return Path(override).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "autotune" / "peaks.json"
+
+
+def _read_store(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        store = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AutotuneError(
+            f"measured peaks file {path} cannot be read ({exc}); delete it and run `autotune devices --calibrate` again"
+        ) from None
+    if not isinstance(store, dict):
+        raise AutotuneError(f"measured peaks file {path} is not a JSON object; delete it and calibrate again")
+    return store
+
+
+def load_calibration(device_name: str) -> dict[str, Any] | None:
+    """The stored calibration record of ``device_name`` (peaks, when, with what), or ``None``."""
+    record = _read_store(peaks_file()).get(device_name)
+    return record if isinstance(record, dict) else None
+
+
+def load_measured_peaks(device_name: str) -> dict[str, float]:
+    """Measured peak TFLOPs by dtype for ``device_name``; empty if it was never calibrated."""
+    record = load_calibration(device_name) or {}
+    peaks = record.get("peaks_tflops") or {}
+    return {dtype: float(value) for dtype, value in peaks.items() if isinstance(value, (int, float)) and value > 0}
+
+
+def save_calibration(device: DeviceSpec, peaks: list[MeasuredPeak]) -> Path:
+    """Store ``peaks`` under ``device.name``, keeping other devices' records; returns the file."""
+    import torch
+
+    path = peaks_file()
+    store = _read_store(path)
+    previous = store.get(device.name) if isinstance(store.get(device.name), dict) else {}
+    record = {
+        "peaks_tflops": {**previous.get("peaks_tflops", {}), **{p.dtype: p.tflops for p in peaks}},
+        "median_tflops": {**previous.get("median_tflops", {}), **{p.dtype: p.median_tflops for p in peaks}},
+        "matrix_size": {**previous.get("matrix_size", {}), **{p.dtype: p.matrix_size for p in peaks}},
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+    }
+    if device.kind == "cpu":
+        record["threads"] = torch.get_num_threads()  # a CPU's rate depends on how many cores torch uses
+    store[device.name] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(store, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    return path
+
+
+def measure_matmul_peak(
+    device_kind: str, dtype: str, matrix_size: int | None = None, seconds: float = 1.0, min_iterations: int = 3
+) -> MeasuredPeak:
+    """Time ``n x n @ n x n`` matmuls in ``dtype`` in this process and return the achievable rate.
+
+    Each matmul is timed alone, after synchronising the device, so the best one shows what the
+    device can sustain when nothing interferes. Two untimed matmuls come first (library
+    initialisation, kernel selection, clock ramp-up).
+
+    Args:
+        device_kind: ``cpu``, or ``cuda`` (the current CUDA device).
+        dtype: ``fp32``, ``tf32`` (fp32 tensors with TF32 matmuls), ``fp16`` or ``bf16``.
+        matrix_size: n; default :data:`DEFAULT_MATRIX_SIZE` for the device kind.
+        seconds: Keep timing until this much time was spent (after ``min_iterations``).
+        min_iterations: Timed matmuls at least.
+    """
+    import torch
+
+    if dtype not in _TORCH_DTYPES:
+        raise AutotuneError(f"unknown dtype {dtype!r}: choose one of {', '.join(_TORCH_DTYPES)}")
+    n = matrix_size or DEFAULT_MATRIX_SIZE[device_kind]
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    synchronize = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
+    if device_kind == "cuda":
+        # PyTorch keeps TF32 off for fp32 matmuls by default: switch it on only to measure tf32.
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=torch_dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype, generator=generator)
+    flops = 2 * n**3  # n*n outputs, each n multiply-adds of 2 FLOPs
+    with torch.no_grad():
+        for _ in range(2):
+            a @ b
+        synchronize()
+        rates: list[float] = []
+        started = time.perf_counter()
+        while len(rates) < min_iterations or time.perf_counter() - started < seconds:
+            t0 = time.perf_counter()
+            a @ b
+            synchronize()
+            rates.append(flops / (time.perf_counter() - t0) / 1e12)
+    return MeasuredPeak(
+        dtype=dtype, tflops=max(rates), median_tflops=statistics.median(rates), matrix_size=n, iterations=len(rates)
+    )
+
+
+def calibrate_device(
+    device: DeviceSpec, dtypes: tuple[str, ...] | None = None, matrix_size: int | None = None, seconds: float = 1.0
+) -> list[MeasuredPeak]:
+    """Measure the achievable matmul peak of every dtype ``device`` supports (or of ``dtypes``).
+
+    The CPU is measured in this process, with the thread count trials get too. A GPU is measured in
+    a fresh process pinned to it the way trial children are (``CUDA_VISIBLE_DEVICES`` set before
+    CUDA starts), so this process never creates a CUDA context.
+
+    Raises:
+        AutotuneError: A requested dtype the device cannot run.
+    """
+    wanted = dtypes or device.supported_dtypes
+    unsupported = [d for d in wanted if d not in device.supported_dtypes]
+    if unsupported:
+        raise AutotuneError(
+            f"{device.label} ({device.name}) cannot run {', '.join(unsupported)}; it supports {', '.join(device.supported_dtypes)}"
+        )
+    if device.kind == "cpu":
+        return [measure_matmul_peak("cpu", dtype, matrix_size, seconds) for dtype in wanted]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(_measure_pinned, (child_environment(device), tuple(wanted), matrix_size, seconds))
+
+
+def _measure_pinned(
+    environment: dict[str, str], dtypes: tuple[str, ...], matrix_size: int | None, seconds: float
+) -> list[MeasuredPeak]:
+    """Runs in a spawned process: pin to one GPU, then measure each dtype on it."""
+    os.environ.update(environment)
+    return [measure_matmul_peak("cuda", dtype, matrix_size, seconds) for dtype in dtypes]
+
+
+def peak_note(device: DeviceSpec, measured_peaks: dict[str, float]) -> str:
+    """What MFU will be measured against on ``device``, in one line for the user."""
+    entry = device.datasheet_entry()
+    if entry is not None:
+        datasheet = f"MFU against the {entry.label} datasheet peaks ({entry.source})"
+    elif device.kind == "cpu":
+        datasheet = "no datasheet peak for a CPU, so no MFU against one"
+    else:
+        datasheet = f"{device.name} is not in the datasheet table, so MFU against a datasheet peak is omitted (never invented)"
+    if measured_peaks:
+        figures = ", ".join(f"{dtype} {value:.3g}" for dtype, value in sorted(measured_peaks.items()))
+        return f"{datasheet}; MFU* against the measured peaks ({figures} TFLOPS, from {peaks_file()})"
+    return f"{datasheet}; `autotune devices --calibrate` measures an achievable peak to report MFU* against"

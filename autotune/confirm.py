@@ -1,0 +1,208 @@
+"""Confirm the winner: re-measure the leading configurations interleaved, then rank by the re-runs.
+
+A search measures each configuration once, at one moment of the machine's life; the best of
+many single measurements is biased upwards (the winner is partly the luckiest). Before naming a
+winner, the top-k feasible trials are run again, each ``repeats`` times, interleaved (round r
+runs the candidates in an order rotated by r), so slow drifts of the machine hit all of them
+alike. Each candidate's confirmed figure is the median of its re-runs.
+
+Two candidates tie when their re-runs overlap: the leader's slowest re-run is no faster than the
+other's fastest. Tied candidates are then ordered by peak memory, smaller first (same speed, more
+headroom). A candidate with a re-run that ran out of memory or went over the ceiling is not
+reliably feasible and leaves the feasible ranking.
+
+Optuna lets no one write to a finished trial, so the outcome is a study user attr
+(:data:`autotune.ranking.CONFIRMATION_ATTR`), one entry per confirmed trial number; each run
+replaces the last one, so a confirmation never outlives the search that made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from autotune.errors import AutotuneError
+from autotune.measure import coefficient_of_variation
+from autotune.ranking import CONFIRMATION_ATTR, RankedTrial, feasible_ranking
+from autotune.result import FAILED_STATUSES, TrialResult
+from autotune.runner import run_isolated
+from autotune.study import SearchRequest, make_job
+
+# Re-run outcomes that say nothing about the config (a noisy neighbour, a driver hiccup): ignored.
+TRANSIENT_STATUSES = FAILED_STATUSES
+# TrialResult fields proportional to samples/s for a given config.
+THROUGHPUT_FIGURES = ("tokens_per_s", "model_tflops", "hardware_tflops", "mfu", "hfu", "mfu_measured", "hfu_measured")
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """The re-measurement of one trial.
+
+    Attributes:
+        trial_number: The Optuna trial re-measured.
+        samples_per_s: Median over the re-runs that finished (``None`` if none did).
+        cv: Coefficient of variation of those re-runs' samples/s (run-to-run noise).
+        repeats: Re-runs that finished (transient failures not counted).
+        runs_samples_per_s: samples/s of each finished re-run, in run order.
+        peak_memory_bytes: Largest peak memory of the re-runs (the ceiling's figure).
+        statuses: Status of every re-run, in run order.
+        feasible: No re-run ran out of memory or went over the ceiling, and at least one finished.
+        ties_with_leader: Within noise of the fastest confirmed candidate (the leader too, when
+            any other ties with it).
+        figures: Throughput-derived figures at the confirmed median (model and hardware TFLOPs,
+            MFU, HFU): each is proportional to samples/s for one config, so they are scaled from a
+            re-run by the median over that re-run's samples/s.
+    """
+
+    trial_number: int
+    samples_per_s: float | None
+    cv: float
+    repeats: int
+    runs_samples_per_s: tuple[float, ...]
+    peak_memory_bytes: int
+    statuses: tuple[str, ...]
+    feasible: bool
+    ties_with_leader: bool = False
+    figures: dict[str, float | None] = dataclasses.field(default_factory=dict)
+
+    def to_attr(self) -> dict[str, Any]:
+        """The JSON stored for this trial in the study's confirmation attr."""
+        values = dataclasses.asdict(self)
+        values["runs_samples_per_s"] = list(self.runs_samples_per_s)
+        values["statuses"] = list(self.statuses)
+        return values
+
+
+def confirmation_candidates(study: optuna.Study, top_k: int) -> list[RankedTrial]:
+    """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored)."""
+    return feasible_ranking(study.get_trials(deepcopy=False), confirmations={})[:top_k]
+
+
+def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
+    """Fold one candidate's re-runs into its :class:`Confirmation` (ties are marked later)."""
+    finished = [r for r in runs if r.status not in TRANSIENT_STATUSES]
+    ok_runs = [r for r in finished if r.status == "ok" and r.samples_per_s > 0]
+    measured = [r.samples_per_s for r in ok_runs]
+    median = statistics.median(measured) if measured else None
+    figures: dict[str, float | None] = {}
+    if median is not None:
+        reference = ok_runs[0]
+        scale = median / reference.samples_per_s
+        for name in THROUGHPUT_FIGURES:
+            value = getattr(reference, name)
+            figures[name] = None if value is None else value * scale
+    return Confirmation(
+        trial_number=trial_number,
+        samples_per_s=median,
+        figures=figures,
+        cv=coefficient_of_variation(measured),
+        repeats=len(finished),
+        runs_samples_per_s=tuple(measured),
+        peak_memory_bytes=max((r.peak_memory_bytes for r in finished), default=0),
+        statuses=tuple(r.status for r in runs),
+        feasible=bool(measured) and all(r.status == "ok" for r in finished),
+    )
+
+
+def mark_ties(confirmations: list[Confirmation]) -> list[Confirmation]:
+    """Flag the candidates whose re-runs overlap the leader's (and the leader, if any does).
+
+    The leader is the feasible candidate with the highest confirmed median. Another ties with it
+    when the leader's slowest re-run is no faster than the other's fastest: with a handful of
+    re-runs that is the plain reading of "within noise", free of any distribution assumption.
+    """
+    feasible = [c for c in confirmations if c.feasible and c.samples_per_s is not None]
+    if not feasible:
+        return confirmations
+    leader = max(feasible, key=lambda c: c.samples_per_s or 0.0)
+    tied = {
+        c.trial_number
+        for c in feasible
+        if c is not leader and min(leader.runs_samples_per_s) <= max(c.runs_samples_per_s)
+    }
+    if tied:
+        tied.add(leader.trial_number)
+    return [dataclasses.replace(c, ties_with_leader=c.trial_number in tied) for c in confirmations]
+
+
+def confirm_top(
+    study: optuna.Study,
+    request: SearchRequest,
+    top_k: int = 3,
+    repeats: int = 3,
+    on_run: Callable[[int, int, TrialResult], None] | None = None,
+) -> list[Confirmation]:
+    """Re-measure the study's top-k feasible trials, interleaved, and record the outcome in the study.
+
+    Args:
+        study: The study searched with ``request``.
+        request: How trials are run (the same model, device, ceiling and measurement).
+        top_k: Candidates to re-measure.
+        repeats: Re-runs of each candidate (at least 2, so noise can be seen).
+        on_run: Called after every re-run with (round, trial number, result).
+
+    Returns:
+        One :class:`Confirmation` per candidate, fastest confirmed first (empty with no feasible trial).
+
+    Raises:
+        AutotuneError: ``top_k`` below 1 or ``repeats`` below 2.
+        KeyboardInterrupt: After killing the running re-run; nothing is recorded then.
+    """
+    if top_k < 1:
+        raise AutotuneError(f"--confirm-top {top_k}: give at least 1 (or 0 to skip confirmation)")
+    if repeats < 2:
+        raise AutotuneError(f"--confirm-repeats {repeats}: give at least 2, so run-to-run noise can be seen")
+    candidates = confirmation_candidates(study, top_k)
+    if not candidates:
+        return []
+    runs: dict[int, list[TrialResult]] = {c.number: [] for c in candidates}
+    for round_index in range(repeats):
+        shift = round_index % len(candidates)
+        for candidate in candidates[shift:] + candidates[:shift]:
+            job = make_job(request, candidate.config, candidate.number)
+            job = dataclasses.replace(
+                job,
+                work_dir=f"{job.work_dir}-confirm-{round_index}",
+                prune_below_samples_per_s=None,  # a confirmation is measured in full
+            )
+            result = run_isolated(job, request.trial_timeout_s)
+            runs[candidate.number].append(result)
+            if on_run is not None:
+                on_run(round_index, candidate.number, result)
+    confirmations = mark_ties([summarise(number, results) for number, results in runs.items()])
+    record = {
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "top_k": top_k,
+        "repeats": repeats,
+        "trials": {str(c.trial_number): c.to_attr() for c in confirmations},
+    }
+    study.set_user_attr(CONFIRMATION_ATTR, record)
+    return sorted(confirmations, key=lambda c: (not c.feasible, -(c.samples_per_s or 0.0)))
+
+
+def describe_winner(ranking: list[RankedTrial]) -> str:
+    """One sentence about the winner of a ranked study: confirmed or not, and any tie."""
+    from autotune.units import format_bytes
+
+    if not ranking:
+        return "no feasible configuration"
+    leader = ranking[0]
+    if leader.confirmation is None:
+        return f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s (single measurement, not confirmed)"
+    sentence = (
+        f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, the median of "
+        f"{leader.confirmation.get('repeats', 0)} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
+    )
+    tied = [r for r in ranking[1:] if r.ties_with_leader]
+    if leader.ties_with_leader and tied:
+        others = ", ".join(f"#{r.number} ({r.samples_per_s:.1f} samples/s, {format_bytes(r.peak_memory_bytes)})" for r in tied)
+        sentence += (
+            f"; it ties within noise with {others}, and is preferred for its smaller peak memory "
+            f"({format_bytes(leader.peak_memory_bytes)})"
+        )
+    return sentence

@@ -1,0 +1,283 @@
+"""optuna-dashboard on a study storage, made to tell the truth; and the markdown note of each study.
+
+What optuna-dashboard 0.21 does on its own (read in its ``_app.py`` and ``_serializer.py``):
+
+- A trial's feasibility comes from the legacy system attr ``"constraints"`` (a list; feasible when
+  every value is <= 0). ``autotune.study.tell`` writes it for every COMPLETE and PRUNED trial, > 0
+  for OOM, over-ceiling and screened trials, so the trial list and the plots mark those infeasible.
+- Its "Best trial" is ``storage.get_best_trial``: the COMPLETE trial with the largest value,
+  feasible or not. autotune records infeasible trials with value 0, so that is a feasible trial
+  whenever one exists; but with none feasible it is an infeasible one. :class:`FeasibleBestStorage`
+  picks the best *feasible* trial, and :func:`dashboard_app` removes an infeasible "best" from the
+  study API, so the card stays empty until a config fits.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import optuna
+from optuna.storages import RDBStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.devices import memory_source_description
+from autotune.errors import AutotuneError
+from autotune.export import confirmation_label, ranked_result, render, winner_arguments, winner_summary
+from autotune.ranking import RankedTrial, study_ranking
+from autotune.result import USER_ATTR_KEY
+from autotune.study import CONSTRAINTS_ATTR, METRIC_NAME, open_storage
+from autotune.units import format_bytes
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+# The API route whose "best_trials" the dashboard's Best-trial card and filters read.
+STUDY_DETAIL_RULE = "/api/studies/<study_id:int>"
+# The last line of every note autotune writes: a note without it was edited by a person and is kept.
+NOTE_SIGNATURE = "_Written by autotune; `autotune search` and `autotune dashboard` rewrite this note (delete this line to keep your edits)._"
+NOTE_TOP = 5
+
+
+def constraints_feasible(constraints: list[float]) -> bool:
+    """The dashboard's own rule: feasible when every constraint value is <= 0 (none: feasible)."""
+    return all(value <= 0 for value in constraints)
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Whether optuna-dashboard shows ``trial`` as feasible (it reads the legacy list attr only)."""
+    return constraints_feasible(trial.system_attrs.get(CONSTRAINTS_ATTR, []))
+
+
+class FeasibleBestStorage(RDBStorage):
+    """An RDB storage whose best trial is the best feasible COMPLETE trial, as ``study.best_trial`` is.
+
+    optuna-dashboard asks the storage for the best trial; the stock one ignores feasibility. With no
+    feasible trial this falls back to the stock answer, which :func:`dashboard_app` then drops.
+    """
+
+    def get_best_trial(self, study_id: int) -> FrozenTrial:
+        feasible = [t for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
+        if not feasible:
+            return super().get_best_trial(study_id)
+        direction = self.get_study_directions(study_id)[0]
+        pick = max if direction == StudyDirection.MAXIMIZE else min
+        return pick(feasible, key=lambda t: t.value)
+
+
+def open_dashboard_storage(storage_url: str) -> FeasibleBestStorage:
+    """Open an existing study storage for the dashboard.
+
+    Raises:
+        AutotuneError: A SQLite file that does not exist (a typo would otherwise serve an empty,
+            newly created database), or a storage that cannot be opened.
+    """
+    if storage_url.startswith("sqlite:///"):
+        path = Path(storage_url.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise AutotuneError(
+                f"--storage {storage_url}: no such database file; run `autotune search` first, or pass the --storage it used"
+            )
+    storage = open_storage(storage_url, storage_class=FeasibleBestStorage)
+    assert isinstance(storage, FeasibleBestStorage)
+    return storage
+
+
+def dashboard_app(storage: FeasibleBestStorage) -> Callable[..., Any]:
+    """optuna-dashboard's WSGI app on ``storage``, whose study API never names an infeasible best trial."""
+    from importlib.metadata import version
+
+    import optuna_dashboard
+
+    app = optuna_dashboard.wsgi(storage)
+    routes = [r for r in app.routes if r.rule == STUDY_DETAIL_RULE and r.method == "GET"]
+    if not routes:
+        raise RuntimeError(
+            f"optuna-dashboard {version('optuna-dashboard')} has no {STUDY_DETAIL_RULE} route; autotune was written against 0.21"
+        )
+    route = routes[0]
+    view = route.callback
+
+    @functools.wraps(view)
+    def study_detail(*args: Any, **kwargs: Any) -> Any:
+        body = view(*args, **kwargs)
+        if isinstance(body, dict) and "best_trials" in body:
+            body["best_trials"] = [t for t in body["best_trials"] if constraints_feasible(t.get("constraints", []))]
+        return body
+
+    route.callback = study_detail
+    route.reset()  # Bottle caches the plugin-wrapped callback: rebuild it around ours
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log: the dashboard polls its API every few seconds."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+def is_loopback(host: str) -> bool:
+    """True for hosts only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(storage_url: str, host: str, port: int, on_listening: Callable[[str], None]) -> None:
+    """Refresh every autotune study's note, then serve the dashboard until Ctrl-C.
+
+    Args:
+        storage_url: The study storage.
+        host: The address to listen on (loopback by default: the dashboard has no login and can
+            edit and delete studies).
+        port: The port; 0 picks a free one.
+        on_listening: Called with the dashboard's URL once the socket listens.
+
+    Raises:
+        AutotuneError: The storage cannot be opened, or the address cannot be listened on.
+    """
+    storage = open_dashboard_storage(storage_url)
+    refresh_notes(storage)
+    app = dashboard_app(storage)
+    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+    try:
+        server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise AutotuneError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port or --host") from None
+    shown_host = f"[{host}]" if ":" in host else host
+    on_listening(f"http://{shown_host}:{server.server_port}/dashboard/")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def refresh_notes(storage: RDBStorage) -> int:
+    """Rewrite the note of every autotune study in ``storage``; returns how many changed."""
+    changed = 0
+    for summary in storage.get_all_studies():
+        if "identity" not in summary.user_attrs:
+            continue  # not an autotune study: leave it alone
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        changed += save_study_note(study)
+    return changed
+
+
+def save_study_note(study: optuna.Study) -> bool:
+    """Write :func:`study_note` as the study's dashboard note, unless it is unchanged or a person
+    edited it (the note no longer ends with :data:`NOTE_SIGNATURE`).
+
+    Returns:
+        Whether the note was written.
+    """
+    from optuna_dashboard import get_note, save_note
+
+    current = get_note(study)
+    if current and NOTE_SIGNATURE not in current:
+        return False
+    note = study_note(study)
+    if note == current:
+        return False
+    save_note(study, note)
+    return True
+
+
+def study_note(study: optuna.Study) -> str:
+    """The study's markdown note: what is measured, how the trials ended, the ranked top configs and
+    the winner's export."""
+    attrs = study.user_attrs
+    identity = attrs.get("identity") or {}
+    trials = study.get_trials(deepcopy=False)
+    statuses = Counter(_status(t) for t in trials)
+    ranking = study_ranking(study)
+    sources = {r["memory_source"] for t in trials if (r := t.user_attrs.get(USER_ATTR_KEY)) and r.get("memory_source")}
+    memory = ", ".join(memory_source_description(source) for source in sorted(sources)) or "peak memory"
+    lines = [
+        f"## {study.study_name}",
+        "",
+        f"**Objective: {attrs.get('metric', METRIC_NAME)}** (maximized): useful training work per second, "
+        "6N + 12·L·h·s FLOPs per token (PaLM, appendix B); recomputation from checkpointing is not counted.",
+        "",
+        f"Model **{identity.get('model', '?')}** ({identity.get('task', '?')}), sequence length {identity.get('seq_len', '?')}, "
+        f"device {identity.get('device', '?')}; memory ceiling **{format_bytes(attrs.get('ceiling_bytes', 0))}** "
+        f"of {memory} (\"peak memory\" below).",
+        "",
+        "Infeasible trials (ran out of memory, went over the ceiling, or were screened as not fitting) have value 0 "
+        "and a memory constraint (peak − ceiling, GiB) above 0: the dashboard marks them infeasible, and its best "
+        "trial is always a feasible one.",
+        "",
+        f"Trials: {len(trials)} ({', '.join(f'{status} {count}' for status, count in sorted(statuses.items())) or 'none yet'}).",
+        "",
+    ]
+    if not ranking:
+        lines += ["No feasible configuration yet.", ""]
+    else:
+        lines += [f"### Fastest feasible configurations (top {min(NOTE_TOP, len(ranking))} of {len(ranking)})", ""]
+        lines += _ranking_table(ranking[:NOTE_TOP])
+        best = ranking[0]
+        arguments = winner_arguments(study)
+        lines += [
+            "",
+            f"### Winner: trial {best.number}",
+            "",
+            f"Trial {winner_summary(best)}.",
+            "",
+            "`autotune export` (TrainingArguments keyword arguments, JSON):",
+            "",
+            "```json",
+            render(arguments, "json").rstrip(),
+            "```",
+            "",
+            "`autotune export --format cli` (flags for HF example scripts):",
+            "",
+            "```",
+            render(arguments, "cli").rstrip(),
+            "```",
+            "",
+        ]
+    lines.append(NOTE_SIGNATURE)
+    return "\n".join(lines) + "\n"
+
+
+def _status(trial: FrozenTrial) -> str:
+    result = trial.user_attrs.get(USER_ATTR_KEY) or {}
+    return str(result.get("status") or trial.state.name.lower())
+
+
+def _ranking_table(rows: list[RankedTrial]) -> list[str]:
+    lines = [
+        "| rank | trial | config | samples/s | model TFLOPs | MFU | peak memory | step-time CV |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for rank, row in enumerate(rows, start=1):
+        result = ranked_result(row)
+        if result is None:
+            continue
+        samples = f"{result.samples_per_s:.1f}{confirmation_label(row)}"
+        mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
+        lines.append(
+            f"| {rank} | {row.number} | `{row.config.short()}` | {samples} | {result.model_tflops:.4g} | {mfu} | "
+            f"{format_bytes(result.peak_memory_bytes)} | {result.step_time_cv:.1%} |"
+        )
+    return lines

@@ -1,0 +1,344 @@
+"""The user's own training data (``--dataset``): read and checked once in the parent, loaded by each trial.
+
+Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
+
+* The orchestrator calls :func:`prepare_dataset` once, before any trial: it reads the data (a
+  directory written by ``datasets.save_to_disk``, or JSON lines / text / CSV / Parquet files), finds
+  the text column (or ``input_ids``), checks it holds at least one global batch of samples, and
+  writes the one column it needs as an Arrow dataset under the work directory (reused by later runs
+  while the source and tokenizer are unchanged). Every problem is an :class:`AutotuneError` there.
+* Each trial child calls :func:`load_training_dataset`: it memory-maps that Arrow copy (milliseconds)
+  and tokenizes every sample on the fly with the model's tokenizer, truncated and padded to
+  ``--seq-len``, inside the DataLoader. Tokenization is part of the measured step, as in a pipeline
+  that tokenizes as it trains, so ``dataloader_workers`` has real work to parallelise.
+* With ``packing``, documents are tokenized once in the parent, concatenated and cut into blocks of
+  exactly ``--seq-len`` tokens (no padding); the child only reads the blocks.
+
+Every sample is exactly ``--seq-len`` tokens long, so the model FLOPs per sample (``flops.py``) hold;
+padding positions count as processed tokens, as they do on the device. Labels: the input ids (pads
+ignored with -100) for language models; for sequence classification, two alternating classes as in
+the synthetic data (the label values do not change the cost of a step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.errors import AutotuneError
+from autotune.models import ModelSpec
+
+# File suffix -> the ``datasets`` builder that reads it; anything else is read as text, one sample a line.
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Documents tokenized per batch when packing (the batch size of HF's run_clm example).
+_PACKING_BATCH = 1000
+
+
+def prepare_dataset(
+    path: str,
+    model: ModelSpec,
+    seq_len: int,
+    global_batch: int,
+    steps: int,
+    cache_root: str,
+    text_column: str | None = None,
+    packing: bool = False,
+) -> dict[str, Any]:
+    """Read and check the user's dataset once, and write what the trials load.
+
+    Args:
+        path: A ``save_to_disk`` directory, or a JSON lines / JSON / CSV / Parquet / text file.
+        model: The model being tuned; its local directory (or Hugging Face cache entry) holds the tokenizer.
+        seq_len: Tokens per sample.
+        global_batch: Samples one optimizer step of the space's largest config takes: the data
+            must hold at least that many.
+        steps: Optimizer steps a trial runs at most. The trials' dataset cycles the data up to
+            ``global_batch * (steps + 1)`` samples, so a measurement never crosses an epoch boundary
+            (a real epoch is far longer than a trial; so does the synthetic data).
+        cache_root: Directory for the prepared copy (under the work directory).
+        text_column: The column to train on; found by itself when ``None``.
+        packing: Concatenate documents and cut blocks of ``seq_len`` tokens instead of padding.
+
+    Returns:
+        A JSON-able description for :class:`autotune.runner.TrialJob` ``dataset``.
+
+    Raises:
+        AutotuneError: Unreadable data, no usable column, no tokenizer, token ids outside the
+            model's vocabulary, or fewer samples than one global batch.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise AutotuneError(f"--dataset {path}: reading your data needs the datasets package: pip install 'autotune[data]'") from None
+
+    datasets.disable_progress_bars()
+    source = Path(path).expanduser().resolve()
+    rows = _read(source, path, cache_root)
+    column = _pick_column(rows, text_column, path)
+    holds_text = _holds_text(rows, column, path)
+    tokenizer_dir = _tokenizer_dir(model, path) if holds_text else None
+    tokenizer = _load_tokenizer(tokenizer_dir, model, path) if tokenizer_dir else None
+    key = _fingerprint(source, tokenizer_dir, column, seq_len if packing else None)
+    prepared_dir = Path(cache_root) / f"dataset-{key}"
+    if not prepared_dir.is_dir():
+        prepared = _prepare_rows(rows, column, holds_text, tokenizer, seq_len, packing, model, path)
+        _save_atomically(prepared, prepared_dir)
+    num_samples = datasets.load_from_disk(str(prepared_dir)).num_rows
+    shape = f"packed into blocks of {seq_len} tokens" if packing else f"truncated/padded to {seq_len} tokens"
+    if num_samples < global_batch:
+        raise AutotuneError(
+            f"--dataset {path}: {num_samples} samples ({shape}) is less than one global batch of the search "
+            f"space ({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
+        )
+    return {
+        "label": f"{source} ({column!r} {shape})",
+        "source": str(source),
+        "prepared_dir": str(prepared_dir.resolve()),
+        "column": "input_ids" if packing or not holds_text else "text",
+        "tokenizer_dir": None if packing else tokenizer_dir,
+        "pad_token_id": _pad_token_id(tokenizer, model),
+        "num_samples": num_samples,
+        "length": max(num_samples, global_batch * (steps + 1)),
+        "packing": packing,
+    }
+
+
+def load_training_dataset(description: dict[str, Any], model: ModelSpec, seq_len: int) -> torch.utils.data.Dataset:
+    """The trial child's dataset: the prepared Arrow copy, memory-mapped, tokenized on access."""
+    import datasets
+
+    rows = datasets.load_from_disk(description["prepared_dir"])
+    tokenizer = None
+    if description["tokenizer_dir"]:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(description["tokenizer_dir"])
+    return UserSamples(
+        rows=rows,
+        column=description["column"],
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        task=model.task,
+        pad_token_id=int(description["pad_token_id"]),
+        length=int(description["length"]),
+    )
+
+
+class UserSamples(torch.utils.data.Dataset):
+    """Samples of the user's data, each exactly ``seq_len`` tokens, cycled to ``length``.
+
+    A plain torch Dataset (not a ``datasets.Dataset``), so the Trainer does not drop the text column
+    before it is tokenized.
+    """
+
+    def __init__(
+        self,
+        rows: Any,
+        column: str,
+        tokenizer: Any,
+        seq_len: int,
+        task: str,
+        pad_token_id: int,
+        length: int,
+    ) -> None:
+        self._rows = rows
+        self._column = column
+        self._tokenizer = tokenizer
+        self._seq_len = seq_len
+        self._task = task
+        self._pad_token_id = pad_token_id
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        value = self._rows[index % self._rows.num_rows][self._column]
+        if self._tokenizer is not None:
+            ids = self._tokenizer(value, truncation=True, max_length=self._seq_len)["input_ids"]
+        else:
+            ids = value[: self._seq_len]
+        real = len(ids)
+        input_ids = torch.full((self._seq_len,), self._pad_token_id, dtype=torch.long)
+        input_ids[:real] = torch.tensor(ids, dtype=torch.long)
+        attention_mask = torch.zeros(self._seq_len, dtype=torch.long)
+        attention_mask[:real] = 1
+        sample = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self._task == "sequence-classification":
+            sample["labels"] = torch.tensor(index % 2)
+        else:
+            labels = input_ids.clone()
+            labels[real:] = -100  # the loss ignores padding
+            sample["labels"] = labels
+        return sample
+
+
+def _read(source: Path, path: str, cache_root: str) -> Any:
+    """The user's data as one ``datasets.Dataset`` (the ``train`` split of a saved DatasetDict)."""
+    import datasets
+
+    if not source.exists():
+        raise AutotuneError(f"--dataset {path}: no such file or directory")
+    try:
+        if source.is_dir():
+            loaded = datasets.load_from_disk(str(source))
+        else:
+            builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
+            loaded = datasets.load_dataset(
+                builder, data_files=str(source), split="train", cache_dir=str(Path(cache_root) / "hf-datasets")
+            )
+    except FileNotFoundError:
+        raise AutotuneError(
+            f"--dataset {path}: a directory must hold a dataset written by datasets.save_to_disk"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
+        raise AutotuneError(f"--dataset {path}: cannot read it ({_root_cause(exc)})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded and len(loaded) != 1:
+            raise AutotuneError(f"--dataset {path}: no 'train' split among {', '.join(loaded)}; save one split")
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    if loaded.num_rows == 0:
+        raise AutotuneError(f"--dataset {path}: it holds no samples")
+    return loaded
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _pick_column(rows: Any, text_column: str | None, path: str) -> str:
+    columns = list(rows.column_names)
+    if text_column is not None:
+        if text_column not in columns:
+            raise AutotuneError(f"--text-column {text_column}: {path} has no such column (columns: {', '.join(columns)})")
+        return text_column
+    for preferred in ("input_ids", "text"):
+        if preferred in columns:
+            return preferred
+    strings = [name for name in columns if getattr(rows.features[name], "dtype", None) in ("string", "large_string")]
+    if len(strings) == 1:
+        return strings[0]
+    raise AutotuneError(
+        f"--dataset {path}: no text column (columns: {', '.join(columns)}); name the one to train on with --text-column"
+    )
+
+
+def _holds_text(rows: Any, column: str, path: str) -> bool:
+    """True for a column of strings, False for one of token-id lists."""
+    feature = rows.features[column]
+    if getattr(feature, "dtype", None) in ("string", "large_string"):
+        return True
+    if str(getattr(getattr(feature, "feature", None), "dtype", "")).startswith(("int", "uint")):
+        return False
+    raise AutotuneError(f"--dataset {path}: column {column!r} holds {feature}, neither text nor token ids")
+
+
+def _tokenizer_dir(model: ModelSpec, path: str) -> str:
+    """Where the model's tokenizer lives: its local directory, or its Hugging Face cache entry."""
+    if model.local_dir and any(
+        (Path(model.local_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+    ):
+        return model.local_dir
+    if model.source == "hf-cache":
+        return model.name
+    raise AutotuneError(
+        f"--dataset {path} holds text, and {model.name} has no tokenizer to turn it into tokens: pass --model as a "
+        "local model directory that holds one (tokenizer.json / tokenizer_config.json), or a dataset of input_ids"
+    )
+
+
+def _load_tokenizer(tokenizer_dir: str, model: ModelSpec, path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any loader failure means "no usable tokenizer"
+        raise AutotuneError(f"--dataset {path}: cannot load the tokenizer of {model.name} ({_root_cause(exc)})") from None
+    if len(tokenizer) > model.vocab_size:
+        raise AutotuneError(
+            f"--dataset {path}: the tokenizer of {model.name} has {len(tokenizer)} tokens, more than the model's "
+            f"vocab_size {model.vocab_size}; fix the config's vocab_size"
+        )
+    return tokenizer
+
+
+def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
+    """The tokenizer's pad token, else its end-of-sequence token (GPT-2 has no pad), else the config's."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if candidate is not None:
+            return int(candidate)
+    return int(model.config.get("pad_token_id") or 0)
+
+
+def _prepare_rows(
+    rows: Any, column: str, holds_text: bool, tokenizer: Any, seq_len: int, packing: bool, model: ModelSpec, path: str
+) -> Any:
+    """The one column the trials read: non-empty texts, token-id lists, or packed blocks of ``seq_len``."""
+    import pyarrow.compute
+
+    rows = rows.select_columns([column])
+    if holds_text:
+        rows = rows.filter(lambda batch: [bool(t and t.strip()) for t in batch[column]], batched=True)
+        if rows.num_rows == 0:
+            raise AutotuneError(f"--dataset {path}: every {column!r} value is empty")
+        if not packing:
+            return rows.rename_column(column, "text") if column != "text" else rows
+        rows = rows.map(
+            lambda batch: {"input_ids": tokenizer(batch[column])["input_ids"]},
+            batched=True,
+            batch_size=_PACKING_BATCH,
+            remove_columns=[column],
+        )
+    else:
+        rows = rows.rename_column(column, "input_ids") if column != "input_ids" else rows
+        rows = rows.filter(lambda batch: [bool(ids) for ids in batch["input_ids"]], batched=True)
+        largest = pyarrow.compute.max(pyarrow.compute.list_flatten(rows.data.column("input_ids"))).as_py() or 0
+        if largest >= model.vocab_size:
+            raise AutotuneError(
+                f"--dataset {path}: token id {largest} is outside the model's vocabulary (vocab_size {model.vocab_size})"
+            )
+    if packing:
+        rows = rows.map(lambda batch: {"input_ids": _pack(batch["input_ids"], seq_len)}, batched=True, batch_size=_PACKING_BATCH)
+    return rows
+
+
+def _pack(documents: list[list[int]], seq_len: int) -> list[list[int]]:
+    """Concatenate token lists and cut blocks of ``seq_len``; the remainder of the batch is dropped
+    (as HF's run_clm example does)."""
+    stream = [token for document in documents for token in document]
+    return [stream[start : start + seq_len] for start in range(0, len(stream) - seq_len + 1, seq_len)]
+
+
+def _fingerprint(source: Path, tokenizer_dir: str | None, column: str, packed_len: int | None) -> str:
+    """Identifies a prepared copy: the source files and tokenizer files (size, mtime), the column,
+    and the block length when packed."""
+    digest = hashlib.sha256(f"{source}|{column}|{packed_len}".encode())
+    paths = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        paths += sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file())
+    elif tokenizer_dir:
+        digest.update(tokenizer_dir.encode())
+    for file in paths:
+        stat = file.stat()
+        digest.update(f"{file}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _save_atomically(rows: Any, target: Path) -> None:
+    """Write to a scratch directory then rename, so a killed run never leaves a half-written copy."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    rows.flatten_indices().save_to_disk(str(scratch))
+    try:
+        os.replace(scratch, target)
+    except OSError:  # another worker wrote the same copy first
+        shutil.rmtree(scratch, ignore_errors=True)

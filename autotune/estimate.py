@@ -1,0 +1,423 @@
+"""Analytical peak-memory model of one training configuration, calibrated online from measured trials.
+
+The estimate is a sum of parts a user can check by hand:
+
+* **weights**: fp32 parameters (HF Trainer keeps fp32 master weights under fp16/bf16 mixed
+  precision), plus the half-precision copies autocast makes of every matmul weight and keeps for
+  the backward pass;
+* **gradients**: one fp32 gradient per parameter;
+* **optimizer states**: bytes per parameter per optimizer (FACTS.md: AdamW 8; 8-bit AdamW 2 with
+  embeddings kept 32-bit; Adafactor's factored second moment; SGD without momentum 0);
+* **activations**: what autograd keeps per transformer layer, after Korthikanti et al. 2022
+  ("Reducing Activation Recomputation in Large Transformer Models", section 4.1), generalised to
+  the FFN width and to the element size of each saved tensor; with full (per-layer) checkpointing
+  only each layer's input is kept, plus one layer recomputed in the backward pass;
+* **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies;
+* **context**: what the process holds before training. On CUDA the CUDA context and kernels (0.5
+  to 1.5 GB, FACTS.md); on the CPU the measured figure is the resident set of the whole process
+  tree, which includes the interpreter with torch and transformers imported (and one copy of it per
+  dataloader worker, since forked workers map the same pages).
+
+The model is a prior. :func:`fit_calibration` fits two explainable corrections from a study's
+measured peaks, by least squares: the context (an offset) and one scale on the activations (the
+least certain part; model states and logits are exact counts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.models import ModelSpec
+
+GiB = 1024**3
+MiB = 1024**2
+
+# Before any trial is measured. CPU: the forkserver child's resident set before it builds a model
+# (python + torch + transformers imported), measured here at about 0.4 GiB (docs/benchmarks.md).
+# CUDA: the middle of the 0.5-1.5 GB range of FACTS.md.
+PRIOR_CONTEXT_BYTES = {"cpu": int(0.40 * GiB), "cuda": int(1.0 * GiB)}
+# CPU resident memory runs ahead of the tensors alive: freed blocks stay in malloc's arenas. The
+# prior activation scale says so (fitted on bert-mini, docs/benchmarks.md); calibration replaces it.
+PRIOR_ACTIVATION_SCALE = {"cpu": 1.1, "cuda": 1.0}
+# Calibrated scales outside this range mean the model is wrong for this setup, not that it needs
+# stretching: the fit is clamped.
+SCALE_BOUNDS = (0.5, 3.0)
+# The fit needs this many measured trials, and this much spread in their activations, to
+# estimate the scale; with fewer, only the context is fitted.
+MIN_POINTS_FOR_SCALE = 3
+MIN_RELATIVE_SPREAD_FOR_SCALE = 0.25
+# ... and activations must be this share of the largest predicted peak, or their scale drowns in
+# the noise of the other parts (a small LM is mostly logits).
+MIN_ACTIVATION_SHARE_FOR_SCALE = 0.2
+
+# Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
+# being recomputed and its gradients (2). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
+# resident memory holds half a layer more: malloc does not reuse the previous layer's freed
+# recompute buffers at once (docs/benchmarks.md).
+CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
+# Optimizer state bytes per parameter, for parameters in a matrix of >= 4096 elements (FACTS.md;
+# transformers' trainer_optimizer.py for which states each HF optimizer name creates).
+_STATE_BYTES_PER_PARAM = {
+    "adamw_torch": 8.0,  # exp_avg + exp_avg_sq, fp32
+    "adamw_torch_fused": 8.0,
+    "adamw_bnb_8bit": 2.0,  # two 8-bit states (block-wise quantisation adds ~1 %)
+    "adamw_8bit": 2.0,
+    "paged_adamw_8bit": 2.0,
+    "lion_8bit": 1.0,  # one 8-bit momentum
+    "sgd": 0.0,  # HF's "sgd" is torch.optim.SGD with momentum 0 unless --optim_args sets it
+    "adagrad": 4.0,  # state_sum
+    "rmsprop": 4.0,  # square_avg
+}
+_BNB_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
+_HALF_DTYPES = ("fp16", "bf16")
+# Config keys of the attention-probability dropout, by architecture family.
+_ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout", "attn_dropout")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak memory of one configuration, by part, in bytes."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    context_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.parts().values())
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Weights, gradients and optimizer states: the parts that do not depend on the batch."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+
+    def parts(self) -> dict[str, int]:
+        return {
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "optimizer states": self.optimizer_bytes,
+            "activations": self.activations_bytes,
+            "logits": self.logits_bytes,
+            "context": self.context_bytes,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Corrections fitted from measured peaks: ``peak = context * processes + fixed + scale * activations``.
+
+    Attributes:
+        device_kind: ``cpu`` or ``cuda``.
+        context_bytes: One process's baseline (CPU) or the CUDA context (GPU).
+        activation_scale: Multiplies the activations (the model's least certain part).
+        points: Measured trials the fit used (0: the priors).
+        max_relative_error: Worst ``|predicted - measured| / measured`` over those trials after
+            the fit; ``None`` with no points.
+    """
+
+    device_kind: str
+    context_bytes: int
+    activation_scale: float
+    points: int = 0
+    max_relative_error: float | None = None
+
+    @classmethod
+    def prior(cls, device_kind: str) -> Calibration:
+        return cls(
+            device_kind=device_kind,
+            context_bytes=PRIOR_CONTEXT_BYTES[device_kind],
+            activation_scale=PRIOR_ACTIVATION_SCALE[device_kind],
+        )
+
+    def describe(self) -> str:
+        """One line a user can read: what the corrections are and where they come from."""
+        context = f"context {self.context_bytes / GiB:.2f} GiB"
+        scale = f"activation scale {self.activation_scale:.2f}"
+        if not self.points:
+            return f"prior ({context}, {scale}; not calibrated: no measured trial)"
+        error = f", worst error {self.max_relative_error:.1%}" if self.max_relative_error is not None else ""
+        return f"calibrated on {self.points} measured trial(s) ({context}, {scale}{error})"
+
+
+def estimate_peak(
+    model: ModelSpec,
+    config: TrialConfig,
+    seq_len: int,
+    device_kind: str,
+    calibration: Calibration | None = None,
+) -> MemoryEstimate:
+    """Predict a configuration's peak memory, as the trial's memory probe would measure it.
+
+    Args:
+        model: The model's shape.
+        config: The knobs (micro-batch, checkpointing, dtype, optimizer, attention, workers).
+        seq_len: Tokens per sample.
+        device_kind: ``cpu`` (peak resident set of the process tree) or ``cuda`` (device memory).
+        calibration: Fitted corrections; ``None`` uses the device's priors.
+    """
+    calibration = calibration or Calibration.prior(device_kind)
+    weights, gradients, optimizer = model_state_bytes(model, config)
+    activations = activation_bytes(model, config, seq_len, device_kind)
+    logits = logits_bytes(model, config, seq_len)
+    return MemoryEstimate(
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=int(activations * calibration.activation_scale),
+        logits_bytes=logits,
+        context_bytes=context_bytes(calibration.context_bytes, config, device_kind, weights),
+    )
+
+
+def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) in bytes: the model states of FACTS.md.
+
+    HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed precision), so weights and
+    gradients are 4 bytes per parameter in every dtype. Autocast casts each matmul weight to 16 bits
+    once per forward and autograd keeps that copy for the backward: 2 more bytes per compute
+    parameter (lookup-only embeddings are not cast).
+    """
+    n = model.num_params
+    weights = 4 * n
+    if config.dtype in _HALF_DTYPES:
+        weights += 2 * model.num_non_embedding_params
+    return weights, 4 * n, optimizer_state_bytes(model, config.optim)
+
+
+def optimizer_state_bytes(model: ModelSpec, optim: str) -> int:
+    """Bytes of optimizer state for the whole model.
+
+    8-bit optimizers keep 32-bit states for embeddings (HF Trainer registers ``nn.Embedding`` as
+    32-bit with bitsandbytes, FACTS.md). Adafactor (``beta1=None`` in HF) keeps, per matrix, one row
+    and one column vector instead of a full second moment, and a full one for vectors.
+    """
+    n = model.num_params
+    if optim == "adafactor":
+        return 4 * adafactor_state_elements(model)
+    if optim in _BNB_OPTIMIZERS:
+        embedding = _embedding_table_params(model)
+        return int(_STATE_BYTES_PER_PARAM[optim] * (n - embedding) + 8 * embedding)
+    return int(_STATE_BYTES_PER_PARAM.get(optim, 8.0) * n)
+
+
+def adafactor_state_elements(model: ModelSpec) -> int:
+    """Factored second-moment elements: rows + columns per matrix, all elements per vector.
+
+    Per block: Q, K, V, output (h x h, or h x kv-width), FFN in and out (h x f, twice for gated
+    FFNs is not distinguished: the term is small), plus biases and layer norms (~ 9h + f).
+    Embedding tables: V + h, and the position table.
+    """
+    h, f, layers = model.hidden_size, model.intermediate_size, model.num_layers
+    per_block = 4 * (h + h) + 2 * (h + f) + 9 * h + f
+    tables = model.vocab_size + h + (model.max_positions + h if model.max_positions else 0)
+    return layers * per_block + tables
+
+
+def _embedding_table_params(model: ModelSpec) -> int:
+    """Parameters in ``nn.Embedding`` tables, the token table included even when tied to the head."""
+    token_table = model.vocab_size * model.hidden_size
+    if model.num_embedding_params >= token_table:
+        return model.num_embedding_params
+    return model.num_embedding_params + token_table
+
+
+def activation_element_bytes(dtype: str) -> tuple[int, int]:
+    """(matmul-input bytes, residual-stream bytes) per saved element.
+
+    Under autocast the matmul inputs autograd keeps are 16-bit copies, while the residual stream,
+    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32).
+    """
+    return (2, 4) if dtype in _HALF_DTYPES else (4, 4)
+
+
+def layer_activation_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str) -> int:
+    """Bytes autograd keeps for one transformer layer, micro-batch included.
+
+    Korthikanti et al. 2022, section 4.1, with ``p`` the matmul-input element size, ``r`` the
+    residual/normalisation/softmax element size, ``q`` the attention element size, 1-byte dropout
+    masks:
+
+    * attention: QKV input ``p sbh``; Q, K, V ``3 q sbh`` (K and V narrower under grouped-query
+      attention); output projection's input ``p sbh``; its dropout mask ``sbh``; scores: softmax
+      output ``r as^2b``, dropout mask ``as^2b``, dropout output ``q as^2b``;
+    * MLP: input ``p sbh``, activation-function input and second matmul's input ``2 p sbf``, dropout
+      mask ``sbh``;
+    * two layer norms' inputs ``2 r sbh``.
+
+    With p = q = r = 2 and f = 4h this is the paper's ``sbh(34 + 5as/h)``. Fused attention (SDPA's
+    flash / memory-efficient kernels) keeps no ``s x s`` tensor; autotune counts them for eager
+    attention, and on the CPU where SDPA with dropout in training falls back to the math kernel.
+    Measured on the CPU (docs/benchmarks.md): autocast runs attention in fp32 (q = 4 under bf16)
+    and the score dropout mask is kept as a float tensor (4 bytes, not 1).
+    """
+    p, r = activation_element_bytes(config.dtype)
+    q = r if device_kind == "cpu" else p
+    score_mask = q if device_kind == "cpu" else 1
+    s, b = seq_len, config.micro_batch
+    h, f, a = model.hidden_size, model.intermediate_size, model.num_heads
+    kv_fraction = model.num_kv_heads / model.num_heads  # grouped-query attention keeps smaller K, V
+    per_token = p * h + (1 + 2 * kv_fraction) * q * h + p * h + h + p * h + 2 * p * f + h + 2 * r * h
+    scores = (r + score_mask + q) * a * s * s * b if materializes_attention_scores(model, config, device_kind) else 0
+    return int(per_token * s * b + scores)
+
+
+def materializes_attention_scores(model: ModelSpec, config: TrialConfig, device_kind: str) -> bool:
+    """Whether the ``a x s x s`` attention scores are kept for the backward pass."""
+    if config.attn_implementation == "eager":
+        return True
+    if config.attn_implementation == "flash_attention_2":
+        return False
+    # SDPA (the transformers default where supported): fused kernels on CUDA; on the CPU the fused
+    # kernel has no dropout, so training with attention dropout runs the math kernel.
+    return device_kind == "cpu" and attention_dropout(model) > 0
+
+
+def attention_dropout(model: ModelSpec) -> float:
+    for key in _ATTENTION_DROPOUT_KEYS:
+        value = model.config.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def activation_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str) -> int:
+    """Activations of the whole model at the peak (start of the backward pass), before calibration.
+
+    Without checkpointing: every layer's saved tensors, plus one layer's worth of gradient tensors
+    alive while its backward runs. With full checkpointing (one checkpoint per layer, as HF's
+    ``activation_checkpointing`` does): each layer's input ``r sbh``, plus one layer recomputed and
+    its gradients. Embeddings: int64 ids (and position ids), summed embeddings, layer norm input and
+    dropout mask.
+    """
+    _, r = activation_element_bytes(config.dtype)
+    s, b, h = seq_len, config.micro_batch, model.hidden_size
+    layer = layer_activation_bytes(model, config, seq_len, device_kind)
+    embeddings = (2 * 8 + (2 * r + 1) * h) * s * b
+    if config.checkpointing:
+        return int(model.num_layers * r * s * b * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
+    return (model.num_layers + 1) * layer + embeddings
+
+
+def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int) -> int:
+    """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
+
+    transformers' loss upcasts the logits to fp32, cross-entropy keeps its fp32 log-softmax for the
+    backward, and the backward makes an fp32 gradient of the same size: three fp32 ``b x s x V``
+    tensors at once (measured on the CPU: 3.0 x 4 bytes per logit, in fp32 and bf16 alike; the
+    16-bit logits of mixed precision are freed before the backward). Classification heads produce
+    ``b x labels``: nothing to count. Not scaled by calibration: the count is exact.
+    """
+    if model.task not in ("causal-lm", "masked-lm"):
+        return 0
+    return 3 * 4 * config.micro_batch * seq_len * model.vocab_size
+
+
+def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str, weights_bytes: int) -> int:
+    """What the process (tree) holds besides tensors of this configuration.
+
+    On the CPU each dataloader worker is a fork of the trial process: its resident set counts the
+    interpreter and the fp32 weights again (the probe sums resident sets over the tree).
+    """
+    if device_kind != "cpu" or config.dataloader_workers == 0:
+        return per_process_bytes
+    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredPeak:
+    """One measured trial, as calibration sees it."""
+
+    config: TrialConfig
+    peak_bytes: int
+
+
+def fit_calibration(
+    model: ModelSpec, seq_len: int, device_kind: str, measured: Sequence[MeasuredPeak]
+) -> Calibration:
+    """Fit ``measured = context * processes + fixed + scale * activations`` by least squares.
+
+    ``processes`` is 1 + dataloader workers on the CPU (1 on CUDA); ``fixed`` the model states, the
+    logits and the weights each CPU worker maps; ``activations`` the uncalibrated activations. With
+    fewer than :data:`MIN_POINTS_FOR_SCALE` points, or too little spread in the activations to tell
+    a scale from an offset, the scale keeps its prior and only the context is fitted.
+    """
+    prior = Calibration.prior(device_kind)
+    if not measured:
+        return prior
+    rows = []  # (processes, uncalibrated activation bytes, measured - fixed bytes)
+    for point in measured:
+        uncalibrated = estimate_peak(model, point.config, seq_len, device_kind, dataclasses.replace(
+            prior, context_bytes=0, activation_scale=1.0))
+        processes = 1 + (point.config.dataloader_workers if device_kind == "cpu" else 0)
+        # Model states, logits and the weights each CPU worker maps are exact: not fitted.
+        fixed = uncalibrated.model_state_bytes + uncalibrated.logits_bytes + uncalibrated.context_bytes
+        rows.append((processes, uncalibrated.activations_bytes, point.peak_bytes - fixed))
+    activations = [a for _, a, _ in rows]
+    spread = (max(activations) - min(activations)) / max(max(activations), 1)
+    predicted = [estimate_peak(model, point.config, seq_len, device_kind, prior).total_bytes for point in measured]
+    share = max(activations) / max(max(predicted), 1)
+    if (
+        len(rows) >= MIN_POINTS_FOR_SCALE
+        and spread >= MIN_RELATIVE_SPREAD_FOR_SCALE
+        and share >= MIN_ACTIVATION_SHARE_FOR_SCALE
+    ):
+        context, scale = _least_squares_two(rows)
+        if not SCALE_BOUNDS[0] <= scale <= SCALE_BOUNDS[1] or context < 0:
+            scale = min(max(scale, SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
+            context = _context_given_scale(rows, scale)
+    else:
+        scale = prior.activation_scale
+        context = _context_given_scale(rows, scale)
+    fitted = Calibration(device_kind, int(max(context, 0)), scale, points=len(rows))
+    errors = [
+        abs(estimate_peak(model, p.config, seq_len, device_kind, fitted).total_bytes - p.peak_bytes) / p.peak_bytes
+        for p in measured
+        if p.peak_bytes > 0
+    ]
+    return dataclasses.replace(fitted, max_relative_error=max(errors) if errors else None)
+
+
+def _least_squares_two(rows: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """Solve ``y = c * processes + s * activations`` in the least-squares sense (2 x 2 normal equations)."""
+    spp = sum(p * p for p, _, _ in rows)
+    spb = sum(p * b for p, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    spy = sum(p * y for p, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    determinant = spp * sbb - spb * spb
+    if determinant == 0:
+        return _context_given_scale(rows, 1.0), 1.0
+    context = (spy * sbb - sby * spb) / determinant
+    scale = (spp * sby - spb * spy) / determinant
+    return context, scale
+
+
+def _context_given_scale(rows: list[tuple[int, int, int]], scale: float) -> float:
+    """Least-squares context once the scale is fixed: ``sum p (y - s b) / sum p^2``."""
+    return sum(p * (y - scale * b) for p, b, y in rows) / sum(p * p for p, _, _ in rows)
+
+
+# Knobs that change the estimate (the others: accumulation, pinning, compilation, do not).
+_MEMORY_KNOBS = ("dtype", "optim", "checkpointing", "attn_implementation", "dataloader_workers", "micro_batch")
+
+
+def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> list[TrialConfig]:
+    """One config per combination of the knobs the estimate depends on; other knobs at their first choice.
+
+    Dataloader workers count on the CPU only (their resident sets add up there). Micro-batch varies
+    fastest, so the rows of one setting read as a growing batch.
+    """
+    knobs = [k for k in _MEMORY_KNOBS if k in choices and (k != "dataloader_workers" or device_kind == "cpu")]
+    base = {name: values[0] for name, values in choices.items()}
+    configs = []
+    for combination in itertools.product(*(choices[k] for k in knobs)):
+        configs.append(TrialConfig.from_params({**base, **dict(zip(knobs, combination))}))
+    return configs

@@ -1,0 +1,154 @@
+"""Decide, before running a trial, that its configuration cannot fit: screened trials are never run.
+
+Two rules, both conservative (a config that might fit is always run):
+
+* **OOM inference**: a config that differs from a measured ``oom`` or ``over_ceiling`` trial only by
+  a larger micro-batch does not fit either (peak memory grows with the micro-batch).
+* **Estimate**: the calibrated estimate of :mod:`autotune.estimate` puts the config's peak clearly
+  over the ceiling: above ``ceiling * margin``. The margin is wide (25 %) until the estimator is
+  calibrated on measured trials, then the fit's own worst error plus a safety, never below 10 %.
+
+A screened trial is recorded as infeasible (status ``screened``) with what the decision rests on;
+it is never ranked nor exported (only ``ok`` trials are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autotune.config import TrialConfig
+from autotune.estimate import Calibration, MeasuredPeak, MemoryEstimate, estimate_peak, fit_calibration
+from autotune.models import ModelSpec
+from autotune.result import TrialResult
+from autotune.units import format_bytes
+
+UNCALIBRATED_MARGIN = 1.25
+MIN_CALIBRATED_MARGIN = 1.10
+# After calibration: margin = 1 + max(MIN, SAFETY * worst relative error of the fit), capped at
+# the uncalibrated margin. The factor 2 leaves room for configs unlike the measured ones.
+CALIBRATED_ERROR_SAFETY = 2.0
+# Keys of TrialResult.memory_peaks for a screened trial: what it was not measured to use.
+PREDICTED_PEAK_KEY = "predicted_peak_bytes"
+INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
+# Statuses whose measured memory was at or over the ceiling.
+_MEMORY_FAILURES = ("oom", "over_ceiling")
+# Statuses that ran and measured a peak the calibration can use.
+_MEASURED_PEAK_STATUSES = ("ok", "over_ceiling", "pruned")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredTrial:
+    """A trial of the study that ran, as screening sees it."""
+
+    number: int
+    config: TrialConfig
+    result: TrialResult
+
+
+@dataclasses.dataclass(frozen=True)
+class ScreenDecision:
+    """Why a config will not be run.
+
+    Attributes:
+        reason: One line for the trial table and the stored result.
+        predicted_peak_bytes: The calibrated estimate (``None`` for an inferred decision).
+        inferred_min_peak_bytes: For a decision inferred from an over-ceiling trial, that trial's
+            measured peak: a lower bound of this config's (``None`` after an OOM, which says only "over").
+        inferred_from: The measured trial an inferred decision rests on.
+    """
+
+    reason: str
+    predicted_peak_bytes: int | None = None
+    inferred_min_peak_bytes: int | None = None
+    inferred_from: int | None = None
+
+    def to_result(self, ceiling_bytes: int) -> TrialResult:
+        """The stored result: status ``screened``, nothing measured (``peak_memory_bytes`` stays 0);
+        the prediction or the inferred bound is kept in ``memory_peaks`` under its own name."""
+        peaks = {}
+        if self.predicted_peak_bytes is not None:
+            peaks[PREDICTED_PEAK_KEY] = self.predicted_peak_bytes
+        if self.inferred_min_peak_bytes is not None:
+            peaks[INFERRED_MIN_PEAK_KEY] = self.inferred_min_peak_bytes
+        return TrialResult(status="screened", error=self.reason, memory_peaks=peaks, ceiling_bytes=ceiling_bytes)
+
+
+def screened_excess_gib(result: TrialResult) -> float | None:
+    """``peak - ceiling`` in GiB of a screened config, from its prediction or inferred lower bound.
+
+    ``None`` when nothing says by how much (inferred from an OOM): the caller uses its default.
+    """
+    bound = result.memory_peaks.get(PREDICTED_PEAK_KEY) or result.memory_peaks.get(INFERRED_MIN_PEAK_KEY)
+    if not bound or bound <= result.ceiling_bytes:
+        return None
+    return (bound - result.ceiling_bytes) / 1024**3
+
+
+def margin_for(calibration: Calibration) -> float:
+    """How far over the ceiling a prediction must be to screen, given how well the model fits."""
+    if calibration.points == 0 or calibration.max_relative_error is None:
+        return UNCALIBRATED_MARGIN
+    margin = 1.0 + max(MIN_CALIBRATED_MARGIN - 1.0, CALIBRATED_ERROR_SAFETY * calibration.max_relative_error)
+    return min(margin, UNCALIBRATED_MARGIN)
+
+
+def calibration_from_trials(
+    model: ModelSpec, seq_len: int, device_kind: str, measured: Sequence[MeasuredTrial]
+) -> Calibration:
+    """Fit the estimator on the study's trials that measured a peak (ok, over the ceiling, pruned)."""
+    points = [
+        MeasuredPeak(trial.config, trial.result.peak_memory_bytes)
+        for trial in measured
+        if trial.result.status in _MEASURED_PEAK_STATUSES and trial.result.peak_memory_bytes > 0
+    ]
+    return fit_calibration(model, seq_len, device_kind, points)
+
+
+def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
+    """A config that differs from an OOM or over-ceiling trial only by a larger micro-batch."""
+    for trial in measured:
+        if trial.result.status not in _MEMORY_FAILURES or trial.config.micro_batch >= config.micro_batch:
+            continue
+        if dataclasses.replace(trial.config, micro_batch=config.micro_batch) != config:
+            continue
+        what = "ran out of memory" if trial.result.status == "oom" else "went over the ceiling"
+        return ScreenDecision(
+            reason=f"screened: inferred, micro-batch {config.micro_batch} > {trial.config.micro_batch} of trial "
+            f"#{trial.number}, which {what} (not run)",
+            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == "over_ceiling" else None,
+            inferred_from=trial.number,
+        )
+    return None
+
+
+def predict_over_ceiling(
+    estimate: MemoryEstimate, ceiling_bytes: int, calibration: Calibration
+) -> ScreenDecision | None:
+    """Screen when the calibrated estimate is over ``ceiling * margin``."""
+    margin = margin_for(calibration)
+    predicted = estimate.total_bytes
+    if predicted <= ceiling_bytes * margin:
+        return None
+    return ScreenDecision(
+        reason=f"screened: predicted peak {format_bytes(predicted)} > ceiling {format_bytes(ceiling_bytes)} "
+        f"x {margin:.2f} (estimate, not run)",
+        predicted_peak_bytes=predicted,
+    )
+
+
+def screen(
+    config: TrialConfig,
+    model: ModelSpec,
+    seq_len: int,
+    device_kind: str,
+    ceiling_bytes: int,
+    measured: Sequence[MeasuredTrial],
+) -> ScreenDecision | None:
+    """Whether ``config`` is known not to fit, by inference from measured failures, then by estimate."""
+    inferred = infer_from_memory_failures(config, measured)
+    if inferred is not None:
+        return inferred
+    calibration = calibration_from_trials(model, seq_len, device_kind, measured)
+    estimate = estimate_peak(model, config, seq_len, device_kind, calibration)
+    return predict_over_ceiling(estimate, ceiling_bytes, calibration)

@@ -1,0 +1,231 @@
+"""The first two trials of every new study: the baseline the user would run, and a best-practice guess.
+
+* ``hf-default``: the ``TrainingArguments`` defaults of the installed transformers (read from the
+  dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), snapped to the
+  search space's choices. Measuring it is what makes "speedup over the default" a measured figure.
+* ``best-practice``: what a performance guide would try first on this device (bf16 where the device
+  runs it, else fp16 on CUDA; fused AdamW; no checkpointing; the largest micro-batch the estimator
+  fits well under the ceiling).
+
+Both are queued with ``study.enqueue_trial`` when the study is created, marked with the user attr
+``seed``, so the sampler starts from them and the end of a search can compare against the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import TrialConfig
+from autotune.devices import DeviceSpec
+from autotune.estimate import estimate_peak
+from autotune.models import ModelSpec
+from autotune.ranking import feasible_ranking
+from autotune.result import TrialResult
+from autotune.space import SearchSpace
+
+SEED_ATTR = "seed"
+HF_DEFAULT = "hf-default"
+BEST_PRACTICE = "best-practice"
+# The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
+# estimator is not calibrated yet when seeds are chosen.
+SEED_FILL_FRACTION = 0.8
+
+# Where a default value is not among the space's choices: the choices closest in effect, in order.
+_NEAREST_STRINGS = {
+    "dtype": {"fp32": ["tf32", "bf16", "fp16"]},
+    "optim": {"adamw_torch_fused": ["adamw_torch"], "adamw_torch": ["adamw_torch_fused"]},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Seed:
+    """A configuration queued when a study is created.
+
+    Attributes:
+        label: ``hf-default`` or ``best-practice`` (the trial's ``seed`` user attr).
+        params: Optuna params: every knob of the space, each one of its choices.
+        notes: What had to change to fit the space, one line each.
+    """
+
+    label: str
+    params: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+
+def hf_default_config() -> TrialConfig:
+    """The knobs as ``TrainingArguments()`` sets them by default in the installed transformers."""
+    from transformers import TrainingArguments
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    optim = defaults["optim"]
+    dtype = "bf16" if defaults.get("bf16") else "fp16" if defaults.get("fp16") else "fp32"
+    checkpointing = defaults.get("activation_checkpointing", defaults.get("gradient_checkpointing"))
+    return TrialConfig(
+        micro_batch=int(defaults["per_device_train_batch_size"]),
+        grad_accum=int(defaults["gradient_accumulation_steps"]),
+        checkpointing=bool(checkpointing),
+        dtype=dtype,
+        optim=str(getattr(optim, "value", optim)),
+        dataloader_workers=int(defaults["dataloader_num_workers"]),
+        pin_memory=bool(defaults["dataloader_pin_memory"]),
+        compile="off" if not defaults.get("torch_compile") else str(defaults.get("torch_compile_backend") or "inductor"),
+        attn_implementation=None,
+    )
+
+
+def snap_to_space(config: TrialConfig, space: SearchSpace, device_kind: str) -> tuple[dict[str, Any], list[str]]:
+    """Params for ``config`` within the space: each knob's value if it is a choice, else the nearest.
+
+    Returns:
+        (params, notes): a note for every knob that had to change (pin_memory on the CPU, which the
+        space filter drops for a reason it already printed, is not repeated).
+    """
+    wanted = config.to_params()
+    params: dict[str, Any] = {}
+    notes: list[str] = []
+    for knob, choices in space.choices.items():
+        if knob not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
+            params[knob] = choices[0]
+            continue
+        value = wanted[knob]
+        if value in choices:
+            params[knob] = value
+            continue
+        params[knob] = nearest_choice(knob, value, choices)
+        if not (knob == "pin_memory" and device_kind == "cpu"):
+            notes.append(f"{knob} {value} is not in the search space: seeded with the nearest choice, {params[knob]}")
+    return params, notes
+
+
+def nearest_choice(knob: str, value: Any, choices: Sequence[Any]) -> Any:
+    """The choice closest to ``value``: numerically for numbers, by a stated preference for names."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and all(isinstance(c, (int, float)) for c in choices):
+        return min(choices, key=lambda c: (abs(c - value), c))
+    if knob == "attn_implementation" and value is None and "sdpa" in choices:
+        return "sdpa"  # transformers' default where the model supports it
+    for preferred in _NEAREST_STRINGS.get(knob, {}).get(value, []):
+        if preferred in choices:
+            return preferred
+    return choices[0]
+
+
+def best_practice_config(
+    space: SearchSpace, model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling_bytes: int
+) -> TrialConfig:
+    """What a performance guide tries first on this device, within the space's choices.
+
+    A knob the space does not search keeps its :class:`TrialConfig` default.
+    """
+    choices = space.choices
+    defaults = TrialConfig()
+
+    def pick(knob: str, preferred: Sequence[Any]) -> Any:
+        if knob not in choices:
+            return getattr(defaults, knob)
+        return next((v for v in preferred if v in choices[knob]), choices[knob][0])
+
+    workers = sorted(choices.get("dataloader_workers", [defaults.dataloader_workers]))
+    # On a GPU, workers and pinned memory overlap data loading with compute; on the CPU, workers
+    # compete with training for the same cores.
+    wanted_workers = [w for w in workers if w > 0] if device.kind == "cuda" else [0]
+    base = TrialConfig(
+        micro_batch=min(choices.get("micro_batch", [defaults.micro_batch])),
+        grad_accum=min(choices.get("grad_accum", [defaults.grad_accum])),
+        checkpointing=pick("checkpointing", [False]),
+        dtype=pick("dtype", ["bf16", "fp16", "tf32", "fp32"] if device.kind == "cuda" else ["bf16", "fp32"]),
+        optim=pick("optim", ["adamw_torch_fused", "adamw_torch"]),
+        dataloader_workers=pick("dataloader_workers", wanted_workers),
+        pin_memory=pick("pin_memory", [device.kind == "cuda"]),
+        # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
+        compile=pick("compile", ["off"]),
+        attn_implementation=pick("attn_implementation", ["flash_attention_2", "sdpa"]),
+    )
+    checkpointing_options = [base.checkpointing]
+    if not base.checkpointing and True in choices.get("checkpointing", []):
+        checkpointing_options.append(True)  # only if nothing fits without
+    for checkpointing in checkpointing_options:
+        for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
+            candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
+            predicted = estimate_peak(model, candidate, seq_len, device.kind).total_bytes
+            if predicted <= SEED_FILL_FRACTION * ceiling_bytes:
+                return candidate
+    return base
+
+
+def study_seeds(
+    space: SearchSpace, model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling_bytes: int
+) -> list[Seed]:
+    """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
+    default_params, default_notes = snap_to_space(hf_default_config(), space, device.kind)
+    best = best_practice_config(space, model, device, seq_len, ceiling_bytes)
+    best_params, _ = snap_to_space(best, space, device.kind)
+    seeds = [Seed(HF_DEFAULT, default_params, tuple(default_notes))]
+    if best_params != default_params:
+        seeds.append(Seed(BEST_PRACTICE, best_params))
+    return seeds
+
+
+def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:
+    """Queue the seeds as the study's first trials, each marked with its label."""
+    for seed in seeds:
+        study.enqueue_trial(seed.params, user_attrs={SEED_ATTR: seed.label})
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupOverDefault:
+    """The best feasible trial against the HF-default seed trial, both measured in this study.
+
+    Attributes:
+        default_trial: Number of the ``hf-default`` trial.
+        default_status: Its status (``ok``, ``oom``, ``screened``, ...).
+        default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
+        best_trial: Number of the best feasible trial.
+        best_samples_per_s: Its throughput (the confirmed median where there is one).
+        best_config: Its knobs.
+    """
+
+    default_trial: int
+    default_status: str
+    default_samples_per_s: float
+    best_trial: int
+    best_samples_per_s: float
+    best_config: TrialConfig
+
+    @property
+    def ratio(self) -> float | None:
+        """Best samples/s over default samples/s; ``None`` if the default did not run and fit.
+
+        A pruned default counts: it was stopped for being slow, and its median is measured.
+        """
+        if self.default_status not in ("ok", "pruned") or self.default_samples_per_s <= 0:
+            return None
+        return self.best_samples_per_s / self.default_samples_per_s
+
+
+def speedup_over_default(trials: Sequence[FrozenTrial]) -> SpeedupOverDefault | None:
+    """Compare the best feasible trial with the ``hf-default`` seed; ``None`` if either is missing."""
+    default = next(
+        (
+            t
+            for t in sorted(trials, key=lambda t: t.number)
+            if t.user_attrs.get(SEED_ATTR) == HF_DEFAULT and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        ),
+        None,
+    )
+    ranking = feasible_ranking(trials)
+    if default is None or not ranking:
+        return None
+    result = TrialResult.from_trial(default) or TrialResult(status="error")
+    return SpeedupOverDefault(
+        default_trial=default.number,
+        default_status=result.status,
+        default_samples_per_s=result.samples_per_s,
+        best_trial=ranking[0].number,
+        best_samples_per_s=ranking[0].samples_per_s,
+        best_config=ranking[0].config,
+    )

@@ -1,0 +1,47 @@
+"""Helpers shared by the benchmark scripts in this directory (not part of the autotune package).
+
+Trial children import this module by name (``_bench_common:FirstStepClock``): the scripts run with
+this directory first on ``sys.path``, and multiprocessing hands that path to its children.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+FIRST_STEP_FILE = "first_step_monotonic"
+
+
+class FirstStepClock(TrainerCallback):
+    """Writes ``time.monotonic()`` at the first optimizer step to the trial's output dir.
+
+    CLOCK_MONOTONIC is one clock for every process on the host, so the orchestrator can subtract
+    its own reading taken before it started the child.
+    """
+
+    def __init__(self) -> None:
+        self._written = False
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if not self._written:
+            Path(args.output_dir, FIRST_STEP_FILE).write_text(repr(time.monotonic()))
+            self._written = True
+
+
+def read_first_step(work_dir: str) -> float:
+    return float(Path(work_dir, FIRST_STEP_FILE).read_text())
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages and the core count, as ``uptime`` shows them."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def cv(values: list[float]) -> float:
+    """Coefficient of variation (sample stdev over mean)."""
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0

@@ -1,0 +1,160 @@
+"""Fidelity: does the exported winner train as fast, in as much memory, as the study recorded?
+
+1. Runs a real search through the CLI (``autotune search``, confirmation included) and exports the
+   winner (``autotune export``).
+2. Trains the exported JSON in a plain ``transformers.Trainer`` loop in a fresh Python process that
+   imports nothing from autotune: the model from the same config via ``AutoConfig``, random token
+   data of the same shape, ``TrainingArguments(output_dir=..., **json.load(f))``. Throughput there
+   is the wall time of the steps after the warm-up (what a user's run would see); peak memory is
+   the kernel's high-water mark of that process (``ru_maxrss``).
+3. Compares them with the study's record of the winner (its confirmed median and the search-time
+   figure; its peak memory, the figure the ceiling was compared with).
+
+Goals (docs/benchmarks.md): samples/s within 5 %, peak memory within 10 %.
+
+    python scripts/bench_fidelity.py --model bert-mini --seq-len 128 --trials 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: int, steps: int) -> dict:
+    """Train the exported arguments with transformers alone; return throughput and peak RSS."""
+    import resource
+    import time
+
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    values = json.loads((REPO / "autotune" / "catalog" / f"{model}.json").read_text())
+    config = AutoConfig.for_model(**{k: v for k, v in values.items() if not k.startswith("_autotune")})
+    causal = any(a.endswith(("LMHeadModel", "ForCausalLM")) for a in (config.architectures or []))
+    if causal:
+        model_instance = AutoModelForCausalLM.from_config(config)
+    else:
+        config.num_labels = 2
+        model_instance = AutoModelForSequenceClassification.from_config(config)
+
+    exported = json.loads(Path(args_file).read_text())
+    global_batch = exported["per_device_train_batch_size"] * exported.get("gradient_accumulation_steps", 1)
+    ids = torch.randint(0, config.vocab_size, (64, seq_len), generator=torch.Generator().manual_seed(0))
+
+    class RandomTokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return global_batch * (warmup_steps + steps + 1)
+
+        def __getitem__(self, index: int) -> dict:
+            row = ids[index % len(ids)]
+            label = row if causal else torch.tensor(index % 2)
+            return {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": label}
+
+    class StepEnds(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+            self.times.append(time.perf_counter())
+
+    clock = StepEnds()
+    arguments = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="plain-"), max_steps=warmup_steps + steps, report_to="none",
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, **exported,
+    )
+    Trainer(model=model_instance, args=arguments, train_dataset=RandomTokens(), callbacks=[clock]).train()
+    measured = clock.times[warmup_steps - 1 :]  # from the end of the last warm-up step
+    step_times = [b - a for a, b in zip(measured, measured[1:])]
+    step_times.sort()
+    return {
+        "samples_per_s": global_batch * len(step_times) / (measured[-1] - measured[0]),
+        "samples_per_s_median_step": global_batch / step_times[len(step_times) // 2],
+        "steps": len(step_times),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def run(command: list[str], cwd: Path) -> str:
+    print("$", " ".join(command), flush=True)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert-mini")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--space", default=str(REPO / "search_spaces" / "tiny-test.yaml"))
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--plain-steps", type=int, default=30, help="Timed steps of the plain run, after 3 warm-up.")
+    parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
+    options = parser.parse_args()
+
+    if options.plain:
+        print(json.dumps(plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps)))
+        return
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _bench_common import load_average
+
+    print(load_average())
+    root = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
+    storage = f"sqlite:///{root / 'study.db'}"
+    autotune = [sys.executable, "-m", "autotune"]
+    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
+         "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs"], root)
+    print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
+
+    import optuna
+
+    from autotune.ranking import study_ranking
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
+    assert winner.result is not None
+    recorded_peak = max(winner.result.peak_memory_bytes, winner.peak_memory_bytes)
+    plain = json.loads(
+        run([sys.executable, __file__, "--plain", str(root / "best.json"), "--model", options.model,
+             "--seq-len", str(options.seq_len), "--plain-steps", str(options.plain_steps)], root).strip().splitlines()[-1]
+    )
+
+    def ratio(a: float, b: float) -> str:
+        return f"{(a / b - 1):+.1%}"
+
+    print(f"\nwinner #{winner.number}: {winner.config.short()}; exported {root / 'best.json'}")
+    print(f"{'':<44}{'samples/s':>10} {'plain vs it':>12}")
+    print(f"{'plain Trainer loop (wall time of ' + str(plain['steps']) + ' steps)':<44}{plain['samples_per_s']:10.2f}")
+    print(f"{'plain Trainer loop (median step)':<44}{plain['samples_per_s_median_step']:10.2f}")
+    print(f"{'study: search-time median':<44}{winner.result.samples_per_s:10.2f} {ratio(plain['samples_per_s'], winner.result.samples_per_s):>12}")
+    if winner.confirmed_samples_per_s is not None:
+        print(
+            f"{'study: confirmed median (the ranking figure)':<44}{winner.confirmed_samples_per_s:10.2f} "
+            f"{ratio(plain['samples_per_s'], winner.confirmed_samples_per_s):>12}"
+        )
+    print(
+        f"\npeak memory: plain process ru_maxrss {plain['peak_rss_bytes'] / 1024**2:.0f} MiB; study "
+        f"{recorded_peak / 1024**2:.0f} MiB ({winner.result.memory_source}); plain vs study "
+        f"{ratio(plain['peak_rss_bytes'], recorded_peak)}  (goals: samples/s within 5 %, memory within 10 %)"
+    )
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Repeatability: one configuration measured several times in one run, each in a fresh trial child.
+
+Each run goes through the real runner (autotune.runner.run_isolated) with the default measurement
+settings (warm-up excluded, measure until the step-time CV target or the budget). The figure of
+merit is the coefficient of variation of the per-run medians.
+
+Goal (docs/benchmarks.md): CV of the medians <= 3 % on an idle machine.
+
+    python scripts/bench_repeatability.py --model bert-mini --seq-len 128 --micro-batch 16 --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench_common import cv, load_average  # noqa: E402
+
+from autotune.config import TrialConfig  # noqa: E402
+from autotune.devices import cpu_device  # noqa: E402
+from autotune.measure import MeasureSettings  # noqa: E402
+from autotune.models import resolve_model  # noqa: E402
+from autotune.runner import TrialJob, run_isolated  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert-mini")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--optim", default="adamw_torch")
+    parser.add_argument("--runs", type=int, default=5)
+    options = parser.parse_args()
+
+    settings = MeasureSettings()
+    config = TrialConfig(micro_batch=options.micro_batch, dtype=options.dtype, optim=options.optim)
+    root = Path(tempfile.mkdtemp(prefix="bench-repeatability-"))
+    job = TrialJob(
+        model=resolve_model(options.model), device=cpu_device(), config=config, seq_len=options.seq_len,
+        ceiling_bytes=16 * 1024**3, measure=settings, work_dir=str(root / "run-0"),
+    )
+    print(f"{options.model}, seq len {options.seq_len}, {config.short()}, {options.runs} runs; measurement {settings}")
+    print(load_average())
+    medians = []
+    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}")
+    for run in range(options.runs):
+        result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"run-{run}")), timeout_s=900)
+        if result.status != "ok":
+            raise SystemExit(f"run {run} failed: {result.status} {result.error}")
+        medians.append(result.samples_per_s)
+        print(
+            f"{run:>3} {result.samples_per_s:10.2f} {result.step_time_median_s:14.4f} {result.step_time_cv:8.1%} "
+            f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}"
+        )
+    print(
+        f"\nmedian of the runs {statistics.median(medians):.2f} samples/s; range {min(medians):.2f}-{max(medians):.2f}; "
+        f"CV of the per-run medians {cv(medians):.1%} (goal <= 3 % on an idle machine)"
+    )
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,465 @@
+"""Search efficiency: trials until 98 % of the best config, for autotune, plain Optuna TPE and random.
+
+1. **Grid (the oracle).** Every config of the space is measured once, for real, through autotune's
+   runner (a fresh child per config, short measurement settings), and cached to a JSON file. An
+   interrupted grid resumes where it stopped. The oracle's best is the fastest config whose
+   measured peak fits under the benchmark ceiling.
+2. **Samplers on the grid.** Each strategy then searches the same space, with a lookup in the grid
+   instead of training, over several seeds:
+
+   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, reuse of
+     measured configs, screening by the calibrated estimator and by measured OOMs, constrained
+     TPE, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
+     runner does it: a config measured below ``prune ratio x best`` that had not met its CV target
+     after ``min_steps`` steps stops there; its cost is cut to what had run.
+   * ``plain TPE``: ``optuna.samplers.TPESampler(seed=...)`` with default settings, value = samples/s
+     (0 when the config does not fit), every proposal run (a duplicate costs a run again).
+   * ``random``: configs drawn without replacement (the stronger random baseline).
+
+   Reported per strategy: runs (configs actually trained) and wall time until the best feasible
+   samples/s found is >= 98 % of the oracle's best; wall time = the grid's measured wall time of
+   each run + the strategy's own measured time (sampler, estimator, storage).
+3. **Side by side, for real, in one run** (interleaved rounds, fresh child each): autotune's winner,
+   the HF default ``TrainingArguments``, and ``auto_find_batch_size=True`` starting from the space's
+   largest micro-batch, all at the same ceiling. The ceiling is an RSS figure on the CPU; for
+   ``auto_find_batch_size`` to react to it, its child may grow its address space by only
+   ``ceiling - its resident size at start`` (allocations fail there, which it catches and halves on).
+
+Commands (docs/benchmarks.md holds the results)::
+
+    # reduced grid while building (16 configs):
+    python scripts/bench_search.py --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
+    # the full benchmark, on a quiet machine (about 20-30 minutes; the grid is cached):
+    python scripts/bench_search.py --grid docs/bench_grid_cpu.json --seeds 10 --rounds 3 --markdown /tmp/bench_search.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import optuna  # noqa: E402
+from _bench_common import load_average  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+from autotune.config import TrialConfig  # noqa: E402
+from autotune.devices import DeviceSpec, child_address_space_budget, cpu_device  # noqa: E402
+from autotune.measure import MeasureSettings  # noqa: E402
+from autotune.models import ModelSpec, resolve_model  # noqa: E402
+from autotune.result import TrialResult  # noqa: E402
+from autotune.runner import TrialJob, run_isolated  # noqa: E402
+from autotune.seeds import hf_default_config  # noqa: E402
+from autotune.space import SearchSpace, load_space  # noqa: E402
+from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial  # noqa: E402
+from autotune.units import format_bytes, parse_ceiling  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SPACE = REPO / "scripts" / "bench_search_space.yaml"
+DEFAULT_GRID = REPO / "docs" / "bench_grid_cpu.json"
+TARGET_FRACTION = 0.98
+# Short measurement: the grid is about ranking configs, and is measured once per config.
+BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=6.0, cv_target=0.05)
+BATCH_FILE = "train_batch_size"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class TrainBatchSizeRecorder(TrainerCallback):
+    """Writes the Trainer's actual per-device batch size (``auto_find_batch_size`` shrinks it) to the
+    trial's output dir. Trial children import it as ``bench_search:TrainBatchSizeRecorder``."""
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        Path(args.output_dir, BATCH_FILE).write_text(str(state.train_batch_size))
+
+
+# --- the grid ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Grid:
+    """Every config of the space with its measured result, and how it was measured."""
+
+    meta: dict[str, Any]
+    results: dict[TrialConfig, TrialResult]
+
+    def fits(self, result: TrialResult, ceiling_bytes: int) -> bool:
+        return result.status in ("ok", "over_ceiling") and 0 < result.peak_memory_bytes <= ceiling_bytes
+
+    def best(self, ceiling_bytes: int) -> tuple[TrialConfig, float]:
+        feasible = [(r.samples_per_s, c) for c, r in self.results.items() if self.fits(r, ceiling_bytes)]
+        samples_per_s, config = max(feasible, key=lambda pair: pair[0])
+        return config, samples_per_s
+
+    def save(self, path: Path) -> None:
+        rows = [{"params": c.to_params(), "result": r.to_dict()} for c, r in self.results.items()]
+        path.write_text(json.dumps({"meta": self.meta, "results": rows}, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Grid:
+        data = json.loads(path.read_text())
+        results = {TrialConfig(**row["params"]): TrialResult.from_dict(row["result"]) for row in data["results"]}
+        return cls(meta=data["meta"], results=results)
+
+
+def space_configs(space: SearchSpace) -> list[TrialConfig]:
+    """Every config of the space, in a fixed order."""
+    import itertools
+
+    names = list(space.choices)
+    return [TrialConfig.from_params(dict(zip(names, values))) for values in itertools.product(*space.choices.values())]
+
+
+def measure_grid(path: Path, model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, ceiling: int) -> Grid:
+    """Measure every config not in the cached grid yet; save after each one (resumable)."""
+    import psutil
+
+    grid = Grid.load(path) if path.exists() else Grid(meta={}, results={})
+    grid.meta.update(
+        model=model.name, seq_len=seq_len, device=device.name, space=space.choices, ceiling_bytes=ceiling,
+        measure=dataclasses.asdict(BENCH_MEASURE),
+    )
+    todo = [c for c in space_configs(space) if c not in grid.results]
+    work = Path(tempfile.mkdtemp(prefix="bench-search-grid-"))
+    # Measured at a generous limit so configs over the benchmark ceiling still get a real peak.
+    generous = 4 * ceiling
+    print(f"grid: {len(grid.results)} cached, {len(todo)} to measure; {load_average()}", flush=True)
+    grid.meta.setdefault("load_before", load_average())
+    started = time.perf_counter()
+    for index, config in enumerate(todo):
+        job = TrialJob(
+            model=model, device=device, config=config, seq_len=seq_len, ceiling_bytes=generous, measure=BENCH_MEASURE,
+            work_dir=str(work / f"grid-{index}"),
+            address_space_bytes=child_address_space_budget(generous, psutil.virtual_memory().available),
+        )
+        result = run_isolated(job, timeout_s=600)
+        grid.results[config] = result
+        grid.save(path)
+        print(
+            f"  [{index + 1}/{len(todo)}] {config.short():40s} {result.status:8s} {result.samples_per_s:7.1f} samples/s "
+            f"peak {format_bytes(result.peak_memory_bytes):>10s} wall {result.wall_s:5.1f}s",
+            flush=True,
+        )
+    grid.meta["load_after"] = load_average()
+    grid.meta["measured_at"] = datetime.datetime.now().isoformat(timespec="seconds")
+    grid.meta.setdefault("measure_wall_s", 0.0)
+    grid.meta["measure_wall_s"] += time.perf_counter() - started
+    grid.save(path)
+    return grid
+
+
+# --- strategies on the grid ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunStats:
+    """One strategy, one seed: what it cost to reach the target."""
+
+    reached: bool
+    runs: int  # configs actually trained until the target (or until giving up)
+    asks: int  # proposals, reused and screened ones included
+    wall_s: float  # grid wall time of the runs + the strategy's own time
+    screened: int = 0
+    reused: int = 0
+    pruned: int = 0
+
+
+class GridRunner:
+    """``run_isolated``'s signature, answered from the grid; replays the runner's early stop."""
+
+    def __init__(self, grid: Grid, ceiling_bytes: int) -> None:
+        self.grid = grid
+        self.ceiling_bytes = ceiling_bytes
+        self.runs = 0
+        self.cost_s = 0.0
+        self.pruned = 0
+
+    def __call__(self, job: TrialJob, timeout_s: float, on_tick: Callable[[], None] | None = None) -> TrialResult:
+        measured = self.grid.results[job.config]
+        result = TrialResult.from_dict(measured.to_dict())
+        result.ceiling_bytes = self.ceiling_bytes
+        if result.status in ("ok", "over_ceiling"):
+            result.status = "ok" if result.peak_memory_bytes <= self.ceiling_bytes else "over_ceiling"
+        cost = measured.wall_s
+        threshold = job.prune_below_samples_per_s
+        settings = job.measure
+        # The child's StepTimer stops on its CV target first; only a trial still measuring after
+        # min_steps steps is judged by the pruner, and then it stops at once.
+        if (
+            threshold is not None
+            and result.status == "ok"
+            and result.samples_per_s < threshold
+            and measured.measured_steps > settings.min_steps
+        ):
+            cost -= (measured.measured_steps - settings.min_steps) * measured.step_time_median_s
+            result.status = "pruned"
+            self.pruned += 1
+        self.runs += 1
+        self.cost_s += cost
+        return result
+
+
+def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: SearchSpace, ceiling: int, prune_ratio: float) -> SearchRequest:
+    return SearchRequest(
+        model=model, device=device, seq_len=int(grid.meta["seq_len"]), ceiling_bytes=ceiling, space=space,
+        measure=BENCH_MEASURE, work_root=tempfile.mkdtemp(prefix="bench-search-autotune-"), prune_ratio=prune_ratio,
+    )
+
+
+def run_autotune(grid: Grid, request: SearchRequest, seed: int, target: float, max_asks: int) -> tuple[RunStats, TrialConfig | None]:
+    """The real autotune loop on the grid; returns its cost to the target and its winner then."""
+    runner = GridRunner(grid, request.ceiling_bytes)
+    study = open_study(optuna.storages.InMemoryStorage(), f"autotune-{seed}", request, sampler_seed=seed)
+    own_s = 0.0
+    best = 0.0
+    winner: TrialConfig | None = None
+    screened = reused = asks = 0
+    while asks < max_asks and best < target:
+        started = time.perf_counter()
+        result = run_one_trial(study, request, SearchProgress(), run_trial=runner)
+        own_s += time.perf_counter() - started
+        asks += 1
+        trial = study.get_trials(deepcopy=False)[-1]
+        if "reused_from" in trial.user_attrs:
+            reused += 1
+        elif result.status == "screened":
+            screened += 1
+        if result.status == "ok" and result.samples_per_s > best:
+            best, winner = result.samples_per_s, TrialConfig.from_params(trial.params)
+    stats = RunStats(best >= target, runner.runs, asks, runner.cost_s + own_s, screened, reused, runner.pruned)
+    return stats, winner
+
+
+def run_plain_tpe(grid: Grid, space: SearchSpace, ceiling: int, seed: int, target: float, max_asks: int) -> RunStats:
+    """Optuna's TPE with its defaults; samples/s as the value, 0 when the config does not fit."""
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    distributions = space.distributions()
+    own_s = cost_s = 0.0
+    best = 0.0
+    asks = 0
+    while asks < max_asks and best < target:
+        started = time.perf_counter()
+        trial = study.ask(distributions)
+        result = grid.results[TrialConfig.from_params(trial.params)]
+        value = result.samples_per_s if grid.fits(result, ceiling) else 0.0
+        study.tell(trial, value)
+        own_s += time.perf_counter() - started
+        cost_s += result.wall_s
+        asks += 1
+        best = max(best, value)
+    return RunStats(best >= target, asks, asks, cost_s + own_s)
+
+
+def run_random(grid: Grid, ceiling: int, seed: int, target: float) -> RunStats:
+    """Configs in a random order, each once."""
+    order = list(grid.results)
+    random.Random(seed).shuffle(order)
+    cost_s = 0.0
+    for runs, config in enumerate(order, start=1):
+        result = grid.results[config]
+        cost_s += result.wall_s
+        if grid.fits(result, ceiling) and result.samples_per_s >= target:
+            return RunStats(True, runs, runs, cost_s)
+    return RunStats(False, len(order), len(order), cost_s)
+
+
+# --- side by side, for real ----------------------------------------------------------------------
+
+
+def side_by_side(
+    model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling: int, winner: TrialConfig, auto_find_start: int, rounds: int
+) -> dict[str, list[TrialResult]]:
+    """Interleaved rounds: autotune's winner, HF default TrainingArguments, auto_find_batch_size=True."""
+    import psutil
+
+    work = Path(tempfile.mkdtemp(prefix="bench-search-sbs-"))
+    default = hf_default_config()
+    contenders: dict[str, tuple[TrialConfig, dict[str, Any]]] = {
+        "autotune winner": (winner, {}),
+        "HF default TrainingArguments": (default, {}),
+        f"HF auto_find_batch_size=True (from {auto_find_start})": (
+            dataclasses.replace(default, micro_batch=auto_find_start), {"auto_find_batch_size": True}
+        ),
+    }
+    results: dict[str, list[TrialResult]] = {name: [] for name in contenders}
+    for round_index in range(rounds):
+        for name, (config, base_args) in contenders.items():
+            work_dir = work / f"r{round_index}-{len(results[name])}-{name.split()[0]}-{config.micro_batch}"
+            if base_args:
+                # allocations fail once the resident set could pass the ceiling: the OOM it retries on
+                budget = ceiling - _child_start_rss_bytes()
+            else:
+                budget = child_address_space_budget(ceiling, psutil.virtual_memory().available)
+            job = TrialJob(
+                model=model, device=device, config=config, seq_len=seq_len, ceiling_bytes=ceiling, measure=BENCH_MEASURE,
+                work_dir=str(work_dir), base_args=base_args, address_space_bytes=budget,
+                callbacks=("bench_search:TrainBatchSizeRecorder",),
+            )
+            result = run_isolated(job, timeout_s=900)
+            batch_file = Path(work_dir, BATCH_FILE)
+            if result.samples_per_s and batch_file.exists():
+                # samples/s was computed from the batch asked for; auto_find may have trained a smaller one
+                actual = int(batch_file.read_text())
+                result.samples_per_s *= actual * config.grad_accum / config.global_batch
+                result.memory_peaks["train_batch_size"] = actual
+            results[name].append(result)
+            print(
+                f"  round {round_index + 1}/{rounds} {name:45s} {result.status:12s} {result.samples_per_s:7.1f} samples/s "
+                f"batch {result.memory_peaks.get('train_batch_size', config.micro_batch)} peak {format_bytes(result.peak_memory_bytes)}",
+                flush=True,
+            )
+    return results
+
+
+def _child_start_rss_bytes() -> int:
+    """Resident size of a trial child before it builds anything (the forkserver's preloaded imports)."""
+    from autotune.estimate import PRIOR_CONTEXT_BYTES
+
+    return PRIOR_CONTEXT_BYTES["cpu"]
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def summarize(stats: list[RunStats]) -> dict[str, float]:
+    runs = [s.runs for s in stats]
+    walls = [s.wall_s for s in stats]
+    return {
+        "reached": sum(s.reached for s in stats),
+        "runs_median": statistics.median(runs),
+        "runs_mean": statistics.fmean(runs),
+        "runs_max": max(runs),
+        "wall_median_s": statistics.median(walls),
+        "asks_median": statistics.median(s.asks for s in stats),
+        "screened_mean": statistics.fmean(s.screened for s in stats),
+        "reused_mean": statistics.fmean(s.reused for s in stats),
+        "pruned_mean": statistics.fmean(s.pruned for s in stats),
+    }
+
+
+def markdown(
+    grid: Grid, ceiling: int, best: tuple[TrialConfig, float], summaries: dict[str, dict[str, float]], seeds: int,
+    sbs: dict[str, list[TrialResult]] | None, winner: TrialConfig, command: str, load: str,
+) -> str:
+    size = len(grid.results)
+    feasible = sum(grid.fits(r, ceiling) for r in grid.results.values())
+    grid_wall = sum(r.wall_s for r in grid.results.values())
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Grid: {grid.meta['model']}, seq len {grid.meta['seq_len']}, {size} configs ({feasible} fit under the "
+        f"{format_bytes(ceiling)} ceiling of peak RSS), measured once each in {grid_wall / 60:.1f} min of trial wall time "
+        f"({grid.meta.get('load_before', '?')} before, {grid.meta.get('load_after', '?')} after). Oracle best: "
+        f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
+        f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
+        "",
+        "| strategy | reached target | runs to target, median (mean, max) | % of grid | wall to target, median | proposals (median) | screened / reused / pruned per search (mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in summaries.items():
+        lines.append(
+            f"| {name} | {int(s['reached'])}/{seeds} | {s['runs_median']:g} ({s['runs_mean']:.1f}, {s['runs_max']:g}) | "
+            f"{s['runs_median'] / size:.0%} | {s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
+            f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} |"
+        )
+    auto, rand = summaries["autotune"], summaries["random (no repeats)"]
+    lines += [
+        "",
+        f"autotune needs {auto['runs_median'] / size:.0%} of the grid's runs (goal <= 15 %) and "
+        f"{rand['runs_median'] / max(auto['runs_median'], 1):.1f}x fewer than random (goal >= 2x), medians over seeds.",
+    ]
+    if sbs:
+        lines += [
+            "",
+            f"Side by side, measured for real in one run, interleaved ({len(next(iter(sbs.values())))} rounds, fresh child "
+            f"each, same ceiling {format_bytes(ceiling)}): autotune's winner is {winner.short()}.",
+            "",
+            "| contender | status | samples/s (median of rounds) | batch trained | peak RSS (max) | autotune's speedup over it |",
+            "|---|---|---|---|---|---|",
+        ]
+        ours = statistics.median(r.samples_per_s for r in sbs["autotune winner"])
+        for name, results in sbs.items():
+            figure = statistics.median(r.samples_per_s for r in results)
+            statuses = ",".join(sorted({r.status for r in results}))
+            batches = ",".join(sorted({str(r.memory_peaks.get("train_batch_size", "?")) for r in results}))
+            peak = max(r.peak_memory_bytes for r in results)
+            speedup = f"{ours / figure:.2f}x" if figure > 0 and name != "autotune winner" else "-"
+            lines.append(f"| {name} | {statuses} | {figure:.1f} | {batches} | {format_bytes(peak)} | {speedup} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert-mini")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--space", default=str(DEFAULT_SPACE))
+    parser.add_argument("--ceiling", default="1.25GiB", help="memory ceiling (peak RSS of the trial's process tree)")
+    parser.add_argument("--grid", default=str(DEFAULT_GRID), help="the cached grid (measured if missing or incomplete)")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (0: skip the side-by-side)")
+    parser.add_argument("--prune-ratio", type=float, default=0.5)
+    parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
+    parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
+    options = parser.parse_args()
+    command = "python scripts/bench_search.py " + " ".join(sys.argv[1:])
+
+    device = cpu_device()
+    model = resolve_model(options.model)
+    space = load_space(options.space, device)
+    ceiling = parse_ceiling(options.ceiling, device.total_memory_bytes)
+    grid_path = Path(options.grid)
+    if grid_path.exists():
+        cached = Grid.load(grid_path)
+        if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
+            raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
+    grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling)
+    best_config, best_samples_per_s = grid.best(ceiling)
+    target = TARGET_FRACTION * best_samples_per_s
+    max_asks = options.max_asks or 3 * len(grid.results)
+    load = load_average()
+    print(f"oracle best: {best_config.short()} at {best_samples_per_s:.1f} samples/s; target {target:.1f}; {load}", flush=True)
+
+    request = bench_request(grid, model, device, space, ceiling, options.prune_ratio)
+    autotune_stats, winners = [], []
+    for seed in range(options.seeds):
+        stats, winner = run_autotune(grid, request, seed, target, max_asks)
+        autotune_stats.append(stats)
+        winners.append(winner)
+        print(f"  autotune seed {seed}: {stats}", flush=True)
+    tpe_stats = [run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in range(options.seeds)]
+    random_stats = [run_random(grid, ceiling, seed, target) for seed in range(options.seeds)]
+    summaries = {
+        "autotune": summarize(autotune_stats),
+        "plain Optuna TPE": summarize(tpe_stats),
+        "random (no repeats)": summarize(random_stats),
+    }
+    for name, summary in summaries.items():
+        print(f"{name}: {summary}", flush=True)
+
+    # autotune's winner: what seed 0 had found when it stopped (the target reached, or its budget spent).
+    winner = winners[0] or best_config
+    sbs = None
+    if options.rounds > 0:
+        sbs = side_by_side(model, device, options.seq_len, ceiling, winner, max(space.choices["micro_batch"]), options.rounds)
+    text = markdown(grid, ceiling, (best_config, best_samples_per_s), summaries, options.seeds, sbs, winner, command, load)
+    print(text)
+    if options.markdown:
+        Path(options.markdown).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

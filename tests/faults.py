@@ -1,0 +1,147 @@
+"""Real faults, injected into real trial children at a given training step.
+
+Each class is a ``transformers.TrainerCallback`` that a trial loads by name through
+``TrialJob.callbacks`` (or ``autotune search --callback tests.faults:Name``), inside the child,
+after the model and the Trainer are built and training has begun. Nothing is simulated: the child
+really segfaults, really gets SIGKILL, really runs out of address space.
+
+Files a fault leaves for the test to read go next to the trial's own directory (the parent of the
+Trainer's ``output_dir``, which is the search's ``--work-dir``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+GiB = 1024**3
+
+
+class FaultAtStep(TrainerCallback):
+    """Calls :meth:`fire` at the start of optimizer step ``at_step`` (1-based), once training runs."""
+
+    at_step = 2
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if state.global_step + 1 == self.at_step:
+            self.fire(args, kwargs)
+        return control
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        raise NotImplementedError
+
+
+class SigkillAtStep(FaultAtStep):
+    """The child is killed by SIGKILL (as by the kernel or a user), no Python cleanup."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SegfaultAtStep(FaultAtStep):
+    """A real segmentation fault: ctypes reads address 0."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        ctypes.string_at(0)
+
+
+class HangAtStep(FaultAtStep):
+    """The child stops making progress (a deadlock, a stuck collective) and never returns.
+
+    Writes its PID to ``<output_dir>/hung.pid`` first, so a test can check that it was killed.
+    """
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        (Path(args.output_dir) / "hung.pid").write_text(str(os.getpid()))
+        while True:
+            time.sleep(60)
+
+
+class ExitNonZeroAtStep(FaultAtStep):
+    """A library calls ``_exit(3)`` under the Trainer: the child dies without a result or a signal."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        os._exit(3)
+
+
+class MemoryErrorAtStep(FaultAtStep):
+    """Python's allocator fails: a 4 GiB buffer, which only the child's address-space limit forbids
+    (the test machines have far more RAM than that)."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        buffer = bytearray(4 * GiB)
+        buffer[-1] = 1
+
+
+class RaiseDeepInForward(FaultAtStep):
+    """An exception deep inside the Trainer: a forward hook on the model's innermost last module raises
+    during the forward pass of step ``at_step``, under Trainer.train -> training_step -> model."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        model = kwargs["model"]
+        innermost = [module for module in model.modules() if not list(module.children())][-1]
+
+        def explode(module, inputs, output):  # noqa: ANN001, ANN202 - torch's hook signature
+            raise ValueError(f"injected fault in the forward of {type(module).__name__}")
+
+        innermost.register_forward_hook(explode)
+
+
+class GrabMemoryThenSigkill(FaultAtStep):
+    """Touches 300 MiB, gives the orchestrator time to see it, then dies by SIGKILL: a crash (no OOM
+    kill was counted, the host was not short of memory), with the memory seen from outside kept."""
+
+    held_bytes = 300 * 1024**2
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        buffer = bytearray(self.held_bytes)
+        for offset in range(0, len(buffer), 4096):
+            buffer[offset] = 1  # resident, not just reserved
+        time.sleep(1.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SigkillOnFirstAttempt(FaultAtStep):
+    """A transient crash: SIGKILL the first time it runs in a trial directory, train normally after."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        marker = Path(args.output_dir) / "fault-fired"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StallSecondTrial(FaultAtStep):
+    """The second trial child of a search stalls at step 1; the others train normally.
+
+    Writes ``<work-dir>/stalled.pid`` (its PID) when it stalls, so a test knows a trial is
+    mid-flight and can kill the orchestrator.
+    """
+
+    at_step = 1
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        work_root = Path(args.output_dir).parent
+        with open(work_root / "starts.log", "a") as log:
+            log.write(f"{os.getpid()}\n")
+        starts = (work_root / "starts.log").read_text().split()
+        if len(starts) == 2:
+            (work_root / "stalled.pid").write_text(str(os.getpid()))
+            while True:
+                time.sleep(60)
+
+
+class StallFirstTrial(StallSecondTrial):
+    """The first trial child of a search stalls at step 1 (writes ``<work-dir>/stalled.pid``)."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        work_root = Path(args.output_dir).parent
+        if not (work_root / "stalled.pid").exists():
+            (work_root / "stalled.pid").write_text(str(os.getpid()))
+            while True:
+                time.sleep(60)

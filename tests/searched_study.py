@@ -1,0 +1,72 @@
+"""One real study for the tests of what people look at (dashboard, report, export formats).
+
+Built once per test session (the ``searched_study`` fixture in conftest.py): one trial that really
+runs out of memory (its child gets a 64 MiB address-space budget, the limit a CPU search sets, only
+tighter), then a real ``autotune search`` through the CLI that resumes the same study.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+
+SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
+STUDY_NAME = "bert-tiny-cpu-s32"  # autotune.study.default_study_name("bert-tiny", cpu, 32)
+CEILING = "1GiB"  # above every bert-tiny trial seen here (about 430-500 MiB of peak RSS)
+SEARCH_TRIALS = 5
+OOM_ADDRESS_SPACE_BYTES = 64 * 1024**2
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchedStudy:
+    """Where the study lives and how the search that made it went."""
+
+    workdir: Path
+    storage: str
+    study_name: str
+    oom_trial_number: int
+    search: subprocess.CompletedProcess
+
+
+def make_searched_study(workdir: Path) -> SearchedStudy:
+    storage = f"sqlite:///{workdir / 'autotune.db'}"
+    oom_trial_number = _record_real_oom(storage, workdir)
+    search = run_cli(
+        "search", "--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage,
+        "--memory-ceiling", CEILING, "--trials", str(SEARCH_TRIALS), "--confirm-top", "0", *FAST_SEARCH_ARGS,
+        cwd=workdir,
+    )
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    return SearchedStudy(workdir, storage, STUDY_NAME, oom_trial_number, search)
+
+
+def _record_real_oom(storage: str, workdir: Path) -> int:
+    """Run one trial of the study through the real loop with a tiny address-space budget: a real OOM."""
+    from autotune.devices import cpu_device
+    from autotune.measure import MeasureSettings
+    from autotune.models import resolve_model
+    from autotune.result import TrialResult
+    from autotune.space import load_space
+    from autotune.study import SearchRequest, open_storage, open_study, run_search
+    from autotune.units import parse_ceiling
+
+    device = cpu_device()
+    request = SearchRequest(
+        model=resolve_model("bert-tiny"),
+        device=device,
+        seq_len=32,
+        ceiling_bytes=parse_ceiling(CEILING, device.total_memory_bytes),
+        space=load_space(SPACE, device),
+        measure=MeasureSettings(warmup_steps=1, max_steps=4),
+        work_root=str(workdir / "autotune_runs"),
+        address_space_bytes=OOM_ADDRESS_SPACE_BYTES,
+    )
+    study = open_study(open_storage(storage), STUDY_NAME, request)
+    run_search(study, request, n_trials=1, timeout_s=None)
+    trial = study.trials[-1]
+    result = TrialResult.from_trial(trial)
+    assert result is not None and result.status == "oom", result
+    return trial.number

@@ -1,0 +1,135 @@
+"""Bad input through the real command line: one clear line on stderr, exit status 2, no traceback.
+
+Every case runs ``python -m autotune`` in a subprocess, as a user would. They fail before any
+trial runs, so they are cheap, but each pays an interpreter start and the torch import: the cases
+run a few at a time in one module-scoped fixture, and each test checks its own case.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+SEARCH = ["search", "--trials", "1", "--confirm-top", "0"]
+
+
+def _write(directory: Path, name: str, text: str) -> str:
+    path = directory / name
+    path.write_text(text)
+    return str(path)
+
+
+def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_trial: bool = False) -> None:
+    """A study made through autotune's own API in a real storage, as an earlier search leaves it."""
+    from autotune.devices import cpu_device
+    from autotune.models import resolve_model
+    from autotune.result import TrialResult
+    from autotune.space import SearchSpace
+    from autotune.study import SearchRequest, open_storage, open_study, tell
+
+    request = SearchRequest(
+        model=resolve_model(model_name),
+        device=cpu_device(),
+        seq_len=seq_len,
+        ceiling_bytes=2 * 1024**3,
+        space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
+    )
+    study = open_study(open_storage(url), name, request)
+    if with_oom_trial:
+        trial = study.ask(request.space.distributions())
+        tell(study, trial, TrialResult(status="oom", error="DefaultCPUAllocator: can't allocate memory", ceiling_bytes=request.ceiling_bytes))
+
+
+def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
+    """Case id -> (command-line arguments, a phrase the error line must contain)."""
+    db = f"sqlite:///{root / 'errors.db'}"
+    _create_study(db, "gpt2-study", "gpt2-tiny", 32)
+    nofit_db = f"sqlite:///{root / 'nofit.db'}"
+    _create_study(nofit_db, "nofit", "bert-tiny", 32, with_oom_trial=True)
+    tiny = [*SEARCH, "--model", "bert-tiny", "--seq-len", "32", "--storage", db]
+
+    def space(name: str, text: str) -> list[str]:
+        return [*tiny, "--space", _write(root, name, text)]
+
+    return {
+        "unknown model": ([*SEARCH, "--model", "no-such-model-anywhere", "--storage", db], "unknown model 'no-such-model-anywhere'"),
+        "malformed yaml": (space("malformed.yaml", "micro_batch: [8, 16\n"), "not valid YAML (line 2"),
+        "unknown knob": (space("unknown.yaml", "micro_batch: [8]\nwarp_speed: [true]\n"), "warp_speed: unknown knob"),
+        "empty choices": (space("empty.yaml", "micro_batch: [8]\noptim: []\n"), "optim: needs at least one choice"),
+        "wrong type": (space("type.yaml", "micro_batch: [eight]\n"), "micro_batch: choice 'eight'"),
+        "non-positive batch": (space("zero.yaml", "micro_batch: [8, 0]\n"), "each a positive integer"),
+        "nothing runs on the device": (space("gpu-only.yaml", "micro_batch: [8]\ndtype: [fp16]\n"), "no choice of dtype runs on cpu"),
+        "ceiling zero": ([*tiny, "--memory-ceiling", "0"], "must be above zero"),
+        "fraction above one": ([*tiny, "--memory-ceiling", "1.5"], "a fraction must be at most 1"),
+        "unparsable ceiling": ([*tiny, "--memory-ceiling", "lots"], "is not understood"),
+        "unparsable storage": ([*SEARCH, "--model", "bert-tiny", "--storage", "autotune.db"], "is not a database URL"),
+        "unreachable storage": (
+            [*SEARCH, "--model", "bert-tiny", "--storage", "postgresql://autotune:hunter2@127.0.0.1:9/none"],
+            "postgresql://autotune:***@127.0.0.1:9/none: cannot open it",
+        ),
+        "db not writable": ([*SEARCH, "--model", "bert-tiny", "--storage", "sqlite:////proc/autotune-test.db"], "--storage: cannot"),
+        "study of another model": ([*tiny, "--study-name", "gpt2-study"], "pass a new --study-name"),
+        "study of another seq len": (
+            [*SEARCH, "--model", "gpt2-tiny", "--seq-len", "64", "--storage", db, "--study-name", "gpt2-study"],
+            "seq_len 32 there, 64 here",
+        ),
+        "export without feasible trial": (
+            ["export", "--storage", nofit_db, "--study-name", "nofit", "--out", str(root / "best.json")],
+            "no feasible trial",
+        ),
+        "callback not found": ([*tiny, "--callback", "tests.faults:NoSuchFault"], "has no TrainerCallback class named NoSuchFault"),
+    }
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory):
+    """Every case's completed process, run three at a time."""
+    root = tmp_path_factory.mktemp("cli-errors")
+    cases = _cases(root)
+    env = {"PYTHONPATH": str(REPO)}  # tests.faults importable for the --callback cases
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {case: pool.submit(run_cli, *args, cwd=root, timeout=300, env=env) for case, (args, _) in cases.items()}
+        return {case: (future.result(), cases[case][1], root) for case, future in futures.items()}
+
+
+CASE_IDS = [
+    "unknown model", "malformed yaml", "unknown knob", "empty choices", "wrong type", "non-positive batch",
+    "nothing runs on the device", "ceiling zero", "fraction above one", "unparsable ceiling",
+    "unparsable storage", "unreachable storage", "db not writable", "study of another model",
+    "study of another seq len", "export without feasible trial", "callback not found",
+]
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_bad_input_is_one_line_and_exit_2(cli_results, case):
+    completed, phrase, root = cli_results[case]
+    error_lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert completed.returncode == 2, completed.stderr
+    assert "Traceback" not in completed.stderr + completed.stdout
+    assert len(error_lines) == 1, completed.stderr
+    assert error_lines[0].startswith("autotune: error: ")
+    assert phrase in error_lines[0]
+    assert "hunter2" not in completed.stderr  # a password never reaches the terminal
+    assert not (root / "best.json").exists()  # nothing exported
+
+
+def test_every_case_is_checked(tmp_path):
+    assert set(CASE_IDS) == set(_cases(tmp_path))
+
+
+def test_not_writable_database_for_a_normal_user(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root may write anywhere mode bits forbid; covered by the /proc case")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    completed = run_cli(*SEARCH, "--model", "bert-tiny", "--storage", f"sqlite:///{locked / 'study.db'}")
+    assert completed.returncode == 2
+    assert [line for line in completed.stderr.splitlines() if line.strip()] == [
+        f"autotune: error: --storage: cannot create {locked / 'study.db'} (is {locked} an existing, writable directory?)"
+    ]

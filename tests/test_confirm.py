@@ -1,0 +1,159 @@
+"""Confirmation: interleaved re-runs of the leaders, ties within noise, and the ranking they give."""
+
+from __future__ import annotations
+
+import re
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from autotune.confirm import confirm_top, confirmation_candidates, describe_winner, mark_ties, summarise
+from autotune.errors import AutotuneError
+from autotune.measure import MeasureSettings
+from autotune.ranking import CONFIRMATION_ATTR, feasible_ranking, study_ranking
+from autotune.result import TrialResult
+from autotune.space import SearchSpace
+from autotune.study import SearchRequest
+from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+
+GiB = 1024**3
+
+
+def ok(samples_per_s: float, peak: int = GiB) -> TrialResult:
+    return TrialResult(status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 100,
+                       peak_memory_bytes=peak, ceiling_bytes=4 * GiB)
+
+
+def test_summary_is_the_median_of_finished_reruns_and_ignores_transient_failures():
+    runs = [ok(100.0), TrialResult(status="crash"), ok(90.0), ok(120.0)]
+    confirmation = summarise(7, runs)
+    assert confirmation.samples_per_s == 100.0
+    assert confirmation.repeats == 3
+    assert confirmation.runs_samples_per_s == (100.0, 90.0, 120.0)
+    assert confirmation.statuses == ("ok", "crash", "ok", "ok")
+    assert confirmation.feasible
+    assert confirmation.figures["model_tflops"] == pytest.approx(1.0)  # scaled to the median
+
+
+def test_a_rerun_over_the_ceiling_makes_the_candidate_infeasible():
+    over = TrialResult(status="over_ceiling", samples_per_s=130.0, peak_memory_bytes=5 * GiB, ceiling_bytes=4 * GiB)
+    confirmation = summarise(3, [ok(100.0), over, ok(101.0)])
+    assert not confirmation.feasible
+    assert confirmation.peak_memory_bytes == 5 * GiB
+
+
+def test_overlapping_reruns_tie_and_separated_ones_do_not():
+    leader = summarise(1, [ok(100.0), ok(104.0), ok(102.0)])
+    overlapping = summarise(2, [ok(98.0), ok(101.0), ok(99.0)])  # its best beats the leader's worst
+    separated = summarise(3, [ok(80.0), ok(85.0), ok(82.0)])
+    marked = {c.trial_number: c for c in mark_ties([leader, overlapping, separated])}
+    assert marked[1].ties_with_leader and marked[2].ties_with_leader
+    assert not marked[3].ties_with_leader
+    alone = {c.trial_number: c for c in mark_ties([leader, separated])}
+    assert not alone[1].ties_with_leader and not alone[3].ties_with_leader
+
+
+def _study_with(results: dict[int, TrialResult]) -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    distribution = CategoricalDistribution([8, 16, 32, 64])
+    for micro_batch, result in results.items():
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"micro_batch": micro_batch},
+                distributions={"micro_batch": distribution},
+                value=result.model_tflops,
+                user_attrs={"result": result.to_dict()},
+            )
+        )
+    return study
+
+
+def _confirmation_attr(**trials: dict) -> dict:
+    return {"trials": {number.removeprefix("t"): values for number, values in trials.items()}}
+
+
+def test_ranking_puts_confirmed_first_and_orders_a_tie_by_memory():
+    # Trials 0..3: search figures 100, 99, 98, 97 samples/s; 0 and 1 use 3 and 2 GiB.
+    study = _study_with({8: ok(100.0, 3 * GiB), 16: ok(99.0, 2 * GiB), 32: ok(98.0), 64: ok(97.0)})
+    assert [r.number for r in feasible_ranking(study.trials)] == [0, 1, 2, 3]
+    study.set_user_attr(
+        CONFIRMATION_ATTR,
+        _confirmation_attr(
+            t0={"samples_per_s": 95.0, "ties_with_leader": True, "feasible": True, "repeats": 3, "cv": 0.02},
+            t1={"samples_per_s": 94.0, "ties_with_leader": True, "feasible": True, "repeats": 3, "cv": 0.02},
+            t2={"samples_per_s": 60.0, "ties_with_leader": False, "feasible": False, "repeats": 3, "cv": 0.02},
+        ),
+    )
+    ranking = study_ranking(study)
+    # 1 ties with 0 and needs less memory; 2 failed its confirmation; 3 was never confirmed and
+    # its single search figure (97) does not outrank the confirmed 95 and 94.
+    assert [r.number for r in ranking] == [1, 0, 3]
+    assert ranking[0].samples_per_s == 94.0 and ranking[0].confirmed
+    assert "ties within noise with #0" in describe_winner(ranking)
+
+    # A resumed search finds a new contender: the confirmation no longer covers the top 3 by
+    # search figure, so it is ignored until the next one.
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"micro_batch": 8}, distributions={"micro_batch": CategoricalDistribution([8, 16, 32, 64])},
+            value=1.5, user_attrs={"result": ok(150.0).to_dict()},
+        )
+    )
+    stale = study_ranking(study)
+    assert [r.number for r in stale] == [4, 0, 1, 2, 3] and not any(r.confirmed for r in stale)
+    assert "not confirmed" in describe_winner(stale)
+
+
+def test_confirm_validates_its_arguments(bert_tiny, cpu, fast_measure, tmp_path):
+    study = optuna.create_study(direction="maximize")
+    request = SearchRequest(model=bert_tiny, device=cpu, seq_len=16, ceiling_bytes=8 * GiB,
+                            space=SearchSpace({"micro_batch": [8]}), measure=fast_measure, work_root=str(tmp_path))
+    with pytest.raises(AutotuneError, match="at least 2"):
+        confirm_top(study, request, top_k=2, repeats=1)
+    with pytest.raises(AutotuneError, match="at least 1"):
+        confirm_top(study, request, top_k=0, repeats=3)
+    assert confirm_top(study, request, top_k=2, repeats=2) == []  # no feasible trial: nothing to confirm
+
+
+def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
+    study = _study_with({8: ok(100.0), 16: ok(120.0), 32: ok(90.0)})
+    over = TrialResult(status="over_ceiling", samples_per_s=200.0, peak_memory_bytes=5 * GiB, ceiling_bytes=4 * GiB)
+    distribution = CategoricalDistribution([8, 16, 32, 64])
+    study.add_trial(optuna.trial.create_trial(params={"micro_batch": 64}, distributions={"micro_batch": distribution},
+                                              value=0.0, user_attrs={"result": over.to_dict()}))
+    study.add_trial(optuna.trial.create_trial(params={"micro_batch": 16}, distributions={"micro_batch": distribution},
+                                              value=1.2, user_attrs={"result": ok(120.0).to_dict(), "reused_from": 1}))
+    study.set_user_attr(CONFIRMATION_ATTR, _confirmation_attr(t2={"samples_per_s": 500.0, "feasible": True}))
+    # Earlier confirmations are ignored; the over-ceiling and the reused trial are not candidates.
+    assert [c.number for c in confirmation_candidates(study, 2)] == [1, 0]
+    assert [c.number for c in confirmation_candidates(study, 10)] == [1, 0, 2]
+
+
+@pytest.mark.slow
+def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    searched = run_cli(
+        "search", "--model", "bert-tiny", "--space", str(REPO / "search_spaces" / "tiny-test.yaml"),
+        "--storage", storage, "--trials", "2", "--work-dir", str(tmp_path / "runs"), *FAST_SEARCH_ARGS,
+        "--confirm-top", "2", "--confirm-repeats", "2", cwd=tmp_path,
+    )
+    assert searched.returncode == 0, searched.stderr
+    assert "confirming: re-running the top 2 feasible configs 2 times each, interleaved" in searched.stdout
+    reruns = re.findall(r"round (\d)/2: #(\d+) ok", searched.stdout)
+    # Interleaved: every candidate in round 1, then every one again in round 2, the order rotated.
+    round_1 = [number for round_, number in reruns if round_ == "1"]
+    round_2 = [number for round_, number in reruns if round_ == "2"]
+    assert [round_ for round_, _ in reruns] == ["1"] * len(round_1) + ["2"] * len(round_2)
+    assert len(set(round_1)) == len(round_1) >= 1  # two candidates, unless the sampler repeated a config
+    assert round_2 == round_1[1:] + round_1[:1]
+    assert "winner: #" in searched.stdout and "interleaved re-runs" in searched.stdout
+    study = optuna.load_study(study_name=None, storage=storage)
+    confirmed = study.user_attrs[CONFIRMATION_ATTR]["trials"]
+    assert set(confirmed) == {number for _, number in reruns}
+    for record in confirmed.values():
+        assert record["repeats"] == 2 and len(record["runs_samples_per_s"]) == 2 and record["samples_per_s"] > 0
+    exported = run_cli("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    winner = study_ranking(study)[0]
+    assert f"trial #{winner.number}" in exported.stdout and str(winner.number) in confirmed

@@ -1,0 +1,134 @@
+"""Datasheet peaks by GPU name, the dtype whose peak applies, and the memory probes' figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from autotune.devices import (
+    CpuMemoryProbe,
+    CudaReadings,
+    DeviceSpec,
+    cuda_peaks,
+    datasheet_entry,
+    datasheet_peak_tflops,
+    list_devices,
+    matmul_dtype,
+)
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "label", "bf16", "tf32", "fp32"),
+    [
+        ("Tesla V100-SXM2-32GB", "V100 SXM2", None, None, 15.7),
+        ("Tesla V100-PCIE-16GB", "V100 PCIe", None, None, 14.0),
+        ("NVIDIA A100-SXM4-80GB", "A100", 312.0, 156.0, 19.5),
+        ("NVIDIA A100 80GB PCIe", "A100", 312.0, 156.0, 19.5),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.0, 494.5, 67.0),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756.0, 378.0, 51.0),
+        ("NVIDIA H200", "H200 SXM", 989.0, 494.5, 67.0),
+        ("NVIDIA L4", "L4", 121.0, 60.0, 30.3),
+        ("NVIDIA A10G", "A10G", 125.0, 62.5, 31.2),
+        ("NVIDIA GeForce RTX 3090", "RTX 3090", 71.0, 35.6, 35.6),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2, 82.6, 82.6),
+    ],
+)
+def test_datasheet_table_knows_the_common_gpus(nvml_name, label, bf16, tf32, fp32):
+    entry = datasheet_entry(nvml_name)
+    assert entry is not None and entry.label == label
+    assert datasheet_peak_tflops(nvml_name, "bf16") == bf16
+    assert datasheet_peak_tflops(nvml_name, "tf32") == tf32
+    assert datasheet_peak_tflops(nvml_name, "fp32") == fp32
+
+
+@pytest.mark.parametrize(
+    "nvml_name",
+    # Siblings with other clocks or SM counts must not borrow a neighbour's peak.
+    ["NVIDIA L40S", "NVIDIA L40", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA A10", "NVIDIA A100X",
+     "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D", "Tesla T4", "NVIDIA H100"],
+)
+def test_unknown_gpus_get_no_peak(nvml_name):
+    assert datasheet_entry(nvml_name) is None
+    assert all(datasheet_peak_tflops(nvml_name, dtype) is None for dtype in ("fp32", "tf32", "fp16", "bf16"))
+
+
+def test_a_cpu_has_no_datasheet_peak_even_if_its_name_looks_like_a_gpu(cpu):
+    assert cpu.datasheet_peak_tflops("fp32") is None
+    lookalike = DeviceSpec(kind="cpu", index=None, name="Intel L4 lookalike", total_memory_bytes=GiB,
+                           supported_dtypes=("fp32",))
+    assert lookalike.datasheet_peak_tflops("fp32") is None and lookalike.datasheet_entry() is None
+    assert list_devices()[0].kind == "cpu"
+
+
+def test_peak_dtype_follows_what_the_matmuls_run_in():
+    assert matmul_dtype("bf16") == "bf16"
+    assert matmul_dtype("fp16", tf32_enabled=True) == "fp16"
+    assert matmul_dtype("fp32") == "fp32"
+    assert matmul_dtype("fp32", tf32_enabled=True) == "tf32"
+    assert matmul_dtype("tf32") == "tf32"
+
+
+def fake_cuda_readings(**overrides: int | None) -> CudaReadings:
+    """FakeCudaReadings: numbers a CUDA process could report (no GPU exists here)."""
+    values = dict(
+        max_reserved=6 * GiB,
+        max_allocated=5 * GiB,
+        reserved_now=4 * GiB,
+        device_used_now=9 * GiB,
+        device_used_before=4 * GiB,  # another process held 4 GiB before this one started
+        nvml_process_used=4 * GiB + 700 * MiB,
+    )
+    values.update(overrides)
+    return CudaReadings(**values)  # type: ignore[arg-type]
+
+
+def test_cuda_peak_adds_memory_outside_the_allocator_from_nvml_per_process():
+    peaks = cuda_peaks(fake_cuda_readings())
+    # NVML: the process holds 4.7 GiB, the allocator 4 GiB of it: 700 MiB of context outside.
+    assert peaks["outside_allocator_nvml_bytes"] == 700 * MiB
+    # mem_get_info delta: 9 - 4 GiB used since before the context, minus 4 GiB reserved: 1 GiB.
+    assert peaks["outside_allocator_mem_get_info_bytes"] == 1 * GiB
+    assert peaks["outside_allocator_bytes"] == 700 * MiB  # NVML per process wins: blind to neighbours
+    assert peaks["peak_device_bytes"] == 6 * GiB + 700 * MiB
+    assert peaks["max_memory_reserved_bytes"] == 6 * GiB and peaks["max_memory_allocated_bytes"] == 5 * GiB
+    assert peaks["nvml_process_used_bytes"] == 4 * GiB + 700 * MiB
+
+
+def test_cuda_peak_falls_back_to_the_mem_get_info_delta_then_to_device_wide_use():
+    without_nvml = cuda_peaks(fake_cuda_readings(nvml_process_used=None))
+    assert without_nvml["peak_device_bytes"] == 6 * GiB + 1 * GiB
+    assert "nvml_process_used_bytes" not in without_nvml
+    blind = cuda_peaks(fake_cuda_readings(nvml_process_used=None, device_used_before=None))
+    # Device-wide use includes the other process's 4 GiB: an upper bound, on the safe side.
+    assert blind["outside_allocator_bytes"] == 5 * GiB
+    assert blind["peak_device_bytes"] == 11 * GiB
+
+
+def test_cpu_probe_counts_a_child_process():
+    """A worker that holds 300 MiB shows up in the tree's peak, not in the trial process's own."""
+    probe = CpuMemoryProbe(interval_s=0.02, relist_interval_s=0.1)
+    probe.start()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nb = bytearray(300 * 1024 * 1024)\nprint('ready', flush=True)\ntime.sleep(30)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # several listings and samples while the child holds its memory
+        own_rss = psutil.Process().memory_info().rss
+        peaks = probe.peaks()
+    finally:
+        child.kill()
+        child.wait()
+        probe.stop()
+    assert peaks["peak_rss_tree_sampled_bytes"] >= own_rss + 280 * MiB
+    assert peaks["peak_rss_tree_bytes"] >= peaks["peak_rss_tree_sampled_bytes"]
+    assert CpuMemoryProbe.ceiling_source == "peak_rss_tree_bytes"

@@ -1,0 +1,250 @@
+"""Fault injection with real faults in real trial children (see tests/faults.py).
+
+Runner level: every fault is classified by what happened (exception type, allocator message, exit
+signal, timeout), with the reason and the child's stderr tail kept. Study level: what is recorded
+in a real Optuna storage (OOM = COMPLETE with value 0 and a violated constraint; crash, timeout and
+error = FAIL), the retry of crashes and timeouts, and that the study stays consistent.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.result import TrialResult
+from autotune.runner import TrialJob, classify_exit, run_isolated
+from autotune.runner._watch import killed_for_memory, oom_kill_count
+
+pytestmark = pytest.mark.slow
+
+GiB = 1024**3
+MiB = 1024**2
+# Long enough for a tiny model to build and start training on a busy 2-core machine; a hang is
+# reported as a timeout whether it began before or after the fault fired.
+SHORT_TIMEOUT_S = 6.0
+
+
+@pytest.fixture
+def job_for(tmp_path, bert_tiny, cpu, fast_measure):
+    """A trial of bert-tiny on the CPU, with fault callbacks from tests/faults.py."""
+
+    def make(*faults: str, ceiling_bytes: int = 8 * GiB) -> TrialJob:
+        return TrialJob(
+            model=bert_tiny,
+            device=cpu,
+            config=TrialConfig(micro_batch=8, pin_memory=False),
+            seq_len=32,
+            ceiling_bytes=ceiling_bytes,
+            measure=fast_measure,
+            work_dir=str(tmp_path / "trial"),
+            callbacks=tuple(f"tests.faults:{fault}" for fault in faults),
+        )
+
+    return make
+
+
+def wait_until_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# --- runner level: one real child per fault -------------------------------------------------
+
+
+def test_non_zero_exit_without_result_is_a_crash(job_for):
+    result = run_isolated(job_for("ExitNonZeroAtStep"), timeout_s=120)
+    assert result.status == "crash"
+    assert result.error == "exited with code 3 without a result"
+
+
+def test_over_the_ceiling_is_measured_and_flagged(job_for):
+    result = run_isolated(job_for(ceiling_bytes=64 * MiB), timeout_s=120)
+    assert result.status == "over_ceiling"
+    assert result.samples_per_s > 0
+    assert result.peak_memory_bytes > result.ceiling_bytes == 64 * MiB
+
+
+def test_sigkill_is_a_crash_and_keeps_the_memory_seen_from_outside(job_for):
+    result = run_isolated(job_for("GrabMemoryThenSigkill"), timeout_s=120)
+    # No OOM kill was counted and the host had memory to spare: someone killed it, not the kernel.
+    assert result.status == "crash"
+    assert result.error == "killed by SIGKILL"
+    assert result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] > 300 * MiB
+
+
+# --- the SIGKILL-near-the-limit rule (the kernel's OOM killer cannot be provoked on a shared host) ---
+
+
+def test_sigkill_counts_as_oom_only_with_evidence_of_the_oom_killer():
+    total = 24 * GiB
+    assert killed_for_memory(oom_kills_before=3, oom_kills_after=4, available_bytes=20 * GiB, total_bytes=total)
+    assert killed_for_memory(oom_kills_before=3, oom_kills_after=3, available_bytes=200 * MiB, total_bytes=total)
+    assert not killed_for_memory(oom_kills_before=3, oom_kills_after=3, available_bytes=20 * GiB, total_bytes=total)
+    assert not killed_for_memory(oom_kills_before=None, oom_kills_after=None, available_bytes=None, total_bytes=total)
+    assert classify_exit(-9, near_memory_limit=True)[0] == "oom"
+    assert classify_exit(-9, near_memory_limit=False) == ("crash", "killed by SIGKILL")
+    assert classify_exit(-11, near_memory_limit=True) == ("crash", "killed by SIGSEGV")
+
+
+def test_oom_kill_counter_is_read_from_vmstat(tmp_path):
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 12\noom_kill 7\nnr_zone_active_anon 1\n")
+    assert oom_kill_count(str(vmstat)) == 7
+    assert oom_kill_count(str(tmp_path / "missing")) is None
+    if Path("/proc/vmstat").exists():
+        assert isinstance(oom_kill_count(), int)
+
+
+# --- study level: what the storage records, retries, consistency ------------------------------
+
+
+@pytest.fixture
+def study_for(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
+    """A real study in SQLite and the SearchRequest that runs faults in it."""
+    from autotune.space import SearchSpace
+    from autotune.study import SearchRequest, open_storage, open_study
+
+    def make(
+        *faults: str,
+        timeout_s: float = 120.0,
+        micro_batch: int = 8,
+        seq_len: int = 32,
+        address_space_bytes: int | None = None,
+    ):
+        request = SearchRequest(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=seq_len,
+            ceiling_bytes=8 * GiB,
+            space=SearchSpace(choices={"micro_batch": [micro_batch], "pin_memory": [False]}),
+            measure=fast_measure,
+            trial_timeout_s=timeout_s,
+            work_root=str(tmp_path / "runs"),
+            callbacks=tuple(f"tests.faults:{fault}" for fault in faults),
+            address_space_bytes=address_space_bytes,
+            screen=False,  # every config runs: these tests are about what happens in the child
+        )
+        name = "-".join(faults) or f"mb{micro_batch}"
+        return open_study(open_storage(sqlite_url), name, request), request
+
+    return make
+
+
+def run_trial(study: optuna.Study, request) -> optuna.trial.FrozenTrial:  # noqa: ANN001 - a SearchRequest
+    from autotune.study import SearchProgress, run_one_trial
+
+    run_one_trial(study, request, SearchProgress())
+    return study.get_trials()[-1]
+
+
+def assert_consistent(study: optuna.Study) -> None:
+    """No trial left RUNNING; every finished trial carries its result; states match statuses."""
+    for trial in study.get_trials():
+        assert trial.state != TrialState.RUNNING, f"trial {trial.number} left RUNNING"
+        if trial.state == TrialState.WAITING:
+            continue
+        result = TrialResult.from_trial(trial)
+        assert result is not None, f"trial {trial.number} has no result"
+        assert trial.user_attrs["status"] == result.status
+        if result.status in ("crash", "timeout", "error", "interrupted"):
+            assert trial.state == TrialState.FAIL and result.error
+        elif result.status in ("oom", "over_ceiling"):
+            assert trial.state == TrialState.COMPLETE and trial.value == 0.0
+            assert trial.system_attrs["constraints"][0] > 0
+        elif result.status == "ok":
+            assert trial.state == TrialState.COMPLETE and trial.value > 0
+            assert trial.system_attrs["constraints"][0] <= 0
+
+
+def test_allocator_oom_under_the_address_space_limit_is_complete_with_value_zero(study_for):
+    # 1024 x 512 tokens through BERT: each layer's attention scores alone want 2 GiB; the child
+    # may grow its address space by 1 GiB only, so torch's allocator fails inside it.
+    study, request = study_for(micro_batch=1024, seq_len=512, address_space_bytes=1 * GiB)
+    trial = run_trial(study, request)
+    assert trial.state == TrialState.COMPLETE
+    assert trial.value == 0.0
+    result = TrialResult.from_trial(trial)
+    assert result.status == "oom" and "DefaultCPUAllocator" in result.error
+    assert "can't allocate memory" in result.stderr_tail
+    assert result.attempts == 1  # a property of the config: never retried
+    assert trial.system_attrs["constraints"][0] > 0
+    with pytest.raises(ValueError):
+        study.best_trial  # Optuna itself sees no feasible trial
+    assert_consistent(study)
+
+
+def test_memory_error_is_oom(study_for):
+    # A 4 GiB bytearray fits on the host, but not under the child's 1 GiB address-space budget.
+    study, request = study_for("MemoryErrorAtStep", address_space_bytes=1 * GiB)
+    trial = run_trial(study, request)
+    assert (trial.state, trial.value) == (TrialState.COMPLETE, 0.0)
+    result = TrialResult.from_trial(trial)
+    assert result.status == "oom" and result.error.startswith("MemoryError")
+    assert "MemoryError" in result.stderr_tail
+    assert_consistent(study)
+
+
+def test_transient_crash_is_retried_once_and_then_measured(study_for):
+    study, request = study_for("SigkillOnFirstAttempt")
+    trial = run_trial(study, request)
+    assert trial.state == TrialState.COMPLETE
+    result = TrialResult.from_trial(trial)
+    assert result.status == "ok" and result.attempts == 2
+    assert trial.user_attrs["first_attempt"]["status"] == "crash"
+    assert trial.user_attrs["first_attempt"]["error"] == "killed by SIGKILL"
+    assert_consistent(study)
+
+
+def test_segfault_is_a_crash_and_fails_after_two_attempts(study_for):
+    study, request = study_for("SegfaultAtStep")
+    trial = run_trial(study, request)
+    assert trial.state == TrialState.FAIL
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.error, result.attempts) == ("crash", "killed by SIGSEGV", 2)
+    assert trial.user_attrs["first_attempt"]["error"] == "killed by SIGSEGV"
+    # faulthandler wrote the crashing stack to the child's log; both attempts share the log.
+    assert "Fatal Python error: Segmentation fault" in result.stderr_tail
+    assert "faults.py" in result.stderr_tail
+    log = next(Path(request.work_root).glob("*/child.log")).read_text()
+    assert "attempt 1 ended: crash: killed by SIGSEGV; retrying once" in log
+    assert log.count("Fatal Python error: Segmentation fault") == 2
+    assert_consistent(study)
+
+
+def test_hang_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
+    study, request = study_for("HangAtStep", timeout_s=SHORT_TIMEOUT_S)
+    trial = run_trial(study, request)
+    assert trial.state == TrialState.FAIL
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.attempts) == ("timeout", 2)
+    assert f"no result within the {SHORT_TIMEOUT_S:g} s timeout" in result.error
+    assert trial.user_attrs["first_attempt"]["status"] == "timeout"
+    for pid_file in Path(request.work_root).glob("*/hung.pid"):  # the fault fired before the timeout
+        assert wait_until_gone(int(pid_file.read_text()))
+    assert_consistent(study)
+
+
+def test_exception_deep_inside_trainer_is_an_error_and_not_retried(study_for):
+    study, request = study_for("RaiseDeepInForward")
+    trial = run_trial(study, request)
+    assert trial.state == TrialState.FAIL
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.attempts) == ("error", 1)
+    assert result.error.startswith("ValueError: injected fault in the forward of")
+    assert "faults.py" in result.stderr_tail  # the traceback's deepest frames
+    assert result.stderr_tail.rstrip().endswith("ValueError: injected fault in the forward of Linear")
+    assert "first_attempt" not in trial.user_attrs
+    assert_consistent(study)

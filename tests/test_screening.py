@@ -1,0 +1,195 @@
+"""Screening: configs known not to fit are recorded, never run, never exported; duplicates are reused."""
+
+from __future__ import annotations
+
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.estimate import Calibration, estimate_peak
+from autotune.result import TrialResult
+from autotune.screening import (
+    UNCALIBRATED_MARGIN,
+    MeasuredTrial,
+    calibration_from_trials,
+    infer_from_memory_failures,
+    margin_for,
+    predict_over_ceiling,
+    screened_excess_gib,
+)
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+def measured(number: int, config: TrialConfig, status: str, peak: int = 0, ceiling: int = GiB) -> MeasuredTrial:
+    return MeasuredTrial(number, config, TrialResult(status=status, peak_memory_bytes=peak, ceiling_bytes=ceiling))
+
+
+# --- the decisions ------------------------------------------------------------------------------
+
+
+def test_a_larger_micro_batch_than_a_measured_oom_is_inferred_not_to_fit():
+    oom = measured(3, TrialConfig(micro_batch=32), "oom")
+    decision = infer_from_memory_failures(TrialConfig(micro_batch=64), [oom])
+    assert decision is not None and decision.inferred_from == 3
+    assert "trial #3" in decision.reason and "ran out of memory" in decision.reason
+    result = decision.to_result(GiB)
+    assert result.status == "screened" and result.peak_memory_bytes == 0  # nothing was measured
+    assert screened_excess_gib(result) is None  # an OOM says "over", not by how much
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        TrialConfig(micro_batch=16),  # smaller: might fit
+        TrialConfig(micro_batch=64, checkpointing=True),  # differs in more than the micro-batch
+        TrialConfig(micro_batch=64, grad_accum=2),
+        TrialConfig(micro_batch=64, dtype="bf16"),
+    ],
+)
+def test_only_a_larger_micro_batch_with_every_other_knob_equal_is_inferred(config):
+    assert infer_from_memory_failures(config, [measured(0, TrialConfig(micro_batch=32), "oom")]) is None
+
+
+def test_a_config_that_fitted_says_nothing_about_larger_ones():
+    fitted = measured(0, TrialConfig(micro_batch=32), "ok", peak=900 * MiB)
+    assert infer_from_memory_failures(TrialConfig(micro_batch=64), [fitted]) is None
+
+
+def test_over_the_ceiling_gives_its_measured_peak_as_a_lower_bound():
+    over = measured(5, TrialConfig(micro_batch=32), "over_ceiling", peak=GiB + GiB // 2, ceiling=GiB)
+    decision = infer_from_memory_failures(TrialConfig(micro_batch=64), [over])
+    assert decision is not None and "went over the ceiling" in decision.reason
+    assert screened_excess_gib(decision.to_result(GiB)) == pytest.approx(0.5)
+
+
+def test_the_margin_is_wide_before_calibration_and_follows_the_fit_after():
+    assert margin_for(Calibration.prior("cpu")) == UNCALIBRATED_MARGIN == 1.25
+
+    def calibrated(error: float) -> Calibration:
+        return Calibration("cpu", 400 * MiB, 1.1, points=6, max_relative_error=error)
+
+    assert margin_for(calibrated(0.02)) == pytest.approx(1.10)  # never tighter than 10 %
+    assert margin_for(calibrated(0.08)) == pytest.approx(1.16)  # twice the fit's worst error
+    assert margin_for(calibrated(0.40)) == UNCALIBRATED_MARGIN  # a bad fit is no reason to screen more
+
+
+def test_the_estimate_screens_only_configs_clearly_over_the_ceiling(bert_tiny):
+    estimate = estimate_peak(bert_tiny, TrialConfig(micro_batch=64), 128, "cpu")
+    prior = Calibration.prior("cpu")
+    predicted = estimate.total_bytes
+    assert predict_over_ceiling(estimate, predicted, prior) is None  # fits exactly
+    assert predict_over_ceiling(estimate, int(predicted / 1.2), prior) is None  # over, but might fit: run it
+    decision = predict_over_ceiling(estimate, int(predicted / 1.3), prior)
+    assert decision is not None and decision.predicted_peak_bytes == predicted
+    assert "predicted peak" in decision.reason and "not run" in decision.reason
+    result = decision.to_result(int(predicted / 1.3))
+    assert result.memory_peaks["predicted_peak_bytes"] == predicted
+    assert screened_excess_gib(result) == pytest.approx((predicted - int(predicted / 1.3)) / GiB)
+
+
+def test_calibration_learns_from_trials_that_measured_a_peak_only(bert_tiny):
+    trials = [
+        measured(0, TrialConfig(micro_batch=8), "ok", peak=500 * MiB),
+        measured(1, TrialConfig(micro_batch=16), "pruned", peak=530 * MiB),
+        measured(2, TrialConfig(micro_batch=64), "over_ceiling", peak=700 * MiB),
+        measured(3, TrialConfig(micro_batch=128), "oom"),  # no peak: a bound, not a point
+    ]
+    calibration = calibration_from_trials(bert_tiny, 128, "cpu", trials)
+    assert calibration.points == 3 and calibration.max_relative_error is not None
+
+
+# --- in the real search loop ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def loop(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
+    """A real study in SQLite; ``make`` gives it and its request; ``runs`` lists trial work dirs made."""
+    from autotune.space import SearchSpace
+    from autotune.study import SearchRequest, open_storage, open_study
+
+    work_root = tmp_path / "runs"
+
+    def make(ceiling_bytes: int, micro_batches: list[int], address_space_bytes: int | None = None, name: str = "s"):
+        request = SearchRequest(
+            model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=ceiling_bytes,
+            space=SearchSpace(choices={"micro_batch": micro_batches, "pin_memory": [False]}),
+            measure=fast_measure, work_root=str(work_root), address_space_bytes=address_space_bytes,
+        )
+        return open_study(open_storage(sqlite_url), name, request), request
+
+    def runs() -> list[str]:
+        return sorted(p.name for p in work_root.iterdir()) if work_root.exists() else []
+
+    return make, runs
+
+
+def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
+    from autotune.errors import AutotuneError
+    from autotune.export import winner
+    from autotune.ranking import feasible_ranking
+    from autotune.study import run_search
+
+    make, runs = loop
+    ceiling = 200 * MiB  # below the CPU process baseline alone: nothing can fit
+    study, request = make(ceiling, [8, 16])
+    run_search(study, request, n_trials=3, timeout_s=None)
+    assert runs() == []  # no child was started
+    trials = study.get_trials()
+    assert len(trials) == 3
+    for trial in trials:
+        result = TrialResult.from_trial(trial)
+        assert trial.state == TrialState.COMPLETE and trial.value == 0.0
+        assert result.status == "screened" and "predicted peak" in result.error
+        predicted = result.memory_peaks["predicted_peak_bytes"]  # kept apart: peak_memory_bytes stays 0
+        assert result.peak_memory_bytes == 0 and predicted > ceiling * 1.25
+        assert trial.system_attrs["constraints"][0] == pytest.approx((predicted - ceiling) / GiB)
+    assert feasible_ranking(trials) == []
+    with pytest.raises(AutotuneError, match="no feasible trial"):
+        winner(study)
+    with pytest.raises(ValueError):
+        study.best_trial  # Optuna agrees: nothing feasible
+
+
+def test_with_screening_off_every_config_runs(loop):
+    import dataclasses
+
+    from autotune.study import SearchProgress, run_one_trial
+
+    make, runs = loop
+    study, request = make(200 * MiB, [8], name="unscreened")
+    result = run_one_trial(study, dataclasses.replace(request, screen=False), SearchProgress())
+    assert result.status == "over_ceiling" and result.peak_memory_bytes > 200 * MiB  # it ran and was measured
+    assert len(runs()) == 1
+
+
+def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
+    from autotune.study import run_search
+
+    make, runs = loop
+    # 64 MiB of address space: the child's allocator fails at once (a real OOM); the ceiling itself
+    # is generous, so the estimate screens nothing and only the inference can.
+    study, request = make(8 * GiB, [8, 64], address_space_bytes=64 * MiB)
+    # The seeds: the HF default (micro-batch 8), then the best-practice guess (the largest, 64).
+    assert [t.params["micro_batch"] for t in study.get_trials(states=(TrialState.WAITING,))] == [8, 64]
+    run_search(study, request, n_trials=2, timeout_s=None)
+    first, second = (TrialResult.from_trial(t) for t in study.get_trials())
+    assert first.status == "oom"
+    assert second.status == "screened" and "inferred" in second.error and "trial #0" in second.error
+    assert len(runs()) == 1  # the OOM ran; the inferred one did not
+    assert study.trials[1].system_attrs["constraints"][0] > 0
+
+
+def test_a_config_proposed_again_reuses_the_recorded_result(loop):
+    from autotune.study import SearchProgress, measured_trials, run_one_trial
+
+    make, runs = loop
+    study, request = make(200 * MiB, [8], name="reuse")
+    first = run_one_trial(study, request, SearchProgress())
+    study.enqueue_trial({"micro_batch": 8, "pin_memory": False})
+    again = run_one_trial(study, request, SearchProgress())
+    assert again == first
+    assert study.trials[-1].user_attrs["reused_from"] == 0
+    assert [t.number for t in measured_trials(study)] == []  # screened and reused: nothing measured
+    assert runs() == []

@@ -1,0 +1,131 @@
+"""The search-space module: YAML validation, device and model filters, the notes they leave."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.devices import DeviceSpec
+from autotune.errors import AutotuneError
+from autotune.space import default_space_path, load_space
+
+GiB = 1024**3
+
+# A fake for what cannot exist here: a CUDA device without bf16 (a V100), as NVML would describe it.
+FAKE_V100 = DeviceSpec(
+    kind="cuda", index=0, name="Tesla V100-SXM2-16GB", total_memory_bytes=16 * GiB,
+    supported_dtypes=("fp32", "fp16"), compute_capability=(7, 0),
+)
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("micro_batch: [8]\nlearning_rate: [0.1]\n", "learning_rate: unknown knob (see search_spaces/README.md)"),
+        ("optim: []\n", "optim: needs at least one choice"),
+        ("micro_batch: [8, 0]\n", "micro_batch: needs at least one choice, each a positive integer"),
+        ("grad_accum: [-1]\n", "grad_accum: needs at least one choice, each a positive integer"),
+        ("micro_batch: big\n", "micro_batch: must be a list of batch sizes or 'auto'"),
+        ("dtype: [fp8]\n", "dtype: unknown choice 'fp8'; choose from fp32, tf32, fp16, bf16"),
+        ("dataloader_workers: [-2]\n", "dataloader_workers: needs at least one choice, each >= 0"),
+        ("global_batch: 0\n", "global_batch: must be a positive integer"),
+        ("global_batch: 64\nmax_global_batch: 64\n", "give global_batch or max_global_batch, not both"),
+        ("- micro_batch\n", "expected a mapping of knob -> list of choices"),
+        ("micro_batch: [8\n", "not valid YAML"),
+    ],
+)
+def test_invalid_spaces_are_refused_with_the_knob_named(tmp_path, cpu, yaml_text, message):
+    with pytest.raises(AutotuneError) as error:
+        load_space(write(tmp_path, yaml_text), cpu)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_wrong_type_names_the_knob_and_the_choice(tmp_path, cpu):
+    path = write(tmp_path, "checkpointing: [maybe]\n")
+    with pytest.raises(AutotuneError) as error:
+        load_space(path, cpu)
+    assert str(error.value).startswith(f"--space {path}: checkpointing: ")
+    assert "'maybe'" in str(error.value)
+
+
+def test_missing_file_is_one_line(cpu, tmp_path):
+    with pytest.raises(AutotuneError, match="cannot read it"):
+        load_space(str(tmp_path / "absent.yaml"), cpu)
+
+
+def test_cpu_filter_removes_what_a_cpu_cannot_run_and_says_why(cpu):
+    space = load_space(default_space_path(), cpu)
+    assert space.choices["dtype"] == ["fp32", "bf16"]
+    assert space.choices["pin_memory"] == [False]
+    assert "cudagraphs" not in space.choices["compile"]
+    assert any(note.startswith("dtype tf32 removed: cpu") for note in space.notes)
+    assert any(note.startswith("dtype fp16 removed: cpu") for note in space.notes)
+    assert any("pin_memory true dropped" in note for note in space.notes)
+
+
+def test_a_gpu_without_bf16_loses_bf16_with_a_note(tmp_path):
+    space = load_space(write(tmp_path, "dtype: [fp16, bf16]\n"), FAKE_V100)
+    assert space.choices["dtype"] == ["fp16"]
+    assert "dtype bf16 removed: cuda:0 (Tesla V100-SXM2-16GB) does not support it" in space.notes
+
+
+def test_a_knob_left_empty_by_the_device_is_an_error(tmp_path, cpu):
+    with pytest.raises(AutotuneError, match="no choice of dtype runs on cpu"):
+        load_space(write(tmp_path, "dtype: [fp16, tf32]\n"), cpu)
+
+
+def test_auto_micro_batches_are_multiples_of_8(tmp_path, cpu):
+    space = load_space(write(tmp_path, "micro_batch: auto\n"), cpu)
+    assert all(m % 8 == 0 for m in space.choices["micro_batch"])
+    odd = load_space(write(tmp_path, "micro_batch: [4, 8]\n"), cpu)
+    assert "micro_batch 4 is not a multiple of 8: tensor cores may run it slower" in odd.notes
+
+
+def test_flash_attention_needs_cuda_and_flash_attn(tmp_path, cpu, bert_tiny):
+    space = load_space(write(tmp_path, "attn_implementation: [eager, sdpa, flash_attention_2]\n"), cpu, model=bert_tiny)
+    assert space.choices["attn_implementation"] == ["eager", "sdpa"]
+    assert any(n.startswith("attn_implementation flash_attention_2 removed: it needs a CUDA device") for n in space.notes)
+
+
+def test_attention_the_architecture_lacks_is_removed(tmp_path, cpu):
+    from transformers import MPNetConfig
+
+    from autotune.models import resolve_model
+
+    # MPNet has no SDPA attention in transformers: asking for it would fail in every trial.
+    MPNetConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    ).save_pretrained(tmp_path / "mpnet")
+    model = resolve_model(str(tmp_path / "mpnet"))
+    space = load_space(write(tmp_path, "attn_implementation: [eager, sdpa]\n"), cpu, model=model)
+    assert space.choices["attn_implementation"] == ["eager"]
+    assert any(note.startswith("attn_implementation sdpa removed: MPNet") for note in space.notes)
+    with pytest.raises(AutotuneError, match="supports none of attn_implementation"):
+        load_space(write(tmp_path, "attn_implementation: [sdpa]\n"), cpu, model=model)
+
+
+def test_attention_left_out_keeps_the_model_default(tmp_path, cpu, bert_tiny):
+    space = load_space(write(tmp_path, "micro_batch: [8]\n"), cpu, model=bert_tiny)
+    assert "attn_implementation" not in space.choices
+
+
+def test_a_single_choice_is_fixed_and_the_size_counts_the_rest(tmp_path, cpu):
+    space = load_space(write(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [1, 2, 4]\noptim: [sgd]\n"), cpu)
+    assert space.fixed()["optim"] == "sgd"
+    assert space.size == 2 * 3  # every knob the YAML leaves out keeps one default choice
+    assert space.largest_global_batch == 16 * 4
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "quick.yaml", "memory-tight.yaml", "speed-only.yaml", "fixed-global-batch.yaml"])
+def test_shipped_spaces_load_on_the_cpu(cpu, name):
+    from importlib import resources
+
+    path = str(resources.files("autotune.spaces").joinpath(name))
+    space = load_space(path, cpu)
+    assert space.size >= 1
