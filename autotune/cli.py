@@ -253,6 +253,12 @@ def estimate(
         from autotune.study import load_study, measured_trials
 
         study = load_study(storage, study_name)
+        identity = study.user_attrs.get("identity") or {}
+        if (identity.get("model"), identity.get("seq_len"), identity.get("device")) != (model, seq_len, device_spec.name):
+            raise AutotuneError(
+                f"study {study.study_name!r} measured {identity.get('model')} at seq len {identity.get('seq_len')} on "
+                f"{identity.get('device')}: calibrate with a study of the same model, length and device"
+            )
         calibration = calibration_from_trials(model_spec, seq_len, device_spec.kind, measured_trials(study))
     configs = memory_distinct_configs(search_space.choices, device_spec.kind)
     rows = [(c, estimate_peak(model_spec, c, seq_len, device_spec.kind, calibration)) for c in configs]

@@ -204,6 +204,8 @@ def load_base_args(path: str) -> dict[str, Any]:
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
+            if key == "attn_implementation":
+                hint = " (it is a model argument: search it with attn_implementation in the --space YAML)"
             raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
     # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
     # against this (CPU) process rather than the device the trials run on.

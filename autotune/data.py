@@ -3,15 +3,17 @@
 Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
 
 * The orchestrator calls :func:`prepare_dataset` once, before any trial: it reads the data (a
-  directory written by ``datasets.save_to_disk``, or JSON lines / text / CSV / Parquet files), finds
-  the text column (or ``input_ids``), checks it holds at least one global batch of samples, and
-  writes the one column it needs as an Arrow dataset under the work directory (reused by later runs
-  while the source and tokenizer are unchanged). Every problem is an :class:`AutotuneError` there.
-* Each trial child calls :func:`load_training_dataset`: it memory-maps that Arrow copy (milliseconds)
+  directory written by ``datasets.save_to_disk``, or JSON lines / JSON / CSV / Parquet / text
+  files), finds the text column (or ``input_ids``), checks it holds at least one global batch of
+  samples, and writes what the trials read as an Arrow dataset under the work directory: a random
+  sample of as many rows as a trial can consume (the whole data if smaller), so preparing a large
+  corpus costs one read, not a copy of it. A later run with the same source, tokenizer and space
+  reuses it without reading the source again. Every problem is an :class:`AutotuneError` there.
+* Each trial child calls :func:`load_training_dataset`: it memory-maps that copy (milliseconds)
   and tokenizes every sample on the fly with the model's tokenizer, truncated and padded to
-  ``--seq-len``, inside the DataLoader. Tokenization is part of the measured step, as in a pipeline
-  that tokenizes as it trains, so ``dataloader_workers`` has real work to parallelise.
-* With ``packing``, documents are tokenized once in the parent, concatenated and cut into blocks of
+  ``--seq-len``, as the DataLoader fetches it. Tokenization is part of the measured step, as in a
+  pipeline that tokenizes as it trains, so ``dataloader_workers`` has real work to share.
+* With ``packing``, documents are tokenized in the parent, concatenated and cut into blocks of
   exactly ``--seq-len`` tokens (no padding); the child only reads the blocks.
 
 Every sample is exactly ``--seq-len`` tokens long, so the model FLOPs per sample (``flops.py``) hold;
@@ -23,8 +25,10 @@ the synthetic data (the label values do not change the cost of a step).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,8 @@ from autotune.models import ModelSpec
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 # Documents tokenized per batch when packing (the batch size of HF's run_clm example).
 _PACKING_BATCH = 1000
+# What prepare_dataset learned about a prepared copy, saved next to it.
+_META_FILE = "autotune_dataset.json"
 
 
 def prepare_dataset(
@@ -78,32 +84,41 @@ def prepare_dataset(
 
     datasets.disable_progress_bars()
     source = Path(path).expanduser().resolve()
-    rows = _read(source, path, cache_root)
-    column = _pick_column(rows, text_column, path)
-    holds_text = _holds_text(rows, column, path)
-    tokenizer_dir = _tokenizer_dir(model, path) if holds_text else None
-    tokenizer = _load_tokenizer(tokenizer_dir, model, path) if tokenizer_dir else None
-    key = _fingerprint(source, tokenizer_dir, column, seq_len if packing else None)
+    if not source.exists():
+        raise AutotuneError(f"--dataset {path}: no such file or directory")
+    length = global_batch * (steps + 1)
+    tokenizer_dir = _tokenizer_dir(model)
+    key = _fingerprint(source, tokenizer_dir, text_column, packing, seq_len, model.vocab_size, length)
     prepared_dir = Path(cache_root) / f"dataset-{key}"
-    if not prepared_dir.is_dir():
-        prepared = _prepare_rows(rows, column, holds_text, tokenizer, seq_len, packing, model, path)
-        _save_atomically(prepared, prepared_dir)
-    num_samples = datasets.load_from_disk(str(prepared_dir)).num_rows
+    if not (prepared_dir / _META_FILE).is_file():
+        with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:  # datasets' own cache, not kept
+            rows = _read(source, path, scratch)
+            column = _pick_column(rows, text_column, path)
+            holds_text = _holds_text(rows, column, path)
+            tokenizer = _load_tokenizer(tokenizer_dir, model, path) if holds_text else None
+            prepared, meta = _prepare_rows(rows, column, holds_text, tokenizer, seq_len, packing, length, model, path)
+            meta.update(
+                column_read=column,
+                tokenizer_dir=tokenizer_dir if holds_text and not packing else None,
+                pad_token_id=_pad_token_id(tokenizer, model),
+            )
+            _save_atomically(prepared, meta, prepared_dir)
+    meta = json.loads((prepared_dir / _META_FILE).read_text())
     shape = f"packed into blocks of {seq_len} tokens" if packing else f"truncated/padded to {seq_len} tokens"
-    if num_samples < global_batch:
+    if meta["num_samples"] < global_batch:
         raise AutotuneError(
-            f"--dataset {path}: {num_samples} samples ({shape}) is less than one global batch of the search "
+            f"--dataset {path}: {meta['num_samples']} samples ({shape}) is less than one global batch of the search "
             f"space ({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
         )
     return {
-        "label": f"{source} ({column!r} {shape})",
+        "label": f"{source} ({meta['column_read']!r} {shape})",
         "source": str(source),
         "prepared_dir": str(prepared_dir.resolve()),
-        "column": "input_ids" if packing or not holds_text else "text",
-        "tokenizer_dir": None if packing else tokenizer_dir,
-        "pad_token_id": _pad_token_id(tokenizer, model),
-        "num_samples": num_samples,
-        "length": max(num_samples, global_batch * (steps + 1)),
+        "column": meta["column"],
+        "tokenizer_dir": meta["tokenizer_dir"],
+        "pad_token_id": meta["pad_token_id"],
+        "num_samples": meta["num_samples"],
+        "length": length,
         "packing": packing,
     }
 
@@ -117,7 +132,7 @@ def load_training_dataset(description: dict[str, Any], model: ModelSpec, seq_len
     if description["tokenizer_dir"]:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(description["tokenizer_dir"])
+        tokenizer = AutoTokenizer.from_pretrained(description["tokenizer_dir"], local_files_only=True)
     return UserSamples(
         rows=rows,
         column=description["column"],
@@ -178,20 +193,16 @@ class UserSamples(torch.utils.data.Dataset):
         return sample
 
 
-def _read(source: Path, path: str, cache_root: str) -> Any:
+def _read(source: Path, path: str, cache_dir: str) -> Any:
     """The user's data as one ``datasets.Dataset`` (the ``train`` split of a saved DatasetDict)."""
     import datasets
 
-    if not source.exists():
-        raise AutotuneError(f"--dataset {path}: no such file or directory")
     try:
         if source.is_dir():
             loaded = datasets.load_from_disk(str(source))
         else:
             builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
-            loaded = datasets.load_dataset(
-                builder, data_files=str(source), split="train", cache_dir=str(Path(cache_root) / "hf-datasets")
-            )
+            loaded = datasets.load_dataset(builder, data_files=str(source), split="train", cache_dir=cache_dir)
     except FileNotFoundError:
         raise AutotuneError(
             f"--dataset {path}: a directory must hold a dataset written by datasets.save_to_disk"
@@ -241,7 +252,7 @@ def _holds_text(rows: Any, column: str, path: str) -> bool:
     raise AutotuneError(f"--dataset {path}: column {column!r} holds {feature}, neither text nor token ids")
 
 
-def _tokenizer_dir(model: ModelSpec, path: str) -> str:
+def _tokenizer_dir(model: ModelSpec) -> str | None:
     """Where the model's tokenizer lives: its local directory, or its Hugging Face cache entry."""
     if model.local_dir and any(
         (Path(model.local_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
@@ -249,15 +260,17 @@ def _tokenizer_dir(model: ModelSpec, path: str) -> str:
         return model.local_dir
     if model.source == "hf-cache":
         return model.name
-    raise AutotuneError(
-        f"--dataset {path} holds text, and {model.name} has no tokenizer to turn it into tokens: pass --model as a "
-        "local model directory that holds one (tokenizer.json / tokenizer_config.json), or a dataset of input_ids"
-    )
+    return None
 
 
-def _load_tokenizer(tokenizer_dir: str, model: ModelSpec, path: str) -> Any:
+def _load_tokenizer(tokenizer_dir: str | None, model: ModelSpec, path: str) -> Any:
     from transformers import AutoTokenizer
 
+    if tokenizer_dir is None:
+        raise AutotuneError(
+            f"--dataset {path} holds text, and {model.name} has no tokenizer to turn it into tokens: pass --model as a "
+            "local model directory that holds one (tokenizer.json / tokenizer_config.json), or a dataset of input_ids"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure means "no usable tokenizer"
@@ -279,35 +292,58 @@ def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
 
 
 def _prepare_rows(
-    rows: Any, column: str, holds_text: bool, tokenizer: Any, seq_len: int, packing: bool, model: ModelSpec, path: str
-) -> Any:
-    """The one column the trials read: non-empty texts, token-id lists, or packed blocks of ``seq_len``."""
+    rows: Any,
+    column: str,
+    holds_text: bool,
+    tokenizer: Any,
+    seq_len: int,
+    packing: bool,
+    length: int,
+    model: ModelSpec,
+    path: str,
+) -> tuple[Any, dict[str, Any]]:
+    """What the trials read, and what to know about it.
+
+    Returns:
+        (rows, meta): at most ``length`` rows of one column, a random sample when there are more
+        (``text``, ``input_ids``, or packed ``input_ids`` blocks); and ``column`` and
+        ``num_samples`` (every usable sample of the data; for packing, the blocks prepared).
+    """
+    import datasets
+    import pyarrow
     import pyarrow.compute
 
-    rows = rows.select_columns([column])
+    values = rows.data.column(column)
     if holds_text:
-        rows = rows.filter(lambda batch: [bool(t and t.strip()) for t in batch[column]], batched=True)
-        if rows.num_rows == 0:
-            raise AutotuneError(f"--dataset {path}: every {column!r} value is empty")
-        if not packing:
-            return rows.rename_column(column, "text") if column != "text" else rows
-        rows = rows.map(
-            lambda batch: {"input_ids": tokenizer(batch[column])["input_ids"]},
-            batched=True,
-            batch_size=_PACKING_BATCH,
-            remove_columns=[column],
-        )
+        usable = pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
     else:
-        rows = rows.rename_column(column, "input_ids") if column != "input_ids" else rows
-        rows = rows.filter(lambda batch: [bool(ids) for ids in batch["input_ids"]], batched=True)
-        largest = pyarrow.compute.max(pyarrow.compute.list_flatten(rows.data.column("input_ids"))).as_py() or 0
+        usable = pyarrow.compute.greater(pyarrow.compute.list_value_length(values), 0)
+        largest = pyarrow.compute.max(pyarrow.compute.list_flatten(values)).as_py() or 0
         if largest >= model.vocab_size:
             raise AutotuneError(
                 f"--dataset {path}: token id {largest} is outside the model's vocabulary (vocab_size {model.vocab_size})"
             )
-    if packing:
-        rows = rows.map(lambda batch: {"input_ids": _pack(batch["input_ids"], seq_len)}, batched=True, batch_size=_PACKING_BATCH)
-    return rows
+    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
+    if len(indices) == 0:
+        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty")
+    rows = rows.select_columns([column])
+    if len(indices) < rows.num_rows:
+        rows = rows.select(indices)
+    if rows.num_rows > length:
+        rows = rows.shuffle(seed=0)  # a random sample: text lengths (tokenization cost) as in the whole data
+    if not packing:
+        output = "text" if holds_text else "input_ids"
+        sample = rows.select(range(min(length, rows.num_rows)))
+        if column != output:
+            sample = sample.rename_column(column, output)
+        return sample, {"column": output, "num_samples": rows.num_rows}
+    blocks: list[list[int]] = []
+    for batch in rows.iter(batch_size=_PACKING_BATCH):
+        documents = tokenizer(batch[column])["input_ids"] if holds_text else batch[column]
+        blocks += _pack(documents, seq_len)
+        if len(blocks) >= length:
+            break
+    return datasets.Dataset.from_dict({"input_ids": blocks[:length]}), {"column": "input_ids", "num_samples": len(blocks)}
 
 
 def _pack(documents: list[list[int]], seq_len: int) -> list[list[int]]:
@@ -317,10 +353,18 @@ def _pack(documents: list[list[int]], seq_len: int) -> list[list[int]]:
     return [stream[start : start + seq_len] for start in range(0, len(stream) - seq_len + 1, seq_len)]
 
 
-def _fingerprint(source: Path, tokenizer_dir: str | None, column: str, packed_len: int | None) -> str:
-    """Identifies a prepared copy: the source files and tokenizer files (size, mtime), the column,
-    and the block length when packed."""
-    digest = hashlib.sha256(f"{source}|{column}|{packed_len}".encode())
+def _fingerprint(
+    source: Path,
+    tokenizer_dir: str | None,
+    text_column: str | None,
+    packing: bool,
+    seq_len: int,
+    vocab_size: int,
+    length: int,
+) -> str:
+    """Identifies a prepared copy: the source and tokenizer files (path, size, mtime) and every
+    option that shapes what is prepared."""
+    digest = hashlib.sha256(f"{source}|{text_column}|{packing}|{seq_len if packing else ''}|{vocab_size}|{length}".encode())
     paths = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
         paths += sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file())
@@ -332,12 +376,17 @@ def _fingerprint(source: Path, tokenizer_dir: str | None, column: str, packed_le
     return digest.hexdigest()[:16]
 
 
-def _save_atomically(rows: Any, target: Path) -> None:
+def _made(directory: str) -> str:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _save_atomically(rows: Any, meta: dict[str, Any], target: Path) -> None:
     """Write to a scratch directory then rename, so a killed run never leaves a half-written copy."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     rows.flatten_indices().save_to_disk(str(scratch))
+    (scratch / _META_FILE).write_text(json.dumps(meta))
     try:
         os.replace(scratch, target)
     except OSError:  # another worker wrote the same copy first

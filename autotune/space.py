@@ -204,6 +204,8 @@ def load_space(
     if global_batch is not None or max_global_batch is not None:
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError("give --global-batch or --max-global-batch, not both")
+        if (global_batch or max_global_batch or 0) <= 0:
+            raise AutotuneError("--global-batch and --max-global-batch must be positive integers")
     else:
         global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
         if global_batch is not None and max_global_batch is not None:
@@ -328,10 +330,10 @@ def constrain_global_batch(
 
     * ``global_batch`` N: the micro_batch choices that divide N; accumulation N / micro-batch.
     * ``max_global_batch`` M: the micro_batch choices up to M; accumulation the most that stays
-      within M, ``M // micro_batch`` (more accumulation amortises the optimizer step over more
-      samples and leaves activation memory alone, so the other pairs under the cap are not worth a
-      trial). Where accumulation is not searched (one grad_accum choice) it stays, and the cap only
-      removes micro-batches.
+      within M, ``M // micro_batch``, whatever the grad_accum choices were (more accumulation
+      amortises the optimizer step over more samples and leaves activation memory alone, so the
+      other pairs under the cap are not worth a trial). Where accumulation is not searched (one
+      grad_accum choice) it stays, and the cap only removes micro-batches it would push over M.
 
     A micro-batch or accumulation fixed in ``base_args`` is the only one considered.
 
@@ -365,10 +367,12 @@ def constrain_global_batch(
     else:
         assert max_global_batch is not None
         accum = [fixed["grad_accum"]] if "grad_accum" in fixed else space.choices["grad_accum"]
-        kept = [m for m in micro if m * min(accum) <= max_global_batch]
+        # A searched accumulation is derived (at least 1); a fixed one stays, so it counts.
+        least_accum = accum[0] if len(accum) == 1 else 1
+        kept = [m for m in micro if m * least_accum <= max_global_batch]
         if not kept:
             raise AutotuneError(
-                f"max global batch {max_global_batch}: even micro_batch {min(micro)} x grad_accum {min(accum)}{by_base} "
+                f"max global batch {max_global_batch}: even micro_batch {min(micro)} x grad_accum {least_accum}{by_base} "
                 "is over it; add smaller micro_batch choices or raise the cap"
             )
         dropped = [m for m in micro if m not in kept]

@@ -216,19 +216,24 @@ def open_study(
     ``seed_notes`` user attr. ``sampler_seed`` makes the sampler reproducible (benchmarks).
     """
     sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed)
-    study = optuna.create_study(
-        storage=storage, study_name=study_name, direction="maximize", sampler=sampler, load_if_exists=True
-    )
+    # Workers on several machines may start together: exactly one creates the study (the others get
+    # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
+    try:
+        study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", sampler=sampler)
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        created = False
     identity = request.identity()
-    stored = study.user_attrs.get("identity")
+    stored = None if created else _wait_for_identity(study)
     if stored is None:
-        study.set_user_attr("identity", identity)
         study.set_user_attr("metric", METRIC_NAME)
         study.set_user_attr("space", request.space.choices)
         study.set_user_attr("ceiling_bytes", request.ceiling_bytes)
         study.set_user_attr("device_kind", request.device.kind)
         study.set_user_attr("base_args", request.base_args)
         study.set_metric_names([METRIC_NAME])
+        study.set_user_attr("identity", identity)  # after the attrs it vouches for: joining workers wait for it
         seeds = study_seeds(request.space, request.model, request.device, request.seq_len, request.ceiling_bytes)
         enqueue_seeds(study, seeds)
         study.set_user_attr("seed_notes", [note for seed in seeds for note in seed.notes])
@@ -245,6 +250,20 @@ def open_study(
     if study.user_attrs.get("ceiling_bytes") != request.ceiling_bytes:
         study.set_user_attr("ceiling_bytes", request.ceiling_bytes)
     return study
+
+
+def _wait_for_identity(study: optuna.Study, patience_s: float = 10.0) -> dict[str, Any] | None:
+    """The identity of a study that another worker has just created and is setting up.
+
+    ``None`` for a study made outside autotune (it has trials, or never gets an identity): this
+    worker sets it up then.
+    """
+    deadline = time.monotonic() + patience_s
+    while (identity := study.user_attrs.get("identity")) is None and time.monotonic() < deadline:
+        if study.get_trials(deepcopy=False):
+            return None
+        time.sleep(0.2)
+    return identity
 
 
 def load_study(storage_url: str, study_name: str | None) -> optuna.Study:
@@ -476,7 +495,7 @@ def _run_with_retry(
 
     def on_tick() -> None:
         if stop is not None and stop.is_set():
-            raise KeyboardInterrupt  # run_isolated kills the child; recorded below as on Ctrl-C
+            raise KeyboardInterrupt  # run_isolated kills the child; run_one_trial records it as on Ctrl-C
         heartbeat.beat()
 
     job = make_job(request, config, trial.number, prune_threshold(study, request.prune_ratio))
@@ -489,8 +508,9 @@ def _run_with_retry(
         trial.set_user_attr(
             "first_attempt", {"status": result.status, "error": result.error, "stderr_tail": result.stderr_tail}
         )
-        with open(job.log_path, "a") as log:
-            log.write(f"\n--- autotune: attempt {attempt} ended: {result.status}: {result.error}; retrying once ---\n")
+        if os.path.exists(job.log_path):
+            with open(job.log_path, "a") as log:
+                log.write(f"\n--- autotune: attempt {attempt} ended: {result.status}: {result.error}; retrying once ---\n")
     return result
 
 

@@ -122,7 +122,7 @@ def main() -> None:
         ),
     }
     print(f"model {model.num_params / 1e6:.1f} M params (bert-mini shape, 8k BPE), seq len {options.seq_len}, micro-batch {options.micro_batch}")
-    print(f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenize all) {packed_prepare_s:.2f} s "
+    print(f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenized until a trial has enough blocks) {packed_prepare_s:.2f} s "
           f"for {options.documents} documents; {packed['num_samples']} packed blocks")
     print(f"child: load the prepared dataset {load_s * 1000:.0f} ms; tokenize one sample on the fly {per_sample_ms:.2f} ms")
     print(load_average())

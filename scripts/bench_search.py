@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import random
 import statistics

@@ -145,3 +145,21 @@ class StallFirstTrial(StallSecondTrial):
             (work_root / "stalled.pid").write_text(str(os.getpid()))
             while True:
                 time.sleep(60)
+
+
+class RecordAddressSpaceLimit(FaultAtStep):
+    """Not a fault, a probe: writes the child's address-space limit and current size to
+    ``<output_dir>/address_space.json`` at step 1, so a test can check the limit the search set."""
+
+    at_step = 1
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        import json
+        import resource
+
+        import psutil
+
+        soft_limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+        record = {"limit_bytes": None if soft_limit == resource.RLIM_INFINITY else soft_limit,
+                  "vms_bytes": psutil.Process().memory_info().vms}
+        (Path(args.output_dir) / "address_space.json").write_text(json.dumps(record))

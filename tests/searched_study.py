@@ -1,13 +1,15 @@
 """One real study for the tests of what people look at (dashboard, report, export formats).
 
-Built once per test session (the ``searched_study`` fixture in conftest.py): one trial that really
-runs out of memory (its child gets a 64 MiB address-space budget, the limit a CPU search sets, only
-tighter), then a real ``autotune search`` through the CLI that resumes the same study.
+Built once per test session (the ``searched_study`` fixture in conftest.py): a real ``autotune
+search`` through the CLI, then one more trial of the same study, of a config not measured yet, that
+really runs out of memory: its child gets a 192 MiB address-space budget (the limit a CPU search
+sets, only tighter).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import subprocess
 from pathlib import Path
 
@@ -17,7 +19,11 @@ SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 STUDY_NAME = "bert-tiny-cpu-s32"  # autotune.study.default_study_name("bert-tiny", cpu, 32)
 CEILING = "1GiB"  # above every bert-tiny trial seen here (about 430-500 MiB of peak RSS)
 SEARCH_TRIALS = 5
-OOM_ADDRESS_SPACE_BYTES = 64 * 1024**2
+# Measured here (bert-tiny, mb=32, 2 cores): 128 and 256 MiB fail in a tensor allocation
+# ("DefaultCPUAllocator: can't allocate memory"), 384 MiB trains; at 64 MiB a thread cannot even
+# start, and CPython's Thread.start() then waits for ever (the trial ends at its timeout).
+OOM_ADDRESS_SPACE_BYTES = 192 * 1024**2
+OOM_TRIAL_TIMEOUT_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +39,13 @@ class SearchedStudy:
 
 def make_searched_study(workdir: Path) -> SearchedStudy:
     storage = f"sqlite:///{workdir / 'autotune.db'}"
-    oom_trial_number = _record_real_oom(storage, workdir)
     search = run_cli(
         "search", "--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage,
         "--memory-ceiling", CEILING, "--trials", str(SEARCH_TRIALS), "--confirm-top", "0", *FAST_SEARCH_ARGS,
         cwd=workdir,
     )
     assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    oom_trial_number = _record_real_oom(storage, workdir)
     return SearchedStudy(workdir, storage, STUDY_NAME, oom_trial_number, search)
 
 
@@ -63,10 +69,18 @@ def _record_real_oom(storage: str, workdir: Path) -> int:
         measure=MeasureSettings(warmup_steps=1, max_steps=4),
         work_root=str(workdir / "autotune_runs"),
         address_space_bytes=OOM_ADDRESS_SPACE_BYTES,
+        trial_timeout_s=OOM_TRIAL_TIMEOUT_S,
     )
     study = open_study(open_storage(storage), STUDY_NAME, request)
+    measured = [t.params for t in study.trials]
+    names = list(request.space.choices)
+    unmeasured = next(
+        params for values in itertools.product(*request.space.choices.values())
+        if (params := dict(zip(names, values))) not in measured
+    )
+    study.enqueue_trial(unmeasured)  # a config measured before would be copied, not run
     run_search(study, request, n_trials=1, timeout_s=None)
-    trial = study.trials[-1]
+    trial = next(t for t in study.trials if t.params == unmeasured and t.state.is_finished())
     result = TrialResult.from_trial(trial)
     assert result is not None and result.status == "oom", result
     return trial.number

@@ -48,6 +48,7 @@ def test_valid_base_args_are_returned_as_given(tmp_path):
     [
         ({"learning_rte": 1e-4}, "learning_rte is not a TrainingArguments field (did you mean learning_rate?)"),
         ({"frobnicate": 1}, "frobnicate is not a TrainingArguments field"),
+        ({"attn_implementation": "sdpa"}, "attn_implementation is not a TrainingArguments field (it is a model argument"),
         ([1, 2], "expected a JSON object of TrainingArguments fields"),
         ("{not json", "not valid JSON"),
         ({"output_dir": "out"}, "remove output_dir: the export leaves it to you"),

@@ -118,8 +118,8 @@ def test_bad_input_is_one_line_and_exit_2(cli_results, case):
     assert not (root / "best.json").exists()  # nothing exported
 
 
-def test_every_case_is_checked(tmp_path):
-    assert set(CASE_IDS) == set(_cases(tmp_path))
+def test_every_case_is_checked(cli_results):
+    assert set(CASE_IDS) == set(cli_results)
 
 
 def test_not_writable_database_for_a_normal_user(tmp_path):

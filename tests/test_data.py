@@ -43,7 +43,8 @@ def prepare(path, model, tmp_path, global_batch=8, steps=4, **kwargs):
 def test_jsonl_is_tokenized_on_the_fly_truncated_and_padded(tmp_path, texts, local_bert, bert_dir):
     from transformers import AutoTokenizer
 
-    description = prepare(write_jsonl(tmp_path / "train.jsonl", texts), local_bert, tmp_path)
+    # 8 x (20 + 1) samples is more than a trial can consume of the 120: all are kept, in order.
+    description = prepare(write_jsonl(tmp_path / "train.jsonl", texts), local_bert, tmp_path, steps=20)
     assert description["column"] == "text" and description["tokenizer_dir"] == str(bert_dir)
     assert description["num_samples"] == len(texts)
     json.dumps(description)  # it travels to the child inside the TrialJob
@@ -83,17 +84,29 @@ def test_the_data_is_cycled_so_a_trial_never_ends_an_epoch(tmp_path, texts, loca
 def test_packing_cuts_full_blocks_without_padding(tmp_path, texts, local_gpt2):
     from transformers import AutoTokenizer
 
-    description = prepare(write_jsonl(tmp_path / "train.jsonl", texts), local_gpt2, tmp_path, packing=True)
+    data = write_jsonl(tmp_path / "train.jsonl", texts)
+    # Room for every block: all documents are packed, in order.
+    description = prepare(data, local_gpt2, tmp_path, packing=True, steps=1000)
     tokenizer = AutoTokenizer.from_pretrained(local_gpt2.local_dir)
-    total_tokens = sum(len(tokenizer(text)["input_ids"]) for text in texts)
-    assert description["num_samples"] == total_tokens // SEQ_LEN
+    stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
+    assert description["num_samples"] == len(stream) // SEQ_LEN
     assert description["tokenizer_dir"] is None  # tokenized once, in the parent
     dataset = load_training_dataset(description, local_gpt2, SEQ_LEN)
-    stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
     for index in (0, 1, description["num_samples"] - 1):
         sample = dataset[index]
         assert sample["input_ids"].tolist() == stream[index * SEQ_LEN : (index + 1) * SEQ_LEN]
         assert sample["attention_mask"].all() and torch.equal(sample["labels"], sample["input_ids"])
+
+
+def test_only_what_a_trial_can_consume_is_prepared(tmp_path, texts, local_gpt2):
+    import datasets
+
+    data = write_jsonl(tmp_path / "train.jsonl", texts)
+    text = prepare(data, local_gpt2, tmp_path, global_batch=8, steps=4)
+    assert text["num_samples"] == len(texts) and text["length"] == 40
+    assert datasets.load_from_disk(text["prepared_dir"]).num_rows == 40  # a random sample of the 120
+    packed = prepare(data, local_gpt2, tmp_path, global_batch=8, steps=4, packing=True)
+    assert datasets.load_from_disk(packed["prepared_dir"]).num_rows == 40 <= packed["num_samples"]
 
 
 def test_a_saved_dataset_dict_uses_its_train_split(tmp_path, texts, local_bert):

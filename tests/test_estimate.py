@@ -248,3 +248,35 @@ def bert_mini_spec():
     from autotune.models import resolve_model
 
     return resolve_model("bert-mini")
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_estimate_prints_every_memory_distinct_config_with_its_parts(tmp_path):
+    from tests.conftest import REPO, run_cli
+
+    out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--space",
+                  str(REPO / "search_spaces" / "tiny-test.yaml"), "--memory-ceiling", "480MiB", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for header in ("weights", "gradients", "optimizer states", "activations", "logits", "context", "predicted peak"):
+        assert header in out.stdout
+    rows = [line for line in out.stdout.splitlines() if "mb=" in line]
+    assert len(rows) == 3 * 2 * 2 * 3  # micro-batch x checkpointing x dtype x optimizer (accumulation collapses)
+    assert any("fits" in row for row in rows) and any("over (would run)" in row for row in rows)
+    assert "estimator: prior" in out.stdout
+
+
+def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_url, bert_tiny, cpu):
+    from autotune.space import SearchSpace
+    from autotune.study import SearchRequest, open_storage, open_study
+    from tests.conftest import run_cli
+
+    request = SearchRequest(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=GiB,
+                            space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}))
+    open_study(open_storage(sqlite_url), "other-length", request)
+    out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--storage", sqlite_url, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("autotune: error: study 'other-length' measured bert-tiny at seq len 32")
+    same = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", sqlite_url, cwd=tmp_path)
+    assert same.returncode == 0 and "not calibrated: no measured trial" in same.stdout

@@ -63,6 +63,10 @@ def test_max_global_batch_accumulates_the_most_that_fits(tmp_path, cpu):
         "max global batch 48: grad_accum = 48 // micro_batch (the most that fits), not searched; micro_batch 64 removed"
         in space.notes
     )
+    # The derived accumulation ignores the space's choices: 16 fits a cap of 16 once, not twice.
+    assert pairs(load_space(write(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [2, 4]\n"), cpu, max_global_batch=16)) == [
+        (8, 2), (16, 1)
+    ]
     with pytest.raises(AutotuneError, match="max global batch 4: even micro_batch 8 x grad_accum 1 is over it"):
         load_space(write(tmp_path, "micro_batch: [8, 16]\n"), cpu, max_global_batch=4)
 
@@ -81,6 +85,8 @@ def test_the_yaml_can_fix_the_global_batch_and_the_command_line_overrides_it(tmp
     assert pairs(load_space(path, cpu, max_global_batch=24)) == [(8, 3), (16, 1)]
     with pytest.raises(AutotuneError, match="give --global-batch or --max-global-batch, not both"):
         load_space(path, cpu, global_batch=16, max_global_batch=16)
+    with pytest.raises(AutotuneError, match="must be positive integers"):
+        load_space(path, cpu, global_batch=0)
 
 
 def test_a_micro_batch_fixed_by_base_args_leaves_one_pair(tmp_path, cpu):
@@ -92,6 +98,13 @@ def test_a_micro_batch_fixed_by_base_args_leaves_one_pair(tmp_path, cpu):
     assert pairs(space) == [(4, 16)]
     with pytest.raises(AutotuneError, match=r"global batch 64: no micro_batch \(fixed by --base-args\) 24 divides it"):
         load_space(path, cpu, global_batch=64, base_args={"per_device_train_batch_size": 24})
+
+
+def test_a_cap_with_base_args_keeps_what_the_user_fixed(tmp_path, cpu):
+    path = write(tmp_path, "micro_batch: [8, 16, 32, 64]\ngrad_accum: [1, 2, 4]\n")
+    assert pairs(load_space(path, cpu, max_global_batch=64, base_args={"per_device_train_batch_size": 16})) == [(16, 4)]
+    fixed_accum = load_space(path, cpu, max_global_batch=64, base_args={"gradient_accumulation_steps": 2})
+    assert pairs(fixed_accum) == [(8, 2), (16, 2), (32, 2)]
 
 
 def test_the_mapping_writes_the_derived_pair(cpu):

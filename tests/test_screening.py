@@ -171,9 +171,9 @@ def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
     # 64 MiB of address space: the child's allocator fails at once (a real OOM); the ceiling itself
     # is generous, so the estimate screens nothing and only the inference can.
     study, request = make(8 * GiB, [8, 64], address_space_bytes=64 * MiB)
-    # The seeds: the HF default (micro-batch 8), then the best-practice guess (the largest, 64).
-    assert [t.params["micro_batch"] for t in study.get_trials(states=(TrialState.WAITING,))] == [8, 64]
     run_search(study, request, n_trials=2, timeout_s=None)
+    # The seeds ran first: the HF default (micro-batch 8), then the best-practice guess (the largest, 64).
+    assert [t.params["micro_batch"] for t in study.get_trials()] == [8, 64]
     first, second = (TrialResult.from_trial(t) for t in study.get_trials())
     assert first.status == "oom"
     assert second.status == "screened" and "inferred" in second.error and "trial #0" in second.error

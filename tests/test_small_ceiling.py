@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,8 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         "search", "--model", "bert-tiny", "--seq-len", "512", "--memory-ceiling", "1.2GiB", "--space", str(space),
         "--storage", url, "--study-name", STUDY, "--trials", "3", "--work-dir", str(tmp_path / "runs"),
         "--warmup-steps", "1", "--max-measure-steps", "4", "--confirm-top", "0",
-        cwd=tmp_path,
+        "--callback", "tests.faults:RecordAddressSpaceLimit",
+        cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
     )
     assert search.returncode == 0, search.stderr
     assert "Traceback" not in search.stdout + search.stderr
@@ -56,6 +57,10 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         assert trial.system_attrs["constraints"][0] > 0
     fits = TrialResult.from_trial(by_batch[8])
     assert fits.status == "ok" and fits.peak_memory_bytes <= CEILING_BYTES
+    # The trial that ran could grow its address space by the ceiling plus 2 GiB at most.
+    (record,) = [json.loads(path.read_text()) for path in (tmp_path / "runs").glob("*/address_space.json")]
+    assert record["limit_bytes"] is not None
+    assert 0 < record["limit_bytes"] - record["vms_bytes"] <= CEILING_BYTES + 2 * 1024**3
 
     listing = run_cli("best", "--all", "--storage", url, "--study-name", STUDY, cwd=tmp_path)
     assert listing.returncode == 0

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
-from autotune.result import TrialResult
+from autotune.result import FAILED_STATUSES, TrialResult
 from autotune.runner._child import child_main
 from autotune.runner._failures import classify_exit
 from autotune.runner._job import TrialJob
@@ -89,7 +89,7 @@ def run_isolated(
         result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
     result.wall_s = wall_s
     result.ceiling_bytes = job.ceiling_bytes
-    if result.status != "ok":
+    if result.status in ("oom", *FAILED_STATUSES):
         result.stderr_tail = _tail(job.log_path)
     if result.status == "ok" and result.peak_memory_bytes > job.ceiling_bytes:
         result.status = "over_ceiling"
@@ -109,7 +109,7 @@ def _await_result(
         if receiver.poll(POLL_S):
             try:
                 kind, message = receiver.recv()
-            except EOFError:  # the child died without a result
+            except (EOFError, OSError):  # the child died without a result (or in the middle of sending it)
                 return None, False
             if kind == "result":
                 return message, False

@@ -1,0 +1,161 @@
+"""Seeds: every new study starts from the HF default TrainingArguments and a best-practice guess,
+and a search ends with its speedup over the default."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.devices import DeviceSpec
+from autotune.estimate import estimate_peak
+from autotune.result import TrialResult
+from autotune.seeds import (
+    BEST_PRACTICE,
+    HF_DEFAULT,
+    SEED_FILL_FRACTION,
+    best_practice_config,
+    hf_default_config,
+    snap_to_space,
+    speedup_over_default,
+)
+from autotune.space import SearchSpace, SpaceFile, filter_for_device
+from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+
+GiB = 1024**3
+
+# A description of a GPU this machine does not have (no CUDA here): a V100, which runs fp16 but
+# neither bf16 nor tf32. Only the seed logic reads it; nothing runs on it.
+FAKE_V100 = DeviceSpec(
+    kind="cuda", index=0, name="Tesla V100-SXM2-16GB (fake: described, never run)",
+    total_memory_bytes=16 * GiB, supported_dtypes=("fp32", "fp16"), compute_capability=(7, 0),
+)
+
+
+def test_the_hf_default_is_read_from_the_installed_training_arguments():
+    from transformers import TrainingArguments
+
+    default = hf_default_config()
+    args = TrainingArguments(output_dir="unused")
+    assert default.micro_batch == args.per_device_train_batch_size == 8
+    assert default.grad_accum == args.gradient_accumulation_steps == 1
+    assert default.optim == str(getattr(args.optim, "value", args.optim))  # adamw_torch_fused in transformers 5
+    assert (default.dtype, default.checkpointing, default.compile) == ("fp32", False, "off")
+    assert (default.dataloader_workers, default.pin_memory) == (0, True)
+
+
+def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_note(cpu):
+    space = SearchSpace(choices={
+        "micro_batch": [4, 16, 32], "dtype": ["bf16"], "optim": ["adafactor", "adamw_torch"], "pin_memory": [False],
+    })
+    params, notes = snap_to_space(hf_default_config(), space, "cpu")
+    assert params == {"micro_batch": 4, "dtype": "bf16", "optim": "adamw_torch", "pin_memory": False}
+    assert len(notes) == 3  # micro_batch, dtype, optim; pin_memory on the CPU was explained by the space filter
+    assert any("micro_batch 8 is not in the search space" in n and "4" in n for n in notes)
+
+
+def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that_fits(cpu, bert_tiny):
+    space = filter_for_device(SpaceFile.model_validate({
+        "micro_batch": [8, 16, 32, 64], "checkpointing": [False, True], "dtype": ["fp32", "bf16"],
+        "optim": ["adamw_torch", "adamw_torch_fused"], "dataloader_workers": [0, 2],
+    }), cpu)
+
+    def predicted(micro_batch: int, checkpointing: bool = False) -> int:
+        config = TrialConfig(micro_batch=micro_batch, checkpointing=checkpointing, dtype="bf16", optim="adamw_torch_fused", pin_memory=False)
+        return estimate_peak(bert_tiny, config, 128, "cpu").total_bytes
+
+    # A ceiling between the predictions of micro-batch 32 and 64.
+    ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
+    best = best_practice_config(space, bert_tiny, cpu, 128, ceiling)
+    assert (best.dtype, best.optim, best.checkpointing, best.dataloader_workers) == ("bf16", "adamw_torch_fused", False, 0)
+    assert best.micro_batch == 32
+    # A ceiling only checkpointing fits under: checkpointing on.
+    ceiling = int(predicted(8, checkpointing=True) / SEED_FILL_FRACTION) + 1
+    assert predicted(8) > SEED_FILL_FRACTION * ceiling
+    best = best_practice_config(space, bert_tiny, cpu, 128, ceiling)
+    assert best.checkpointing and best.micro_batch == 8
+
+
+def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory(bert_tiny):
+    space = filter_for_device(SpaceFile.model_validate({
+        "micro_batch": [8, 64], "dtype": ["fp32", "fp16", "bf16"], "dataloader_workers": [0, 2, 4],
+        "pin_memory": [True, False],
+    }), FAKE_V100)
+    best = best_practice_config(space, bert_tiny, FAKE_V100, 128, 12 * GiB)
+    assert (best.dtype, best.dataloader_workers, best.pin_memory, best.micro_batch) == ("fp16", 2, True, 64)
+
+
+@pytest.fixture
+def new_study(sqlite_url, bert_tiny, cpu, fast_measure, tmp_path):
+    from autotune.space import load_space
+    from autotune.study import SearchRequest, open_storage, open_study
+
+    request = SearchRequest(
+        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=4 * GiB,
+        space=load_space(str(REPO / "search_spaces" / "tiny-test.yaml"), cpu), measure=fast_measure,
+        work_root=str(tmp_path / "runs"),
+    )
+
+    def open_it():
+        return open_study(open_storage(sqlite_url), "seeded", request)
+
+    return open_it
+
+
+def test_a_new_study_queues_the_two_seeds_once(new_study):
+    study = new_study()
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["seed"] for t in waiting] == [HF_DEFAULT, BEST_PRACTICE]
+    again = new_study()  # resumed: nothing queued twice
+    assert len(again.get_trials()) == 2
+    # tiny-test.yaml holds every HF default value except pin_memory, which the CPU does not use
+    assert again.user_attrs["seed_notes"] == []
+
+
+def tell_seed(study: optuna.Study, status: str, samples_per_s: float) -> None:
+    from autotune.study import tell
+
+    trial = study.ask()
+    tell(study, trial, TrialResult(status=status, samples_per_s=samples_per_s, model_tflops=samples_per_s * 1e-3,
+                                   peak_memory_bytes=GiB if status == "ok" else 0, ceiling_bytes=4 * GiB))
+
+
+def test_speedup_over_the_default_compares_the_best_feasible_trial_with_the_hf_default(new_study):
+    study = new_study()
+    tell_seed(study, "ok", 50.0)  # the HF default
+    tell_seed(study, "ok", 125.0)  # the best-practice guess
+    speedup = speedup_over_default(study.get_trials())
+    assert (speedup.default_trial, speedup.best_trial) == (0, 1)
+    assert speedup.ratio == pytest.approx(2.5)
+
+
+def test_no_ratio_when_the_default_did_not_fit(new_study):
+    study = new_study()
+    tell_seed(study, "oom", 0.0)
+    tell_seed(study, "ok", 80.0)
+    speedup = speedup_over_default(study.get_trials())
+    assert speedup.ratio is None and speedup.default_status == "oom"
+
+
+@pytest.mark.slow
+def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    out = run_cli(
+        "search", "--model", "bert-tiny", "--device", "cpu", "--space", str(REPO / "search_spaces" / "tiny-test.yaml"),
+        "--storage", storage, "--trials", "2", "--memory-ceiling", "2GiB", *FAST_SEARCH_ARGS, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
+    first, second = study.trials[:2]
+    assert first.user_attrs["seed"] == HF_DEFAULT and second.user_attrs["seed"] == BEST_PRACTICE
+    expected = dataclasses.replace(hf_default_config(), pin_memory=False)  # the CPU space drops pinning
+    assert TrialConfig.from_params(first.params) == expected
+    assert TrialConfig.from_params(second.params).dtype == "bf16"
+    line = next(line for line in out.stdout.splitlines() if line.startswith("speedup over HF default"))
+    speedup = speedup_over_default(study.trials)
+    if speedup.ratio is not None:
+        assert f"{speedup.ratio:.2f}x" in line and f"{speedup.default_samples_per_s:.1f} samples/s" in line
+    else:
+        assert "did not fit" in line
