@@ -45,6 +45,7 @@ STATUS_COLORS = {
     "error": "#e377c2",
     "interrupted": "#7f7f7f",
     "running": "#1f77b4",
+    "queued": "#bcbd22",
 }
 STATUS_MEANING = {
     "ok": "ran and fits under the ceiling",
@@ -57,6 +58,7 @@ STATUS_MEANING = {
     "error": "failed with an error",
     "interrupted": "stopped by the user or a dead worker",
     "running": "still running",
+    "queued": "waiting to run (a seed or a re-run)",
 }
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 RANKED_ROWS = 50
@@ -103,8 +105,10 @@ def trial_rows(trials: list[FrozenTrial]) -> list[TrialRow]:
         result = TrialResult.from_trial(trial)
         if result is not None:
             status = result.status
-        elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+        elif trial.state == TrialState.RUNNING:
             status = "running"
+        elif trial.state == TrialState.WAITING:
+            status = "queued"
         else:
             status = "error"
         rows.append(

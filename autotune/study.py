@@ -54,6 +54,8 @@ UNKNOWN_EXCESS_GIB = 1.0
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 60
 TABLE_CREATION_ATTEMPTS = 4
+# Study system attr: which worker created the study and is setting it up.
+SETUP_ATTR = "autotune_setup_by"
 # Crashes and timeouts may be transient (a noisy neighbour, a driver hiccup): one more try.
 MAX_ATTEMPTS = 2
 RETRIED_STATUSES = ("crash", "timeout")
@@ -220,6 +222,8 @@ def open_study(
     # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
     try:
         study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", sampler=sampler)
+        # Tells joining workers that the study is being set up here (see _wait_for_identity).
+        study._storage.set_study_system_attr(study._study_id, SETUP_ATTR, worker_identity())
         created = True
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
@@ -233,10 +237,10 @@ def open_study(
         study.set_user_attr("device_kind", request.device.kind)
         study.set_user_attr("base_args", request.base_args)
         study.set_metric_names([METRIC_NAME])
-        study.set_user_attr("identity", identity)  # after the attrs it vouches for: joining workers wait for it
         seeds = study_seeds(request.space, request.model, request.device, request.seq_len, request.ceiling_bytes)
-        enqueue_seeds(study, seeds)
+        enqueue_seeds(study, seeds)  # before the identity: a joining worker's first ask gets a seed
         study.set_user_attr("seed_notes", [note for seed in seeds for note in seed.notes])
+        study.set_user_attr("identity", identity)  # after the attrs it vouches for: joining workers wait for it
         return study
     if stored != identity:
         differs = ", ".join(f"{k} {stored.get(k)!r} there, {v!r} here" for k, v in identity.items() if stored.get(k) != v)
@@ -252,15 +256,16 @@ def open_study(
     return study
 
 
-def _wait_for_identity(study: optuna.Study, patience_s: float = 10.0) -> dict[str, Any] | None:
+def _wait_for_identity(study: optuna.Study, patience_s: float = 30.0) -> dict[str, Any] | None:
     """The identity of a study that another worker has just created and is setting up.
 
-    ``None`` for a study made outside autotune (it has trials, or never gets an identity): this
-    worker sets it up then.
+    ``None`` for a study made outside autotune (trials queued by hand but no setup mark), or one
+    whose creator died before finishing: this worker sets it up then.
     """
     deadline = time.monotonic() + patience_s
     while (identity := study.user_attrs.get("identity")) is None and time.monotonic() < deadline:
-        if study.get_trials(deepcopy=False):
+        being_set_up = SETUP_ATTR in study._storage.get_study_system_attrs(study._study_id)
+        if not being_set_up and study.get_trials(deepcopy=False):
             return None
         time.sleep(0.2)
     return identity

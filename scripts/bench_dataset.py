@@ -76,12 +76,25 @@ def generated_documents(count: int, seed: int = 0) -> list[str]:
     return documents
 
 
+def data_side_batches_per_s(dataset, batch_size: int, workers: int, batches: int = 40) -> float:  # noqa: ANN001
+    """Batches per second the DataLoader alone delivers (tokenization, padding, collation)."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
+    iterator = iter(loader)
+    next(iterator)  # worker start-up is not the steady state
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--documents", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=2, help="Interleaved repetitions of every variant.")
+    parser.add_argument("--rounds", type=int, default=2, help="Interleaved repetitions of every trial variant (0: data side only).")
     options = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-dataset-"))
@@ -106,6 +119,7 @@ def main() -> None:
     for index in range(512):
         dataset[index]
     per_sample_ms = (time.perf_counter() - started) / 512 * 1000
+    batches_per_s = {workers: data_side_batches_per_s(dataset, options.micro_batch, workers) for workers in (0, 2)}
 
     base = TrialJob(
         model=model, device=cpu_device(), config=TrialConfig(micro_batch=options.micro_batch), seq_len=options.seq_len,
@@ -125,7 +139,14 @@ def main() -> None:
     print(f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenized until a trial has enough blocks) {packed_prepare_s:.2f} s "
           f"for {options.documents} documents; {packed['num_samples']} packed blocks")
     print(f"child: load the prepared dataset {load_s * 1000:.0f} ms; tokenize one sample on the fly {per_sample_ms:.2f} ms")
+    print(
+        f"data side alone (DataLoader, no model): {batches_per_s[0]:.1f} batches/s with 0 workers, {batches_per_s[2]:.1f} "
+        f"with 2 workers ({batches_per_s[2] / batches_per_s[0]:.2f}x); a step slower than 1/{batches_per_s[0]:.1f} s "
+        "hides tokenization behind workers"
+    )
     print(load_average())
+    if options.rounds == 0:
+        return
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for round_number in range(options.rounds):
         for name, job in variants.items():

@@ -131,4 +131,8 @@ def test_cpu_probe_counts_a_child_process():
         probe.stop()
     assert peaks["peak_rss_tree_sampled_bytes"] >= own_rss + 280 * MiB
     assert peaks["peak_rss_tree_bytes"] >= peaks["peak_rss_tree_sampled_bytes"]
+    # The child's bytearray is anonymous memory: it counts in the anonymous figure too.
+    own = psutil.Process().memory_info()
+    assert peaks["peak_anon_rss_tree_sampled_bytes"] >= (own.rss - own.shared) + 280 * MiB
+    assert peaks["peak_anon_rss_tree_sampled_bytes"] <= peaks["peak_rss_tree_sampled_bytes"]
     assert CpuMemoryProbe.ceiling_source == "peak_rss_tree_bytes"

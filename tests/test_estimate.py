@@ -24,8 +24,8 @@ MiB = 1024**2
 GiB = 1024**3
 
 # Documented in docs/benchmarks.md ("Memory estimator"): the worst relative error seen on the CPU
-# (bert-tiny, bert-mini, gpt2-tiny, 36 configs) was 18 % before calibration and 8 % after; the
-# bounds below leave room for the noise of resident-set measurements.
+# (bert-tiny, bert-mini, gpt2-tiny, 36 configs) was 11 % before calibration and 9 % after (each
+# config predicted from a fit on the others); the bounds leave room for resident-set noise.
 PRIOR_ERROR_BOUND = 0.20
 CALIBRATED_ERROR_BOUND = 0.12
 

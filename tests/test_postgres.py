@@ -101,6 +101,41 @@ def test_concurrent_workers_lose_and_duplicate_no_trial(postgres_server, postgre
     assert postgres_server.password not in _all_text(trials, study)
 
 
+def test_workers_opening_a_new_study_at_once_set_it_up_once(postgres_url, bert_tiny, cpu):
+    import threading
+
+    from autotune.space import load_space
+    from autotune.study import SearchRequest, open_study
+
+    request = SearchRequest(
+        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * 1024**3, space=load_space(TINY_SPACE, cpu)
+    )
+    # Four "machines" at once on an empty database: each opens its own storage (Optuna creates its
+    # tables then) and creates the study.
+    workers = 4
+    barrier = threading.Barrier(workers)
+    errors: list[BaseException] = []
+
+    def join() -> None:
+        barrier.wait()
+        try:
+            open_study(open_storage(postgres_url), STUDY, request)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    storage = open_storage(postgres_url)
+    seeds = [t.user_attrs["seed"] for t in _trials(storage)]
+    assert seeds and len(seeds) == len(set(seeds)), seeds  # queued once, not once per worker
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    assert study.user_attrs["identity"] == request.identity()
+
+
 def _other_host_prefix() -> list[str]:
     """A command prefix that runs a program under another host name, as on a second machine.
 
