@@ -283,11 +283,13 @@ class MemoryProbe(Protocol):
 class CpuMemoryProbe:
     """Peak resident memory of this process and every process below it (dataloader workers).
 
-    The ceiling is compared with ``peak_rss_tree_bytes``: the largest sum of resident set sizes of
-    the trial's process tree seen by a sampling thread, or the kernel's high-water mark of the
-    trial process itself if that is larger (it catches spikes shorter than the sampling interval).
-    Pages that forked workers share with the trial process count once per process, so the figure
-    errs on the safe side of the ceiling.
+    The ceiling is compared with ``peak_rss_tree_bytes``: the largest resident memory of the
+    trial's process tree seen by a sampling thread (the trial process's RSS plus each worker's
+    unique set size), or the kernel's high-water mark of the trial process itself if that is larger
+    (it catches spikes shorter than the sampling interval). A dataloader worker is forked from the
+    trial process and shares its pages until it writes them; summing plain RSS would count the
+    shared pages once per worker (seen here: 1.35 GB with 2 workers for a trial whose own RSS was
+    0.42 GB), so a worker adds only the pages it alone holds (USS, from /proc/PID/smaps_rollup).
 
     The anonymous part (RSS minus file-backed and shared-memory pages: heap, tensors, the Python
     objects) is recorded too, as ``peak_anon_rss_tree_sampled_bytes``. It is the part a standalone
@@ -342,10 +344,13 @@ class CpuMemoryProbe:
             for proc in self._tree:
                 try:
                     info = proc.memory_info()
+                    # Workers: only their own pages (see the class docstring). USS needs smaps, so it
+                    # is read for workers only; the trial process itself counts whole.
+                    worker_uss = proc.memory_full_info().uss if proc is not self._process else None
                 except psutil.Error:
                     continue  # a worker that exited since the last listing
-                total += info.rss
-                anon += info.rss - info.shared  # Linux: `shared` is RssFile + RssShmem
+                total += info.rss if worker_uss is None else worker_uss
+                anon += (info.rss - info.shared) if worker_uss is None else worker_uss  # `shared`: RssFile + RssShmem
             self._peak_tree_bytes = max(self._peak_tree_bytes, total)
             self._peak_anon_tree_bytes = max(self._peak_anon_tree_bytes, anon)
 

@@ -66,7 +66,9 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
     ]:
         table.add_column(header, justify=justify, overflow="fold")
     for row in rows:
-        table.add_row(*trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s, row.confirmation))
+        table.add_row(
+            *trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s, row.confirmation, row.state)
+        )
     return table
 
 
@@ -76,10 +78,12 @@ def trial_cells(
     result: TrialResult | None,
     confirmed: float | None = None,
     confirmation: dict | None = None,
+    state: str = "RUNNING",
 ) -> list[str]:
     """The cells of one table row; ``-`` where a trial measured nothing."""
     if result is None:
-        return [str(number), "running", config.short()] + ["-"] * 8
+        label = {"WAITING": "queued", "RUNNING": "running"}.get(state, state.lower())
+        return [str(number), label, config.short()] + ["-"] * 8
     status = f"[{STATUS_STYLE.get(result.status, '')}]{result.status}[/]"
     ran = result.samples_per_s > 0
     samples = "-"

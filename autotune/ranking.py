@@ -82,7 +82,8 @@ def to_ranked(trial: FrozenTrial, confirmation: dict[str, Any] | None = None) ->
         number=trial.number,
         state=trial.state.name,
         config=TrialConfig.from_params(trial.params),
-        result=TrialResult.from_trial(trial),
+        # A queued re-run carries its failed original's attrs (Optuna's retry copies them): it has no result of its own yet.
+        result=TrialResult.from_trial(trial) if trial.state.is_finished() else None,
         confirmed_samples_per_s=(confirmation or {}).get("samples_per_s"),
         ties_with_leader=bool((confirmation or {}).get("ties_with_leader", False)),
         confirmation=confirmation,

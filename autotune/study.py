@@ -436,7 +436,12 @@ def run_one_trial(
             or _screen(study, trial, config, request)
             or _run_with_retry(study, trial, config, request, stop, run_trial)
         )
-        tell(study, trial, result)
+        try:
+            tell(study, trial, result)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
+            # re-run; that copy will be measured, so this result is dropped, not told twice.
+            result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
     except KeyboardInterrupt:
         result = record_interrupted(study, trial, request)
         if progress.on_trial_end:

@@ -7,8 +7,10 @@
    data of the same shape, ``TrainingArguments(output_dir=..., **json.load(f))``. Throughput there
    is the wall time of the steps after the warm-up (what a user's run would see); peak memory is
    the kernel's high-water mark of that process (``ru_maxrss``) and, sampled, its anonymous part.
-3. Compares them with the study's record of the winner (its confirmed median and the search-time
-   figure; its peak memory, the figure the ceiling was compared with).
+3. Measures the winner again, alternating the plain loop with autotune's own runner (``--rounds``
+   each), so a drifting machine load cancels out of the side-by-side ratio, and compares all of it
+   with the study's record of the winner (its confirmed median and search-time figure; its peak
+   memory, the figure the ceiling was compared with).
 
 Goals (docs/benchmarks.md): samples/s within 5 %, peak memory within 10 %.
 
@@ -113,12 +115,38 @@ def run(command: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
+    """The winner measured again by autotune's runner, exactly as a confirmation re-run is."""
+    import optuna
+
+    from autotune.devices import cpu_device
+    from autotune.measure import MeasureSettings
+    from autotune.models import resolve_model
+    from autotune.ranking import to_ranked
+    from autotune.runner import TrialJob, run_isolated
+
+    study = optuna.load_study(study_name=None, storage=storage)
+    identity = study.user_attrs["identity"]
+    trial = to_ranked(study.trials[number])
+    job = TrialJob(
+        model=resolve_model(identity["model"], identity["task"]), device=cpu_device(), config=trial.config,
+        seq_len=identity["seq_len"], ceiling_bytes=study.user_attrs["ceiling_bytes"], measure=MeasureSettings(),
+        work_dir=str(work_dir), base_args=study.user_attrs.get("base_args") or {},
+    )
+    result = run_isolated(job, timeout_s=900)
+    if result.status != "ok":
+        raise SystemExit(f"autotune re-measurement failed: {result.status} {result.error}")
+    return {"samples_per_s": result.samples_per_s, "peak_rss_bytes": result.peak_memory_bytes,
+            "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-mini")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--space", default=str(REPO / "search_spaces" / "tiny-test.yaml"))
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating plain / autotune measurements of the winner.")
     parser.add_argument("--plain-steps", type=int, default=30, help="Timed steps of the plain run, after 3 warm-up.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
     options = parser.parse_args()
@@ -128,7 +156,12 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import statistics
+
+    import optuna
     from _bench_common import load_average
+
+    from autotune.ranking import study_ranking
 
     print(load_average())
     root = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
@@ -137,43 +170,51 @@ def main() -> None:
     run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
          "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs"], root)
     print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
-
-    import optuna
-
-    from autotune.ranking import study_ranking
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
     assert winner.result is not None
-    recorded_peak = max(winner.result.peak_memory_bytes, winner.peak_memory_bytes)
-    plain = json.loads(
-        run([sys.executable, __file__, "--plain", str(root / "best.json"), "--model", options.model,
-             "--seq-len", str(options.seq_len), "--plain-steps", str(options.plain_steps)], root).strip().splitlines()[-1]
-    )
+    print(f"winner #{winner.number}: {winner.config.short()}; exported {root / 'best.json'}; {load_average()}")
+
+    # The machine's load drifts (other jobs): the plain loop and autotune's runner measure the
+    # winner alternately, so the side-by-side ratio is free of that drift.
+    plain_runs, autotune_runs = [], []
+    plain_command = [sys.executable, __file__, "--plain", str(root / "best.json"), "--model", options.model,
+                     "--seq-len", str(options.seq_len), "--plain-steps", str(options.plain_steps)]
+    for index in range(options.rounds):
+        plain_runs.append(json.loads(run(plain_command, root).strip().splitlines()[-1]))
+        autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}"))
+        print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
+              f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)
+
+    def median(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
 
     def ratio(a: float, b: float) -> str:
         return f"{(a / b - 1):+.1%}"
 
-    print(f"\nwinner #{winner.number}: {winner.config.short()}; exported {root / 'best.json'}")
-    print(f"{'':<44}{'samples/s':>10} {'plain vs it':>12}")
-    print(f"{'plain Trainer loop (wall time of ' + str(plain['steps']) + ' steps)':<44}{plain['samples_per_s']:10.2f}")
-    print(f"{'plain Trainer loop (median step)':<44}{plain['samples_per_s_median_step']:10.2f}")
-    print(f"{'study: search-time median':<44}{winner.result.samples_per_s:10.2f} {ratio(plain['samples_per_s'], winner.result.samples_per_s):>12}")
+    plain_speed = median(plain_runs, "samples_per_s")
+    print(f"\n{'samples/s (medians over ' + str(options.rounds) + ' rounds)':<50}{'samples/s':>10} {'plain vs it':>12}")
+    print(f"{'plain Trainer loop (wall time of ' + str(options.plain_steps) + ' steps)':<50}{plain_speed:10.2f}")
+    print(f"{'plain Trainer loop (median step)':<50}{median(plain_runs, 'samples_per_s_median_step'):10.2f}")
+    rows = [("autotune runner, alternating with the plain loop", median(autotune_runs, "samples_per_s")),
+            ("study record: search-time median", winner.result.samples_per_s)]
     if winner.confirmed_samples_per_s is not None:
-        print(
-            f"{'study: confirmed median (the ranking figure)':<44}{winner.confirmed_samples_per_s:10.2f} "
-            f"{ratio(plain['samples_per_s'], winner.confirmed_samples_per_s):>12}"
-        )
+        rows.append(("study record: confirmed median (the ranking's)", winner.confirmed_samples_per_s))
+    for label, value in rows:
+        print(f"{label:<50}{value:10.2f} {ratio(plain_speed, value):>12}")
+
+    recorded_peak = max(winner.result.peak_memory_bytes, winner.peak_memory_bytes)
     recorded_anon = winner.result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0)
+    plain_rss, plain_anon = median(plain_runs, "peak_rss_bytes"), median(plain_runs, "peak_anon_rss_bytes")
     print(
-        f"\npeak memory, plain process vs study (goal: within 10 %):\n"
-        f"  RSS (the ceiling's figure): plain ru_maxrss {plain['peak_rss_bytes'] / 1024**2:.0f} MiB, study "
-        f"{recorded_peak / 1024**2:.0f} MiB ({winner.result.memory_source}): {ratio(plain['peak_rss_bytes'], recorded_peak)}"
+        f"\npeak memory, plain process vs the study's record (goal: within 10 %):\n"
+        f"  RSS (the ceiling's figure): plain ru_maxrss {plain_rss / 1024**2:.0f} MiB, study "
+        f"{recorded_peak / 1024**2:.0f} MiB ({winner.result.memory_source}): {ratio(plain_rss, recorded_peak)}"
     )
     if recorded_anon:
         print(
-            f"  anonymous RSS (RSS minus file-backed pages): plain {plain['peak_anon_rss_bytes'] / 1024**2:.0f} MiB, "
-            f"study {recorded_anon / 1024**2:.0f} MiB: {ratio(plain['peak_anon_rss_bytes'], recorded_anon)}"
+            f"  anonymous RSS (RSS minus file-backed pages): plain {plain_anon / 1024**2:.0f} MiB, "
+            f"study {recorded_anon / 1024**2:.0f} MiB: {ratio(plain_anon, recorded_anon)}"
         )
     print(load_average())
 

@@ -95,6 +95,8 @@ class Grid:
 
     meta: dict[str, Any]
     results: dict[TrialConfig, TrialResult]
+    # The 1-minute load average when each config's measurement ended (its own trial included).
+    loads: dict[TrialConfig, float] = dataclasses.field(default_factory=dict)
 
     def fits(self, result: TrialResult, ceiling_bytes: int) -> bool:
         return result.status in ("ok", "over_ceiling") and 0 < result.peak_memory_bytes <= ceiling_bytes
@@ -105,14 +107,21 @@ class Grid:
         return config, samples_per_s
 
     def save(self, path: Path) -> None:
-        rows = [{"params": c.to_params(), "result": r.to_dict()} for c, r in self.results.items()]
+        rows = [
+            {"params": c.to_params(), "load_1min": self.loads.get(c), "result": r.to_dict()} for c, r in self.results.items()
+        ]
         path.write_text(json.dumps({"meta": self.meta, "results": rows}, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Grid:
         data = json.loads(path.read_text())
-        results = {TrialConfig(**row["params"]): TrialResult.from_dict(row["result"]) for row in data["results"]}
-        return cls(meta=data["meta"], results=results)
+        results, loads = {}, {}
+        for row in data["results"]:
+            config = TrialConfig(**row["params"])
+            results[config] = TrialResult.from_dict(row["result"])
+            if row.get("load_1min") is not None:
+                loads[config] = float(row["load_1min"])
+        return cls(meta=data["meta"], results=results, loads=loads)
 
 
 def space_configs(space: SearchSpace) -> list[TrialConfig]:
@@ -123,8 +132,15 @@ def space_configs(space: SearchSpace) -> list[TrialConfig]:
     return [TrialConfig.from_params(dict(zip(names, values))) for values in itertools.product(*space.choices.values())]
 
 
-def measure_grid(path: Path, model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, ceiling: int) -> Grid:
-    """Measure every config not in the cached grid yet; save after each one (resumable)."""
+def measure_grid(
+    path: Path, model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, ceiling: int,
+    remeasure_above_load: float | None = None,
+) -> Grid:
+    """Measure every config not in the cached grid yet; save after each one (resumable).
+
+    With ``remeasure_above_load``, configs measured while the 1-minute load average was above it
+    (or with no load recorded) are measured again: another job on the machine skews a ranking.
+    """
     import psutil
 
     grid = Grid.load(path) if path.exists() else Grid(meta={}, results={})
@@ -132,7 +148,11 @@ def measure_grid(path: Path, model: ModelSpec, device: DeviceSpec, space: Search
         model=model.name, seq_len=seq_len, device=device.name, space=space.choices, ceiling_bytes=ceiling,
         measure=dataclasses.asdict(BENCH_MEASURE),
     )
-    todo = [c for c in space_configs(space) if c not in grid.results]
+    todo = [
+        c for c in space_configs(space)
+        if c not in grid.results
+        or (remeasure_above_load is not None and grid.loads.get(c, float("inf")) > remeasure_above_load)
+    ]
     work = Path(tempfile.mkdtemp(prefix="bench-search-grid-"))
     # Measured at a generous limit so configs over the benchmark ceiling still get a real peak.
     generous = 4 * ceiling
@@ -147,10 +167,11 @@ def measure_grid(path: Path, model: ModelSpec, device: DeviceSpec, space: Search
         )
         result = run_isolated(job, timeout_s=600)
         grid.results[config] = result
+        grid.loads[config] = os.getloadavg()[0]
         grid.save(path)
         print(
             f"  [{index + 1}/{len(todo)}] {config.short():40s} {result.status:8s} {result.samples_per_s:7.1f} samples/s "
-            f"peak {format_bytes(result.peak_memory_bytes):>10s} wall {result.wall_s:5.1f}s",
+            f"peak {format_bytes(result.peak_memory_bytes):>10s} wall {result.wall_s:5.1f}s load {grid.loads[config]:.1f}",
             flush=True,
         )
     grid.meta["load_after"] = load_average()
@@ -357,12 +378,17 @@ def markdown(
     size = len(grid.results)
     feasible = sum(grid.fits(r, ceiling) for r in grid.results.values())
     grid_wall = sum(r.wall_s for r in grid.results.values())
+    loads = [grid.loads[c] for c in grid.results if c in grid.loads]
+    load_text = (
+        f"1-minute load average at the end of each config, its own trial included: median {statistics.median(loads):.1f}, "
+        f"max {max(loads):.1f}, on {os.cpu_count()} cores" if loads else "load not recorded"
+    )
     lines = [
         f"Command: `{command}`",
         "",
         f"Grid: {grid.meta['model']}, seq len {grid.meta['seq_len']}, {size} configs ({feasible} fit under the "
         f"{format_bytes(ceiling)} ceiling of peak RSS), measured once each in {grid_wall / 60:.1f} min of trial wall time "
-        f"({grid.meta.get('load_before', '?')} before, {grid.meta.get('load_after', '?')} after). Oracle best: "
+        f"({load_text}). Oracle best: "
         f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
         f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
         "",
@@ -413,6 +439,10 @@ def main() -> None:
     parser.add_argument("--prune-ratio", type=float, default=0.5)
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
+    parser.add_argument(
+        "--remeasure-above-load", type=float, default=None,
+        help="measure again the grid configs measured at a 1-minute load average above this (their own trial adds ~2)",
+    )
     options = parser.parse_args()
     command = "python scripts/bench_search.py " + " ".join(sys.argv[1:])
 
@@ -425,7 +455,7 @@ def main() -> None:
         cached = Grid.load(grid_path)
         if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
             raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
-    grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling)
+    grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
     best_config, best_samples_per_s = grid.best(ceiling)
     target = TARGET_FRACTION * best_samples_per_s
     max_asks = options.max_asks or 3 * len(grid.results)

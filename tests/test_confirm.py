@@ -10,7 +10,6 @@ from optuna.distributions import CategoricalDistribution
 
 from autotune.confirm import confirm_top, confirmation_candidates, describe_winner, mark_ties, summarise
 from autotune.errors import AutotuneError
-from autotune.measure import MeasureSettings
 from autotune.ranking import CONFIRMATION_ATTR, feasible_ranking, study_ranking
 from autotune.result import TrialResult
 from autotune.space import SearchSpace
