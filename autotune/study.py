@@ -51,6 +51,7 @@ CONSTRAINTS_ATTR = "constraints"
 UNKNOWN_EXCESS_GIB = 1.0
 # Every running trial records a heartbeat this often; one silent for the grace period is taken for
 # the trial of a dead worker: another worker fails it and queues it again (see heartbeat_settings).
+SQLITE_BUSY_TIMEOUT_S = 120
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 60
 TABLE_CREATION_ATTEMPTS = 4
@@ -113,12 +114,17 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage) -> RDBS
         _check_sqlite_writable(url.removeprefix("sqlite:///"))
     heartbeat_interval_s, grace_s = heartbeat_settings()
     driver_url = with_postgres_driver(url)
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite:"):
+        # Worker threads write at once (--workers); sqlite3 gives up on a lock after 5 s, which a
+        # loaded machine exceeds: a lost tell would leave a trial RUNNING. Wait longer instead.
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
     try:
         for attempt in range(1, TABLE_CREATION_ATTEMPTS + 1):
             try:
                 return storage_class(
                     driver_url,
-                    engine_kwargs={"pool_pre_ping": True},
+                    engine_kwargs=engine_kwargs,
                     heartbeat_interval=heartbeat_interval_s,
                     grace_period=grace_s,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),

@@ -214,6 +214,8 @@ def run_workers(
         pool.stop.set()  # each worker kills its child and records the trial as interrupted
         for thread in threads:
             thread.join()
+        if pool.errors:  # recording a trial failed: say so rather than claim all is recorded
+            raise pool.errors[0]
         raise
     if pool.errors:
         raise pool.errors[0]

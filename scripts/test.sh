@@ -26,7 +26,8 @@ python3 -m venv .venv
 
 export HF_HUB_OFFLINE=1
 status=0
-.venv/bin/python -m pytest -q -ra "$@" || status=$?
+# Three workers: most of the wall time is waiting on child processes, heartbeats and timeouts.
+.venv/bin/python -m pytest -q -ra -n 3 --dist loadfile "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here, not a pass" >&2
   exit 1
