@@ -480,6 +480,24 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, request: Search
     return result
 
 
+def interrupt_own_running(study: optuna.Study, request: SearchRequest) -> list[int]:
+    """Record every trial this process still holds RUNNING as interrupted, and queue it again.
+
+    The last step of a stopped search, after its workers are joined: a trial whose worker thread
+    was stopped between writing its result and closing the trial must not stay RUNNING.
+    """
+    me = worker_identity()
+    swept = []
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = frozen.system_attrs.get("autotune_owner") or {}
+        if (owner.get("host"), owner.get("pid"), owner.get("started")) != (me["host"], me["pid"], me["started"]):
+            continue
+        trial = optuna.Trial(study, frozen._trial_id)
+        record_interrupted(study, trial, request)
+        swept.append(frozen.number)
+    return swept
+
+
 def describe_standing(study: optuna.Study) -> str:
     """Where a study stands, in one line: trials by outcome, queued re-runs, the best feasible so far."""
     trials = study.get_trials(deepcopy=False)

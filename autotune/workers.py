@@ -40,6 +40,7 @@ from autotune.study import (
     SearchRequest,
     ask_trial,
     heartbeat_settings,
+    interrupt_own_running,
     recover_orphans,
     run_one_trial,
 )
@@ -214,6 +215,7 @@ def run_workers(
         pool.stop.set()  # each worker kills its child and records the trial as interrupted
         for thread in threads:
             thread.join()
+        interrupt_own_running(study, request)
         if pool.errors:  # recording a trial failed: say so rather than claim all is recorded
             raise pool.errors[0]
         raise
