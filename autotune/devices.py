@@ -520,3 +520,21 @@ def child_address_space_budget(ceiling_bytes: int, available_bytes: int) -> int:
     """
     generous = ceiling_bytes + max(ceiling_bytes // 2, 2 * GiB)
     return min(generous, int(available_bytes * 0.9))
+
+
+def limit_address_space(budget_bytes: int) -> None:
+    """Cap this process's virtual memory at today's size plus ``budget_bytes``.
+
+    A runaway batch then fails inside the trial: torch's CPU allocator raises "DefaultCPUAllocator:
+    can't allocate memory", a clean OOM. Start every Python thread the trial needs before calling
+    this: a thread whose bootstrap cannot allocate dies silently and leaves ``Thread.start()``
+    waiting forever (CPython gh-140746, seen here as a hung trial under a 64 MiB budget).
+    """
+    import psutil
+
+    current = psutil.Process().memory_info().vms
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = current + budget_bytes
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import resource
 import signal
 import threading
 import traceback
@@ -36,8 +35,6 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     os.environ.update(child_environment(job.device))  # before anything initialises CUDA
     _redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
-    if job.address_space_bytes is not None:
-        _limit_address_space(job.address_space_bytes)
     conn.send(("started", os.getpid()))
     try:
         from autotune.runner._trial import train_and_measure
@@ -71,17 +68,3 @@ def _redirect_output(path: str) -> None:
     os.dup2(fd, 2)
     os.close(fd)
 
-
-def _limit_address_space(budget_bytes: int) -> None:
-    """Cap virtual memory at today's size plus ``budget_bytes``: a runaway batch fails in here.
-
-    torch's CPU allocator then raises "DefaultCPUAllocator: can't allocate memory", a clean OOM.
-    """
-    import psutil
-
-    current = psutil.Process().memory_info().vms
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    limit = current + budget_bytes
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

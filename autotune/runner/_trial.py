@@ -15,7 +15,7 @@ import transformers
 from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
-from autotune.devices import matmul_dtype, memory_probe
+from autotune.devices import limit_address_space, matmul_dtype, memory_probe
 from autotune.flops import hardware_flops_per_sample, model_flops_per_sample, utilisation
 from autotune.measure import StepTimer
 from autotune.models import build_model
@@ -78,6 +78,8 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     started = time.perf_counter()
     probe = memory_probe(job.device.kind)
     probe.start()
+    if job.address_space_bytes is not None:
+        limit_address_space(job.address_space_bytes)  # after the probe's thread: see its docstring
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
