@@ -32,6 +32,10 @@ class MeasureSettings:
         max_steps: Measured steps at most.
         max_seconds: Measured seconds at most (after warm-up).
         cv_target: Stop once the coefficient of variation of the last ``min_steps`` steps is below.
+        prune_after_steps: Measured steps after which early stop may judge a trial (the median of
+            what was measured so far against the pruning threshold). A trial pruned for being at
+            less than half the best's speed (the default ratio) is told apart by three steps: step
+            times move by a few percent, not by 2x, once warm-up is over.
     """
 
     warmup_steps: int = 3
@@ -39,6 +43,7 @@ class MeasureSettings:
     max_steps: int = 40
     max_seconds: float = 30.0
     cv_target: float = 0.05
+    prune_after_steps: int = 3
 
     @property
     def total_steps_cap(self) -> int:

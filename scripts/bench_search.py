@@ -10,8 +10,8 @@
    * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, reuse of
      measured configs, screening by the calibrated estimator and by measured OOMs, constrained
      TPE, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
-     runner does it: a config measured below ``prune ratio x best`` that had not met its CV target
-     after ``min_steps`` steps stops there; its cost is cut to what had run.
+     runner does it: a config measured below ``prune ratio x best`` stops after
+     ``prune_after_steps`` measured steps; its cost is cut to what had run.
    * ``plain TPE``: ``optuna.samplers.TPESampler(seed=...)`` with default settings, value = samples/s
      (0 when the config does not fit), every proposal run (a duplicate costs a run again).
    * ``random``: configs drawn without replacement (the stronger random baseline).
@@ -217,15 +217,17 @@ class GridRunner:
         cost = measured.wall_s
         threshold = job.prune_below_samples_per_s
         settings = job.measure
-        # The child's StepTimer stops on its CV target first; only a trial still measuring after
-        # min_steps steps is judged by the pruner, and then it stops at once.
+        # The child's pruner judges after prune_after_steps measured steps (the median so far,
+        # replayed here by the config's measured median) and stops the trial there.
+        judged_after = min(settings.prune_after_steps, settings.min_steps)
         if (
             threshold is not None
             and result.status == "ok"
             and result.samples_per_s < threshold
-            and measured.measured_steps > settings.min_steps
+            and measured.measured_steps > judged_after
         ):
-            cost -= (measured.measured_steps - settings.min_steps) * measured.step_time_median_s
+            cost -= (measured.measured_steps - judged_after) * measured.step_time_median_s
+            result.measured_steps = judged_after
             result.status = "pruned"
             self.pruned += 1
         self.runs += 1

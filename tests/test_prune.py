@@ -24,8 +24,10 @@ def study_and_request(sqlite_url, bert_tiny, cpu, tmp_path):
         model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB,
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
         # The CV target is never met (0), so the trial would measure all 6 steps: only the pruner
-        # can stop it after min_steps.
-        measure=MeasureSettings(warmup_steps=1, min_steps=2, max_steps=6, max_seconds=60.0, cv_target=0.0),
+        # can stop it, after prune_after_steps.
+        measure=MeasureSettings(
+            warmup_steps=1, min_steps=4, max_steps=6, max_seconds=60.0, cv_target=0.0, prune_after_steps=2
+        ),
         work_root=str(tmp_path / "runs"), prune_ratio=0.5, screen=False,
     )
     study = open_study(open_storage(sqlite_url), "prune", request)
@@ -64,7 +66,8 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_and_recorded_as_pruned(
     result = run_one_trial(study, request, SearchProgress())
     trial = study.get_trials()[-1]
     assert result.status == "pruned" and trial.state == TrialState.PRUNED
-    assert result.measured_steps == request.measure.min_steps < request.measure.max_steps  # stopped early
+    # Stopped at the first judgement, before a full steady-state window was measured.
+    assert result.measured_steps == request.measure.prune_after_steps < request.measure.min_steps
     assert result.samples_per_s > 0 and result.peak_memory_bytes > 0  # what it measured is kept
     assert trial.system_attrs["constraints"][0] <= 0  # it fit: pruned for speed, not memory
 
