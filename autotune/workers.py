@@ -131,13 +131,16 @@ class _Pool:
             with self.count_lock:
                 self.finished += 1
 
-    def work_in_thread(self, request: SearchRequest, progress: SearchProgress) -> None:
+    def work_in_thread(self, request: SearchRequest, progress: SearchProgress, finished: threading.Event) -> None:
+        """:meth:`work` in a worker thread; sets ``finished`` once its trial is recorded, however it ended."""
         try:
             self.work(request, progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which re-raises
             if not isinstance(exc, KeyboardInterrupt):
                 self.errors.append(exc)
             self.stop.set()
+        finally:
+            finished.set()
 
     def _may_start(self) -> bool:
         """This invocation's own budget first, then the study-wide cap (waiting while it says so)."""
@@ -201,24 +204,37 @@ def run_workers(
     if len(requests) == 1:
         pool.work(requests[0], progress)  # in the main thread, where Ctrl-C arrives
         return pool.finished
+    finished = [threading.Event() for _ in requests]
     threads = [
-        threading.Thread(target=pool.work_in_thread, args=(worker_request, progress), name=f"autotune-worker-{i}-{worker_request.device.label}")
-        for i, worker_request in enumerate(requests)
+        threading.Thread(
+            target=pool.work_in_thread, args=(worker_request, progress, done), name=f"autotune-worker-{i}-{worker_request.device.label}"
+        )
+        for i, (worker_request, done) in enumerate(zip(requests, finished))
     ]
     for thread in threads:
         thread.start()
     try:
-        while any(thread.is_alive() for thread in threads):
-            for thread in threads:
-                thread.join(timeout=0.5)
+        _wait_for(finished)
     except KeyboardInterrupt:
         pool.stop.set()  # each worker kills its child and records the trial as interrupted
-        for thread in threads:
-            thread.join()
+        _wait_for(finished)
         interrupt_own_running(study, request)
         if pool.errors:  # recording a trial failed: say so rather than claim all is recorded
             raise pool.errors[0]
         raise
+    for thread in threads:
+        thread.join()  # each has set its event: no wait left for a signal to land in
     if pool.errors:
         raise pool.errors[0]
     return pool.finished
+
+
+def _wait_for(events: Sequence[threading.Event]) -> None:
+    """Wait, in the main thread, until every event is set; Ctrl-C interrupts the wait safely.
+
+    Not ``Thread.join``: on Python < 3.13 a KeyboardInterrupt landing inside ``join(timeout)`` marks
+    the still-running thread as stopped (CPython gh-90882), so a later ``join()`` returns at once
+    and the interpreter exits while that worker is still recording its trial (its re-queue lost).
+    """
+    while not all(event.is_set() for event in events):
+        time.sleep(0.1)

@@ -161,9 +161,9 @@ def test_ctrl_c_stops_every_worker_and_records_its_trial_as_interrupted(tmp_path
     trials = optuna.load_study(study_name="workers", storage=open_storage(storage)).get_trials()
     summary = [(t.number, t.state.name, t.user_attrs.get("result", {}).get("status"), t.system_attrs.get("failed_trial")) for t in trials]
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert [t.user_attrs["result"]["status"] for t in failed] == ["interrupted", "interrupted"], summary
+    assert [t.user_attrs["result"]["status"] for t in failed] == ["interrupted", "interrupted"], (summary, stderr[-3000:])
     # Nothing is left RUNNING; each stopped config waits to run again on resume.
-    assert [t.state for t in trials if t not in failed] == [TrialState.WAITING] * 2, summary
+    assert [t.state for t in trials if t not in failed] == [TrialState.WAITING] * 2, (summary, stderr[-3000:])
     # The children (own sessions, not reached by the terminal's SIGINT) were killed too.
     deadline = time.monotonic() + 30
     while _processes_in(tmp_path) and time.monotonic() < deadline:
