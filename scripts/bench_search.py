@@ -348,7 +348,8 @@ def side_by_side(
 
 
 def _child_start_rss_bytes() -> int:
-    """Resident size of a trial child before it builds anything (the forkserver's preloaded imports)."""
+    """Resident size a trial child is recorded with before it builds anything: the forkserver's
+    preloaded imports plus the library pages the probe adds (``devices.unmapped_import_file_bytes``)."""
     from autotune.estimate import PRIOR_CONTEXT_BYTES
 
     return PRIOR_CONTEXT_BYTES["cpu"]
