@@ -18,8 +18,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Find the fastest way to train a Hugging Face Transformers model on your GPU without running out of memory.",
 )
-console = Console()
-err_console = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    # Piped into a log or CI, Rich would wrap at its 80-column default and cut the trial table's
+    # configs into slivers; a wider page keeps rows readable. COLUMNS, when set, still wins.
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=140 if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 StorageOption = Annotated[str, typer.Option(help="Optuna storage URL (sqlite:///file.db or postgresql://...).")]
 StudyOption = Annotated[Optional[str], typer.Option(help="Study name (default: the only study in the storage).")]
@@ -320,7 +330,7 @@ def export(
     study_name: StudyOption = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.export import DEFAULT_OUT, FORMATS, export_winner
+    from autotune.export import DEFAULT_OUT, FORMATS, export_winner, model_loading_note
     from autotune.study import load_study
 
     if fmt not in FORMATS:
@@ -332,6 +342,9 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
+    note = model_loading_note(best_trial)
+    if note is not None:
+        err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 
 @app.command()

@@ -201,9 +201,24 @@ def winner_summary(best: RankedTrial) -> str:
     return f"#{best.number} ({best.config.short()}){measured}"
 
 
+def model_loading_note(best: RankedTrial) -> str | None:
+    """What the winner set outside TrainingArguments: the attention kernel is a model-loading argument."""
+    attn = best.config.attn_implementation
+    if attn is None:
+        return None
+    return (
+        f"the winner's model was built with attn_implementation={attn!r}: pass it to from_pretrained or "
+        "from_config (a model argument; TrainingArguments has no field for it)"
+    )
+
+
 def provenance_of(study: optuna.Study, best: RankedTrial) -> str:
-    """Where an export comes from, in a line for the comments of the formats that take them."""
-    return f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"
+    """Where an export comes from, in lines for the comments of the formats that take them."""
+    lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
+    note = model_loading_note(best)
+    if note is not None:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
 
 
 def render(arguments: dict[str, Any], fmt: str, provenance: str = "") -> str:
