@@ -198,18 +198,19 @@ def search(
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
+    from autotune.ranking import confirmations_of
     from autotune.seeds import speedup_over_default
 
-    speedup = speedup_over_default(study.get_trials(deepcopy=False))
+    speedup = speedup_over_default(study.get_trials(deepcopy=False), confirmations_of(study))
     if speedup is None:
         return
     best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
     default = f"HF default TrainingArguments (#{speedup.default_trial})"
     if speedup.ratio is None:
-        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); best {best}")
+        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
         return
     console.print(
-        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (best {best}; {default} at "
+        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
         f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
     )
 

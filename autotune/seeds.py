@@ -14,7 +14,7 @@ Both are queued with ``study.enqueue_trial`` when the study is created, marked w
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -207,8 +207,16 @@ class SpeedupOverDefault:
         return self.best_samples_per_s / self.default_samples_per_s
 
 
-def speedup_over_default(trials: Sequence[FrozenTrial]) -> SpeedupOverDefault | None:
-    """Compare the best feasible trial with the ``hf-default`` seed; ``None`` if either is missing."""
+def speedup_over_default(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> SpeedupOverDefault | None:
+    """Compare the winner with the ``hf-default`` seed; ``None`` if either is missing.
+
+    Args:
+        trials: The study's trials.
+        confirmations: The study's confirmation records (``ranking.confirmations_of``), so the
+            winner is the one the ranking and the export name, at its confirmed median.
+    """
     default = next(
         (
             t
@@ -217,7 +225,7 @@ def speedup_over_default(trials: Sequence[FrozenTrial]) -> SpeedupOverDefault | 
         ),
         None,
     )
-    ranking = feasible_ranking(trials)
+    ranking = feasible_ranking(trials, confirmations)
     if default is None or not ranking:
         return None
     result = TrialResult.from_trial(default) or TrialResult(status="error")

@@ -131,6 +131,19 @@ def test_speedup_over_the_default_compares_the_best_feasible_trial_with_the_hf_d
     assert speedup.ratio == pytest.approx(2.5)
 
 
+def test_the_speedup_names_the_confirmed_winner_not_the_fastest_single_measurement(new_study):
+    study = new_study()
+    tell_seed(study, "ok", 50.0)  # the HF default
+    tell_seed(study, "ok", 125.0)  # fastest at search time
+    tell_seed(study, "ok", 110.0)
+    # Confirmation re-measured both leaders: #2 is faster there, and wins.
+    confirmations = {1: {"samples_per_s": 100.0}, 2: {"samples_per_s": 120.0}}
+    speedup = speedup_over_default(study.get_trials(), confirmations)
+    assert (speedup.best_trial, speedup.best_samples_per_s) == (2, 120.0)
+    assert speedup.ratio == pytest.approx(2.4)
+    assert speedup_over_default(study.get_trials()).best_trial == 1  # without them: search-time figures
+
+
 def test_no_ratio_when_the_default_did_not_fit(new_study):
     study = new_study()
     tell_seed(study, "oom", 0.0)
