@@ -6,6 +6,12 @@ merit is the coefficient of variation of the per-run medians.
 
 Goal (docs/benchmarks.md): CV of the medians <= 3 % on an idle machine.
 
+The machine's own floor, measured side by side: with ``--plain`` (the default), each autotune run
+alternates with a plain Trainer run of the same arguments in a fresh interpreter that imports
+nothing from autotune (``bench_fidelity.py``'s plain loop: median step time over 30 steps after 3
+warm-up), so the CV of autotune's medians can be read against the CV a plain training run shows
+on the same machine in the same minutes.
+
     python scripts/bench_repeatability.py --model bert-mini --seq-len 128 --micro-batch 16 --runs 5
 """
 
@@ -13,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_common import cv, load_average  # noqa: E402
 
-from autotune.config import TrialConfig  # noqa: E402
+from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
@@ -37,6 +45,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--optim", default="adamw_torch")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--plain", action=argparse.BooleanOptionalAction, default=True,
+        help="alternate each run with a plain Trainer run of the same arguments (the machine's floor)",
+    )
     options = parser.parse_args()
 
     settings = MeasureSettings()
@@ -48,22 +60,45 @@ def main() -> None:
     )
     print(f"{options.model}, seq len {options.seq_len}, {config.short()}, {options.runs} runs; measurement {settings}")
     print(load_average())
-    medians = []
-    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}")
+    args_file = root / "args.json"  # the one knobs -> TrainingArguments mapping, as exported
+    args_file.write_text(json.dumps(training_arguments_kwargs(config, "cpu")))
+    medians, plain_medians = [], []
+    plain_header = f" {'plain samples/s':>16}" if options.plain else ""
+    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{plain_header}")
     for run in range(options.runs):
         result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"run-{run}")), timeout_s=900)
         if result.status != "ok":
             raise SystemExit(f"run {run} failed: {result.status} {result.error}")
         medians.append(result.samples_per_s)
+        plain_text = ""
+        if options.plain:
+            plain_medians.append(plain_run(args_file, options.model, options.seq_len))
+            plain_text = f" {plain_medians[-1]:16.2f}"
         print(
             f"{run:>3} {result.samples_per_s:10.2f} {result.step_time_median_s:14.4f} {result.step_time_cv:8.1%} "
-            f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}"
+            f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}{plain_text}",
+            flush=True,
         )
     print(
-        f"\nmedian of the runs {statistics.median(medians):.2f} samples/s; range {min(medians):.2f}-{max(medians):.2f}; "
+        f"\nautotune runner: median of the runs {statistics.median(medians):.2f} samples/s; range {min(medians):.2f}-{max(medians):.2f}; "
         f"CV of the per-run medians {cv(medians):.1%} (goal <= 3 % on an idle machine)"
     )
+    if plain_medians:
+        print(
+            f"plain Trainer loop, alternating: median {statistics.median(plain_medians):.2f} samples/s (median step); range "
+            f"{min(plain_medians):.2f}-{max(plain_medians):.2f}; CV of the per-run medians {cv(plain_medians):.1%} (the machine's floor)"
+        )
     print(load_average())
+
+
+def plain_run(args_file: Path, model: str, seq_len: int) -> float:
+    """One plain Trainer run in a fresh interpreter (bench_fidelity.py's plain loop); its median-step samples/s."""
+    command = [
+        sys.executable, str(Path(__file__).resolve().parent / "bench_fidelity.py"), "--plain", str(args_file),
+        "--model", model, "--seq-len", str(seq_len), "--plain-steps", "30",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    return float(json.loads(completed.stdout.strip().splitlines()[-1])["samples_per_s_median_step"])
 
 
 if __name__ == "__main__":
