@@ -291,13 +291,10 @@ class CpuMemoryProbe:
     shared pages once per worker (seen here: 1.35 GB with 2 workers for a trial whose own RSS was
     0.42 GB), so a worker adds only the pages it alone holds (USS, from /proc/PID/smaps_rollup).
 
-    The ceiling's figure is what the same training shows as a standalone process: a child forked
-    from the forkserver maps only the library pages it touches itself (fork copies no page-table
-    entries of file mappings), while a freshly started process also holds those its imports touched:
-    RssFile 148 MB in a plain training process against 51 MB in the trial child, measured here.
-    ``unmapped_import_bytes`` (see :func:`unmapped_import_file_bytes`) is added to the ceiling's
-    figure for that; the raw readings are kept beside it (``peak_rss_tree_sampled_bytes``,
-    ``peak_rss_self_bytes``). The anonymous part (RSS minus
+    The ceiling's figure is what the same training shows as a standalone process: it adds the
+    library pages a fresh process maps and a forkserver child does not (``unmapped_import_bytes``,
+    see :func:`unmapped_import_file_bytes`); the raw readings are kept beside it
+    (``peak_rss_tree_sampled_bytes``, ``peak_rss_self_bytes``). The anonymous part (RSS minus
     file-backed and shared-memory pages: heap, tensors, the Python objects) is recorded as
     ``peak_anon_rss_tree_sampled_bytes``: the part a standalone process reproduces exactly
     (docs/benchmarks.md, fidelity).
@@ -521,9 +518,10 @@ def unmapped_import_file_bytes() -> int:
     The forkserver is such an interpreter, and its child maps none of those pages until it touches
     them (fork copies no page-table entries of file mappings). Measured here: RssFile 124 MB in the
     forkserver, 51 MB in a training child, 148 MB in the same training run as a plain process. The
-    difference at the child's start is what the child's RSS lacks against the plain process, to
-    within the pages both touch (about 25 MB here, under 3 % of a trial's peak). 0 where the parent
-    maps fewer (a spawned child imported everything itself).
+    difference at the child's start (114 MiB here) is what the child's RSS lacks against the plain
+    process, over-counted by the pages the child touches again later (about 17 MB here, under 2 % of
+    a trial's peak: on the safe side). 0 where the parent maps fewer (a spawned child imported
+    everything itself).
     """
     return max(0, _rss_file_bytes(os.getppid()) - _rss_file_bytes(os.getpid()))
 

@@ -32,6 +32,15 @@ class FirstStepClock(TrainerCallback):
             self._written = True
 
 
+def plain_trainer_command(args_file: Path, model: str, seq_len: int, steps: int = 30) -> list[str]:
+    """The command that trains ``args_file`` in a plain Trainer loop in a fresh interpreter
+    (``bench_fidelity.py --plain``); its last stdout line is a JSON dict of what it measured."""
+    import sys
+
+    fidelity = Path(__file__).resolve().parent / "bench_fidelity.py"
+    return [sys.executable, str(fidelity), "--plain", str(args_file), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps)]
+
+
 def read_first_step(work_dir: str) -> float:
     return float(Path(work_dir, FIRST_STEP_FILE).read_text())
 

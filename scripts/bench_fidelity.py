@@ -159,7 +159,7 @@ def main() -> None:
     import statistics
 
     import optuna
-    from _bench_common import load_average
+    from _bench_common import load_average, plain_trainer_command
 
     from autotune.ranking import study_ranking
 
@@ -178,8 +178,7 @@ def main() -> None:
     # The machine's load drifts (other jobs): the plain loop and autotune's runner measure the
     # winner alternately, so the side-by-side ratio is free of that drift.
     plain_runs, autotune_runs = [], []
-    plain_command = [sys.executable, __file__, "--plain", str(root / "best.json"), "--model", options.model,
-                     "--seq-len", str(options.seq_len), "--plain-steps", str(options.plain_steps)]
+    plain_command = plain_trainer_command(root / "best.json", options.model, options.seq_len, options.plain_steps)
     for index in range(options.rounds):
         plain_runs.append(json.loads(run(plain_command, root).strip().splitlines()[-1]))
         autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}"))

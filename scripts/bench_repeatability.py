@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import cv, load_average  # noqa: E402
+from _bench_common import cv, load_average, plain_trainer_command  # noqa: E402
 
 from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
@@ -93,11 +93,7 @@ def main() -> None:
 
 def plain_run(args_file: Path, model: str, seq_len: int) -> float:
     """One plain Trainer run in a fresh interpreter (bench_fidelity.py's plain loop); its median-step samples/s."""
-    command = [
-        sys.executable, str(Path(__file__).resolve().parent / "bench_fidelity.py"), "--plain", str(args_file),
-        "--model", model, "--seq-len", str(seq_len), "--plain-steps", "30",
-    ]
-    completed = subprocess.run(command, capture_output=True, text=True, check=True)
+    completed = subprocess.run(plain_trainer_command(args_file, model, seq_len), capture_output=True, text=True, check=True)
     return float(json.loads(completed.stdout.strip().splitlines()[-1])["samples_per_s_median_step"])
 
 

@@ -360,14 +360,12 @@ def side_by_side(
 
 
 def _child_start_rss_bytes() -> int:
-    """Resident size of a trial child before it builds anything (the forkserver's preloaded imports),
-    measured here at about 0.4 GiB: what its address space already holds, so what it may not grow by.
+    """Resident size of a trial child before it builds anything: what it may not grow its address
+    space by. Not the whole CPU context prior: the library pages that adds are mapped in the child
+    already and cost it no address space."""
+    from autotune.estimate import CPU_CHILD_START_RSS_BYTES
 
-    Not the estimator's CPU context prior, which adds the library pages a fresh process maps
-    (``devices.unmapped_import_file_bytes``): those are mapped in the child already and cost it
-    no address space.
-    """
-    return int(0.40 * 1024**3)
+    return CPU_CHILD_START_RSS_BYTES
 
 
 # --- report --------------------------------------------------------------------------------------
