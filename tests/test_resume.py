@@ -34,6 +34,8 @@ def search_command(tmp_path: Path, fault: str, trials: int) -> list[str]:
         sys.executable, "-m", "autotune", "search", "--model", "bert-tiny", *FAST_SEARCH_ARGS,
         "--space", str(space), "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study-name", STUDY,
         "--work-dir", str(tmp_path / "runs"), "--trials", str(trials), "--callback", f"tests.faults:{fault}",
+        # Resuming is what is tested: no early stop, so every re-run is measured to the end under any load.
+        "--prune-ratio", "0",
     ]
 
 
