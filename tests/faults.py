@@ -78,6 +78,27 @@ class MemoryErrorAtStep(FaultAtStep):
         buffer[-1] = 1
 
 
+class OneDnnOutOfAddressSpaceAtStep(FaultAtStep):
+    """oneDNN cannot allocate a new primitive: the address-space limit is lowered to the child's
+    current size and a convolution of a shape never run before is created, which oneDNN reports only
+    as "could not create a primitive". The limit is put back before the error propagates, as freeing
+    the failed step's tensors would, so the child can still report."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        import resource
+
+        import psutil
+        import torch
+
+        images, weights = torch.randn(2, 3, 17, 17), torch.randn(5, 3, 3, 3)
+        limit = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (psutil.Process().memory_info().vms, limit[1]))
+        try:
+            torch.nn.functional.conv2d(images, weights)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, limit)
+
+
 class RaiseDeepInForward(FaultAtStep):
     """An exception deep inside the Trainer: a forward hook on the model's innermost last module raises
     during the forward pass of step ``at_step``, under Trainer.train -> training_step -> model."""

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
-from autotune.runner import TrialJob, classify_exit, run_isolated
+from autotune.runner import TrialJob, classify_exit, is_oom_exception, run_isolated
 from autotune.runner._watch import killed_for_memory, oom_kill_count
 
 pytestmark = pytest.mark.slow
@@ -203,6 +203,26 @@ def test_memory_error_is_oom(study_for):
     assert result.status == "oom" and result.error.startswith("MemoryError")
     assert "MemoryError" in result.stderr_tail
     assert_consistent(study)
+
+
+def test_onednn_failing_to_allocate_a_primitive_under_the_address_space_budget_is_oom(study_for):
+    study, request = study_for("OneDnnOutOfAddressSpaceAtStep", address_space_bytes=1 * GiB)
+    trial = run_trial(study, request)
+    assert (trial.state, trial.value) == (TrialState.COMPLETE, 0.0)
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.error) == ("oom", "RuntimeError: could not create a primitive")
+    assert_consistent(study)
+
+
+def test_onednn_primitive_failure_is_oom_only_under_the_address_space_budget():
+    # Without a budget, oneDNN's message means an unsupported primitive: an error, not a size limit.
+    unsupported = RuntimeError("could not create a primitive")
+    assert not is_oom_exception(unsupported)
+    assert is_oom_exception(unsupported, address_space_limited=True)
+    wrapped = RuntimeError("training step failed")
+    wrapped.__cause__ = unsupported
+    assert is_oom_exception(wrapped, address_space_limited=True)
+    assert not is_oom_exception(RuntimeError("could not create a tensor"), address_space_limited=True)
 
 
 def test_transient_crash_is_retried_once_and_then_measured(study_for):

@@ -43,7 +43,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         result = TrialResult(
-            status="oom" if is_oom_exception(exc) else "error",
+            status="oom" if is_oom_exception(exc, address_space_limited=job.address_space_bytes is not None) else "error",
             error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
             ceiling_bytes=job.ceiling_bytes,
         )

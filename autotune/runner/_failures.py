@@ -23,19 +23,31 @@ OOM_MESSAGES = (
     "Cannot allocate memory",
 )
 
+# oneDNN says only this when it cannot allocate what a new primitive needs (its scratchpad, its JIT
+# code): under the CPU address-space budget that is an out-of-memory failure (seen here: a conv2d with
+# RLIMIT_AS at the process's size, and the backward of a batch 64 BERT over budget); without a budget
+# it means an unsupported primitive and stays an error.
+ADDRESS_SPACE_OOM_MESSAGES = ("could not create a primitive",)
 
-def is_oom_exception(exc: BaseException) -> bool:
+
+def is_oom_exception(exc: BaseException, address_space_limited: bool = False) -> bool:
     """True for out-of-memory exceptions, found by type first and by allocator message second.
 
     Chained exceptions count: the Trainer or a dataloader may wrap the allocator's error.
+
+    Args:
+        exc: What the trial raised.
+        address_space_limited: The trial ran under the CPU address-space budget, where oneDNN's
+            "could not create a primitive" is a failed allocation too.
     """
+    messages = OOM_MESSAGES + (ADDRESS_SPACE_OOM_MESSAGES if address_space_limited else ())
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
             return True
-        if any(message in str(current) for message in OOM_MESSAGES):
+        if any(message in str(current) for message in messages):
             return True
         current = current.__cause__ or current.__context__
     return False
