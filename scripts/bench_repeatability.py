@@ -10,7 +10,9 @@ The machine's own floor, measured side by side: with ``--plain`` (the default), 
 alternates with a plain Trainer run of the same arguments in a fresh interpreter that imports
 nothing from autotune (``bench_fidelity.py``'s plain loop: median step time over 30 steps after 3
 warm-up), so the CV of autotune's medians can be read against the CV a plain training run shows
-on the same machine in the same minutes.
+on the same machine in the same minutes. With ``--matmul-seconds`` above 0 (default 10), each run is
+also followed by a fixed matmul loop with no training at all, whose GFLOP/s show how steady the
+machine's raw compute is from one run to the next.
 
     python scripts/bench_repeatability.py --model bert-mini --seq-len 128 --micro-batch 16 --runs 5
 """
@@ -30,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_common import cv, load_average, plain_trainer_command  # noqa: E402
 
+from autotune.calibrate import measure_matmul_peak  # noqa: E402
 from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
@@ -49,6 +52,10 @@ def main() -> None:
         "--plain", action=argparse.BooleanOptionalAction, default=True,
         help="alternate each run with a plain Trainer run of the same arguments (the machine's floor)",
     )
+    parser.add_argument(
+        "--matmul-seconds", type=float, default=10.0,
+        help="seconds of fp32 matmuls (autotune devices --calibrate's timer) after each run (the hardware's floor); 0 leaves it out",
+    )
     options = parser.parse_args()
 
     settings = MeasureSettings()
@@ -62,8 +69,9 @@ def main() -> None:
     print(load_average())
     args_file = root / "args.json"  # the one knobs -> TrainingArguments mapping, as exported
     args_file.write_text(json.dumps(training_arguments_kwargs(config, "cpu")))
-    medians, plain_medians = [], []
+    medians, plain_medians, matmul_rates = [], [], []
     plain_header = f" {'plain samples/s':>16}" if options.plain else ""
+    plain_header += f" {'matmul GFLOP/s':>15}" if options.matmul_seconds > 0 else ""
     print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{plain_header}")
     for run in range(options.runs):
         result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"run-{run}")), timeout_s=900)
@@ -74,6 +82,10 @@ def main() -> None:
         if options.plain:
             plain_medians.append(plain_run(args_file, options.model, options.seq_len))
             plain_text = f" {plain_medians[-1]:16.2f}"
+        if options.matmul_seconds > 0:
+            # calibrate's matmul timer (2048 x 2048 fp32, each matmul timed alone): the median rate
+            matmul_rates.append(measure_matmul_peak("cpu", "fp32", seconds=options.matmul_seconds).median_tflops * 1000)
+            plain_text += f" {matmul_rates[-1]:15.1f}"
         print(
             f"{run:>3} {result.samples_per_s:10.2f} {result.step_time_median_s:14.4f} {result.step_time_cv:8.1%} "
             f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}{plain_text}",
@@ -87,6 +99,11 @@ def main() -> None:
         print(
             f"plain Trainer loop, alternating: median {statistics.median(plain_medians):.2f} samples/s (median step); range "
             f"{min(plain_medians):.2f}-{max(plain_medians):.2f}; CV of the per-run medians {cv(plain_medians):.1%} (the machine's floor)"
+        )
+    if matmul_rates:
+        print(
+            f"fixed matmul loop ({options.matmul_seconds:g} s each, median GFLOP/s), alternating: range {min(matmul_rates):.1f}-"
+            f"{max(matmul_rates):.1f} GFLOP/s; CV {cv(matmul_rates):.1%} (the hardware's floor, no training)"
         )
     print(load_average())
 

@@ -184,3 +184,32 @@ class RecordAddressSpaceLimit(FaultAtStep):
         record = {"limit_bytes": None if soft_limit == resource.RLIM_INFINITY else soft_limit,
                   "vms_bytes": psutil.Process().memory_info().vms}
         (Path(args.output_dir) / "address_space.json").write_text(json.dumps(record))
+
+
+class RecordCollectorState(TrainerCallback):
+    """Not a fault, a probe: writes ``<output_dir>/collector.json`` at the first step: how many objects
+    were frozen (hidden from the collector) at each full collection since the trial built its
+    callbacks, which includes the one ``Trainer.train()`` starts with, and how many at the first step."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self._frozen_at_full_collections: list[int] = []
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        import gc
+
+        if phase == "start" and info["generation"] == 2:
+            self._frozen_at_full_collections.append(gc.get_freeze_count())
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        import gc
+        import json
+
+        if state.global_step == 0:
+            gc.callbacks.remove(self._on_collection)
+            record = {"frozen_at_full_collections": self._frozen_at_full_collections,
+                      "frozen_at_first_step": gc.get_freeze_count()}
+            (Path(args.output_dir) / "collector.json").write_text(json.dumps(record))
+        return control

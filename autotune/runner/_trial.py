@@ -6,14 +6,13 @@ Nothing here touches CUDA at import time.
 
 from __future__ import annotations
 
-import gc
 import platform
 import time
 from typing import Any
 
 import torch
 import transformers
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
 from autotune.devices import limit_address_space, matmul_dtype, memory_probe
@@ -95,7 +94,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             train_dataset=build_dataset(job),
             callbacks=[timer, *(load_callback(name)() for name in job.callbacks)],
         )
-        train_skipping_the_start_collection(trainer)
+        trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
     finally:
         probe.stop()
@@ -137,33 +136,6 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         ceiling_bytes=job.ceiling_bytes,
         versions=versions(job),
     )
-
-
-class ThawAtTrainBegin(TrainerCallback):
-    """Undoes :func:`train_skipping_the_start_collection`'s ``gc.freeze()`` before the first step."""
-
-    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
-        gc.unfreeze()
-        return control
-
-
-def train_skipping_the_start_collection(trainer: Trainer) -> None:
-    """``trainer.train()`` without the full garbage collection that opens it.
-
-    ``Trainer.train`` starts with ``accelerator.free_memory()``, whose ``gc.collect()`` walks every
-    object that importing torch and transformers made: 0.2 s of the 0.3 s between a trial's start
-    and its first step (profiled; docs/benchmarks.md, isolation), paid again by every trial. The
-    heap is hidden from the collector across that call (``gc.freeze``) and handed back when training
-    begins (``on_train_begin`` runs after ``free_memory``), so every measured step runs with the
-    same collector state as a plain training run; only the start-up pause is skipped, and it is
-    never part of the throughput.
-    """
-    trainer.add_callback(ThawAtTrainBegin())
-    gc.freeze()
-    try:
-        trainer.train()
-    finally:
-        gc.unfreeze()  # training failed before on_train_begin
 
 
 def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
