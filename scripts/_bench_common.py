@@ -32,13 +32,19 @@ class FirstStepClock(TrainerCallback):
             self._written = True
 
 
-def plain_trainer_command(args_file: Path, model: str, seq_len: int, steps: int = 30) -> list[str]:
-    """The command that trains ``args_file`` in a plain Trainer loop in a fresh interpreter
-    (``bench_fidelity.py --plain``); its last stdout line is a JSON dict of what it measured."""
+def run_plain_trainer(args_file: Path, model: str, seq_len: int, steps: int = 30) -> dict:
+    """Train ``args_file`` in a plain Trainer loop in a fresh interpreter (``bench_fidelity.py --plain``)
+    and return what it measured (the JSON dict its last stdout line holds)."""
+    import json
+    import subprocess
     import sys
 
     fidelity = Path(__file__).resolve().parent / "bench_fidelity.py"
-    return [sys.executable, str(fidelity), "--plain", str(args_file), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps)]
+    command = [sys.executable, str(fidelity), "--plain", str(args_file), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"plain Trainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def read_first_step(work_dir: str) -> float:

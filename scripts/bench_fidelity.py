@@ -159,7 +159,7 @@ def main() -> None:
     import statistics
 
     import optuna
-    from _bench_common import load_average, plain_trainer_command
+    from _bench_common import load_average, run_plain_trainer
 
     from autotune.ranking import study_ranking
 
@@ -178,9 +178,8 @@ def main() -> None:
     # The machine's load drifts (other jobs): the plain loop and autotune's runner measure the
     # winner alternately, so the side-by-side ratio is free of that drift.
     plain_runs, autotune_runs = [], []
-    plain_command = plain_trainer_command(root / "best.json", options.model, options.seq_len, options.plain_steps)
     for index in range(options.rounds):
-        plain_runs.append(json.loads(run(plain_command, root).strip().splitlines()[-1]))
+        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps))
         autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}"))
         print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
               f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)

@@ -23,14 +23,13 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import cv, load_average, plain_trainer_command  # noqa: E402
+from _bench_common import cv, load_average, run_plain_trainer  # noqa: E402
 
 from autotune.calibrate import measure_matmul_peak  # noqa: E402
 from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
@@ -70,25 +69,25 @@ def main() -> None:
     args_file = root / "args.json"  # the one knobs -> TrainingArguments mapping, as exported
     args_file.write_text(json.dumps(training_arguments_kwargs(config, "cpu")))
     medians, plain_medians, matmul_rates = [], [], []
-    plain_header = f" {'plain samples/s':>16}" if options.plain else ""
-    plain_header += f" {'matmul GFLOP/s':>15}" if options.matmul_seconds > 0 else ""
-    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{plain_header}")
+    extra_header = f" {'plain samples/s':>16}" if options.plain else ""
+    extra_header += f" {'matmul GFLOP/s':>15}" if options.matmul_seconds > 0 else ""
+    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{extra_header}")
     for run in range(options.runs):
         result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"run-{run}")), timeout_s=900)
         if result.status != "ok":
             raise SystemExit(f"run {run} failed: {result.status} {result.error}")
         medians.append(result.samples_per_s)
-        plain_text = ""
+        extra_cells = ""
         if options.plain:
-            plain_medians.append(plain_run(args_file, options.model, options.seq_len))
-            plain_text = f" {plain_medians[-1]:16.2f}"
+            plain_medians.append(run_plain_trainer(args_file, options.model, options.seq_len)["samples_per_s_median_step"])
+            extra_cells = f" {plain_medians[-1]:16.2f}"
         if options.matmul_seconds > 0:
             # calibrate's matmul timer (2048 x 2048 fp32, each matmul timed alone): the median rate
             matmul_rates.append(measure_matmul_peak("cpu", "fp32", seconds=options.matmul_seconds).median_tflops * 1000)
-            plain_text += f" {matmul_rates[-1]:15.1f}"
+            extra_cells += f" {matmul_rates[-1]:15.1f}"
         print(
             f"{run:>3} {result.samples_per_s:10.2f} {result.step_time_median_s:14.4f} {result.step_time_cv:8.1%} "
-            f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}{plain_text}",
+            f"{result.measured_steps:6d} {str(result.steady):>7} {result.peak_memory_bytes / 1024**2:13.0f}{extra_cells}",
             flush=True,
         )
     print(
@@ -106,12 +105,6 @@ def main() -> None:
             f"{max(matmul_rates):.1f} GFLOP/s; CV {cv(matmul_rates):.1%} (the hardware's floor, no training)"
         )
     print(load_average())
-
-
-def plain_run(args_file: Path, model: str, seq_len: int) -> float:
-    """One plain Trainer run in a fresh interpreter (bench_fidelity.py's plain loop); its median-step samples/s."""
-    completed = subprocess.run(plain_trainer_command(args_file, model, seq_len), capture_output=True, text=True, check=True)
-    return float(json.loads(completed.stdout.strip().splitlines()[-1])["samples_per_s_median_step"])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Trainer's ``output_dir``, which is the search's ``--work-dir``).
 from __future__ import annotations
 
 import ctypes
+import gc
+import json
 import os
 import signal
 import time
@@ -175,7 +177,6 @@ class RecordAddressSpaceLimit(FaultAtStep):
     at_step = 1
 
     def fire(self, args, kwargs) -> None:  # noqa: ANN001
-        import json
         import resource
 
         import psutil
@@ -192,21 +193,14 @@ class RecordCollectorState(TrainerCallback):
     callbacks, which includes the one ``Trainer.train()`` starts with, and how many at the first step."""
 
     def __init__(self) -> None:
-        import gc
-
         self._frozen_at_full_collections: list[int] = []
         gc.callbacks.append(self._on_collection)
 
     def _on_collection(self, phase: str, info: dict) -> None:
-        import gc
-
         if phase == "start" and info["generation"] == 2:
             self._frozen_at_full_collections.append(gc.get_freeze_count())
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
-        import gc
-        import json
-
         if state.global_step == 0:
             gc.callbacks.remove(self._on_collection)
             record = {"frozen_at_full_collections": self._frozen_at_full_collections,
