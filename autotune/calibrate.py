@@ -4,7 +4,7 @@ No API reports peak FLOPS and datasheets know only GPUs (and quote clocks a devi
 so ``autotune devices --calibrate`` times large square matmuls per dtype and stores the best rate
 seen, keyed by device name, in ``$XDG_CACHE_HOME/autotune/peaks.json`` (``AUTOTUNE_PEAKS_FILE``
 overrides the path). A search then reports MFU against that measured peak too. Achievable matmul
-peaks are typically 80-87 % of datasheet figures on GPUs (../shared/FACTS.md).
+peaks are typically 80-87 % of datasheet figures on GPUs (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.devices import DeviceSpec, child_environment
+from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
+from autotune.runner import child_environment
 
 PEAKS_FILE_ENV = "AUTOTUNE_PEAKS_FILE"
 # Square matmul sizes: large enough to saturate the units, small enough to time in a second.

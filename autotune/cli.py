@@ -1,4 +1,8 @@
-"""The ``autotune`` command line: parse, call, print. All the work happens in the modules it calls."""
+"""The ``autotune`` command line: each command checks its options, makes one call, prints.
+
+All the work happens in the modules it calls (docs/architecture.md is the map). Options that several
+commands share are declared once, below.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from autotune import schema
 from autotune.errors import AutotuneError
+from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
     add_completion=False,
@@ -31,24 +37,32 @@ def _console(stderr: bool = False) -> Console:
 console = _console()
 err_console = _console(stderr=True)
 
+# Options shared by several commands.
+ModelOption = Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")]
+GpuOption = Annotated[Optional[int], typer.Option(help="CUDA device number.")]
+DeviceOption = Annotated[Optional[str], typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")]
+SeqLenOption = Annotated[int, typer.Option(help="Tokens per training sample.")]
+CeilingOption = Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a size (14GiB).")]
+SpaceOption = Annotated[Optional[str], typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")]
+TaskOption = Annotated[Optional[str], typer.Option(help="sequence-classification, causal-lm or masked-lm.")]
 StorageOption = Annotated[str, typer.Option(help="Optuna storage URL (sqlite:///file.db or postgresql://...).")]
 StudyOption = Annotated[Optional[str], typer.Option(help="Study name (default: the only study in the storage).")]
 
 
 @app.command()
 def search(
-    model: Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")],
-    gpu: Annotated[Optional[int], typer.Option(help="CUDA device number.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")] = None,
-    seq_len: Annotated[int, typer.Option(help="Tokens per training sample.")] = 128,
-    memory_ceiling: Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a size (14GiB).")] = "0.9",
-    space: Annotated[Optional[str], typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")] = None,
-    storage: StorageOption = "sqlite:///autotune.db",
+    model: ModelOption,
+    gpu: GpuOption = None,
+    device: DeviceOption = None,
+    seq_len: SeqLenOption = 128,
+    memory_ceiling: CeilingOption = "0.9",
+    space: SpaceOption = None,
+    storage: StorageOption = DEFAULT_STORAGE,
     study_name: Annotated[Optional[str], typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
     trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = 20,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
     trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = 900.0,
-    task: Annotated[Optional[str], typer.Option(help="sequence-classification, causal-lm or masked-lm.")] = None,
+    task: TaskOption = None,
     warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = 3,
     max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = 40,
     work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = "autotune_runs",
@@ -87,100 +101,63 @@ def search(
     """Run (or resume) a study: every candidate trains for real in its own process."""
     import psutil
 
-    from autotune.devices import child_address_space_budget
     from autotune.display import SearchView
-    from autotune.measure import MeasureSettings
-    from autotune.models import resolve_model
-    from autotune.space import load_space
-    from autotune.study import SearchProgress, SearchRequest, default_study_name, open_storage, open_study, redact
-    from autotune.units import format_bytes, parse_ceiling
-    from autotune.workers import run_workers, worker_devices
+    from autotune.storage import open_storage, redact
+    from autotune.study import (
+        SearchBudget,
+        SearchOptions,
+        SearchProgress,
+        default_study_name,
+        open_study,
+        prepare_request,
+        recover_orphans,
+        run_search,
+    )
+    from autotune.units import format_bytes
 
-    if seq_len <= 0 or trials <= 0 or (max_total_trials is not None and max_total_trials <= 0):
-        raise AutotuneError("--seq-len, --trials and --max-total-trials must be positive")
+    for option, value in (("--trials", trials), ("--max-total-trials", max_total_trials)):
+        if value is not None and value <= 0:
+            raise AutotuneError(f"{option} {value}: must be positive")
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
-    if not 0 <= prune_ratio < 1:
-        raise AutotuneError(f"--prune-ratio {prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1")
-    devices_of_workers = worker_devices(device, gpu, gpus, workers)
-    device_spec = devices_of_workers[0]
-    ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
-    model_spec = resolve_model(model, task)
-    if model_spec.max_positions and seq_len > model_spec.max_positions:
-        raise AutotuneError(f"--seq-len {seq_len} is longer than {model} allows ({model_spec.max_positions} positions)")
-    from autotune.config import load_base_args
-
-    fixed_args = load_base_args(base_args) if base_args else {}
-    search_space = load_space(
-        space, device_spec, model=model_spec, base_args=fixed_args, global_batch=global_batch, max_global_batch=max_global_batch
+    options = SearchOptions(
+        model=model, gpu=gpu, device=device, gpus=gpus, workers=workers, seq_len=seq_len, memory_ceiling=memory_ceiling,
+        space=space, task=task, trial_timeout=trial_timeout, warmup_steps=warmup_steps,
+        max_measure_steps=max_measure_steps, work_dir=work_dir, callbacks=tuple(callback or ()), dataset=dataset,
+        text_column=text_column, packing=packing, base_args=base_args, global_batch=global_batch,
+        max_global_batch=max_global_batch, prune_ratio=prune_ratio, screen=screen,
     )
-    from autotune.runner import load_callback
-
-    for callback_name in callback or ():
-        load_callback(callback_name)  # a wrong name fails here, once, not in every trial
-    for note in search_space.notes:
+    prepared = prepare_request(options, psutil.virtual_memory().available)
+    request, workload = prepared.request, prepared.request.workload
+    for note in prepared.notes[:-1]:
         console.print(f"[dim]note: {note}[/]")
-    data = None
-    if dataset is not None:
-        from autotune.data import prepare_dataset
-
-        data = prepare_dataset(
-            dataset, model_spec, seq_len, search_space.largest_global_batch, warmup_steps + max_measure_steps,
-            os.path.join(work_dir, "datasets"), text_column, packing,
-        )
-        console.print(f"dataset {data['label']}: {data['num_samples']} samples")
-    from autotune.calibrate import load_measured_peaks, peak_note
-
-    measured_peaks = load_measured_peaks(device_spec.name)
-    console.print(f"[dim]note: {peak_note(device_spec, measured_peaks)}[/]")
-    request = SearchRequest(
-        model=model_spec,
-        device=device_spec,
-        seq_len=seq_len,
-        ceiling_bytes=ceiling,
-        space=search_space,
-        measure=MeasureSettings(warmup_steps=warmup_steps, max_steps=max_measure_steps),
-        trial_timeout_s=trial_timeout,
-        work_root=work_dir,
-        address_space_bytes=(
-            child_address_space_budget(ceiling, psutil.virtual_memory().available // len(devices_of_workers))
-            if device_spec.kind == "cpu"
-            else None
-        ),
-        measured_peaks_tflops=measured_peaks,
-        callbacks=tuple(callback or ()),
-        base_args=fixed_args,
-        dataset=data,
-        screen=screen,
-        prune_ratio=prune_ratio,
-    )
-    name = study_name or default_study_name(model, device_spec, seq_len)
+    if workload.dataset is not None:
+        console.print(f"dataset {workload.dataset.label}: {workload.dataset.num_samples} samples")
+    console.print(f"[dim]note: {prepared.notes[-1]}[/]")
+    name = study_name or default_study_name(model, workload.device, seq_len)
     study = open_study(open_storage(storage), name, request)
     if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
-        for note in study.user_attrs.get("seed_notes", []):
+        for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
             console.print(f"[dim]note: {note}[/]")
-    from autotune.study import recover_orphans
-
     recovered = recover_orphans(study)
     if recovered:
         console.print(f"note: trial(s) {', '.join(map(str, recovered))} were left running by a run that died; queued again")
-    probe_source = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "peak reserved + outside-allocator device memory"
+    probe_source = "peak RSS of the trial's process tree" if workload.device.kind == "cpu" else "peak reserved + outside-allocator device memory"
     console.print(
-        f"study [bold]{name}[/] in {redact(storage)}: {model_spec.name} ({model_spec.num_params / 1e6:.1f} M params, "
-        f"{model_spec.task}) on {', '.join(d.label for d in devices_of_workers)} ({device_spec.name}), seq len {seq_len}, "
-        f"ceiling {format_bytes(ceiling)}, space of {search_space.size} configs, {len(study.trials)} trials so far"
+        f"study [bold]{name}[/] in {redact(storage)}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M params, "
+        f"{workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), seq len {seq_len}, "
+        f"ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, {len(study.trials)} trials so far"
     )
-    view = SearchView(console, trials, ceiling, probe_source)
+    view = SearchView(console, trials, workload.ceiling_bytes, probe_source)
     # `kill`, `docker stop`, a batch scheduler: stop as on Ctrl-C, so the running trial is recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with view:
-            run_workers(
-                study, request, devices_of_workers, trials, timeout,
-                SearchProgress(view.trial_started, view.trial_finished), max_total_trials,
+            run_search(
+                study, request, SearchBudget(trials, timeout, max_total_trials), SearchProgress(view.trial_started, view.trial_finished)
             )
     except KeyboardInterrupt:
-        from autotune.study import describe_standing
+        from autotune.ranking import describe_standing
 
         err_console.print(
             f"interrupted: running trials were stopped, recorded as interrupted and queued to run again. "
@@ -198,8 +175,7 @@ def search(
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
-    from autotune.ranking import confirmations_of
-    from autotune.seeds import speedup_over_default
+    from autotune.ranking import confirmations_of, speedup_over_default
 
     speedup = speedup_over_default(study.get_trials(deepcopy=False), confirmations_of(study))
     if speedup is None:
@@ -216,7 +192,7 @@ def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
 
 
 def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 - optuna.Study, SearchRequest
-    from autotune.confirm import confirm_top
+    from autotune.study import confirm_top
 
     console.print(f"confirming: re-running the top {top_k} feasible configs {repeats} times each, interleaved")
 
@@ -232,47 +208,40 @@ def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 
 
 @app.command()
 def estimate(
-    model: Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")],
-    seq_len: Annotated[int, typer.Option(help="Tokens per training sample.")] = 128,
-    gpu: Annotated[Optional[int], typer.Option(help="CUDA device number.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")] = None,
-    space: Annotated[Optional[str], typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")] = None,
-    memory_ceiling: Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a size (14GiB).")] = "0.9",
-    task: Annotated[Optional[str], typer.Option(help="sequence-classification, causal-lm or masked-lm.")] = None,
+    model: ModelOption,
+    seq_len: SeqLenOption = 128,
+    gpu: GpuOption = None,
+    device: DeviceOption = None,
+    space: SpaceOption = None,
+    memory_ceiling: CeilingOption = "0.9",
+    task: TaskOption = None,
     storage: Annotated[
         Optional[str], typer.Option(help="Calibrate on the measured trials of a study in this storage.")
     ] = None,
     study_name: StudyOption = None,
 ) -> None:
     """Predict each config's peak memory, by part, without running anything."""
+    from autotune.ceiling import parse_ceiling
     from autotune.devices import resolve_device
     from autotune.display import estimate_table
     from autotune.estimate import Calibration, estimate_peak, memory_distinct_configs
     from autotune.models import resolve_model
-    from autotune.screening import calibration_from_trials, margin_for
     from autotune.space import load_space
-    from autotune.units import format_bytes, parse_ceiling
+    from autotune.units import format_bytes
 
     if seq_len <= 0:
-        raise AutotuneError("--seq-len must be positive")
+        raise AutotuneError(f"--seq-len {seq_len}: must be positive")
     device_spec = resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
     search_space = load_space(space, device_spec, model=model_spec)
     calibration = Calibration.prior(device_spec.kind)
     if storage is not None:
-        from autotune.study import load_study, measured_trials
-
-        study = load_study(storage, study_name)
-        identity = study.user_attrs.get("identity") or {}
-        if (identity.get("model"), identity.get("seq_len"), identity.get("device")) != (model, seq_len, device_spec.name):
-            raise AutotuneError(
-                f"study {study.study_name!r} measured {identity.get('model')} at seq len {identity.get('seq_len')} on "
-                f"{identity.get('device')}: calibrate with a study of the same model, length and device"
-            )
-        calibration = calibration_from_trials(model_spec, seq_len, device_spec.kind, measured_trials(study))
+        calibration = _calibration_of_study(storage, study_name, model_spec, seq_len, device_spec)
     configs = memory_distinct_configs(search_space.choices, device_spec.kind)
     rows = [(c, estimate_peak(model_spec, c, seq_len, device_spec.kind, calibration)) for c in configs]
+    from autotune.study import margin_for
+
     memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory"
     console.print(
         estimate_table(
@@ -284,16 +253,26 @@ def estimate(
     console.print(f"estimator: {calibration.describe()}")
 
 
+def _calibration_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec):  # noqa: ANN001, ANN202
+    """The estimator fitted on a study's measured trials, refusing a study of another model, length or device."""
+    from autotune.storage import load_study
+    from autotune.study import calibration_from_trials, check_identity, measured_trials
+
+    study = load_study(storage, study_name)
+    check_identity(study, {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name})
+    return calibration_from_trials(model_spec, seq_len, device_spec.kind, measured_trials(study))
+
+
 @app.command()
 def best(
-    storage: StorageOption = "sqlite:///autotune.db",
+    storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
     all: Annotated[bool, typer.Option("--all", help="Every trial, failures included, in trial order.")] = False,
     top: Annotated[int, typer.Option(help="Rows to show.")] = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
     from autotune.ranking import all_trials, confirmations_of
-    from autotune.study import load_study
+    from autotune.storage import load_study
 
     study = load_study(storage, study_name)
     if all:
@@ -306,9 +285,8 @@ def best(
 
 
 def _print_ranking(study, top: int) -> None:  # noqa: ANN001 - an optuna.Study
-    from autotune.confirm import describe_winner
     from autotune.display import trial_table
-    from autotune.ranking import study_ranking
+    from autotune.ranking import describe_winner, study_ranking
 
     ranking = study_ranking(study)
     if not ranking:
@@ -327,12 +305,12 @@ def export(
     fmt: Annotated[
         str, typer.Option("--format", help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.")
     ] = "json",
-    storage: StorageOption = "sqlite:///autotune.db",
+    storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
     from autotune.export import DEFAULT_OUT, FORMATS, export_winner, model_loading_note
-    from autotune.study import load_study
+    from autotune.storage import load_study
 
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
@@ -350,13 +328,13 @@ def export(
 
 @app.command()
 def dashboard(
-    storage: StorageOption = "sqlite:///autotune.db",
+    storage: StorageOption = DEFAULT_STORAGE,
     host: Annotated[str, typer.Option(help="Address to listen on. The dashboard has no login: keep it on loopback.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
 ) -> None:
     """Serve optuna-dashboard on the study storage: OOM and over-ceiling trials shown infeasible, a note per study."""
     from autotune.dashboard import is_loopback, serve
-    from autotune.study import redact
+    from autotune.storage import redact
 
     if not is_loopback(host):
         err_console.print(
@@ -373,12 +351,12 @@ def dashboard(
 @app.command()
 def report(
     out: Annotated[str, typer.Option(help="HTML file to write (self-contained: opens offline).")] = "report.html",
-    storage: StorageOption = "sqlite:///autotune.db",
+    storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, knob effects, timeline, ranking."""
     from autotune.report import write_report
-    from autotune.study import load_study
+    from autotune.storage import load_study
 
     study = load_study(storage, study_name)
     write_report(study, out)
@@ -397,13 +375,13 @@ def devices(
     ] = None,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
-    from rich.table import Table
-
-    from autotune.calibrate import calibrate_device, load_measured_peaks, peak_note, save_calibration
-    from autotune.config import DTYPES
+    from autotune.calibrate import (
+        calibrate_device,
+        load_measured_peaks,
+        save_calibration,
+    )
     from autotune.devices import list_devices, resolve_device
-    from autotune.display import format_tflops
-    from autotune.units import format_bytes
+    from autotune.display import devices_table, format_tflops
 
     if seconds <= 0 or (matrix_size is not None and matrix_size <= 0):
         raise AutotuneError("--seconds and --matrix-size must be positive")
@@ -420,27 +398,7 @@ def devices(
                     f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
                 )
             console.print(f"  stored in {path}")
-    table = Table(
-        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"
-    )
-    for header in ["device", "name", "memory", "datasheet", *DTYPES]:
-        table.add_column(header)
-    notes = []
-    for spec in found:
-        measured = load_measured_peaks(spec.name)
-        cells = []
-        for dtype in DTYPES:
-            if dtype not in spec.supported_dtypes:
-                cells.append("n/a")
-                continue
-            datasheet = spec.datasheet_peak_tflops(dtype)
-            cells.append(
-                f"{'-' if datasheet is None else format_tflops(datasheet)} / "
-                f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
-            )
-        entry = spec.datasheet_entry()
-        table.add_row(spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells)
-        notes.append(f"{spec.label}: {peak_note(spec, measured)}")
+    table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)
     for note in notes:
         console.print(f"note: {note}")

@@ -29,12 +29,18 @@ from optuna.storages import RDBStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.devices import memory_source_description
+from autotune import schema
 from autotune.errors import AutotuneError
-from autotune.export import confirmation_label, ranked_result, render, winner_arguments, winner_summary
-from autotune.ranking import RankedTrial, study_ranking
-from autotune.result import USER_ATTR_KEY
-from autotune.study import CONSTRAINTS_ATTR, METRIC_NAME, open_storage
+from autotune.export import render, winner_arguments
+from autotune.ranking import (
+    RankedTrial,
+    confirmation_label,
+    ranked_result,
+    study_ranking,
+    winner_summary,
+)
+from autotune.result import memory_source_description
+from autotune.storage import open_storage
 from autotune.units import format_bytes
 
 DEFAULT_HOST = "127.0.0.1"
@@ -53,7 +59,7 @@ def constraints_feasible(constraints: list[float]) -> bool:
 
 def is_feasible(trial: FrozenTrial) -> bool:
     """Whether optuna-dashboard shows ``trial`` as feasible (it reads the legacy list attr only)."""
-    return constraints_feasible(trial.system_attrs.get(CONSTRAINTS_ATTR, []))
+    return constraints_feasible(trial.system_attrs.get(schema.TRIAL_CONSTRAINTS, []))
 
 
 class FeasibleBestStorage(RDBStorage):
@@ -177,7 +183,7 @@ def refresh_notes(storage: RDBStorage) -> int:
     """Rewrite the note of every autotune study in ``storage``; returns how many changed."""
     changed = 0
     for summary in storage.get_all_studies():
-        if "identity" not in summary.user_attrs:
+        if schema.STUDY_IDENTITY not in summary.user_attrs:
             continue  # not an autotune study: leave it alone
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         changed += save_study_note(study)
@@ -207,16 +213,16 @@ def study_note(study: optuna.Study) -> str:
     """The study's markdown note: what is measured, how the trials ended, the ranked top configs and
     the winner's export."""
     attrs = study.user_attrs
-    identity = attrs.get("identity") or {}
+    identity = attrs.get(schema.STUDY_IDENTITY) or {}
     trials = study.get_trials(deepcopy=False)
     statuses = Counter(_status(t) for t in trials)
     ranking = study_ranking(study)
-    sources = {r["memory_source"] for t in trials if (r := t.user_attrs.get(USER_ATTR_KEY)) and r.get("memory_source")}
+    sources = {r["memory_source"] for t in trials if (r := t.user_attrs.get(schema.TRIAL_RESULT)) and r.get("memory_source")}
     memory = ", ".join(memory_source_description(source) for source in sorted(sources)) or "peak memory"
     lines = [
         f"## {study.study_name}",
         "",
-        f"**Objective: {attrs.get('metric', METRIC_NAME)}** (maximized): useful training work per second, "
+        f"**Objective: {attrs.get(schema.STUDY_METRIC, schema.METRIC_NAME)}** (maximized): useful training work per second, "
         "6N + 12·L·h·s FLOPs per token (PaLM, appendix B); recomputation from checkpointing is not counted.",
         "",
         f"Model **{identity.get('model', '?')}** ({identity.get('task', '?')}), sequence length {identity.get('seq_len', '?')}, "
@@ -261,7 +267,7 @@ def study_note(study: optuna.Study) -> str:
 
 
 def _status(trial: FrozenTrial) -> str:
-    result = trial.user_attrs.get(USER_ATTR_KEY) or {}
+    result = trial.user_attrs.get(schema.TRIAL_RESULT) or {}
     return str(result.get("status") or trial.state.name.lower())
 
 

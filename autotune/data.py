@@ -24,6 +24,7 @@ the synthetic data (the label values do not change the cost of a step).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -45,6 +46,33 @@ _PACKING_BATCH = 1000
 _META_FILE = "autotune_dataset.json"
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedDataset:
+    """The user's data as :func:`prepare_dataset` left it for the trials.
+
+    Attributes:
+        label: What the study's identity and the tables call it (source, column, shape).
+        source: The path the user gave, resolved.
+        prepared_dir: The Arrow copy the trials memory-map.
+        column: The column the trials read (text, or token ids when packed).
+        tokenizer_dir: Where the child loads the tokenizer from (``None``: already tokenized).
+        pad_token_id: The id padding uses.
+        num_samples: Samples in the prepared copy.
+        length: Samples a trial's dataset cycles up to (one epoch never ends within a trial).
+        packing: Documents were packed into full ``seq_len`` blocks instead of padded.
+    """
+
+    label: str
+    source: str
+    prepared_dir: str
+    column: str
+    tokenizer_dir: str | None
+    pad_token_id: int
+    num_samples: int
+    length: int
+    packing: bool
+
+
 def prepare_dataset(
     path: str,
     model: ModelSpec,
@@ -54,7 +82,7 @@ def prepare_dataset(
     cache_root: str,
     text_column: str | None = None,
     packing: bool = False,
-) -> dict[str, Any]:
+) -> PreparedDataset:
     """Read and check the user's dataset once, and write what the trials load.
 
     Args:
@@ -71,7 +99,7 @@ def prepare_dataset(
         packing: Concatenate documents and cut blocks of ``seq_len`` tokens instead of padding.
 
     Returns:
-        A JSON-able description for :class:`autotune.runner.TrialJob` ``dataset``.
+        What the trials load (:class:`autotune.runner.Workload` ``dataset``).
 
     Raises:
         AutotuneError: Unreadable data, no usable column, no tokenizer, token ids outside the
@@ -110,37 +138,37 @@ def prepare_dataset(
             f"--dataset {path}: {meta['num_samples']} samples ({shape}) is less than one global batch of the search "
             f"space ({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
         )
-    return {
-        "label": f"{source} ({meta['column_read']!r} {shape})",
-        "source": str(source),
-        "prepared_dir": str(prepared_dir.resolve()),
-        "column": meta["column"],
-        "tokenizer_dir": meta["tokenizer_dir"],
-        "pad_token_id": meta["pad_token_id"],
-        "num_samples": meta["num_samples"],
-        "length": length,
-        "packing": packing,
-    }
+    return PreparedDataset(
+        label=f"{source} ({meta['column_read']!r} {shape})",
+        source=str(source),
+        prepared_dir=str(prepared_dir.resolve()),
+        column=meta["column"],
+        tokenizer_dir=meta["tokenizer_dir"],
+        pad_token_id=int(meta["pad_token_id"]),
+        num_samples=int(meta["num_samples"]),
+        length=length,
+        packing=packing,
+    )
 
 
-def load_training_dataset(description: dict[str, Any], model: ModelSpec, seq_len: int) -> torch.utils.data.Dataset:
+def load_training_dataset(prepared: PreparedDataset, model: ModelSpec, seq_len: int) -> torch.utils.data.Dataset:
     """The trial child's dataset: the prepared Arrow copy, memory-mapped, tokenized on access."""
     import datasets
 
-    rows = datasets.load_from_disk(description["prepared_dir"])
+    rows = datasets.load_from_disk(prepared.prepared_dir)
     tokenizer = None
-    if description["tokenizer_dir"]:
+    if prepared.tokenizer_dir:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(description["tokenizer_dir"], local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True)
     return UserSamples(
         rows=rows,
-        column=description["column"],
+        column=prepared.column,
         tokenizer=tokenizer,
         seq_len=seq_len,
         task=model.task,
-        pad_token_id=int(description["pad_token_id"]),
-        length=int(description["length"]),
+        pad_token_id=prepared.pad_token_id,
+        length=prepared.length,
     )
 
 

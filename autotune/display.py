@@ -9,14 +9,21 @@ from collections.abc import Sequence
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
+from autotune.ceiling import fits
 from autotune.config import TrialConfig
-from autotune.devices import memory_source_description
+from autotune.devices import DeviceSpec
 from autotune.estimate import MemoryEstimate
 from autotune.ranking import RankedTrial
-from autotune.result import TrialResult
+from autotune.result import TrialResult, memory_source_description
 from autotune.units import format_bytes
 
 STATUS_STYLE = {
@@ -189,11 +196,46 @@ def estimate_table(
         table.add_column(header, justify="left" if header == "config" else "right")
     for config, estimate in rows:
         total = estimate.total_bytes
-        if total <= ceiling_bytes:
+        if fits(total, ceiling_bytes):
             verdict = "[green]fits[/]"
-        elif total <= ceiling_bytes * screen_margin:
+        elif fits(total, ceiling_bytes * screen_margin):
             verdict = "[yellow]over (would run)[/]"
         else:
             verdict = "[magenta]screened[/]"
         table.add_row(config.short(), *(format_bytes(v) for v in estimate.parts().values()), format_bytes(total), verdict)
     return table
+
+
+def devices_table(devices: Sequence[DeviceSpec], measured_peaks: dict[str, dict[str, float]]) -> tuple[Table, list[str]]:
+    """``autotune devices``: each device's memory and peak TFLOPS per dtype, datasheet / measured, and a
+    note per device saying what MFU is measured against.
+
+    Args:
+        devices: The devices found.
+        measured_peaks: Peaks measured by ``autotune devices --calibrate``, by device name and dtype.
+    """
+    from autotune.calibrate import peak_note
+    from autotune.config import DTYPES
+
+    table = Table(
+        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"
+    )
+    for header in ["device", "name", "memory", "datasheet", *DTYPES]:
+        table.add_column(header)
+    notes = []
+    for spec in devices:
+        measured = measured_peaks.get(spec.name, {})
+        cells = []
+        for dtype in DTYPES:
+            if dtype not in spec.supported_dtypes:
+                cells.append("n/a")
+                continue
+            datasheet = spec.datasheet_peak_tflops(dtype)
+            cells.append(
+                f"{'-' if datasheet is None else format_tflops(datasheet)} / "
+                f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
+            )
+        entry = spec.datasheet_entry()
+        table.add_row(spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells)
+        notes.append(f"{spec.label}: {peak_note(spec, measured)}")
+    return table, notes

@@ -6,7 +6,7 @@ The estimate is a sum of parts a user can check by hand:
   precision), plus the half-precision copies autocast makes of every matmul weight and keeps for
   the backward pass;
 * **gradients**: one fp32 gradient per parameter;
-* **optimizer states**: bytes per parameter per optimizer (FACTS.md: AdamW 8; 8-bit AdamW 2 with
+* **optimizer states**: bytes per parameter per optimizer (docs/facts.md: AdamW 8; 8-bit AdamW 2 with
   embeddings kept 32-bit; Adafactor's factored second moment; SGD without momentum 0);
 * **activations**: what autograd keeps per transformer layer, after Korthikanti et al. 2022
   ("Reducing Activation Recomputation in Large Transformer Models", section 4.1), generalised to
@@ -14,7 +14,7 @@ The estimate is a sum of parts a user can check by hand:
   only each layer's input is kept, plus one layer recomputed in the backward pass;
 * **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies;
 * **context**: what the process holds before training. On CUDA the CUDA context and kernels (0.5
-  to 1.5 GB, FACTS.md); on the CPU the measured figure is the resident set of the whole process
+  to 1.5 GB, docs/facts.md); on the CPU the measured figure is the resident set of the whole process
   tree, which includes the interpreter with torch and transformers imported (and one copy of it per
   dataloader worker, since forked workers map the same pages).
 
@@ -32,8 +32,8 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.models import ModelSpec
+from autotune.units import GiB
 
-GiB = 1024**3
 MiB = 1024**2
 
 # A forkserver trial child's resident set before it builds a model (python + torch + transformers
@@ -42,7 +42,7 @@ CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
 # The library pages a fresh process maps and a forkserver child does not, which the CPU probe adds
 # (devices.unmapped_import_file_bytes): 114 MiB measured here.
 CPU_UNMAPPED_LIBRARY_BYTES = int(0.10 * GiB)
-# Before any trial is measured. CUDA: the middle of the 0.5-1.5 GB range of FACTS.md.
+# Before any trial is measured. CUDA: the middle of the 0.5-1.5 GB range of docs/facts.md.
 PRIOR_CONTEXT_BYTES = {"cpu": CPU_CHILD_START_RSS_BYTES + CPU_UNMAPPED_LIBRARY_BYTES, "cuda": int(1.0 * GiB)}
 # CPU resident memory runs ahead of the tensors alive: freed blocks stay in malloc's arenas. The
 # prior activation scale says so (fitted on bert-mini, docs/benchmarks.md); calibration replaces it.
@@ -63,7 +63,7 @@ MIN_ACTIVATION_SHARE_FOR_SCALE = 0.2
 # resident memory holds half a layer more: malloc does not reuse the previous layer's freed
 # recompute buffers at once (docs/benchmarks.md).
 CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
-# Optimizer state bytes per parameter, for parameters in a matrix of >= 4096 elements (FACTS.md;
+# Optimizer state bytes per parameter, for parameters in a matrix of >= 4096 elements (docs/facts.md;
 # transformers' trainer_optimizer.py for which states each HF optimizer name creates).
 _STATE_BYTES_PER_PARAM = {
     "adamw_torch": 8.0,  # exp_avg + exp_avg_sq, fp32
@@ -182,7 +182,7 @@ def estimate_peak(
 
 
 def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer states) in bytes: the model states of FACTS.md.
+    """(weights, gradients, optimizer states) in bytes: the model states of docs/facts.md.
 
     HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed precision), so weights and
     gradients are 4 bytes per parameter in every dtype. Autocast casts each matmul weight to 16 bits
@@ -200,7 +200,7 @@ def optimizer_state_bytes(model: ModelSpec, optim: str) -> int:
     """Bytes of optimizer state for the whole model.
 
     8-bit optimizers keep 32-bit states for embeddings (HF Trainer registers ``nn.Embedding`` as
-    32-bit with bitsandbytes, FACTS.md). Adafactor (``beta1=None`` in HF) keeps, per matrix, one row
+    32-bit with bitsandbytes, docs/facts.md). Adafactor (``beta1=None`` in HF) keeps, per matrix, one row
     and one column vector instead of a full second moment, and a full one for vectors.
     """
     n = model.num_params

@@ -9,7 +9,6 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import sys
@@ -19,10 +18,10 @@ from typing import Any
 import optuna
 import yaml
 
+from autotune import schema
 from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
-from autotune.ranking import RankedTrial, study_ranking
-from autotune.result import TrialResult
+from autotune.ranking import RankedTrial, study_ranking, winner_summary
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -38,8 +37,8 @@ def winner(study: optuna.Study) -> RankedTrial:
 def winner_arguments(study: optuna.Study) -> dict[str, Any]:
     """The TrainingArguments keyword arguments of the study's best feasible trial."""
     best = winner(study)
-    device_kind = study.user_attrs.get("device_kind", "cpu")
-    return training_arguments_kwargs(best.config, device_kind, study.user_attrs.get("base_args") or {})
+    device_kind = study.user_attrs.get(schema.STUDY_DEVICE_KIND, "cpu")
+    return training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
 
 
 def write_json(arguments: dict[str, Any], out: str) -> None:
@@ -162,43 +161,6 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
     if "gradient_accumulation_steps" in rest:
         header.append(f"#   (accumulation: Accelerator(gradient_accumulation_steps={rest['gradient_accumulation_steps']!r}))")
     return "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
-
-
-def ranked_result(row: RankedTrial) -> TrialResult | None:
-    """A ranked trial's figures as ranked: at the confirmed median where the search confirmed it
-    (model/hardware TFLOPs, MFU scale with samples/s), with the larger peak of search and re-runs."""
-    if row.result is None:
-        return None
-    figures = dict((row.confirmation or {}).get("figures") or {})
-    if row.confirmed_samples_per_s is not None:
-        figures["samples_per_s"] = row.confirmed_samples_per_s
-    known = {field.name for field in dataclasses.fields(TrialResult)}
-    return dataclasses.replace(
-        row.result, **{k: v for k, v in figures.items() if k in known}, peak_memory_bytes=row.peak_memory_bytes
-    )
-
-
-def confirmation_label(row: RankedTrial) -> str:
-    """How a ranked trial's samples/s was measured, for tables: empty for a single measurement."""
-    if not row.confirmed:
-        return ""
-    return " (confirmed, ties with the leader)" if row.ties_with_leader else " (confirmed)"
-
-
-def winner_summary(best: RankedTrial) -> str:
-    """``#3 (mb=16 ...), 8.3 samples/s (...), ... model TFLOPs, peak memory ... under the ... ceiling``."""
-    from autotune.units import format_bytes
-
-    result = ranked_result(best)
-    measured = ""
-    if result is not None:
-        how = " (median of confirming re-runs)" if best.confirmed else " (one measurement)"
-        measured = (
-            f", {result.samples_per_s:.1f} samples/s{how}, {result.model_tflops:.4g} model TFLOPs, "
-            f"peak memory {format_bytes(result.peak_memory_bytes)} ({result.memory_source}) under the "
-            f"{format_bytes(result.ceiling_bytes)} ceiling"
-        )
-    return f"#{best.number} ({best.config.short()}){measured}"
 
 
 def model_loading_note(best: RankedTrial) -> str | None:

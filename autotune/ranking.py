@@ -9,12 +9,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune import schema
 from autotune.config import TrialConfig
-from autotune.result import TrialResult
-
-# Study user attr holding the last confirmation (see autotune.confirm): {"trials": {"<number>": {...}}}.
-# A study attr because Optuna refuses writes to finished trials.
-CONFIRMATION_ATTR = "confirmation"
+from autotune.result import TrialResult, feasible_by_speed
+from autotune.units import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +65,7 @@ def confirmations_of(study: optuna.Study) -> dict[int, dict[str, Any]]:
     Returns:
         Trial number -> confirmation record; empty if never confirmed, or stale.
     """
-    record = study.user_attrs.get(CONFIRMATION_ATTR) or {}
+    record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
     confirmed = {int(number): values for number, values in (record.get("trials") or {}).items()}
     if not confirmed:
         return {}
@@ -110,12 +108,7 @@ def feasible_ranking(
             ranks by search-time figures only.
     """
     confirmations = confirmations or {}
-    ranked = [
-        to_ranked(t, confirmations.get(t.number))
-        for t in trials
-        if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
-    ]
-    ranked = [r for r in ranked if r.result is not None and r.result.feasible]
+    ranked = [to_ranked(trial, confirmations.get(trial.number)) for trial, _ in feasible_by_speed(trials)]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
     confirmed = sorted((r for r in ranked if r.confirmed), key=lambda r: -r.samples_per_s)
     unconfirmed = sorted((r for r in ranked if not r.confirmed), key=lambda r: -r.samples_per_s)
@@ -135,3 +128,141 @@ def all_trials(trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[s
     """Every trial in number order, whatever its status."""
     confirmations = confirmations or {}
     return [to_ranked(t, confirmations.get(t.number)) for t in sorted(trials, key=lambda t: t.number)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupOverDefault:
+    """The best feasible trial against the HF-default seed trial, both measured in this study.
+
+    Attributes:
+        default_trial: Number of the ``hf-default`` trial.
+        default_status: Its status (``ok``, ``oom``, ``screened``, ...).
+        default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
+        best_trial: Number of the best feasible trial.
+        best_samples_per_s: Its throughput (the confirmed median where there is one).
+        best_config: Its knobs.
+    """
+
+    default_trial: int
+    default_status: str
+    default_samples_per_s: float
+    best_trial: int
+    best_samples_per_s: float
+    best_config: TrialConfig
+
+    @property
+    def ratio(self) -> float | None:
+        """Best samples/s over default samples/s; ``None`` if the default did not run and fit.
+
+        A pruned default counts: it was stopped for being slow, and its median is measured.
+        """
+        if self.default_status not in ("ok", "pruned") or self.default_samples_per_s <= 0:
+            return None
+        return self.best_samples_per_s / self.default_samples_per_s
+
+
+def speedup_over_default(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> SpeedupOverDefault | None:
+    """Compare the winner with the ``hf-default`` seed; ``None`` if either is missing.
+
+    Args:
+        trials: The study's trials.
+        confirmations: The study's confirmation records (``ranking.confirmations_of``), so the
+            winner is the one the ranking and the export name, at its confirmed median.
+    """
+    default = next(
+        (
+            t
+            for t in sorted(trials, key=lambda t: t.number)
+            if t.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        ),
+        None,
+    )
+    ranking = feasible_ranking(trials, confirmations)
+    if default is None or not ranking:
+        return None
+    result = TrialResult.from_trial(default) or TrialResult(status="error")
+    return SpeedupOverDefault(
+        default_trial=default.number,
+        default_status=result.status,
+        default_samples_per_s=result.samples_per_s,
+        best_trial=ranking[0].number,
+        best_samples_per_s=ranking[0].samples_per_s,
+        best_config=ranking[0].config,
+    )
+
+
+def describe_standing(study: optuna.Study) -> str:
+    """Where a study stands, in one line: trials by outcome, queued re-runs, the best feasible so far."""
+    trials = study.get_trials(deepcopy=False)
+    by_status: dict[str, int] = {}
+    best: tuple[float, int] | None = None
+    for trial in trials:
+        if trial.state in (TrialState.WAITING, TrialState.RUNNING):
+            by_status[trial.state.name.lower()] = by_status.get(trial.state.name.lower(), 0) + 1
+            continue
+        result = TrialResult.from_trial(trial)
+        status = result.status if result else trial.state.name.lower()
+        by_status[status] = by_status.get(status, 0) + 1
+        if result and trial.state == TrialState.COMPLETE and result.feasible and schema.TRIAL_REUSED_FROM not in trial.user_attrs:
+            best = max(best or (0.0, -1), (result.samples_per_s, trial.number))
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none"
+    best_text = f"best so far #{best[1]} at {best[0]:.1f} samples/s" if best else "no feasible trial yet"
+    return f"study {study.study_name!r}: {len(trials)} trials ({counts}); {best_text}"
+
+
+def describe_winner(ranking: list[RankedTrial]) -> str:
+    """One sentence about the winner of a ranked study: confirmed or not, and any tie."""
+    if not ranking:
+        return "no feasible configuration"
+    leader = ranking[0]
+    if leader.confirmation is None:
+        return f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s (single measurement, not confirmed)"
+    sentence = (
+        f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, the median of "
+        f"{leader.confirmation.get('repeats', 0)} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
+    )
+    tied = [r for r in ranking[1:] if r.ties_with_leader]
+    if leader.ties_with_leader and tied:
+        others = ", ".join(f"#{r.number} ({r.samples_per_s:.1f} samples/s, {format_bytes(r.peak_memory_bytes)})" for r in tied)
+        sentence += (
+            f"; it ties within noise with {others}, and is preferred for its smaller peak memory "
+            f"({format_bytes(leader.peak_memory_bytes)})"
+        )
+    return sentence
+
+
+def ranked_result(row: RankedTrial) -> TrialResult | None:
+    """A ranked trial's figures as ranked: at the confirmed median where the search confirmed it
+    (model/hardware TFLOPs, MFU scale with samples/s), with the larger peak of search and re-runs."""
+    if row.result is None:
+        return None
+    figures = dict((row.confirmation or {}).get("figures") or {})
+    if row.confirmed_samples_per_s is not None:
+        figures["samples_per_s"] = row.confirmed_samples_per_s
+    known = {field.name for field in dataclasses.fields(TrialResult)}
+    return dataclasses.replace(
+        row.result, **{k: v for k, v in figures.items() if k in known}, peak_memory_bytes=row.peak_memory_bytes
+    )
+
+
+def confirmation_label(row: RankedTrial) -> str:
+    """How a ranked trial's samples/s was measured, for tables: empty for a single measurement."""
+    if not row.confirmed:
+        return ""
+    return " (confirmed, ties with the leader)" if row.ties_with_leader else " (confirmed)"
+
+
+def winner_summary(best: RankedTrial) -> str:
+    """``#3 (mb=16 ...), 8.3 samples/s (...), ... model TFLOPs, peak memory ... under the ... ceiling``."""
+    result = ranked_result(best)
+    measured = ""
+    if result is not None:
+        how = " (median of confirming re-runs)" if best.confirmed else " (one measurement)"
+        measured = (
+            f", {result.samples_per_s:.1f} samples/s{how}, {result.model_tflops:.4g} model TFLOPs, "
+            f"peak memory {format_bytes(result.peak_memory_bytes)} ({result.memory_source}) under the "
+            f"{format_bytes(result.ceiling_bytes)} ceiling"
+        )
+    return f"#{best.number} ({best.config.short()}){measured}"

@@ -23,16 +23,21 @@ from optuna.trial import FrozenTrial, TrialState
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from autotune import schema
 from autotune.config import TrialConfig
-from autotune.devices import memory_source_description
 from autotune.errors import AutotuneError
-from autotune.export import confirmation_label, ranked_result, render, winner_arguments, winner_summary
-from autotune.ranking import RankedTrial, study_ranking
-from autotune.result import INFEASIBLE_STATUSES, TrialResult
-from autotune.study import METRIC_NAME
-from autotune.units import format_bytes
+from autotune.export import render, winner_arguments
+from autotune.ranking import (
+    RankedTrial,
+    confirmation_label,
+    ranked_result,
+    study_ranking,
+    winner_summary,
+)
+from autotune.result import INFEASIBLE_STATUSES, TrialResult, memory_source_description
+from autotune.schema import METRIC_NAME
+from autotune.units import GiB, format_bytes
 
-GiB = 1024**3
 # One colour per trial status, the same in every figure (close to the terminal table's styles).
 STATUS_COLORS = {
     "ok": "#2ca02c",
@@ -120,7 +125,7 @@ def trial_rows(trials: list[FrozenTrial]) -> list[TrialRow]:
                 result=result,
                 started=trial.datetime_start,
                 finished=trial.datetime_complete,
-                reused="reused_from" in trial.user_attrs,
+                reused=schema.TRIAL_REUSED_FROM in trial.user_attrs,
             )
         )
     return rows
@@ -359,7 +364,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
     sources = sorted({r.result.memory_source for r in rows if r.result and r.result.memory_source})
     memory_label = ", ".join(memory_source_description(s) for s in sources) or "peak memory"
     ranking = study_ranking(study)
-    speed_memory = speed_memory_figure(rows, int(attrs.get("ceiling_bytes", 0)), memory_label, ranking)
+    speed_memory = speed_memory_figure(rows, int(attrs.get(schema.STUDY_CEILING_BYTES, 0)), memory_label, ranking)
     figures: list[tuple[str, go.Figure]] = [
         ("Each point is a measured trial (one measurement). Configs right of the ceiling do not fit; × marks out-of-memory "
          "(at 0 samples/s). The dotted line joins the fastest config for each memory budget. Diamonds: leaders re-measured "
@@ -374,7 +379,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
         ("Which knobs explain the speed of configs that fit (PED-ANOVA, Optuna's default evaluator).", importance_speed),
         ("Which knobs explain low peak memory.", importance_memory),
         ("samples/s of each choice of each knob; × marks configs with that choice that did not fit.",
-         knob_effects_figure(rows, attrs.get("space") or {})),
+         knob_effects_figure(rows, attrs.get(schema.STUDY_SPACE) or {})),
         ("When each trial ran and how it ended: OOMs, over-ceiling, failures and timeouts stand out by colour.", timeline_figure(rows)),
         ("Only configs that ran and fit under the ceiling are ranked; confirmed figures are re-measured medians.",
          ranking_table_figure(ranking)),
@@ -385,7 +390,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
 def report_html(study: optuna.Study) -> str:
     """The whole page: a header on the study and its winner, then every figure, plotly.js inlined once."""
     attrs = study.user_attrs
-    identity = attrs.get("identity") or {}
+    identity = attrs.get(schema.STUDY_IDENTITY) or {}
     trials = study.get_trials(deepcopy=False)
     statuses = Counter(row.status for row in trial_rows(trials))
     ranking = study_ranking(study)

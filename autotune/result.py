@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import schema
 
 # ok: ran and fits under the ceiling. over_ceiling: ran, but its peak memory exceeds the ceiling.
 # oom: the allocator failed (a property of the config, not a crash). screened: predicted not to fit,
@@ -15,7 +20,6 @@ FEASIBLE_STATUSES = ("ok",)
 INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened")
 FAILED_STATUSES = ("timeout", "crash", "error", "interrupted")
 
-USER_ATTR_KEY = "result"
 
 
 @dataclasses.dataclass
@@ -73,10 +77,36 @@ class TrialResult:
     @classmethod
     def from_trial(cls, trial: Any) -> TrialResult | None:
         """The result stored in an Optuna trial's user attrs, if any."""
-        values = trial.user_attrs.get(USER_ATTR_KEY)
+        values = trial.user_attrs.get(schema.TRIAL_RESULT)
         return cls.from_dict(values) if values else None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def memory_source_description(source: str) -> str:
+    """What a probe's ceiling figure measures, in words for tables and notes."""
+    return {
+        "peak_rss_tree_bytes": "peak resident memory (RSS) of the trial's whole process tree",
+        "peak_device_bytes": "peak CUDA memory: max_memory_reserved + memory outside the allocator (context)",
+    }.get(source, source)
+
+
+def feasible_by_speed(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, TrialResult]]:
+    """Trials that ran to completion and fit under the ceiling, fastest first by their search-time figure.
+
+    Each config once: a repeat answered from an earlier trial's record (``reused_from``) is left
+    out. For one model and sequence length samples/s ranks like model TFLOPs. The ranking
+    (:mod:`autotune.ranking`), confirmation's candidates and early stopping's threshold all start
+    from this list.
+    """
+    found = []
+    for trial in trials:
+        if trial.state != TrialState.COMPLETE or schema.TRIAL_REUSED_FROM in trial.user_attrs:
+            continue
+        result = TrialResult.from_trial(trial)
+        if result is not None and result.feasible:
+            found.append((trial, result))
+    return sorted(found, key=lambda pair: -pair[1].samples_per_s)

@@ -37,12 +37,19 @@ from autotune.data import load_training_dataset, prepare_dataset  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
-from autotune.runner import TrialJob, run_isolated  # noqa: E402
+from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
 
 
 def make_model_dir(root: Path, documents: list[str]) -> Path:
     """A bert-mini-shaped config (4 layers, h=256) and an 8k byte-level BPE tokenizer trained on ``documents``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import BertConfig, PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -122,8 +129,15 @@ def main() -> None:
     batches_per_s = {workers: data_side_batches_per_s(dataset, options.micro_batch, workers) for workers in (0, 2)}
 
     base = TrialJob(
-        model=model, device=cpu_device(), config=TrialConfig(micro_batch=options.micro_batch), seq_len=options.seq_len,
-        ceiling_bytes=16 * 1024**3, measure=settings, work_dir=str(root / "trial"),
+        workload=Workload(
+            model=model,
+            device=cpu_device(),
+            seq_len=options.seq_len,
+            ceiling_bytes=16 * 1024**3,
+            measure=settings,
+        ),
+        config=TrialConfig(micro_batch=options.micro_batch),
+        work_dir=str(root / "trial"),
     )
     variants = {
         "synthetic": base,

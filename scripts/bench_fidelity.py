@@ -123,15 +123,22 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
     from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
     from autotune.ranking import to_ranked
-    from autotune.runner import TrialJob, run_isolated
+    from autotune.runner import TrialJob, Workload, run_isolated
 
     study = optuna.load_study(study_name=None, storage=storage)
     identity = study.user_attrs["identity"]
     trial = to_ranked(study.trials[number])
     job = TrialJob(
-        model=resolve_model(identity["model"], identity["task"]), device=cpu_device(), config=trial.config,
-        seq_len=identity["seq_len"], ceiling_bytes=study.user_attrs["ceiling_bytes"], measure=MeasureSettings(),
-        work_dir=str(work_dir), base_args=study.user_attrs.get("base_args") or {},
+        workload=Workload(
+            model=resolve_model(identity["model"], identity["task"]),
+            device=cpu_device(),
+            seq_len=identity["seq_len"],
+            ceiling_bytes=study.user_attrs["ceiling_bytes"],
+            measure=MeasureSettings(),
+            base_args=study.user_attrs.get("base_args") or {},
+        ),
+        config=trial.config,
+        work_dir=str(work_dir),
     )
     result = run_isolated(job, timeout_s=900)
     if result.status != "ok":

@@ -33,7 +33,7 @@ from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.result import TrialResult  # noqa: E402
 from autotune.runner._child import child_main  # noqa: E402
-from autotune.runner._job import TrialJob  # noqa: E402
+from autotune.runner._job import TrialJob, Workload  # noqa: E402
 from autotune.runner._pool import forkserver_context  # noqa: E402
 
 
@@ -94,9 +94,16 @@ def main() -> None:
     spec = resolve_model(options.model)
     root = Path(tempfile.mkdtemp(prefix="bench-isolation-"))
     base = TrialJob(
-        model=spec, device=cpu_device(), config=TrialConfig(micro_batch=8), seq_len=options.seq_len,
-        ceiling_bytes=8 * 1024**3, measure=MeasureSettings(warmup_steps=1, min_steps=1, max_steps=1),
-        work_dir=str(root / "first"), callbacks=("_bench_common:FirstStepClock",),
+        workload=Workload(
+            model=spec,
+            device=cpu_device(),
+            seq_len=options.seq_len,
+            ceiling_bytes=8 * 1024**3,
+            measure=MeasureSettings(warmup_steps=1, min_steps=1, max_steps=1),
+            callbacks=("_bench_common:FirstStepClock",),
+        ),
+        config=TrialConfig(micro_batch=8),
+        work_dir=str(root / "first"),
     )
     contexts = {"forkserver": forkserver_context(), "spawn": multiprocessing.get_context("spawn")}
     print(f"model {options.model}, seq len {options.seq_len}, {options.trials} trials per mode; {load_average()}")

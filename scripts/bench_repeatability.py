@@ -36,7 +36,7 @@ from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
-from autotune.runner import TrialJob, run_isolated  # noqa: E402
+from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
 
 
 def main() -> None:
@@ -61,8 +61,15 @@ def main() -> None:
     config = TrialConfig(micro_batch=options.micro_batch, dtype=options.dtype, optim=options.optim)
     root = Path(tempfile.mkdtemp(prefix="bench-repeatability-"))
     job = TrialJob(
-        model=resolve_model(options.model), device=cpu_device(), config=config, seq_len=options.seq_len,
-        ceiling_bytes=16 * 1024**3, measure=settings, work_dir=str(root / "run-0"),
+        workload=Workload(
+            model=resolve_model(options.model),
+            device=cpu_device(),
+            seq_len=options.seq_len,
+            ceiling_bytes=16 * 1024**3,
+            measure=settings,
+        ),
+        config=config,
+        work_dir=str(root / "run-0"),
     )
     print(f"{options.model}, seq len {options.seq_len}, {config.short()}, {options.runs} runs; measurement {settings}")
     print(load_average())

@@ -53,20 +53,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import optuna  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
 from _bench_common import load_average  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from autotune.ceiling import fits, parse_ceiling  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.devices import DeviceSpec, child_address_space_budget, cpu_device  # noqa: E402
+from autotune.devices import DeviceSpec, cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import ModelSpec, resolve_model  # noqa: E402
 from autotune.result import TrialResult  # noqa: E402
-from autotune.runner import TrialJob, run_isolated  # noqa: E402
-from autotune.seeds import hf_default_config  # noqa: E402
+from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated  # noqa: E402  # noqa: E402
 from autotune.space import SearchSpace, load_space  # noqa: E402
 from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial  # noqa: E402
-from autotune.units import format_bytes, parse_ceiling  # noqa: E402
+from autotune.study._seeds import hf_default_config  # noqa: E402
+from autotune.units import format_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SPACE = REPO / "scripts" / "bench_search_space.yaml"
@@ -162,9 +163,16 @@ def measure_grid(
     started = time.perf_counter()
     for index, config in enumerate(todo):
         job = TrialJob(
-            model=model, device=device, config=config, seq_len=seq_len, ceiling_bytes=generous, measure=BENCH_MEASURE,
+            workload=Workload(
+                model=model,
+                device=device,
+                seq_len=seq_len,
+                ceiling_bytes=generous,
+                measure=BENCH_MEASURE,
+                address_space_bytes=child_address_space_budget(generous, psutil.virtual_memory().available),
+            ),
+            config=config,
             work_dir=str(work / f"grid-{index}"),
-            address_space_bytes=child_address_space_budget(generous, psutil.virtual_memory().available),
         )
         result = run_isolated(job, timeout_s=600)
         grid.results[config] = result
@@ -216,10 +224,10 @@ class GridRunner:
         result = TrialResult.from_dict(measured.to_dict())
         result.ceiling_bytes = self.ceiling_bytes
         if result.status in ("ok", "over_ceiling"):
-            result.status = "ok" if result.peak_memory_bytes <= self.ceiling_bytes else "over_ceiling"
+            result.status = "ok" if fits(result.peak_memory_bytes, self.ceiling_bytes) else "over_ceiling"
         cost = measured.wall_s
         threshold = job.prune_below_samples_per_s
-        settings = job.measure
+        settings = job.workload.measure
         # The child's pruner judges after prune_after_steps measured steps (the median so far,
         # replayed here by the config's measured median) and stops the trial there.
         judged_after = min(settings.prune_after_steps, settings.min_steps)
@@ -240,8 +248,16 @@ class GridRunner:
 
 def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: SearchSpace, ceiling: int, prune_ratio: float) -> SearchRequest:
     return SearchRequest(
-        model=model, device=device, seq_len=int(grid.meta["seq_len"]), ceiling_bytes=ceiling, space=space,
-        measure=BENCH_MEASURE, work_root=tempfile.mkdtemp(prefix="bench-search-autotune-"), prune_ratio=prune_ratio,
+        workload=Workload(
+            model=model,
+            device=device,
+            seq_len=int(grid.meta["seq_len"]),
+            ceiling_bytes=ceiling,
+            measure=BENCH_MEASURE,
+        ),
+        space=space,
+        work_root=tempfile.mkdtemp(prefix="bench-search-autotune-"),
+        prune_ratio=prune_ratio,
     )
 
 
@@ -339,9 +355,18 @@ def side_by_side(
             else:
                 budget = child_address_space_budget(ceiling, psutil.virtual_memory().available)
             job = TrialJob(
-                model=model, device=device, config=config, seq_len=seq_len, ceiling_bytes=ceiling, measure=BENCH_MEASURE,
-                work_dir=str(work_dir), base_args=base_args, address_space_bytes=budget,
-                callbacks=("bench_search:TrainBatchSizeRecorder",),
+                workload=Workload(
+                    model=model,
+                    device=device,
+                    seq_len=seq_len,
+                    ceiling_bytes=ceiling,
+                    measure=BENCH_MEASURE,
+                    base_args=base_args,
+                    address_space_bytes=budget,
+                    callbacks=("bench_search:TrainBatchSizeRecorder",),
+                ),
+                config=config,
+                work_dir=str(work_dir),
             )
             result = run_isolated(job, timeout_s=900)
             batch_file = Path(work_dir, BATCH_FILE)

@@ -1,11 +1,8 @@
-"""Shared fixtures: real models from the catalog, the real CPU device, real storages, the real CLI."""
+"""Shared fixtures: real models from the catalog, the real CPU device, real storages (helpers: tests/support/)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,10 +10,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parent.parent
-
 # A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
-from tests.postgres import postgres_server, postgres_url  # noqa: E402,F401 - fixtures
+from tests.support.postgres import postgres_server, postgres_url  # noqa: E402,F401 - fixtures
 
 
 @pytest.fixture(scope="session")
@@ -56,23 +51,7 @@ def sqlite_url(tmp_path):
 @pytest.fixture(scope="session")
 def searched_study(tmp_path_factory):
     """One real search with one real OOM, shared by the dashboard, report and export-format tests."""
-    from tests.searched_study import make_searched_study
+    from tests.support.searched_study import make_searched_study
 
     return make_searched_study(tmp_path_factory.mktemp("searched-study"))
 
-
-# No end-of-search confirmation (3 x 3 re-runs by default): a test that wants it passes
-# --confirm-top after these (the last occurrence of an option wins).
-FAST_SEARCH_ARGS = ["--warmup-steps", "1", "--max-measure-steps", "4", "--seq-len", "32", "--confirm-top", "0"]
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``autotune`` command line in a subprocess, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )

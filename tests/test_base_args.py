@@ -116,17 +116,27 @@ def test_every_config_of_the_fixed_space_writes_the_users_values(tmp_path, cpu, 
 
 def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, bert_tiny, fast_measure, sqlite_url):
     from autotune.export import winner_arguments
-    from autotune.study import SearchRequest, open_storage, open_study, run_search
+    from autotune.runner import Workload
+    from autotune.storage import open_storage
+    from autotune.study import SearchBudget, SearchRequest, open_study, run_search
 
     base = {**BASE, "per_device_train_batch_size": 8}
     space = load_space(write_space(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [1, 2]\n"), cpu, base_args=base, global_batch=16)
     request = SearchRequest(
-        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=cpu.total_memory_bytes // 2, space=space,
-        measure=fast_measure, work_root=str(tmp_path / "runs"), base_args=base,
-        callbacks=("tests.test_base_args:RecordTrainingArguments",),
+        workload=Workload(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=32,
+            ceiling_bytes=cpu.total_memory_bytes // 2,
+            measure=fast_measure,
+            base_args=base,
+            callbacks=("tests.test_base_args:RecordTrainingArguments",),
+        ),
+        space=space,
+        work_root=str(tmp_path / "runs"),
     )
     study = open_study(open_storage(sqlite_url), "base", request)
-    run_search(study, request, n_trials=1, timeout_s=None)
+    run_search(study, request, SearchBudget(trials=1))
 
     [recorded_file] = (tmp_path / "runs").glob("*/training_arguments.json")
     recorded = json.loads(recorded_file.read_text())

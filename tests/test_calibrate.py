@@ -18,7 +18,7 @@ from autotune.calibrate import (
     save_calibration,
 )
 from autotune.errors import AutotuneError
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.support.cli import REPO, run_cli
 
 SEARCH = ["search", "--trials", "1", "--confirm-top", "0"]
 
@@ -29,14 +29,18 @@ def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_t
     from autotune.devices import cpu_device
     from autotune.models import resolve_model
     from autotune.result import TrialResult
+    from autotune.runner import Workload
     from autotune.space import SearchSpace
-    from autotune.study import SearchRequest, open_storage, open_study, tell
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study, tell
 
     request = SearchRequest(
-        model=resolve_model(model_name),
-        device=cpu_device(),
-        seq_len=seq_len,
-        ceiling_bytes=2 * 1024**3,
+        workload=Workload(
+            model=resolve_model(model_name),
+            device=cpu_device(),
+            seq_len=seq_len,
+            ceiling_bytes=2 * 1024**3,
+        ),
         space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
     )
     study = open_study(open_storage(url), name, request)
@@ -82,7 +86,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             ["export", "--storage", nofit_db, "--study-name", "nofit", "--out", str(root / "best.json")],
             "no feasible trial",
         ),
-        "callback not found": ([*tiny, "--callback", "tests.faults:NoSuchFault"], "has no TrainerCallback class named NoSuchFault"),
+        "callback not found": ([*tiny, "--callback", "tests.support.faults:NoSuchFault"], "has no TrainerCallback class named NoSuchFault"),
     }
 
 
@@ -91,7 +95,7 @@ def cli_results(tmp_path_factory):
     """Every case's completed process, run three at a time."""
     root = tmp_path_factory.mktemp("cli-errors")
     cases = _cases(root)
-    env = {"PYTHONPATH": str(REPO)}  # tests.faults importable for the --callback cases
+    env = {"PYTHONPATH": str(REPO)}  # tests.support.faults importable for the --callback cases
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {case: pool.submit(run_cli, *args, cwd=root, timeout=300, env=env) for case, (args, _) in cases.items()}
         return {case: (future.result(), cases[case][1], root) for case, future in futures.items()}

@@ -16,7 +16,7 @@ from wsgiref.util import setup_testing_defaults
 import optuna
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -4,6 +4,7 @@ tokenizes it on the fly into samples of exactly --seq-len tokens."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from autotune.data import load_training_dataset, prepare_dataset
 from autotune.errors import AutotuneError
 from autotune.models import resolve_model
-from tests.local_model import corpus, make_local_model, write_jsonl
+from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 SEQ_LEN = 16
 
@@ -45,9 +46,9 @@ def test_jsonl_is_tokenized_on_the_fly_truncated_and_padded(tmp_path, texts, loc
 
     # 8 x (20 + 1) samples is more than a trial can consume of the 120: all are kept, in order.
     description = prepare(write_jsonl(tmp_path / "train.jsonl", texts), local_bert, tmp_path, steps=20)
-    assert description["column"] == "text" and description["tokenizer_dir"] == str(bert_dir)
-    assert description["num_samples"] == len(texts)
-    json.dumps(description)  # it travels to the child inside the TrialJob
+    assert description.column == "text" and description.tokenizer_dir == str(bert_dir)
+    assert description.num_samples == len(texts)
+    pickle.loads(pickle.dumps(description))  # it travels to the child inside the TrialJob
     dataset = load_training_dataset(description, local_bert, SEQ_LEN)
     tokenizer = AutoTokenizer.from_pretrained(bert_dir)
     for index in range(20):
@@ -71,7 +72,7 @@ def test_language_model_labels_ignore_padding_and_gpt2_pads_with_eos(tmp_path, t
     real = int(sample["attention_mask"].sum())
     assert sample["labels"][:real].tolist() == sample["input_ids"][:real].tolist()
     assert (sample["labels"][real:] == -100).all()
-    assert description["pad_token_id"] == 0  # <|endoftext|>, the tokenizer's eos: GPT-2 has no pad token
+    assert description.pad_token_id == 0  # <|endoftext|>, the tokenizer's eos: GPT-2 has no pad token
 
 
 def test_the_data_is_cycled_so_a_trial_never_ends_an_epoch(tmp_path, texts, local_bert):
@@ -89,10 +90,10 @@ def test_packing_cuts_full_blocks_without_padding(tmp_path, texts, local_gpt2):
     description = prepare(data, local_gpt2, tmp_path, packing=True, steps=1000)
     tokenizer = AutoTokenizer.from_pretrained(local_gpt2.local_dir)
     stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
-    assert description["num_samples"] == len(stream) // SEQ_LEN
-    assert description["tokenizer_dir"] is None  # tokenized once, in the parent
+    assert description.num_samples == len(stream) // SEQ_LEN
+    assert description.tokenizer_dir is None  # tokenized once, in the parent
     dataset = load_training_dataset(description, local_gpt2, SEQ_LEN)
-    for index in (0, 1, description["num_samples"] - 1):
+    for index in (0, 1, description.num_samples - 1):
         sample = dataset[index]
         assert sample["input_ids"].tolist() == stream[index * SEQ_LEN : (index + 1) * SEQ_LEN]
         assert sample["attention_mask"].all() and torch.equal(sample["labels"], sample["input_ids"])
@@ -117,7 +118,7 @@ def test_a_saved_dataset_dict_uses_its_train_split(tmp_path, texts, local_bert):
         test=datasets.Dataset.from_dict({"body": texts[30:40], "label": [0] * 10}),
     ).save_to_disk(str(tmp_path / "saved"))
     description = prepare(tmp_path / "saved", local_bert, tmp_path)
-    assert description["num_samples"] == 30  # "body" is the only string column
+    assert description.num_samples == 30  # "body" is the only string column
     datasets.DatasetDict(
         a=datasets.Dataset.from_dict({"text": texts[:10]}), b=datasets.Dataset.from_dict({"text": texts[:10]})
     ).save_to_disk(str(tmp_path / "two"))

@@ -1,27 +1,17 @@
-"""Datasheet peaks by GPU name, the dtype whose peak applies, and the memory probes' figures."""
+"""Datasheet peaks by GPU name, and the dtype whose peak applies (the memory probes: tests/runner/test_memory.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
-import psutil
 import pytest
 
 from autotune.devices import (
-    CpuMemoryProbe,
-    CudaReadings,
     DeviceSpec,
-    cuda_peaks,
     datasheet_entry,
     datasheet_peak_tflops,
     list_devices,
     matmul_dtype,
 )
-
-MiB = 1024**2
-GiB = 1024**3
+from autotune.units import GiB
 
 
 @pytest.mark.parametrize(
@@ -73,102 +63,3 @@ def test_peak_dtype_follows_what_the_matmuls_run_in():
     assert matmul_dtype("fp32") == "fp32"
     assert matmul_dtype("fp32", tf32_enabled=True) == "tf32"
     assert matmul_dtype("tf32") == "tf32"
-
-
-def fake_cuda_readings(**overrides: int | None) -> CudaReadings:
-    """FakeCudaReadings: numbers a CUDA process could report (no GPU exists here)."""
-    values = dict(
-        max_reserved=6 * GiB,
-        max_allocated=5 * GiB,
-        reserved_now=4 * GiB,
-        device_used_now=9 * GiB,
-        device_used_before=4 * GiB,  # another process held 4 GiB before this one started
-        nvml_process_used=4 * GiB + 700 * MiB,
-    )
-    values.update(overrides)
-    return CudaReadings(**values)  # type: ignore[arg-type]
-
-
-def test_cuda_peak_adds_memory_outside_the_allocator_from_nvml_per_process():
-    peaks = cuda_peaks(fake_cuda_readings())
-    # NVML: the process holds 4.7 GiB, the allocator 4 GiB of it: 700 MiB of context outside.
-    assert peaks["outside_allocator_nvml_bytes"] == 700 * MiB
-    # mem_get_info delta: 9 - 4 GiB used since before the context, minus 4 GiB reserved: 1 GiB.
-    assert peaks["outside_allocator_mem_get_info_bytes"] == 1 * GiB
-    assert peaks["outside_allocator_bytes"] == 700 * MiB  # NVML per process wins: blind to neighbours
-    assert peaks["peak_device_bytes"] == 6 * GiB + 700 * MiB
-    assert peaks["max_memory_reserved_bytes"] == 6 * GiB and peaks["max_memory_allocated_bytes"] == 5 * GiB
-    assert peaks["nvml_process_used_bytes"] == 4 * GiB + 700 * MiB
-
-
-def test_cuda_peak_falls_back_to_the_mem_get_info_delta_then_to_device_wide_use():
-    without_nvml = cuda_peaks(fake_cuda_readings(nvml_process_used=None))
-    assert without_nvml["peak_device_bytes"] == 6 * GiB + 1 * GiB
-    assert "nvml_process_used_bytes" not in without_nvml
-    blind = cuda_peaks(fake_cuda_readings(nvml_process_used=None, device_used_before=None))
-    # Device-wide use includes the other process's 4 GiB: an upper bound, on the safe side.
-    assert blind["outside_allocator_bytes"] == 5 * GiB
-    assert blind["peak_device_bytes"] == 11 * GiB
-
-
-def test_cpu_probe_counts_a_child_process():
-    """A worker that holds 300 MiB shows up in the tree's peak, not in the trial process's own."""
-    probe = CpuMemoryProbe(interval_s=0.02, relist_interval_s=0.1)
-    probe.start()
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nb = bytearray(300 * 1024 * 1024)\nprint('ready', flush=True)\ntime.sleep(30)"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        time.sleep(0.5)  # several listings and samples while the child holds its memory
-        own_rss = psutil.Process().memory_info().rss
-        peaks = probe.peaks()
-    finally:
-        child.kill()
-        child.wait()
-        probe.stop()
-    assert peaks["peak_rss_tree_sampled_bytes"] >= own_rss + 280 * MiB
-    assert peaks["peak_rss_tree_bytes"] >= peaks["peak_rss_tree_sampled_bytes"]
-    # The child's bytearray is anonymous memory: it counts in the anonymous figure too.
-    own = psutil.Process().memory_info()
-    assert peaks["peak_anon_rss_tree_sampled_bytes"] >= (own.rss - own.shared) + 280 * MiB
-    assert peaks["peak_anon_rss_tree_sampled_bytes"] <= peaks["peak_rss_tree_sampled_bytes"]
-    assert CpuMemoryProbe.ceiling_source == "peak_rss_tree_bytes"
-
-
-def _unmapped_in_child(queue) -> None:  # noqa: ANN001 - a multiprocessing queue
-    from autotune.devices import unmapped_import_file_bytes
-
-    queue.put(unmapped_import_file_bytes())
-
-
-def test_a_forkserver_child_counts_the_library_pages_a_fresh_process_maps():
-    """The forkserver imported torch; its child maps those library pages only once it touches them."""
-    from autotune.runner._pool import forkserver_context
-
-    context = forkserver_context()
-    queue = context.Queue()
-    child = context.Process(target=_unmapped_in_child, args=(queue,))
-    child.start()
-    unmapped = queue.get(timeout=120)
-    child.join()
-    assert unmapped > 30 * MiB  # libtorch alone maps far more than this while importing
-    # A process that imported torch itself, under a bare interpreter that maps far fewer library
-    # pages (a spawned child): nothing is missing, and the difference is clamped at 0.
-    inner = "import torch\nfrom autotune.devices import unmapped_import_file_bytes\nprint(unmapped_import_file_bytes())"
-    outer = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {inner!r}], check=True)"
-    spawned = subprocess.run([sys.executable, "-c", outer], capture_output=True, text=True, check=True)
-    assert int(spawned.stdout.strip()) == 0
-
-
-def test_cpu_probe_adds_the_unmapped_library_pages_to_the_ceilings_figure_only():
-    probe = CpuMemoryProbe(interval_s=0.02, relist_interval_s=0.1, unmapped_import_bytes=100 * MiB)
-    probe.start()
-    time.sleep(0.2)
-    peaks = probe.peaks()
-    probe.stop()
-    raw = max(peaks["peak_rss_tree_sampled_bytes"], peaks["peak_rss_self_bytes"])
-    assert peaks["peak_rss_tree_bytes"] == raw + 100 * MiB
-    assert peaks["unmapped_import_file_bytes"] == 100 * MiB

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.support.cli import REPO
 
 DOCKER = REPO / "docker"
 # ${NAME:-default} and ${NAME:?error}, as docker compose interpolates them.

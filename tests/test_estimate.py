@@ -200,7 +200,7 @@ def measured_peaks(tmp_path_factory):
     from autotune.devices import cpu_device
     from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
-    from autotune.runner import TrialJob, run_isolated
+    from autotune.runner import TrialJob, Workload, run_isolated
 
     device = cpu_device()
     measure = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=10.0, cv_target=1.0)
@@ -209,8 +209,17 @@ def measured_peaks(tmp_path_factory):
     for name, (seq_len, configs) in REAL_CONFIGS.items():
         model = resolve_model(name)
         for index, config in enumerate(configs):
-            job = TrialJob(model=model, device=device, config=config, seq_len=seq_len, ceiling_bytes=8 * GiB,
-                           measure=measure, work_dir=str(work / f"{name}-{index}"))
+            job = TrialJob(
+                workload=Workload(
+                    model=model,
+                    device=device,
+                    seq_len=seq_len,
+                    ceiling_bytes=8 * GiB,
+                    measure=measure,
+                ),
+                config=config,
+                work_dir=str(work / f"{name}-{index}"),
+            )
             result = run_isolated(job, timeout_s=300)
             assert result.status == "ok", (config, result.error, result.stderr_tail[-1000:])
             found[(name, config)] = result.peak_memory_bytes
@@ -258,7 +267,7 @@ def bert_mini_spec():
 
 
 def test_estimate_prints_every_memory_distinct_config_with_its_parts(tmp_path):
-    from tests.conftest import REPO, run_cli
+    from tests.support.cli import REPO, run_cli
 
     out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--space",
                   str(REPO / "search_spaces" / "tiny-test.yaml"), "--memory-ceiling", "580MiB", cwd=tmp_path)
@@ -272,12 +281,16 @@ def test_estimate_prints_every_memory_distinct_config_with_its_parts(tmp_path):
 
 
 def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_url, bert_tiny, cpu):
+    from autotune.runner import Workload
     from autotune.space import SearchSpace
-    from autotune.study import SearchRequest, open_storage, open_study
-    from tests.conftest import run_cli
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
+    from tests.support.cli import run_cli
 
-    request = SearchRequest(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=GiB,
-                            space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}))
+    request = SearchRequest(
+        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=GiB),
+        space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
+    )
     open_study(open_storage(sqlite_url), "other-length", request)
     out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--storage", sqlite_url, cwd=tmp_path)
     assert out.returncode == 2

@@ -11,7 +11,7 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.config import TrialConfig, training_arguments_kwargs
 from autotune.export import render
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 # Arguments a user fixes with --base-args, of every value kind the formats must carry.
 BASE_ARGS = {
@@ -84,7 +84,10 @@ def test_python_snippet_builds_the_same_training_arguments(config, device_kind):
 @pytest.mark.parametrize(("config", "device_kind"), CONFIGS, ids=IDS)
 def test_accelerate_config_loads_and_launches_with_the_same_precision_and_compile(config, device_kind, tmp_path):
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.commands.launch import (
+        _validate_launch_command,
+        launch_command_parser,
+    )
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     kwargs = training_arguments_kwargs(config, device_kind, BASE_ARGS)
@@ -112,7 +115,7 @@ def test_accelerate_config_loads_and_launches_with_the_same_precision_and_compil
 @pytest.mark.parametrize("fmt", ["json", "cli", "python", "accelerate"])
 def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_study, tmp_path):
     from autotune.export import DEFAULT_OUT, winner_arguments
-    from autotune.study import load_study
+    from autotune.storage import load_study
 
     out = tmp_path / DEFAULT_OUT[fmt]
     shown = run_cli("export", "--format", fmt, "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir)

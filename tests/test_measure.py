@@ -11,7 +11,12 @@ import pytest
 import torch
 from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.measure import MeasureSettings, StepTimer, coefficient_of_variation, dynamo_compile_seconds
+from autotune.measure import (
+    MeasureSettings,
+    StepTimer,
+    coefficient_of_variation,
+    dynamo_compile_seconds,
+)
 from autotune.models import build_model
 
 

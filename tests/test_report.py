@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

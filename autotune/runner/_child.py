@@ -9,10 +9,10 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from autotune.devices import child_environment
 from autotune.result import TrialResult
 from autotune.runner._failures import is_oom_exception
 from autotune.runner._job import TrialJob
+from autotune.runner._limits import child_environment
 
 
 def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
@@ -32,7 +32,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     """
     os.setsid()
     _die_with_orchestrator(lifeline)
-    os.environ.update(child_environment(job.device))  # before anything initialises CUDA
+    os.environ.update(child_environment(job.workload.device))  # before anything initialises CUDA
     _redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
     conn.send(("started", os.getpid()))
@@ -43,9 +43,9 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         result = TrialResult(
-            status="oom" if is_oom_exception(exc, address_space_limited=job.address_space_bytes is not None) else "error",
+            status="oom" if is_oom_exception(exc, address_space_limited=job.workload.address_space_bytes is not None) else "error",
             error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
-            ceiling_bytes=job.ceiling_bytes,
+            ceiling_bytes=job.workload.ceiling_bytes,
         )
     conn.send(("result", result.to_dict()))
     conn.close()

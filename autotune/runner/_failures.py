@@ -1,6 +1,6 @@
 """Classify what went wrong in a trial by what happened, never by grepping for "error".
 
-Order (see DESIGN.md): exception type, then allocator messages, then the exit signal, then the
+Order (docs/facts.md): exception type, then allocator messages, then the exit signal, then the
 wall-clock timeout (decided by the pool).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 
 # Allocator messages of every backend, for exceptions whose type does not say OOM (a RuntimeError
-# from a C++ allocator, cuBLAS failing to allocate its workspace, ...). Source: ../shared/FACTS.md.
+# from a C++ allocator, cuBLAS failing to allocate its workspace, ...). Sources: docs/facts.md.
 OOM_MESSAGES = (
     "CUDA out of memory",
     "CUDA error: out of memory",

@@ -1,12 +1,52 @@
+"""What travels to a trial child: the workload every trial of a search shares, and one trial's job."""
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
+from autotune.data import PreparedDataset
+from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What is trained and where, the same for every trial of one search.
+
+    Built once from the command line (:func:`autotune.study.prepare_request`), it travels unchanged
+    inside every :class:`TrialJob` to the child.
+
+    Attributes:
+        model: The model to build (from its config, random weights).
+        device: Where to train.
+        seq_len: Tokens per sample.
+        ceiling_bytes: The memory ceiling (recorded with the result; judged by :mod:`autotune.ceiling`).
+        measure: When the steady-state measurement stops.
+        base_args: TrainingArguments the user fixed, applied to every trial.
+        dataset: The user's prepared data (``None``: synthetic tokens).
+        callbacks: ``module:attr`` names of extra ``TrainerCallback`` classes to add.
+        address_space_bytes: CPU only: the child's RLIMIT_AS budget above its start-up size, so a
+            runaway batch fails inside the child instead of swapping or OOM-killing the host.
+        measured_peaks_tflops: Achievable peaks from ``autotune devices --calibrate``, by dtype.
+    """
+
+    model: ModelSpec
+    device: DeviceSpec
+    seq_len: int
+    ceiling_bytes: int
+    measure: MeasureSettings = MeasureSettings()
+    base_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dataset: PreparedDataset | None = None
+    callbacks: tuple[str, ...] = ()
+    address_space_bytes: int | None = None
+    measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def peak_dtype(self, config: TrialConfig) -> str:
+        """The dtype whose peak bounds ``config``'s matmuls (``tf32`` for fp32 with the user's ``tf32``)."""
+        return matmul_dtype(config.dtype, bool(self.base_args.get("tf32")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,37 +54,23 @@ class TrialJob:
     """Everything a child process needs to train and measure one configuration.
 
     Attributes:
-        model: The model to build (from its config, random weights).
-        device: Where to train.
+        workload: What is trained and where (shared by every trial of the search).
         config: The knobs under test.
-        seq_len: Tokens per sample.
-        ceiling_bytes: The memory ceiling (recorded with the result; compared by the orchestrator).
-        measure: When the steady-state measurement stops.
         work_dir: A directory of this trial's own (Trainer output_dir, the child's log).
-        base_args: TrainingArguments the user fixed, applied to every trial.
-        address_space_bytes: CPU only: the child's RLIMIT_AS budget above its start-up size, so a
-            runaway batch fails inside the child instead of swapping or OOM-killing the host.
         prune_below_samples_per_s: Stop early (status ``pruned``) once the measured throughput is
             clearly below this; ``None`` never prunes.
-        measured_peak_tflops: Achievable peak from ``autotune devices --calibrate`` for this dtype.
-        dataset: How the child builds training data (``None``: synthetic tokens).
-        callbacks: ``module:attr`` names of extra ``TrainerCallback`` classes to add.
     """
 
-    model: ModelSpec
-    device: DeviceSpec
+    workload: Workload
     config: TrialConfig
-    seq_len: int
-    ceiling_bytes: int
-    measure: MeasureSettings
     work_dir: str
-    base_args: dict[str, Any] = dataclasses.field(default_factory=dict)
-    address_space_bytes: int | None = None
     prune_below_samples_per_s: float | None = None
-    measured_peak_tflops: float | None = None
-    dataset: dict[str, Any] | None = None
-    callbacks: tuple[str, ...] = ()
 
     @property
     def log_path(self) -> str:
         return f"{self.work_dir}/child.log"
+
+    @property
+    def measured_peak_tflops(self) -> float | None:
+        """The calibrated peak of the dtype this trial's matmuls run in, if measured."""
+        return self.workload.measured_peaks_tflops.get(self.workload.peak_dtype(self.config))

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
+from autotune.ceiling import fits
 from autotune.result import FAILED_STATUSES, TrialResult
 from autotune.runner._child import child_main
 from autotune.runner._failures import classify_exit
@@ -88,10 +89,10 @@ def run_isolated(
         # The child measured nothing itself: keep what the orchestrator saw from outside.
         result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
     result.wall_s = wall_s
-    result.ceiling_bytes = job.ceiling_bytes
+    result.ceiling_bytes = job.workload.ceiling_bytes
     if result.status in ("oom", *FAILED_STATUSES):
         result.stderr_tail = _tail(job.log_path)
-    if result.status == "ok" and result.peak_memory_bytes > job.ceiling_bytes:
+    if result.status == "ok" and not fits(result.peak_memory_bytes, result.ceiling_bytes):
         result.status = "over_ceiling"
     return result
 

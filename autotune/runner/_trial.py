@@ -15,13 +15,19 @@ import transformers
 from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
-from autotune.devices import limit_address_space, matmul_dtype, memory_probe
-from autotune.flops import hardware_flops_per_sample, model_flops_per_sample, utilisation
+from autotune.devices import DeviceSpec
+from autotune.flops import (
+    hardware_flops_per_sample,
+    model_flops_per_sample,
+    utilisation,
+)
 from autotune.measure import StepTimer
 from autotune.models import build_model
 from autotune.result import TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
+from autotune.runner._limits import limit_address_space
+from autotune.runner._memory import memory_probe
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -54,7 +60,7 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs; never exported."""
     return dict(
         output_dir=job.work_dir,
-        max_steps=job.measure.total_steps_cap,
+        max_steps=job.workload.measure.total_steps_cap,
         report_to="none",
         save_strategy="no",
         logging_strategy="no",
@@ -65,34 +71,36 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
 
 
 def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
-    if job.dataset is not None:
+    workload = job.workload
+    if workload.dataset is not None:
         from autotune.data import load_training_dataset
 
-        return load_training_dataset(job.dataset, job.model, job.seq_len)
-    length = job.config.global_batch * (job.measure.total_steps_cap + 1)
-    return SyntheticTokens(job.model.vocab_size, job.seq_len, job.model.task, length)
+        return load_training_dataset(workload.dataset, workload.model, workload.seq_len)
+    length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
+    return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
 
 def train_and_measure(job: TrialJob) -> TrialResult:
     """Train ``job.config`` until the step time is steady and return what was measured."""
+    workload = job.workload
     started = time.perf_counter()
-    probe = memory_probe(job.device.kind)
+    probe = memory_probe(workload.device.kind)
     probe.start()
-    if job.address_space_bytes is not None:
-        limit_address_space(job.address_space_bytes)  # after the probe's thread: see its docstring
+    if workload.address_space_bytes is not None:
+        limit_address_space(workload.address_space_bytes)  # after the probe's thread: see its docstring
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(job.model.config, job.model.task, job.config.attn_implementation)
+        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
         model_build_s = time.perf_counter() - build_started
-        kwargs = training_arguments_kwargs(job.config, job.device.kind, job.base_args)
+        kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
-        timer = StepTimer(job.measure, probe.synchronize, _pruner(job))
+        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job))
         trainer = Trainer(
             model=model,
             args=args,
             train_dataset=build_dataset(job),
-            callbacks=[timer, *(load_callback(name)() for name in job.callbacks)],
+            callbacks=[timer, *(load_callback(name)() for name in workload.callbacks)],
         )
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
@@ -102,16 +110,16 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     if stats.measured_steps == 0:
         raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
     samples_per_s = job.config.global_batch / stats.median_s
-    model_tflops = samples_per_s * model_flops_per_sample(job.model, job.seq_len) / 1e12
+    model_tflops = samples_per_s * model_flops_per_sample(workload.model, workload.seq_len) / 1e12
     hardware_tflops = (
-        samples_per_s * hardware_flops_per_sample(job.model, job.seq_len, job.config.checkpointing) / 1e12
+        samples_per_s * hardware_flops_per_sample(workload.model, workload.seq_len, job.config.checkpointing) / 1e12
     )
-    peak_dtype = matmul_dtype(job.config.dtype, bool(job.base_args.get("tf32")))
-    peak_tflops = job.device.datasheet_peak_tflops(peak_dtype)
+    peak_dtype = workload.peak_dtype(job.config)
+    peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
     return TrialResult(
         status="pruned" if timer.stopped_early else "ok",
         samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * job.seq_len,
+        tokens_per_s=samples_per_s * workload.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
         mfu=utilisation(model_tflops, peak_tflops),
@@ -133,8 +141,8 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         peak_memory_bytes=peaks[probe.ceiling_source],
         memory_source=probe.ceiling_source,
         memory_peaks=peaks,
-        ceiling_bytes=job.ceiling_bytes,
-        versions=versions(job),
+        ceiling_bytes=workload.ceiling_bytes,
+        versions=versions(workload.device),
     )
 
 
@@ -155,14 +163,15 @@ def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
     return clearly_slower
 
 
-def versions(job: TrialJob) -> dict[str, str]:
+def versions(device: DeviceSpec) -> dict[str, str]:
+    """The software a trial ran on, and the device's name, kept with its result."""
     found = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "device": job.device.name,
+        "device": device.name,
     }
-    if job.device.kind == "cuda":
+    if device.kind == "cuda":
         found["cuda"] = str(torch.version.cuda)
         try:
             import pynvml

@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.estimate import Calibration, estimate_peak
 from autotune.result import TrialResult
-from autotune.screening import (
+from autotune.study._screening import (
     UNCALIBRATED_MARGIN,
     MeasuredTrial,
     calibration_from_trials,
@@ -106,16 +106,25 @@ def test_calibration_learns_from_trials_that_measured_a_peak_only(bert_tiny):
 @pytest.fixture
 def loop(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
     """A real study in SQLite; ``make`` gives it and its request; ``runs`` lists trial work dirs made."""
+    from autotune.runner import Workload
     from autotune.space import SearchSpace
-    from autotune.study import SearchRequest, open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
 
     work_root = tmp_path / "runs"
 
     def make(ceiling_bytes: int, micro_batches: list[int], address_space_bytes: int | None = None, name: str = "s"):
         request = SearchRequest(
-            model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=ceiling_bytes,
+            workload=Workload(
+                model=bert_tiny,
+                device=cpu,
+                seq_len=32,
+                ceiling_bytes=ceiling_bytes,
+                measure=fast_measure,
+                address_space_bytes=address_space_bytes,
+            ),
             space=SearchSpace(choices={"micro_batch": micro_batches, "pin_memory": [False]}),
-            measure=fast_measure, work_root=str(work_root), address_space_bytes=address_space_bytes,
+            work_root=str(work_root),
         )
         return open_study(open_storage(sqlite_url), name, request), request
 
@@ -129,12 +138,12 @@ def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
     from autotune.errors import AutotuneError
     from autotune.export import winner
     from autotune.ranking import feasible_ranking
-    from autotune.study import run_search
+    from autotune.study import SearchBudget, run_search
 
     make, runs = loop
     ceiling = 200 * MiB  # below the CPU process baseline alone: nothing can fit
     study, request = make(ceiling, [8, 16])
-    run_search(study, request, n_trials=3, timeout_s=None)
+    run_search(study, request, SearchBudget(trials=3))
     assert runs() == []  # no child was started
     trials = study.get_trials()
     assert len(trials) == 3
@@ -165,13 +174,13 @@ def test_with_screening_off_every_config_runs(loop):
 
 
 def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
-    from autotune.study import run_search
+    from autotune.study import SearchBudget, run_search
 
     make, runs = loop
     # 64 MiB of address space: the child's allocator fails at once (a real OOM); the ceiling itself
     # is generous, so the estimate screens nothing and only the inference can.
     study, request = make(8 * GiB, [8, 64], address_space_bytes=64 * MiB)
-    run_search(study, request, n_trials=2, timeout_s=None)
+    run_search(study, request, SearchBudget(trials=2))
     # The seeds ran first: the HF default (micro-batch 8), then the best-practice guess (the largest, 64).
     assert [t.params["micro_batch"] for t in study.get_trials()] == [8, 64]
     first, second = (TrialResult.from_trial(t) for t in study.get_trials())

@@ -7,7 +7,7 @@ import json
 import optuna
 import pytest
 
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """Real faults, injected into real trial children at a given training step.
 
 Each class is a ``transformers.TrainerCallback`` that a trial loads by name through
-``TrialJob.callbacks`` (or ``autotune search --callback tests.faults:Name``), inside the child,
+``TrialJob.callbacks`` (or ``autotune search --callback tests.support.faults:Name``), inside the child,
 after the model and the Trainer are built and training has begun. Nothing is simulated: the child
 really segfaults, really gets SIGKILL, really runs out of address space.
 

@@ -1,4 +1,4 @@
-"""Fault injection with real faults in real trial children (see tests/faults.py).
+"""Fault injection with real faults in real trial children (see tests/support/faults.py).
 
 Runner level: every fault is classified by what happened (exception type, allocator message, exit
 signal, timeout), with the reason and the child's stderr tail kept. Study level: what is recorded
@@ -8,18 +8,23 @@ error = FAIL), the retry of crashes and timeouts, and that the study stays consi
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
-from autotune.runner import TrialJob, classify_exit, is_oom_exception, run_isolated
+from autotune.runner import (
+    TrialJob,
+    Workload,
+    classify_exit,
+    is_oom_exception,
+    run_isolated,
+)
 from autotune.runner._watch import killed_for_memory, oom_kill_count
+from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -32,33 +37,23 @@ SHORT_TIMEOUT_S = 4.0
 
 @pytest.fixture
 def job_for(tmp_path, bert_tiny, cpu, fast_measure):
-    """A trial of bert-tiny on the CPU, with fault callbacks from tests/faults.py."""
+    """A trial of bert-tiny on the CPU, with fault callbacks from tests/support/faults.py."""
 
     def make(*faults: str, ceiling_bytes: int = 8 * GiB) -> TrialJob:
         return TrialJob(
-            model=bert_tiny,
-            device=cpu,
+            workload=Workload(
+                model=bert_tiny,
+                device=cpu,
+                seq_len=32,
+                ceiling_bytes=ceiling_bytes,
+                measure=fast_measure,
+                callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
+            ),
             config=TrialConfig(micro_batch=8, pin_memory=False),
-            seq_len=32,
-            ceiling_bytes=ceiling_bytes,
-            measure=fast_measure,
             work_dir=str(tmp_path / "trial"),
-            callbacks=tuple(f"tests.faults:{fault}" for fault in faults),
         )
 
     return make
-
-
-def wait_until_gone(pid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # --- runner level: one real child per fault -------------------------------------------------
@@ -118,7 +113,8 @@ def test_oom_kill_counter_is_read_from_vmstat(tmp_path):
 def study_for(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
     """A real study in SQLite and the SearchRequest that runs faults in it."""
     from autotune.space import SearchSpace
-    from autotune.study import SearchRequest, open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
 
     def make(
         *faults: str,
@@ -128,16 +124,18 @@ def study_for(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
         address_space_bytes: int | None = None,
     ):
         request = SearchRequest(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=seq_len,
-            ceiling_bytes=8 * GiB,
+            workload=Workload(
+                model=bert_tiny,
+                device=cpu,
+                seq_len=seq_len,
+                ceiling_bytes=8 * GiB,
+                measure=fast_measure,
+                callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
+                address_space_bytes=address_space_bytes,
+            ),
             space=SearchSpace(choices={"micro_batch": [micro_batch], "pin_memory": [False]}),
-            measure=fast_measure,
             trial_timeout_s=timeout_s,
             work_root=str(tmp_path / "runs"),
-            callbacks=tuple(f"tests.faults:{fault}" for fault in faults),
-            address_space_bytes=address_space_bytes,
             screen=False,  # every config runs: these tests are about what happens in the child
         )
         name = "-".join(faults) or f"mb{micro_batch}"

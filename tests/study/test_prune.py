@@ -10,25 +10,26 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.measure import MeasureSettings
 from autotune.result import TrialResult
-from tests.conftest import REPO, run_cli
+from tests.support.cli import REPO, run_cli
 
 GiB = 1024**3
 
 
 @pytest.fixture
 def study_and_request(sqlite_url, bert_tiny, cpu, tmp_path):
+    from autotune.runner import Workload
     from autotune.space import SearchSpace
-    from autotune.study import SearchRequest, open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB,
-        space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
-        # The CV target is never met (0), so the trial would measure all 6 steps: only the pruner
-        # can stop it, after prune_after_steps.
-        measure=MeasureSettings(
+        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB, measure=MeasureSettings(
             warmup_steps=1, min_steps=4, max_steps=6, max_seconds=60.0, cv_target=0.0, prune_after_steps=2
-        ),
-        work_root=str(tmp_path / "runs"), prune_ratio=0.5, screen=False,
+        )),
+        space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
+        work_root=str(tmp_path / "runs"),
+        prune_ratio=0.5,
+        screen=False,
     )
     study = open_study(open_storage(sqlite_url), "prune", request)
     return study, request

@@ -13,7 +13,7 @@ import itertools
 import subprocess
 from pathlib import Path
 
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 STUDY_NAME = "bert-tiny-cpu-s32"  # autotune.study.default_study_name("bert-tiny", cpu, 32)
@@ -51,24 +51,28 @@ def make_searched_study(workdir: Path) -> SearchedStudy:
 
 def _record_real_oom(storage: str, workdir: Path) -> int:
     """Run one trial of the study through the real loop with a tiny address-space budget: a real OOM."""
+    from autotune.ceiling import parse_ceiling
     from autotune.devices import cpu_device
     from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
     from autotune.result import TrialResult
+    from autotune.runner import Workload
     from autotune.space import load_space
-    from autotune.study import SearchRequest, open_storage, open_study, run_search
-    from autotune.units import parse_ceiling
+    from autotune.storage import open_storage
+    from autotune.study import SearchBudget, SearchRequest, open_study, run_search
 
     device = cpu_device()
     request = SearchRequest(
-        model=resolve_model("bert-tiny"),
-        device=device,
-        seq_len=32,
-        ceiling_bytes=parse_ceiling(CEILING, device.total_memory_bytes),
+        workload=Workload(
+            model=resolve_model("bert-tiny"),
+            device=device,
+            seq_len=32,
+            ceiling_bytes=parse_ceiling(CEILING, device.total_memory_bytes),
+            measure=MeasureSettings(warmup_steps=1, max_steps=4),
+            address_space_bytes=OOM_ADDRESS_SPACE_BYTES,
+        ),
         space=load_space(SPACE, device),
-        measure=MeasureSettings(warmup_steps=1, max_steps=4),
         work_root=str(workdir / "autotune_runs"),
-        address_space_bytes=OOM_ADDRESS_SPACE_BYTES,
         trial_timeout_s=OOM_TRIAL_TIMEOUT_S,
     )
     study = open_study(open_storage(storage), STUDY_NAME, request)
@@ -79,7 +83,7 @@ def _record_real_oom(storage: str, workdir: Path) -> int:
         if (params := dict(zip(names, values))) not in measured
     )
     study.enqueue_trial(unmeasured)  # a config measured before would be copied, not run
-    run_search(study, request, n_trials=1, timeout_s=None)
+    run_search(study, request, SearchBudget(trials=1))
     trial = next(t for t in study.trials if t.params == unmeasured and t.state.is_finished())
     result = TrialResult.from_trial(trial)
     assert result is not None and result.status == "oom", result

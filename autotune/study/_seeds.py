@@ -8,29 +8,25 @@
   fits well under the ceiling).
 
 Both are queued with ``study.enqueue_trial`` when the study is created, marked with the user attr
-``seed``, so the sampler starts from them and the end of a search can compare against the default.
+``seed`` (:mod:`autotune.schema`), so the sampler starts from them and the end of a search can compare against the default.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
 
+from autotune import schema
+from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.estimate import estimate_peak
 from autotune.models import ModelSpec
-from autotune.ranking import feasible_ranking
-from autotune.result import TrialResult
 from autotune.space import SearchSpace
 
-SEED_ATTR = "seed"
-HF_DEFAULT = "hf-default"
-BEST_PRACTICE = "best-practice"
 # The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
 # estimator is not calibrated yet when seeds are chosen.
 SEED_FILL_FRACTION = 0.8
@@ -152,7 +148,7 @@ def best_practice_config(
         for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
             candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
             predicted = estimate_peak(model, candidate, seq_len, device.kind).total_bytes
-            if predicted <= SEED_FILL_FRACTION * ceiling_bytes:
+            if fits(predicted, SEED_FILL_FRACTION * ceiling_bytes):
                 return candidate
     return base
 
@@ -164,76 +160,13 @@ def study_seeds(
     default_params, default_notes = snap_to_space(hf_default_config(), space, device.kind)
     best = best_practice_config(space, model, device, seq_len, ceiling_bytes)
     best_params, _ = snap_to_space(best, space, device.kind)
-    seeds = [Seed(HF_DEFAULT, default_params, tuple(default_notes))]
+    seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
-        seeds.append(Seed(BEST_PRACTICE, best_params))
+        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params))
     return seeds
 
 
 def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:
     """Queue the seeds as the study's first trials, each marked with its label."""
     for seed in seeds:
-        study.enqueue_trial(seed.params, user_attrs={SEED_ATTR: seed.label})
-
-
-@dataclasses.dataclass(frozen=True)
-class SpeedupOverDefault:
-    """The best feasible trial against the HF-default seed trial, both measured in this study.
-
-    Attributes:
-        default_trial: Number of the ``hf-default`` trial.
-        default_status: Its status (``ok``, ``oom``, ``screened``, ...).
-        default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
-        best_trial: Number of the best feasible trial.
-        best_samples_per_s: Its throughput (the confirmed median where there is one).
-        best_config: Its knobs.
-    """
-
-    default_trial: int
-    default_status: str
-    default_samples_per_s: float
-    best_trial: int
-    best_samples_per_s: float
-    best_config: TrialConfig
-
-    @property
-    def ratio(self) -> float | None:
-        """Best samples/s over default samples/s; ``None`` if the default did not run and fit.
-
-        A pruned default counts: it was stopped for being slow, and its median is measured.
-        """
-        if self.default_status not in ("ok", "pruned") or self.default_samples_per_s <= 0:
-            return None
-        return self.best_samples_per_s / self.default_samples_per_s
-
-
-def speedup_over_default(
-    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
-) -> SpeedupOverDefault | None:
-    """Compare the winner with the ``hf-default`` seed; ``None`` if either is missing.
-
-    Args:
-        trials: The study's trials.
-        confirmations: The study's confirmation records (``ranking.confirmations_of``), so the
-            winner is the one the ranking and the export name, at its confirmed median.
-    """
-    default = next(
-        (
-            t
-            for t in sorted(trials, key=lambda t: t.number)
-            if t.user_attrs.get(SEED_ATTR) == HF_DEFAULT and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        ),
-        None,
-    )
-    ranking = feasible_ranking(trials, confirmations)
-    if default is None or not ranking:
-        return None
-    result = TrialResult.from_trial(default) or TrialResult(status="error")
-    return SpeedupOverDefault(
-        default_trial=default.number,
-        default_status=result.status,
-        default_samples_per_s=result.samples_per_s,
-        best_trial=ranking[0].number,
-        best_samples_per_s=ranking[0].samples_per_s,
-        best_config=ranking[0].config,
-    )
+        study.enqueue_trial(seed.params, user_attrs={schema.TRIAL_SEED: seed.label})

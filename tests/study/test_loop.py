@@ -18,8 +18,9 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from autotune.errors import AutotuneError
-from autotune.workers import DONE, START, WAIT, cap_decision, worker_devices
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from autotune.study import worker_devices
+from autotune.study._loop import DONE, START, WAIT, cap_decision
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 NOW = datetime.datetime(2026, 1, 1, 12, 0, 0)
@@ -104,7 +105,7 @@ def test_cpu_workers_run_trials_at_once_up_to_the_study_wide_cap(storage_url, tm
     completed = run_cli(*_search_args(storage_url, runs, "--workers", "2", "--trials", "10", "--max-total-trials", "3"), cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
 
-    from autotune.study import open_storage
+    from autotune.storage import open_storage
 
     trials = optuna.load_study(study_name="workers", storage=open_storage(storage_url)).get_trials()
     states = [t.state for t in trials]
@@ -156,7 +157,7 @@ def test_ctrl_c_stops_every_worker_and_records_its_trial_as_interrupted(tmp_path
     assert process.returncode == 130, stderr[-3000:]
     assert "interrupted" in stderr
 
-    from autotune.study import open_storage
+    from autotune.storage import open_storage
 
     trials = optuna.load_study(study_name="workers", storage=open_storage(storage)).get_trials()
     summary = [(t.number, t.state.name, t.user_attrs.get("result", {}).get("status"), t.system_attrs.get("failed_trial")) for t in trials]

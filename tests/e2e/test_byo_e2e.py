@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.conftest import FAST_SEARCH_ARGS, run_cli
-from tests.local_model import corpus, make_local_model, write_jsonl
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -8,13 +8,20 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from autotune.confirm import confirm_top, confirmation_candidates, describe_winner, mark_ties, summarise
 from autotune.errors import AutotuneError
-from autotune.ranking import CONFIRMATION_ATTR, feasible_ranking, study_ranking
+from autotune.ranking import describe_winner, feasible_ranking, study_ranking
 from autotune.result import TrialResult
+from autotune.runner import Workload
+from autotune.schema import STUDY_CONFIRMATION as CONFIRMATION_ATTR
 from autotune.space import SearchSpace
 from autotune.study import SearchRequest
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from autotune.study._confirm import (
+    confirm_top,
+    confirmation_candidates,
+    mark_ties,
+    summarise,
+)
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 GiB = 1024**3
 
@@ -106,8 +113,17 @@ def test_ranking_puts_confirmed_first_and_orders_a_tie_by_memory():
 
 def test_confirm_validates_its_arguments(bert_tiny, cpu, fast_measure, tmp_path):
     study = optuna.create_study(direction="maximize")
-    request = SearchRequest(model=bert_tiny, device=cpu, seq_len=16, ceiling_bytes=8 * GiB,
-                            space=SearchSpace({"micro_batch": [8]}), measure=fast_measure, work_root=str(tmp_path))
+    request = SearchRequest(
+        workload=Workload(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=16,
+            ceiling_bytes=8 * GiB,
+            measure=fast_measure,
+        ),
+        space=SearchSpace({"micro_batch": [8]}),
+        work_root=str(tmp_path),
+    )
     with pytest.raises(AutotuneError, match="at least 2"):
         confirm_top(study, request, top_k=2, repeats=1)
     with pytest.raises(AutotuneError, match="at least 1"):
@@ -125,8 +141,8 @@ def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
                                               value=1.2, user_attrs={"result": ok(120.0).to_dict(), "reused_from": 1}))
     study.set_user_attr(CONFIRMATION_ATTR, _confirmation_attr(t2={"samples_per_s": 500.0, "feasible": True}))
     # Earlier confirmations are ignored; the over-ceiling and the reused trial are not candidates.
-    assert [c.number for c in confirmation_candidates(study, 2)] == [1, 0]
-    assert [c.number for c in confirmation_candidates(study, 10)] == [1, 0, 2]
+    assert [number for number, _ in confirmation_candidates(study, 2)] == [1, 0]
+    assert [number for number, _ in confirmation_candidates(study, 10)] == [1, 0, 2]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.conftest import REPO, run_cli
+from tests.support.cli import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         "search", "--model", "bert-tiny", "--seq-len", "512", "--memory-ceiling", "1.2GiB", "--space", str(space),
         "--storage", url, "--study-name", STUDY, "--trials", "3", "--work-dir", str(tmp_path / "runs"),
         "--warmup-steps", "1", "--max-measure-steps", "4", "--confirm-top", "0",
-        "--callback", "tests.faults:RecordAddressSpaceLimit",
+        "--callback", "tests.support.faults:RecordAddressSpaceLimit",
         cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
     )
     assert search.returncode == 0, search.stderr

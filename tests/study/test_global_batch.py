@@ -115,16 +115,21 @@ def test_the_mapping_writes_the_derived_pair(cpu):
 
 
 def request_for(space, model, device):
+    from autotune.runner import Workload
     from autotune.study import SearchRequest
 
-    return SearchRequest(model=model, device=device, seq_len=32, ceiling_bytes=2**30, space=space)
+    return SearchRequest(
+        workload=Workload(model=model, device=device, seq_len=32, ceiling_bytes=2**30),
+        space=space,
+    )
 
 
 def test_every_trial_the_sampler_proposes_has_the_global_batch(tmp_path, cpu, bert_tiny, sqlite_url):
     """The real TPE sampler, past its random start-up, over a real storage: only products of 48."""
     import optuna
 
-    from autotune.study import open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import open_study
 
     space = load_space(write(tmp_path, SPACE + "checkpointing: [false, true]\n"), cpu, global_batch=48)
     study = open_study(open_storage(sqlite_url), "gb", request_for(space, bert_tiny, cpu))
@@ -140,7 +145,8 @@ def test_every_trial_the_sampler_proposes_has_the_global_batch(tmp_path, cpu, be
 
 
 def test_a_study_resumed_with_another_global_batch_is_refused(tmp_path, cpu, bert_tiny, sqlite_url):
-    from autotune.study import open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import open_study
 
     path = write(tmp_path, SPACE)
     open_study(open_storage(sqlite_url), "gb", request_for(load_space(path, cpu, global_batch=64), bert_tiny, cpu))

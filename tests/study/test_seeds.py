@@ -11,18 +11,18 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.estimate import estimate_peak
+from autotune.ranking import speedup_over_default
 from autotune.result import TrialResult
-from autotune.seeds import (
-    BEST_PRACTICE,
-    HF_DEFAULT,
+from autotune.schema import SEED_BEST_PRACTICE as BEST_PRACTICE
+from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
+from autotune.space import SearchSpace, SpaceFile, filter_for_device
+from autotune.study._seeds import (
     SEED_FILL_FRACTION,
     best_practice_config,
     hf_default_config,
     snap_to_space,
-    speedup_over_default,
 )
-from autotune.space import SearchSpace, SpaceFile, filter_for_device
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 GiB = 1024**3
 
@@ -89,12 +89,20 @@ def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory
 
 @pytest.fixture
 def new_study(sqlite_url, bert_tiny, cpu, fast_measure, tmp_path):
+    from autotune.runner import Workload
     from autotune.space import load_space
-    from autotune.study import SearchRequest, open_storage, open_study
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=4 * GiB,
-        space=load_space(str(REPO / "search_spaces" / "tiny-test.yaml"), cpu), measure=fast_measure,
+        workload=Workload(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=32,
+            ceiling_bytes=4 * GiB,
+            measure=fast_measure,
+        ),
+        space=load_space(str(REPO / "search_spaces" / "tiny-test.yaml"), cpu),
         work_root=str(tmp_path / "runs"),
     )
 

@@ -1,6 +1,6 @@
 """A killed or interrupted `autotune search`, then resumed: nothing lost, nothing left RUNNING.
 
-Real `autotune search` subprocesses on a real SQLite study. A fault from tests/faults.py stalls a
+Real `autotune search` subprocesses on a real SQLite study. A fault from tests/support/faults.py stalls a
 trial child so the test knows a trial is mid-flight, then the test kills the orchestrator with
 SIGKILL (no cleanup at all) or interrupts it with SIGINT (Ctrl-C).
 """
@@ -19,8 +19,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
-from tests.test_faults import wait_until_gone
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def search_command(tmp_path: Path, fault: str, trials: int) -> list[str]:
     return [
         sys.executable, "-m", "autotune", "search", "--model", "bert-tiny", *FAST_SEARCH_ARGS,
         "--space", str(space), "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study-name", STUDY,
-        "--work-dir", str(tmp_path / "runs"), "--trials", str(trials), "--callback", f"tests.faults:{fault}",
+        "--work-dir", str(tmp_path / "runs"), "--trials", str(trials), "--callback", f"tests.support.faults:{fault}",
         # Resuming is what is tested: no early stop, so every re-run is measured to the end under any load.
         "--prune-ratio", "0",
     ]

@@ -17,8 +17,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
-from autotune.estimate import Calibration, MeasuredPeak, MemoryEstimate, estimate_peak, fit_calibration
+from autotune.estimate import (
+    Calibration,
+    MeasuredPeak,
+    MemoryEstimate,
+    estimate_peak,
+    fit_calibration,
+)
 from autotune.models import ModelSpec
 from autotune.result import TrialResult
 from autotune.units import format_bytes
@@ -80,9 +87,9 @@ def screened_excess_gib(result: TrialResult) -> float | None:
     ``None`` when nothing says by how much (inferred from an OOM): the caller uses its default.
     """
     bound = result.memory_peaks.get(PREDICTED_PEAK_KEY) or result.memory_peaks.get(INFERRED_MIN_PEAK_KEY)
-    if not bound or bound <= result.ceiling_bytes:
+    if not bound or fits(bound, result.ceiling_bytes):
         return None
-    return (bound - result.ceiling_bytes) / 1024**3
+    return excess_gib(bound, result.ceiling_bytes)
 
 
 def margin_for(calibration: Calibration) -> float:
@@ -128,7 +135,7 @@ def predict_over_ceiling(
     """Screen when the calibrated estimate is over ``ceiling * margin``."""
     margin = margin_for(calibration)
     predicted = estimate.total_bytes
-    if predicted <= ceiling_bytes * margin:
+    if fits(predicted, ceiling_bytes * margin):
         return None
     return ScreenDecision(
         reason=f"screened: predicted peak {format_bytes(predicted)} > ceiling {format_bytes(ceiling_bytes)} "

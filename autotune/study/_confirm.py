@@ -12,7 +12,7 @@ headroom). A candidate with a re-run that ran out of memory or went over the cei
 reliably feasible and leaves the feasible ranking.
 
 Optuna lets no one write to a finished trial, so the outcome is a study user attr
-(:data:`autotune.ranking.CONFIRMATION_ATTR`), one entry per confirmed trial number; each run
+(``confirmation``, :mod:`autotune.schema`), one entry per confirmed trial number; each run
 replaces the last one, so a confirmation never outlives the search that made it.
 """
 
@@ -26,12 +26,14 @@ from typing import Any
 
 import optuna
 
+from autotune import schema
+from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.measure import coefficient_of_variation
-from autotune.ranking import CONFIRMATION_ATTR, RankedTrial, feasible_ranking
-from autotune.result import FAILED_STATUSES, TrialResult
+from autotune.result import FAILED_STATUSES, TrialResult, feasible_by_speed
 from autotune.runner import run_isolated
-from autotune.study import SearchRequest, make_job
+from autotune.study._loop import make_job
+from autotune.study._request import SearchRequest
 
 # Re-run outcomes that say nothing about the config (a noisy neighbour, a driver hiccup): ignored.
 TRANSIENT_STATUSES = FAILED_STATUSES
@@ -78,9 +80,11 @@ class Confirmation:
         return values
 
 
-def confirmation_candidates(study: optuna.Study, top_k: int) -> list[RankedTrial]:
-    """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored)."""
-    return feasible_ranking(study.get_trials(deepcopy=False), confirmations={})[:top_k]
+def confirmation_candidates(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig]]:
+    """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored):
+    (trial number, config), fastest first."""
+    leaders = feasible_by_speed(study.get_trials(deepcopy=False))[:top_k]
+    return [(trial.number, TrialConfig.from_params(trial.params)) for trial, _ in leaders]
 
 
 def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
@@ -160,20 +164,16 @@ def confirm_top(
     candidates = confirmation_candidates(study, top_k)
     if not candidates:
         return []
-    runs: dict[int, list[TrialResult]] = {c.number: [] for c in candidates}
+    runs: dict[int, list[TrialResult]] = {number: [] for number, _ in candidates}
     for round_index in range(repeats):
         shift = round_index % len(candidates)
-        for candidate in candidates[shift:] + candidates[:shift]:
-            job = make_job(request, candidate.config, candidate.number)
-            job = dataclasses.replace(
-                job,
-                work_dir=f"{job.work_dir}-confirm-{round_index}",
-                prune_below_samples_per_s=None,  # a confirmation is measured in full
-            )
+        for number, config in candidates[shift:] + candidates[:shift]:
+            # A confirmation is measured in full: no early stop.
+            job = make_job(request, config, f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
             result = run_isolated(job, request.trial_timeout_s)
-            runs[candidate.number].append(result)
+            runs[number].append(result)
             if on_run is not None:
-                on_run(round_index, candidate.number, result)
+                on_run(round_index, number, result)
     confirmations = mark_ties([summarise(number, results) for number, results in runs.items()])
     record = {
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -181,28 +181,5 @@ def confirm_top(
         "repeats": repeats,
         "trials": {str(c.trial_number): c.to_attr() for c in confirmations},
     }
-    study.set_user_attr(CONFIRMATION_ATTR, record)
+    study.set_user_attr(schema.STUDY_CONFIRMATION, record)
     return sorted(confirmations, key=lambda c: (not c.feasible, -(c.samples_per_s or 0.0)))
-
-
-def describe_winner(ranking: list[RankedTrial]) -> str:
-    """One sentence about the winner of a ranked study: confirmed or not, and any tie."""
-    from autotune.units import format_bytes
-
-    if not ranking:
-        return "no feasible configuration"
-    leader = ranking[0]
-    if leader.confirmation is None:
-        return f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s (single measurement, not confirmed)"
-    sentence = (
-        f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, the median of "
-        f"{leader.confirmation.get('repeats', 0)} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
-    )
-    tied = [r for r in ranking[1:] if r.ties_with_leader]
-    if leader.ties_with_leader and tied:
-        others = ", ".join(f"#{r.number} ({r.samples_per_s:.1f} samples/s, {format_bytes(r.peak_memory_bytes)})" for r in tied)
-        sentence += (
-            f"; it ties within noise with {others}, and is preferred for its smaller peak memory "
-            f"({format_bytes(leader.peak_memory_bytes)})"
-        )
-    return sentence

@@ -19,8 +19,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.study import open_storage
-from tests.conftest import FAST_SEARCH_ARGS, REPO, run_cli
+from autotune.storage import open_storage
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -104,11 +104,13 @@ def test_concurrent_workers_lose_and_duplicate_no_trial(postgres_server, postgre
 def test_workers_opening_a_new_study_at_once_set_it_up_once(postgres_url, bert_tiny, cpu):
     import threading
 
+    from autotune.runner import Workload
     from autotune.space import load_space
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * 1024**3, space=load_space(TINY_SPACE, cpu)
+        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * 1024**3),
+        space=load_space(TINY_SPACE, cpu),
     )
     # Four "machines" at once on an empty database: each opens its own storage (Optuna creates its
     # tables then) and creates the study.

@@ -1,0 +1,34 @@
+"""NVML readings a trial child takes: device-wide and per-process memory, without a CUDA context."""
+
+from __future__ import annotations
+
+from autotune.devices import physical_gpu_index
+
+
+def _nvml_handle():  # noqa: ANN202 - a pynvml handle
+    import pynvml
+
+    pynvml.nvmlInit()
+    # Inside a trial child CUDA_VISIBLE_DEVICES names the one physical GPU the child may use.
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(0))
+
+
+def nvml_device_used_bytes() -> int | None:
+    """Device-wide memory in use according to NVML (creates no CUDA context), or ``None``."""
+    try:
+        pynvml, handle = _nvml_handle()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # noqa: BLE001 - a cross-check, never a reason to fail a trial
+        return None
+
+
+def nvml_process_used_bytes(pid: int) -> int | None:
+    """Device memory NVML attributes to ``pid``, or ``None`` where NVML cannot see it."""
+    try:
+        pynvml, handle = _nvml_handle()
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == pid and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+    except Exception:  # noqa: BLE001 - NVML is a cross-check, never a reason to fail a trial
+        return None
+    return None

@@ -1,0 +1,80 @@
+"""Every key autotune writes into an Optuna study, with who writes it and who reads it.
+
+A study outlives the autotune version that made it and is read by other programs (optuna-dashboard,
+the user's own scripts): the keys below are its file format. Modules name a key through these
+constants only, never as a string of their own.
+
+Study user attributes (``study.user_attrs``):
+
+========================  =============================================  ==================================
+key                       written by                                     read by
+========================  =============================================  ==================================
+``metric``                study set-up (:mod:`autotune.study._setup`)    the dashboard (metric name)
+``identity``              study set-up: model, task, seq len, device,    study set-up of a resumed or
+                          dataset, fixed arguments                       joining search; ``estimate``
+``space``                 study set-up: the knobs' choices               study set-up (one space a study);
+                                                                         the report (knob effects)
+``ceiling_bytes``         study set-up                                   study set-up (a changed ceiling
+                                                                         is refused); ranking; report
+``device_kind``           study set-up (``cpu`` or ``cuda``)             export (the mapping's device)
+``base_args``             study set-up: the user's fixed arguments       export (kept in every format)
+``seed_notes``            study set-up: how the seeds were fitted        ``search`` (printed once)
+``confirmation``          confirmation (:mod:`autotune.study._confirm`)  ranking, export, report, dashboard
+========================  =============================================  ==================================
+
+Study system attributes: ``autotune_setup_by`` (study set-up, while it sets a new study up; read
+by a joining worker waiting for the identity).
+
+Trial user attributes (``trial.user_attrs``):
+
+========================  =============================================  ==================================
+key                       written by                                     read by
+========================  =============================================  ==================================
+``result``                ``tell`` (:mod:`autotune.study._record`): the  everything downstream:
+                          whole :class:`autotune.result.TrialResult`     ranking, export, report, dashboard
+``status``                ``tell``: the result's status alone            the dashboard's trial table
+``seed``                  seeds (``hf-default``, ``best-practice``)      ranking (speedup over the default)
+``reused_from``           the trial loop: the trial this repeat's        ranking (left out), screening
+                          result was copied from
+``first_attempt``         the trial loop: why a retried attempt failed   the dashboard, ``best --all``
+``predicted_peak_bytes``  screening: the estimate a screened trial       the dashboard
+                          rests on
+========================  =============================================  ==================================
+
+Trial system attributes: ``constraints`` (``tell``: ``[peak - ceiling in GiB]``, feasible when
+<= 0; the legacy list Optuna 5 reads as constraint 0 and optuna-dashboard 0.21 reads alone:
+``trial.set_constraint`` writes ``constraints:<key>``, which that dashboard ignores), and
+``autotune_owner`` (the trial loop: host, PID namespace, PID and start time of the worker that
+runs it; read by liveness to tell a dead worker's trial from a live one's).
+"""
+
+from __future__ import annotations
+
+# Study user attrs.
+STUDY_METRIC = "metric"
+STUDY_IDENTITY = "identity"
+STUDY_SPACE = "space"
+STUDY_CEILING_BYTES = "ceiling_bytes"
+STUDY_DEVICE_KIND = "device_kind"
+STUDY_BASE_ARGS = "base_args"
+STUDY_SEED_NOTES = "seed_notes"
+STUDY_CONFIRMATION = "confirmation"
+# Study system attr.
+STUDY_SETUP_BY = "autotune_setup_by"
+
+# Trial user attrs.
+TRIAL_RESULT = "result"
+TRIAL_STATUS = "status"
+TRIAL_SEED = "seed"
+TRIAL_REUSED_FROM = "reused_from"
+TRIAL_FIRST_ATTEMPT = "first_attempt"
+TRIAL_PREDICTED_PEAK_BYTES = "predicted_peak_bytes"
+# Trial system attrs.
+TRIAL_CONSTRAINTS = "constraints"
+TRIAL_OWNER = "autotune_owner"
+
+# The objective's name, as Optuna and the dashboard show it.
+METRIC_NAME = "model TFLOPs"
+# Values of TRIAL_SEED.
+SEED_HF_DEFAULT = "hf-default"
+SEED_BEST_PRACTICE = "best-practice"

@@ -1,0 +1,74 @@
+"""Recording results: a trial's outcome, its memory constraint and its final state, written once.
+
+Only the orchestrator writes to the storage; trial children only send results. The objective is
+model TFLOPs (maximize); the memory constraint is ``peak - ceiling`` in GiB (:mod:`autotune.ceiling`).
+An OOM is a COMPLETE trial with value 0 and a violated constraint, so samplers learn the region
+does not fit; crashes and timeouts are FAIL (they say nothing about the config).
+"""
+
+from __future__ import annotations
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from autotune import schema
+from autotune.ceiling import excess_gib
+from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, TrialResult
+from autotune.study._screening import screened_excess_gib
+
+# The constraint of an OOM or screened trial, whose real peak is unknown: "over by at least this".
+UNKNOWN_EXCESS_GIB = 1.0
+
+
+def memory_constraint_gib(result: TrialResult) -> float:
+    """``peak - ceiling`` in GiB: feasible when <= 0; always > 0 for an infeasible status.
+
+    An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
+    fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
+    ``best_trial`` and the dashboard all read feasibility from this number alone.
+    """
+    if result.status == "screened":
+        return screened_excess_gib(result) or UNKNOWN_EXCESS_GIB  # predicted or inferred, never measured
+    excess = excess_gib(result.peak_memory_bytes, result.ceiling_bytes)
+    if result.status in INFEASIBLE_STATUSES and (result.peak_memory_bytes == 0 or excess <= 0):
+        return UNKNOWN_EXCESS_GIB
+    return excess
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+    """Record a result: user attrs, the memory constraint, then the trial's final state."""
+    trial.set_user_attr(schema.TRIAL_RESULT, result.to_dict())
+    trial.set_user_attr(schema.TRIAL_STATUS, result.status)
+    if result.status in FAILED_STATUSES:
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    study._storage.set_trial_system_attr(trial._trial_id, schema.TRIAL_CONSTRAINTS, [memory_constraint_gib(result)])
+    if result.status == "pruned":
+        trial.report(result.model_tflops, step=0)
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    value = 0.0 if result.status in INFEASIBLE_STATUSES else result.model_tflops
+    study.tell(trial, value)
+
+
+def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
+    """Record a trial stopped by Ctrl-C (or a stop of the search) as FAIL ``interrupted``, and queue
+    its config to run again once, first thing on resume.
+
+    Safe wherever the interrupt landed: a trial told before it keeps its result.
+    """
+    stored = study._storage.get_trial(trial._trial_id)
+    if stored.state != TrialState.RUNNING:
+        return TrialResult.from_trial(stored) or TrialResult(status="interrupted")
+    result = TrialResult(
+        status="interrupted",
+        error="the search was stopped (Ctrl-C) while this trial ran; it runs again on resume",
+        ceiling_bytes=ceiling_bytes,
+    )
+    try:
+        tell(study, trial, result)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return result  # another worker declared it dead and queued it already
+    RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study._storage.get_trial(trial._trial_id))
+    return result

@@ -1,0 +1,245 @@
+"""What to search, and how the command line's options become it: checked once, before any trial.
+
+:func:`prepare_request` turns :class:`SearchOptions` (the ``search`` command's options as typed)
+into a :class:`SearchRequest`: the model and device resolved, the space loaded and filtered, the
+user's data prepared, the calibrated peaks read, the CPU address-space budget of each child set.
+Every problem is an :class:`AutotuneError` here, so no trial is spent on a bad option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.ceiling import parse_ceiling
+from autotune.config import TrialConfig
+from autotune.devices import DeviceSpec, resolve_device
+from autotune.errors import AutotuneError
+from autotune.measure import MeasureSettings
+from autotune.result import TrialResult
+from autotune.runner import Workload, child_address_space_budget, load_callback
+from autotune.space import SearchSpace, load_space
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRequest:
+    """What to search: the workload every trial trains, the space, and how trials are run.
+
+    Attributes:
+        workload: The model, device, sequence length, ceiling and measurement every trial shares.
+        space: The knobs and their choices.
+        worker_devices: One entry per worker (``--gpus 0,1``: one per GPU; ``--workers N``: the CPU
+            N times); ``workload.device`` is the first.
+        trial_timeout_s: Wall-clock limit of one trial attempt.
+        work_root: Where trials keep their logs (one directory per trial).
+        screen: Skip configs the estimator or a measured OOM says cannot fit (:mod:`._screening`).
+        prune_ratio: Stop a trial once its throughput is below this fraction of the best feasible
+            one; 0 never.
+    """
+
+    workload: Workload
+    space: SearchSpace
+    worker_devices: tuple[DeviceSpec, ...] = ()
+    trial_timeout_s: float = 900.0
+    work_root: str = "autotune_runs"
+    screen: bool = True
+    prune_ratio: float = 0.5
+
+    @property
+    def ceiling_bytes(self) -> int:
+        return self.workload.ceiling_bytes
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for trials to be comparable in one study."""
+        workload = self.workload
+        return {
+            "model": workload.model.name,
+            "task": workload.model.task,
+            "seq_len": workload.seq_len,
+            "device": workload.device.name,
+            # Real data and fixed arguments change what a step costs (and what export writes).
+            "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
+            "base_args": workload.base_args,
+        }
+
+    def for_device(self, device: DeviceSpec) -> SearchRequest:
+        """This request for one worker: the same search, trained on ``device``."""
+        return dataclasses.replace(self, workload=dataclasses.replace(self.workload, device=device))
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """The ``search`` command's options, as the user typed them (see ``autotune search --help``)."""
+
+    model: str
+    gpu: int | None = None
+    device: str | None = None
+    gpus: str | None = None
+    workers: int = 1
+    seq_len: int = 128
+    memory_ceiling: str = "0.9"
+    space: str | None = None
+    task: str | None = None
+    trial_timeout: float = 900.0
+    warmup_steps: int = 3
+    max_measure_steps: int = 40
+    work_dir: str = "autotune_runs"
+    callbacks: tuple[str, ...] = ()
+    dataset: str | None = None
+    text_column: str | None = None
+    packing: bool = False
+    base_args: str | None = None
+    global_batch: int | None = None
+    max_global_batch: int | None = None
+    prune_ratio: float = 0.5
+    screen: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSearch:
+    """A checked request, with the notes the user should read before the first trial (what the
+    space filtered out, what MFU is measured against)."""
+
+    request: SearchRequest
+    notes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchBudget:
+    """When a search stops starting trials.
+
+    Attributes:
+        trials: Trials this invocation starts at most, over all its workers (``None``: no limit).
+        timeout_s: No trial starts after this many seconds.
+        max_total_trials: The study-wide cap, over every worker of every process.
+    """
+
+    trials: int | None = None
+    timeout_s: float | None = None
+    max_total_trials: int | None = None
+
+
+@dataclasses.dataclass
+class SearchProgress:
+    """Callbacks the CLI gives to watch a search. All optional; called from worker threads."""
+
+    on_trial_start: Callable[[int, TrialConfig], None] | None = None
+    on_trial_end: Callable[[int, TrialConfig, TrialResult], None] | None = None
+
+
+def prepare_request(options: SearchOptions, available_memory_bytes: int) -> PreparedSearch:
+    """Check every option and build the request; nothing runs a trial yet.
+
+    Args:
+        options: The command's options.
+        available_memory_bytes: Host memory available now; each CPU child may grow its address
+            space to its share of 90 % of it (:func:`autotune.runner.child_address_space_budget`).
+
+    Raises:
+        AutotuneError: An option is malformed or contradicts another, the model or the space cannot
+            be read, the data is unusable.
+    """
+    from autotune.calibrate import load_measured_peaks, peak_note
+    from autotune.config import load_base_args
+    from autotune.models import resolve_model
+
+    _check_positive(seq_len=options.seq_len)
+    if not 0 <= options.prune_ratio < 1:
+        raise AutotuneError(f"--prune-ratio {options.prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1")
+    devices = worker_devices(options.device, options.gpu, options.gpus, options.workers)
+    device = devices[0]
+    ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
+    model = resolve_model(options.model, options.task)
+    if model.max_positions and options.seq_len > model.max_positions:
+        raise AutotuneError(f"--seq-len {options.seq_len} is longer than {options.model} allows ({model.max_positions} positions)")
+    base_args = load_base_args(options.base_args) if options.base_args else {}
+    space = load_space(
+        options.space, device, model=model, base_args=base_args,
+        global_batch=options.global_batch, max_global_batch=options.max_global_batch,
+    )
+    for callback_name in options.callbacks:
+        load_callback(callback_name)  # a wrong name fails here, once, not in every trial
+    notes = list(space.notes)
+    dataset = None
+    if options.dataset is not None:
+        from autotune.data import prepare_dataset
+
+        dataset = prepare_dataset(
+            options.dataset, model, options.seq_len, space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps, os.path.join(options.work_dir, "datasets"),
+            options.text_column, options.packing,
+        )
+    measured_peaks = load_measured_peaks(device.name)
+    notes.append(peak_note(device, measured_peaks))
+    workload = Workload(
+        model=model,
+        device=device,
+        seq_len=options.seq_len,
+        ceiling_bytes=ceiling,
+        measure=MeasureSettings(warmup_steps=options.warmup_steps, max_steps=options.max_measure_steps),
+        base_args=base_args,
+        dataset=dataset,
+        callbacks=options.callbacks,
+        address_space_bytes=(
+            child_address_space_budget(ceiling, available_memory_bytes // len(devices)) if device.kind == "cpu" else None
+        ),
+        measured_peaks_tflops=measured_peaks,
+    )
+    request = SearchRequest(
+        workload=workload,
+        space=space,
+        worker_devices=tuple(devices),
+        trial_timeout_s=options.trial_timeout,
+        work_root=options.work_dir,
+        screen=options.screen,
+        prune_ratio=options.prune_ratio,
+    )
+    return PreparedSearch(request=request, notes=tuple(notes))
+
+
+def _check_positive(**values: int | None) -> None:
+    """One line naming the first option that is not a positive number (``seq_len`` -> ``--seq-len``)."""
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise AutotuneError(f"--{name.replace('_', '-')} {value}: must be positive")
+
+
+def worker_devices(device: str | None, gpu: int | None, gpus: str | None, workers: int) -> list[DeviceSpec]:
+    """The device of each worker: ``--gpus 0,1`` gives one worker per GPU, ``--workers N`` N on the CPU.
+
+    Raises:
+        AutotuneError: Options that contradict each other, a malformed list, GPUs of different kinds.
+    """
+    if workers < 1:
+        raise AutotuneError("--workers must be 1 or more")
+    if gpus is None:
+        spec = resolve_device(device, gpu)
+        if workers > 1 and spec.kind != "cpu":
+            raise AutotuneError(
+                "--workers runs several trials on one device, which only the CPU allows; for GPUs use --gpus 0,1,... (one trial per GPU)"
+            )
+        return [spec] * workers
+    if device is not None or gpu is not None or workers != 1:
+        raise AutotuneError("--gpus gives one worker per GPU: leave out --gpu, --device and --workers")
+    numbers = [part.strip() for part in gpus.split(",")]
+    if not all(part.isdigit() for part in numbers) or len(set(numbers)) != len(numbers):
+        raise AutotuneError(f"--gpus {gpus!r}: give distinct CUDA device numbers separated by commas, e.g. --gpus 0,1,2,3")
+    specs = [resolve_device(None, int(part)) for part in numbers]
+    kinds = {(spec.name, spec.total_memory_bytes) for spec in specs}
+    if len(kinds) > 1:
+        found = ", ".join(f"{spec.label} is {spec.name}" for spec in specs)
+        raise AutotuneError(
+            f"--gpus {gpus}: {found}; one study measures one kind of GPU: run one search per kind (--gpus with the same model)"
+        )
+    return specs
+
+
+def default_study_name(model_name: str, device: DeviceSpec, seq_len: int) -> str:
+    """``<model>-<device>-s<seq len>``: rerunning ``search`` with the same three resumes the same study."""
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_name).name if os.path.isdir(model_name) else model_name)
+    return f"{model}-{device.label.replace(':', '')}-s{seq_len}"
+

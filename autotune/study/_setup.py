@@ -1,0 +1,105 @@
+"""Study set-up: create a study (queueing its seed trials) or join one, refusing to mix setups.
+
+Trials are comparable only when they trained the same model, task, sequence length, data and fixed
+arguments on the same kind of device, over the same space: the study's ``identity`` attr
+(:mod:`autotune.schema`) holds the first five, and :func:`check_identity` is the one check, used
+by ``search`` when it resumes or joins a study and by ``estimate --storage`` when it calibrates on one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage
+
+from autotune import schema
+from autotune.errors import AutotuneError
+from autotune.study._liveness import worker_identity
+from autotune.study._request import SearchRequest
+from autotune.study._seeds import enqueue_seeds, study_seeds
+
+
+def open_study(
+    storage: RDBStorage, study_name: str, request: SearchRequest, sampler_seed: int | None = None
+) -> optuna.Study:
+    """Create the study, or load it and refuse to mix in trials of another setup.
+
+    A new study gets its seed trials queued (the HF default and a best-practice guess, see
+    :mod:`._seeds`); what had to change to fit them in the space is kept in the study's
+    ``seed_notes`` user attr. ``sampler_seed`` makes the sampler reproducible (benchmarks).
+
+    Raises:
+        AutotuneError: The study holds trials of another setup or space.
+    """
+    sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed)
+    # Workers on several machines may start together: exactly one creates the study (the others get
+    # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
+    try:
+        study = optuna.create_study(storage=storage, study_name=study_name, direction="maximize", sampler=sampler)
+        # Tells joining workers that the study is being set up here (see _wait_for_identity).
+        study._storage.set_study_system_attr(study._study_id, schema.STUDY_SETUP_BY, worker_identity())
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        created = False
+    if created or _wait_for_identity(study) is None:
+        _set_up(study, request)
+        return study
+    check_identity(study, request.identity())
+    if study.user_attrs.get(schema.STUDY_SPACE) != request.space.choices:
+        raise AutotuneError(
+            f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
+        )
+    if study.user_attrs.get(schema.STUDY_CEILING_BYTES) != request.ceiling_bytes:
+        study.set_user_attr(schema.STUDY_CEILING_BYTES, request.ceiling_bytes)
+    return study
+
+
+def _set_up(study: optuna.Study, request: SearchRequest) -> None:
+    """Write a new study's attrs and queue its seeds; the identity last, since joining workers wait for it."""
+    workload = request.workload
+    study.set_user_attr(schema.STUDY_METRIC, schema.METRIC_NAME)
+    study.set_user_attr(schema.STUDY_SPACE, request.space.choices)
+    study.set_user_attr(schema.STUDY_CEILING_BYTES, workload.ceiling_bytes)
+    study.set_user_attr(schema.STUDY_DEVICE_KIND, workload.device.kind)
+    study.set_user_attr(schema.STUDY_BASE_ARGS, workload.base_args)
+    study.set_metric_names([schema.METRIC_NAME])
+    seeds = study_seeds(request.space, workload.model, workload.device, workload.seq_len, workload.ceiling_bytes)
+    enqueue_seeds(study, seeds)  # before the identity: a joining worker's first ask gets a seed
+    study.set_user_attr(schema.STUDY_SEED_NOTES, [note for seed in seeds for note in seed.notes])
+    study.set_user_attr(schema.STUDY_IDENTITY, request.identity())
+
+
+def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable[str] | None = None) -> None:
+    """Refuse a study whose identity differs from ``expected`` (on ``keys``, or all of them).
+
+    Raises:
+        AutotuneError: Naming each difference, and what to do instead.
+    """
+    stored = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
+    names = list(keys) if keys is not None else list(expected)
+    differs = [f"{name} {stored.get(name)!r} there, {expected[name]!r} here" for name in names if stored.get(name) != expected[name]]
+    if differs:
+        raise AutotuneError(
+            f"study {study.study_name!r} measured {stored.get('model')} at seq len {stored.get('seq_len')} on "
+            f"{stored.get('device')}: another setup ({', '.join(differs)}); pass a new --study-name to start one, "
+            "or the options that study was made with"
+        )
+
+
+def _wait_for_identity(study: optuna.Study, patience_s: float = 30.0) -> dict[str, Any] | None:
+    """The identity of a study that another worker has just created and is setting up.
+
+    ``None`` for a study made outside autotune (trials queued by hand but no setup mark), or one
+    whose creator died before finishing: this worker sets it up then.
+    """
+    deadline = time.monotonic() + patience_s
+    while (identity := study.user_attrs.get(schema.STUDY_IDENTITY)) is None and time.monotonic() < deadline:
+        being_set_up = schema.STUDY_SETUP_BY in study._storage.get_study_system_attrs(study._study_id)
+        if not being_set_up and study.get_trials(deepcopy=False):
+            return None
+        time.sleep(0.2)
+    return identity

@@ -1,0 +1,76 @@
+"""The layout docs/architecture.md describes holds: no module reaches back up the flow.
+
+spec -> space -> study -> runner -> result -> ranking -> export/report/dashboard. The foundations
+(spec and the shared types) import no stage; the runner (what the child executes) knows nothing of
+the study; the study writes trials and knows nothing of how they are ranked or shown; the ranking
+and everything that shows a study read it through the storage, never through the study package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
+
+FOUNDATIONS = {
+    "errors", "units", "schema", "ceiling", "models", "devices", "config", "flops", "measure", "data",
+    "estimate", "result", "space",
+}
+STAGES_AFTER_STUDY = {"ranking", "export", "report", "dashboard", "display"}
+# For each group of modules, the autotune modules it must never import.
+FORBIDDEN = {
+    "foundations": (FOUNDATIONS, {"runner", "study", "storage", "calibrate", "cli", *STAGES_AFTER_STUDY}),
+    "runner": ({"runner"}, {"study", "storage", "cli", *STAGES_AFTER_STUDY}),
+    "storage": ({"storage"}, {"runner", "study", "cli", "calibrate", *STAGES_AFTER_STUDY}),
+    "study": ({"study"}, {"cli", *STAGES_AFTER_STUDY}),
+    "ranking": ({"ranking"}, {"runner", "study", "storage", "cli", "export", "report", "dashboard", "display"}),
+    "views": ({"export", "report", "dashboard", "display"}, {"runner", "study", "cli"}),
+}
+
+
+def stage_of(module: str) -> str:
+    """``autotune.study._loop`` -> ``study``; ``autotune.ranking`` -> ``ranking``."""
+    return module.split(".")[1] if module.count(".") >= 1 else module
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``autotune`` module a file imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autotune"):
+            found.add(node.module if node.module != "autotune" else f"autotune.{node.names[0].name}")
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("autotune."))
+    return found
+
+
+def modules() -> list[tuple[str, Path]]:
+    return [(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts), path) for path in sorted(PACKAGE.rglob("*.py"))]
+
+
+@pytest.mark.parametrize("group", sorted(FORBIDDEN))
+def test_no_module_reaches_back_up_the_flow(group):
+    members, forbidden = FORBIDDEN[group]
+    offences = []
+    for name, path in modules():
+        if stage_of(name) not in members:
+            continue
+        for imported in sorted(imports_of(path)):
+            if stage_of(imported) in forbidden:
+                offences.append(f"{name} imports {imported}")
+    assert not offences, "\n".join(offences)
+
+
+def test_nothing_imports_the_cli():
+    offences = [f"{name} imports autotune.cli" for name, path in modules() if name != "autotune.cli" and "autotune.cli" in imports_of(path)]
+    offences = [o for o in offences if not o.startswith("autotune.__main__")]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_checker_sees_function_level_imports(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from autotune.study import run_search\n    import autotune.runner\n")
+    assert imports_of(source) == {"autotune.study", "autotune.runner"}
