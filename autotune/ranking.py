@@ -183,10 +183,12 @@ def speedup_over_default(
     if default is None or not ranking:
         return None
     result = TrialResult.from_trial(default) or TrialResult(status="error")
+    # Compare like with like: where the default was re-measured too, its confirmed median.
+    default_confirmed = ((confirmations or {}).get(default.number) or {}).get("samples_per_s")
     return SpeedupOverDefault(
         default_trial=default.number,
         default_status=result.status,
-        default_samples_per_s=result.samples_per_s,
+        default_samples_per_s=default_confirmed or result.samples_per_s,
         best_trial=ranking[0].number,
         best_samples_per_s=ranking[0].samples_per_s,
         best_config=ranking[0].config,

@@ -104,10 +104,10 @@ def test_only_what_a_trial_can_consume_is_prepared(tmp_path, texts, local_gpt2):
 
     data = write_jsonl(tmp_path / "train.jsonl", texts)
     text = prepare(data, local_gpt2, tmp_path, global_batch=8, steps=4)
-    assert text["num_samples"] == len(texts) and text["length"] == 40
-    assert datasets.load_from_disk(text["prepared_dir"]).num_rows == 40  # a random sample of the 120
+    assert text.num_samples == len(texts) and text.length == 40
+    assert datasets.load_from_disk(text.prepared_dir).num_rows == 40  # a random sample of the 120
     packed = prepare(data, local_gpt2, tmp_path, global_batch=8, steps=4, packing=True)
-    assert datasets.load_from_disk(packed["prepared_dir"]).num_rows == 40 <= packed["num_samples"]
+    assert datasets.load_from_disk(packed.prepared_dir).num_rows == 40 <= packed.num_samples
 
 
 def test_a_saved_dataset_dict_uses_its_train_split(tmp_path, texts, local_bert):
@@ -142,7 +142,7 @@ def test_pretokenized_ids_need_no_tokenizer_and_must_fit_the_vocabulary(tmp_path
 def test_a_text_file_is_one_sample_per_non_blank_line(tmp_path, texts, local_bert):
     path = tmp_path / "train.txt"
     path.write_text("\n\n".join(texts[:30]) + "\n   \n")
-    assert prepare(path, local_bert, tmp_path)["num_samples"] == 30
+    assert prepare(path, local_bert, tmp_path).num_samples == 30
 
 
 def test_the_prepared_copy_is_reused_until_the_source_changes(tmp_path, texts, local_bert):
@@ -150,11 +150,11 @@ def test_the_prepared_copy_is_reused_until_the_source_changes(tmp_path, texts, l
     first = prepare(path, local_bert, tmp_path)
     written = sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("dataset-*/*"))
     again = prepare(path, local_bert, tmp_path)
-    assert again["prepared_dir"] == first["prepared_dir"]
+    assert again.prepared_dir == first.prepared_dir
     assert sorted(p.stat().st_mtime_ns for p in (tmp_path / "cache").glob("dataset-*/*")) == written
     write_jsonl(path, texts[:50])
     changed = prepare(path, local_bert, tmp_path)
-    assert changed["prepared_dir"] != first["prepared_dir"] and changed["num_samples"] == 50
+    assert changed.prepared_dir != first.prepared_dir and changed.num_samples == 50
 
 
 def test_dataloader_workers_get_the_same_samples(tmp_path, texts, local_bert):
@@ -180,7 +180,7 @@ def test_unreadable_or_unusable_data_is_one_line(tmp_path, texts, local_bert, be
     two = tmp_path / "two.jsonl"
     two.write_text("".join(json.dumps({"title": t, "body": t}) + "\n" for t in texts[:20]))
     assert "no text column (columns: title, body); name the one to train on with --text-column" in error_of(two)
-    assert prepare(two, local_bert, tmp_path, text_column="body")["num_samples"] == 20
+    assert prepare(two, local_bert, tmp_path, text_column="body").num_samples == 20
     assert "--text-column headline: " in error_of(two, text_column="headline")
     numbers = tmp_path / "numbers.jsonl"
     numbers.write_text("".join(json.dumps({"text": i}) + "\n" for i in range(20)))

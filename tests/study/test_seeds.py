@@ -152,6 +152,16 @@ def test_the_speedup_names_the_confirmed_winner_not_the_fastest_single_measureme
     assert speedup_over_default(study.get_trials()).best_trial == 1  # without them: search-time figures
 
 
+def test_a_confirmed_default_is_compared_at_its_confirmed_median(new_study):
+    study = new_study()
+    tell_seed(study, "ok", 50.0)  # the HF default, 50 samples/s at search time
+    tell_seed(study, "ok", 125.0)
+    # Both re-measured: the ratio compares the two confirmed medians, not a re-run with a search figure.
+    confirmations = {0: {"samples_per_s": 40.0}, 1: {"samples_per_s": 100.0}}
+    speedup = speedup_over_default(study.get_trials(), confirmations)
+    assert speedup.default_samples_per_s == 40.0 and speedup.ratio == pytest.approx(2.5)
+
+
 def test_no_ratio_when_the_default_did_not_fit(new_study):
     study = new_study()
     tell_seed(study, "oom", 0.0)
