@@ -96,8 +96,14 @@ def search(
     from autotune.units import format_bytes, parse_ceiling
     from autotune.workers import run_workers, worker_devices
 
-    if seq_len <= 0 or trials <= 0 or (max_total_trials is not None and max_total_trials <= 0):
-        raise AutotuneError("--seq-len, --trials and --max-total-trials must be positive")
+    from autotune import validate
+
+    for option, value in (("--seq-len", seq_len), ("--trials", trials), ("--max-total-trials", max_total_trials), ("--max-measure-steps", max_measure_steps)):
+        validate.positive_int(option, value)
+    validate.non_negative_int("--warmup-steps", warmup_steps)
+    validate.positive_seconds("--trial-timeout", trial_timeout)
+    validate.positive_seconds("--timeout", timeout)
+    validate.dataset_options(dataset, text_column, packing)
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     if not 0 <= prune_ratio < 1:
@@ -106,8 +112,7 @@ def search(
     device_spec = devices_of_workers[0]
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
-    if model_spec.max_positions and seq_len > model_spec.max_positions:
-        raise AutotuneError(f"--seq-len {seq_len} is longer than {model} allows ({model_spec.max_positions} positions)")
+    validate.seq_len_fits(seq_len, model, model_spec.max_positions)
     from autotune.config import load_base_args
 
     fixed_args = load_base_args(base_args) if base_args else {}
@@ -253,11 +258,13 @@ def estimate(
     from autotune.space import load_space
     from autotune.units import format_bytes, parse_ceiling
 
-    if seq_len <= 0:
-        raise AutotuneError("--seq-len must be positive")
+    from autotune import validate
+
+    validate.positive_int("--seq-len", seq_len)
     device_spec = resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
+    validate.seq_len_fits(seq_len, model, model_spec.max_positions)
     search_space = load_space(space, device_spec, model=model_spec)
     calibration = Calibration.prior(device_spec.kind)
     if storage is not None:
@@ -295,6 +302,9 @@ def best(
     from autotune.ranking import all_trials, confirmations_of
     from autotune.study import load_study
 
+    from autotune.validate import positive_int
+
+    positive_int("--top", top)
     study = load_study(storage, study_name)
     if all:
         from autotune.display import trial_table
@@ -358,6 +368,9 @@ def dashboard(
     from autotune.dashboard import is_loopback, serve
     from autotune.study import redact
 
+    from autotune.validate import port as check_port
+
+    check_port(port)
     if not is_loopback(host):
         err_console.print(
             f"warning: listening on {host}: the dashboard has no login, and anyone who reaches it can read, edit and delete studies"
@@ -405,8 +418,10 @@ def devices(
     from autotune.display import format_tflops
     from autotune.units import format_bytes
 
-    if seconds <= 0 or (matrix_size is not None and matrix_size <= 0):
-        raise AutotuneError("--seconds and --matrix-size must be positive")
+    from autotune.validate import positive_int, positive_seconds
+
+    positive_seconds("--seconds", seconds)
+    positive_int("--matrix-size", matrix_size)
     found = list_devices()
     if calibrate:
         targets = [resolve_device(device, None)] if device is not None else found
