@@ -138,6 +138,12 @@ def search(
 
     measured_peaks = load_measured_peaks(device_spec.name)
     console.print(f"[dim]note: {peak_note(device_spec, measured_peaks)}[/]")
+    address_space = None
+    if device_spec.kind == "cpu":
+        from autotune.estimate import smallest_peak_bytes
+
+        address_space = child_address_space_budget(ceiling, psutil.virtual_memory().available // len(devices_of_workers))
+        validate.worker_share(len(devices_of_workers), address_space, smallest_peak_bytes(model_spec, search_space.choices, seq_len, "cpu"))
     request = SearchRequest(
         model=model_spec,
         device=device_spec,
@@ -147,11 +153,7 @@ def search(
         measure=MeasureSettings(warmup_steps=warmup_steps, max_steps=max_measure_steps),
         trial_timeout_s=trial_timeout,
         work_root=work_dir,
-        address_space_bytes=(
-            child_address_space_budget(ceiling, psutil.virtual_memory().available // len(devices_of_workers))
-            if device_spec.kind == "cpu"
-            else None
-        ),
+        address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
         callbacks=tuple(callback or ()),
         base_args=fixed_args,
@@ -395,7 +397,8 @@ def report(
 
     study = load_study(storage, study_name)
     write_report(study, out)
-    console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
+    if out != "-":  # `--out -` keeps stdout to the page itself
+        console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
 
 
 @app.command()
