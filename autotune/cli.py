@@ -166,8 +166,11 @@ def search(
     if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
         for note in study.user_attrs.get("seed_notes", []):
             console.print(f"[dim]note: {note}[/]")
-    from autotune.study import recover_orphans
+    from autotune.study import record_pending_results, recover_orphans
 
+    kept = record_pending_results(study, work_dir)  # before orphan recovery would re-queue their trials
+    if kept:
+        console.print(f"note: trial(s) {', '.join(map(str, kept))} measured while the storage was full: recorded now from {work_dir}")
     recovered = recover_orphans(study)
     if recovered:
         console.print(f"note: trial(s) {', '.join(map(str, recovered))} were left running by a run that died; queued again")
@@ -473,4 +476,14 @@ def main() -> None:
         app()
     except AutotuneError as exc:
         err_console.print(f"autotune: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except optuna.exceptions.StorageInternalError as exc:
+        # A full disk or a lost database at ask, at the start of a trial: nothing measured is at stake
+        # (a failed tell keeps its result, see study.tell_or_keep).
+        from autotune.study import storage_failure
+
+        err_console.print(
+            f"autotune: error: the study storage failed ({storage_failure(exc)}); free space or fix the database, "
+            f"then run the same command again", markup=False, highlight=False, soft_wrap=True,
+        )
         sys.exit(2)
