@@ -198,13 +198,14 @@ def search(
             markup=False, highlight=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    if confirm_top > 0:
-        _confirm(study, request, confirm_top, confirm_repeats)
+    interrupted = confirm_top > 0 and not _confirm(study, request, confirm_top, confirm_repeats)
     from autotune.dashboard import save_study_note
 
     save_study_note(study)  # the dashboard's study note: ranked top configs, the winner's export
     _print_ranking(study, top=5)
     _print_speedup(study)
+    if interrupted:
+        raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
@@ -225,8 +226,9 @@ def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
     )
 
 
-def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 - optuna.Study, SearchRequest
-    from autotune.confirm import confirm_top
+def _confirm(study, request, top_k: int, repeats: int) -> bool:  # noqa: ANN001 - optuna.Study, SearchRequest
+    """Run the confirmation; ``False`` if Ctrl-C cut it short (nothing of it is recorded then)."""
+    from autotune.confirm import confirm_top, describe_ranking_basis
 
     console.print(f"confirming: re-running the top {top_k} feasible configs {repeats} times each, interleaved")
 
@@ -237,7 +239,12 @@ def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 
     try:
         confirm_top(study, request, top_k, repeats, on_run)
     except KeyboardInterrupt:
-        err_console.print("confirmation interrupted: the ranking below rests on single search measurements")
+        err_console.print(
+            f"confirmation interrupted: none of its re-runs is recorded; {describe_ranking_basis(study)}",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+        return False
+    return True
 
 
 @app.command()

@@ -185,6 +185,25 @@ def confirm_top(
     return sorted(confirmations, key=lambda c: (not c.feasible, -(c.samples_per_s or 0.0)))
 
 
+def describe_ranking_basis(study: optuna.Study) -> str:
+    """What the study's ranking rests on now: an earlier run's confirmation, or single measurements.
+
+    Said when a confirmation is interrupted: nothing of it is recorded, and the ranking then uses
+    the last recorded confirmation while it still covers the leaders (``ranking.confirmations_of``).
+    """
+    from autotune.ranking import confirmations_of
+
+    confirmed = confirmations_of(study)
+    if not confirmed:
+        return "the ranking below rests on single search measurements"
+    record = study.user_attrs.get(CONFIRMATION_ATTR) or {}
+    numbers = ", ".join(f"#{n}" for n in sorted(confirmed))
+    return (
+        f"the ranking below rests on the confirmation recorded at {record.get('measured_at', 'an unknown time')} "
+        f"by an earlier run ({numbers} re-run {record.get('repeats', '?')} times), which still covers the leading configs"
+    )
+
+
 def describe_winner(ranking: list[RankedTrial]) -> str:
     """One sentence about the winner of a ranked study: confirmed or not, and any tie."""
     from autotune.units import format_bytes

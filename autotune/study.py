@@ -34,8 +34,9 @@ from autotune.models import ModelSpec
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, USER_ATTR_KEY, TrialResult
 from autotune.runner import TrialJob, run_isolated
 from autotune.screening import MeasuredTrial, screen, screened_excess_gib
-from autotune.seeds import enqueue_seeds, study_seeds
+from autotune.seeds import enqueue_seeds, requeue_failed_seeds, study_seeds
 from autotune.space import SearchSpace
+from autotune.units import format_bytes
 
 # autotune drives heartbeats itself around ask/tell (Optuna only does so inside optimize), and
 # relies on the long-stable stale-trial helpers that Optuna still labels experimental.
@@ -277,9 +278,29 @@ def open_study(
         raise AutotuneError(
             f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
         )
-    if study.user_attrs.get("ceiling_bytes") != request.ceiling_bytes:
-        study.set_user_attr("ceiling_bytes", request.ceiling_bytes)
+    check_same_ceiling(study, request.ceiling_bytes)
+    requeue_failed_seeds(study)
     return study
+
+
+def check_same_ceiling(study: optuna.Study, ceiling_bytes: int) -> None:
+    """A study is resumed under the ceiling it was searched with, as under the same sequence length.
+
+    Each trial's feasibility is stored with it against the ceiling of its run (the memory
+    constraint that Optuna's samplers, ``best_trial`` and the dashboard read); under another
+    ceiling, a config would be screened out as too big while ``best`` and ``export`` still named a
+    bigger one, measured earlier, as the winner.
+
+    Raises:
+        AutotuneError: The study holds another ceiling.
+    """
+    stored = study.user_attrs.get("ceiling_bytes")
+    if stored is not None and stored != ceiling_bytes:
+        raise AutotuneError(
+            f"study {study.study_name!r} was searched under a memory ceiling of {format_bytes(stored)}, this run asks "
+            f"{format_bytes(ceiling_bytes)}: its trials were judged against the first; pass that --memory-ceiling, "
+            f"or a new --study-name for the new ceiling"
+        )
 
 
 def _wait_for_identity(study: optuna.Study, patience_s: float = 30.0) -> dict[str, Any] | None:
