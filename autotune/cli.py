@@ -85,6 +85,16 @@ def search(
     ] = True,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
+    from autotune import validate
+
+    # Before the heavy imports: a wrong option is answered at once.
+    for option, value in (("--seq-len", seq_len), ("--trials", trials), ("--max-total-trials", max_total_trials)):
+        validate.positive_int(option, value)
+    validate.positive_int("--max-measure-steps", max_measure_steps)
+    validate.non_negative_int("--warmup-steps", warmup_steps)
+    validate.positive_seconds("--trial-timeout", trial_timeout)
+    validate.positive_seconds("--timeout", timeout)
+    validate.dataset_options(dataset, text_column, packing)
     import psutil
 
     from autotune.devices import child_address_space_budget
@@ -96,14 +106,6 @@ def search(
     from autotune.units import format_bytes, parse_ceiling
     from autotune.workers import run_workers, worker_devices
 
-    from autotune import validate
-
-    for option, value in (("--seq-len", seq_len), ("--trials", trials), ("--max-total-trials", max_total_trials), ("--max-measure-steps", max_measure_steps)):
-        validate.positive_int(option, value)
-    validate.non_negative_int("--warmup-steps", warmup_steps)
-    validate.positive_seconds("--trial-timeout", trial_timeout)
-    validate.positive_seconds("--timeout", timeout)
-    validate.dataset_options(dataset, text_column, packing)
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     if not 0 <= prune_ratio < 1:
@@ -262,6 +264,9 @@ def estimate(
     study_name: StudyOption = None,
 ) -> None:
     """Predict each config's peak memory, by part, without running anything."""
+    from autotune import validate
+
+    validate.positive_int("--seq-len", seq_len)
     from autotune.devices import resolve_device
     from autotune.display import estimate_table
     from autotune.estimate import Calibration, estimate_peak, memory_distinct_configs
@@ -270,9 +275,6 @@ def estimate(
     from autotune.space import load_space
     from autotune.units import format_bytes, parse_ceiling
 
-    from autotune import validate
-
-    validate.positive_int("--seq-len", seq_len)
     device_spec = resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
@@ -311,12 +313,12 @@ def best(
     top: Annotated[int, typer.Option(help="Rows to show.")] = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
-    from autotune.ranking import all_trials, confirmations_of
-    from autotune.study import load_study
-
     from autotune.validate import positive_int
 
     positive_int("--top", top)
+    from autotune.ranking import all_trials, confirmations_of
+    from autotune.study import load_study
+
     study = load_study(storage, study_name)
     if all:
         from autotune.display import trial_table

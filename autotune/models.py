@@ -116,7 +116,16 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """
     if task is not None and task not in TASKS:
         raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
-    config, source, local_dir = _load_config(name)
+    from transformers.utils import logging as hf_logging
+
+    # A config autotune refuses below would first draw transformers' own warnings about it (a
+    # pad_token_id outside a vocabulary of 0, ...): the user gets autotune's one line instead.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        config, source, local_dir = _load_config(name)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     try:
         return spec_from_config(name, config, source, task, local_dir)
     except AutotuneError:
