@@ -99,6 +99,16 @@ def search(
     ] = True,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
+    from autotune import validate
+
+    # Before the heavy imports: a wrong option is answered at once.
+    for option, value in (("--seq-len", seq_len), ("--trials", trials), ("--max-total-trials", max_total_trials)):
+        validate.positive_int(option, value)
+    validate.positive_int("--max-measure-steps", max_measure_steps)
+    validate.non_negative_int("--warmup-steps", warmup_steps)
+    validate.positive_seconds("--trial-timeout", trial_timeout)
+    validate.positive_seconds("--timeout", timeout)
+    validate.dataset_options(dataset, text_column, packing)
     import psutil
 
     from autotune.display import SearchView
@@ -110,14 +120,12 @@ def search(
         default_study_name,
         open_study,
         prepare_request,
+        record_pending_results,
         recover_orphans,
         run_search,
     )
     from autotune.units import format_bytes
 
-    for option, value in (("--trials", trials), ("--max-total-trials", max_total_trials)):
-        if value is not None and value <= 0:
-            raise AutotuneError(f"{option} {value}: must be positive")
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     options = SearchOptions(
@@ -139,6 +147,9 @@ def search(
     if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
         for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
             console.print(f"[dim]note: {note}[/]")
+    kept = record_pending_results(study, work_dir)  # before orphan recovery would re-queue their trials
+    if kept:
+        console.print(f"note: trial(s) {', '.join(map(str, kept))} measured while the storage was full: recorded now from {work_dir}")
     recovered = recover_orphans(study)
     if recovered:
         console.print(f"note: trial(s) {', '.join(map(str, recovered))} were left running by a run that died; queued again")
@@ -165,13 +176,14 @@ def search(
             markup=False, highlight=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
-    if confirm_top > 0:
-        _confirm(study, request, confirm_top, confirm_repeats)
+    interrupted = confirm_top > 0 and not _confirm(study, request, confirm_top, confirm_repeats)
     from autotune.dashboard import save_study_note
 
     save_study_note(study)  # the dashboard's study note: ranked top configs, the winner's export
     _print_ranking(study, top=5)
     _print_speedup(study)
+    if interrupted:
+        raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
@@ -191,7 +203,9 @@ def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
     )
 
 
-def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 - optuna.Study, SearchRequest
+def _confirm(study, request, top_k: int, repeats: int) -> bool:  # noqa: ANN001 - optuna.Study, SearchRequest
+    """Run the confirmation; ``False`` if Ctrl-C cut it short (nothing of it is recorded then)."""
+    from autotune.ranking import describe_ranking_basis
     from autotune.study import confirm_top
 
     console.print(f"confirming: re-running the top {top_k} feasible configs {repeats} times each, interleaved")
@@ -203,7 +217,12 @@ def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 
     try:
         confirm_top(study, request, top_k, repeats, on_run)
     except KeyboardInterrupt:
-        err_console.print("confirmation interrupted: the ranking below rests on single search measurements")
+        err_console.print(
+            f"confirmation interrupted: none of its re-runs is recorded; {describe_ranking_basis(study)}",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+        return False
+    return True
 
 
 @app.command()
@@ -221,6 +240,9 @@ def estimate(
     study_name: StudyOption = None,
 ) -> None:
     """Predict each config's peak memory, by part, without running anything."""
+    from autotune import validate
+
+    validate.positive_int("--seq-len", seq_len)
     from autotune.ceiling import parse_ceiling
     from autotune.devices import resolve_device
     from autotune.display import estimate_table
@@ -229,11 +251,10 @@ def estimate(
     from autotune.space import load_space
     from autotune.units import format_bytes
 
-    if seq_len <= 0:
-        raise AutotuneError(f"--seq-len {seq_len}: must be positive")
     device_spec = resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
+    validate.seq_len_fits(seq_len, model, model_spec.max_positions)
     search_space = load_space(space, device_spec, model=model_spec)
     calibration = Calibration.prior(device_spec.kind)
     if storage is not None:
@@ -271,6 +292,9 @@ def best(
     top: Annotated[int, typer.Option(help="Rows to show.")] = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
+    from autotune.validate import positive_int
+
+    positive_int("--top", top)
     from autotune.ranking import all_trials, confirmations_of
     from autotune.storage import load_study
 
@@ -335,7 +359,9 @@ def dashboard(
     """Serve optuna-dashboard on the study storage: OOM and over-ceiling trials shown infeasible, a note per study."""
     from autotune.dashboard import is_loopback, serve
     from autotune.storage import redact
+    from autotune.validate import port as check_port
 
+    check_port(port)
     if not is_loopback(host):
         err_console.print(
             f"warning: listening on {host}: the dashboard has no login, and anyone who reaches it can read, edit and delete studies"
@@ -383,8 +409,10 @@ def devices(
     from autotune.devices import list_devices, resolve_device
     from autotune.display import devices_table, format_tflops
 
-    if seconds <= 0 or (matrix_size is not None and matrix_size <= 0):
-        raise AutotuneError("--seconds and --matrix-size must be positive")
+    from autotune.validate import positive_int, positive_seconds
+
+    positive_seconds("--seconds", seconds)
+    positive_int("--matrix-size", matrix_size)
     found = list_devices()
     if calibrate:
         targets = [resolve_device(device, None)] if device is not None else found

@@ -193,6 +193,8 @@ def load_base_args(path: str) -> dict[str, Any]:
             base_args = json.load(f)
     except OSError as exc:
         raise AutotuneError(f"--base-args {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise AutotuneError(f"--base-args {path}: not a text file (UTF-8 JSON expected)") from None
     except json.JSONDecodeError as exc:
         raise AutotuneError(f"--base-args {path}: not valid JSON ({exc})") from None
     if not isinstance(base_args, dict):
@@ -207,6 +209,8 @@ def load_base_args(path: str) -> dict[str, Any]:
             if key == "attn_implementation":
                 hint = " (it is a model argument: search it with attn_implementation in the --space YAML)"
             raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
+    check_base_arg_types(path, base_args)
+    check_base_arg_knobs(path, base_args)
     # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
     # against this (CPU) process rather than the device the trials run on.
     checked = {k: v for k, v in base_args.items() if k not in KNOB_FIELDS["dtype"]}
@@ -217,6 +221,49 @@ def load_base_args(path: str) -> dict[str, Any]:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise AutotuneError(f"--base-args {path}: TrainingArguments rejects them: {reason[:300]}") from None
     return base_args
+
+
+def check_base_arg_types(path: str, base_args: dict[str, Any]) -> None:
+    """Each value has the type ``TrainingArguments`` declares for its field (``learning_rate: float``, ...).
+
+    ``TrainingArguments`` is a dataclass and does not check types itself: ``"fast"`` as a learning
+    rate passes its ``__init__`` and fails every trial inside the optimizer. Its own annotations,
+    validated strictly by pydantic, are the source of truth (no list kept here).
+
+    Raises:
+        AutotuneError: The first value of the wrong type, with the type expected.
+    """
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+    from transformers import TrainingArguments
+
+    hints = typing.get_type_hints(TrainingArguments)
+    for key, value in base_args.items():
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError as exc:
+            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            reason = exc.errors()[0]["msg"]
+            raise AutotuneError(f"--base-args {path}: {key} {value!r}: {reason} ({expected})") from None
+
+
+def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:
+    """Values that ``TrainingArguments`` accepts but with which no trial can train.
+
+    A zero batch or accumulation passes ``TrainingArguments`` and fails in the Trainer; ``bf16`` and
+    ``fp16`` together are refused by ``TrainingArguments.__post_init__`` (transformers
+    ``training_args.py``: "At most one of fp16 and bf16 can be True"), whose dtype checks
+    :func:`load_base_args` skips because they judge the parent's device, not the trials'.
+
+    Raises:
+        AutotuneError: The first such value, naming the field.
+    """
+    for field, least in (("per_device_train_batch_size", 1), ("gradient_accumulation_steps", 1), ("dataloader_num_workers", 0)):
+        if field in base_args and base_args[field] < least:
+            raise AutotuneError(f"--base-args {path}: {field} {base_args[field]}: give {least} or more")
+    if base_args.get("bf16") and base_args.get("fp16"):
+        raise AutotuneError(f"--base-args {path}: bf16 and fp16 are both true: keep one (or leave both out to search dtype)")
 
 
 def checkpointing_field() -> str:

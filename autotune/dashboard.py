@@ -19,7 +19,6 @@ import ipaddress
 import socket
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -40,7 +39,7 @@ from autotune.ranking import (
     winner_summary,
 )
 from autotune.result import memory_source_description
-from autotune.storage import open_storage
+from autotune.storage import open_storage, require_sqlite_file
 from autotune.units import format_bytes
 
 DEFAULT_HOST = "127.0.0.1"
@@ -86,11 +85,7 @@ def open_dashboard_storage(storage_url: str) -> FeasibleBestStorage:
             newly created database), or a storage that cannot be opened.
     """
     if storage_url.startswith("sqlite:///"):
-        path = Path(storage_url.removeprefix("sqlite:///"))
-        if not path.is_file():
-            raise AutotuneError(
-                f"--storage {storage_url}: no such database file; run `autotune search` first, or pass the --storage it used"
-            )
+        require_sqlite_file(storage_url)
     storage = open_storage(storage_url, storage_class=FeasibleBestStorage)
     assert isinstance(storage, FeasibleBestStorage)
     return storage

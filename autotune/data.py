@@ -225,6 +225,9 @@ def _read(source: Path, path: str, cache_dir: str) -> Any:
     """The user's data as one ``datasets.Dataset`` (the ``train`` split of a saved DatasetDict)."""
     import datasets
 
+    if source.is_file() and source.stat().st_size == 0:
+        # The datasets readers infer no schema from an empty file (a bare StopIteration).
+        raise AutotuneError(f"--dataset {path}: the file is empty; it holds no samples")
     try:
         if source.is_dir():
             loaded = datasets.load_from_disk(str(source))

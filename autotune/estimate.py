@@ -425,3 +425,9 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     for combination in itertools.product(*(choices[k] for k in knobs)):
         configs.append(TrialConfig.from_params({**base, **dict(zip(knobs, combination))}))
     return configs
+
+
+def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, device_kind: str) -> int:
+    """The prior estimate of the space's least memory-hungry config: what any trial needs at least."""
+    configs = memory_distinct_configs(choices, device_kind)
+    return min(estimate_peak(model, config, seq_len, device_kind).total_bytes for config in configs)

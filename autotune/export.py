@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -21,6 +19,7 @@ import yaml
 from autotune import schema
 from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
+from autotune.files import write_output
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
 
 
@@ -45,7 +44,7 @@ def write_json(arguments: dict[str, Any], out: str) -> None:
     """JSON that both ``TrainingArguments(output_dir=..., **json.load(f))`` and
     ``HfArgumentParser(TrainingArguments).parse_json_file(f)`` accept (the parser needs an output_dir
     only when none is given, so one is not written: the user chooses where to save)."""
-    Path(out).write_text(json_text(arguments))
+    write_output(out, json_text(arguments))
 
 
 FORMATS = ("json", "cli", "python", "accelerate")
@@ -208,8 +207,5 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
     """
     best = winner(study)
     text = render(winner_arguments(study), fmt, provenance_of(study, best))
-    if out == "-":
-        sys.stdout.write(text)
-    else:
-        Path(out).write_text(text)
+    write_output(out, text)
     return best

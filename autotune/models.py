@@ -116,8 +116,30 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """
     if task is not None and task not in TASKS:
         raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
-    config, source, local_dir = _load_config(name)
-    return spec_from_config(name, config, source, task, local_dir)
+    from transformers.utils import logging as hf_logging
+
+    # A config autotune refuses below would first draw transformers' own warnings about it (a
+    # pad_token_id outside a vocabulary of 0, ...): the user gets autotune's one line instead.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        config, source, local_dir = _load_config(name)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    try:
+        return spec_from_config(name, config, source, task, local_dir)
+    except AutotuneError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
+        # Building the model on the meta device runs the architecture's own shape checks (BERT's
+        # "hidden size is not a multiple of the number of attention heads", ...): what they reject
+        # would fail every trial, so it is the user's config to fix, said in one line.
+        raise AutotuneError(f"--model {name}: transformers cannot build a model from its config ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _load_config(name: str) -> tuple[Any, str, str | None]:
@@ -127,7 +149,11 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
-        return AutoConfig.from_pretrained(str(path)), "local", str(path.resolve())
+        try:
+            return AutoConfig.from_pretrained(str(path)), "local", str(path.resolve())
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+            # Invalid JSON, a list, no or an unknown model_type: transformers' own message says which.
+            raise AutotuneError(f"--model {name}: transformers cannot read its config.json ({_first_line(exc)})") from None
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True), "hf-cache", None
     except (OSError, ValueError):
@@ -182,10 +208,14 @@ def spec_from_config(name: str, config: Any, source: str, task: str | None, loca
     layers = _first_attr(config, "num_hidden_layers", "n_layer", "n_layers")
     ffn = _first_attr(config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
     kv_heads = _first_attr(config, "num_key_value_heads", default=heads)
-    max_positions = _first_attr(config, "max_position_embeddings", "n_positions", default=0)
+    declared_positions = _first_attr(config, "max_position_embeddings", "n_positions", default=0)
+    _check_positive(name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=kv_heads,
+                    intermediate_size=ffn, vocab_size=config.vocab_size)
+    if "max_position_embeddings" in config.to_dict() or "n_positions" in config.to_dict():
+        _check_positive(name, max_position_embeddings=declared_positions)
+    max_positions = declared_positions
     if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
         max_positions = 0  # RoPE: no learned position table limits the length
-
     num_params, num_embedding_params, num_block_params = _count_params(config, task)
     return ModelSpec(
         name=name,
@@ -205,6 +235,13 @@ def spec_from_config(name: str, config: Any, source: str, task: str | None, loca
         num_block_params=num_block_params,
         local_dir=local_dir,
     )
+
+
+def _check_positive(name: str, **sizes: Any) -> None:
+    """Every size of the model's shape is a positive integer (0 positions would also skip the --seq-len check)."""
+    for field, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise AutotuneError(f"--model {name}: its config gives {field} {value!r}; every size must be a positive integer")
 
 
 def _has_causal_head(config: Any) -> bool:

@@ -268,3 +268,20 @@ def winner_summary(best: RankedTrial) -> str:
             f"{format_bytes(result.ceiling_bytes)} ceiling"
         )
     return f"#{best.number} ({best.config.short()}){measured}"
+
+
+def describe_ranking_basis(study: optuna.Study) -> str:
+    """What the study's ranking rests on now: an earlier run's confirmation, or single measurements.
+
+    Said when a confirmation is interrupted: nothing of it is recorded, and the ranking then uses
+    the last recorded confirmation while it still covers the leaders (:func:`confirmations_of`).
+    """
+    confirmed = confirmations_of(study)
+    if not confirmed:
+        return "the ranking below rests on single search measurements"
+    record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
+    numbers = ", ".join(f"#{n}" for n in sorted(confirmed))
+    return (
+        f"the ranking below rests on the confirmation recorded at {record.get('measured_at', 'an unknown time')} "
+        f"by an earlier run ({numbers} re-run {record.get('repeats', '?')} times), which still covers the leading configs"
+    )

@@ -14,7 +14,6 @@ import html
 import math
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -27,6 +26,7 @@ from autotune import schema
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.export import render, winner_arguments
+from autotune.files import write_output
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
@@ -436,15 +436,11 @@ def report_html(study: optuna.Study) -> str:
 
 
 def write_report(study: optuna.Study, out: str) -> None:
-    """Write :func:`report_html` to ``out``.
+    """Write :func:`report_html` to ``out`` (``-``: standard output), replacing a file whole or not at all.
 
     Raises:
         AutotuneError: The study has no trials, or ``out`` cannot be written.
     """
     if not study.get_trials(deepcopy=False):
         raise AutotuneError(f"study {study.study_name!r} has no trials yet: run `autotune search` first")
-    page = report_html(study)
-    try:
-        Path(out).write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise AutotuneError(f"--out {out}: cannot write it ({exc.strerror})") from None
+    write_output(out, report_html(study))

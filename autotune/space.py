@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
 from autotune.config import BATCH_LIMIT_KNOBS, DTYPES, KNOB_FIELDS, TrialConfig, knob_values_from_base_args
 from autotune.devices import DeviceSpec
@@ -26,23 +25,41 @@ ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 _BNB_OPTIMIZERS = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit", "lion_8bit")
 
 
+# What a space file may hold. Every trial stores each knob's full list of choices with its params
+# (Optuna's CategoricalDistribution, serialised per trial param in the storage), and the sampler walks
+# them on every ask: a space of 700k micro-batch choices (a 5 MB file) took 22 s to validate, minutes
+# per trial in the parent and a 22 MB database. The default space is far below both bounds.
+MAX_SPACE_FILE_BYTES = 64 * 1024
+MAX_CHOICES_PER_KNOB = 256
+
+
 class SpaceFile(BaseModel):
-    """The YAML schema: each knob maps to its list of choices (``micro_batch`` also takes ``auto``)."""
+    """The YAML schema: each knob maps to its list of choices (``micro_batch`` also takes ``auto``).
+
+    Choices are strict: YAML's ``true`` is not a batch size of 1, nor ``1`` a boolean.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    micro_batch: list[int] | str = "auto"
-    grad_accum: list[int] = [1]
-    checkpointing: list[bool] = [False]
-    dtype: list[str] = ["fp32"]
-    optim: list[str] = ["adamw_torch"]
-    dataloader_workers: list[int] = [0]
-    pin_memory: list[bool] = [True]
-    compile: list[str] = ["off"]
-    attn_implementation: list[str] | None = None
+    micro_batch: list[StrictInt] | StrictStr = "auto"
+    grad_accum: list[StrictInt] = [1]
+    checkpointing: list[StrictBool] = [False]
+    dtype: list[StrictStr] = ["fp32"]
+    optim: list[StrictStr] = ["adamw_torch"]
+    dataloader_workers: list[StrictInt] = [0]
+    pin_memory: list[StrictBool] = [True]
+    compile: list[StrictStr] = ["off"]
+    attn_implementation: list[StrictStr] | None = None
     # Constraints on micro_batch x grad_accum (not knobs): --global-batch / --max-global-batch override.
-    global_batch: int | None = None
-    max_global_batch: int | None = None
+    global_batch: StrictInt | None = None
+    max_global_batch: StrictInt | None = None
+
+    @field_validator("*")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_CHOICES_PER_KNOB:
+            raise ValueError(f"{len(value)} choices; give at most {MAX_CHOICES_PER_KNOB}")
+        return value
 
     @field_validator("global_batch", "max_global_batch")
     @classmethod
@@ -179,14 +196,7 @@ def load_space(
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
     """
     path = path or default_space_path()
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise AutotuneError(f"--space {path}: cannot read it ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise AutotuneError(f"--space {path}: not valid YAML ({_yaml_problem(exc)})") from None
-    if not isinstance(raw, dict):
-        raise AutotuneError(f"--space {path}: expected a mapping of knob -> list of choices")
+    raw = yaml_mapping(path)
     try:
         parsed = SpaceFile.model_validate(raw)
     except ValidationError as exc:
@@ -212,6 +222,30 @@ def load_space(
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
     return apply_base_args(space, base_args or {}, device)
+
+
+def yaml_mapping(path: str) -> dict[str, Any]:
+    """The space file's YAML mapping, read within :data:`MAX_SPACE_FILE_BYTES`.
+
+    Raises:
+        AutotuneError: Unreadable, too large, not UTF-8 text, not valid YAML, or not a mapping.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPACE_FILE_BYTES + 1)
+    except OSError as exc:
+        raise AutotuneError(f"--space {path}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_SPACE_FILE_BYTES:
+        raise AutotuneError(f"--space {path}: larger than {MAX_SPACE_FILE_BYTES // 1024} KiB; a space lists a few choices per knob")
+    try:
+        raw = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise AutotuneError(f"--space {path}: not a text file (UTF-8 YAML expected)") from None
+    except yaml.YAMLError as exc:
+        raise AutotuneError(f"--space {path}: not valid YAML ({_yaml_problem(exc)})") from None
+    if not isinstance(raw, dict):
+        raise AutotuneError(f"--space {path}: expected a mapping of knob -> list of choices")
+    return raw
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -34,15 +34,21 @@ HEARTBEAT_GRACE_S = 60
 TABLE_CREATION_ATTEMPTS = 4
 
 
-def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage) -> RDBStorage:
+def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, existing: bool = False) -> RDBStorage:
     """Open an Optuna RDB storage with heartbeats, or explain in one line why it cannot be opened.
 
     ``storage_class`` lets the dashboard serve a subclass (see ``autotune.dashboard``).
+    ``existing``: the storage is only read (``best``, ``export``, ``report``, ``estimate``): a SQLite
+    file must exist (a misspelled path would otherwise become a new, empty database) and need not be
+    writable (only ``search`` writes).
     """
     if "://" not in url:
         raise AutotuneError(f"--storage {url!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db")
     if url.startswith("sqlite:///"):
-        _check_sqlite_writable(url.removeprefix("sqlite:///"))
+        if existing:
+            require_sqlite_file(url)
+        else:
+            _check_sqlite_writable(url.removeprefix("sqlite:///"))
     heartbeat_interval_s, grace_s = heartbeat_settings()
     driver_url = with_postgres_driver(url)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -113,6 +119,19 @@ def heartbeat_settings() -> tuple[int, int]:
     return interval_s, grace_s
 
 
+def require_sqlite_file(storage_url: str) -> None:
+    """A ``sqlite:///`` storage that is read must name an existing file: SQLite creates a missing one.
+
+    Raises:
+        AutotuneError: No such file (a typo would otherwise read, or serve, a new, empty database).
+    """
+    path = Path(storage_url.removeprefix("sqlite:///"))
+    if not path.is_file():
+        raise AutotuneError(
+            f"--storage {storage_url}: no such database file; run `autotune search` first, or pass the --storage it used"
+        )
+
+
 def _check_sqlite_writable(path: str) -> None:
     if path in ("", ":memory:"):
         return
@@ -147,7 +166,7 @@ def scrub_password(text: str, url: str) -> str:
 
 def load_study(storage_url: str, study_name: str | None) -> optuna.Study:
     """Load an existing study for reading; the only one in the storage if no name is given."""
-    storage = open_storage(storage_url)
+    storage = open_storage(storage_url, existing=True)
     names = [s.study_name for s in storage.get_all_studies()]
     if study_name is None:
         if len(names) != 1:

@@ -31,6 +31,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         job: The trial to run.
     """
     os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it (autotune/forkserver_signals.py)
     _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.workload.device))  # before anything initialises CUDA
     _redirect_output(job.log_path)

@@ -20,7 +20,7 @@ from autotune.runner._watch import ChildWatch
 
 # Imported once by the forkserver: every child starts with torch and transformers loaded
 # (about 0.01 s per child instead of about 5 s). None of them initialises CUDA on import.
-PRELOAD = ["autotune.runner._trial"]
+PRELOAD = ["autotune.forkserver_signals", "autotune.runner._trial"]
 POLL_S = 0.2
 # How long a child that sent its result may take to exit by itself before it is killed.
 EXIT_GRACE_S = 10.0

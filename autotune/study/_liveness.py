@@ -147,5 +147,8 @@ class Heartbeat:
             return
         now = time.monotonic()
         if self._last is None or now - self._last >= self._interval_s:
-            self._storage.record_heartbeat(self._trial_id)
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except optuna.exceptions.StorageInternalError:
+                return  # a full disk, a busy database: the trial keeps running; the next tick retries
             self._last = now

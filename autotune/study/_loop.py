@@ -36,7 +36,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -52,7 +51,7 @@ from autotune.study._liveness import (
     mark_owner,
     recover_orphans,
 )
-from autotune.study._record import record_interrupted, tell
+from autotune.study._record import record_interrupted, tell_or_keep, trial_work_dir
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest
 from autotune.study._screening import MeasuredTrial, screen
 
@@ -267,7 +266,7 @@ def run_one_trial(
             or _run_with_retry(study, trial, config, request, stop, run_trial)
         )
         try:
-            tell(study, trial, result)
+            tell_or_keep(study, trial, result, request.work_root)
         except optuna.exceptions.UpdateFinishedTrialError:
             # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
             # re-run; that copy will be measured, so this result is dropped, not told twice.
@@ -320,7 +319,7 @@ def make_job(
     return TrialJob(
         workload=request.workload,
         config=config,
-        work_dir=str(Path(request.work_root).resolve() / f"trial-{trial_label}-{os.getpid()}"),
+        work_dir=trial_work_dir(request.work_root, trial_label),
         prune_below_samples_per_s=prune_below_samples_per_s,
     )
 

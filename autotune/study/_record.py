@@ -8,17 +8,24 @@ does not fit; crashes and timeouts are FAIL (they say nothing about the config).
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from autotune import schema
 from autotune.ceiling import excess_gib
+from autotune.errors import AutotuneError
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, TrialResult
 from autotune.study._screening import screened_excess_gib
 
 # The constraint of an OOM or screened trial, whose real peak is unknown: "over by at least this".
 UNKNOWN_EXCESS_GIB = 1.0
+# A result the storage could not record (a full disk at tell), kept in the trial's work dir.
+PENDING_RESULT_FILE = "pending_result.json"
 
 
 def memory_constraint_gib(result: TrialResult) -> float:
@@ -72,3 +79,68 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
         return result  # another worker declared it dead and queued it already
     RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study._storage.get_trial(trial._trial_id))
     return result
+
+
+def trial_work_dir(work_root: str, trial_label: int | str) -> str:
+    """The directory of one trial run by this process (Trainer output_dir, child log, pending result)."""
+    return str(Path(work_root).resolve() / f"trial-{trial_label}-{os.getpid()}")
+
+
+def storage_failure(exc: BaseException) -> str:
+    """The database's own reason under Optuna's generic ``StorageInternalError`` ("database or disk is full")."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> None:
+    """:func:`tell`; if the storage fails, keep the result in the trial's work dir for the next run.
+
+    The trial stays RUNNING in the storage; :func:`record_pending_results` tells it on the next run,
+    before orphan recovery would fail and re-queue it, so the measurement is not lost.
+
+    Raises:
+        AutotuneError: The storage failed; the message says where the result is kept.
+    """
+    try:
+        tell(study, trial, result)
+    except optuna.exceptions.StorageInternalError as exc:
+        reason = storage_failure(exc)
+        path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"trial": trial.number, "result": result.to_dict()}))
+        except OSError as write_error:
+            raise AutotuneError(
+                f"the study storage could not record trial #{trial.number} ({reason}), nor could {path} "
+                f"({write_error.strerror}): its {result.status} result is lost; free space and run the same command again"
+            ) from None
+        raise AutotuneError(
+            f"the study storage could not record trial #{trial.number} ({reason}); its {result.status} result is kept "
+            f"in {path} and is recorded when you run the same command again, once the storage has room"
+        ) from None
+
+
+def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
+    """Tell the results that :func:`tell_or_keep` kept because the storage failed; call before orphan recovery.
+
+    A kept result is recorded only onto its own trial, still RUNNING since that run ended; the file
+    is then renamed so that it is not recorded twice.
+
+    Returns:
+        Numbers of the trials recorded here.
+    """
+    recorded = []
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    for path in sorted(Path(work_root).glob(f"trial-*-*/{PENDING_RESULT_FILE}")):
+        try:
+            kept = json.loads(path.read_text())
+            frozen = by_number[kept["trial"]]
+            result = TrialResult.from_dict(kept["result"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable, or a trial no longer RUNNING (recorded or failed by another worker)
+        tell(study, optuna.Trial(study, frozen._trial_id), result)
+        path.rename(path.with_name("recorded_result.json"))
+        recorded.append(frozen.number)
+    return recorded

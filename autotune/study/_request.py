@@ -15,10 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune import validate
 from autotune.ceiling import parse_ceiling
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec, resolve_device
 from autotune.errors import AutotuneError
+from autotune.estimate import smallest_peak_bytes
 from autotune.measure import MeasureSettings
 from autotune.result import TrialResult
 from autotune.runner import Workload, child_address_space_budget, load_callback
@@ -147,15 +149,13 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     from autotune.config import load_base_args
     from autotune.models import resolve_model
 
-    _check_positive(seq_len=options.seq_len)
     if not 0 <= options.prune_ratio < 1:
         raise AutotuneError(f"--prune-ratio {options.prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1")
     devices = worker_devices(options.device, options.gpu, options.gpus, options.workers)
     device = devices[0]
     ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
     model = resolve_model(options.model, options.task)
-    if model.max_positions and options.seq_len > model.max_positions:
-        raise AutotuneError(f"--seq-len {options.seq_len} is longer than {options.model} allows ({model.max_positions} positions)")
+    validate.seq_len_fits(options.seq_len, options.model, model.max_positions)
     base_args = load_base_args(options.base_args) if options.base_args else {}
     space = load_space(
         options.space, device, model=model, base_args=base_args,
@@ -175,6 +175,10 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         )
     measured_peaks = load_measured_peaks(device.name)
     notes.append(peak_note(device, measured_peaks))
+    address_space = None
+    if device.kind == "cpu":
+        address_space = child_address_space_budget(ceiling, available_memory_bytes // len(devices))
+        validate.worker_share(len(devices), address_space, smallest_peak_bytes(model, space.choices, options.seq_len, "cpu"))
     workload = Workload(
         model=model,
         device=device,
@@ -184,9 +188,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         base_args=base_args,
         dataset=dataset,
         callbacks=options.callbacks,
-        address_space_bytes=(
-            child_address_space_budget(ceiling, available_memory_bytes // len(devices)) if device.kind == "cpu" else None
-        ),
+        address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
     )
     request = SearchRequest(
@@ -199,13 +201,6 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         prune_ratio=options.prune_ratio,
     )
     return PreparedSearch(request=request, notes=tuple(notes))
-
-
-def _check_positive(**values: int | None) -> None:
-    """One line naming the first option that is not a positive number (``seq_len`` -> ``--seq-len``)."""
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            raise AutotuneError(f"--{name.replace('_', '-')} {value}: must be positive")
 
 
 def worker_devices(device: str | None, gpu: int | None, gpus: str | None, workers: int) -> list[DeviceSpec]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.ceiling import fits
@@ -170,3 +171,27 @@ def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:
     """Queue the seeds as the study's first trials, each marked with its label."""
     for seed in seeds:
         study.enqueue_trial(seed.params, user_attrs={schema.TRIAL_SEED: seed.label})
+
+
+def requeue_failed_seeds(study: optuna.Study) -> list[str]:
+    """Queue again, once per run, each seed whose every trial failed (a crash, a timeout, an error).
+
+    A failed trial measured nothing: a zero ``--trial-timeout`` or a child that could not start
+    says nothing of the config. Without this, the HF-default seed would never be measured again
+    once it failed, and the speedup over it would be gone from the study for good. OOMs and
+    over-ceiling results are properties of the config (COMPLETE), not failures, and stay as they are.
+
+    Returns:
+        The labels queued again.
+    """
+    trials_by_seed: dict[str, list[FrozenTrial]] = {}
+    for trial in study.get_trials(deepcopy=False):
+        label = trial.user_attrs.get(schema.TRIAL_SEED)
+        if label is not None:
+            trials_by_seed.setdefault(label, []).append(trial)
+    queued = []
+    for label, trials in trials_by_seed.items():
+        if all(t.state == TrialState.FAIL for t in trials):
+            study.enqueue_trial(trials[-1].params, user_attrs={schema.TRIAL_SEED: label})
+            queued.append(label)
+    return queued

@@ -19,7 +19,8 @@ from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.study._liveness import worker_identity
 from autotune.study._request import SearchRequest
-from autotune.study._seeds import enqueue_seeds, study_seeds
+from autotune.study._seeds import enqueue_seeds, requeue_failed_seeds, study_seeds
+from autotune.units import format_bytes
 
 
 def open_study(
@@ -53,8 +54,8 @@ def open_study(
         raise AutotuneError(
             f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
         )
-    if study.user_attrs.get(schema.STUDY_CEILING_BYTES) != request.ceiling_bytes:
-        study.set_user_attr(schema.STUDY_CEILING_BYTES, request.ceiling_bytes)
+    check_same_ceiling(study, request.ceiling_bytes)
+    requeue_failed_seeds(study)
     return study
 
 
@@ -87,6 +88,26 @@ def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable
             f"study {study.study_name!r} measured {stored.get('model')} at seq len {stored.get('seq_len')} on "
             f"{stored.get('device')}: another setup ({', '.join(differs)}); pass a new --study-name to start one, "
             "or the options that study was made with"
+        )
+
+
+def check_same_ceiling(study: optuna.Study, ceiling_bytes: int) -> None:
+    """A study is resumed under the ceiling it was searched with, as under the same sequence length.
+
+    Each trial's feasibility is stored with it against the ceiling of its run (the memory
+    constraint that Optuna's samplers, ``best_trial`` and the dashboard read); under another
+    ceiling, a config would be screened out as too big while ``best`` and ``export`` still named a
+    bigger one, measured earlier, as the winner.
+
+    Raises:
+        AutotuneError: The study holds another ceiling.
+    """
+    stored = study.user_attrs.get(schema.STUDY_CEILING_BYTES)
+    if stored is not None and stored != ceiling_bytes:
+        raise AutotuneError(
+            f"study {study.study_name!r} was searched under a memory ceiling of {format_bytes(stored)}, this run asks "
+            f"{format_bytes(ceiling_bytes)}: its trials were judged against the first; pass that --memory-ceiling, "
+            f"or a new --study-name for the new ceiling"
         )
 
 

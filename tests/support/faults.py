@@ -207,3 +207,29 @@ class RecordCollectorState(TrainerCallback):
                       "frozen_at_first_step": gc.get_freeze_count()}
             (Path(args.output_dir) / "collector.json").write_text(json.dumps(record))
         return control
+
+
+def fill_file_system(directory: str) -> None:
+    """Write ``<directory>/filler`` until the file system is full (ENOSPC): a real full disk."""
+    chunk = b"\0" * (64 * 1024)
+    with open(Path(directory) / "filler", "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass  # full: smaller writes may still fit, but SQLite's journal and page writes will not
+    with open(Path(directory) / "filler", "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            return
+
+
+class FillDiskAtTrainEnd(TrainerCallback):
+    """Fills the file system of ``$AUTOTUNE_FAULT_FILL_DIR`` once training ends: the trial is measured,
+    and the parent's tell of it meets a full disk."""
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        fill_file_system(os.environ["AUTOTUNE_FAULT_FILL_DIR"])
+        return control
