@@ -27,7 +27,7 @@ from autotune.study._loop import (
     run_one_trial,
     run_search,
 )
-from autotune.study._record import memory_constraint_gib, tell
+from autotune.study._record import memory_constraint_gib, record_pending_results, tell
 from autotune.study._request import (
     PreparedSearch,
     SearchBudget,
@@ -62,6 +62,7 @@ __all__ = [
     "open_study",
     "prepare_request",
     "prune_threshold",
+    "record_pending_results",
     "recover_orphans",
     "run_one_trial",
     "run_search",
