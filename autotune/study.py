@@ -30,6 +30,7 @@ from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.errors import AutotuneError
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
+from autotune.proposals import DistinctTPESampler, SearchFinished, stop_reason
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, USER_ATTR_KEY, TrialResult
 from autotune.runner import TrialJob, run_isolated
 from autotune.screening import MeasuredTrial, screen, screened_excess_gib
@@ -60,6 +61,9 @@ SETUP_ATTR = "autotune_setup_by"
 # Crashes and timeouts may be transient (a noisy neighbour, a driver hiccup): one more try.
 MAX_ATTEMPTS = 2
 RETRIED_STATUSES = ("crash", "timeout")
+# Repeats of measured configs answered from the record before the search gives up asking (the
+# sampler proposes untaken configs while any are left: see autotune.proposals).
+MAX_REPEATS_IN_A_ROW = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +227,9 @@ def open_study(
     :mod:`autotune.seeds`); what had to change to fit them in the space is kept in the study's
     ``seed_notes`` user attr. ``sampler_seed`` makes the sampler reproducible (benchmarks).
     """
-    sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed)
+    sampler = DistinctTPESampler(
+        request.space.distributions(), multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed
+    )
     # Workers on several machines may start together: exactly one creates the study (the others get
     # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
     try:
@@ -384,8 +390,10 @@ def run_search(
     n_trials: int | None,
     timeout_s: float | None,
     progress: SearchProgress | None = None,
+    patience: int | None = None,
 ) -> int:
-    """Ask, run in a child, tell; until ``n_trials`` trials ran here or ``timeout_s`` passed.
+    """Ask, run in a child, tell; until ``n_trials`` trials ran here, ``timeout_s`` passed, or
+    :func:`autotune.proposals.stop_reason` says the search is done (space exhausted, ``patience``).
 
     Returns:
         The number of trials this call finished.
@@ -397,7 +405,12 @@ def run_search(
     started = time.monotonic()
     done = 0
     while (n_trials is None or done < n_trials) and (timeout_s is None or time.monotonic() - started < timeout_s):
-        run_one_trial(study, request, progress)
+        if stop_reason(study, request.space.size, patience) is not None:
+            break
+        try:
+            run_one_trial(study, request, progress)
+        except SearchFinished:
+            break
         done += 1
     return done
 
@@ -405,13 +418,29 @@ def run_search(
 def ask_trial(study: optuna.Study, request: SearchRequest) -> optuna.Trial:
     """Ask for the next config (a queued re-run comes first) and mark it as this worker's.
 
+    A proposal that repeats a measured config is not a trial of the user's budget: it is recorded
+    as a copy of the measured trial (``reused_from``: the dashboard and ``best --all`` show how
+    often the sampler came back) and the sampler is asked again.
+
     The first heartbeat is recorded at once: a trial with none is never found stale, so the trial
     of a worker that died right after asking would otherwise stay RUNNING for ever.
+
+    Raises:
+        SearchFinished: Every config of the space was measured or screened.
     """
-    trial = study.ask(request.space.distributions())
-    _Heartbeat(study, trial).beat()
-    study._storage.set_trial_system_attr(trial._trial_id, "autotune_owner", {**worker_identity(), "trial": trial.number})
-    return trial
+    for _ in range(MAX_REPEATS_IN_A_ROW):
+        if (reason := stop_reason(study, request.space.size, None)) is not None:
+            raise SearchFinished(reason)
+        trial = study.ask(request.space.distributions())
+        _Heartbeat(study, trial).beat()
+        study._storage.set_trial_system_attr(trial._trial_id, "autotune_owner", {**worker_identity(), "trial": trial.number})
+        repeat = _reuse_measured(study, trial)
+        if repeat is None:
+            return trial
+        tell(study, trial, repeat)
+    raise SearchFinished(
+        f"the sampler proposed only measured configs, {MAX_REPEATS_IN_A_ROW} times in a row; the rest of the space is running elsewhere"
+    )
 
 
 def run_one_trial(

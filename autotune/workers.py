@@ -11,7 +11,8 @@ scheduler of ours is involved. Before every ask a worker fails the trials of dea
 and Optuna's ``RetryHeartbeatStaleTrialCallback`` queues each once more as a WAITING trial, which
 the next ``study.ask`` of any worker pops and runs.
 
-The study-wide cap (``--max-total-trials``) counts trials that are COMPLETE, PRUNED or RUNNING.
+The study-wide cap (``--max-total-trials``) counts trials that are COMPLETE, PRUNED or RUNNING,
+except repeats of a measured config answered from the record (``reused_from``: not a trial).
 FAIL trials (crashes, timeouts, a dead worker's trial) do not count; the re-run of a dead worker's
 trial does. WAITING trials are a queue, not counted until a worker starts one. Within one process,
 checking the cap and asking happen under one lock, so threads never overshoot it; workers in
@@ -34,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.devices import DeviceSpec, resolve_device
 from autotune.errors import AutotuneError
+from autotune.proposals import SearchFinished, is_budget_trial, stop_reason
 from autotune.study import (
     MAX_ATTEMPTS,
     SearchProgress,
@@ -91,7 +93,7 @@ def cap_decision(trials: Sequence[FrozenTrial], max_total_trials: int, patience_
             died before its first heartbeat, or a run of an older version, leaves one for ever).
         now: The current time, as Optuna stamps ``datetime_start``.
     """
-    counted = [t for t in trials if t.state in COUNTED_STATES]
+    counted = [t for t in trials if t.state in COUNTED_STATES and is_budget_trial(t)]
     if len(counted) < max_total_trials:
         return START
     for trial in counted:
@@ -112,6 +114,7 @@ class _Pool:
     max_total_trials: int | None
     patience_s: float
     poll_s: float
+    patience: int | None = None
     ask_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     count_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -123,9 +126,12 @@ class _Pool:
         """Start trials on ``request.device`` until the budget, the cap or a stop says no more."""
         while not self.stop.is_set():
             with self.ask_lock:
-                if not self._may_start():
+                if not self._may_start(request):
                     return
-                trial = ask_trial(self.study, request)
+                try:
+                    trial = ask_trial(self.study, request)
+                except SearchFinished:
+                    return
                 self.started += 1
             run_one_trial(self.study, request, progress, trial=trial, stop=self.stop)
             with self.count_lock:
@@ -142,12 +148,15 @@ class _Pool:
         finally:
             finished.set()
 
-    def _may_start(self) -> bool:
-        """This invocation's own budget first, then the study-wide cap (waiting while it says so)."""
+    def _may_start(self, request: SearchRequest) -> bool:
+        """This invocation's own budget first, then whether the search is done (the space measured,
+        ``--patience``), then the study-wide cap (waiting while it says so)."""
         while not self.stop.is_set():
             if self.n_trials is not None and self.started >= self.n_trials:
                 return False
             if self.deadline is not None and time.monotonic() >= self.deadline:
+                return False
+            if stop_reason(self.study, request.space.size, self.patience) is not None:
                 return False
             recover_orphans(self.study)  # before every ask: a dead worker's trial is queued again
             if self.max_total_trials is None:
@@ -169,8 +178,10 @@ def run_workers(
     timeout_s: float | None,
     progress: SearchProgress | None = None,
     max_total_trials: int | None = None,
+    patience: int | None = None,
 ) -> int:
-    """Run one worker per entry of ``devices`` on ``study`` until the budget or the cap is reached.
+    """Run one worker per entry of ``devices`` on ``study`` until the budget or the cap is reached,
+    or the search is done (:func:`autotune.proposals.stop_reason`).
 
     Args:
         study: The study every worker asks and tells on.
@@ -180,6 +191,7 @@ def run_workers(
         timeout_s: No trial starts after this many seconds.
         progress: Called from the worker threads; must be thread-safe.
         max_total_trials: The study-wide cap, over every worker of every process (see the module doc).
+        patience: Start no trial once this many in a row did not raise the best above the noise.
 
     Returns:
         The number of trials this invocation finished.
@@ -198,6 +210,7 @@ def run_workers(
         # A live trial ends within its attempts' timeouts; a dead worker's is failed one grace later.
         patience_s=MAX_ATTEMPTS * request.trial_timeout_s + 2 * grace_s,
         poll_s=float(interval_s),
+        patience=patience,
     )
     progress = progress or SearchProgress()
     requests = [dataclasses.replace(request, device=device) for device in devices]

@@ -65,6 +65,7 @@ from autotune.result import TrialResult  # noqa: E402
 from autotune.runner import TrialJob, run_isolated  # noqa: E402
 from autotune.seeds import hf_default_config  # noqa: E402
 from autotune.space import SearchSpace, load_space  # noqa: E402
+from autotune.proposals import SearchFinished, came_back_counts, stop_reason  # noqa: E402
 from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial  # noqa: E402
 from autotune.units import format_bytes, parse_ceiling  # noqa: E402
 
@@ -75,6 +76,13 @@ TARGET_FRACTION = 0.98
 # Short measurement: the grid is about ranking configs, and is measured once per config.
 BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=6.0, cv_target=0.05)
 BATCH_FILE = "train_batch_size"
+# Row names of the strategies table.
+NEW = "autotune (distinct proposals, autotune.proposals)"
+OLD = "autotune before (TPE, repeats answered from the record)"
+NEW_NO_SEEDS = "autotune without its seed trials"
+OLD_NO_SEEDS = "autotune before, without its seed trials"
+RANDOM = "random (no repeats)"
+PATIENCE_VALUES = (None, 4, 6, 8, 10)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -199,6 +207,7 @@ class RunStats:
     screened: int = 0
     reused: int = 0
     pruned: int = 0
+    came_back: int = 0  # proposals of a measured config: answered from the record, or turned to an untaken one
 
 
 class GridRunner:
@@ -246,35 +255,59 @@ def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: Searc
 
 
 def run_autotune(
-    grid: Grid, request: SearchRequest, seed: int, target: float, max_asks: int, with_seeds: bool = True
+    grid: Grid,
+    request: SearchRequest,
+    seed: int,
+    target: float,
+    max_asks: int,
+    with_seeds: bool = True,
+    old_sampler: bool = False,
+    patience: int | None = None,
+    budget: int | None = None,
 ) -> tuple[RunStats, TrialConfig | None]:
     """The real autotune loop on the grid; returns its cost to the target and its winner then.
 
     ``with_seeds=False`` is the ablation: the study's seed trials (HF default, best-practice guess)
     are taken off the queue unrun, so the sampler, screening, reuse and early stop work alone.
+    ``old_sampler`` replays the search before autotune.proposals: Optuna's TPE as autotune
+    configured it (repeats of measured configs are answered from the record, as they were).
+    With ``patience`` and ``budget`` the search runs like ``autotune search --trials budget
+    --patience K``: until the budget, the patience or the end of the space, not until the target.
     """
     runner = GridRunner(grid, request.ceiling_bytes)
     study = open_study(optuna.storages.InMemoryStorage(), f"autotune-{seed}", request, sampler_seed=seed)
+    if old_sampler:
+        study.sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=seed)
     if not with_seeds:
         for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.tell(study.ask(), state=TrialState.FAIL)  # pops a queued seed; FAIL informs no sampler
-    own_s = 0.0
+            popped = study.ask()
+            popped.set_user_attr("bench_popped", True)
+            study.tell(popped, state=TrialState.FAIL)  # pops a queued seed; FAIL informs no sampler
     best = 0.0
     winner: TrialConfig | None = None
-    screened = reused = asks = 0
-    while asks < max_asks and best < target:
-        started = time.perf_counter()
-        result = run_one_trial(study, request, SearchProgress(), run_trial=runner)
-        own_s += time.perf_counter() - started
-        asks += 1
+    trials_run = 0
+    started = time.perf_counter()
+    while len(study.get_trials(deepcopy=False)) < max_asks:
+        if budget is None and best >= target:
+            break
+        if budget is not None and (trials_run >= budget or stop_reason(study, request.space.size, patience)):
+            break
+        try:
+            result = run_one_trial(study, request, SearchProgress(), run_trial=runner)
+        except SearchFinished:
+            if stop_reason(study, request.space.size, None):
+                break  # the whole space is measured
+            continue  # the old sampler's repeats: the loop asked 50 times; ask on, up to max_asks
+        trials_run += 1
         trial = study.get_trials(deepcopy=False)[-1]
-        if "reused_from" in trial.user_attrs:
-            reused += 1
-        elif result.status == "screened":
-            screened += 1
         if result.status == "ok" and result.samples_per_s > best:
             best, winner = result.samples_per_s, TrialConfig.from_params(trial.params)
-    stats = RunStats(best >= target, runner.runs, asks, runner.cost_s + own_s, screened, reused, runner.pruned)
+    own_s = time.perf_counter() - started  # the lookups cost nothing: this is the search's own time
+    trials = [t for t in study.get_trials(deepcopy=False) if "bench_popped" not in t.user_attrs]
+    reused = sum("reused_from" in t.user_attrs for t in trials)
+    screened = sum(t.user_attrs.get("status") == "screened" and "reused_from" not in t.user_attrs for t in trials)
+    came_back = sum(came_back_counts(trials).values())
+    stats = RunStats(best >= target, runner.runs, len(trials), runner.cost_s + own_s, screened, reused, runner.pruned, came_back)
     return stats, winner
 
 
@@ -384,7 +417,31 @@ def summarize(stats: list[RunStats]) -> dict[str, float]:
         "screened_mean": statistics.fmean(s.screened for s in stats),
         "reused_mean": statistics.fmean(s.reused for s in stats),
         "pruned_mean": statistics.fmean(s.pruned for s in stats),
+        "came_back_mean": statistics.fmean(s.came_back for s in stats),
     }
+
+
+def patience_table(grid: Grid, request: SearchRequest, target: float, seeds: int, budget: int, max_asks: int) -> str:
+    """``autotune search --trials budget --patience K`` for several K, with and without the seed trials:
+    the runs each made and whether its best reached the target when it stopped."""
+    lines = [
+        f"Patience: `--trials {budget} --patience K` on this grid, {seeds} seeds; runs = configs trained until the search "
+        f"stopped (patience, budget or the end of the space); missed = seeds whose best was below the target then.",
+        "",
+        "| --patience | with seed trials: runs, median (max) | missed | without seed trials: runs, median (max) | missed |",
+        "|---|---|---|---|---|",
+    ]
+    for patience in PATIENCE_VALUES:
+        row = [str(patience) if patience else "off (today)"]
+        for with_seeds in (True, False):
+            stats = [
+                run_autotune(grid, request, seed, target, max_asks, with_seeds=with_seeds, patience=patience, budget=budget)[0]
+                for seed in range(seeds)
+            ]
+            runs = [s.runs for s in stats]
+            row += [f"{statistics.median(runs):g} ({max(runs)})", f"{sum(not s.reached for s in stats)}/{seeds}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(
@@ -408,26 +465,22 @@ def markdown(
         f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
         f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
         "",
-        "| strategy | reached target | runs to target, median (mean, max) | % of grid | wall to target, median | proposals (median) | screened / reused / pruned per search (mean) |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | reached target | runs to target, median (mean, max) | % of grid | vs random (median runs) | wall to target, median | proposals (median) | screened / reused / pruned / came back per search (mean) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    rand = summaries[RANDOM]
     for name, s in summaries.items():
         lines.append(
             f"| {name} | {int(s['reached'])}/{seeds} | {s['runs_median']:g} ({s['runs_mean']:.1f}, {s['runs_max']:g}) | "
-            f"{s['runs_median'] / size:.0%} | {s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
-            f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} |"
+            f"{s['runs_median'] / size:.0%} | {rand['runs_median'] / max(s['runs_median'], 1):.1f}x fewer | "
+            f"{s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
+            f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} / {s['came_back_mean']:.1f} |"
         )
-    auto, rand = summaries["autotune"], summaries["random (no repeats)"]
-    lines += [
-        "",
-        f"autotune needs {auto['runs_median'] / size:.0%} of the grid's runs (goal <= 15 %) and "
-        f"{rand['runs_median'] / max(auto['runs_median'], 1):.1f}x fewer than random (goal >= 2x), medians over seeds.",
-    ]
-    ablation = summaries.get("autotune without its seed trials (ablation)")
-    if ablation:
+    for name in (NEW, NEW_NO_SEEDS):
+        auto = summaries[name]
         lines.append(
-            f"Without its seed trials: {ablation['runs_median'] / size:.0%} of the grid, "
-            f"{rand['runs_median'] / max(ablation['runs_median'], 1):.1f}x fewer than random."
+            f"\n{name}: {auto['runs_median'] / size:.0%} of the grid's runs (goal <= 15 %), "
+            f"{rand['runs_median'] / max(auto['runs_median'], 1):.1f}x fewer than random (goal >= 2x), medians over seeds."
         )
     if sbs:
         lines += [
@@ -461,6 +514,7 @@ def main() -> None:
     parser.add_argument("--prune-ratio", type=float, default=0.5)
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
+    parser.add_argument("--budget", type=int, default=20, help="--trials of the patience table (autotune search's default: 20)")
     parser.add_argument(
         "--remeasure-above-load", type=float, default=None,
         help="measure again the grid configs measured at a 1-minute load average above this (their own trial adds ~2)",
@@ -491,17 +545,21 @@ def main() -> None:
         autotune_stats.append(stats)
         winners.append(winner)
         print(f"  autotune seed {seed}: {stats}", flush=True)
-    ablation_stats = [run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in range(options.seeds)]
-    tpe_stats = [run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in range(options.seeds)]
-    random_stats = [run_random(grid, ceiling, seed, target) for seed in range(options.seeds)]
+    seeds = range(options.seeds)
     summaries = {
-        "autotune": summarize(autotune_stats),
-        "autotune without its seed trials (ablation)": summarize(ablation_stats),
-        "plain Optuna TPE": summarize(tpe_stats),
-        "random (no repeats)": summarize(random_stats),
+        NEW: summarize(autotune_stats),
+        OLD: summarize([run_autotune(grid, request, seed, target, max_asks, old_sampler=True)[0] for seed in seeds]),
+        NEW_NO_SEEDS: summarize([run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in seeds]),
+        OLD_NO_SEEDS: summarize(
+            [run_autotune(grid, request, seed, target, max_asks, with_seeds=False, old_sampler=True)[0] for seed in seeds]
+        ),
+        "plain Optuna TPE": summarize([run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in seeds]),
+        RANDOM: summarize([run_random(grid, ceiling, seed, target) for seed in seeds]),
     }
     for name, summary in summaries.items():
         print(f"{name}: {summary}", flush=True)
+    patience_text = patience_table(grid, request, target, options.seeds, options.budget, max_asks)
+    print(patience_text, flush=True)
 
     # autotune's winner: what seed 0 had found when it stopped (the target reached, or its budget spent).
     winner = winners[0] or best_config
@@ -509,6 +567,7 @@ def main() -> None:
     if options.rounds > 0:
         sbs = side_by_side(model, device, options.seq_len, ceiling, winner, max(space.choices["micro_batch"]), options.rounds)
     text = markdown(grid, ceiling, (best_config, best_samples_per_s), summaries, options.seeds, sbs, winner, command, load)
+    text += "\n" + patience_text
     print(text)
     if options.markdown:
         Path(options.markdown).write_text(text)
