@@ -83,6 +83,10 @@ def search(
     screen: Annotated[
         bool, typer.Option("--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit.")
     ] = True,
+    patience: Annotated[
+        Optional[int],
+        typer.Option(help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise."),
+    ] = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
     import psutil
@@ -98,6 +102,8 @@ def search(
 
     if seq_len <= 0 or trials <= 0 or (max_total_trials is not None and max_total_trials <= 0):
         raise AutotuneError("--seq-len, --trials and --max-total-trials must be positive")
+    if patience is not None and patience <= 0:
+        raise AutotuneError(f"--patience {patience}: give a number of trials, 1 or more (leave it out to never stop early)")
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     if not 0 <= prune_ratio < 1:
@@ -177,7 +183,7 @@ def search(
         with view:
             run_workers(
                 study, request, devices_of_workers, trials, timeout,
-                SearchProgress(view.trial_started, view.trial_finished), max_total_trials,
+                SearchProgress(view.trial_started, view.trial_finished), max_total_trials, patience,
             )
     except KeyboardInterrupt:
         from autotune.study import describe_standing
@@ -188,6 +194,7 @@ def search(
             markup=False, highlight=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
+    _print_search_end(study, search_space.size, patience)
     if confirm_top > 0:
         _confirm(study, request, confirm_top, confirm_repeats)
     from autotune.dashboard import save_study_note
@@ -195,6 +202,16 @@ def search(
     save_study_note(study)  # the dashboard's study note: ranked top configs, the winner's export
     _print_ranking(study, top=5)
     _print_speedup(study)
+
+
+def _print_search_end(study, space_size: int, patience: int | None) -> None:  # noqa: ANN001 - an optuna.Study
+    """Why the search stopped early, if it did, and how many distinct configs it measured."""
+    from autotune.proposals import describe_distinct, stop_reason
+
+    reason = stop_reason(study, space_size, patience)
+    if reason:
+        console.print(f"search done: {reason}", markup=False, highlight=False)
+    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
@@ -299,8 +316,11 @@ def best(
     if all:
         from autotune.display import trial_table
 
+        from autotune.proposals import describe_distinct
+
         rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
         console.print(trial_table(f"All trials of {study.study_name}", rows))
+        console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
         return
     _print_ranking(study, top)
 

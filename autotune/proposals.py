@@ -54,6 +54,11 @@ DEFAULT_NOISE = 0.05
 # not a trial of the user's budget.
 REUSED_ATTR = "reused_from"
 
+# Random proposals before TPE's model takes over (the seed trials count among them).
+STARTUP_TRIALS = 3
+
+_TIES = True
+
 ParamsKey = tuple[tuple[str, Any], ...]
 
 
@@ -252,7 +257,7 @@ class DistinctTPESampler(TPESampler):
         """TPE's count of good trials, raised to every feasible trial within the noise of the best."""
         n_below = (self._gamma or default_gamma)(len(finished))
         values = [v for t in finished if (v := _feasible_value(t)) is not None]
-        if values:
+        if values and _TIES:
             floor = max(values) * (1 - noise_fraction(study))
             n_below = max(n_below, sum(v >= floor for v in values))
         return n_below
@@ -270,6 +275,12 @@ class DistinctTPESampler(TPESampler):
         original = next((t.number for t in finished if is_budget_trial(t) and params_key(t.params) == key), None)
         if original is not None:
             study._storage.set_trial_user_attr(trial._trial_id, CAME_BACK_ATTR, original)
+
+
+def make_sampler(distributions: dict[str, BaseDistribution], seed: int | None = None) -> DistinctTPESampler:
+    """The search's sampler: multivariate TPE (the knobs interact: batch with memory, dtype with
+    optimizer), proposing distinct configs."""
+    return DistinctTPESampler(distributions, multivariate=True, group=False, n_startup_trials=STARTUP_TRIALS, seed=seed)
 
 
 def _external(samples: dict[str, np.ndarray], search_space: dict[str, BaseDistribution]) -> list[dict[str, Any]]:
@@ -303,3 +314,19 @@ def came_back_counts(trials: Iterable[FrozenTrial]) -> dict[int, int]:
 
 class SearchFinished(Exception):
     """The search should start no more trials; the message says why (:func:`stop_reason`)."""
+
+
+def describe_distinct(trials: Sequence[FrozenTrial]) -> str:
+    """One line: how many distinct configs the study's trials measured, and how often the sampler
+    came back to a measured one (not counted as trials)."""
+    budget = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
+    distinct = len({params_key(t.params) for t in budget})
+    counts = came_back_counts(trials)
+    text = f"{len(budget)} trials measured or screened {distinct} distinct configs"
+    if not counts:
+        return text + "; the sampler never came back to a measured config"
+    detail = ", ".join(f"#{number} x{times}" for number, times in sorted(counts.items()))
+    return (
+        f"{text}; the sampler came back to a measured config {sum(counts.values())} times ({detail}): "
+        "answered from the record or turned to an untaken config, not counted as trials"
+    )

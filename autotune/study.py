@@ -30,7 +30,7 @@ from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.errors import AutotuneError
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
-from autotune.proposals import DistinctTPESampler, SearchFinished, stop_reason
+from autotune.proposals import SearchFinished, make_sampler, stop_reason
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, USER_ATTR_KEY, TrialResult
 from autotune.runner import TrialJob, run_isolated
 from autotune.screening import MeasuredTrial, screen, screened_excess_gib
@@ -227,9 +227,7 @@ def open_study(
     :mod:`autotune.seeds`); what had to change to fit them in the space is kept in the study's
     ``seed_notes`` user attr. ``sampler_seed`` makes the sampler reproducible (benchmarks).
     """
-    sampler = DistinctTPESampler(
-        request.space.distributions(), multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed
-    )
+    sampler = make_sampler(request.space.distributions(), sampler_seed)
     # Workers on several machines may start together: exactly one creates the study (the others get
     # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
     try:
@@ -391,9 +389,13 @@ def run_search(
     timeout_s: float | None,
     progress: SearchProgress | None = None,
     patience: int | None = None,
+    run_trial: Callable[..., TrialResult] = run_isolated,
 ) -> int:
     """Ask, run in a child, tell; until ``n_trials`` trials ran here, ``timeout_s`` passed, or
     :func:`autotune.proposals.stop_reason` says the search is done (space exhausted, ``patience``).
+
+    Args:
+        run_trial: Runs a :class:`TrialJob` (see :func:`run_one_trial`).
 
     Returns:
         The number of trials this call finished.
@@ -408,7 +410,7 @@ def run_search(
         if stop_reason(study, request.space.size, patience) is not None:
             break
         try:
-            run_one_trial(study, request, progress)
+            run_one_trial(study, request, progress, run_trial=run_trial)
         except SearchFinished:
             break
         done += 1
