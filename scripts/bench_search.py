@@ -193,6 +193,99 @@ def measure_grid(
     return grid
 
 
+def modelled_grid(model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, seed: int) -> Grid:
+    """A landscape computed, not measured, for when the machine is too loaded to measure one.
+
+    Throughput: multiplicative knob effects of the shape the CPU grid measured (bf16 faster, and
+    more so at larger micro-batches; fused AdamW and SGD faster than AdamW; checkpointing about
+    25 % slower; the micro-batch's gain saturating, so the top is flat), times a per-config
+    lognormal noise of 4 % (one draw per config, as a measured grid has). Peak memory: autotune's
+    prior estimate (``autotune.estimate``) x 1.1 x a 5 % lognormal draw, so the estimate that
+    screens configs is close to, not equal to, the "measured" peak. Seeded: the same seed gives
+    the same grid.
+    """
+    from autotune.estimate import estimate_peak
+
+    rng = random.Random(seed)
+    results: dict[TrialConfig, TrialResult] = {}
+    for config in space_configs(space):
+        batch = config.micro_batch
+        samples_per_s = 40.0 * batch / (batch + 6)
+        if config.dtype in ("bf16", "fp16"):
+            samples_per_s *= 1 + 0.35 * batch / (batch + 8)
+        samples_per_s *= {"adamw_torch_fused": 1.08, "sgd": 1.1, "adafactor": 0.95}.get(config.optim, 1.0)
+        samples_per_s *= 0.75 if config.checkpointing else 1.0
+        samples_per_s *= 1.03 if config.grad_accum > 1 else 1.0  # the optimizer step amortised
+        samples_per_s *= rng.lognormvariate(0.0, 0.04)
+        peak = int(estimate_peak(model, config, seq_len, device.kind).total_bytes * 1.1 * rng.lognormvariate(0.0, 0.05))
+        step_s = config.global_batch / samples_per_s
+        results[config] = TrialResult(
+            status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 1000, peak_memory_bytes=peak,
+            step_time_median_s=step_s, step_time_cv=0.04, measured_steps=BENCH_MEASURE.max_steps,
+            wall_s=3.0 + (BENCH_MEASURE.warmup_steps + BENCH_MEASURE.max_steps) * step_s,
+        )
+    meta = {"model": model.name, "seq_len": seq_len, "device": f"modelled ({device.name} estimator)", "space": space.choices,
+            "modelled_seed": seed}
+    return Grid(meta=meta, results=results)
+
+
+def reshuffled_grid(base: Grid, seed: int, effect_sigma: float) -> Grid:
+    """``base`` with its throughputs replaced by a random landscape of the same space and memory.
+
+    Each knob value gets a random factor (lognormal, ``effect_sigma``), the pairs (dtype,
+    micro-batch) and (optimizer, checkpointing) another (``effect_sigma`` / 2), and each config a
+    4 % draw of noise. A small ``effect_sigma`` gives a flat, noisy landscape with little structure
+    for a model to learn; a landscape no one tuned autotune on.
+    """
+    rng = random.Random(seed)
+    factors: dict[tuple[str, ...], float] = {}
+
+    def factor(*key: str, sigma: float) -> float:
+        if key not in factors:
+            factors[key] = rng.lognormvariate(0.0, sigma)
+        return factors[key]
+
+    results = {}
+    for config, measured in base.results.items():
+        params = {name: str(value) for name, value in config.to_params().items()}
+        speed = 40.0
+        for name, value in sorted(params.items()):
+            speed *= factor(name, value, sigma=effect_sigma)
+        speed *= factor("dtype", params["dtype"], "micro_batch", params["micro_batch"], sigma=effect_sigma / 2)
+        speed *= factor("optim", params["optim"], "checkpointing", params["checkpointing"], sigma=effect_sigma / 2)
+        speed *= rng.lognormvariate(0.0, 0.04)
+        results[config] = dataclasses.replace(measured, samples_per_s=speed, model_tflops=speed / 1000)
+    return Grid(meta={**base.meta, "reshuffled_seed": seed, "effect_sigma": effect_sigma}, results=results)
+
+
+def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigma: float, seeds: int, max_asks: int) -> str:
+    """New and old search (no seed trials) against random order on ``count`` reshuffled landscapes."""
+    lines = [
+        f"{count} reshuffled landscapes (reshuffled_grid, knob effects sigma {effect_sigma}), memory of {base.meta['model']}; "
+        f"median runs to the target over {seeds} search seeds (random order: {4 * seeds} orders); a search that never "
+        f"reached it counts as the grid's size.",
+        "",
+        "| landscape | configs reaching the target | new, no seed trials | before, no seed trials | random | new vs random |",
+        "|---|---|---|---|---|---|",
+    ]
+    ceiling = request.ceiling_bytes
+    for index in range(count):
+        grid = reshuffled_grid(base, index, effect_sigma)
+        target = TARGET_FRACTION * grid.best(ceiling)[1]
+
+        def median_runs(stats: list[RunStats]) -> float:
+            return statistics.median(s.runs if s.reached else len(grid.results) for s in stats)
+
+        new = median_runs([run_autotune(grid, request, s, target, max_asks, with_seeds=False)[0] for s in range(seeds)])
+        old = median_runs(
+            [run_autotune(grid, request, s, target, max_asks, with_seeds=False, old_sampler=True)[0] for s in range(seeds)]
+        )
+        rand = median_runs([run_random(grid, ceiling, s, target) for s in range(4 * seeds)])
+        reaching = sum(grid.fits(r, ceiling) and r.samples_per_s >= target for r in grid.results.values())
+        lines.append(f"| {index} | {reaching} | {new:g} | {old:g} | {rand:g} | {rand / max(new, 1):.1f}x fewer |")
+    return "\n".join(lines) + "\n"
+
+
 # --- strategies on the grid ----------------------------------------------------------------------
 
 
@@ -460,8 +553,14 @@ def markdown(
         f"Command: `{command}`",
         "",
         f"Grid: {grid.meta['model']}, seq len {grid.meta['seq_len']}, {size} configs ({feasible} fit under the "
-        f"{format_bytes(ceiling)} ceiling of peak RSS), measured once each in {grid_wall / 60:.1f} min of trial wall time "
-        f"({load_text}). Oracle best: "
+        f"{format_bytes(ceiling)} ceiling of peak RSS), "
+        + (
+            f"modelled (modelled_grid, seed {grid.meta['modelled_seed']}: computed, not measured). "
+            if "modelled_seed" in grid.meta
+            else f"measured once each in {grid_wall / 60:.1f} min of trial wall time ({load_text}). "
+        )
+        + f"{sum(grid.fits(r, ceiling) and r.samples_per_s >= TARGET_FRACTION * best[1] for r in grid.results.values())} "
+        f"config(s) reach the target. Oracle best: "
         f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
         f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
         "",
@@ -509,11 +608,20 @@ def main() -> None:
     parser.add_argument("--space", default=str(DEFAULT_SPACE))
     parser.add_argument("--ceiling", default="1.25GiB", help="memory ceiling (peak RSS of the trial's process tree)")
     parser.add_argument("--grid", default=str(DEFAULT_GRID), help="the cached grid (measured if missing or incomplete)")
+    parser.add_argument(
+        "--modelled", type=int, default=None, metavar="SEED",
+        help="replay on a computed landscape (modelled_grid, this seed) instead of a measured grid; no side by side",
+    )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (0: skip the side-by-side)")
     parser.add_argument("--prune-ratio", type=float, default=0.5)
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
+    parser.add_argument(
+        "--landscapes", type=int, default=0, metavar="N",
+        help="only compare new and old search with random order on N reshuffled landscapes of the grid's space",
+    )
+    parser.add_argument("--effect-sigma", type=float, default=0.05, help="knob effects of the reshuffled landscapes")
     parser.add_argument("--budget", type=int, default=20, help="--trials of the patience table (autotune search's default: 20)")
     parser.add_argument(
         "--remeasure-above-load", type=float, default=None,
@@ -527,11 +635,15 @@ def main() -> None:
     space = load_space(options.space, device)
     ceiling = parse_ceiling(options.ceiling, device.total_memory_bytes)
     grid_path = Path(options.grid)
-    if grid_path.exists():
-        cached = Grid.load(grid_path)
-        if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
-            raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
-    grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
+    if options.modelled is not None:
+        grid = modelled_grid(model, device, space, options.seq_len, options.modelled)
+        options.rounds = 0
+    else:
+        if grid_path.exists():
+            cached = Grid.load(grid_path)
+            if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
+                raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
+        grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
     best_config, best_samples_per_s = grid.best(ceiling)
     target = TARGET_FRACTION * best_samples_per_s
     max_asks = options.max_asks or 3 * len(grid.results)
@@ -539,6 +651,12 @@ def main() -> None:
     print(f"oracle best: {best_config.short()} at {best_samples_per_s:.1f} samples/s; target {target:.1f}; {load}", flush=True)
 
     request = bench_request(grid, model, device, space, ceiling, options.prune_ratio)
+    if options.landscapes:
+        text = landscapes_table(grid, request, options.landscapes, options.effect_sigma, options.seeds, max_asks)
+        print(f"Command: `{command}`\n\n{text}")
+        if options.markdown:
+            Path(options.markdown).write_text(f"Command: `{command}`\n\n{text}")
+        return
     autotune_stats, winners = [], []
     for seed in range(options.seeds):
         stats, winner = run_autotune(grid, request, seed, target, max_asks)
