@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.devices import memory_source_description
 from autotune.errors import AutotuneError
 from autotune.export import confirmation_label, ranked_result, render, winner_arguments, winner_summary
+from autotune.proposals import describe_distinct
 from autotune.ranking import RankedTrial, study_ranking
 from autotune.result import USER_ATTR_KEY
 from autotune.study import CONSTRAINTS_ATTR, METRIC_NAME, open_storage
@@ -228,6 +229,9 @@ def study_note(study: optuna.Study) -> str:
         "trial is always a feasible one.",
         "",
         f"Trials: {len(trials)} ({', '.join(f'{status} {count}' for status, count in sorted(statuses.items())) or 'none yet'}).",
+        "",
+        # How often the sampler came back to a measured config (autotune.proposals).
+        describe_distinct(trials) + ".",
         "",
     ]
     if not ranking:

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.samplers import TPESampler
-# TPE's own split into good and bad trials (optuna/samplers/_tpe/sampler.py); private, pinned by optuna's major.
+# TPE's own split into good and bad trials (optuna/samplers/_tpe/sampler.py, Optuna 5.0): private;
+# tests/test_proposals.py fails if a later Optuna moves it.
 from optuna.samplers._tpe.sampler import _split_trials, default_gamma
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -44,8 +45,10 @@ from autotune.result import TrialResult
 ENUMERATE_BELOW = 24
 # A space with more configs than this is not enumerated: candidates are drawn from it instead.
 MAX_ENUMERATED = 100_000
-# Random untaken configs scored besides TPE's candidates when the space is too large to enumerate.
+# Draws to find one random untaken config in a space too large to enumerate.
 DRAWN_CANDIDATES = 2048
+# Random untaken configs scored when all of TPE's candidates are taken, in such a space.
+DRAWN_POOL = 64
 # Trial user attr: the measured trials whose config TPE preferred, before it was turned to this one.
 CAME_BACK_ATTR = "proposed_again"
 # Noise assumed before any trial measured its step times (the CPU's floor, docs/benchmarks.md).
@@ -56,8 +59,6 @@ REUSED_ATTR = "reused_from"
 
 # Random proposals before TPE's model takes over (the seed trials count among them).
 STARTUP_TRIALS = 3
-
-_TIES = True
 
 ParamsKey = tuple[tuple[str, Any], ...]
 
@@ -257,7 +258,7 @@ class DistinctTPESampler(TPESampler):
         """TPE's count of good trials, raised to every feasible trial within the noise of the best."""
         n_below = (self._gamma or default_gamma)(len(finished))
         values = [v for t in finished if (v := _feasible_value(t)) is not None]
-        if values and _TIES:
+        if values:
             floor = max(values) * (1 - noise_fraction(study))
             n_below = max(n_below, sum(v >= floor for v in values))
         return n_below
@@ -265,7 +266,7 @@ class DistinctTPESampler(TPESampler):
     def _drawn_untaken(
         self, search_space: dict[str, BaseDistribution], fixed: dict[str, Any], taken: set[ParamsKey]
     ) -> list[dict[str, Any]]:
-        drawn = [self._random_untaken(search_space, fixed, taken, None) for _ in range(64)]
+        drawn = [self._random_untaken(search_space, fixed, taken, None) for _ in range(DRAWN_POOL)]
         return [params for params in drawn if params]
 
     @staticmethod

@@ -7,11 +7,13 @@
 2. **Samplers on the grid.** Each strategy then searches the same space, with a lookup in the grid
    instead of training, over several seeds:
 
-   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, reuse of
-     measured configs, screening by the calibrated estimator and by measured OOMs, constrained
-     TPE, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
+   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, the distinct
+     proposals of ``autotune.proposals``, screening by the calibrated estimator and by measured
+     OOMs, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
      runner does it: a config measured below ``prune ratio x best`` stops after
-     ``prune_after_steps`` measured steps; its cost is cut to what had run.
+     ``prune_after_steps`` measured steps; its cost is cut to what had run. ``autotune before``
+     is the same loop with the sampler it had before (Optuna's TPE, repeats of measured configs
+     answered from the record); both are also run without their seed trials.
    * ``plain TPE``: ``optuna.samplers.TPESampler(seed=...)`` with default settings, value = samples/s
      (0 when the config does not fit), every proposal run (a duplicate costs a run again).
    * ``random``: configs drawn without replacement (the stronger random baseline).
@@ -25,12 +27,21 @@
    ``auto_find_batch_size`` to react to it, its child may grow its address space by only
    ``ceiling - its resident size at start`` (allocations fail there, which it catches and halves on).
 
+A second landscape can be modelled instead of measured (``--modelled SEED``: ``modelled_grid``),
+and ``--landscapes N`` compares the searches with random order on N reshuffled landscapes of a
+grid's space (``reshuffled_grid``). Each run also prints the patience table (``--trials 20
+--patience K``: runs until the search stopped, seeds that missed the target).
+
 Commands (docs/benchmarks.md holds the results)::
 
     # reduced grid while building (16 configs):
     python scripts/bench_search.py --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
-    # the full benchmark, on a quiet machine (about 20-30 minutes; the grid is cached):
+    # landscape 1, the measured bert-mini grid (about 20-30 minutes with the side by side; the grid is cached):
     python scripts/bench_search.py --grid docs/bench_grid_cpu.json --seeds 10 --rounds 3 --markdown /tmp/bench_search.md
+    # landscape 2, modelled gpt2-tiny (a minute):
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 10
+    # reshuffled landscapes:
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 8 --landscapes 12
 """
 
 from __future__ import annotations

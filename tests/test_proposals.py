@@ -228,3 +228,32 @@ def test_exhaust_cli(tmp_path):
     assert "4 trials measured or screened 4 distinct configs" in result.stdout
     shown = run_cli("best", "--storage", storage, "--all", cwd=tmp_path)
     assert shown.returncode == 0 and "4 distinct configs" in shown.stdout
+
+
+def test_workers_start_no_trial_once_patience_is_spent(tmp_path, cpu, bert_tiny):
+    from autotune.workers import _Pool
+
+    request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
+    study = open_study(optuna.storages.InMemoryStorage(), "pool", request, sampler_seed=0)
+    run_search(study, request, n_trials=5, timeout_s=None, run_trial=LookupRunner(lambda c: 50.0))  # all ties
+
+    def pool(patience: int | None) -> _Pool:
+        return _Pool(study=study, n_trials=10, deadline=None, max_total_trials=None, patience_s=60.0, poll_s=1.0, patience=patience)
+
+    assert pool(4)._may_start(request) is False  # 4 ties in a row after the first trial
+    assert pool(5)._may_start(request) is True
+    assert pool(None)._may_start(request) is True
+
+
+def test_dashboard_note_says_how_often_the_sampler_came_back(tmp_path, cpu, bert_tiny):
+    from autotune.dashboard import study_note
+
+    request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
+    study = open_study(optuna.storages.InMemoryStorage(), "note", request, sampler_seed=0)
+    run_search(study, request, n_trials=2, timeout_s=None, run_trial=LookupRunner(speed_of))
+    study.enqueue_trial(study.trials[0].params)
+    run_search(study, request, n_trials=1, timeout_s=None, run_trial=LookupRunner(speed_of))
+    note = study_note(study)
+    assert "3 trials measured or screened 3 distinct configs" in note
+    # The queued repeat of #0 (and any measured config TPE preferred before it was turned elsewhere).
+    assert "the sampler came back to a measured config" in note and "#0 x1" in note
