@@ -16,8 +16,8 @@ TPE's model and changes only what it may propose:
   are "good" trials for l(x), so TPE spreads over the top instead of chasing the one that was
   lucky in a single measurement.
 
-Before ``n_startup_trials`` trials it proposes untaken configs uniformly at random, as TPE does
-with taken ones too.
+Before ``n_startup_trials`` finished trials it proposes an untaken config uniformly at random
+(TPE's own random start-up, the taken configs left out).
 
 :func:`stop_reason` says when the search is done: every config of the space measured or screened,
 or (``--patience K``) K trials in a row that did not raise the best by more than the noise.
@@ -179,7 +179,8 @@ class DistinctTPESampler(TPESampler):
         trials = study.get_trials(deepcopy=False)
         fixed = {name: d.to_external_repr(0) for name, d in self._distributions.items() if d.single()}
         taken = taken_configs(trials, exclude_number=trial.number)
-        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+        # Each config once: a repeat answered from the record would weigh its config twice.
+        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
         untaken = self._untaken_candidates(search_space, fixed, taken)
         if untaken is not None and len(untaken) == 0:
             return {}  # nothing left: the loop sees the repeat, records it and stops (autotune.study)
