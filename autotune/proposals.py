@@ -143,7 +143,9 @@ def stop_reason(study: Study, space_size: int, patience: int | None) -> str | No
     """
     trials = study.get_trials(deepcopy=False)
     done = len(finished_configs(trials))
-    if done >= space_size:
+    # Queued trials (a dead worker's re-run, seeds) are popped first, each answered from the record.
+    queued = any(t.state == TrialState.WAITING for t in trials)
+    if done >= space_size and not queued:
         return f"every config of the space has been measured or screened ({done} of {space_size}): the search is complete"
     if patience:
         noise = noise_fraction(study)

@@ -88,6 +88,12 @@ def test_four_configs_four_trials_measure_all_four(tmp_path, cpu, bert_tiny):
     # Asked for more, the search says it is done and runs nothing.
     assert run_search(study, request, n_trials=3, timeout_s=None, run_trial=runner) == 0
     assert len(runner.ran) == 4
+    # A queued trial (a dead worker's re-run) is still popped and answered from the record: none is left waiting.
+    study.enqueue_trial(study.trials[0].params)
+    assert stop_reason(study, request.space.size, None) is None
+    assert run_search(study, request, n_trials=3, timeout_s=None, run_trial=runner) == 0
+    assert len(runner.ran) == 4 and not study.get_trials(states=(TrialState.WAITING,))
+    assert study.trials[-1].user_attrs["reused_from"] == study.trials[0].number
 
 
 def test_every_proposal_is_a_new_config_until_the_space_is_done(tmp_path, cpu, bert_tiny):
