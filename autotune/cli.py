@@ -97,6 +97,10 @@ def search(
     screen: Annotated[
         bool, typer.Option("--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit.")
     ] = True,
+    patience: Annotated[
+        Optional[int],
+        typer.Option(help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise."),
+    ] = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
     from autotune import validate
@@ -126,6 +130,7 @@ def search(
     )
     from autotune.units import format_bytes
 
+    validate.positive_int("--patience", patience)
     if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     options = SearchOptions(
@@ -165,7 +170,8 @@ def search(
     try:
         with view:
             run_search(
-                study, request, SearchBudget(trials, timeout, max_total_trials), SearchProgress(view.trial_started, view.trial_finished)
+                study, request, SearchBudget(trials, timeout, max_total_trials, patience),
+                SearchProgress(view.trial_started, view.trial_finished),
             )
     except KeyboardInterrupt:
         from autotune.ranking import describe_standing
@@ -176,6 +182,7 @@ def search(
             markup=False, highlight=False, soft_wrap=True,
         )
         raise typer.Exit(130) from None
+    _print_search_end(study, request.space.size, patience)
     interrupted = confirm_top > 0 and not _confirm(study, request, confirm_top, confirm_repeats)
     from autotune.dashboard import save_study_note
 
@@ -184,6 +191,17 @@ def search(
     _print_speedup(study)
     if interrupted:
         raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
+
+
+def _print_search_end(study, space_size: int, patience: int | None) -> None:  # noqa: ANN001 - an optuna.Study
+    """Why the search stopped early, if it did, and how many distinct configs it measured."""
+    from autotune.ranking import describe_distinct
+    from autotune.study import stop_reason
+
+    reason = stop_reason(study, space_size, patience)
+    if reason:
+        console.print(f"search done: {reason}", markup=False, highlight=False)
+    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
 def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
@@ -302,8 +320,11 @@ def best(
     if all:
         from autotune.display import trial_table
 
+        from autotune.ranking import describe_distinct
+
         rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
         console.print(trial_table(f"All trials of {study.study_name}", rows))
+        console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
         return
     _print_ranking(study, top)
 

@@ -34,6 +34,7 @@ from autotune.export import render, winner_arguments
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
+    describe_distinct,
     ranked_result,
     study_ranking,
     winner_summary,
@@ -229,6 +230,9 @@ def study_note(study: optuna.Study) -> str:
         "trial is always a feasible one.",
         "",
         f"Trials: {len(trials)} ({', '.join(f'{status} {count}' for status, count in sorted(statuses.items())) or 'none yet'}).",
+        "",
+        # How often the sampler came back to a measured config (autotune.study._proposals).
+        describe_distinct(trials) + ".",
         "",
     ]
     if not ranking:

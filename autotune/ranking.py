@@ -11,7 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
-from autotune.result import TrialResult, feasible_by_speed
+from autotune.result import TrialResult, came_back_counts, feasible_by_speed, is_budget_trial, params_key
 from autotune.units import format_bytes
 
 
@@ -284,4 +284,20 @@ def describe_ranking_basis(study: optuna.Study) -> str:
     return (
         f"the ranking below rests on the confirmation recorded at {record.get('measured_at', 'an unknown time')} "
         f"by an earlier run ({numbers} re-run {record.get('repeats', '?')} times), which still covers the leading configs"
+    )
+
+
+def describe_distinct(trials: Sequence[FrozenTrial]) -> str:
+    """One line: how many distinct configs the study's trials measured, and how often the sampler
+    came back to a measured one (not counted as trials)."""
+    budget = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
+    distinct = len({params_key(t.params) for t in budget})
+    counts = came_back_counts(trials)
+    text = f"{len(budget)} trials measured or screened {distinct} distinct configs"
+    if not counts:
+        return text + "; the sampler never came back to a measured config"
+    detail = ", ".join(f"#{number} x{times}" for number, times in sorted(counts.items()))
+    return (
+        f"{text}; the sampler came back to a measured config {sum(counts.values())} times ({detail}): "
+        "answered from the record or turned to an untaken config, not counted as trials"
     )

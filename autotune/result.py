@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -110,3 +110,28 @@ def feasible_by_speed(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, 
         if result is not None and result.feasible:
             found.append((trial, result))
     return sorted(found, key=lambda pair: -pair[1].samples_per_s)
+
+
+ParamsKey = tuple[tuple[str, Any], ...]
+
+
+def params_key(params: dict[str, Any]) -> ParamsKey:
+    """A hashable key of a config's params."""
+    return tuple(sorted(params.items()))
+
+
+def is_budget_trial(trial: FrozenTrial) -> bool:
+    """A trial of the user's budget: it ran, or was screened; not a repeat answered from the record."""
+    return schema.TRIAL_REUSED_FROM not in trial.user_attrs
+
+
+def came_back_counts(trials: Iterable[FrozenTrial]) -> dict[int, int]:
+    """Measured trial number -> how often the sampler proposed its config again (answered from the
+    record, or turned to an untaken config)."""
+    counts: dict[int, int] = {}
+    for trial in trials:
+        for attr in (schema.TRIAL_REUSED_FROM, schema.TRIAL_PROPOSED_AGAIN):
+            if attr in trial.user_attrs:
+                number = int(trial.user_attrs[attr])
+                counts[number] = counts.get(number, 0) + 1
+    return counts

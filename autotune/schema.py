@@ -36,6 +36,9 @@ key                       written by                                     read by
 ``seed``                  seeds (``hf-default``, ``best-practice``)      ranking (speedup over the default)
 ``reused_from``           the trial loop: the trial this repeat's        ranking (left out), screening
                           result was copied from
+``proposed_again``        the sampler (:mod:`autotune.study._proposals`):  ``best --all``, the dashboard note
+                          the measured trial TPE preferred before it
+                          was turned to an untaken config
 ``first_attempt``         the trial loop: why a retried attempt failed   the dashboard, ``best --all``
 ``predicted_peak_bytes``  screening: the estimate a screened trial       the dashboard
                           rests on
@@ -67,6 +70,7 @@ TRIAL_RESULT = "result"
 TRIAL_STATUS = "status"
 TRIAL_SEED = "seed"
 TRIAL_REUSED_FROM = "reused_from"
+TRIAL_PROPOSED_AGAIN = "proposed_again"
 TRIAL_FIRST_ATTEMPT = "first_attempt"
 TRIAL_PREDICTED_PEAK_BYTES = "predicted_peak_bytes"
 # Trial system attrs.

@@ -7,11 +7,13 @@
 2. **Samplers on the grid.** Each strategy then searches the same space, with a lookup in the grid
    instead of training, over several seeds:
 
-   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, reuse of
-     measured configs, screening by the calibrated estimator and by measured OOMs, constrained
-     TPE, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
+   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, the distinct
+     proposals of ``autotune.study._proposals``, screening by the calibrated estimator and by measured
+     OOMs, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
      runner does it: a config measured below ``prune ratio x best`` stops after
-     ``prune_after_steps`` measured steps; its cost is cut to what had run.
+     ``prune_after_steps`` measured steps; its cost is cut to what had run. ``autotune before``
+     is the same loop with the sampler it had before (Optuna's TPE, repeats of measured configs
+     answered from the record); both are also run without their seed trials.
    * ``plain TPE``: ``optuna.samplers.TPESampler(seed=...)`` with default settings, value = samples/s
      (0 when the config does not fit), every proposal run (a duplicate costs a run again).
    * ``random``: configs drawn without replacement (the stronger random baseline).
@@ -25,12 +27,21 @@
    ``auto_find_batch_size`` to react to it, its child may grow its address space by only
    ``ceiling - its resident size at start`` (allocations fail there, which it catches and halves on).
 
+A second landscape can be modelled instead of measured (``--modelled SEED``: ``modelled_grid``),
+and ``--landscapes N`` compares the searches with random order on N reshuffled landscapes of a
+grid's space (``reshuffled_grid``). Each run also prints the patience table (``--trials 20
+--patience K``: runs until the search stopped, seeds that missed the target).
+
 Commands (docs/benchmarks.md holds the results)::
 
     # reduced grid while building (16 configs):
     python scripts/bench_search.py --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
-    # the full benchmark, on a quiet machine (about 20-30 minutes; the grid is cached):
+    # landscape 1, the measured bert-mini grid (about 20-30 minutes with the side by side; the grid is cached):
     python scripts/bench_search.py --grid docs/bench_grid_cpu.json --seeds 10 --rounds 3 --markdown /tmp/bench_search.md
+    # landscape 2, modelled gpt2-tiny (a minute):
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 10
+    # reshuffled landscapes:
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 8 --landscapes 12
 """
 
 from __future__ import annotations
@@ -63,8 +74,10 @@ from autotune.devices import DeviceSpec, cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import ModelSpec, resolve_model  # noqa: E402
 from autotune.result import TrialResult  # noqa: E402
-from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated  # noqa: E402  # noqa: E402
+from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated  # noqa: E402
 from autotune.space import SearchSpace, load_space  # noqa: E402
+from autotune.result import came_back_counts  # noqa: E402
+from autotune.study._proposals import SearchFinished, stop_reason  # noqa: E402
 from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial  # noqa: E402
 from autotune.study._seeds import hf_default_config  # noqa: E402
 from autotune.units import format_bytes  # noqa: E402
@@ -76,6 +89,13 @@ TARGET_FRACTION = 0.98
 # Short measurement: the grid is about ranking configs, and is measured once per config.
 BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=6.0, cv_target=0.05)
 BATCH_FILE = "train_batch_size"
+# Row names of the strategies table.
+NEW = "autotune (distinct proposals, autotune.study._proposals)"
+OLD = "autotune before (TPE, repeats answered from the record)"
+NEW_NO_SEEDS = "autotune without its seed trials"
+OLD_NO_SEEDS = "autotune before, without its seed trials"
+RANDOM = "random (no repeats)"
+PATIENCE_VALUES = (None, 4, 6, 8, 10)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -193,6 +213,99 @@ def measure_grid(
     return grid
 
 
+def modelled_grid(model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, seed: int) -> Grid:
+    """A landscape computed, not measured, for when the machine is too loaded to measure one.
+
+    Throughput: multiplicative knob effects of the shape the CPU grid measured (bf16 faster, and
+    more so at larger micro-batches; fused AdamW and SGD faster than AdamW; checkpointing about
+    25 % slower; the micro-batch's gain saturating, so the top is flat), times a per-config
+    lognormal noise of 4 % (one draw per config, as a measured grid has). Peak memory: autotune's
+    prior estimate (``autotune.estimate``) x 1.1 x a 5 % lognormal draw, so the estimate that
+    screens configs is close to, not equal to, the "measured" peak. Seeded: the same seed gives
+    the same grid.
+    """
+    from autotune.estimate import estimate_peak
+
+    rng = random.Random(seed)
+    results: dict[TrialConfig, TrialResult] = {}
+    for config in space_configs(space):
+        batch = config.micro_batch
+        samples_per_s = 40.0 * batch / (batch + 6)
+        if config.dtype in ("bf16", "fp16"):
+            samples_per_s *= 1 + 0.35 * batch / (batch + 8)
+        samples_per_s *= {"adamw_torch_fused": 1.08, "sgd": 1.1, "adafactor": 0.95}.get(config.optim, 1.0)
+        samples_per_s *= 0.75 if config.checkpointing else 1.0
+        samples_per_s *= 1.03 if config.grad_accum > 1 else 1.0  # the optimizer step amortised
+        samples_per_s *= rng.lognormvariate(0.0, 0.04)
+        peak = int(estimate_peak(model, config, seq_len, device.kind).total_bytes * 1.1 * rng.lognormvariate(0.0, 0.05))
+        step_s = config.global_batch / samples_per_s
+        results[config] = TrialResult(
+            status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 1000, peak_memory_bytes=peak,
+            step_time_median_s=step_s, step_time_cv=0.04, measured_steps=BENCH_MEASURE.max_steps,
+            wall_s=3.0 + (BENCH_MEASURE.warmup_steps + BENCH_MEASURE.max_steps) * step_s,
+        )
+    meta = {"model": model.name, "seq_len": seq_len, "device": f"modelled ({device.name} estimator)", "space": space.choices,
+            "modelled_seed": seed}
+    return Grid(meta=meta, results=results)
+
+
+def reshuffled_grid(base: Grid, seed: int, effect_sigma: float) -> Grid:
+    """``base`` with its throughputs replaced by a random landscape of the same space and memory.
+
+    Each knob value gets a random factor (lognormal, ``effect_sigma``), the pairs (dtype,
+    micro-batch) and (optimizer, checkpointing) another (``effect_sigma`` / 2), and each config a
+    4 % draw of noise. A small ``effect_sigma`` gives a flat, noisy landscape with little structure
+    for a model to learn; a landscape no one tuned autotune on.
+    """
+    rng = random.Random(seed)
+    factors: dict[tuple[str, ...], float] = {}
+
+    def factor(*key: str, sigma: float) -> float:
+        if key not in factors:
+            factors[key] = rng.lognormvariate(0.0, sigma)
+        return factors[key]
+
+    results = {}
+    for config, measured in base.results.items():
+        params = {name: str(value) for name, value in config.to_params().items()}
+        speed = 40.0
+        for name, value in sorted(params.items()):
+            speed *= factor(name, value, sigma=effect_sigma)
+        speed *= factor("dtype", params["dtype"], "micro_batch", params["micro_batch"], sigma=effect_sigma / 2)
+        speed *= factor("optim", params["optim"], "checkpointing", params["checkpointing"], sigma=effect_sigma / 2)
+        speed *= rng.lognormvariate(0.0, 0.04)
+        results[config] = dataclasses.replace(measured, samples_per_s=speed, model_tflops=speed / 1000)
+    return Grid(meta={**base.meta, "reshuffled_seed": seed, "effect_sigma": effect_sigma}, results=results)
+
+
+def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigma: float, seeds: int, max_asks: int) -> str:
+    """New and old search (no seed trials) against random order on ``count`` reshuffled landscapes."""
+    lines = [
+        f"{count} reshuffled landscapes (reshuffled_grid, knob effects sigma {effect_sigma}), memory of {base.meta['model']}; "
+        f"median runs to the target over {seeds} search seeds (random order: {4 * seeds} orders); a search that never "
+        f"reached it counts as the grid's size.",
+        "",
+        "| landscape | configs reaching the target | new, no seed trials | before, no seed trials | random | new vs random |",
+        "|---|---|---|---|---|---|",
+    ]
+    ceiling = request.ceiling_bytes
+    for index in range(count):
+        grid = reshuffled_grid(base, index, effect_sigma)
+        target = TARGET_FRACTION * grid.best(ceiling)[1]
+
+        def median_runs(stats: list[RunStats]) -> float:
+            return statistics.median(s.runs if s.reached else len(grid.results) for s in stats)
+
+        new = median_runs([run_autotune(grid, request, s, target, max_asks, with_seeds=False)[0] for s in range(seeds)])
+        old = median_runs(
+            [run_autotune(grid, request, s, target, max_asks, with_seeds=False, old_sampler=True)[0] for s in range(seeds)]
+        )
+        rand = median_runs([run_random(grid, ceiling, s, target) for s in range(4 * seeds)])
+        reaching = sum(grid.fits(r, ceiling) and r.samples_per_s >= target for r in grid.results.values())
+        lines.append(f"| {index} | {reaching} | {new:g} | {old:g} | {rand:g} | {rand / max(new, 1):.1f}x fewer |")
+    return "\n".join(lines) + "\n"
+
+
 # --- strategies on the grid ----------------------------------------------------------------------
 
 
@@ -207,6 +320,7 @@ class RunStats:
     screened: int = 0
     reused: int = 0
     pruned: int = 0
+    came_back: int = 0  # proposals of a measured config: answered from the record, or turned to an untaken one
 
 
 class GridRunner:
@@ -262,35 +376,59 @@ def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: Searc
 
 
 def run_autotune(
-    grid: Grid, request: SearchRequest, seed: int, target: float, max_asks: int, with_seeds: bool = True
+    grid: Grid,
+    request: SearchRequest,
+    seed: int,
+    target: float,
+    max_asks: int,
+    with_seeds: bool = True,
+    old_sampler: bool = False,
+    patience: int | None = None,
+    budget: int | None = None,
 ) -> tuple[RunStats, TrialConfig | None]:
     """The real autotune loop on the grid; returns its cost to the target and its winner then.
 
     ``with_seeds=False`` is the ablation: the study's seed trials (HF default, best-practice guess)
     are taken off the queue unrun, so the sampler, screening, reuse and early stop work alone.
+    ``old_sampler`` replays the search before autotune.study._proposals: Optuna's TPE as autotune
+    configured it (repeats of measured configs are answered from the record, as they were).
+    With ``patience`` and ``budget`` the search runs like ``autotune search --trials budget
+    --patience K``: until the budget, the patience or the end of the space, not until the target.
     """
     runner = GridRunner(grid, request.ceiling_bytes)
     study = open_study(optuna.storages.InMemoryStorage(), f"autotune-{seed}", request, sampler_seed=seed)
+    if old_sampler:
+        study.sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=seed)
     if not with_seeds:
         for _ in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study.tell(study.ask(), state=TrialState.FAIL)  # pops a queued seed; FAIL informs no sampler
-    own_s = 0.0
+            popped = study.ask()
+            popped.set_user_attr("bench_popped", True)
+            study.tell(popped, state=TrialState.FAIL)  # pops a queued seed; FAIL informs no sampler
     best = 0.0
     winner: TrialConfig | None = None
-    screened = reused = asks = 0
-    while asks < max_asks and best < target:
-        started = time.perf_counter()
-        result = run_one_trial(study, request, SearchProgress(), run_trial=runner)
-        own_s += time.perf_counter() - started
-        asks += 1
+    trials_run = 0
+    started = time.perf_counter()
+    while len(study.get_trials(deepcopy=False)) < max_asks:
+        if budget is None and best >= target:
+            break
+        if budget is not None and (trials_run >= budget or stop_reason(study, request.space.size, patience)):
+            break
+        try:
+            result = run_one_trial(study, request, SearchProgress(), run_trial=runner)
+        except SearchFinished:
+            if stop_reason(study, request.space.size, None):
+                break  # the whole space is measured
+            continue  # the old sampler's repeats: the loop asked 50 times; ask on, up to max_asks
+        trials_run += 1
         trial = study.get_trials(deepcopy=False)[-1]
-        if "reused_from" in trial.user_attrs:
-            reused += 1
-        elif result.status == "screened":
-            screened += 1
         if result.status == "ok" and result.samples_per_s > best:
             best, winner = result.samples_per_s, TrialConfig.from_params(trial.params)
-    stats = RunStats(best >= target, runner.runs, asks, runner.cost_s + own_s, screened, reused, runner.pruned)
+    own_s = time.perf_counter() - started  # the lookups cost nothing: this is the search's own time
+    trials = [t for t in study.get_trials(deepcopy=False) if "bench_popped" not in t.user_attrs]
+    reused = sum("reused_from" in t.user_attrs for t in trials)
+    screened = sum(t.user_attrs.get("status") == "screened" and "reused_from" not in t.user_attrs for t in trials)
+    came_back = sum(came_back_counts(trials).values())
+    stats = RunStats(best >= target, runner.runs, len(trials), runner.cost_s + own_s, screened, reused, runner.pruned, came_back)
     return stats, winner
 
 
@@ -409,7 +547,31 @@ def summarize(stats: list[RunStats]) -> dict[str, float]:
         "screened_mean": statistics.fmean(s.screened for s in stats),
         "reused_mean": statistics.fmean(s.reused for s in stats),
         "pruned_mean": statistics.fmean(s.pruned for s in stats),
+        "came_back_mean": statistics.fmean(s.came_back for s in stats),
     }
+
+
+def patience_table(grid: Grid, request: SearchRequest, target: float, seeds: int, budget: int, max_asks: int) -> str:
+    """``autotune search --trials budget --patience K`` for several K, with and without the seed trials:
+    the runs each made and whether its best reached the target when it stopped."""
+    lines = [
+        f"Patience: `--trials {budget} --patience K` on this grid, {seeds} seeds; runs = configs trained until the search "
+        f"stopped (patience, budget or the end of the space); missed = seeds whose best was below the target then.",
+        "",
+        "| --patience | with seed trials: runs, median (max) | missed | without seed trials: runs, median (max) | missed |",
+        "|---|---|---|---|---|",
+    ]
+    for patience in PATIENCE_VALUES:
+        row = [str(patience) if patience else "off (today)"]
+        for with_seeds in (True, False):
+            stats = [
+                run_autotune(grid, request, seed, target, max_asks, with_seeds=with_seeds, patience=patience, budget=budget)[0]
+                for seed in range(seeds)
+            ]
+            runs = [s.runs for s in stats]
+            row += [f"{statistics.median(runs):g} ({max(runs)})", f"{sum(not s.reached for s in stats)}/{seeds}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(
@@ -428,31 +590,33 @@ def markdown(
         f"Command: `{command}`",
         "",
         f"Grid: {grid.meta['model']}, seq len {grid.meta['seq_len']}, {size} configs ({feasible} fit under the "
-        f"{format_bytes(ceiling)} ceiling of peak RSS), measured once each in {grid_wall / 60:.1f} min of trial wall time "
-        f"({load_text}). Oracle best: "
+        f"{format_bytes(ceiling)} ceiling of peak RSS), "
+        + (
+            f"modelled (modelled_grid, seed {grid.meta['modelled_seed']}: computed, not measured). "
+            if "modelled_seed" in grid.meta
+            else f"measured once each in {grid_wall / 60:.1f} min of trial wall time ({load_text}). "
+        )
+        + f"{sum(grid.fits(r, ceiling) and r.samples_per_s >= TARGET_FRACTION * best[1] for r in grid.results.values())} "
+        f"config(s) reach the target. Oracle best: "
         f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
         f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
         "",
-        "| strategy | reached target | runs to target, median (mean, max) | % of grid | wall to target, median | proposals (median) | screened / reused / pruned per search (mean) |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | reached target | runs to target, median (mean, max) | % of grid | vs random (median runs) | wall to target, median | proposals (median) | screened / reused / pruned / came back per search (mean) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    rand = summaries[RANDOM]
     for name, s in summaries.items():
         lines.append(
             f"| {name} | {int(s['reached'])}/{seeds} | {s['runs_median']:g} ({s['runs_mean']:.1f}, {s['runs_max']:g}) | "
-            f"{s['runs_median'] / size:.0%} | {s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
-            f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} |"
+            f"{s['runs_median'] / size:.0%} | {rand['runs_median'] / max(s['runs_median'], 1):.1f}x fewer | "
+            f"{s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
+            f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} / {s['came_back_mean']:.1f} |"
         )
-    auto, rand = summaries["autotune"], summaries["random (no repeats)"]
-    lines += [
-        "",
-        f"autotune needs {auto['runs_median'] / size:.0%} of the grid's runs (goal <= 15 %) and "
-        f"{rand['runs_median'] / max(auto['runs_median'], 1):.1f}x fewer than random (goal >= 2x), medians over seeds.",
-    ]
-    ablation = summaries.get("autotune without its seed trials (ablation)")
-    if ablation:
+    for name in (NEW, NEW_NO_SEEDS):
+        auto = summaries[name]
         lines.append(
-            f"Without its seed trials: {ablation['runs_median'] / size:.0%} of the grid, "
-            f"{rand['runs_median'] / max(ablation['runs_median'], 1):.1f}x fewer than random."
+            f"\n{name}: {auto['runs_median'] / size:.0%} of the grid's runs (goal <= 15 %), "
+            f"{rand['runs_median'] / max(auto['runs_median'], 1):.1f}x fewer than random (goal >= 2x), medians over seeds."
         )
     if sbs:
         lines += [
@@ -481,11 +645,21 @@ def main() -> None:
     parser.add_argument("--space", default=str(DEFAULT_SPACE))
     parser.add_argument("--ceiling", default="1.25GiB", help="memory ceiling (peak RSS of the trial's process tree)")
     parser.add_argument("--grid", default=str(DEFAULT_GRID), help="the cached grid (measured if missing or incomplete)")
+    parser.add_argument(
+        "--modelled", type=int, default=None, metavar="SEED",
+        help="replay on a computed landscape (modelled_grid, this seed) instead of a measured grid; no side by side",
+    )
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (0: skip the side-by-side)")
     parser.add_argument("--prune-ratio", type=float, default=0.5)
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
+    parser.add_argument(
+        "--landscapes", type=int, default=0, metavar="N",
+        help="only compare new and old search with random order on N reshuffled landscapes of the grid's space",
+    )
+    parser.add_argument("--effect-sigma", type=float, default=0.05, help="knob effects of the reshuffled landscapes")
+    parser.add_argument("--budget", type=int, default=20, help="--trials of the patience table (autotune search's default: 20)")
     parser.add_argument(
         "--remeasure-above-load", type=float, default=None,
         help="measure again the grid configs measured at a 1-minute load average above this (their own trial adds ~2)",
@@ -498,11 +672,15 @@ def main() -> None:
     space = load_space(options.space, device)
     ceiling = parse_ceiling(options.ceiling, device.total_memory_bytes)
     grid_path = Path(options.grid)
-    if grid_path.exists():
-        cached = Grid.load(grid_path)
-        if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
-            raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
-    grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
+    if options.modelled is not None:
+        grid = modelled_grid(model, device, space, options.seq_len, options.modelled)
+        options.rounds = 0
+    else:
+        if grid_path.exists():
+            cached = Grid.load(grid_path)
+            if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
+                raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
+        grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
     best_config, best_samples_per_s = grid.best(ceiling)
     target = TARGET_FRACTION * best_samples_per_s
     max_asks = options.max_asks or 3 * len(grid.results)
@@ -510,23 +688,33 @@ def main() -> None:
     print(f"oracle best: {best_config.short()} at {best_samples_per_s:.1f} samples/s; target {target:.1f}; {load}", flush=True)
 
     request = bench_request(grid, model, device, space, ceiling, options.prune_ratio)
+    if options.landscapes:
+        text = landscapes_table(grid, request, options.landscapes, options.effect_sigma, options.seeds, max_asks)
+        print(f"Command: `{command}`\n\n{text}")
+        if options.markdown:
+            Path(options.markdown).write_text(f"Command: `{command}`\n\n{text}")
+        return
     autotune_stats, winners = [], []
     for seed in range(options.seeds):
         stats, winner = run_autotune(grid, request, seed, target, max_asks)
         autotune_stats.append(stats)
         winners.append(winner)
         print(f"  autotune seed {seed}: {stats}", flush=True)
-    ablation_stats = [run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in range(options.seeds)]
-    tpe_stats = [run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in range(options.seeds)]
-    random_stats = [run_random(grid, ceiling, seed, target) for seed in range(options.seeds)]
+    seeds = range(options.seeds)
     summaries = {
-        "autotune": summarize(autotune_stats),
-        "autotune without its seed trials (ablation)": summarize(ablation_stats),
-        "plain Optuna TPE": summarize(tpe_stats),
-        "random (no repeats)": summarize(random_stats),
+        NEW: summarize(autotune_stats),
+        OLD: summarize([run_autotune(grid, request, seed, target, max_asks, old_sampler=True)[0] for seed in seeds]),
+        NEW_NO_SEEDS: summarize([run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in seeds]),
+        OLD_NO_SEEDS: summarize(
+            [run_autotune(grid, request, seed, target, max_asks, with_seeds=False, old_sampler=True)[0] for seed in seeds]
+        ),
+        "plain Optuna TPE": summarize([run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in seeds]),
+        RANDOM: summarize([run_random(grid, ceiling, seed, target) for seed in seeds]),
     }
     for name, summary in summaries.items():
         print(f"{name}: {summary}", flush=True)
+    patience_text = patience_table(grid, request, target, options.seeds, options.budget, max_asks)
+    print(patience_text, flush=True)
 
     # autotune's winner: what seed 0 had found when it stopped (the target reached, or its budget spent).
     winner = winners[0] or best_config
@@ -534,6 +722,7 @@ def main() -> None:
     if options.rounds > 0:
         sbs = side_by_side(model, device, options.seq_len, ceiling, winner, max(space.choices["micro_batch"]), options.rounds)
     text = markdown(grid, ceiling, (best_config, best_samples_per_s), summaries, options.seeds, sbs, winner, command, load)
+    text += "\n" + patience_text
     print(text)
     if options.markdown:
         Path(options.markdown).write_text(text)

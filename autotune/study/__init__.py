@@ -8,7 +8,7 @@ The CLI prepares a :class:`SearchRequest` (:func:`prepare_request`), opens the s
 writes trials; ranking, export, report and the dashboard read what it wrote.
 
 Modules, in the order a search meets them: ``_request`` (what to search), ``_setup`` (create or
-join a study), ``_seeds`` (its first trials), ``_loop`` (ask -> reuse | screen | run -> tell),
+join a study), ``_seeds`` (its first trials), ``_proposals`` (the sampler, when the search is done), ``_loop`` (ask -> reuse | screen | run -> tell),
 ``_screening`` (configs known not to fit), ``_liveness`` (heartbeats, dead workers' trials),
 ``_record`` (``tell`` and the memory constraint), ``_confirm`` (interleaved re-runs of the leaders).
 """
@@ -39,6 +39,7 @@ from autotune.study._request import (
     worker_devices,
 )
 from autotune.study._screening import calibration_from_trials, margin_for
+from autotune.study._proposals import SearchFinished, stop_reason
 from autotune.study._setup import check_identity, open_study
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "Confirmation",
     "PreparedSearch",
     "SearchBudget",
+    "SearchFinished",
     "SearchOptions",
     "SearchProgress",
     "SearchRequest",
@@ -66,6 +68,7 @@ __all__ = [
     "recover_orphans",
     "run_one_trial",
     "run_search",
+    "stop_reason",
     "tell",
     "worker_devices",
 ]

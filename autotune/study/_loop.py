@@ -18,7 +18,8 @@ scheduler of ours is involved. Before every ask a worker fails the trials of dea
 and Optuna's ``RetryHeartbeatStaleTrialCallback`` queues each once more as a WAITING trial, which
 the next ``study.ask`` of any worker pops and runs.
 
-The study-wide cap (``--max-total-trials``) counts trials that are COMPLETE, PRUNED or RUNNING.
+The study-wide cap (``--max-total-trials``) counts trials that are COMPLETE, PRUNED or RUNNING,
+except repeats of a measured config answered from the record (``reused_from``: not a trial).
 FAIL trials (crashes, timeouts, a dead worker's trial) do not count; the re-run of a dead worker's
 trial does. WAITING trials are a queue, not counted until a worker starts one. Within one process,
 checking the cap and asking happen under one lock, so threads never overshoot it; workers in
@@ -42,7 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
-from autotune.result import TrialResult, feasible_by_speed
+from autotune.result import TrialResult, feasible_by_speed, is_budget_trial
 from autotune.runner import TrialJob, run_isolated
 from autotune.storage import heartbeat_settings
 from autotune.study._liveness import (
@@ -51,13 +52,17 @@ from autotune.study._liveness import (
     mark_owner,
     recover_orphans,
 )
-from autotune.study._record import record_interrupted, tell_or_keep, trial_work_dir
+from autotune.study._proposals import SearchFinished, stop_reason
+from autotune.study._record import record_interrupted, tell, tell_or_keep, trial_work_dir
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest
 from autotune.study._screening import MeasuredTrial, screen
 
 # Crashes and timeouts may be transient (a noisy neighbour, a driver hiccup): one more try.
 MAX_ATTEMPTS = 2
 RETRIED_STATUSES = ("crash", "timeout")
+# Repeats of measured configs answered from the record before the search gives up asking (the
+# sampler proposes untaken configs while any are left: see ._proposals).
+MAX_REPEATS_IN_A_ROW = 50
 
 # The states that count against --max-total-trials.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
@@ -75,7 +80,7 @@ def cap_decision(trials: Sequence[FrozenTrial], max_total_trials: int, patience_
             died before its first heartbeat, or a run of an older version, leaves one for ever).
         now: The current time, as Optuna stamps ``datetime_start``.
     """
-    counted = [t for t in trials if t.state in COUNTED_STATES]
+    counted = [t for t in trials if t.state in COUNTED_STATES and is_budget_trial(t)]
     if len(counted) < max_total_trials:
         return START
     for trial in counted:
@@ -99,6 +104,7 @@ class _Pool:
     ask_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     count_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    patience: int | None = None
     run_trial: Callable[..., TrialResult] = run_isolated
     started: int = 0
     finished: int = 0
@@ -108,9 +114,12 @@ class _Pool:
         """Start trials on ``request.workload.device`` until the budget, the cap or a stop says no more."""
         while not self.stop.is_set():
             with self.ask_lock:
-                if not self._may_start():
+                if not self._may_start(request):
                     return
-                trial = ask_trial(self.study, request)
+                try:
+                    trial = ask_trial(self.study, request)
+                except SearchFinished:
+                    return
                 self.started += 1
             run_one_trial(self.study, request, progress, trial=trial, stop=self.stop, run_trial=self.run_trial)
             with self.count_lock:
@@ -127,12 +136,15 @@ class _Pool:
         finally:
             finished.set()
 
-    def _may_start(self) -> bool:
-        """This invocation's own budget first, then the study-wide cap (waiting while it says so)."""
+    def _may_start(self, request: SearchRequest) -> bool:
+        """This invocation's own budget first, then whether the search is done (the space measured,
+        ``--patience``), then the study-wide cap (waiting while it says so)."""
         while not self.stop.is_set():
             if self.n_trials is not None and self.started >= self.n_trials:
                 return False
             if self.deadline is not None and time.monotonic() >= self.deadline:
+                return False
+            if stop_reason(self.study, request.space.size, self.patience) is not None:
                 return False
             recover_orphans(self.study)  # before every ask: a dead worker's trial is queued again
             if self.max_total_trials is None:
@@ -153,7 +165,8 @@ def run_search(
     progress: SearchProgress | None = None,
     run_trial: Callable[..., TrialResult] = run_isolated,
 ) -> int:
-    """Run one worker per device of ``request.worker_devices`` on ``study`` until the budget says stop.
+    """Run one worker per device of ``request.worker_devices`` on ``study`` until the budget says stop
+    or the search is done (:func:`._proposals.stop_reason`: the space measured, ``--patience``).
 
     With one worker it runs in the calling thread, where Ctrl-C arrives; with several, each is a
     thread and the calling thread waits for them.
@@ -182,6 +195,7 @@ def run_search(
         # A live trial ends within its attempts' timeouts; a dead worker's is failed one grace later.
         patience_s=MAX_ATTEMPTS * request.trial_timeout_s + 2 * grace_s,
         poll_s=float(interval_s),
+        patience=budget.patience,
         run_trial=run_trial,
     )
     progress = progress or SearchProgress()
@@ -230,11 +244,24 @@ def _wait_for(events: Sequence[threading.Event]) -> None:
 def ask_trial(study: optuna.Study, request: SearchRequest) -> optuna.Trial:
     """Ask for the next config (a queued re-run comes first) and mark it as this worker's.
 
+    A proposal that repeats a measured config is not a trial of the user's budget: it is recorded
+    as a copy of the measured trial (``reused_from``: the dashboard and ``best --all`` show how
+    often the sampler came back) and the sampler is asked again.
+
     The first heartbeat is recorded at once (see :func:`._liveness.mark_owner`).
     """
-    trial = study.ask(request.space.distributions())
-    mark_owner(study, trial)
-    return trial
+    for _ in range(MAX_REPEATS_IN_A_ROW):
+        if (reason := stop_reason(study, request.space.size, None)) is not None:
+            raise SearchFinished(reason)
+        trial = study.ask(request.space.distributions())
+        mark_owner(study, trial)
+        repeat = _reuse_measured(study, trial)
+        if repeat is None:
+            return trial
+        tell(study, trial, repeat)
+    raise SearchFinished(
+        f"the sampler proposed only measured configs, {MAX_REPEATS_IN_A_ROW} times in a row; the rest of the space is running elsewhere"
+    )
 
 
 def run_one_trial(

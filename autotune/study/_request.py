@@ -118,11 +118,14 @@ class SearchBudget:
         trials: Trials this invocation starts at most, over all its workers (``None``: no limit).
         timeout_s: No trial starts after this many seconds.
         max_total_trials: The study-wide cap, over every worker of every process.
+        patience: Stop once this many trials in a row did not raise the best feasible model TFLOPs
+            by more than the measured noise (``None``: never).
     """
 
     trials: int | None = None
     timeout_s: float | None = None
     max_total_trials: int | None = None
+    patience: int | None = None
 
 
 @dataclasses.dataclass

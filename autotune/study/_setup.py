@@ -18,6 +18,7 @@ from optuna.storages import RDBStorage
 from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.study._liveness import worker_identity
+from autotune.study._proposals import make_sampler
 from autotune.study._request import SearchRequest
 from autotune.study._seeds import enqueue_seeds, requeue_failed_seeds, study_seeds
 from autotune.units import format_bytes
@@ -35,7 +36,7 @@ def open_study(
     Raises:
         AutotuneError: The study holds trials of another setup or space.
     """
-    sampler = optuna.samplers.TPESampler(multivariate=True, group=False, n_startup_trials=6, seed=sampler_seed)
+    sampler = make_sampler(request.space.distributions(), sampler_seed)
     # Workers on several machines may start together: exactly one creates the study (the others get
     # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
     try:

@@ -142,7 +142,7 @@ def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
 
     make, runs = loop
     ceiling = 200 * MiB  # below the CPU process baseline alone: nothing can fit
-    study, request = make(ceiling, [8, 16])
+    study, request = make(ceiling, [8, 16, 32])
     run_search(study, request, SearchBudget(trials=3))
     assert runs() == []  # no child was started
     trials = study.get_trials()
@@ -190,15 +190,20 @@ def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
     assert study.trials[1].system_attrs["constraints"][0] > 0
 
 
-def test_a_config_proposed_again_reuses_the_recorded_result(loop):
+def test_a_config_proposed_again_reuses_the_recorded_result_and_asks_again(loop):
     from autotune.study import SearchProgress, measured_trials, run_one_trial
+    from autotune.study._proposals import SearchFinished
 
     make, runs = loop
-    study, request = make(200 * MiB, [8], name="reuse")
+    study, request = make(200 * MiB, [8, 16], name="reuse")
     first = run_one_trial(study, request, SearchProgress())
     study.enqueue_trial({"micro_batch": 8, "pin_memory": False})
-    again = run_one_trial(study, request, SearchProgress())
-    assert again == first
-    assert study.trials[-1].user_attrs["reused_from"] == 0
+    # The repeat is recorded as a copy of trial 0, not as a trial: the sampler is asked again.
+    second = run_one_trial(study, request, SearchProgress())
+    repeat, new = study.trials[1], study.trials[2]
+    assert repeat.user_attrs["reused_from"] == 0 and TrialResult.from_trial(repeat) == first
+    assert new.params["micro_batch"] == 16 and TrialResult.from_trial(new) == second
     assert [t.number for t in measured_trials(study)] == []  # screened and reused: nothing measured
     assert runs() == []
+    with pytest.raises(SearchFinished, match="every config of the space"):
+        run_one_trial(study, request, SearchProgress())
