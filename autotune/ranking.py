@@ -10,6 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
+from autotune.numerics import diverged_from_reference, loss_reference
 from autotune.result import TrialResult
 
 # Study user attr holding the last confirmation (see autotune.confirm): {"trials": {"<number>": {...}}}.
@@ -115,7 +116,12 @@ def feasible_ranking(
         for t in trials
         if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
     ]
-    ranked = [r for r in ranked if r.result is not None and r.result.feasible]
+    # A trial told before the HF default finished was not judged against its loss: judged here.
+    reference = loss_reference(trials)
+    ranked = [
+        r for r in ranked
+        if r.result is not None and r.result.feasible and diverged_from_reference(r.result, reference) is None
+    ]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
     confirmed = sorted((r for r in ranked if r.confirmed), key=lambda r: -r.samples_per_s)
     unconfirmed = sorted((r for r in ranked if not r.confirmed), key=lambda r: -r.samples_per_s)

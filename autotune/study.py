@@ -30,6 +30,7 @@ from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.errors import AutotuneError
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
+from autotune.numerics import judge_against_default, loss_reference
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, USER_ATTR_KEY, TrialResult
 from autotune.runner import TrialJob, run_isolated
 from autotune.screening import MeasuredTrial, screen, screened_excess_gib
@@ -440,7 +441,9 @@ def run_one_trial(
         result = (
             _reuse_measured(study, trial)
             or _screen(study, trial, config, request)
-            or _run_with_retry(study, trial, config, request, stop, run_trial)
+            or judge_against_default(
+                _run_with_retry(study, trial, config, request, stop, run_trial), loss_reference(study.get_trials(deepcopy=False))
+            )
         )
         try:
             tell(study, trial, result)
@@ -646,7 +649,9 @@ def memory_constraint_gib(result: TrialResult) -> float:
 
     An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
     fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
-    ``best_trial`` and the dashboard all read feasibility from this number alone.
+    ``best_trial`` and the dashboard all read feasibility from this number alone. A ``diverged``
+    trial that fitted gets the same positive value: it is infeasible for numerics, not memory (this
+    one constraint is the only feasibility Optuna and the dashboard read).
     """
     if result.status == "screened":
         return screened_excess_gib(result) or UNKNOWN_EXCESS_GIB  # predicted or inferred, never measured
