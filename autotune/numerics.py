@@ -133,12 +133,22 @@ def nonfinite_reason(record: LossRecord, measured_steps: int) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class LossComparison:
-    """A trial's loss against the HF default's over the steps both measured.
+    """A trial's loss against the HF default's over the steps both ran, each relative to its step 1.
+
+    Every trial starts from the same weights (seed 0), so its step-1 loss (taken before any update)
+    is the same up to the batch drawn and the dtype, except for a constant factor the Trainer can
+    introduce: for a model that accepts ``**kwargs`` but does not normalise its loss by
+    ``num_items_in_batch`` (sequence classification, for one), transformers 5 does not divide the
+    micro-batch losses by the accumulation steps (``trainer.py``, ``training_step``), so a config
+    with accumulation 2 reports twice the loss, from step 1 on. Dividing each curve by its own
+    step-1 loss removes that factor; what remains is how the loss moved.
 
     Attributes:
-        steps: The shared global steps (both measured them, both losses finite), in order.
-        trial_losses: The trial's loss at those steps.
-        default_losses: The default's loss at those steps.
+        steps: The shared global steps (both ran them, both losses finite), in order.
+        trial_losses: The trial's loss at those steps (as the Trainer reports it).
+        default_losses: The default's.
+        trial_start: The trial's loss at step 1 (the scale it is judged relative to).
+        default_start: The default's.
         trial_end: Mean of the trial's last :data:`LOSS_END_WINDOW` shared losses.
         default_end: The same for the default.
     """
@@ -146,57 +156,65 @@ class LossComparison:
     steps: list[int]
     trial_losses: list[float]
     default_losses: list[float]
+    trial_start: float
+    default_start: float
     trial_end: float
     default_end: float
 
     @property
+    def end_steps(self) -> list[int]:
+        """The shared steps the end losses average."""
+        return self.steps[-LOSS_END_WINDOW:]
+
+    @property
     def relative_excess(self) -> float:
-        """How far the trial's end loss is above the default's, as a fraction of the default's."""
-        if self.default_end <= 0:
-            return 0.0 if self.trial_end <= self.default_end else math.inf
-        return (self.trial_end - self.default_end) / self.default_end
+        """How far the trial's end/start loss ratio is above the default's, as a fraction of it."""
+        default_ratio = self.default_end / self.default_start
+        if default_ratio <= 0:
+            return 0.0 if self.trial_end <= 0 else math.inf
+        return (self.trial_end / self.trial_start) / default_ratio - 1.0
 
     @property
     def agree(self) -> bool:
-        """Within :data:`LOSS_GROWTH_TOLERANCE` of the default (a lower loss always agrees)."""
+        """Within :data:`LOSS_GROWTH_TOLERANCE` of the default (a faster fall always agrees)."""
         return self.relative_excess <= LOSS_GROWTH_TOLERANCE
 
     def describe(self, trial_label: str, default_label: str) -> str:
-        """One sentence: the two end losses, the shared steps, and whether they agree."""
-        span = f"steps {self.steps[0]}-{self.steps[-1]}"
-        figures = (
-            f"{trial_label} {self.trial_end:.4g} vs {default_label} {self.default_end:.4g} "
-            f"(mean training loss over the last {min(LOSS_END_WINDOW, len(self.steps))} of the shared {span}, "
-            f"{self.relative_excess:+.1%})"
+        """One sentence: both losses at step 1 and at the end, how far apart, whether they agree."""
+        end = self.end_steps
+        verdict = "agree" if self.agree else "disagree"
+        limit = "within" if self.agree else "beyond"
+        return (
+            f"the losses {verdict}: {trial_label} {_loss_text(self.trial_start)} at step 1 -> {_loss_text(self.trial_end)}, "
+            f"{default_label} {_loss_text(self.default_start)} -> {_loss_text(self.default_end)} (mean training loss over "
+            f"steps {end[0]}-{end[-1]}); relative to each one's step-1 loss, {trial_label} ends "
+            f"{self.relative_excess:+.1%} from {default_label}, {limit} the +{LOSS_GROWTH_TOLERANCE:.0%} tolerance"
         )
-        if self.agree:
-            return f"the losses agree: {figures}, within the {LOSS_GROWTH_TOLERANCE:.0%} tolerance"
-        return f"the losses disagree: {figures}, beyond the {LOSS_GROWTH_TOLERANCE:.0%} tolerance"
 
 
-def measured_losses(curve: Sequence[float | None], measured_from: int) -> dict[int, float]:
-    """Finite losses of the measured steps, by global step."""
-    return {
-        step: value
-        for step, value in enumerate(curve, start=1)
-        if step >= measured_from and value is not None and math.isfinite(value)
-    }
+def finite_losses(curve: Sequence[float | None]) -> dict[int, float]:
+    """Finite losses by global step (warm-up included: a warm-up step trains like any other)."""
+    return {step: value for step, value in enumerate(curve, start=1) if value is not None and math.isfinite(value)}
 
 
-def compare_losses(
-    trial_curve: Sequence[float | None], trial_from: int, default_curve: Sequence[float | None], default_from: int
-) -> LossComparison | None:
-    """The trial against the default over the measured steps they share; ``None`` if too few."""
-    trial = measured_losses(trial_curve, trial_from)
-    default = measured_losses(default_curve, default_from)
+def compare_losses(trial_curve: Sequence[float | None], default_curve: Sequence[float | None]) -> LossComparison | None:
+    """The trial against the default over the steps they share.
+
+    ``None`` when they share fewer than :data:`MIN_SHARED_STEPS` finite steps, or a step-1 loss
+    is missing or not positive (nothing to scale by).
+    """
+    trial = finite_losses(trial_curve)
+    default = finite_losses(default_curve)
     steps = sorted(set(trial) & set(default))
-    if len(steps) < MIN_SHARED_STEPS:
+    if len(steps) < MIN_SHARED_STEPS or steps[0] != 1 or trial[1] <= 0 or default[1] <= 0:
         return None
     end = steps[-LOSS_END_WINDOW:]
     return LossComparison(
         steps=steps,
         trial_losses=[trial[s] for s in steps],
         default_losses=[default[s] for s in steps],
+        trial_start=trial[1],
+        default_start=default[1],
         trial_end=statistics.fmean(trial[s] for s in end),
         default_end=statistics.fmean(default[s] for s in end),
     )
@@ -206,10 +224,11 @@ def loss_grew_beyond(comparison: LossComparison | None) -> str | None:
     """The ``diverged`` reason when the trial's loss ends far above the default's; else ``None``."""
     if comparison is None or comparison.agree:
         return None
-    end = comparison.steps[-LOSS_END_WINDOW:]
+    end = comparison.end_steps
     return (
-        f"diverged: training loss {comparison.trial_end:.4g} vs the HF default's {comparison.default_end:.4g} "
-        f"(steps {end[0]}-{end[-1]}, {comparison.relative_excess:+.0%}; tolerance +{LOSS_GROWTH_TOLERANCE:.0%})"
+        f"diverged: training loss {_loss_text(comparison.trial_start)} at step 1 -> {_loss_text(comparison.trial_end)} at "
+        f"steps {end[0]}-{end[-1]}, the HF default's {_loss_text(comparison.default_start)} -> {_loss_text(comparison.default_end)} "
+        f"({comparison.relative_excess:+.0%} relative to step 1; tolerance +{LOSS_GROWTH_TOLERANCE:.0%})"
     )
 
 
@@ -246,7 +265,7 @@ def loss_reference(trials: Sequence[FrozenTrial]) -> TrialResult | None:
 
 def compare_with(result: TrialResult, reference: TrialResult) -> LossComparison | None:
     """``result``'s loss against ``reference``'s over the measured steps both have."""
-    return compare_losses(result.loss_curve, result.loss_measured_from, reference.loss_curve, reference.loss_measured_from)
+    return compare_losses(result.loss_curve, reference.loss_curve)
 
 
 def diverged_from_reference(result: TrialResult, reference: TrialResult | None) -> str | None:

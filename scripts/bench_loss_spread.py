@@ -75,16 +75,17 @@ def main() -> None:
           f"{default.loss_measured_from}, loss first {default.loss_first} last {default.loss_last}")
     cases = CASES + ([COMPILE_CASE] if options.compile else [])
     rows = []
-    print(f"{'config':32} {'status':9} {'shared steps':>12} {'end loss':>9} {'default':>9} {'excess':>8}  verdict (tolerance {LOSS_GROWTH_TOLERANCE:.0%})")
+    print(f"{'config':32} {'status':9} {'shared steps':>12} {'step 1':>7} {'end loss':>9} {'default':>9} {'excess':>8}  verdict (tolerance {LOSS_GROWTH_TOLERANCE:.0%})")
     for index, (label, knobs, base_args, healthy) in enumerate(cases):
         config = TrialConfig(**{**vars(default_config), **knobs})
         result = run(options.model, options.seq_len, config, base_args, f"{root}/case-{index}")
-        comparison = compare_losses(result.loss_curve, result.loss_measured_from, default.loss_curve, default.loss_measured_from)
+        comparison = compare_losses(result.loss_curve, default.loss_curve)
         excess = f"{comparison.relative_excess:+.1%}" if comparison else "-"
         flagged = result.status == "diverged" or (comparison is not None and not comparison.agree)
         verdict = ("diverged" if flagged else "agrees") + ("  (as expected)" if flagged != healthy else "  (UNEXPECTED)")
         print(
             f"{label:32} {result.status:9} {len(comparison.steps) if comparison else 0:>12} "
+            f"{comparison.trial_start if comparison else float('nan'):>7.4f} "
             f"{comparison.trial_end if comparison else float('nan'):>9.4f} {comparison.default_end if comparison else float('nan'):>9.4f} "
             f"{excess:>8}  {verdict}{'; ' + result.error.splitlines()[0][:110] if result.error else ''}"
         )

@@ -210,16 +210,18 @@ class RecordCollectorState(TrainerCallback):
 
 
 class PoisonWeightsAtStep(FaultAtStep):
-    """Training blows up: a NaN written into the model's weights at step ``at_step``, so that step's
-    loss is NaN and the optimizer spreads NaN through every weight, as a real divergence does."""
+    """Training blows up: a NaN written into the weights at step ``at_step`` (the first LayerNorm's,
+    which every token passes through), so that step's loss is NaN and the optimizer spreads NaN
+    through every weight, as a real divergence does."""
 
     at_step = 3
 
     def fire(self, args, kwargs) -> None:  # noqa: ANN001
         import torch
 
+        norm = next(m for m in kwargs["model"].modules() if isinstance(m, torch.nn.LayerNorm))
         with torch.no_grad():
-            next(kwargs["model"].parameters()).view(-1)[0] = float("nan")
+            norm.weight[0] = float("nan")
 
 
 class HugeLearningRateUnlessMicroBatch8(TrainerCallback):
