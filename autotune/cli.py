@@ -218,7 +218,7 @@ def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
 
 def _print_winner_loss(study) -> None:  # noqa: ANN001 - an optuna.Study
     """Whether the winner trains as the HF default does: their losses over the same steps, in words."""
-    from autotune.numerics import winner_loss
+    from autotune.numerics import diverged_trials, winner_loss
     from autotune.ranking import study_ranking
 
     ranking = study_ranking(study)
@@ -229,6 +229,13 @@ def _print_winner_loss(study) -> None:  # noqa: ANN001 - an optuna.Study
     curve = loss.curve_text()
     if curve is not None:
         console.print(curve, markup=False, highlight=False, soft_wrap=True)
+    faster = [(n, r) for n, r in diverged_trials(study.get_trials(deepcopy=False)) if r.samples_per_s > ranking[0].samples_per_s]
+    for number, result in faster:
+        console.print(
+            f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
+            f"({result.error or 'loss far above the HF default'})",
+            markup=False, highlight=False, soft_wrap=True,
+        )
 
 
 def _confirm(study, request, top_k: int, repeats: int) -> None:  # noqa: ANN001 - optuna.Study, SearchRequest

@@ -352,3 +352,16 @@ def winner_loss(trials: Sequence[FrozenTrial], winner_trial: int, winner: TrialR
     default_trial, default = found
     usable = default.status in _REFERENCE_STATUSES and default_trial != winner_trial
     return WinnerLoss(winner_trial, winner, default_trial, default, compare_with(winner, default) if usable else None)
+
+
+def diverged_trials(trials: Sequence[FrozenTrial]) -> list[tuple[int, TrialResult]]:
+    """Trials that ran but do not train (``diverged``, or judged so by the ranking), fastest first."""
+    reference = loss_reference(trials)
+    found = []
+    for trial in trials:
+        result = TrialResult.from_trial(trial) if trial.state.is_finished() else None
+        if result is None or "reused_from" in trial.user_attrs:
+            continue
+        if result.status == "diverged" or (result.status == "ok" and diverged_from_reference(result, reference)):
+            found.append((trial.number, result))
+    return sorted(found, key=lambda item: -item[1].samples_per_s)
