@@ -189,6 +189,7 @@ def search(
     save_study_note(study)  # the dashboard's study note: ranked top configs, the winner's export
     _print_ranking(study, top=5)
     _print_speedup(study)
+    _print_winner_loss(study)
     if interrupted:
         raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
 
@@ -219,6 +220,28 @@ def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
         f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
         f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
     )
+
+
+def _print_winner_loss(study) -> None:  # noqa: ANN001 - an optuna.Study
+    """Whether the winner trains as the HF default does: their losses over the same steps, in words."""
+    from autotune.numerics import diverged_trials, winner_loss
+    from autotune.ranking import study_ranking
+
+    ranking = study_ranking(study)
+    if not ranking or ranking[0].result is None:
+        return
+    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result)
+    console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
+    curve = loss.curve_text()
+    if curve is not None:
+        console.print(curve, markup=False, highlight=False, soft_wrap=True)
+    faster = [(n, r) for n, r in diverged_trials(study.get_trials(deepcopy=False)) if r.samples_per_s > ranking[0].samples_per_s]
+    for number, result in faster:
+        console.print(
+            f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
+            f"({result.error or 'loss far above the HF default'})",
+            markup=False, highlight=False, soft_wrap=True,
+        )
 
 
 def _confirm(study, request, top_k: int, repeats: int) -> bool:  # noqa: ANN001 - optuna.Study, SearchRequest

@@ -227,7 +227,8 @@ def study_note(study: optuna.Study) -> str:
         "",
         "Infeasible trials (ran out of memory, went over the ceiling, or were screened as not fitting) have value 0 "
         "and a memory constraint (peak − ceiling, GiB) above 0: the dashboard marks them infeasible, and its best "
-        "trial is always a feasible one.",
+        "trial is always a feasible one. Diverged trials (ran, but their loss went non-finite or far above the HF "
+        "default's) are recorded the same way, with the constraint at 1.0 where their memory fitted.",
         "",
         f"Trials: {len(trials)} ({', '.join(f'{status} {count}' for status, count in sorted(statuses.items())) or 'none yet'}).",
         "",

@@ -28,7 +28,7 @@ from autotune.units import format_bytes
 
 STATUS_STYLE = {
     "ok": "green", "over_ceiling": "yellow", "oom": "red", "screened": "magenta", "pruned": "cyan",
-    "timeout": "red", "crash": "red", "error": "red", "interrupted": "yellow",
+    "diverged": "red", "timeout": "red", "crash": "red", "error": "red", "interrupted": "yellow",
 }
 
 LEGEND = (
@@ -102,6 +102,8 @@ def trial_cells(
     mfu = utilisation_cell(result.mfu, result.mfu_measured)
     hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
     notes = [result.error] if result.error else []
+    if result.skipped_measured_steps:
+        notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
     if confirmation:

@@ -130,6 +130,7 @@ class StepTimer(TrainerCallback):
         self._last_step_end: float | None = None
         self.warmup_times: list[float] = []
         self.step_times: list[float] = []
+        self.measured_step_numbers: list[int] = []  # the Trainer's global step of each measured step
         self.stopped_early = False
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
@@ -150,6 +151,7 @@ class StepTimer(TrainerCallback):
             self.warmup_times.append(elapsed)
             return control
         self.step_times.append(elapsed)
+        self.measured_step_numbers.append(state.global_step)
         if self._done():
             control.should_training_stop = True
         elif self._on_measured_step is not None and self._on_measured_step(self):

@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
+from autotune.numerics import diverged_from_reference, loss_reference
 from autotune.result import TrialResult, came_back_counts, feasible_by_speed, is_budget_trial, params_key
 from autotune.units import format_bytes
 
@@ -108,7 +109,13 @@ def feasible_ranking(
             ranks by search-time figures only.
     """
     confirmations = confirmations or {}
-    ranked = [to_ranked(trial, confirmations.get(trial.number)) for trial, _ in feasible_by_speed(trials)]
+    # A trial told before the HF default finished was not judged against its loss: judged here.
+    reference = loss_reference(trials)
+    ranked = [
+        to_ranked(trial, confirmations.get(trial.number))
+        for trial, result in feasible_by_speed(trials)
+        if diverged_from_reference(result, reference) is None
+    ]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
     confirmed = sorted((r for r in ranked if r.confirmed), key=lambda r: -r.samples_per_s)
     unconfirmed = sorted((r for r in ranked if not r.confirmed), key=lambda r: -r.samples_per_s)

@@ -27,6 +27,7 @@ from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.export import render, winner_arguments
 from autotune.files import write_output
+from autotune.numerics import winner_loss
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
@@ -45,6 +46,7 @@ STATUS_COLORS = {
     "oom": "#d62728",
     "screened": "#9467bd",
     "pruned": "#17becf",
+    "diverged": "#000000",
     "timeout": "#8c564b",
     "crash": "#7f0000",
     "error": "#e377c2",
@@ -58,6 +60,7 @@ STATUS_MEANING = {
     "oom": "ran out of memory",
     "screened": "predicted not to fit; not run",
     "pruned": "stopped early: clearly slower than the best",
+    "diverged": "ran, but does not train: loss non-finite or far above the HF default's",
     "timeout": "killed at the trial timeout",
     "crash": "the child process crashed",
     "error": "failed with an error",
@@ -349,6 +352,29 @@ def ranking_table_figure(ranking: list[RankedTrial]) -> go.Figure:
     return figure
 
 
+def loss_figure(trials: list[FrozenTrial], ranking: list[RankedTrial]) -> tuple[str, go.Figure]:
+    """The winner's training loss beside the HF default's, step by step, and whether they agree."""
+    title = "Training loss: the winner beside the HF default"
+    if not ranking or ranking[0].result is None:
+        return "No winner yet: no loss to compare.", _empty_figure(title, "no configuration fits under the ceiling yet")
+    loss = winner_loss(trials, ranking[0].number, ranking[0].result)
+    figure = go.Figure()
+    curves = [(f"winner #{loss.winner_trial}", loss.winner, "#2ca02c")]
+    if loss.default is not None and loss.default_trial != loss.winner_trial:
+        curves.append((f"HF default #{loss.default_trial}", loss.default, "#1f77b4"))
+    for name, result, colour in curves:
+        steps = list(range(1, len(result.loss_curve) + 1))
+        figure.add_trace(
+            go.Scatter(x=steps, y=result.loss_curve, mode="lines+markers", name=name, line={"color": colour}, marker={"size": 4})
+        )
+    measured_from = max(result.loss_measured_from for _, result, _ in curves)
+    if measured_from > 1:
+        figure.add_vrect(x0=0.5, x1=measured_from - 0.5, fillcolor="#cccccc", opacity=0.3, line_width=0,
+                         annotation_text="warm-up (not measured)", annotation_position="top left")
+    figure.update_layout(title=title, xaxis={"title": "optimizer step"}, yaxis={"title": "training loss"}, height=420)
+    return loss.describe() + ".", figure
+
+
 def _empty_figure(title: str, reason: str) -> go.Figure:
     figure = go.Figure()
     figure.add_annotation(text=reason, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 15})
@@ -383,6 +409,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
         ("When each trial ran and how it ended: OOMs, over-ceiling, failures and timeouts stand out by colour.", timeline_figure(rows)),
         ("Only configs that ran and fit under the ceiling are ranked; confirmed figures are re-measured medians.",
          ranking_table_figure(ranking)),
+        loss_figure(trials, ranking),
     ]
     return figures
 

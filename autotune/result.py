@@ -13,11 +13,14 @@ from autotune import schema
 # ok: ran and fits under the ceiling. over_ceiling: ran, but its peak memory exceeds the ceiling.
 # oom: the allocator failed (a property of the config, not a crash). screened: predicted not to fit,
 # not run. pruned: stopped early, clearly slower than the best. timeout / crash / error: failures
-# that say nothing about the config's memory. interrupted: the user stopped the search.
-STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "timeout", "crash", "error", "interrupted")
+# that say nothing about the config's memory. interrupted: the user stopped the search. diverged: ran,
+# but does not train: a non-finite loss or weights, every measured step skipped by the grad scaler,
+# or a loss far above the HF default's over the same steps (autotune.numerics).
+STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "crash", "error", "interrupted")
 FEASIBLE_STATUSES = ("ok",)
-# Statuses recorded as COMPLETE trials with a violated memory constraint: the sampler learns from them.
-INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened")
+# Statuses recorded as COMPLETE trials with value 0 and a violated constraint: the sampler learns
+# to avoid them. A diverged trial's constraint is not a memory figure (see study._record.memory_constraint_gib).
+INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened", "diverged")
 FAILED_STATUSES = ("timeout", "crash", "error", "interrupted")
 
 
@@ -61,10 +64,35 @@ class TrialResult:
     wall_s: float = 0.0  # the whole trial as the orchestrator saw it
     attempts: int = 1
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Training numerics (autotune.numerics): the loss of every optimizer step from global step 1
+    # (warm-up included; None where not finite), the first measured step, the non-finite losses as
+    # [step, "nan"|"inf"|"-inf"], the steps the fp16 grad scaler skipped (their samples are not
+    # counted in samples/s), and whether the weights were finite after training (None: not checked).
+    loss_curve: list[float | None] = dataclasses.field(default_factory=list)
+    loss_measured_from: int = 0
+    loss_nonfinite: list[list[Any]] = dataclasses.field(default_factory=list)
+    skipped_steps: list[int] = dataclasses.field(default_factory=list)
+    skipped_measured_steps: int = 0
+    weights_finite: bool | None = None
 
     @property
     def feasible(self) -> bool:
         return self.status in FEASIBLE_STATUSES
+
+    @property
+    def measured_losses(self) -> list[float | None]:
+        """The loss of each measured step (warm-up left out), ``None`` where it was not finite."""
+        return self.loss_curve[max(self.loss_measured_from - 1, 0) :] if self.loss_measured_from else []
+
+    @property
+    def loss_first(self) -> float | None:
+        """The first measured step's loss (``None``: not recorded or not finite)."""
+        return self.measured_losses[0] if self.measured_losses else None
+
+    @property
+    def loss_last(self) -> float | None:
+        """The last measured step's loss (``None``: not recorded or not finite)."""
+        return self.measured_losses[-1] if self.measured_losses else None
 
     @property
     def memory_excess_bytes(self) -> int:

@@ -38,9 +38,11 @@ class ScriptedCompileClock:
 def drive(timer: StepTimer, steps: int) -> int:
     """Call the timer as the Trainer does for ``steps`` optimizer steps; return the steps run."""
     control = TrainerControl()
+    state = TrainerState()
     for step in range(steps):
-        timer.on_step_begin(None, None, control)
-        control = timer.on_step_end(None, None, control)
+        timer.on_step_begin(None, state, control)
+        state.global_step += 1  # the Trainer counts the step before on_step_end
+        control = timer.on_step_end(None, state, control)
         if control.should_training_stop:
             return step + 1
     return steps
@@ -99,6 +101,7 @@ def test_a_step_that_compiled_is_warmup_not_steady_state():
     assert stats.measured_steps == 5
     assert ran == 7
     assert stats.compile_s == 2.0
+    assert timer.measured_step_numbers == [2, 3, 5, 6, 7]  # the Trainer's step numbers, warm-up and step 4 left out
 
 
 def test_dynamo_compile_clock_advances_on_a_real_compile():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import os
 import re
 import shutil
@@ -20,8 +21,9 @@ needs_chromium = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
     reason="Debian's chromium and chromium-driver are not installed (apt-get install -y chromium chromium-driver)",
 )
-# speed vs memory, history, importance (speed), importance (memory), knob effects, timeline, ranked table
-FIGURES = 7
+# speed vs memory, history, importance (speed), importance (memory), knob effects, timeline, ranked
+# table, the winner's loss beside the HF default's
+FIGURES = 8
 RENDER_TIMEOUT_S = 60
 
 
@@ -49,6 +51,22 @@ def test_report_is_one_self_contained_page(report_file):
     assert re.findall(r"<script[^>]*\bsrc\s*=", page) == [] and "<link" not in page
     assert "Plotly.newPlot" in page
     assert "model TFLOPs" in page and "samples/s" in page and "ceiling" in page
+
+
+@pytest.mark.slow
+def test_report_shows_the_winners_loss_beside_the_defaults_and_says_whether_they_agree(report_file, searched_study):
+    from autotune.numerics import winner_loss
+    from autotune.ranking import study_ranking
+    from autotune.study import load_study
+
+    study = load_study(searched_study.storage, searched_study.study_name)
+    best = study_ranking(study)[0]
+    loss = winner_loss(study.get_trials(), best.number, best.result)
+    page = report_file.read_text()
+    assert "Training loss: the winner beside the HF default" in page
+    assert html.escape(loss.describe()) in page
+    if loss.comparison is not None:
+        assert "the losses agree" in loss.describe()
 
 
 def start_chromium():

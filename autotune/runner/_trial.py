@@ -23,11 +23,13 @@ from autotune.flops import (
 )
 from autotune.measure import StepTimer
 from autotune.models import build_model
+from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.result import TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import limit_address_space
 from autotune.runner._memory import memory_probe
+from autotune.runner._numerics import LossRecorder, weights_are_finite
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -95,21 +97,29 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         model_build_s = time.perf_counter() - build_started
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
-        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job))
+        # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
+        # this step was skipped; its scalar read waits for work the timer's synchronize waits for anyway.
+        recorder = LossRecorder()
+        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder))
         trainer = Trainer(
             model=model,
             args=args,
             train_dataset=build_dataset(job),
-            callbacks=[timer, *(load_callback(name)() for name in workload.callbacks)],
+            callbacks=[recorder, timer, *(load_callback(name)() for name in workload.callbacks)],
         )
+        recorder.attach(trainer)
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
+        weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
     finally:
         probe.stop()
     stats = timer.stats()
     if stats.measured_steps == 0:
         raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
-    samples_per_s = job.config.global_batch / stats.median_s
+    record = loss_record(recorder.losses, recorder.skipped_steps, timer.measured_step_numbers, weights_finite)
+    diverged = nonfinite_reason(record, stats.measured_steps)
+    # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
+    samples_per_s = job.config.global_batch * trained_fraction(stats.measured_steps, record.skipped_measured) / stats.median_s
     model_tflops = samples_per_s * model_flops_per_sample(workload.model, workload.seq_len) / 1e12
     hardware_tflops = (
         samples_per_s * hardware_flops_per_sample(workload.model, workload.seq_len, job.config.checkpointing) / 1e12
@@ -117,7 +127,8 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     peak_dtype = workload.peak_dtype(job.config)
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
     return TrialResult(
-        status="pruned" if timer.stopped_early else "ok",
+        status="diverged" if diverged else "pruned" if timer.stopped_early else "ok",
+        error=diverged or "",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,
         model_tflops=model_tflops,
@@ -143,10 +154,16 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         memory_peaks=peaks,
         ceiling_bytes=workload.ceiling_bytes,
         versions=versions(workload.device),
+        loss_curve=record.curve,
+        loss_measured_from=record.measured_from,
+        loss_nonfinite=record.nonfinite,
+        skipped_steps=record.skipped_steps,
+        skipped_measured_steps=record.skipped_measured,
+        weights_finite=record.weights_finite,
     )
 
 
-def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
+def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns StepTimer's callback type
     threshold = job.prune_below_samples_per_s
     if threshold is None:
         return None
@@ -158,7 +175,9 @@ def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
         judged_after = min(timer.settings.prune_after_steps, timer.settings.min_steps)
         if len(timer.step_times) < judged_after:
             return False
-        return job.config.global_batch / timer.stats().median_s < threshold
+        skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
+        trained = trained_fraction(len(timer.step_times), skipped)
+        return job.config.global_batch * trained / timer.stats().median_s < threshold
 
     return clearly_slower
 

@@ -43,6 +43,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
+from autotune.numerics import judge_against_default, loss_reference
 from autotune.result import TrialResult, feasible_by_speed, is_budget_trial
 from autotune.runner import TrialJob, run_isolated
 from autotune.storage import heartbeat_settings
@@ -290,7 +291,9 @@ def run_one_trial(
         result = (
             _reuse_measured(study, trial)
             or _screen(study, trial, config, request)
-            or _run_with_retry(study, trial, config, request, stop, run_trial)
+            or judge_against_default(
+                _run_with_retry(study, trial, config, request, stop, run_trial), loss_reference(study.get_trials(deepcopy=False))
+            )
         )
         try:
             tell_or_keep(study, trial, result, request.work_root)

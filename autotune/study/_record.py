@@ -33,7 +33,9 @@ def memory_constraint_gib(result: TrialResult) -> float:
 
     An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
     fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
-    ``best_trial`` and the dashboard all read feasibility from this number alone.
+    ``best_trial`` and the dashboard all read feasibility from this number alone. A ``diverged``
+    trial that fitted gets the same positive value: it is infeasible for numerics, not memory (this
+    one constraint is the only feasibility Optuna and the dashboard read).
     """
     if result.status == "screened":
         return screened_excess_gib(result) or UNKNOWN_EXCESS_GIB  # predicted or inferred, never measured

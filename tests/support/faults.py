@@ -233,3 +233,72 @@ class FillDiskAtTrainEnd(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
         fill_file_system(os.environ["AUTOTUNE_FAULT_FILL_DIR"])
         return control
+
+
+class PoisonWeightsAtStep(FaultAtStep):
+    """Training blows up: a NaN written into the weights at step ``at_step`` (the first LayerNorm's,
+    which every token passes through), so that step's loss is NaN and the optimizer spreads NaN
+    through every weight, as a real divergence does."""
+
+    at_step = 3
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        import torch
+
+        norm = next(m for m in kwargs["model"].modules() if isinstance(m, torch.nn.LayerNorm))
+        with torch.no_grad():
+            norm.weight[0] = float("nan")
+
+
+class HugeLearningRateUnlessMicroBatch8(TrainerCallback):
+    """A config whose training runs away: every trial except those at micro-batch 8 (the HF default's)
+    trains with its learning rate raised 10^6-fold (the scheduler's base rates and the optimizer's
+    groups), so the loss grows far above the default's over the same steps."""
+
+    factor = 1e6
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if args.per_device_train_batch_size == 8:
+            return control
+        scheduler, optimizer = kwargs["lr_scheduler"], kwargs["optimizer"]
+        scheduler.base_lrs = [lr * self.factor for lr in scheduler.base_lrs]
+        for group in optimizer.param_groups:
+            group["lr"] *= self.factor
+        return control
+
+
+class CpuGradScalerOverflow(TrainerCallback):
+    """What fp16 on a GPU does, on the CPU: a real ``torch.amp.GradScaler("cpu")`` is installed in the
+    Trainer's ``AcceleratedOptimizer`` the way accelerate installs a CUDA one for fp16 (accelerate
+    ``optimizer.py``, ``AcceleratedOptimizer.__init__``; it creates none on the CPU), and an inf is
+    written into a gradient before the optimizer steps listed in ``overflow_steps`` (``None``: every
+    step). The real scaler finds it and skips those steps; accelerate marks them ``step_was_skipped``.
+    """
+
+    overflow_steps: tuple[int, ...] | None = (5, 6)
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        import torch
+        from accelerate.optimizer import patch_optimizer_step
+
+        optimizer = kwargs["optimizer"]
+        scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=10**6)
+        scaler.scale(torch.ones(()))  # the scaler creates its scale tensor on first use
+        optimizer.scaler = scaler
+        optimizer._accelerate_step_called = False
+        optimizer._optimizer_original_step_method = optimizer.optimizer.step
+        optimizer._optimizer_patched_step_method = patch_optimizer_step(optimizer, optimizer.optimizer.step)
+        return control
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):  # noqa: ANN001
+        step = state.global_step + 1
+        if self.overflow_steps is None or step in self.overflow_steps:
+            grads = [p.grad for p in kwargs["model"].parameters() if p.grad is not None]
+            grads[0].view(-1)[0] = float("inf")
+        return control
+
+
+class CpuGradScalerOverflowEveryStep(CpuGradScalerOverflow):
+    """:class:`CpuGradScalerOverflow` with every optimizer step overflowing: nothing ever trains."""
+
+    overflow_steps = None

@@ -1,0 +1,230 @@
+"""A fast config that does not train is not a winner: real trials record their loss, the steps a real
+grad scaler skipped, and real divergences (tests/faults.py) end as ``diverged``, never ranked or exported."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.measure import MeasureSettings
+from autotune.numerics import (
+    LOSS_GROWTH_TOLERANCE,
+    compare_losses,
+    loss_grew_beyond,
+    winner_loss,
+)
+from autotune.result import TrialResult
+from autotune.runner import TrialJob, Workload, run_isolated
+
+pytestmark = pytest.mark.slow
+
+GiB = 1024**3
+# Eight measured steps after one warm-up step, whatever the step-time CV (a target of 0 is never met).
+EIGHT_STEPS = MeasureSettings(warmup_steps=1, min_steps=8, max_steps=8, max_seconds=60.0, cv_target=0.0)
+# Five steps (one warm-up) whatever the machine's load.
+FIVE_STEPS = MeasureSettings(warmup_steps=1, min_steps=4, max_steps=4, max_seconds=60.0, cv_target=0.0)
+
+
+def trial_job(tmp_path, bert_tiny, cpu, measure, *faults: str, base_args: dict | None = None) -> TrialJob:
+    return TrialJob(
+        workload=Workload(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=32,
+            ceiling_bytes=8 * GiB,
+            measure=measure,
+            base_args=base_args or {},
+            callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
+        ),
+        config=TrialConfig(micro_batch=8, pin_memory=False),
+        work_dir=str(tmp_path / "trial"),
+    )
+
+
+def plain_trainer_losses(job: TrialJob, steps: int) -> list[float]:
+    """The loss a plain Trainer logs at every step, for the same arguments, seed, model and data."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.config import training_arguments_kwargs
+    from autotune.models import build_model
+    from autotune.runner._trial import build_dataset, harness_arguments
+
+    torch.manual_seed(0)
+    model = build_model(job.model.config, job.model.task, job.config.attn_implementation)
+    harness = {**harness_arguments(job), "max_steps": steps, "logging_strategy": "steps", "logging_steps": 1}
+    args = TrainingArguments(**{**training_arguments_kwargs(job.config, "cpu", job.base_args), **harness})
+    trainer = Trainer(model=model, args=args, train_dataset=build_dataset(job))
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path, bert_tiny, cpu):
+    job = trial_job(tmp_path, bert_tiny, cpu, EIGHT_STEPS)
+    result = run_isolated(job, timeout_s=300)
+    assert result.status == "ok", result.error
+    assert len(result.loss_curve) == 9 and result.loss_measured_from == 2  # one warm-up step, eight measured
+    assert result.loss_nonfinite == [] and result.weights_finite is True and result.skipped_steps == []
+    assert result.loss_first == result.loss_curve[1] and result.loss_last == result.loss_curve[-1]
+    logged = plain_trainer_losses(job, steps=9)
+    assert result.loss_curve == pytest.approx(logged, rel=1e-3)
+
+
+def test_a_nan_in_the_weights_is_diverged_though_the_trainer_filters_the_nan_loss(tmp_path, bert_tiny, cpu, fast_measure):
+    # logging_nan_inf_filter (on by default) replaces a NaN loss in the Trainer's running loss: the
+    # weights, checked after training, still show it.
+    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, fast_measure, "PoisonWeightsAtStep"), timeout_s=300)
+    assert result.status == "diverged"
+    assert result.error.startswith("diverged: the weights hold inf/NaN after training")
+    assert result.weights_finite is False
+    assert result.samples_per_s > 0  # it was measured: a diverged trial keeps its figures, unranked
+
+
+def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, bert_tiny, cpu, fast_measure):
+    job = trial_job(tmp_path, bert_tiny, cpu, fast_measure, "PoisonWeightsAtStep", base_args={"logging_nan_inf_filter": False})
+    result = run_isolated(job, timeout_s=300)
+    assert result.status == "diverged"
+    assert result.loss_nonfinite[0] == [3, "nan"]  # PoisonWeightsAtStep fires at step 3
+    assert all(math.isfinite(v) for v in result.loss_curve[:2]) and result.loss_curve[2] is None
+    assert result.error.startswith("diverged: training loss nan at step 3")
+
+
+def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path, bert_tiny, cpu):
+    # A real torch.amp.GradScaler finds the injected inf at steps 5 and 6 and skips them (tests/faults.py).
+    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, EIGHT_STEPS, "CpuGradScalerOverflow"), timeout_s=300)
+    assert result.status == "ok", result.error
+    assert result.skipped_steps == [5, 6] and result.skipped_measured_steps == 2 and result.measured_steps == 8
+    # 6 of the 8 measured steps trained on their 8 samples.
+    assert result.samples_per_s == pytest.approx(8 * 6 / 8 / result.step_time_median_s)
+
+
+def test_a_scaler_that_skips_every_step_is_diverged(tmp_path, bert_tiny, cpu, fast_measure):
+    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, fast_measure, "CpuGradScalerOverflowEveryStep"), timeout_s=300)
+    assert result.status == "diverged"
+    assert result.error == f"diverged: the fp16 grad scaler skipped all {result.measured_steps} measured optimizer steps (nothing trained)"
+    assert result.samples_per_s == 0.0
+
+
+def test_the_tolerance_flags_growth_beyond_the_default_and_never_a_faster_fall():
+    default = [0.70] * 10
+    within = [0.70] + [0.70 * (1 + LOSS_GROWTH_TOLERANCE - 0.01)] * 9
+    beyond = [0.70] + [0.70 * (1 + LOSS_GROWTH_TOLERANCE + 0.01)] * 9
+    lower = [0.70] + [0.10] * 9
+    assert loss_grew_beyond(compare_losses(within, default)) is None
+    assert loss_grew_beyond(compare_losses(lower, default)) is None
+    reason = loss_grew_beyond(compare_losses(beyond, default))
+    assert reason is not None
+    assert reason.startswith("diverged: training loss 0.7 at step 1 -> 0.882 at steps 6-10, the HF default's 0.7 -> 0.7 (+26%")
+    # A loss the Trainer reports doubled from step 1 on (accumulation 2 of a model that ignores
+    # num_items_in_batch) moves as the default's: it agrees.
+    assert compare_losses([1.40] * 10, default).agree
+    # Steps are matched by number, non-finite ones left out.
+    comparison = compare_losses([0.70, None, 0.70, 0.69], default)
+    assert comparison is not None and comparison.steps == [1, 3, 4] and comparison.agree
+    assert compare_losses(default[:2], default) is None  # too few shared steps to compare
+
+
+@pytest.fixture
+def runaway_study(tmp_path, sqlite_url, bert_tiny, cpu):
+    """A study of two configs: the HF default's micro-batch 8 trains normally; micro-batch 16 trains
+    with its learning rate raised 10^6-fold (tests/faults.py HugeLearningRateUnlessMicroBatch8)."""
+    from autotune.space import SearchSpace
+    from autotune.storage import open_storage
+    from autotune.study import SearchRequest, open_study
+
+    request = SearchRequest(
+        workload=Workload(
+            model=bert_tiny,
+            device=cpu,
+            seq_len=32,
+            ceiling_bytes=8 * GiB,
+            measure=FIVE_STEPS,
+            callbacks=("tests.support.faults:HugeLearningRateUnlessMicroBatch8",),
+        ),
+        space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
+        work_root=str(tmp_path / "runs"),
+        screen=False,
+        prune_ratio=0.0,
+    )
+    return open_study(open_storage(sqlite_url), "runaway", request), request
+
+
+def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_study, tmp_path):
+    from autotune.export import export_winner
+    from autotune.ranking import study_ranking
+    from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
+    from autotune.schema import TRIAL_SEED as SEED_ATTR
+    from autotune.study import SearchProgress, run_one_trial
+
+    study, request = runaway_study
+    for _ in range(2):
+        run_one_trial(study, request, SearchProgress())
+    default, runaway = study.get_trials()
+    assert default.user_attrs[SEED_ATTR] == HF_DEFAULT and default.params["micro_batch"] == 8
+    assert TrialResult.from_trial(default).status == "ok"
+    result = TrialResult.from_trial(runaway)
+    assert runaway.params["micro_batch"] == 16
+    assert result.status == "diverged" and result.error.startswith("diverged: "), result.error
+    # Recorded like an infeasible config: COMPLETE, value 0, a violated constraint; the sampler avoids it.
+    assert runaway.state == TrialState.COMPLETE and runaway.value == 0.0 and runaway.system_attrs["constraints"][0] > 0
+    assert [r.number for r in study_ranking(study)] == [default.number]
+    assert export_winner(study, "json", str(tmp_path / "best.json")).number == default.number
+    assert study.best_trial.number == default.number
+
+
+def test_a_trial_told_before_the_default_ran_is_judged_in_the_ranking(runaway_study):
+    from autotune.ranking import study_ranking
+    from autotune.study import SearchProgress, ask_trial, run_one_trial
+
+    study, request = runaway_study
+    default_trial, runaway_trial = ask_trial(study, request), ask_trial(study, request)
+    run_one_trial(study, request, SearchProgress(), trial=runaway_trial)  # no reference yet
+    run_one_trial(study, request, SearchProgress(), trial=default_trial)
+    runaway = TrialResult.from_trial(study.get_trials()[runaway_trial.number])
+    if runaway.status == "ok":  # finite, so it was told before any reference could judge it
+        assert runaway.loss_curve and max(v for v in runaway.measured_losses if v is not None) > 1.0
+    assert [r.number for r in study_ranking(study)] == [default_trial.number]
+
+
+def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runaway_study, capsys):
+    from autotune.cli import _print_winner_loss
+    from autotune.study import SearchProgress, run_one_trial
+
+    study, request = runaway_study
+    for _ in range(2):
+        run_one_trial(study, request, SearchProgress())
+    default, runaway = study.get_trials()
+    own = winner_loss(study.get_trials(), default.number, TrialResult.from_trial(default))
+    assert own.describe().startswith(f"training loss: the winner is the HF default trial #{default.number} itself (first ")
+    _print_winner_loss(study)  # the search's closing summary
+    printed = " ".join(capsys.readouterr().out.split())
+    assert own.describe() in printed
+    if TrialResult.from_trial(runaway).samples_per_s > TrialResult.from_trial(default).samples_per_s:
+        assert f"not ranked: #{runaway.number} ran at " in printed and "but does not train (diverged: " in printed
+    # Were the runaway trial the winner, the comparison would say they disagree, with both figures.
+    result = TrialResult.from_trial(runaway)
+    if result.loss_nonfinite or result.weights_finite is False:
+        pytest.skip("the runaway trial went non-finite on this machine: no finite curve to compare")
+    against = winner_loss(study.get_trials(), runaway.number, result)
+    text = against.describe()
+    assert text.startswith(f"training loss, winner #{runaway.number} vs HF default #{default.number}: the losses disagree: ")
+    assert f"beyond the +{LOSS_GROWTH_TOLERANCE:.0%} tolerance" in text
+    assert against.curve_text().startswith("loss by step (winner / HF default): ")
+
+
+def test_the_closing_summary_shows_the_winners_loss_beside_the_defaults(searched_study):
+    from autotune.numerics import hf_default_result
+    from autotune.ranking import study_ranking
+    from autotune.storage import load_study
+
+    study = load_study(searched_study.storage, searched_study.study_name)
+    best = study_ranking(study)[0]
+    loss = winner_loss(study.get_trials(), best.number, best.result)
+    stdout = " ".join(searched_study.search.stdout.split())
+    assert loss.describe() in stdout
+    assert hf_default_result(study.get_trials()) is not None
+    if loss.comparison is not None:  # a winner other than the default: both curves, and a verdict
+        assert "the losses agree" in loss.describe() and loss.curve_text() in stdout
