@@ -112,7 +112,8 @@ def search(
 
     fixed_args = load_base_args(base_args) if base_args else {}
     search_space = load_space(
-        space, device_spec, model=model_spec, base_args=fixed_args, global_batch=global_batch, max_global_batch=max_global_batch
+        space, device_spec, model=model_spec, base_args=fixed_args, global_batch=global_batch, max_global_batch=max_global_batch,
+        real_data=dataset is not None, packing=packing,
     )
     from autotune.runner import load_callback
 

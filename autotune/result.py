@@ -29,7 +29,8 @@ class TrialResult:
 
     status: str
     samples_per_s: float = 0.0
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # samples/s x --seq-len: token slots at the full length, padding included
+    real_tokens_per_s: float = 0.0  # non-padding tokens per second over the measured steps (--dataset); else tokens_per_s
     model_tflops: float = 0.0  # useful work per second (no recomputation), the ranking metric
     hardware_tflops: float = 0.0  # work the device did per second (recomputation included)
     mfu: float | None = None  # model TFLOPs / datasheet peak for the dtype used

@@ -16,7 +16,9 @@ from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
 from autotune.devices import limit_address_space, matmul_dtype, memory_probe
-from autotune.flops import hardware_flops_per_sample, model_flops_per_sample, utilisation
+from autotune.flops import hardware_tflops as hardware_tflops_of
+from autotune.flops import model_tflops as model_tflops_of
+from autotune.flops import utilisation
 from autotune.measure import StepTimer
 from autotune.models import build_model
 from autotune.result import TrialResult
@@ -53,6 +55,7 @@ class SyntheticTokens(torch.utils.data.Dataset):
 def harness_arguments(job: TrialJob) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs; never exported."""
     return dict(
+        include_num_input_tokens_seen=tokens_counted(job),
         output_dir=job.work_dir,
         max_steps=job.measure.total_steps_cap,
         report_to="none",
@@ -68,7 +71,7 @@ def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     if job.dataset is not None:
         from autotune.data import load_training_dataset
 
-        return load_training_dataset(job.dataset, job.model, job.seq_len)
+        return load_training_dataset(job.dataset, job.model, job.seq_len, job.config.padding)
     length = job.config.global_batch * (job.measure.total_steps_cap + 1)
     return SyntheticTokens(job.model.vocab_size, job.seq_len, job.model.task, length)
 
@@ -92,6 +95,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             model=model,
             args=args,
             train_dataset=build_dataset(job),
+            data_collator=build_collator(job),
             callbacks=[timer, *(load_callback(name)() for name in job.callbacks)],
         )
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
@@ -101,17 +105,20 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     stats = timer.stats()
     if stats.measured_steps == 0:
         raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
-    samples_per_s = job.config.global_batch / stats.median_s
-    model_tflops = samples_per_s * model_flops_per_sample(job.model, job.seq_len) / 1e12
-    hardware_tflops = (
-        samples_per_s * hardware_flops_per_sample(job.model, job.seq_len, job.config.checkpointing) / 1e12
-    )
+    # Batches of different lengths (padding longest / padding_free) differ in cost by design: their
+    # throughput is the mean over the measured steps, not the median of a window.
+    varying = job.dataset is not None and job.config.padding != "max_length"
+    samples_per_s = job.config.global_batch / (stats.mean_s if varying else stats.median_s)
+    real_tokens_per_s = stats.measured_tokens / stats.measured_s if job.dataset is not None else None
+    model_tflops = model_tflops_of(job.model, job.seq_len, samples_per_s, real_tokens_per_s)
+    hardware_tflops = hardware_tflops_of(job.model, job.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s)
     peak_dtype = matmul_dtype(job.config.dtype, bool(job.base_args.get("tf32")))
     peak_tflops = job.device.datasheet_peak_tflops(peak_dtype)
     return TrialResult(
         status="pruned" if timer.stopped_early else "ok",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * job.seq_len,
+        real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * job.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
         mfu=utilisation(model_tflops, peak_tflops),
@@ -136,6 +143,25 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         ceiling_bytes=job.ceiling_bytes,
         versions=versions(job),
     )
+
+
+def build_collator(job: TrialJob) -> Any:
+    """The Trainer's ``data_collator`` for the trial's ``padding`` (``None``: the Trainer's default)."""
+    if job.dataset is None:
+        return None
+    from autotune.data import training_collator
+
+    return training_collator(job.config.padding, int(job.dataset["pad_token_id"]), job.model)
+
+
+def tokens_counted(job: TrialJob) -> str:
+    """What the Trainer counts in ``state.num_input_tokens_seen`` (transformers/trainer.py:
+    ``_track_num_input_tokens``): the attention mask's ones with the user's data (a flattened batch
+    has no mask and no padding: all its tokens); nothing with synthetic tokens, which are all real.
+    """
+    if job.dataset is None:
+        return "no"
+    return "all" if job.config.padding == "padding_free" else "non_padding"
 
 
 def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
