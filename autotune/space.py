@@ -260,7 +260,11 @@ def load_space(
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
-    return apply_base_args(space, base_args or {}, device)
+    space = apply_base_args(space, base_args or {}, device)
+    # Last: a dtype fixed by --base-args decides which attention kernels can run.
+    notes = list(space.notes)
+    choices = filter_combinations(space.choices, notes, source=path)
+    return dataclasses.replace(space, choices=choices, notes=tuple(notes))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -299,7 +303,6 @@ def filter_for_device(parsed: SpaceFile, device: DeviceSpec, source: str = "") -
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
             )
         choices[name] = kept
-    choices = filter_combinations(choices, notes)
     for value in choices["micro_batch"]:
         if value % 8:
             notes.append(f"micro_batch {value} is not a multiple of 8: tensor cores may run it slower")
@@ -365,7 +368,7 @@ def _liger_runs_on(device: DeviceSpec, notes: list[str]) -> bool:
     return True
 
 
-def filter_combinations(choices: dict[str, list[Any]], notes: list[str]) -> dict[str, list[Any]]:
+def filter_combinations(choices: dict[str, list[Any]], notes: list[str], source: str = "") -> dict[str, list[Any]]:
     """Remove a choice that cannot run with some choice of another knob, with a note.
 
     Optuna samples knobs independently, so a pair that cannot run would become a failed trial; the
@@ -386,8 +389,8 @@ def filter_combinations(choices: dict[str, list[Any]], notes: list[str]) -> dict
         kept = [a for a in attention if a not in flash]
         if not kept:
             raise AutotuneError(
-                f"search space: attn_implementation {', '.join(flash)} cannot run with dtype {', '.join(full_precision)}; "
-                "add sdpa or remove fp32/tf32"
+                f"search space {source}: attn_implementation {', '.join(flash)} cannot run with dtype "
+                f"{', '.join(full_precision)}; add sdpa, or remove fp32/tf32"
             )
         choices = {**choices, "attn_implementation": kept}
     return choices
@@ -492,8 +495,8 @@ def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> Searc
     choices = dict(space.choices)
     for knob, plain in (("padding", "max_length"), ("sampling", "random")):
         dropped = [v for v in choices.get(knob, []) if v != plain]
+        notes.extend(f"{knob} {value} removed: {why}" for value in dropped)
         if dropped:
-            notes.append(f"{knob} {', '.join(dropped)} removed: {why}")
             choices[knob] = [plain]
     return dataclasses.replace(space, choices=choices, notes=tuple(notes))
 
