@@ -12,11 +12,18 @@ The estimate is a sum of parts a user can check by hand:
   ("Reducing Activation Recomputation in Large Transformer Models", section 4.1), generalised to
   the FFN width and to the element size of each saved tensor; with full (per-layer) checkpointing
   only each layer's input is kept, plus one layer recomputed in the backward pass;
-* **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies;
+* **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies (with Liger's
+  fused linear cross-entropy, a chunk of about ``b * s * h`` instead);
 * **context**: what the process holds before training. On CUDA the CUDA context and kernels (0.5
   to 1.5 GB, FACTS.md); on the CPU the measured figure is the resident set of the whole process
   tree, which includes the interpreter with torch and transformers imported (and one copy of it per
   dataloader worker, since forked workers map the same pages).
+
+The levers of search_spaces/README.md change these parts: a fused attention kernel (flash, flex,
+SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps no ``b x s x V`` logits; the
+``padding`` knob changes the tokens of the fullest micro-batch (:func:`micro_batch_shape`), and a
+flattened batch under a mask-based kernel adds its ``T x T`` mask. Length grouping and emptying the
+cache change typical steps and the allocator's cache, not the tensors alive at the peak.
 
 The model is a prior. :func:`fit_calibration` fits two explainable corrections from a study's
 measured peaks, by least squares: the context (an offset) and one scale on the activations (the
