@@ -34,7 +34,20 @@ KNOB_FIELDS: dict[str, tuple[str, ...]] = {
     "dataloader_workers": ("dataloader_num_workers",),
     "pin_memory": ("dataloader_pin_memory",),
     "compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
+    "liger": ("use_liger_kernel",),
+    "sampling": ("train_sampling_strategy",),
+    "empty_cache_steps": ("torch_empty_cache_steps",),
 }
+
+# ``compile`` choices name a backend, or the inductor backend with a mode: ``inductor:max-autotune``.
+# A mode is an inductor setting (torch.compile's ``mode`` argument), so one knob carries both: no
+# trial is spent on "off" with a mode, or on a mode a backend ignores.
+COMPILE_MODE_SEPARATOR = ":"
+# How a batch of the user's data (--dataset) is shaped; not a TrainingArguments field but the
+# Trainer's ``data_collator`` (see autotune/data.py: training_collator).
+PADDINGS = ("max_length", "longest", "padding_free")
+# The FlashAttention implementations transformers offers (modeling_utils.py: AttentionInterface).
+FLASH_ATTENTIONS = ("flash_attention_2", "flash_attention_3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +64,15 @@ class TrialConfig:
         pin_memory: ``dataloader_pin_memory``.
         compile: ``off``, or the ``torch.compile`` backend to use (``inductor``, ...).
         attn_implementation: ``sdpa``, ``eager``, ``flash_attention_2``; ``None`` keeps the model default.
+        liger: ``use_liger_kernel``: Liger's Triton kernels (fused linear cross-entropy, RMSNorm,
+            RoPE, SwiGLU) patched into the model by the Trainer.
+        padding: How samples of the user's data are batched: ``max_length`` (each padded to
+            ``--seq-len``), ``longest`` (to the longest of its batch), ``padding_free`` (the batch
+            flattened into one row, ``DataCollatorWithFlattening``). Synthetic tokens have no padding.
+        sampling: ``train_sampling_strategy``: ``random``, or ``group_by_length`` (batches of
+            similar lengths, so ``longest`` pads less).
+        empty_cache_steps: ``torch_empty_cache_steps``: empty the allocator's cache every N
+            optimizer steps; 0 never.
     """
 
     micro_batch: int = 8
@@ -62,6 +84,10 @@ class TrialConfig:
     pin_memory: bool = True
     compile: str = "off"
     attn_implementation: str | None = None
+    liger: bool = False
+    padding: str = "max_length"
+    sampling: str = "random"
+    empty_cache_steps: int = 0
 
     @property
     def global_batch(self) -> int:
@@ -96,7 +122,28 @@ class TrialConfig:
             parts.append(f"workers={self.dataloader_workers}")
         if self.attn_implementation:
             parts.append(f"attn={self.attn_implementation}")
+        if self.liger:
+            parts.append("liger")
+        if self.padding != "max_length":
+            parts.append(f"pad={self.padding}")
+        if self.sampling != "random":
+            parts.append(self.sampling)
+        if self.empty_cache_steps:
+            parts.append(f"empty_cache={self.empty_cache_steps}")
         return " ".join(parts)
+
+    @property
+    def compile_backend_and_mode(self) -> tuple[str | None, str | None]:
+        """``compile`` split into (backend, mode): ``(None, None)`` for ``off``."""
+        return split_compile(self.compile)
+
+
+def split_compile(value: str) -> tuple[str | None, str | None]:
+    """``"inductor:max-autotune"`` -> ``("inductor", "max-autotune")``; ``"off"`` -> ``(None, None)``."""
+    if value == "off":
+        return None, None
+    backend, _, mode = value.partition(COMPILE_MODE_SEPARATOR)
+    return backend, mode or None
 
 
 def training_arguments_kwargs(
@@ -128,9 +175,21 @@ def training_arguments_kwargs(
         kwargs["fp16"] = True
     elif config.dtype == "tf32":
         kwargs["tf32"] = True
-    if config.compile != "off":
+    backend, mode = config.compile_backend_and_mode
+    if backend is not None:
         kwargs["torch_compile"] = True
-        kwargs["torch_compile_backend"] = config.compile
+        kwargs["torch_compile_backend"] = backend
+    if mode is not None:
+        kwargs["torch_compile_mode"] = mode
+    if config.liger:
+        # transformers/trainer.py (Trainer.__init__) calls integrations/liger.py: apply_liger_kernel(model).
+        kwargs["use_liger_kernel"] = True
+    if config.sampling != "random":
+        # transformers/trainer.py: Trainer._get_train_sampler -> trainer_pt_utils.LengthGroupedSampler.
+        kwargs["train_sampling_strategy"] = config.sampling
+    if config.empty_cache_steps:
+        # transformers/trainer.py (training_step) -> accelerate/utils/memory.py: clear_device_cache.
+        kwargs["torch_empty_cache_steps"] = config.empty_cache_steps
     if device_kind == "cpu":
         kwargs["use_cpu"] = True
     return kwargs
@@ -164,7 +223,15 @@ def knob_values_from_base_args(base_args: dict[str, Any]) -> dict[str, Any]:
     if any(field in base_args for field in KNOB_FIELDS["compile"]):
         # TrainingArguments turns torch_compile on when a backend or a mode is given.
         compiled = base_args.get("torch_compile") or base_args.get("torch_compile_backend") or base_args.get("torch_compile_mode")
-        values["compile"] = str(base_args.get("torch_compile_backend") or "inductor") if compiled else "off"
+        backend = str(base_args.get("torch_compile_backend") or "inductor")
+        mode = base_args.get("torch_compile_mode")
+        values["compile"] = (f"{backend}{COMPILE_MODE_SEPARATOR}{mode}" if mode else backend) if compiled else "off"
+    if "use_liger_kernel" in base_args:
+        values["liger"] = bool(base_args["use_liger_kernel"])
+    if "train_sampling_strategy" in base_args:
+        values["sampling"] = str(base_args["train_sampling_strategy"])
+    if "torch_empty_cache_steps" in base_args:
+        values["empty_cache_steps"] = int(base_args["torch_empty_cache_steps"] or 0)
     return values
 
 

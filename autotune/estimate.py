@@ -12,11 +12,18 @@ The estimate is a sum of parts a user can check by hand:
   ("Reducing Activation Recomputation in Large Transformer Models", section 4.1), generalised to
   the FFN width and to the element size of each saved tensor; with full (per-layer) checkpointing
   only each layer's input is kept, plus one layer recomputed in the backward pass;
-* **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies;
+* **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies (with Liger's
+  fused linear cross-entropy, a chunk of about ``b * s * h`` instead);
 * **context**: what the process holds before training. On CUDA the CUDA context and kernels (0.5
   to 1.5 GB, docs/facts.md); on the CPU the measured figure is the resident set of the whole process
   tree, which includes the interpreter with torch and transformers imported (and one copy of it per
   dataloader worker, since forked workers map the same pages).
+
+The levers of search_spaces/README.md change these parts: a fused attention kernel (flash, flex,
+SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps no ``b x s x V`` logits; the
+``padding`` knob changes the tokens of the fullest micro-batch (:func:`micro_batch_shape`), and a
+flattened batch under a mask-based kernel adds its ``T x T`` mask. Length grouping and emptying the
+cache change typical steps and the allocator's cache, not the tensors alive at the peak.
 
 The model is a prior. :func:`fit_calibration` fits two explainable corrections from a study's
 measured peaks, by least squares: the context (an offset) and one scale on the activations (the
@@ -30,7 +37,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import FLASH_ATTENTIONS, TrialConfig
 from autotune.models import ModelSpec
 from autotune.units import GiB
 
@@ -79,6 +86,8 @@ _STATE_BYTES_PER_PARAM = {
 _BNB_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "lion_8bit")
 _HALF_DTYPES = ("fp16", "bf16")
 # Config keys of the attention-probability dropout, by architecture family.
+# Attention kernels that keep no s x s scores (tiled: FlashAttention, Dao et al. 2022; flex attention).
+_FUSED_ATTENTIONS = (*FLASH_ATTENTIONS, "flex_attention")
 _ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout", "attn_dropout")
 
 
@@ -157,6 +166,7 @@ def estimate_peak(
     seq_len: int,
     device_kind: str,
     calibration: Calibration | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> MemoryEstimate:
     """Predict a configuration's peak memory, as the trial's memory probe would measure it.
 
@@ -166,11 +176,15 @@ def estimate_peak(
         seq_len: Tokens per sample.
         device_kind: ``cpu`` (peak resident set of the process tree) or ``cuda`` (device memory).
         calibration: Fitted corrections; ``None`` uses the device's priors.
+        lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
+            the fullest micro-batch under ``padding`` longest / padding_free
+            (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
     """
     calibration = calibration or Calibration.prior(device_kind)
+    shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
-    activations = activation_bytes(model, config, seq_len, device_kind)
-    logits = logits_bytes(model, config, seq_len)
+    activations = activation_bytes(model, config, seq_len, device_kind, shape)
+    logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=gradients,
@@ -242,7 +256,9 @@ def activation_element_bytes(dtype: str) -> tuple[int, int]:
     return (2, 4) if dtype in _HALF_DTYPES else (4, 4)
 
 
-def layer_activation_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str) -> int:
+def layer_activation_bytes(
+    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+) -> int:
     """Bytes autograd keeps for one transformer layer, micro-batch included.
 
     Korthikanti et al. 2022, section 4.1, with ``p`` the matmul-input element size, ``r`` the
@@ -261,11 +277,16 @@ def layer_activation_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, 
     attention, and on the CPU where SDPA with dropout in training falls back to the math kernel.
     Measured on the CPU (docs/benchmarks.md): autocast runs attention in fp32 (q = 4 under bf16)
     and the score dropout mask is kept as a float tensor (4 bytes, not 1).
+
+    ``s x b`` is the micro-batch's tokens (:class:`MicroBatchShape`): the scores are ``s^2`` per
+    row, so a flattened (padding-free) row of ``T`` tokens keeps ``a T^2`` scores where it keeps any,
+    ``b`` times those of ``b`` rows of ``s = T / b``; a materialising kernel makes padding-free worse.
     """
+    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
     p, r = activation_element_bytes(config.dtype)
     q = r if device_kind == "cpu" else p
     score_mask = q if device_kind == "cpu" else 1
-    s, b = seq_len, config.micro_batch
+    s, b = shape.row_tokens, shape.rows
     h, f, a = model.hidden_size, model.intermediate_size, model.num_heads
     kv_fraction = model.num_kv_heads / model.num_heads  # grouped-query attention keeps smaller K, V
     per_token = p * h + (1 + 2 * kv_fraction) * q * h + p * h + h + p * h + 2 * p * f + h + 2 * r * h
@@ -277,8 +298,8 @@ def materializes_attention_scores(model: ModelSpec, config: TrialConfig, device_
     """Whether the ``a x s x s`` attention scores are kept for the backward pass."""
     if config.attn_implementation == "eager":
         return True
-    if config.attn_implementation == "flash_attention_2":
-        return False
+    if config.attn_implementation in _FUSED_ATTENTIONS:
+        return False  # tiled kernels: the scores live in on-chip memory, a block at a time
     # SDPA (the transformers default where supported): fused kernels on CUDA; on the CPU the fused
     # kernel has no dropout, so training with attention dropout runs the math kernel.
     return device_kind == "cpu" and attention_dropout(model) > 0
@@ -292,25 +313,41 @@ def attention_dropout(model: ModelSpec) -> float:
     return 0.0
 
 
-def activation_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str) -> int:
+def activation_bytes(
+    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+) -> int:
     """Activations of the whole model at the peak (start of the backward pass), before calibration.
 
     Without checkpointing: every layer's saved tensors, plus one layer's worth of gradient tensors
     alive while its backward runs. With full checkpointing (one checkpoint per layer, as HF's
     ``activation_checkpointing`` does): each layer's input ``r sbh``, plus one layer recomputed and
     its gradients. Embeddings: int64 ids (and position ids), summed embeddings, layer norm input and
-    dropout mask.
+    dropout mask. A flattened batch under a mask-based kernel adds its ``T x T`` boolean mask
+    (:func:`packed_mask_bytes`).
     """
+    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
     _, r = activation_element_bytes(config.dtype)
-    s, b, h = seq_len, config.micro_batch, model.hidden_size
-    layer = layer_activation_bytes(model, config, seq_len, device_kind)
-    embeddings = (2 * 8 + (2 * r + 1) * h) * s * b
+    tokens, h = shape.tokens, model.hidden_size
+    layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
+    embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)
     if config.checkpointing:
-        return int(model.num_layers * r * s * b * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
+        return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     return (model.num_layers + 1) * layer + embeddings
 
 
-def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int) -> int:
+def packed_mask_bytes(config: TrialConfig, shape: MicroBatchShape) -> int:
+    """The block-diagonal mask of a flattened batch: ``T x T`` booleans, kept for the backward.
+
+    transformers/masking_utils.py builds it from the position ids for every mask-based attention
+    (eager, sdpa, flex's block mask is smaller: counted the same, a bound); flash kernels read the
+    sequence boundaries instead and need none.
+    """
+    if config.padding != "padding_free" or config.attn_implementation in FLASH_ATTENTIONS:
+        return 0
+    return shape.row_tokens * shape.row_tokens
+
+
+def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, shape: MicroBatchShape | None = None) -> int:
     """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
 
     transformers' loss upcasts the logits to fp32, cross-entropy keeps its fp32 log-softmax for the
@@ -318,10 +355,49 @@ def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int) -> int:
     tensors at once (measured on the CPU: 3.0 x 4 bytes per logit, in fp32 and bf16 alike; the
     16-bit logits of mixed precision are freed before the backward). Classification heads produce
     ``b x labels``: nothing to count. Not scaled by calibration: the count is exact.
+
+    Liger's fused linear cross-entropy (``liger``) never makes the ``b s V`` logits:
+    liger_kernel/ops/fused_linear_cross_entropy.py computes them in chunks of
+    ``next_power_of_2(bs / ceil(V / h))`` rows, about ``b s h`` logits (up to twice that after the
+    rounding), and computes the gradients in the forward: the input's (``b s h``) and the head
+    weight's (``V h``), fp32. Counted: ``4 (2 b s h + b s h + V h)`` bytes.
     """
     if model.task not in ("causal-lm", "masked-lm"):
         return 0
-    return 3 * 4 * config.micro_batch * seq_len * model.vocab_size
+    tokens = (shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)).tokens
+    if config.liger:
+        return 4 * (3 * tokens * model.hidden_size + model.vocab_size * model.hidden_size)
+    return 3 * 4 * tokens * model.vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchShape:
+    """The tensor shape of one micro-batch: ``rows`` sequences of ``row_tokens`` positions."""
+
+    rows: int
+    row_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.row_tokens
+
+
+def micro_batch_shape(config: TrialConfig, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
+    """The fullest micro-batch a trial can meet, which sets its peak memory.
+
+    * ``max_length``, or no lengths known: ``b`` rows of ``seq_len``.
+    * ``longest``: ``b`` rows of the longest sample (truncated to ``seq_len``): some batch holds it,
+      and transformers' ``LengthGroupedSampler`` (trainer_pt_utils.py) even puts it first. So
+      ``sampling: group_by_length`` changes the tokens of a typical step (speed), not the peak.
+    * ``padding_free``: one row of the ``b`` longest samples' tokens (at most ``b x seq_len``).
+    """
+    b = config.micro_batch
+    if lengths is None or config.padding == "max_length" or not len(lengths):
+        return MicroBatchShape(rows=b, row_tokens=seq_len)
+    capped = sorted((min(int(n), seq_len) for n in lengths), reverse=True)
+    if config.padding == "longest":
+        return MicroBatchShape(rows=b, row_tokens=capped[0])
+    return MicroBatchShape(rows=1, row_tokens=sum(capped[:b]))
 
 
 def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str, weights_bytes: int) -> int:
@@ -409,8 +485,12 @@ def _context_given_scale(rows: list[tuple[int, int, int]], scale: float) -> floa
     return sum(p * (y - scale * b) for p, b, y in rows) / sum(p * p for p, _, _ in rows)
 
 
-# Knobs that change the estimate (the others: accumulation, pinning, compilation, do not).
-_MEMORY_KNOBS = ("dtype", "optim", "checkpointing", "attn_implementation", "dataloader_workers", "micro_batch")
+# Knobs that change the estimate (the others: accumulation, pinning, compilation, do not;
+# sampling changes typical steps, not the fullest one; empty_cache_steps returns cached blocks to
+# the device between steps, not tensors alive at the peak, which is what this model counts).
+_MEMORY_KNOBS = (
+    "dtype", "optim", "checkpointing", "attn_implementation", "liger", "padding", "dataloader_workers", "micro_batch",
+)
 
 
 def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> list[TrialConfig]:

@@ -163,14 +163,29 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
 
 
 def model_loading_note(best: RankedTrial) -> str | None:
-    """What the winner set outside TrainingArguments: the attention kernel is a model-loading argument."""
+    """What the winner set outside TrainingArguments: the attention kernel is a model-loading
+    argument, the batch shape (``padding``) the Trainer's ``data_collator``."""
+    notes = []
     attn = best.config.attn_implementation
-    if attn is None:
-        return None
-    return (
-        f"the winner's model was built with attn_implementation={attn!r}: pass it to from_pretrained or "
-        "from_config (a model argument; TrainingArguments has no field for it)"
-    )
+    if attn is not None:
+        notes.append(
+            f"the winner's model was built with attn_implementation={attn!r}: pass it to from_pretrained or "
+            "from_config (a model argument; TrainingArguments has no field for it)"
+        )
+    collator = COLLATOR_NOTES.get(best.config.padding)
+    if collator is not None:
+        notes.append(f"the winner's batches were {collator} (Trainer(data_collator=...); TrainingArguments has no field for it)")
+    return "; ".join(notes) or None
+
+
+# What each ``padding`` choice other than the default means for the user's training script.
+COLLATOR_NOTES = {
+    "longest": "padded to their longest sample: tokenize without padding and pass DataCollatorWithPadding(tokenizer)",
+    "padding_free": (
+        "flattened without padding: tokenize without padding and pass DataCollatorWithFlattening() "
+        "(transformers.data.data_collator)"
+    ),
+}
 
 
 def provenance_of(study: optuna.Study, best: RankedTrial) -> str:

@@ -94,3 +94,27 @@ def utilisation(achieved_tflops: float, peak_tflops: float | None) -> float | No
     if not peak_tflops or peak_tflops <= 0:
         return None
     return achieved_tflops / peak_tflops
+
+
+def model_tflops(spec: ModelSpec, seq_len: int, samples_per_s: float, real_tokens_per_s: float | None = None) -> float:
+    """Useful TFLOPs per second: the ranking's figure.
+
+    With synthetic tokens every token is real: ``samples/s x model_flops_per_sample``. With the
+    user's data (``real_tokens_per_s`` given) padding is not useful work: only the real tokens
+    count, each at :func:`model_flops_per_token` for ``seq_len``. Its attention term assumes a
+    ``seq_len`` context, an upper bound for shorter samples; it is the same for every
+    configuration of one study, so the ranking follows real tokens/s.
+    """
+    if real_tokens_per_s is None:
+        return samples_per_s * model_flops_per_sample(spec, seq_len) / 1e12
+    return real_tokens_per_s * model_flops_per_token(spec, seq_len) / 1e12
+
+
+def hardware_tflops(
+    spec: ModelSpec, seq_len: int, samples_per_s: float, checkpointing: bool, real_tokens_per_s: float | None = None
+) -> float:
+    """TFLOPs per second the device executed, recomputation included; with the user's data, on
+    real tokens (the work spent on padding is not counted: a lower bound)."""
+    if real_tokens_per_s is None:
+        return samples_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / 1e12
+    return real_tokens_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / seq_len / 1e12

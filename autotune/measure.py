@@ -63,6 +63,9 @@ class StepStats:
         warmup_s: Wall time of the excluded steps (compilation included).
         compile_s: Time ``torch.compile`` reported spending in compilation (0 without compile).
         converged: The CV target was met; False when the step or time budget ran out first.
+        measured_s: Wall time of every measured step (not only the window).
+        measured_tokens: Input tokens those steps trained, as the Trainer counted them
+            (``state.num_input_tokens_seen``; 0 where it does not count).
     """
 
     median_s: float
@@ -72,6 +75,13 @@ class StepStats:
     warmup_s: float
     compile_s: float = 0.0
     converged: bool = False
+    measured_s: float = 0.0
+    measured_tokens: int = 0
+
+    @property
+    def mean_s(self) -> float:
+        """Mean time of a measured step: the throughput's figure when batches differ in content."""
+        return self.measured_s / self.measured_steps if self.measured_steps else 0.0
 
 
 def coefficient_of_variation(values: list[float]) -> float:
@@ -94,6 +104,11 @@ def dynamo_compile_seconds() -> float:
         return float(utils.calculate_time_spent().get("total_wall_time", 0.0))
     except Exception:  # noqa: BLE001 - a private API; losing it must not fail a trial
         return 0.0
+
+
+def _tokens_seen(state: object) -> int:
+    """The Trainer's running count of input tokens (``include_num_input_tokens_seen``); 0 if it keeps none."""
+    return int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
 
 class StepTimer(TrainerCallback):
@@ -131,12 +146,15 @@ class StepTimer(TrainerCallback):
         self.warmup_times: list[float] = []
         self.step_times: list[float] = []
         self.measured_step_numbers: list[int] = []  # the Trainer's global step of each measured step
+        self.step_tokens: list[int] = []  # input tokens of each measured step (Trainer's count)
+        self._tokens_at_last_step = 0
         self.stopped_early = False
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
         if self._last_step_end is None:
             self._synchronize()
             self._last_step_end = self.first_step_started_at = time.perf_counter()
+            self._tokens_at_last_step = _tokens_seen(state)
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
         self._synchronize()
@@ -146,12 +164,14 @@ class StepTimer(TrainerCallback):
         compiled_now = self._compile_clock()
         compiled_during_step = compiled_now > self._compile_at_last_step
         self._compile_at_last_step = compiled_now
+        tokens, self._tokens_at_last_step = _tokens_seen(state) - self._tokens_at_last_step, _tokens_seen(state)
         if len(self.warmup_times) < self.settings.warmup_steps or compiled_during_step:
             # A recompilation after warm-up (a new shape, a guard failure) is not steady-state work.
             self.warmup_times.append(elapsed)
             return control
         self.step_times.append(elapsed)
         self.measured_step_numbers.append(state.global_step)
+        self.step_tokens.append(int(tokens))
         if self._done():
             control.should_training_stop = True
         elif self._on_measured_step is not None and self._on_measured_step(self):
@@ -184,4 +204,6 @@ class StepTimer(TrainerCallback):
             warmup_s=sum(self.warmup_times),
             compile_s=max(self._compile_clock() - self._compile_at_start, 0.0),
             converged=self._converged(),
+            measured_s=sum(self.step_times),
+            measured_tokens=sum(self.step_tokens),
         )

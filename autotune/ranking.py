@@ -46,6 +46,15 @@ class RankedTrial:
         return self.result.samples_per_s if self.result else 0.0
 
     @property
+    def useful_tflops(self) -> float:
+        """Model TFLOPs, the useful work per second (real tokens only with ``--dataset``, see
+        autotune/flops.py: model_tflops); the confirmed figure where there is one."""
+        confirmed = ((self.confirmation or {}).get("figures") or {}).get("model_tflops")
+        if confirmed is not None:
+            return float(confirmed)
+        return self.result.model_tflops if self.result else 0.0
+
+    @property
     def confirmed(self) -> bool:
         return self.confirmation is not None
 
@@ -94,8 +103,10 @@ def feasible_ranking(
 ) -> list[RankedTrial]:
     """Trials that ran and fit under the ceiling, fastest first (each config once).
 
-    For one model and sequence length, model TFLOPs is proportional to samples/s, so ranking by
-    samples/s ranks by model TFLOPs; recomputation (hardware FLOPs) never raises a rank.
+    Ranked by model TFLOPs, the useful work (then samples/s): recomputation (hardware FLOPs) never
+    raises a rank, and with ``--dataset`` padding is not useful work (only real tokens count), so a
+    config that pads less ranks higher for the same samples/s. With synthetic tokens model TFLOPs
+    is proportional to samples/s for one model and sequence length.
 
     Order: confirmed trials first, by their confirmed median, with the leader and every trial
     tied with it (within noise) ordered by peak memory, smaller first; then unconfirmed trials by
@@ -117,13 +128,17 @@ def feasible_ranking(
         if diverged_from_reference(result, reference) is None
     ]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
-    confirmed = sorted((r for r in ranked if r.confirmed), key=lambda r: -r.samples_per_s)
-    unconfirmed = sorted((r for r in ranked if not r.confirmed), key=lambda r: -r.samples_per_s)
+    confirmed = sorted((r for r in ranked if r.confirmed), key=_useful_work_first)
+    unconfirmed = sorted((r for r in ranked if not r.confirmed), key=_useful_work_first)
     tied = [r for r in confirmed if r.ties_with_leader]
     if tied:
         tied.sort(key=lambda r: (r.peak_memory_bytes, -r.samples_per_s))
         confirmed = tied + [r for r in confirmed if not r.ties_with_leader]
     return confirmed + unconfirmed
+
+
+def _useful_work_first(row: RankedTrial) -> tuple[float, float]:
+    return (-row.useful_tflops, -row.samples_per_s)
 
 
 def study_ranking(study: optuna.Study) -> list[RankedTrial]:

@@ -36,7 +36,8 @@ class TrialResult:
 
     status: str
     samples_per_s: float = 0.0
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # samples/s x --seq-len: token slots at the full length, padding included
+    real_tokens_per_s: float = 0.0  # non-padding tokens per second over the measured steps (--dataset); else tokens_per_s
     model_tflops: float = 0.0  # useful work per second (no recomputation), the ranking metric
     hardware_tflops: float = 0.0  # work the device did per second (recomputation included)
     mfu: float | None = None  # model TFLOPs / datasheet peak for the dtype used
@@ -123,10 +124,12 @@ def memory_source_description(source: str) -> str:
 
 
 def feasible_by_speed(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, TrialResult]]:
-    """Trials that ran to completion and fit under the ceiling, fastest first by their search-time figure.
+    """Trials that ran to completion and fit under the ceiling, most useful work first (model TFLOPs,
+    then samples/s) by their search-time figures.
 
     Each config once: a repeat answered from an earlier trial's record (``reused_from``) is left
-    out. For one model and sequence length samples/s ranks like model TFLOPs. The ranking
+    out. With synthetic tokens model TFLOPs is proportional to samples/s; with ``--dataset`` only real
+    (non-padding) tokens count, so a config that pads less ranks higher for the same samples/s. The ranking
     (:mod:`autotune.ranking`), confirmation's candidates and early stopping's threshold all start
     from this list.
     """
@@ -137,7 +140,7 @@ def feasible_by_speed(trials: Sequence[FrozenTrial]) -> list[tuple[FrozenTrial, 
         result = TrialResult.from_trial(trial)
         if result is not None and result.feasible:
             found.append((trial, result))
-    return sorted(found, key=lambda pair: -pair[1].samples_per_s)
+    return sorted(found, key=lambda pair: (-pair[1].model_tflops, -pair[1].samples_per_s))
 
 
 ParamsKey = tuple[tuple[str, Any], ...]

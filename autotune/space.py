@@ -11,7 +11,16 @@ import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
 
-from autotune.config import BATCH_LIMIT_KNOBS, DTYPES, KNOB_FIELDS, TrialConfig, knob_values_from_base_args
+from autotune.config import (
+    BATCH_LIMIT_KNOBS,
+    DTYPES,
+    FLASH_ATTENTIONS,
+    KNOB_FIELDS,
+    PADDINGS,
+    TrialConfig,
+    knob_values_from_base_args,
+    split_compile,
+)
 from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.models import ModelSpec
@@ -21,7 +30,20 @@ OPTIMIZERS = (
     "adamw_8bit", "lion_8bit", "sgd", "adagrad", "rmsprop",
 )
 COMPILE_BACKENDS = ("off", "inductor", "aot_eager", "eager", "cudagraphs")
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
+# torch.compile's modes (torch/__init__.py: compile, and torch._inductor.list_mode_options); they are
+# inductor settings, written ``inductor:<mode>`` in a space. ``reduce-overhead`` and ``max-autotune``
+# capture CUDA graphs; ``max-autotune-no-cudagraphs`` autotunes kernels without them.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+COMPILE_CHOICES = COMPILE_BACKENDS + tuple(f"inductor:{mode}" for mode in COMPILE_MODES)
+# What transformers 5 offers for training (transformers/modeling_utils.py: AttentionInterface
+# ._global_mapping, plus "eager"; "paged|eager" serves generation only). The installed version is
+# checked against this list in tests/test_levers.py.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+# The package each flash implementation imports (transformers/utils/import_utils.py:
+# is_flash_attn_2_available / is_flash_attn_3_available).
+_FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+SAMPLINGS = ("random", "group_by_length")
 _BNB_OPTIMIZERS = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit", "lion_8bit")
 
 
@@ -50,6 +72,11 @@ class SpaceFile(BaseModel):
     pin_memory: list[StrictBool] = [True]
     compile: list[StrictStr] = ["off"]
     attn_implementation: list[StrictStr] | None = None
+    # The levers below are left out of a space that does not name them (None), like attention.
+    liger: list[StrictBool] | None = None
+    padding: list[StrictStr] | None = None
+    sampling: list[StrictStr] | None = None
+    empty_cache_steps: list[StrictInt] | None = None
     # Constraints on micro_batch x grad_accum (not knobs): --global-batch / --max-global-batch override.
     global_batch: StrictInt | None = None
     max_global_batch: StrictInt | None = None
@@ -89,11 +116,28 @@ class SpaceFile(BaseModel):
             raise ValueError("needs at least one choice, each >= 0")
         return value
 
-    @field_validator("checkpointing", "pin_memory")
+    @field_validator("checkpointing", "pin_memory", "liger")
     @classmethod
-    def _non_empty(cls, value: list[bool]) -> list[bool]:
-        if not value:
+    def _non_empty(cls, value: list[bool] | None) -> list[bool] | None:
+        if value is not None and not value:
             raise ValueError("needs at least one choice")
+        return value
+
+    @field_validator("padding")
+    @classmethod
+    def _padding(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _among(value, PADDINGS)
+
+    @field_validator("sampling")
+    @classmethod
+    def _sampling(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _among(value, SAMPLINGS)
+
+    @field_validator("empty_cache_steps")
+    @classmethod
+    def _empty_cache_steps(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(v < 0 for v in value)):
+            raise ValueError("needs at least one choice, each >= 0 (0: never)")
         return value
 
     @field_validator("dtype")
@@ -109,7 +153,7 @@ class SpaceFile(BaseModel):
     @field_validator("compile")
     @classmethod
     def _compile(cls, value: list[str]) -> list[str]:
-        return _among(value, COMPILE_BACKENDS)
+        return _among(value, COMPILE_CHOICES)
 
     @field_validator("attn_implementation")
     @classmethod
@@ -181,8 +225,10 @@ def load_space(
     base_args: dict[str, Any] | None = None,
     global_batch: int | None = None,
     max_global_batch: int | None = None,
+    real_data: bool = False,
+    packing: bool = False,
 ) -> SearchSpace:
-    """Read, validate and filter a search space: device, model, batch constraint, base arguments.
+    """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
     Args:
         path: The YAML file; ``None`` for the default space.
@@ -191,6 +237,8 @@ def load_space(
         base_args: TrainingArguments the user fixed: the knobs they set are fixed to match.
         global_batch: ``--global-batch``: only micro-batch x accumulation = this (overrides the YAML).
         max_global_batch: ``--max-global-batch``: micro-batch x accumulation at most this.
+        real_data: ``--dataset`` was given: samples have different lengths.
+        packing: ``--packing``: every sample is a full block.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -211,6 +259,7 @@ def load_space(
     space = filter_for_device(parsed, device, source=path)
     if model is not None:
         space = filter_for_model(space, model)
+    space = filter_for_data(space, real_data, packing)
     if global_batch is not None or max_global_batch is not None:
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError("give --global-batch or --max-global-batch, not both")
@@ -221,7 +270,11 @@ def load_space(
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
-    return apply_base_args(space, base_args or {}, device)
+    space = apply_base_args(space, base_args or {}, device)
+    # Last: a dtype fixed by --base-args decides which attention kernels can run.
+    notes = list(space.notes)
+    choices = filter_combinations(space.choices, notes, source=path)
+    return dataclasses.replace(space, choices=choices, notes=tuple(notes))
 
 
 def yaml_mapping(path: str) -> dict[str, Any]:
@@ -303,21 +356,89 @@ def _runs_on(knob: str, value: Any, device: DeviceSpec, notes: list[str]) -> boo
     if knob == "compile" and value == "cudagraphs" and device.kind != "cuda":
         notes.append("compile cudagraphs removed: it needs a CUDA device")
         return False
-    if knob == "attn_implementation" and value == "flash_attention_2":
-        if device.kind != "cuda" or importlib.util.find_spec("flash_attn") is None:
-            notes.append("attn_implementation flash_attention_2 removed: it needs a CUDA device and the flash-attn package")
-            return False
+    if knob == "compile" and split_compile(value)[1] in CUDAGRAPH_COMPILE_MODES and device.kind != "cuda":
+        # torch/_inductor/cudagraph_utils.py skips CUDA graphs for CPU tensors: such a trial would
+        # measure the default mode under another name.
+        notes.append(f"compile {value} removed: its CUDA graphs need a CUDA device")
+        return False
+    if knob == "attn_implementation":
+        return _attention_runs_on(value, device, notes)
+    if knob == "liger" and value:
+        return _liger_runs_on(device, notes)
+    if knob == "empty_cache_steps" and value and device.kind == "cpu":
+        # transformers/trainer.py calls accelerate/utils/memory.py: clear_device_cache, which empties
+        # accelerator caches only: on the CPU the trial would measure 0 under another name.
+        notes.append(f"empty_cache_steps {value} removed: emptying the cache frees accelerator memory only")
+        return False
     return True
 
 
+def _attention_runs_on(value: str, device: DeviceSpec, notes: list[str]) -> bool:
+    """Flash kernels need CUDA and their package (FlashAttention 3: Hopper); flex attention a GPU."""
+    if value in FLASH_ATTENTIONS:
+        package = _FLASH_PACKAGES[value]
+        if device.kind != "cuda" or importlib.util.find_spec(package) is None:
+            notes.append(f"attn_implementation {value} removed: it needs a CUDA device and the {package} package")
+            return False
+        if value == "flash_attention_3" and (device.compute_capability or (0, 0)) < (9, 0):
+            notes.append(f"attn_implementation {value} removed: FlashAttention 3 runs on Hopper (compute capability 9.0) and newer")
+            return False
+    if value == "flex_attention" and device.kind != "cuda":
+        # transformers/integrations/flex_attention.py compiles flex_attention; its fused kernels are
+        # generated for GPUs, and on the CPU the training backward is not fused.
+        notes.append("attn_implementation flex_attention removed: its compiled kernels need a CUDA device")
+        return False
+    return True
+
+
+def _liger_runs_on(device: DeviceSpec, notes: list[str]) -> bool:
+    """Liger's kernels are Triton kernels: a CUDA device and the liger-kernel package."""
+    if device.kind != "cuda":
+        notes.append("liger true removed: Liger's Triton kernels need a CUDA device")
+        return False
+    if importlib.util.find_spec("liger_kernel") is None:
+        notes.append("liger true removed: the liger-kernel package is not installed (pip install liger-kernel)")
+        return False
+    return True
+
+
+def filter_combinations(choices: dict[str, list[Any]], notes: list[str], source: str = "") -> dict[str, list[Any]]:
+    """Remove a choice that cannot run with some choice of another knob, with a note.
+
+    Optuna samples knobs independently, so a pair that cannot run would become a failed trial; the
+    choice is removed instead, and the note says which space would search it. FlashAttention
+    computes in fp16/bf16 only: transformers/integrations/flash_attention.py (get_target_dtype)
+    casts fp32 queries to the autocast dtype, and without autocast (fp32, tf32) to the weights'
+    fp32, which the flash kernels reject. It stays only where every dtype choice is 16-bit.
+    """
+    attention = choices.get("attn_implementation")
+    full_precision = [d for d in choices.get("dtype", []) if d in ("fp32", "tf32")]
+    if attention and full_precision:
+        flash = [a for a in attention if a in FLASH_ATTENTIONS]
+        for value in flash:
+            notes.append(
+                f"attn_implementation {value} removed: it computes in fp16/bf16 only, and dtype offers "
+                f"{', '.join(full_precision)}; search it in a space whose dtypes are fp16/bf16"
+            )
+        kept = [a for a in attention if a not in flash]
+        if not kept:
+            raise AutotuneError(
+                f"search space {source}: attn_implementation {', '.join(flash)} cannot run with dtype "
+                f"{', '.join(full_precision)}; add sdpa, or remove fp32/tf32"
+            )
+        choices = {**choices, "attn_implementation": kept}
+    return choices
+
+
 def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
-    """Remove attention implementations the model's architecture does not have, with a note each.
+    """Remove attention implementations the model's architecture does not have, with a note each
+    (then the levers the model cannot use: :func:`filter_levers_for_model`).
 
     Asks transformers itself: the model is built on the meta device (no memory) with each
     implementation, which runs the same check as ``from_pretrained(attn_implementation=...)``.
     """
     if "attn_implementation" not in space.choices:
-        return space
+        return filter_levers_for_model(space, model)
     notes = list(space.notes)
     kept = []
     for implementation in space.choices["attn_implementation"]:
@@ -331,7 +452,87 @@ def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
             f"search space {space.source}: {model.name} supports none of attn_implementation "
             f"{space.choices['attn_implementation']} ({'; '.join(notes)}); add eager"
         )
-    return dataclasses.replace(space, choices={**space.choices, "attn_implementation": kept}, notes=tuple(notes))
+    space = dataclasses.replace(space, choices={**space.choices, "attn_implementation": kept}, notes=tuple(notes))
+    return filter_levers_for_model(space, model)
+
+
+def filter_levers_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
+    """Remove padding-free batches and Liger where the model cannot use them, with a note each."""
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    if "padding_free" in choices.get("padding", []):
+        reason = padding_free_unsupported(model, choices.get("attn_implementation") or [None])
+        if reason:
+            notes.append(f"padding padding_free removed: {reason}")
+            choices["padding"] = [p for p in choices["padding"] if p != "padding_free"] or ["max_length"]
+    if True in choices.get("liger", []):
+        reason = liger_unsupported(model)
+        if reason:
+            notes.append(f"liger true removed: {reason}")
+            choices["liger"] = [v for v in choices["liger"] if not v] or [False]
+    return dataclasses.replace(space, choices=choices, notes=tuple(notes))
+
+
+def padding_free_unsupported(model: ModelSpec, attention: list[str | None]) -> str:
+    """Why the model cannot train on flattened batches with every one of these attention choices; '' if it can.
+
+    ``DataCollatorWithFlattening`` (transformers/data/data_collator.py) puts a batch's samples in one
+    row with ``position_ids`` restarting at each sample, and no attention mask. Two things keep the
+    samples apart: the flash kernels (varlen, from the position ids), or the causal mask, which
+    transformers/masking_utils.py builds block-diagonal from the position ids
+    (``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices``) for every implementation.
+    The bidirectional mask of encoders (``create_bidirectional_mask``) ignores them: a BERT would
+    attend across samples. Classification heads take one label per sample, which the flattened
+    row no longer has.
+    """
+    if model.task == "sequence-classification":
+        return "a classification head needs one row per sample"
+    if model.task == "causal-lm":
+        return ""
+    others = sorted({str(a) for a in attention if a not in FLASH_ATTENTIONS})
+    if others:
+        return (
+            f"{model.name} is an encoder: with attention {', '.join(others)} its samples would attend to each "
+            "other in a flattened row (only flash attention keeps them apart)"
+        )
+    return ""
+
+
+def liger_unsupported(model: ModelSpec) -> str:
+    """Why Liger's kernels would not patch this model; '' if they would.
+
+    liger_kernel/transformers/monkey_patch.py (``_apply_liger_kernel_to_instance``) patches the model
+    types of its ``MODEL_TYPE_TO_APPLY_LIGER_FN`` table and only logs for any other: the trial would
+    measure the plain model under another name. Read from the installed package.
+    """
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return "the liger-kernel package is not installed (pip install liger-kernel)"
+    model_type = str(model.config.get("model_type", ""))
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return f"Liger has no kernels for model type {model_type!r}"
+    return ""
+
+
+def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> SearchSpace:
+    """Remove the padding levers where every sample is full (synthetic tokens, ``--packing``), with a note.
+
+    Padding and length grouping only change batches of samples of different lengths: without
+    ``--dataset`` or with ``--packing`` every sample is ``--seq-len`` tokens, and such a trial would
+    measure ``max_length`` / ``random`` under another name.
+    """
+    why = "--packing fills every sample" if packing else "synthetic tokens have no padding (use --dataset)"
+    if real_data and not packing:
+        return space
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    for knob, plain in (("padding", "max_length"), ("sampling", "random")):
+        dropped = [v for v in choices.get(knob, []) if v != plain]
+        notes.extend(f"{knob} {value} removed: {why}" for value in dropped)
+        if dropped:
+            choices[knob] = [plain]
+    return dataclasses.replace(space, choices=choices, notes=tuple(notes))
 
 
 def _attention_unsupported(model: ModelSpec, implementation: str) -> str:

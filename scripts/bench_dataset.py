@@ -42,25 +42,9 @@ from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
 
 def make_model_dir(root: Path, documents: list[str]) -> Path:
     """A bert-mini-shaped config (4 layers, h=256) and an 8k byte-level BPE tokenizer trained on ``documents``."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-    from transformers import BertConfig, PreTrainedTokenizerFast
+    from transformers import BertConfig
 
-    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
-    tokenizer.train_from_iterator(documents, trainers.BpeTrainer(vocab_size=8000, special_tokens=specials))
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))]
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]")
+    fast = train_tokenizer(documents)
     directory = root / "model"
     fast.save_pretrained(directory)
     BertConfig(
@@ -70,15 +54,33 @@ def make_model_dir(root: Path, documents: list[str]) -> Path:
     return directory
 
 
-def generated_documents(count: int, seed: int = 0) -> list[str]:
-    """Documents of 150-600 words drawn from a Zipf-like vocabulary of made-up words."""
+def train_tokenizer(documents: list[str]):  # noqa: ANN201 - a transformers PreTrainedTokenizerFast
+    """An 8k byte-level BPE tokenizer trained on ``documents`` with the ``tokenizers`` library (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    tokenizer.train_from_iterator(documents, trainers.BpeTrainer(vocab_size=8000, special_tokens=specials))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]")
+
+
+def generated_documents(count: int, seed: int = 0, word_counts=None) -> list[str]:  # noqa: ANN001
+    """Documents drawn from a Zipf-like vocabulary of made-up words; ``word_counts(rng)`` draws each
+    document's length (default: uniform 150-600 words)."""
     rng = random.Random(seed)
     syllables = ["ka", "to", "ri", "mon", "el", "sa", "dun", "pre", "ix", "lo", "ver", "ab", "qu", "ne", "st"]
     vocabulary = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(5000)]
     weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
     documents = []
     for _ in range(count):
-        words = rng.choices(vocabulary, weights, k=rng.randint(150, 600))
+        length = word_counts(rng) if word_counts is not None else rng.randint(150, 600)
+        words = rng.choices(vocabulary, weights, k=length)
         documents.append(" ".join(words).capitalize() + ".")
     return documents
 

@@ -16,11 +16,9 @@ from transformers import Trainer, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
 from autotune.devices import DeviceSpec
-from autotune.flops import (
-    hardware_flops_per_sample,
-    model_flops_per_sample,
-    utilisation,
-)
+from autotune.flops import hardware_tflops as hardware_tflops_of
+from autotune.flops import model_tflops as model_tflops_of
+from autotune.flops import utilisation
 from autotune.measure import StepTimer
 from autotune.models import build_model
 from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
@@ -61,6 +59,7 @@ class SyntheticTokens(torch.utils.data.Dataset):
 def harness_arguments(job: TrialJob) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs; never exported."""
     return dict(
+        include_num_input_tokens_seen=tokens_counted(job),
         output_dir=job.work_dir,
         max_steps=job.workload.measure.total_steps_cap,
         report_to="none",
@@ -77,7 +76,7 @@ def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     if workload.dataset is not None:
         from autotune.data import load_training_dataset
 
-        return load_training_dataset(workload.dataset, workload.model, workload.seq_len)
+        return load_training_dataset(workload.dataset, workload.model, workload.seq_len, job.config.padding)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
@@ -105,6 +104,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             model=model,
             args=args,
             train_dataset=build_dataset(job),
+            data_collator=build_collator(job),
             callbacks=[recorder, timer, *(load_callback(name)() for name in workload.callbacks)],
         )
         recorder.attach(trainer)
@@ -119,10 +119,15 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     record = loss_record(recorder.losses, recorder.skipped_steps, timer.measured_step_numbers, weights_finite)
     diverged = nonfinite_reason(record, stats.measured_steps)
     # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
-    samples_per_s = job.config.global_batch * trained_fraction(stats.measured_steps, record.skipped_measured) / stats.median_s
-    model_tflops = samples_per_s * model_flops_per_sample(workload.model, workload.seq_len) / 1e12
-    hardware_tflops = (
-        samples_per_s * hardware_flops_per_sample(workload.model, workload.seq_len, job.config.checkpointing) / 1e12
+    trained = trained_fraction(stats.measured_steps, record.skipped_measured)
+    # Batches of different lengths (padding longest / padding_free) differ in cost by design: their
+    # throughput is the mean over the measured steps, not the median of a window.
+    varying = workload.dataset is not None and job.config.padding != "max_length"
+    samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
+    real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
+    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s)
+    hardware_tflops = hardware_tflops_of(
+        workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s
     )
     peak_dtype = workload.peak_dtype(job.config)
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
@@ -131,6 +136,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         error=diverged or "",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,
+        real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
         mfu=utilisation(model_tflops, peak_tflops),
@@ -161,6 +167,26 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         skipped_measured_steps=record.skipped_measured,
         weights_finite=record.weights_finite,
     )
+
+
+def build_collator(job: TrialJob) -> Any:
+    """The Trainer's ``data_collator`` for the trial's ``padding`` (``None``: the Trainer's default)."""
+    dataset = job.workload.dataset
+    if dataset is None:
+        return None
+    from autotune.data import training_collator
+
+    return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
+
+
+def tokens_counted(job: TrialJob) -> str:
+    """What the Trainer counts in ``state.num_input_tokens_seen`` (transformers/trainer.py:
+    ``_track_num_input_tokens``): the attention mask's ones with the user's data (a flattened batch
+    has no mask and no padding: all its tokens); nothing with synthetic tokens, which are all real.
+    """
+    if job.workload.dataset is None:
+        return "no"
+    return "all" if job.config.padding == "padding_free" else "non_padding"
 
 
 def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns StepTimer's callback type

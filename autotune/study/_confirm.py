@@ -38,7 +38,7 @@ from autotune.study._request import SearchRequest
 # Re-run outcomes that say nothing about the config (a noisy neighbour, a driver hiccup): ignored.
 TRANSIENT_STATUSES = FAILED_STATUSES
 # TrialResult fields proportional to samples/s for a given config.
-THROUGHPUT_FIGURES = ("tokens_per_s", "model_tflops", "hardware_tflops", "mfu", "hfu", "mfu_measured", "hfu_measured")
+THROUGHPUT_FIGURES = ("tokens_per_s", "real_tokens_per_s", "model_tflops", "hardware_tflops", "mfu", "hfu", "mfu_measured", "hfu_measured")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -362,8 +362,9 @@ def prune_threshold(study: optuna.Study, ratio: float) -> float | None:
     """
     if ratio <= 0:
         return None
-    leaders = feasible_by_speed(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    return leaders[0][1].samples_per_s * ratio if leaders and leaders[0][1].samples_per_s > 0 else None
+    fitting = feasible_by_speed(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    best = max((result.samples_per_s for _, result in fitting), default=0.0)
+    return best * ratio if best > 0 else None
 
 
 def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:

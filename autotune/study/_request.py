@@ -163,6 +163,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     space = load_space(
         options.space, device, model=model, base_args=base_args,
         global_batch=options.global_batch, max_global_batch=options.max_global_batch,
+        real_data=options.dataset is not None, packing=options.packing,
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
