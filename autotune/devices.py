@@ -117,7 +117,13 @@ class DeviceSpec:
 
 
 def datasheet_entry(device_name: str) -> DatasheetEntry | None:
-    """The datasheet of the GPU an NVML name describes; ``None`` for CPUs and GPUs not in the table."""
+    """The datasheet of the GPU an NVML name describes; ``None`` for CPUs and GPUs not in the table.
+
+    A MIG instance (NVML names it "NVIDIA A100-SXM4-40GB MIG 1g.5gb") has a fraction of the GPU's
+    SMs, so the whole GPU's peak would understate its MFU: it gets none (never invented).
+    """
+    if re.search(r"\bMIG\b", device_name):
+        return None
     for entry in DATASHEETS:
         if re.search(entry.pattern, device_name, flags=re.IGNORECASE):
             return entry
@@ -186,7 +192,12 @@ def _cpu_model_name() -> str:
 
 
 def cuda_device(index: int) -> DeviceSpec:
-    """Describe CUDA device ``index`` through NVML, without creating a CUDA context here."""
+    """Describe CUDA device ``index`` through NVML, without creating a CUDA context here.
+
+    On a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``) the memory is the instance's, which is
+    what a trial there can use: NVML's memory info of a MIG device handle is the slice's (NVML API
+    reference, nvmlDeviceGetMemoryInfo; nvidia-ml-py's pynvml.py wraps it as is).
+    """
     try:
         import pynvml
 
@@ -195,15 +206,12 @@ def cuda_device(index: int) -> DeviceSpec:
         raise AutotuneError(
             f"no CUDA device on this machine (NVML: {exc}); run on the CPU with --device cpu"
         ) from None
-    count = pynvml.nvmlDeviceGetCount()
-    physical = physical_gpu_index(index)
-    if physical >= count:
-        raise AutotuneError(f"--gpu {index}: this machine has {count} CUDA device(s), numbered from 0")
-    handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+    handle = nvml_device_handle(pynvml, visible_device_id(index), index)
     name = pynvml.nvmlDeviceGetName(handle)
     name = name.decode() if isinstance(name, bytes) else name
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if _is_mig(pynvml, handle) else handle
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(parent)
     return DeviceSpec(
         kind="cuda",
         index=index,
@@ -212,6 +220,109 @@ def cuda_device(index: int) -> DeviceSpec:
         supported_dtypes=cuda_dtypes((major, minor)),
         compute_capability=(major, minor),
     )
+
+
+def visible_device_id(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry that the user's GPU number ``index`` names.
+
+    CUDA accepts indices, GPU UUIDs (``GPU-8c5b...``) and MIG instances (``MIG-<uuid>``, or the
+    older ``MIG-GPU-<uuid>/<gi>/<ci>``) in ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
+    "CUDA Environment Variables"; NVIDIA MIG User Guide, "CUDA Device Enumeration"). Without the
+    variable the user's number is the NVML index itself.
+
+    Raises:
+        AutotuneError: ``index`` is beyond the entries the variable lists.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if index >= len(ids):
+        raise AutotuneError(f"--gpu {index} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return ids[index]
+
+
+def physical_gpu_index(index: int) -> int:
+    """Map the user's GPU number through ``CUDA_VISIBLE_DEVICES`` to an NVML index (indices only).
+
+    Raises:
+        AutotuneError: The variable names the device by UUID or MIG instance: use
+            :func:`visible_device_id` and :func:`nvml_device_handle` for those.
+    """
+    device_id = visible_device_id(index)
+    if not device_id.isdigit():
+        raise AutotuneError(f"--gpu {index} is {device_id} in CUDA_VISIBLE_DEVICES: not an NVML index")
+    return int(device_id)
+
+
+def nvml_device_handle(pynvml, device_id: str, index: int):  # noqa: ANN001, ANN201 - pynvml and its handle
+    """The NVML handle of a ``CUDA_VISIBLE_DEVICES`` entry: an index, a GPU UUID or a MIG instance.
+
+    Raises:
+        AutotuneError: No such device, or a GPU in MIG mode named by index (CUDA runs on a MIG
+            instance only when it is named by its ``MIG-`` UUID; the message lists them).
+    """
+    if device_id.isdigit():
+        count = pynvml.nvmlDeviceGetCount()
+        if int(device_id) >= count:
+            raise AutotuneError(f"--gpu {index}: this machine has {count} CUDA device(s), numbered from 0")
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device_id))
+        if _mig_enabled(pynvml, handle):
+            raise AutotuneError(
+                f"--gpu {index}: GPU {device_id} is in MIG mode; choose an instance with "
+                f"CUDA_VISIBLE_DEVICES={_mig_uuids(pynvml, handle) or 'MIG-<uuid> (nvidia-smi -L lists them)'}"
+            )
+        return handle
+    uuid = device_id.split("/", 1)[0] if device_id.startswith("MIG-GPU-") else device_id
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except pynvml.NVMLError as exc:
+        raise AutotuneError(f"--gpu {index}: NVML knows no device {device_id} ({exc})") from None
+    if device_id.startswith("MIG-GPU-"):
+        return _legacy_mig_handle(pynvml, handle, device_id, index)
+    return handle
+
+
+def _legacy_mig_handle(pynvml, parent, device_id: str, index: int):  # noqa: ANN001, ANN202
+    """The MIG device ``MIG-GPU-<uuid>/<gi>/<ci>`` names: the parent's MIG device of that GPU instance."""
+    try:
+        gpu_instance = int(device_id.split("/")[1])
+    except (IndexError, ValueError):
+        raise AutotuneError(f"--gpu {index}: {device_id} is not MIG-GPU-<uuid>/<gi>/<ci>") from None
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+        except pynvml.NVMLError:
+            continue
+        if pynvml.nvmlDeviceGetGpuInstanceId(mig) == gpu_instance:
+            return mig
+    raise AutotuneError(f"--gpu {index}: GPU instance {gpu_instance} of {device_id} does not exist")
+
+
+def _is_mig(pynvml, handle) -> bool:  # noqa: ANN001
+    try:
+        return bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
+    except pynvml.NVMLError:
+        return False  # a driver without MIG support
+
+
+def _mig_enabled(pynvml, handle) -> bool:  # noqa: ANN001
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return False  # not MIG-capable (NVML_ERROR_NOT_SUPPORTED)
+    return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_uuids(pynvml, parent) -> str:  # noqa: ANN001
+    found = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot))
+        except pynvml.NVMLError:
+            continue
+        found.append(uuid.decode() if isinstance(uuid, bytes) else uuid)
+    return ",".join(found)
 
 
 def list_devices() -> list[DeviceSpec]:
@@ -234,14 +345,3 @@ def cuda_dtypes(compute_capability: tuple[int, int]) -> tuple[str, ...]:
     if compute_capability >= (8, 0):
         dtypes += ["tf32", "bf16"]
     return tuple(dtypes)
-
-
-def physical_gpu_index(index: int) -> int:
-    """Map the user's GPU number through an inherited ``CUDA_VISIBLE_DEVICES`` to an NVML index."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible:
-        return index
-    ids = [v.strip() for v in visible.split(",") if v.strip()]
-    if index >= len(ids) or not ids[index].isdigit():
-        raise AutotuneError(f"--gpu {index} is not among CUDA_VISIBLE_DEVICES={visible}")
-    return int(ids[index])

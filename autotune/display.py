@@ -23,7 +23,7 @@ from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.estimate import MemoryEstimate
 from autotune.ranking import RankedTrial
-from autotune.result import TrialResult, memory_source_description
+from autotune.result import TrialResult, memory_source_description, precision_note
 from autotune.units import format_bytes
 
 STATUS_STYLE = {
@@ -102,6 +102,8 @@ def trial_cells(
     mfu = utilisation_cell(result.mfu, result.mfu_measured)
     hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
     notes = [result.error] if result.error else []
+    notes += [note for note in [precision_note(config.dtype, result)] if note]
+    notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
     if confirmation:

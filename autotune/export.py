@@ -22,6 +22,7 @@ from autotune import schema
 from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
+from autotune.result import TrialResult
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -38,7 +39,21 @@ def winner_arguments(study: optuna.Study) -> dict[str, Any]:
     """The TrainingArguments keyword arguments of the study's best feasible trial."""
     best = winner(study)
     device_kind = study.user_attrs.get(schema.STUDY_DEVICE_KIND, "cpu")
-    return training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
+    arguments = training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
+    return with_precision_that_ran(arguments, best.result)
+
+
+def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
+    """Write down the TF32 matmuls a trial ran in although its arguments did not ask for them.
+
+    An fp32 + ``torch_compile`` trial runs TF32 because transformers switches it on when ``tf32`` is
+    unset (transformers/training_args.py, "── 9. TF32 ──"). The exported ``tf32: true`` makes the same
+    precision explicit, so the user reads what was measured and a later transformers that stopped
+    switching it on still reproduces it. Nothing changes where the user fixed ``tf32`` themselves.
+    """
+    if result is None or result.peak_dtype != "tf32" or "tf32" in arguments:
+        return arguments
+    return {**arguments, "tf32": True}
 
 
 def write_json(arguments: dict[str, Any], out: str) -> None:

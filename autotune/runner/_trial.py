@@ -26,8 +26,15 @@ from autotune.models import build_model
 from autotune.result import TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import limit_address_space
+from autotune.runner._limits import allocator_settings, limit_address_space
 from autotune.runner._memory import memory_probe
+from autotune.runner._precision import (
+    AutocastRecorder,
+    accelerator_autocast_dtype,
+    cuda_matmul_precision,
+    ran_dtype,
+    utilisation_defect,
+)
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -93,6 +100,8 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         build_started = time.perf_counter()
         model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
         model_build_s = time.perf_counter() - build_started
+        autocast = AutocastRecorder(torch, workload.device.kind)
+        model.register_forward_pre_hook(autocast)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         timer = StepTimer(workload.measure, probe.synchronize, _pruner(job))
@@ -104,6 +113,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         )
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
+        runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
         probe.stop()
     stats = timer.stats()
@@ -114,21 +124,25 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     hardware_tflops = (
         samples_per_s * hardware_flops_per_sample(workload.model, workload.seq_len, job.config.checkpointing) / 1e12
     )
-    peak_dtype = workload.peak_dtype(job.config)
+    # The peak of the precision that ran (read back from torch), not of the knob's name.
+    peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
+    measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
+    mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
+    defects = [d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d]
     return TrialResult(
         status="pruned" if timer.stopped_early else "ok",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
-        mfu=utilisation(model_tflops, peak_tflops),
-        hfu=utilisation(hardware_tflops, peak_tflops),
-        mfu_measured=utilisation(model_tflops, job.measured_peak_tflops),
-        hfu_measured=utilisation(hardware_tflops, job.measured_peak_tflops),
+        mfu=None if mfu is not None and mfu > 1 else mfu,
+        hfu=None if hfu is not None and hfu > 1 else hfu,
+        mfu_measured=utilisation(model_tflops, measured_peak_tflops),
+        hfu_measured=utilisation(hardware_tflops, measured_peak_tflops),
         peak_dtype=peak_dtype,
         peak_tflops=peak_tflops,
-        measured_peak_tflops=job.measured_peak_tflops,
+        measured_peak_tflops=measured_peak_tflops,
         step_time_median_s=stats.median_s,
         step_time_cv=stats.cv,
         measured_steps=stats.measured_steps,
@@ -143,7 +157,24 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         memory_peaks=peaks,
         ceiling_bytes=workload.ceiling_bytes,
         versions=versions(workload.device),
+        runtime=runtime,
+        defects=defects,
     )
+
+
+def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]) -> dict[str, str]:
+    """How the trial ran, read back after training: precision, allocator settings, memory sources."""
+    autocast_dtype = autocast.dtype if autocast.seen else accelerator_autocast_dtype(
+        str(getattr(trainer.accelerator, "mixed_precision", "no"))
+    )
+    found = {
+        "matmul_precision": cuda_matmul_precision(torch) if device_kind == "cuda" else "ieee",
+        "autocast_dtype": autocast_dtype or "",
+        "autocast_read_from": "forward hook" if autocast.seen else "accelerator",
+        **allocator_settings(),
+        **probe_notes,
+    }
+    return found
 
 
 def _pruner(job: TrialJob):  # noqa: ANN202 - returns StepTimer's callback type
