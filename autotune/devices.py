@@ -82,6 +82,72 @@ DATASHEETS: tuple[DatasheetEntry, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
+class KnownGpu:
+    """A GPU one can plan for without having it (``autotune estimate --gpu-type NAME``).
+
+    Attributes:
+        key: The name the command line takes (``v100-16gb``).
+        nvml_name: The name NVML gives the GPU; it selects the datasheet peaks of :data:`DATASHEETS`.
+        memory_bytes: Device memory as CUDA reports it (``cudaMemGetInfo`` total, the "total
+            capacity" in torch's out-of-memory message) where such a report was found, else
+            nvidia-smi's total; the ceiling's fraction applies to it.
+        compute_capability: CUDA compute capability: the dtypes it trains in and the CUDA prior's
+            generation (:mod:`autotune.estimate`).
+        memory_source: Where ``memory_bytes`` comes from (docs/facts.md, "GPUs one can plan for").
+    """
+
+    key: str
+    nvml_name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+    memory_source: str
+
+    def device(self) -> DeviceSpec:
+        """The device a trial on this GPU would see (index 0), for estimates only."""
+        return DeviceSpec(
+            kind="cuda",
+            index=0,
+            name=self.nvml_name,
+            total_memory_bytes=self.memory_bytes,
+            supported_dtypes=cuda_dtypes(self.compute_capability),
+            compute_capability=self.compute_capability,
+        )
+
+
+_GiB = 1024**3
+_MiB = 1024**2
+# Compute capabilities: NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus). Memory: the
+# "total capacity" torch prints in a CUDA OOM message (GiB, two decimals) or nvidia-smi's total
+# (MiB), quoted in the public issues named in docs/facts.md.
+KNOWN_GPUS: tuple[KnownGpu, ...] = (
+    KnownGpu("v100-16gb", "Tesla V100-SXM2-16GB", int(15.78 * _GiB), (7, 0), "torch OOM message: 15.78 GiB total capacity"),
+    KnownGpu("v100-32gb", "Tesla V100-SXM2-32GB", int(31.74 * _GiB), (7, 0), "torch OOM message: 31.74 GiB total capacity"),
+    KnownGpu("a100-40gb", "NVIDIA A100-SXM4-40GB", int(39.59 * _GiB), (8, 0), "torch OOM message: 39.59 GiB total capacity"),
+    KnownGpu("a100-80gb", "NVIDIA A100-SXM4-80GB", int(79.15 * _GiB), (8, 0), "torch OOM message: 79.15 GiB total capacity"),
+    KnownGpu("a10g", "NVIDIA A10G", 23028 * _MiB, (8, 6), "nvidia-smi total: 23028 MiB"),
+    KnownGpu("l4", "NVIDIA L4", 23034 * _MiB, (8, 9), "nvidia-smi total: 23034 MiB"),
+    KnownGpu("rtx-3090", "NVIDIA GeForce RTX 3090", int(23.70 * _GiB), (8, 6), "torch OOM message: 23.70 GiB total capacity"),
+    KnownGpu("rtx-4090", "NVIDIA GeForce RTX 4090", int(23.65 * _GiB), (8, 9), "torch OOM message: 23.65 GiB total capacity"),
+    KnownGpu("h100-pcie", "NVIDIA H100 PCIe", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB (80 GB HBM2e)"),
+    KnownGpu("h100-sxm", "NVIDIA H100 80GB HBM3", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB"),
+    KnownGpu("h200", "NVIDIA H200", 143771 * _MiB, (9, 0), "nvidia-smi total: 143771 MiB (141 GB HBM3e)"),
+)
+
+
+def known_gpu(key: str) -> KnownGpu:
+    """The GPU ``--gpu-type`` names.
+
+    Raises:
+        AutotuneError: Not in :data:`KNOWN_GPUS` (the message lists them).
+    """
+    for gpu in KNOWN_GPUS:
+        if gpu.key == key.strip().lower():
+            return gpu
+    names = ", ".join(gpu.key for gpu in KNOWN_GPUS)
+    raise AutotuneError(f"--gpu-type {key!r} is not known: choose one of {names} (autotune devices --known)")
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceSpec:
     """A device a trial runs on.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from importlib import resources
 from pathlib import Path
@@ -250,6 +251,7 @@ def filter_for_device(parsed: SpaceFile, device: DeviceSpec, source: str = "") -
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
             )
         choices[name] = kept
+    choices = drop_flash_attention_with_fp32(choices, notes)
     for value in choices["micro_batch"]:
         if value % 8:
             notes.append(f"micro_batch {value} is not a multiple of 8: tensor cores may run it slower")
@@ -270,10 +272,63 @@ def _runs_on(knob: str, value: Any, device: DeviceSpec, notes: list[str]) -> boo
         notes.append("compile cudagraphs removed: it needs a CUDA device")
         return False
     if knob == "attn_implementation" and value == "flash_attention_2":
-        if device.kind != "cuda" or importlib.util.find_spec("flash_attn") is None:
-            notes.append("attn_implementation flash_attention_2 removed: it needs a CUDA device and the flash-attn package")
+        reason = flash_attention_2_unavailable(device)
+        if reason:
+            notes.append(f"attn_implementation flash_attention_2 removed: {reason}")
             return False
     return True
+
+
+def flash_attention_2_unavailable(device: DeviceSpec) -> str | None:
+    """Why ``flash_attention_2`` cannot run on ``device`` here; ``None`` where it can.
+
+    flash-attn 2 runs on Ampere and newer GPUs only (its README: "Ampere, Ada, or Hopper GPUs"), and
+    its CUDA extension is compiled against one torch: a wheel built for another raises ImportError
+    ("undefined symbol") on import, which transformers' ``is_flash_attn_2_available`` (a package
+    look-up, transformers/utils/import_utils.py) does not catch. So the package is imported here.
+    """
+    if device.kind != "cuda":
+        return "it needs a CUDA device"
+    if device.compute_capability is not None and device.compute_capability < (8, 0):
+        return f"flash-attn 2 needs an Ampere or newer GPU; {device.name} is compute capability {device.compute_capability[0]}.{device.compute_capability[1]}"
+    return _flash_attn_import_error()
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_attn_import_error() -> str | None:
+    if importlib.util.find_spec("flash_attn") is None:
+        return "the flash-attn package is not installed"
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as exc:  # noqa: BLE001 - ImportError/OSError of an extension built for another torch
+        return f"flash_attn does not import against the installed torch ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
+
+
+def drop_flash_attention_with_fp32(choices: dict[str, list[Any]], notes: list[str]) -> dict[str, list[Any]]:
+    """Remove ``flash_attention_2`` from a space that also searches fp32 or tf32.
+
+    flash-attn's kernels take fp16/bf16 inputs only ("Flash Attention 2 only supports torch.float16
+    and torch.bfloat16 dtypes", transformers/modeling_utils.py, ``_flash_attn_can_dispatch``; fp32
+    inputs make the kernel raise), and Optuna samples each knob on its own, so a space with both
+    would draw fp32 + flash_attention_2 trials that can only fail. Kept where every dtype choice
+    is fp16/bf16.
+    """
+    attention = choices.get("attn_implementation") or []
+    full_precision = [d for d in choices.get("dtype", ["fp32"]) if d in ("fp32", "tf32")]
+    if "flash_attention_2" not in attention or not full_precision:
+        return choices
+    kept = [a for a in attention if a != "flash_attention_2"]
+    if not kept:
+        raise AutotuneError(
+            f"attn_implementation [flash_attention_2] runs only in fp16/bf16, but dtype also has {', '.join(full_precision)}: "
+            "drop those dtypes or add sdpa"
+        )
+    notes.append(
+        f"attn_implementation flash_attention_2 removed: it runs in fp16/bf16 only and the space also has dtype "
+        f"{', '.join(full_precision)} (search it with dtype [fp16, bf16])"
+    )
+    return {**choices, "attn_implementation": kept}
 
 
 def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
