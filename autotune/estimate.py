@@ -490,3 +490,76 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     for combination in itertools.product(*(choices[k] for k in knobs)):
         configs.append(TrialConfig.from_params({**base, **dict(zip(knobs, combination))}))
     return configs
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRow:
+    """One config's prediction against the ceiling (``autotune estimate``)."""
+
+    config: TrialConfig
+    estimate: MemoryEstimate
+    fits: bool
+
+
+def estimate_rows(
+    model: ModelSpec,
+    configs: Sequence[TrialConfig],
+    seq_len: int,
+    device_kind: str,
+    calibration: Calibration,
+    ceiling_bytes: int,
+) -> list[EstimateRow]:
+    """Predict every config's peak and judge it against the ceiling (:func:`autotune.ceiling.fits`)."""
+    from autotune.ceiling import fits
+
+    rows = []
+    for config in configs:
+        estimate = estimate_peak(model, config, seq_len, device_kind, calibration)
+        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
+    return rows
+
+
+def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool]]:
+    """For each setting of the other memory knobs (dtype x checkpointing x optimizer, ...), the row of
+    the largest micro-batch predicted to fit; where none fits, the smallest, marked ``False``.
+
+    Returns:
+        (row, whether any micro-batch of that setting fits), in the order the settings first appear.
+    """
+    groups: dict[TrialConfig, list[EstimateRow]] = {}
+    for row in rows:
+        groups.setdefault(dataclasses.replace(row.config, micro_batch=1), []).append(row)
+    chosen = []
+    for members in groups.values():
+        fitting = [row for row in members if row.fits]
+        if fitting:
+            chosen.append((max(fitting, key=lambda row: row.config.micro_batch), True))
+        else:
+            chosen.append((min(members, key=lambda row: row.config.micro_batch), False))
+    return chosen
+
+
+def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
+    """Every row as JSON for scripts: the config's knobs, each part in bytes, the total, whether it fits."""
+    import json
+
+    document = {
+        **header,
+        "rows": [
+            {
+                "config": row.config.to_params(),
+                "parts_bytes": row.estimate.parts(),
+                "total_bytes": row.estimate.total_bytes,
+                "fits": row.fits,
+            }
+            for row in rows
+        ],
+    }
+    return json.dumps(document, indent=2)
+
+
+def expandable_segments_enabled(environ: dict[str, str]) -> bool:
+    """Whether the allocator settings in ``environ`` turn expandable segments on (PYTORCH_ALLOC_CONF
+    wins over PYTORCH_CUDA_ALLOC_CONF, torch/include/c10/core/AllocatorConfig.h)."""
+    conf = environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    return "expandable_segments:true" in conf.replace(" ", "").lower()
