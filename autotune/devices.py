@@ -339,7 +339,8 @@ def nvml_device_handle(pynvml, device_id: str, index: int):  # noqa: ANN001, ANN
                 f"CUDA_VISIBLE_DEVICES={_mig_uuids(pynvml, handle) or 'MIG-<uuid> (nvidia-smi -L lists them)'}"
             )
         return handle
-    uuid = device_id.split("/", 1)[0] if device_id.startswith("MIG-GPU-") else device_id
+    # MIG-GPU-<uuid>/<gi>/<ci> names the parent by its own GPU-<uuid>.
+    uuid = device_id[len("MIG-"):].split("/", 1)[0] if device_id.startswith("MIG-GPU-") else device_id
     try:
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
     except pynvml.NVMLError as exc:
