@@ -337,7 +337,7 @@ def export(
     study_name: StudyOption = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.export import DEFAULT_OUT, FORMATS, export_winner, model_loading_note
+    from autotune.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
     from autotune.storage import load_study
 
     if fmt not in FORMATS:
@@ -349,8 +349,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    note = model_loading_note(best_trial)
-    if note is not None:
+    for note in export_notes(best_trial):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 

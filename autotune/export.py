@@ -189,12 +189,30 @@ def model_loading_note(best: RankedTrial) -> str | None:
     )
 
 
+def allocator_note(best: RankedTrial) -> str | None:
+    """The allocator settings the winner was measured under, which its peak memory depends on.
+
+    ``expandable_segments:True`` (the Docker image sets it) leaves less reserved-over-allocated
+    memory than the default segments, and other settings (``max_split_size_mb``,
+    ``garbage_collection_threshold``) change it too: a run without them may need more memory than
+    the study measured. TrainingArguments cannot carry an environment variable, so it is said here.
+    """
+    settings = {k: v for k, v in (best.result.runtime if best.result else {}).items() if k.endswith("ALLOC_CONF")}
+    if not settings:
+        return None
+    exports = " ".join(f"{name}={value}" for name, value in sorted(settings.items()))
+    return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
+
+
+def export_notes(best: RankedTrial) -> list[str]:
+    """What the winner depends on outside TrainingArguments: the attention kernel, the allocator."""
+    return [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+
+
 def provenance_of(study: optuna.Study, best: RankedTrial) -> str:
     """Where an export comes from, in lines for the comments of the formats that take them."""
     lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
-    note = model_loading_note(best)
-    if note is not None:
-        lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in export_notes(best)]
     return "\n".join(lines)
 
 
