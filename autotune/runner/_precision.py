@@ -44,20 +44,30 @@ def cuda_matmul_precision(torch_module: Any) -> str:
 
 
 class AutocastRecorder:
-    """A forward pre-hook that records the autocast state the model's forward runs under.
+    """Forward pre-hooks that record the autocast state the model's layers run under.
 
-    Registered on the model before training; its first call records
-    ``torch.is_autocast_enabled(device_type)`` and ``torch.get_autocast_dtype(device_type)`` (the
-    Trainer enters autocast before calling the model, so the hook sees exactly what the forward ran
-    in). ``seen`` stays False where the hook never ran (a compiled model whose hooks dynamo folded
-    away): the caller then falls back to the accelerator's mixed-precision setting.
+    accelerate enters autocast *inside* the model's forward: ``prepare_model`` replaces
+    ``model.forward`` with an autocast-wrapped one (accelerate/accelerator.py, ``prepare_model``:
+    ``model.forward = MethodType(autocast_context(model_forward_func), model)``), so a pre-hook on
+    the model itself runs before autocast is entered (seen here: a bf16 trial read no autocast there).
+    The hooks therefore go on the model's direct children, which the forward calls inside it. The
+    first call records ``torch.is_autocast_enabled(device_type)`` and
+    ``torch.get_autocast_dtype(device_type)`` and removes every hook, so later steps run as a plain
+    run does. ``seen`` stays False where no hook ran: the caller falls back to the accelerator's
+    mixed-precision setting.
     """
 
     def __init__(self, torch_module: Any, device_type: str) -> None:
         self._torch = torch_module
         self._device_type = device_type
+        self._handles: list[Any] = []
         self.seen = False
         self.dtype: str | None = None  # ``fp16``/``bf16`` under autocast, ``None`` without
+
+    def attach(self, model: Any) -> None:
+        """Hook every direct child of ``model`` (the model itself where it has none)."""
+        for module in list(model.children()) or [model]:
+            self._handles.append(module.register_forward_pre_hook(self))
 
     def __call__(self, module: Any, args: Any) -> None:
         if self.seen:
@@ -65,6 +75,8 @@ class AutocastRecorder:
         self.seen = True
         if self._torch.is_autocast_enabled(self._device_type):
             self.dtype = _AUTOCAST_NAMES.get(str(self._torch.get_autocast_dtype(self._device_type)), "other")
+        for handle in self._handles:
+            handle.remove()
 
 
 def accelerator_autocast_dtype(mixed_precision: str | None) -> str | None:

@@ -101,7 +101,10 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
         model_build_s = time.perf_counter() - build_started
         autocast = AutocastRecorder(torch, workload.device.kind)
-        model.register_forward_pre_hook(autocast)
+        if job.config.compile == "off":
+            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
+            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
+            autocast.attach(model)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         timer = StepTimer(workload.measure, probe.synchronize, _pruner(job))

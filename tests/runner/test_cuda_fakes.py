@@ -411,15 +411,26 @@ def test_the_workload_predicts_the_tf32_peak_for_fp32_with_compile(bert_tiny):
 def test_the_autocast_dtype_is_read_inside_the_forward():
     import torch
 
-    model = torch.nn.Linear(4, 4)
+    class AutocastInsideForward(torch.nn.Module):
+        """As accelerate's prepare_model leaves a model: autocast entered inside forward."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.layer(x)
+
+    model = AutocastInsideForward()
     recorder = AutocastRecorder(torch, "cpu")
-    model.register_forward_pre_hook(recorder)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(torch.ones(2, 4))
+    recorder.attach(model)
+    model(torch.ones(2, 4))
     assert recorder.seen and recorder.dtype == "bf16"
+    assert not model.layer._forward_pre_hooks  # removed after the first call: later steps run unhooked
     plain = AutocastRecorder(torch, "cpu")
-    other = torch.nn.Linear(4, 4)
-    other.register_forward_pre_hook(plain)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    plain.attach(other)
     other(torch.ones(2, 4))
     assert plain.seen and plain.dtype is None
 
