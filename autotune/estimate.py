@@ -191,6 +191,11 @@ class Calibration:
         """One line a user can read: what the corrections are and where they come from."""
         context = f"context {self.context_bytes / GiB:.2f} GiB"
         scale = f"activation scale {self.activation_scale:.2f}"
+        if self.allocator_share or self.workspace_bytes:
+            scale += (
+                f", allocator {self.allocator_share:.0%} of per-step memory + {self.workspace_bytes / MiB:.0f} MiB "
+                "cuBLAS workspaces (docs/estimator.md)"
+            )
         if not self.points:
             return f"prior ({context}, {scale}; not calibrated: no measured trial)"
         error = f", worst error {self.max_relative_error:.1%}" if self.max_relative_error is not None else ""
