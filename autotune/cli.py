@@ -272,6 +272,9 @@ def estimate(
     seq_len: SeqLenOption = 128,
     gpu: GpuOption = None,
     device: DeviceOption = None,
+    gpu_type: Annotated[
+        Optional[str], typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")
+    ] = None,
     space: SpaceOption = None,
     memory_ceiling: CeilingOption = "0.9",
     task: TaskOption = None,
@@ -279,39 +282,64 @@ def estimate(
         Optional[str], typer.Option(help="Calibrate on the measured trials of a study in this storage.")
     ] = None,
     study_name: StudyOption = None,
+    all_rows: Annotated[bool, typer.Option("--all", help="Every memory-distinct config, by part.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (knobs, parts in bytes, total).")] = False,
 ) -> None:
-    """Predict each config's peak memory, by part, without running anything."""
+    """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
+    micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
     from autotune import validate
 
     validate.positive_int("--seq-len", seq_len)
     from autotune.ceiling import parse_ceiling
-    from autotune.devices import resolve_device
-    from autotune.display import estimate_table
-    from autotune.estimate import Calibration, estimate_peak, memory_distinct_configs
+    from autotune.devices import known_gpu, resolve_device
+    from autotune.display import estimate_short_table, estimate_table
+    from autotune.estimate import (
+        Calibration,
+        estimate_json,
+        estimate_rows,
+        expandable_segments_enabled,
+        largest_fitting,
+        memory_distinct_configs,
+    )
     from autotune.models import resolve_model
     from autotune.space import load_space
+    from autotune.study import margin_for
     from autotune.units import format_bytes
 
-    device_spec = resolve_device(device, gpu)
+    if gpu_type is not None and (gpu is not None or device is not None or storage is not None):
+        raise AutotuneError("--gpu-type plans for a GPU you do not have: give it without --gpu, --device or --storage")
+    if all_rows and as_json:
+        raise AutotuneError("give --all (a table) or --json, not both")
+    device_spec = known_gpu(gpu_type).device() if gpu_type is not None else resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
     validate.seq_len_fits(seq_len, model, model_spec.max_positions)
     search_space = load_space(space, device_spec, model=model_spec)
-    calibration = Calibration.prior(device_spec.kind)
+    calibration = Calibration.prior(
+        device_spec.kind, device_spec.compute_capability, expandable_segments_enabled(dict(os.environ))
+    )
     if storage is not None:
         calibration = _calibration_of_study(storage, study_name, model_spec, seq_len, device_spec)
     configs = memory_distinct_configs(search_space.choices, device_spec.kind)
-    rows = [(c, estimate_peak(model_spec, c, seq_len, device_spec.kind, calibration)) for c in configs]
-    from autotune.study import margin_for
-
-    memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory"
-    console.print(
-        estimate_table(
-            f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {device_spec.label}: "
-            f"{len(configs)} memory-distinct configs of {search_space.size}, ceiling {format_bytes(ceiling)}",
-            rows, ceiling, margin_for(calibration),
-        )
-    )
+    rows = estimate_rows(model_spec, configs, seq_len, device_spec.kind, calibration, ceiling)
+    where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
+    if as_json:
+        header = {
+            "model": model_spec.name, "seq_len": seq_len, "device": where, "device_kind": device_spec.kind,
+            "device_memory_bytes": device_spec.total_memory_bytes, "ceiling_bytes": ceiling,
+            "estimator": calibration.describe(), "space_notes": list(search_space.notes),
+        }
+        typer.echo(estimate_json(rows, header))
+        return
+    for note in search_space.notes:
+        console.print(f"[dim]note: {note}[/]")
+    memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
+    title = f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling)}"
+    if all_rows:
+        console.print(estimate_table(f"{title}: {len(configs)} memory-distinct configs of {search_space.size}",
+                                     [(row.config, row.estimate) for row in rows], ceiling, margin_for(calibration)))
+    else:
+        console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
     console.print(f"estimator: {calibration.describe()}")
 
 
@@ -377,7 +405,7 @@ def export(
     study_name: StudyOption = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.export import DEFAULT_OUT, FORMATS, export_winner, model_loading_note
+    from autotune.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
     from autotune.storage import load_study
 
     if fmt not in FORMATS:
@@ -389,8 +417,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    note = model_loading_note(best_trial)
-    if note is not None:
+    for note in export_notes(best_trial):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 
@@ -443,8 +470,16 @@ def devices(
     matrix_size: Annotated[
         Optional[int], typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")
     ] = None,
+    known: Annotated[bool, typer.Option("--known", help="List the GPUs autotune estimate --gpu-type plans for.")] = False,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
+    if known:
+        from autotune.display import known_gpus_table
+
+        if calibrate:
+            raise AutotuneError("--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one")
+        console.print(known_gpus_table())
+        return
     from autotune.calibrate import (
         calibrate_device,
         load_measured_peaks,

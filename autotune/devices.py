@@ -82,6 +82,72 @@ DATASHEETS: tuple[DatasheetEntry, ...] = (
 
 
 @dataclasses.dataclass(frozen=True)
+class KnownGpu:
+    """A GPU one can plan for without having it (``autotune estimate --gpu-type NAME``).
+
+    Attributes:
+        key: The name the command line takes (``v100-16gb``).
+        nvml_name: The name NVML gives the GPU; it selects the datasheet peaks of :data:`DATASHEETS`.
+        memory_bytes: Device memory as CUDA reports it (``cudaMemGetInfo`` total, the "total
+            capacity" in torch's out-of-memory message) where such a report was found, else
+            nvidia-smi's total; the ceiling's fraction applies to it.
+        compute_capability: CUDA compute capability: the dtypes it trains in and the CUDA prior's
+            generation (:mod:`autotune.estimate`).
+        memory_source: Where ``memory_bytes`` comes from (docs/facts.md, "GPUs one can plan for").
+    """
+
+    key: str
+    nvml_name: str
+    memory_bytes: int
+    compute_capability: tuple[int, int]
+    memory_source: str
+
+    def device(self) -> DeviceSpec:
+        """The device a trial on this GPU would see (index 0), for estimates only."""
+        return DeviceSpec(
+            kind="cuda",
+            index=0,
+            name=self.nvml_name,
+            total_memory_bytes=self.memory_bytes,
+            supported_dtypes=cuda_dtypes(self.compute_capability),
+            compute_capability=self.compute_capability,
+        )
+
+
+_GiB = 1024**3
+_MiB = 1024**2
+# Compute capabilities: NVIDIA's CUDA GPUs list (developer.nvidia.com/cuda-gpus). Memory: the
+# "total capacity" torch prints in a CUDA OOM message (GiB, two decimals) or nvidia-smi's total
+# (MiB), quoted in the public issues named in docs/facts.md.
+KNOWN_GPUS: tuple[KnownGpu, ...] = (
+    KnownGpu("v100-16gb", "Tesla V100-SXM2-16GB", int(15.78 * _GiB), (7, 0), "torch OOM message: 15.78 GiB total capacity"),
+    KnownGpu("v100-32gb", "Tesla V100-SXM2-32GB", int(31.74 * _GiB), (7, 0), "torch OOM message: 31.74 GiB total capacity"),
+    KnownGpu("a100-40gb", "NVIDIA A100-SXM4-40GB", int(39.59 * _GiB), (8, 0), "torch OOM message: 39.59 GiB total capacity"),
+    KnownGpu("a100-80gb", "NVIDIA A100-SXM4-80GB", int(79.15 * _GiB), (8, 0), "torch OOM message: 79.15 GiB total capacity"),
+    KnownGpu("a10g", "NVIDIA A10G", 23028 * _MiB, (8, 6), "nvidia-smi total: 23028 MiB"),
+    KnownGpu("l4", "NVIDIA L4", 23034 * _MiB, (8, 9), "nvidia-smi total: 23034 MiB"),
+    KnownGpu("rtx-3090", "NVIDIA GeForce RTX 3090", int(23.70 * _GiB), (8, 6), "torch OOM message: 23.70 GiB total capacity"),
+    KnownGpu("rtx-4090", "NVIDIA GeForce RTX 4090", int(23.65 * _GiB), (8, 9), "torch OOM message: 23.65 GiB total capacity"),
+    KnownGpu("h100-pcie", "NVIDIA H100 PCIe", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB (80 GB HBM2e)"),
+    KnownGpu("h100-sxm", "NVIDIA H100 80GB HBM3", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB"),
+    KnownGpu("h200", "NVIDIA H200", 143771 * _MiB, (9, 0), "nvidia-smi total: 143771 MiB (141 GB HBM3e)"),
+)
+
+
+def known_gpu(key: str) -> KnownGpu:
+    """The GPU ``--gpu-type`` names.
+
+    Raises:
+        AutotuneError: Not in :data:`KNOWN_GPUS` (the message lists them).
+    """
+    for gpu in KNOWN_GPUS:
+        if gpu.key == key.strip().lower():
+            return gpu
+    names = ", ".join(gpu.key for gpu in KNOWN_GPUS)
+    raise AutotuneError(f"--gpu-type {key!r} is not known: choose one of {names} (autotune devices --known)")
+
+
+@dataclasses.dataclass(frozen=True)
 class DeviceSpec:
     """A device a trial runs on.
 
@@ -117,7 +183,13 @@ class DeviceSpec:
 
 
 def datasheet_entry(device_name: str) -> DatasheetEntry | None:
-    """The datasheet of the GPU an NVML name describes; ``None`` for CPUs and GPUs not in the table."""
+    """The datasheet of the GPU an NVML name describes; ``None`` for CPUs and GPUs not in the table.
+
+    A MIG instance (NVML names it "NVIDIA A100-SXM4-40GB MIG 1g.5gb") has a fraction of the GPU's
+    SMs, so the whole GPU's peak would understate its MFU: it gets none (never invented).
+    """
+    if re.search(r"\bMIG\b", device_name):
+        return None
     for entry in DATASHEETS:
         if re.search(entry.pattern, device_name, flags=re.IGNORECASE):
             return entry
@@ -186,7 +258,12 @@ def _cpu_model_name() -> str:
 
 
 def cuda_device(index: int) -> DeviceSpec:
-    """Describe CUDA device ``index`` through NVML, without creating a CUDA context here."""
+    """Describe CUDA device ``index`` through NVML, without creating a CUDA context here.
+
+    On a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-<uuid>``) the memory is the instance's, which is
+    what a trial there can use: NVML's memory info of a MIG device handle is the slice's (NVML API
+    reference, nvmlDeviceGetMemoryInfo; nvidia-ml-py's pynvml.py wraps it as is).
+    """
     try:
         import pynvml
 
@@ -195,15 +272,12 @@ def cuda_device(index: int) -> DeviceSpec:
         raise AutotuneError(
             f"no CUDA device on this machine (NVML: {exc}); run on the CPU with --device cpu"
         ) from None
-    count = pynvml.nvmlDeviceGetCount()
-    physical = physical_gpu_index(index)
-    if physical >= count:
-        raise AutotuneError(f"--gpu {index}: this machine has {count} CUDA device(s), numbered from 0")
-    handle = pynvml.nvmlDeviceGetHandleByIndex(physical)
+    handle = nvml_device_handle(pynvml, visible_device_id(index), index)
     name = pynvml.nvmlDeviceGetName(handle)
     name = name.decode() if isinstance(name, bytes) else name
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if _is_mig(pynvml, handle) else handle
+    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(parent)
     return DeviceSpec(
         kind="cuda",
         index=index,
@@ -212,6 +286,110 @@ def cuda_device(index: int) -> DeviceSpec:
         supported_dtypes=cuda_dtypes((major, minor)),
         compute_capability=(major, minor),
     )
+
+
+def visible_device_id(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry that the user's GPU number ``index`` names.
+
+    CUDA accepts indices, GPU UUIDs (``GPU-8c5b...``) and MIG instances (``MIG-<uuid>``, or the
+    older ``MIG-GPU-<uuid>/<gi>/<ci>``) in ``CUDA_VISIBLE_DEVICES`` (CUDA C Programming Guide,
+    "CUDA Environment Variables"; NVIDIA MIG User Guide, "CUDA Device Enumeration"). Without the
+    variable the user's number is the NVML index itself.
+
+    Raises:
+        AutotuneError: ``index`` is beyond the entries the variable lists.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(index)
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if index >= len(ids):
+        raise AutotuneError(f"--gpu {index} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return ids[index]
+
+
+def physical_gpu_index(index: int) -> int:
+    """Map the user's GPU number through ``CUDA_VISIBLE_DEVICES`` to an NVML index (indices only).
+
+    Raises:
+        AutotuneError: The variable names the device by UUID or MIG instance: use
+            :func:`visible_device_id` and :func:`nvml_device_handle` for those.
+    """
+    device_id = visible_device_id(index)
+    if not device_id.isdigit():
+        raise AutotuneError(f"--gpu {index} is {device_id} in CUDA_VISIBLE_DEVICES: not an NVML index")
+    return int(device_id)
+
+
+def nvml_device_handle(pynvml, device_id: str, index: int):  # noqa: ANN001, ANN201 - pynvml and its handle
+    """The NVML handle of a ``CUDA_VISIBLE_DEVICES`` entry: an index, a GPU UUID or a MIG instance.
+
+    Raises:
+        AutotuneError: No such device, or a GPU in MIG mode named by index (CUDA runs on a MIG
+            instance only when it is named by its ``MIG-`` UUID; the message lists them).
+    """
+    if device_id.isdigit():
+        count = pynvml.nvmlDeviceGetCount()
+        if int(device_id) >= count:
+            raise AutotuneError(f"--gpu {index}: this machine has {count} CUDA device(s), numbered from 0")
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(device_id))
+        if _mig_enabled(pynvml, handle):
+            raise AutotuneError(
+                f"--gpu {index}: GPU {device_id} is in MIG mode; choose an instance with "
+                f"CUDA_VISIBLE_DEVICES={_mig_uuids(pynvml, handle) or 'MIG-<uuid> (nvidia-smi -L lists them)'}"
+            )
+        return handle
+    # MIG-GPU-<uuid>/<gi>/<ci> names the parent by its own GPU-<uuid>.
+    uuid = device_id[len("MIG-"):].split("/", 1)[0] if device_id.startswith("MIG-GPU-") else device_id
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except pynvml.NVMLError as exc:
+        raise AutotuneError(f"--gpu {index}: NVML knows no device {device_id} ({exc})") from None
+    if device_id.startswith("MIG-GPU-"):
+        return _legacy_mig_handle(pynvml, handle, device_id, index)
+    return handle
+
+
+def _legacy_mig_handle(pynvml, parent, device_id: str, index: int):  # noqa: ANN001, ANN202
+    """The MIG device ``MIG-GPU-<uuid>/<gi>/<ci>`` names: the parent's MIG device of that GPU instance."""
+    try:
+        gpu_instance = int(device_id.split("/")[1])
+    except (IndexError, ValueError):
+        raise AutotuneError(f"--gpu {index}: {device_id} is not MIG-GPU-<uuid>/<gi>/<ci>") from None
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)
+        except pynvml.NVMLError:
+            continue
+        if pynvml.nvmlDeviceGetGpuInstanceId(mig) == gpu_instance:
+            return mig
+    raise AutotuneError(f"--gpu {index}: GPU instance {gpu_instance} of {device_id} does not exist")
+
+
+def _is_mig(pynvml, handle) -> bool:  # noqa: ANN001
+    try:
+        return bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
+    except pynvml.NVMLError:
+        return False  # a driver without MIG support
+
+
+def _mig_enabled(pynvml, handle) -> bool:  # noqa: ANN001
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return False  # not MIG-capable (NVML_ERROR_NOT_SUPPORTED)
+    return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_uuids(pynvml, parent) -> str:  # noqa: ANN001
+    found = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot))
+        except pynvml.NVMLError:
+            continue
+        found.append(uuid.decode() if isinstance(uuid, bytes) else uuid)
+    return ",".join(found)
 
 
 def list_devices() -> list[DeviceSpec]:
@@ -234,14 +412,3 @@ def cuda_dtypes(compute_capability: tuple[int, int]) -> tuple[str, ...]:
     if compute_capability >= (8, 0):
         dtypes += ["tf32", "bf16"]
     return tuple(dtypes)
-
-
-def physical_gpu_index(index: int) -> int:
-    """Map the user's GPU number through an inherited ``CUDA_VISIBLE_DEVICES`` to an NVML index."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible:
-        return index
-    ids = [v.strip() for v in visible.split(",") if v.strip()]
-    if index >= len(ids) or not ids[index].isdigit():
-        raise AutotuneError(f"--gpu {index} is not among CUDA_VISIBLE_DEVICES={visible}")
-    return int(ids[index])

@@ -21,9 +21,9 @@ from rich.table import Table
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
-from autotune.estimate import MemoryEstimate
+from autotune.estimate import EstimateRow, MemoryEstimate
 from autotune.ranking import RankedTrial
-from autotune.result import TrialResult, memory_source_description
+from autotune.result import TrialResult, memory_source_description, precision_note
 from autotune.units import format_bytes
 
 STATUS_STYLE = {
@@ -104,6 +104,8 @@ def trial_cells(
     notes = [result.error] if result.error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
+    notes += [note for note in [precision_note(config.dtype, result)] if note]
+    notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
     if confirmation:
@@ -187,13 +189,15 @@ def estimate_table(
         caption=(
             "weights: fp32 parameters (+ 16-bit copies under fp16/bf16 autocast); gradients: fp32; optimizer "
             "states: per optimizer; activations: Korthikanti et al. 2022 per layer, calibrated scale; logits: "
-            "three fp32 b·s·V tensors of the LM loss; context: CUDA context, or on the CPU the process baseline "
+            "three fp32 b·s·V tensors of the LM loss; allocator: CUDA caching allocator's workspaces and "
+            "fragmentation (0 on the CPU); context: CUDA context, or on the CPU the process baseline "
             f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "
             "a search would not run it."
         ),
         caption_justify="left",
     )
-    headers = ["config", "weights", "gradients", "optimizer states", "activations", "logits", "context", "predicted peak", "vs ceiling"]
+    parts = list(rows[0][1].parts()) if rows else []
+    headers = ["config", *parts, "predicted peak", "vs ceiling"]
     for header in headers:
         table.add_column(header, justify="left" if header == "config" else "right")
     for config, estimate in rows:
@@ -205,6 +209,52 @@ def estimate_table(
         else:
             verdict = "[magenta]screened[/]"
         table.add_row(config.short(), *(format_bytes(v) for v in estimate.parts().values()), format_bytes(total), verdict)
+    return table
+
+
+def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int) -> Table:
+    """``autotune estimate``'s default: per setting of the other memory knobs, the largest micro-batch
+    predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`)."""
+    table = Table(
+        title=title,
+        caption="largest micro-batch: of the space's micro-batches, the largest whose predicted peak is at most the "
+        "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts).",
+        caption_justify="left",
+    )
+    for header in ("dtype", "checkpointing", "optimizer", "other knobs", "largest micro-batch", "predicted peak", "vs ceiling"):
+        table.add_column(header, justify="right" if header in ("largest micro-batch", "predicted peak") else "left")
+    for row, any_fits in chosen:
+        config = row.config
+        others = " ".join(
+            part for part in (
+                f"attn={config.attn_implementation}" if config.attn_implementation else "",
+                f"workers={config.dataloader_workers}" if config.dataloader_workers else "",
+            ) if part
+        )
+        batch = str(config.micro_batch) if any_fits else f"none (smallest {config.micro_batch})"
+        verdict = "[green]fits[/]" if any_fits else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"
+        table.add_row(
+            config.dtype, "on" if config.checkpointing else "off", config.optim, others or "-",
+            batch, format_bytes(row.estimate.total_bytes), verdict,
+        )
+    return table
+
+
+def known_gpus_table() -> Table:
+    """``autotune devices --known``: the GPUs ``autotune estimate --gpu-type`` plans for."""
+    from autotune.devices import KNOWN_GPUS
+
+    table = Table(title="GPUs to plan for without having them (autotune estimate --gpu-type NAME)")
+    for header in ("name", "GPU (as NVML names it)", "memory", "compute capability", "dtypes", "datasheet peaks (TFLOPS)", "memory figure from"):
+        table.add_column(header)
+    for gpu in KNOWN_GPUS:
+        device = gpu.device()
+        entry = device.datasheet_entry()
+        peaks = ", ".join(f"{d} {v:g}" for d, v in entry.peaks_tflops.items()) if entry else "-"
+        table.add_row(
+            gpu.key, gpu.nvml_name, format_bytes(gpu.memory_bytes), f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
+            ", ".join(device.supported_dtypes), peaks, gpu.memory_source,
+        )
     return table
 
 

@@ -14,10 +14,14 @@ The estimate is a sum of parts a user can check by hand:
   only each layer's input is kept, plus one layer recomputed in the backward pass;
 * **logits**: the language-model head's ``b * s * V`` logits and the loss's fp32 copies (with Liger's
   fused linear cross-entropy, a chunk of about ``b * s * h`` instead);
-* **context**: what the process holds before training. On CUDA the CUDA context and kernels (0.5
-  to 1.5 GB, docs/facts.md); on the CPU the measured figure is the resident set of the whole process
-  tree, which includes the interpreter with torch and transformers imported (and one copy of it per
-  dataloader worker, since forked workers map the same pages).
+* **allocator**: on CUDA, what the caching allocator reserves beyond the live tensors (cuBLAS and
+  cuBLASLt workspaces, block rounding, fragmentation), so that the total predicts ``nvidia-smi``'s
+  figure for the process (docs/estimator.md, "The CUDA prior"); 0 on the CPU;
+* **context**: what the process holds before training. On CUDA the CUDA context and the kernels
+  loaded into it, by GPU generation (docs/estimator.md); on the CPU the measured figure is the
+  resident set of the whole process tree, which includes the interpreter with torch and
+  transformers imported (and one copy of it per dataloader worker, since forked workers map the
+  same pages).
 
 The levers of search_spaces/README.md change these parts: a fused attention kernel (flash, flex,
 SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps no ``b x s x V`` logits; the
@@ -49,8 +53,30 @@ CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
 # The library pages a fresh process maps and a forkserver child does not, which the CPU probe adds
 # (devices.unmapped_import_file_bytes): 114 MiB measured here.
 CPU_UNMAPPED_LIBRARY_BYTES = int(0.10 * GiB)
-# Before any trial is measured. CUDA: the middle of the 0.5-1.5 GB range of docs/facts.md.
-PRIOR_CONTEXT_BYTES = {"cpu": CPU_CHILD_START_RSS_BYTES + CPU_UNMAPPED_LIBRARY_BYTES, "cuda": int(1.0 * GiB)}
+# Before any trial is measured. CUDA: a generation's context (CUDA_CONTEXT_BYTES) where the
+# compute capability is known, else the Ampere figure.
+PRIOR_CONTEXT_BYTES = {"cpu": CPU_CHILD_START_RSS_BYTES + CPU_UNMAPPED_LIBRARY_BYTES, "cuda": int(0.6 * GiB)}
+
+# The CUDA prior: what nvidia-smi shows for a training process beyond its live tensors. Evidence for
+# each figure, and the prior's expected error, in docs/estimator.md ("The CUDA prior").
+# The CUDA context with the kernels a training run loads into it, by the compute capability's major
+# version: about 300-400 MB right after initialisation with lazy module loading (CUDA >= 11.7, the
+# default in PyTorch; pytorch/pytorch#107667, #109888), more once cuBLAS, cuDNN and torch's training
+# kernels are loaded; newer architectures carry larger kernel images.
+CUDA_CONTEXT_BYTES = {7: int(0.5 * GiB), 8: int(0.6 * GiB), 9: int(0.7 * GiB)}
+# cuBLAS's workspace per handle, allocated through the caching allocator: torch's default
+# CUBLAS_WORKSPACE_CONFIG is ":4096:8" (32 MiB) on Hopper and newer, ":4096:2:16:8" (8 MiB + 128 KiB)
+# before (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize, following the cuBLAS docs'
+# cublasSetWorkspace advice). cuBLASLt gets a workspace of the same size: two per process.
+CUBLAS_WORKSPACE_BYTES = {7: 4096 * 1024 * 2 + 16 * 1024 * 8, 8: 4096 * 1024 * 2 + 16 * 1024 * 8, 9: 4096 * 1024 * 8}
+CUBLAS_WORKSPACES = 2
+# Reserved over allocated at the peak, as a share of the memory that is allocated and freed every
+# step (activations, logits, gradients): freed blocks split by later requests, 2 MiB rounding of
+# large blocks, 1-10 MiB requests carved from 20 MiB segments, small ones from 2 MiB segments
+# (torch/include/c10/core/AllocatorConfig.h: kSmallBuffer, kMinLargeAlloc, kRoundLarge). With
+# expandable_segments the allocator maps 2 MiB pages into one growing segment and little is left
+# between blocks (pytorch/pytorch#96995).
+ALLOCATOR_FRAGMENTATION_SHARE = {"default": 0.15, "expandable_segments": 0.05}
 # CPU resident memory runs ahead of the tensors alive: freed blocks stay in malloc's arenas. The
 # prior activation scale says so (fitted on bert-mini, docs/benchmarks.md); calibration replaces it.
 PRIOR_ACTIVATION_SCALE = {"cpu": 1.1, "cuda": 1.0}
@@ -101,6 +127,7 @@ class MemoryEstimate:
     activations_bytes: int
     logits_bytes: int
     context_bytes: int
+    allocator_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -119,6 +146,7 @@ class MemoryEstimate:
             "optimizer states": self.optimizer_bytes,
             "activations": self.activations_bytes,
             "logits": self.logits_bytes,
+            "allocator": self.allocator_bytes,
             "context": self.context_bytes,
         }
 
@@ -141,19 +169,42 @@ class Calibration:
     activation_scale: float
     points: int = 0
     max_relative_error: float | None = None
+    allocator_share: float = 0.0
+    workspace_bytes: int = 0
 
     @classmethod
-    def prior(cls, device_kind: str) -> Calibration:
+    def prior(
+        cls, device_kind: str, compute_capability: tuple[int, int] | None = None, expandable_segments: bool = False
+    ) -> Calibration:
+        """The figures before any trial is measured.
+
+        Args:
+            device_kind: ``cpu`` or ``cuda``.
+            compute_capability: On CUDA, the GPU's (its generation picks the context and the
+                cuBLAS workspace); ``None``: the Ampere figures.
+            expandable_segments: The allocator runs with ``expandable_segments:True``
+                (``PYTORCH_ALLOC_CONF``), which leaves less fragmentation.
+        """
+        if device_kind != "cuda":
+            return cls(device_kind, PRIOR_CONTEXT_BYTES[device_kind], PRIOR_ACTIVATION_SCALE[device_kind])
+        major = min(max((compute_capability or (8, 0))[0], 7), 9)
         return cls(
             device_kind=device_kind,
-            context_bytes=PRIOR_CONTEXT_BYTES[device_kind],
+            context_bytes=CUDA_CONTEXT_BYTES[major] if compute_capability else PRIOR_CONTEXT_BYTES["cuda"],
             activation_scale=PRIOR_ACTIVATION_SCALE[device_kind],
+            allocator_share=ALLOCATOR_FRAGMENTATION_SHARE["expandable_segments" if expandable_segments else "default"],
+            workspace_bytes=CUBLAS_WORKSPACES * CUBLAS_WORKSPACE_BYTES[major],
         )
 
     def describe(self) -> str:
         """One line a user can read: what the corrections are and where they come from."""
         context = f"context {self.context_bytes / GiB:.2f} GiB"
         scale = f"activation scale {self.activation_scale:.2f}"
+        if self.allocator_share or self.workspace_bytes:
+            scale += (
+                f", allocator {self.allocator_share:.0%} of per-step memory + {self.workspace_bytes / MiB:.0f} MiB "
+                "cuBLAS workspaces (docs/estimator.md)"
+            )
         if not self.points:
             return f"prior ({context}, {scale}; not calibrated: no measured trial)"
         error = f", worst error {self.max_relative_error:.1%}" if self.max_relative_error is not None else ""
@@ -183,16 +234,27 @@ def estimate_peak(
     calibration = calibration or Calibration.prior(device_kind)
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
-    activations = activation_bytes(model, config, seq_len, device_kind, shape)
+    activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * calibration.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_bytes=optimizer,
-        activations_bytes=int(activations * calibration.activation_scale),
+        activations_bytes=activations,
         logits_bytes=logits,
         context_bytes=context_bytes(calibration.context_bytes, config, device_kind, weights),
+        allocator_bytes=allocator_overhead_bytes(calibration, activations + logits + gradients),
     )
+
+
+def allocator_overhead_bytes(calibration: Calibration, transient_bytes: int) -> int:
+    """What the CUDA caching allocator reserves beyond the live tensors at the peak (0 on the CPU).
+
+    The cuBLAS/cuBLASLt workspaces, plus a share of the memory allocated and freed every step
+    (``transient_bytes``: activations, logits, gradients) left reserved by rounding and
+    fragmentation (:data:`ALLOCATOR_FRAGMENTATION_SHARE`).
+    """
+    return calibration.workspace_bytes + int(calibration.allocator_share * transient_bytes)
 
 
 def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
@@ -420,7 +482,11 @@ class MeasuredPeak:
 
 
 def fit_calibration(
-    model: ModelSpec, seq_len: int, device_kind: str, measured: Sequence[MeasuredPeak]
+    model: ModelSpec,
+    seq_len: int,
+    device_kind: str,
+    measured: Sequence[MeasuredPeak],
+    prior: Calibration | None = None,
 ) -> Calibration:
     """Fit ``measured = context * processes + fixed + scale * activations`` by least squares.
 
@@ -429,7 +495,7 @@ def fit_calibration(
     fewer than :data:`MIN_POINTS_FOR_SCALE` points, or too little spread in the activations to tell
     a scale from an offset, the scale keeps its prior and only the context is fitted.
     """
-    prior = Calibration.prior(device_kind)
+    prior = prior or Calibration.prior(device_kind)
     if not measured:
         return prior
     rows = []  # (processes, uncalibrated activation bytes, measured - fixed bytes)
@@ -437,8 +503,12 @@ def fit_calibration(
         uncalibrated = estimate_peak(model, point.config, seq_len, device_kind, dataclasses.replace(
             prior, context_bytes=0, activation_scale=1.0))
         processes = 1 + (point.config.dataloader_workers if device_kind == "cpu" else 0)
-        # Model states, logits and the weights each CPU worker maps are exact: not fitted.
-        fixed = uncalibrated.model_state_bytes + uncalibrated.logits_bytes + uncalibrated.context_bytes
+        # Model states, logits, the weights each CPU worker maps and the CUDA allocator's overhead
+        # (at the prior's share) are not fitted.
+        fixed = (
+            uncalibrated.model_state_bytes + uncalibrated.logits_bytes + uncalibrated.context_bytes
+            + uncalibrated.allocator_bytes
+        )
         rows.append((processes, uncalibrated.activations_bytes, point.peak_bytes - fixed))
     activations = [a for _, a, _ in rows]
     spread = (max(activations) - min(activations)) / max(max(activations), 1)
@@ -456,7 +526,7 @@ def fit_calibration(
     else:
         scale = prior.activation_scale
         context = _context_given_scale(rows, scale)
-    fitted = Calibration(device_kind, int(max(context, 0)), scale, points=len(rows))
+    fitted = dataclasses.replace(prior, context_bytes=int(max(context, 0)), activation_scale=scale, points=len(rows))
     errors = [
         abs(estimate_peak(model, p.config, seq_len, device_kind, fitted).total_bytes - p.peak_bytes) / p.peak_bytes
         for p in measured
@@ -511,3 +581,76 @@ def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len
     """The prior estimate of the space's least memory-hungry config: what any trial needs at least."""
     configs = memory_distinct_configs(choices, device_kind)
     return min(estimate_peak(model, config, seq_len, device_kind).total_bytes for config in configs)
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRow:
+    """One config's prediction against the ceiling (``autotune estimate``)."""
+
+    config: TrialConfig
+    estimate: MemoryEstimate
+    fits: bool
+
+
+def estimate_rows(
+    model: ModelSpec,
+    configs: Sequence[TrialConfig],
+    seq_len: int,
+    device_kind: str,
+    calibration: Calibration,
+    ceiling_bytes: int,
+) -> list[EstimateRow]:
+    """Predict every config's peak and judge it against the ceiling (:func:`autotune.ceiling.fits`)."""
+    from autotune.ceiling import fits
+
+    rows = []
+    for config in configs:
+        estimate = estimate_peak(model, config, seq_len, device_kind, calibration)
+        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
+    return rows
+
+
+def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool]]:
+    """For each setting of the other memory knobs (dtype x checkpointing x optimizer, ...), the row of
+    the largest micro-batch predicted to fit; where none fits, the smallest, marked ``False``.
+
+    Returns:
+        (row, whether any micro-batch of that setting fits), in the order the settings first appear.
+    """
+    groups: dict[TrialConfig, list[EstimateRow]] = {}
+    for row in rows:
+        groups.setdefault(dataclasses.replace(row.config, micro_batch=1), []).append(row)
+    chosen = []
+    for members in groups.values():
+        fitting = [row for row in members if row.fits]
+        if fitting:
+            chosen.append((max(fitting, key=lambda row: row.config.micro_batch), True))
+        else:
+            chosen.append((min(members, key=lambda row: row.config.micro_batch), False))
+    return chosen
+
+
+def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
+    """Every row as JSON for scripts: the config's knobs, each part in bytes, the total, whether it fits."""
+    import json
+
+    document = {
+        **header,
+        "rows": [
+            {
+                "config": row.config.to_params(),
+                "parts_bytes": row.estimate.parts(),
+                "total_bytes": row.estimate.total_bytes,
+                "fits": row.fits,
+            }
+            for row in rows
+        ],
+    }
+    return json.dumps(document, indent=2)
+
+
+def expandable_segments_enabled(environ: dict[str, str]) -> bool:
+    """Whether the allocator settings in ``environ`` turn expandable segments on (PYTORCH_ALLOC_CONF
+    wins over PYTORCH_CUDA_ALLOC_CONF, torch/include/c10/core/AllocatorConfig.h)."""
+    conf = environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    return "expandable_segments:true" in conf.replace(" ", "").lower()

@@ -21,6 +21,7 @@ from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
 from autotune.files import write_output
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
+from autotune.result import TrialResult
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -37,7 +38,21 @@ def winner_arguments(study: optuna.Study) -> dict[str, Any]:
     """The TrainingArguments keyword arguments of the study's best feasible trial."""
     best = winner(study)
     device_kind = study.user_attrs.get(schema.STUDY_DEVICE_KIND, "cpu")
-    return training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
+    arguments = training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
+    return with_precision_that_ran(arguments, best.result)
+
+
+def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
+    """Write down the TF32 matmuls a trial ran in although its arguments did not ask for them.
+
+    An fp32 + ``torch_compile`` trial runs TF32 because transformers switches it on when ``tf32`` is
+    unset (transformers/training_args.py, "── 9. TF32 ──"). The exported ``tf32: true`` makes the same
+    precision explicit, so the user reads what was measured and a later transformers that stopped
+    switching it on still reproduces it. Nothing changes where the user fixed ``tf32`` themselves.
+    """
+    if result is None or result.peak_dtype != "tf32" or "tf32" in arguments:
+        return arguments
+    return {**arguments, "tf32": True}
 
 
 def write_json(arguments: dict[str, Any], out: str) -> None:
@@ -188,12 +203,30 @@ COLLATOR_NOTES = {
 }
 
 
+def allocator_note(best: RankedTrial) -> str | None:
+    """The allocator settings the winner was measured under, which its peak memory depends on.
+
+    ``expandable_segments:True`` (the Docker image sets it) leaves less reserved-over-allocated
+    memory than the default segments, and other settings (``max_split_size_mb``,
+    ``garbage_collection_threshold``) change it too: a run without them may need more memory than
+    the study measured. TrainingArguments cannot carry an environment variable, so it is said here.
+    """
+    settings = {k: v for k, v in (best.result.runtime if best.result else {}).items() if k.endswith("ALLOC_CONF")}
+    if not settings:
+        return None
+    exports = " ".join(f"{name}={value}" for name, value in sorted(settings.items()))
+    return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
+
+
+def export_notes(best: RankedTrial) -> list[str]:
+    """What the winner depends on outside TrainingArguments: the attention kernel, the allocator."""
+    return [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+
+
 def provenance_of(study: optuna.Study, best: RankedTrial) -> str:
     """Where an export comes from, in lines for the comments of the formats that take them."""
     lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
-    note = model_loading_note(best)
-    if note is not None:
-        lines.append(f"note: {note}")
+    lines += [f"note: {note}" for note in export_notes(best)]
     return "\n".join(lines)
 
 

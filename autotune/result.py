@@ -75,6 +75,11 @@ class TrialResult:
     skipped_steps: list[int] = dataclasses.field(default_factory=list)
     skipped_measured_steps: int = 0
     weights_finite: bool | None = None
+    # What the child read back about how it ran: matmul_precision (tf32/ieee), autocast_dtype, the
+    # allocator settings (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF), outside_allocator_source.
+    runtime: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Figures found impossible and dropped (an MFU above 100 %), one line each.
+    defects: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def feasible(self) -> bool:
@@ -113,6 +118,17 @@ class TrialResult:
     def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def precision_note(config_dtype: str, result: TrialResult) -> str | None:
+    """``ran tf32 matmuls`` where what the child read back differs from the knob's name, else ``None``.
+
+    An fp32 trial with ``torch.compile`` on CUDA runs TF32 matmuls (transformers and accelerate switch
+    them on, see :mod:`autotune.runner._precision`): tables say so rather than print a bare fp32.
+    """
+    if not result.peak_dtype or result.peak_dtype == config_dtype:
+        return None
+    return f"ran {result.peak_dtype} matmuls"
 
 
 def memory_source_description(source: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from importlib import resources
 from typing import Any
@@ -375,7 +376,12 @@ def _runs_on(knob: str, value: Any, device: DeviceSpec, notes: list[str]) -> boo
 
 def _attention_runs_on(value: str, device: DeviceSpec, notes: list[str]) -> bool:
     """Flash kernels need CUDA and their package (FlashAttention 3: Hopper); flex attention a GPU."""
-    if value in FLASH_ATTENTIONS:
+    if value == "flash_attention_2":
+        reason = flash_attention_2_unavailable(device)
+        if reason:
+            notes.append(f"attn_implementation flash_attention_2 removed: {reason}")
+            return False
+    elif value in FLASH_ATTENTIONS:
         package = _FLASH_PACKAGES[value]
         if device.kind != "cuda" or importlib.util.find_spec(package) is None:
             notes.append(f"attn_implementation {value} removed: it needs a CUDA device and the {package} package")
@@ -428,6 +434,32 @@ def filter_combinations(choices: dict[str, list[Any]], notes: list[str], source:
             )
         choices = {**choices, "attn_implementation": kept}
     return choices
+
+
+def flash_attention_2_unavailable(device: DeviceSpec) -> str | None:
+    """Why ``flash_attention_2`` cannot run on ``device`` here; ``None`` where it can.
+
+    flash-attn 2 runs on Ampere and newer GPUs only (its README: "Ampere, Ada, or Hopper GPUs"), and
+    its CUDA extension is compiled against one torch: a wheel built for another raises ImportError
+    ("undefined symbol") on import, which transformers' ``is_flash_attn_2_available`` (a package
+    look-up, transformers/utils/import_utils.py) does not catch. So the package is imported here.
+    """
+    if device.kind != "cuda":
+        return "it needs a CUDA device"
+    if device.compute_capability is not None and device.compute_capability < (8, 0):
+        return f"flash-attn 2 needs an Ampere or newer GPU; {device.name} is compute capability {device.compute_capability[0]}.{device.compute_capability[1]}"
+    return _flash_attn_import_error()
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_attn_import_error() -> str | None:
+    if importlib.util.find_spec("flash_attn") is None:
+        return "the flash-attn package is not installed"
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as exc:  # noqa: BLE001 - ImportError/OSError of an extension built for another torch
+        return f"flash_attn does not import against the installed torch ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
 
 
 def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:

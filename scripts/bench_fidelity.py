@@ -95,6 +95,19 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     )
     Trainer(model=model_instance, args=arguments, train_dataset=RandomTokens(), callbacks=[clock]).train()
     done.set()
+    cuda = {}
+    if torch.cuda.is_initialized():
+        # As autotune's CUDA probe counts it: the allocator's peak plus what lives outside it, here from
+        # cudaMemGetInfo (the plain run reads no NVML before its context: an upper bound on a shared GPU).
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        outside = max(total - free - torch.cuda.memory_reserved(), 0)
+        cuda = {
+            "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+            "cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "cuda_peak_device_bytes": torch.cuda.max_memory_reserved() + outside,
+            "cuda_device": torch.cuda.get_device_name(),
+        }
     measured = clock.times[warmup_steps - 1 :]  # from the end of the last warm-up step
     step_times = [b - a for a, b in zip(measured, measured[1:])]
     step_times.sort()
@@ -104,6 +117,7 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
         "steps": len(step_times),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_anon_rss_bytes": peak_anon[0],
+        **cuda,
     }
 
 

@@ -39,7 +39,8 @@ def test_dockerfile_builds_on_a_pinned_cuda_pytorch_image_and_runs_unprivileged(
     text = (DOCKER / "Dockerfile").read_text()
     base = re.search(r"^FROM\s+(\S+)", text, re.MULTILINE).group(1)
     image, _, tag = base.partition(":")
-    assert image == "pytorch/pytorch" and re.match(r"\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime$", tag), base
+    # -devel, not -runtime: inductor/Triton need a C compiler, which only -devel has.
+    assert image == "pytorch/pytorch" and re.match(r"\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-devel$", tag), base
     assert '".[postgres,bnb]"' in text
     user = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)[-1]
     assert user.split(":")[0] not in ("0", "root")
@@ -121,3 +122,16 @@ def test_every_variable_compose_reads_is_in_the_env_example():
     documented = set(re.findall(r"^([A-Z0-9_]+)=", example, re.MULTILINE))
     used = {m.group("name") for m in VARIABLE.finditer((DOCKER / "compose.yaml").read_text())}
     assert used <= documented, sorted(used - documented)
+
+
+def test_compose_workers_run_an_init_process_to_reap_killed_trials_workers():
+    for name, worker in _workers(_compose()["services"]).items():
+        assert worker.get("init") is True, f"{name}: init: true reaps the dataloader workers of a killed trial"
+
+
+def test_the_images_allocator_setting_is_one_autotune_records_and_exports():
+    from autotune.runner._limits import ALLOCATOR_ENV
+
+    text = (DOCKER / "Dockerfile").read_text()
+    names = re.findall(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF)=", text)
+    assert names and set(names) <= set(ALLOCATOR_ENV)

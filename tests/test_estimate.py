@@ -121,7 +121,8 @@ def test_each_cpu_dataloader_worker_adds_a_process_baseline_and_the_weights(bert
 def test_total_is_the_sum_of_the_parts(gpt2_tiny):
     estimate = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=8, dtype="bf16", checkpointing=True), 64, "cpu")
     assert estimate.total_bytes == sum(estimate.parts().values())
-    assert set(estimate.parts()) == {"weights", "gradients", "optimizer states", "activations", "logits", "context"}
+    assert set(estimate.parts()) == {"weights", "gradients", "optimizer states", "activations", "logits", "allocator", "context"}
+    assert estimate.allocator_bytes == 0  # the CPU has no caching allocator of device memory
 
 
 def test_memory_distinct_configs_collapse_knobs_that_do_not_change_memory():
@@ -266,11 +267,11 @@ def bert_mini_spec():
 # --- the command ----------------------------------------------------------------------------------
 
 
-def test_estimate_prints_every_memory_distinct_config_with_its_parts(tmp_path):
+def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_path):
     from tests.support.cli import REPO, run_cli
 
     out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--space",
-                  str(REPO / "search_spaces" / "tiny-test.yaml"), "--memory-ceiling", "580MiB", cwd=tmp_path)
+                  str(REPO / "search_spaces" / "tiny-test.yaml"), "--memory-ceiling", "580MiB", "--all", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     for header in ("weights", "gradients", "optimizer states", "activations", "logits", "context", "predicted peak"):
         assert header in out.stdout
@@ -297,3 +298,83 @@ def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_
     assert out.stderr.strip().startswith("autotune: error: study 'other-length' measured bert-tiny at seq len 32")
     same = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", sqlite_url, cwd=tmp_path)
     assert same.returncode == 0 and "not calibrated: no measured trial" in same.stdout
+
+
+# --- the CUDA prior and planning for a GPU one does not have (issue 14) ----------------------------
+
+
+def test_the_cuda_prior_adds_the_allocators_workspaces_and_fragmentation_by_generation(bert_mini_spec):
+    from autotune.estimate import ALLOCATOR_FRAGMENTATION_SHARE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+
+    config = TrialConfig(micro_batch=16)
+    volta, hopper = Calibration.prior("cuda", (7, 0)), Calibration.prior("cuda", (9, 0))
+    assert volta.context_bytes == CUDA_CONTEXT_BYTES[7] < hopper.context_bytes == CUDA_CONTEXT_BYTES[9]
+    assert hopper.workspace_bytes == 2 * 32 * MiB and volta.workspace_bytes == 2 * CUBLAS_WORKSPACE_BYTES[7]
+    on_hopper = estimate_peak(bert_mini_spec, config, 128, "cuda", hopper)
+    transient = on_hopper.activations_bytes + on_hopper.logits_bytes + on_hopper.gradients_bytes
+    assert on_hopper.allocator_bytes == 64 * MiB + int(ALLOCATOR_FRAGMENTATION_SHARE["default"] * transient)
+    expandable = estimate_peak(bert_mini_spec, config, 128, "cuda", Calibration.prior("cuda", (9, 0), expandable_segments=True))
+    assert expandable.allocator_bytes < on_hopper.allocator_bytes
+    assert expandable.total_bytes - expandable.allocator_bytes == on_hopper.total_bytes - on_hopper.allocator_bytes
+
+
+def test_calibration_keeps_the_allocator_part_of_its_prior(bert_mini_spec):
+    prior = Calibration.prior("cuda", (8, 0))
+    configs = [TrialConfig(micro_batch=m) for m in (8, 16, 32)]
+    measured = [MeasuredPeak(c, estimate_peak(bert_mini_spec, c, 128, "cuda", prior).total_bytes) for c in configs]
+    fitted = fit_calibration(bert_mini_spec, 128, "cuda", measured, prior)
+    assert fitted.allocator_share == prior.allocator_share and fitted.workspace_bytes == prior.workspace_bytes
+    assert fitted.max_relative_error is not None and fitted.max_relative_error < 0.05
+
+
+def test_expandable_segments_are_read_from_either_allocator_variable():
+    from autotune.estimate import expandable_segments_enabled
+
+    assert expandable_segments_enabled({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert not expandable_segments_enabled({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"})
+    # PYTORCH_ALLOC_CONF wins over the older name (torch/include/c10/core/AllocatorConfig.h).
+    assert not expandable_segments_enabled(
+        {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.6", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
+
+
+def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_part(tmp_path):
+    import json
+
+    from tests.support.cli import run_cli
+
+    out = run_cli("estimate", "--model", "bert-large-uncased", "--seq-len", "512", "--gpu-type", "v100-16gb", "--json",
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)  # nothing but the JSON on stdout
+    assert document["device_memory_bytes"] == int(15.78 * GiB)
+    rows = document["rows"]
+    assert rows and {row["config"]["dtype"] for row in rows} <= {"fp32", "fp16"}  # a V100 has no bf16/tf32
+    for row in rows:
+        assert row["total_bytes"] == sum(row["parts_bytes"].values())
+        assert row["parts_bytes"]["allocator"] > 0 and row["fits"] == (row["total_bytes"] <= document["ceiling_bytes"])
+    short = run_cli("estimate", "--model", "bert-large-uncased", "--seq-len", "512", "--gpu-type", "v100-16gb", cwd=tmp_path)
+    assert short.returncode == 0, short.stderr
+    # Short: one row per setting of the memory knobs other than the micro-batch (dtype x checkpointing
+    # x optimizer, and the attention kernel where the model has more than one).
+    settings = {tuple(sorted((k, str(v)) for k, v in r["config"].items() if k != "micro_batch")) for r in rows}
+    table_rows = [line for line in short.stdout.splitlines() if line.startswith("│")]
+    assert len(table_rows) == len(settings) < len(rows)
+    fp32_adamw = [r for r in rows if (r["config"]["dtype"], r["config"]["checkpointing"], r["config"]["optim"]) == ("fp32", False, "adamw_torch")]
+    largest = max(r["config"]["micro_batch"] for r in fp32_adamw if r["fits"])
+    assert any(line.split("│")[1].strip() == "fp32" and line.split("│")[3].strip() == "adamw_torch"
+               and line.split("│")[2].strip() == "off" and line.split("│")[5].strip() == str(largest) for line in table_rows)
+
+
+def test_an_unknown_gpu_type_or_one_given_with_a_real_device_is_one_line(tmp_path):
+    from tests.support.cli import run_cli
+
+    unknown = run_cli("estimate", "--model", "bert-tiny", "--gpu-type", "a100-81gb", cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert "a100-80gb" in unknown.stderr and "autotune devices --known" in unknown.stderr
+    both = run_cli("estimate", "--model", "bert-tiny", "--gpu-type", "l4", "--gpu", "0", cwd=tmp_path)
+    assert both.returncode == 2 and "without --gpu" in both.stderr
+    known = run_cli("devices", "--known", cwd=tmp_path)
+    assert known.returncode == 0
+    for name in ("v100-16gb", "a100-80gb", "h100-sxm", "l4", "rtx-4090"):
+        assert name in known.stdout

@@ -54,9 +54,9 @@ def plain_trainer_losses(job: TrialJob, steps: int) -> list[float]:
     from autotune.runner._trial import build_dataset, harness_arguments
 
     torch.manual_seed(0)
-    model = build_model(job.model.config, job.model.task, job.config.attn_implementation)
+    model = build_model(job.workload.model.config, job.workload.model.task, job.config.attn_implementation)
     harness = {**harness_arguments(job), "max_steps": steps, "logging_strategy": "steps", "logging_steps": 1}
-    args = TrainingArguments(**{**training_arguments_kwargs(job.config, "cpu", job.base_args), **harness})
+    args = TrainingArguments(**{**training_arguments_kwargs(job.config, "cpu", job.workload.base_args), **harness})
     trainer = Trainer(model=model, args=args, train_dataset=build_dataset(job))
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

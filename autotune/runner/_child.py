@@ -13,6 +13,7 @@ from autotune.result import TrialResult
 from autotune.runner._failures import is_oom_exception
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import child_environment
+from autotune.runner._memory import failure_memory_pressure
 
 
 def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
@@ -43,8 +44,13 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         result = train_and_measure(job)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
+        oom = is_oom_exception(
+            exc,
+            address_space_limited=job.workload.address_space_bytes is not None,
+            memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
+        )
         result = TrialResult(
-            status="oom" if is_oom_exception(exc, address_space_limited=job.workload.address_space_bytes is not None) else "error",
+            status="oom" if oom else "error",
             error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
             ceiling_bytes=job.workload.ceiling_bytes,
         )

@@ -17,7 +17,19 @@ OOM_MESSAGES = (
     "MPS backend out of memory",
     "XPU out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_NOT_SUPPORTED",  # cuDNN gives this when its workspace cannot be allocated
+    # cublasCreate fails with NOT_INITIALIZED when it cannot allocate the handle's memory: the first
+    # matmul of a new stream or of the backward pass, at a trial's peak (torch's
+    # aten/src/ATen/cuda/CublasHandlePool.cpp creates handles lazily; the cuBLAS docs list
+    # "resource allocation failed" under CUBLAS_STATUS_NOT_INITIALIZED).
+    "CUBLAS_STATUS_NOT_INITIALIZED",
+    # torch's CUDA driver-API checks (c10/cuda/driver_api.h, C10_CUDA_DRIVER_CHECK) say "CUDA driver
+    # error: out of memory" when cuMemCreate/cuMemMap fail (expandable segments, NCCL buffers).
+    "CUDA driver error: out of memory",
+    # Triton's launcher reports a failed CUDA call as "Triton Error [CUDA]: <cuGetErrorString>", so an
+    # inductor kernel that cannot get device memory raises "Triton Error [CUDA]: out of memory"
+    # (pytorch/pytorch#98186). Triton's "OutOfResources: out of resource: shared memory" is not
+    # device memory (a kernel config too large for the SM), so only the device wording counts.
+    "Triton Error [CUDA]: out of memory",
     "DefaultCPUAllocator: can't allocate memory",
     "std::bad_alloc",
     "Cannot allocate memory",
@@ -29,8 +41,38 @@ OOM_MESSAGES = (
 # it means an unsupported primitive and stays an error.
 ADDRESS_SPACE_OOM_MESSAGES = ("could not create a primitive",)
 
+# cuDNN answers NOT_SUPPORTED both when no algorithm fits the memory left for its workspace and when
+# the layer's shape is simply unsupported (torch/backends/cudnn, aten/src/ATen/native/cudnn/Conv_v8.cpp
+# tries every engine and reports the last error). It is an OOM only with a sign of memory pressure:
+# the caching allocator held most of the device when it failed (see ``memory_pressure``).
+PRESSURE_OOM_MESSAGES = ("CUDNN_STATUS_NOT_SUPPORTED",)
 
-def is_oom_exception(exc: BaseException, address_space_limited: bool = False) -> bool:
+# The allocator held at least this share of the device when a failure happened: memory pressure.
+# cuDNN's workspaces for a large convolution or attention are tens to hundreds of MiB, so a failure
+# with more than a tenth of a GPU (>= 1.6 GB on a 16 GB V100) free is not for want of memory.
+PRESSURE_RESERVED_SHARE = 0.9
+
+
+def memory_pressure(reserved_bytes: int, total_bytes: int, free_bytes: int | None = None) -> bool:
+    """Whether a CUDA failure happened with the device nearly full.
+
+    Args:
+        reserved_bytes: ``torch.cuda.memory_reserved()`` at the failure (what the caching allocator
+            holds: freed blocks stay reserved, so it is the high-water mark of the failed step).
+        total_bytes: The device's (or MIG slice's) memory, ``torch.cuda.mem_get_info()[1]``.
+        free_bytes: ``torch.cuda.mem_get_info()[0]`` at the failure, if read: memory other processes
+            hold counts as pressure too.
+    """
+    if total_bytes <= 0:
+        return False
+    if reserved_bytes >= PRESSURE_RESERVED_SHARE * total_bytes:
+        return True
+    return free_bytes is not None and free_bytes <= (1 - PRESSURE_RESERVED_SHARE) * total_bytes
+
+
+def is_oom_exception(
+    exc: BaseException, address_space_limited: bool = False, memory_pressure: bool = False
+) -> bool:
     """True for out-of-memory exceptions, found by type first and by allocator message second.
 
     Chained exceptions count: the Trainer or a dataloader may wrap the allocator's error.
@@ -39,8 +81,14 @@ def is_oom_exception(exc: BaseException, address_space_limited: bool = False) ->
         exc: What the trial raised.
         address_space_limited: The trial ran under the CPU address-space budget, where oneDNN's
             "could not create a primitive" is a failed allocation too.
+        memory_pressure: The device was nearly full when it failed (:func:`memory_pressure`), where
+            cuDNN's "CUDNN_STATUS_NOT_SUPPORTED" means its workspace could not be allocated.
     """
-    messages = OOM_MESSAGES + (ADDRESS_SPACE_OOM_MESSAGES if address_space_limited else ())
+    messages = (
+        OOM_MESSAGES
+        + (ADDRESS_SPACE_OOM_MESSAGES if address_space_limited else ())
+        + (PRESSURE_OOM_MESSAGES if memory_pressure else ())
+    )
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:

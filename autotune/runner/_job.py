@@ -10,6 +10,7 @@ from autotune.data import PreparedDataset
 from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
+from autotune.runner._precision import predicted_tf32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +46,14 @@ class Workload:
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def peak_dtype(self, config: TrialConfig) -> str:
-        """The dtype whose peak bounds ``config``'s matmuls (``tf32`` for fp32 with the user's ``tf32``)."""
-        return matmul_dtype(config.dtype, bool(self.base_args.get("tf32")))
+        """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.
+
+        ``tf32`` for fp32 with the user's ``tf32``, and for fp32 with ``torch.compile`` on CUDA, where
+        transformers and accelerate switch TF32 on themselves (:func:`predicted_tf32`). The child
+        reads back what actually ran (:mod:`autotune.runner._precision`) and records that.
+        """
+        tf32 = predicted_tf32(config.dtype, config.compile, self.device.kind, self.base_args)
+        return matmul_dtype(config.dtype, tf32)
 
 
 @dataclasses.dataclass(frozen=True)

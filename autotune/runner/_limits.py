@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import resource
 
-from autotune.devices import DeviceSpec, physical_gpu_index
+from autotune.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
 
 
@@ -12,8 +13,23 @@ def child_environment(device: DeviceSpec) -> dict[str, str]:
     """Environment a trial child sets before anything touches CUDA."""
     if device.kind == "cpu":
         return {"CUDA_VISIBLE_DEVICES": ""}
-    # NVML numbers devices in PCI bus order; make CUDA agree before pinning the child to one.
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(physical_gpu_index(device.index or 0))}
+    # NVML numbers devices in PCI bus order; make CUDA agree before pinning the child to one. The
+    # entry is passed on as the user gave it (an index, a GPU UUID or a MIG instance), so a child
+    # on a MIG slice sees that slice as its device 0.
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+
+
+# The caching allocator's settings: PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF "for backward
+# compatibility ... with lower priority" (torch/include/c10/core/AllocatorConfig.h in the installed
+# torch). expandable_segments:True changes the
+# reserved-over-allocated overhead, so a peak measured under it holds only under it.
+ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def allocator_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The allocator variables set in this process's environment (recorded with each trial)."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in ALLOCATOR_ENV if environ.get(name)}
 
 
 def child_address_space_budget(ceiling_bytes: int, available_bytes: int) -> int:

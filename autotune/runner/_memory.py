@@ -3,7 +3,8 @@
 * ``cpu``: the peak resident set of the trial's whole process tree (dataloader workers count),
   sampled by a thread and cross-checked with the kernel's own high-water mark.
 * ``cuda``: the caching allocator's peak reservation plus what lives outside it (the CUDA context,
-  cuDNN workspaces), from the ``mem_get_info`` delta and NVML's per-process figure, each recorded.
+  cuBLAS/cuDNN workspaces), from one source at a time (NVML per process, else NVML's device-wide
+  delta, else CUDA's ``total - free``), the one used recorded with the trial.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from typing import Protocol
 
+from autotune.runner._failures import memory_pressure
 from autotune.runner._nvml import nvml_device_used_bytes, nvml_process_used_bytes
 
 
@@ -28,6 +30,8 @@ class MemoryProbe(Protocol):
     def synchronize(self) -> None: ...
 
     def peaks(self) -> dict[str, int]: ...
+
+    def notes(self) -> dict[str, str]: ...
 
     def stop(self) -> None: ...
 
@@ -125,6 +129,10 @@ class CpuMemoryProbe:
             "peak_rss_self_bytes": self_hwm,
         }
 
+    def notes(self) -> dict[str, str]:
+        """Nothing to say: the CPU probe has one source."""
+        return {}
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=1.0)
@@ -138,19 +146,31 @@ class CudaReadings:
         max_reserved: ``torch.cuda.max_memory_reserved()``: the caching allocator's peak holding.
         max_allocated: ``torch.cuda.max_memory_allocated()``: the peak of live tensors.
         reserved_now: ``torch.cuda.memory_reserved()`` at the time of the other readings.
-        device_used_now: ``total - free`` from ``torch.cuda.mem_get_info()``: device-wide use.
-        device_used_before: NVML's device-wide use read before this process created its CUDA
-            context (``None`` if NVML could not be read).
+        cuda_device_used_now: ``total - free`` from ``torch.cuda.mem_get_info()`` (cudaMemGetInfo):
+            device-wide use as CUDA counts it, which leaves out memory the driver reserves for itself.
+        nvml_device_used_before: NVML's device-wide ``used`` read before this process created its
+            CUDA context (``None`` if NVML could not be read).
+        nvml_device_used_now: NVML's device-wide ``used`` read with the other readings: the same
+            source as ``nvml_device_used_before``, so their difference holds no driver-reserved part.
         nvml_process_used: Device memory NVML attributes to this PID (``None`` where NVML cannot
-            see it, e.g. in a container with its own PID namespace).
+            see it: in a container NVML lists host PIDs, which never equal the container's own).
     """
 
     max_reserved: int
     max_allocated: int
     reserved_now: int
-    device_used_now: int
-    device_used_before: int | None
+    cuda_device_used_now: int
+    nvml_device_used_before: int | None
+    nvml_device_used_now: int | None
     nvml_process_used: int | None
+
+
+# Where ``outside_allocator_bytes`` came from, best first (recorded with the trial).
+OUTSIDE_SOURCES = {
+    "nvml_process": "NVML's figure for this PID minus what the allocator holds",
+    "nvml_device_delta": "NVML device-wide use now minus before the context, minus what the allocator holds",
+    "cuda_device_used": "cudaMemGetInfo total - free minus what the allocator holds (includes other processes)",
+}
 
 
 class CudaMemoryProbe:
@@ -162,8 +182,9 @@ class CudaMemoryProbe:
         import torch
 
         self._torch = torch
+        self._notes: dict[str, str] = {}
         # Read through NVML before torch creates a context, so the context shows in the delta.
-        self._device_used_before = nvml_device_used_bytes()
+        self._nvml_device_used_before = nvml_device_used_bytes()
 
     def start(self) -> None:
         self._torch.cuda.init()
@@ -176,55 +197,92 @@ class CudaMemoryProbe:
         cuda = self._torch.cuda
         cuda.synchronize()
         free, total = cuda.mem_get_info()
-        return cuda_peaks(
+        peaks, source = cuda_peaks(
             CudaReadings(
                 max_reserved=cuda.max_memory_reserved(),
                 max_allocated=cuda.max_memory_allocated(),
                 reserved_now=cuda.memory_reserved(),
-                device_used_now=total - free,
-                device_used_before=self._device_used_before,
+                cuda_device_used_now=total - free,
+                nvml_device_used_before=self._nvml_device_used_before,
+                nvml_device_used_now=nvml_device_used_bytes(),
                 nvml_process_used=nvml_process_used_bytes(os.getpid()),
             )
         )
+        peaks["device_total_bytes"] = int(total)  # a MIG slice's size on a MIG instance
+        self._notes = {"outside_allocator_source": source}
+        return peaks
+
+    def notes(self) -> dict[str, str]:
+        """How :meth:`peaks` was taken: which source gave the memory outside the allocator."""
+        return dict(self._notes)
 
     def stop(self) -> None:
         pass
 
 
-def cuda_peaks(readings: CudaReadings) -> dict[str, int]:
-    """Combine CUDA readings into peak figures (pure arithmetic, unit-tested without a GPU).
+def cuda_peaks(readings: CudaReadings) -> tuple[dict[str, int], str]:
+    """Combine CUDA readings into peak figures (pure arithmetic, tested through fakes without a GPU).
 
-    The ceiling figure is ``peak_device_bytes = max_memory_reserved + outside_allocator``. Memory
-    outside the caching allocator (the CUDA context, cuDNN/NCCL workspaces) is what the process
-    holds now minus what the allocator holds now; it does not shrink during a run, so it adds to
-    the allocator's peak. What the process holds is taken from NVML's per-process figure where
-    NVML sees this PID (exact, blind to other processes), else from the ``mem_get_info`` delta
-    since before the context existed (exact on a GPU nobody else is using), else from the
-    device-wide use (an upper bound: it includes other processes). Each estimate is recorded.
+    The ceiling figure is ``peak_device_bytes = max_memory_reserved + outside_allocator``, what
+    ``nvidia-smi`` shows for the process at its peak. Memory outside the caching allocator (the CUDA
+    context, cuBLAS/cuDNN workspaces, NCCL) is what the process holds now minus what the allocator
+    holds now; it does not shrink during a run, so it adds to the allocator's peak. What the process
+    holds comes from one source at a time, never a mix (NVML's ``used`` counts driver-reserved memory
+    that ``cudaMemGetInfo`` does not, so mixing them under-counts by about the context):
+
+    1. NVML's per-process figure, if NVML sees this PID and it is at least what the allocator holds
+       (a smaller one cannot be this process's: it is discarded and recorded as such);
+    2. NVML's device-wide use, now minus before the context (exact on a GPU nobody else uses);
+    3. CUDA's device-wide ``total - free`` (an upper bound: other processes count too).
+
+    No part is ever negative.
+
+    Returns:
+        The figures in bytes, and the name of the source used (a key of :data:`OUTSIDE_SOURCES`).
     """
     r = readings
     peaks = {
         "max_memory_reserved_bytes": r.max_reserved,
         "max_memory_allocated_bytes": r.max_allocated,
+        "memory_reserved_now_bytes": r.reserved_now,
     }
-    delta_outside = None
-    if r.device_used_before is not None:
-        delta_outside = max(r.device_used_now - r.device_used_before - r.reserved_now, 0)
-        peaks["outside_allocator_mem_get_info_bytes"] = delta_outside
-    nvml_outside = None
+    candidates: list[tuple[str, int]] = []
     if r.nvml_process_used is not None:
-        nvml_outside = max(r.nvml_process_used - r.reserved_now, 0)
         peaks["nvml_process_used_bytes"] = r.nvml_process_used
-        peaks["outside_allocator_nvml_bytes"] = nvml_outside
-    if nvml_outside is not None:
-        outside = nvml_outside
-    elif delta_outside is not None:
-        outside = delta_outside
-    else:
-        outside = max(r.device_used_now - r.reserved_now, 0)
+        if r.nvml_process_used >= r.reserved_now:
+            candidates.append(("nvml_process", r.nvml_process_used - r.reserved_now))
+        else:
+            peaks["nvml_process_discarded_bytes"] = r.nvml_process_used
+    if r.nvml_device_used_before is not None and r.nvml_device_used_now is not None:
+        delta = max(r.nvml_device_used_now - r.nvml_device_used_before - r.reserved_now, 0)
+        peaks["outside_allocator_nvml_device_delta_bytes"] = delta
+        candidates.append(("nvml_device_delta", delta))
+    cuda_outside = max(r.cuda_device_used_now - r.reserved_now, 0)
+    peaks["outside_allocator_cuda_device_used_bytes"] = cuda_outside
+    candidates.append(("cuda_device_used", cuda_outside))
+    source, outside = candidates[0]
     peaks["outside_allocator_bytes"] = outside
     peaks["peak_device_bytes"] = r.max_reserved + outside
-    return peaks
+    return peaks, source
+
+
+def failure_memory_pressure() -> bool:
+    """Whether the CUDA device was nearly full when a trial failed (read in the failing child).
+
+    ``max_memory_reserved`` rather than the reservation now: on an allocation failure the caching
+    allocator frees its cached blocks and retries before raising (c10/cuda/CUDACachingAllocator.cpp,
+    ``release_cached_blocks``), so what it holds afterwards understates the pressure it was under.
+    False wherever CUDA was never initialised in this process (a CPU trial).
+    """
+    import torch
+
+    try:
+        if not torch.cuda.is_initialized():
+            return False
+        free, total = torch.cuda.mem_get_info()
+        return memory_pressure(torch.cuda.max_memory_reserved(), total, free)
+    except Exception:  # noqa: BLE001 - a broken context after the failure: no sign either way
+        return False
 
 
 def memory_probe(kind: str) -> MemoryProbe:

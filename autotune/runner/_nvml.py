@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from autotune.devices import physical_gpu_index
+from autotune.devices import nvml_device_handle, visible_device_id
 
 
 def _nvml_handle():  # noqa: ANN202 - a pynvml handle
     import pynvml
 
     pynvml.nvmlInit()
-    # Inside a trial child CUDA_VISIBLE_DEVICES names the one physical GPU the child may use.
-    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(physical_gpu_index(0))
+    # Inside a trial child CUDA_VISIBLE_DEVICES names the one device the child may use: an index, a
+    # GPU UUID or a MIG instance (whose memory figures are the slice's).
+    return pynvml, nvml_device_handle(pynvml, visible_device_id(0), 0)
 
 
 def nvml_device_used_bytes() -> int | None:
@@ -23,7 +24,12 @@ def nvml_device_used_bytes() -> int | None:
 
 
 def nvml_process_used_bytes(pid: int) -> int | None:
-    """Device memory NVML attributes to ``pid``, or ``None`` where NVML cannot see it."""
+    """Device memory NVML attributes to ``pid``, or ``None`` where NVML cannot see it.
+
+    ``None`` in a container with its own PID namespace: NVML lists host PIDs there, none of which
+    is this process's ``os.getpid()``. ``usedGpuMemory`` is ``None`` where the driver does not say
+    (pynvml.py maps NVML_VALUE_NOT_AVAILABLE to ``None``, e.g. under Windows WDDM).
+    """
     try:
         pynvml, handle = _nvml_handle()
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):

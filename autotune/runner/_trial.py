@@ -25,9 +25,16 @@ from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trai
 from autotune.result import TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import limit_address_space
+from autotune.runner._limits import allocator_settings, limit_address_space
 from autotune.runner._memory import memory_probe
 from autotune.runner._numerics import LossRecorder, weights_are_finite
+from autotune.runner._precision import (
+    AutocastRecorder,
+    accelerator_autocast_dtype,
+    cuda_matmul_precision,
+    ran_dtype,
+    utilisation_defect,
+)
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -94,6 +101,11 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         build_started = time.perf_counter()
         model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
         model_build_s = time.perf_counter() - build_started
+        autocast = AutocastRecorder(torch, workload.device.kind)
+        if job.config.compile == "off":
+            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
+            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
+            autocast.attach(model)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
@@ -111,6 +123,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
+        runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
         probe.stop()
     stats = timer.stats()
@@ -129,8 +142,12 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     hardware_tflops = hardware_tflops_of(
         workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s
     )
-    peak_dtype = workload.peak_dtype(job.config)
+    # The peak of the precision that ran (read back from torch), not of the knob's name.
+    peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
+    measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
+    mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
+    defects = [d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d]
     return TrialResult(
         status="diverged" if diverged else "pruned" if timer.stopped_early else "ok",
         error=diverged or "",
@@ -139,13 +156,13 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
-        mfu=utilisation(model_tflops, peak_tflops),
-        hfu=utilisation(hardware_tflops, peak_tflops),
-        mfu_measured=utilisation(model_tflops, job.measured_peak_tflops),
-        hfu_measured=utilisation(hardware_tflops, job.measured_peak_tflops),
+        mfu=None if mfu is not None and mfu > 1 else mfu,
+        hfu=None if hfu is not None and hfu > 1 else hfu,
+        mfu_measured=utilisation(model_tflops, measured_peak_tflops),
+        hfu_measured=utilisation(hardware_tflops, measured_peak_tflops),
         peak_dtype=peak_dtype,
         peak_tflops=peak_tflops,
-        measured_peak_tflops=job.measured_peak_tflops,
+        measured_peak_tflops=measured_peak_tflops,
         step_time_median_s=stats.median_s,
         step_time_cv=stats.cv,
         measured_steps=stats.measured_steps,
@@ -166,7 +183,24 @@ def train_and_measure(job: TrialJob) -> TrialResult:
         skipped_steps=record.skipped_steps,
         skipped_measured_steps=record.skipped_measured,
         weights_finite=record.weights_finite,
+        runtime=runtime,
+        defects=defects,
     )
+
+
+def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]) -> dict[str, str]:
+    """How the trial ran, read back after training: precision, allocator settings, memory sources."""
+    autocast_dtype = autocast.dtype if autocast.seen else accelerator_autocast_dtype(
+        str(getattr(trainer.accelerator, "mixed_precision", "no"))
+    )
+    found = {
+        "matmul_precision": cuda_matmul_precision(torch) if device_kind == "cuda" else "ieee",
+        "autocast_dtype": autocast_dtype or "",
+        "autocast_read_from": "forward hook" if autocast.seen else "accelerator",
+        **allocator_settings(),
+        **probe_notes,
+    }
+    return found
 
 
 def build_collator(job: TrialJob) -> Any:

@@ -1,4 +1,4 @@
-"""The memory probes a trial child measures with: the CPU process tree, and CUDA readings (as data)."""
+"""The CPU memory probe a trial child measures with (the CUDA probe: tests/runner/test_cuda_fakes.py)."""
 
 from __future__ import annotations
 
@@ -8,46 +8,10 @@ import time
 
 import psutil
 
-from autotune.runner import CpuMemoryProbe, CudaReadings, cuda_peaks
+from autotune.runner import CpuMemoryProbe
 
 MiB = 1024**2
 GiB = 1024**3
-
-
-def fake_cuda_readings(**overrides: int | None) -> CudaReadings:
-    """FakeCudaReadings: numbers a CUDA process could report (no GPU exists here)."""
-    values = dict(
-        max_reserved=6 * GiB,
-        max_allocated=5 * GiB,
-        reserved_now=4 * GiB,
-        device_used_now=9 * GiB,
-        device_used_before=4 * GiB,  # another process held 4 GiB before this one started
-        nvml_process_used=4 * GiB + 700 * MiB,
-    )
-    values.update(overrides)
-    return CudaReadings(**values)  # type: ignore[arg-type]
-
-
-def test_cuda_peak_adds_memory_outside_the_allocator_from_nvml_per_process():
-    peaks = cuda_peaks(fake_cuda_readings())
-    # NVML: the process holds 4.7 GiB, the allocator 4 GiB of it: 700 MiB of context outside.
-    assert peaks["outside_allocator_nvml_bytes"] == 700 * MiB
-    # mem_get_info delta: 9 - 4 GiB used since before the context, minus 4 GiB reserved: 1 GiB.
-    assert peaks["outside_allocator_mem_get_info_bytes"] == 1 * GiB
-    assert peaks["outside_allocator_bytes"] == 700 * MiB  # NVML per process wins: blind to neighbours
-    assert peaks["peak_device_bytes"] == 6 * GiB + 700 * MiB
-    assert peaks["max_memory_reserved_bytes"] == 6 * GiB and peaks["max_memory_allocated_bytes"] == 5 * GiB
-    assert peaks["nvml_process_used_bytes"] == 4 * GiB + 700 * MiB
-
-
-def test_cuda_peak_falls_back_to_the_mem_get_info_delta_then_to_device_wide_use():
-    without_nvml = cuda_peaks(fake_cuda_readings(nvml_process_used=None))
-    assert without_nvml["peak_device_bytes"] == 6 * GiB + 1 * GiB
-    assert "nvml_process_used_bytes" not in without_nvml
-    blind = cuda_peaks(fake_cuda_readings(nvml_process_used=None, device_used_before=None))
-    # Device-wide use includes the other process's 4 GiB: an upper bound, on the safe side.
-    assert blind["outside_allocator_bytes"] == 5 * GiB
-    assert blind["peak_device_bytes"] == 11 * GiB
 
 
 def test_cpu_probe_counts_a_child_process():

@@ -68,7 +68,7 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_and_recorded_as_pruned(
     trial = study.get_trials()[-1]
     assert result.status == "pruned" and trial.state == TrialState.PRUNED
     # Stopped at the first judgement, before a full steady-state window was measured.
-    assert result.measured_steps == request.measure.prune_after_steps < request.measure.min_steps
+    assert result.measured_steps == request.workload.measure.prune_after_steps < request.workload.measure.min_steps
     assert result.samples_per_s > 0 and result.peak_memory_bytes > 0  # what it measured is kept
     assert trial.system_attrs["constraints"][0] <= 0  # it fit: pruned for speed, not memory
 
@@ -80,7 +80,7 @@ def test_with_ratio_zero_the_same_trial_runs_to_the_end(study_and_request):
     study, request = study_and_request
     tell_measured(study, request, "ok", 1e9)
     result = run_one_trial(study, dataclasses.replace(request, prune_ratio=0.0), SearchProgress())
-    assert result.status == "ok" and result.measured_steps == request.measure.max_steps
+    assert result.status == "ok" and result.measured_steps == request.workload.measure.max_steps
 
 
 def test_the_cli_refuses_a_ratio_outside_0_to_1(tmp_path):
