@@ -52,7 +52,10 @@ class RankedTrial:
         confirmed = ((self.confirmation or {}).get("figures") or {}).get("model_tflops")
         if confirmed is not None:
             return float(confirmed)
-        return self.result.model_tflops if self.result else 0.0
+        if self.result is None or self.result.samples_per_s <= 0:
+            return 0.0
+        # A confirmation that kept only samples/s: the search's useful work per sample, at that rate.
+        return self.result.model_tflops * self.samples_per_s / self.result.samples_per_s
 
     @property
     def confirmed(self) -> bool:

@@ -521,10 +521,10 @@ def padding_free_unsupported(model: ModelSpec, attention: list[str | None]) -> s
         return "a classification head needs one row per sample"
     if model.task == "causal-lm":
         return ""
-    others = sorted({str(a) for a in attention if a not in FLASH_ATTENTIONS})
+    others = sorted({a or "the model's default" for a in attention if a not in FLASH_ATTENTIONS})
     if others:
         return (
-            f"{model.name} is an encoder: with attention {', '.join(others)} its samples would attend to each "
+            f"{model.name} is an encoder: under {', '.join(others)} attention its samples would attend to each "
             "other in a flattened row (only flash attention keeps them apart)"
         )
     return ""

@@ -162,9 +162,12 @@ def test_padding_free_is_kept_only_where_the_attention_keeps_samples_apart(tmp_p
     path = write(tmp_path, "padding: [max_length, padding_free]\nattn_implementation: [sdpa, eager]\n")
     encoder = load_space(path, cpu, model=resolve_model("bert-tiny", "masked-lm"), real_data=True)
     assert encoder.choices["padding"] == ["max_length"]
-    assert any(n.startswith("padding padding_free removed: bert-tiny is an encoder: with attention eager, sdpa") for n in encoder.notes)
+    assert any(n.startswith("padding padding_free removed: bert-tiny is an encoder: under eager, sdpa attention") for n in encoder.notes)
     classifier = load_space(path, cpu, model=resolve_model("bert-tiny"), real_data=True)
     assert "padding padding_free removed: a classification head needs one row per sample" in classifier.notes
+    unnamed = load_space(write(tmp_path, "padding: [max_length, padding_free]\n"), cpu, model=resolve_model("bert-tiny", "masked-lm"), real_data=True)
+    assert any(n.endswith("under the model's default attention its samples would attend to each other in a flattened "
+                          "row (only flash attention keeps them apart)") for n in unnamed.notes), unnamed.notes
     decoder = load_space(path, cpu, model=resolve_model("gpt2-tiny"), real_data=True)
     assert decoder.choices["padding"] == ["max_length", "padding_free"]  # the causal mask reads position_ids
 
