@@ -333,7 +333,8 @@ def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, bert_tiny, cp
     resumed = open_study(open_storage(sqlite_url), "seeds", request)
     waiting = [t for t in resumed.trials if t.state == TrialState.WAITING]
     assert {t.user_attrs[SEED_ATTR] for t in waiting} == seeds
-    assert any(t.params == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
+    # A queued trial keeps its params in Optuna's "fixed_params" until it is asked for.
+    assert any(t.system_attrs["fixed_params"] == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
     again = open_study(open_storage(sqlite_url), "seeds", request)  # still queued: not queued twice
     assert len([t for t in again.trials if t.state == TrialState.WAITING]) == len(seeds)
 
@@ -349,6 +350,8 @@ def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
         stderr=open(cwd / f"{name}.err", "w"),
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         start_new_session=True,  # its own process group: the test's SIGINT reaches it as a terminal's Ctrl-C would
+        # A test run in the background inherits SIGINT ignored, and Python then keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
