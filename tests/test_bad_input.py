@@ -72,7 +72,9 @@ BINARY = bytes(range(128, 256)) * 2  # not UTF-8 from its first byte
 def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     """Case id -> (command-line arguments, a phrase the one error line must contain)."""
     db = f"sqlite:///{root / 'cases.db'}"
-    tiny = [*SEARCH, "--storage", db, "--model", "bert-tiny"]
+    # A space of the repository's own (the default space resolves through the installed package);
+    # a case that gives --space again wins (the last occurrence of an option counts).
+    tiny = [*SEARCH, "--storage", db, "--model", "bert-tiny", "--space", TINY_SPACE]
     resumed = f"sqlite:///{root / 'resumed.db'}"
     _create_study(resumed, "resumed", 1024**3)
     missing = f"sqlite:///{root / 'misspelled.db'}"
@@ -142,7 +144,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "export: misspelled storage": (["export", "--storage", missing, "--out", str(root / "x.json")], "no such database file"),
         "report: misspelled storage": (["report", "--storage", missing, "--out", str(root / "x.html")], "no such database file"),
         "estimate: misspelled storage": (
-            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", missing], "no such database file"
+            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--space", TINY_SPACE, "--storage", missing], "no such database file"
         ),
         # 4. a lower ceiling on resume would judge new trials by another rule than the stored ones
         "lower ceiling on resume": (
