@@ -457,7 +457,8 @@ def report(
 
     study = load_study(storage, study_name)
     write_report(study, out)
-    console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
+    if out != "-":  # `--out -` keeps stdout to the page itself
+        console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
 
 
 @app.command()
@@ -520,4 +521,14 @@ def main() -> None:
         app()
     except AutotuneError as exc:
         err_console.print(f"autotune: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except optuna.exceptions.StorageInternalError as exc:
+        # A full disk or a lost database at ask, at the start of a trial: nothing measured is at stake
+        # (a failed tell keeps its result, see study._record.tell_or_keep).
+        from autotune.storage import storage_failure
+
+        err_console.print(
+            f"autotune: error: the study storage failed ({storage_failure(exc)}); free space or fix the database, "
+            f"then run the same command again", markup=False, highlight=False, soft_wrap=True,
+        )
         sys.exit(2)

@@ -176,3 +176,11 @@ def load_study(storage_url: str, study_name: str | None) -> optuna.Study:
     if study_name not in names:
         raise AutotuneError(f"no study {study_name!r} in {redact(storage_url)} (studies: {', '.join(names) or 'none'})")
     return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def storage_failure(exc: BaseException) -> str:
+    """The database's own reason under Optuna's generic ``StorageInternalError`` ("database or disk is full")."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -27,6 +27,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
+from autotune.result import TrialResult
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 SEARCH = ["search", "--trials", "1", "--confirm-top", "0", "--seq-len", "32"]
@@ -79,7 +80,9 @@ BINARY = bytes(range(128, 256)) * 2  # not UTF-8 from its first byte
 def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     """Case id -> (command-line arguments, a phrase the one error line must contain)."""
     db = f"sqlite:///{root / 'cases.db'}"
-    tiny = [*SEARCH, "--storage", db, "--model", "bert-tiny"]
+    # A space of the repository's own (the default space resolves through the installed package);
+    # a case that gives --space again wins (the last occurrence of an option counts).
+    tiny = [*SEARCH, "--storage", db, "--model", "bert-tiny", "--space", TINY_SPACE]
     resumed = f"sqlite:///{root / 'resumed.db'}"
     _create_study(resumed, "resumed", 1024**3)
     missing = f"sqlite:///{root / 'misspelled.db'}"
@@ -149,7 +152,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "export: misspelled storage": (["export", "--storage", missing, "--out", str(root / "x.json")], "no such database file"),
         "report: misspelled storage": (["report", "--storage", missing, "--out", str(root / "x.html")], "no such database file"),
         "estimate: misspelled storage": (
-            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", missing], "no such database file"
+            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--space", TINY_SPACE, "--storage", missing], "no such database file"
         ),
         # 4. a lower ceiling on resume would judge new trials by another rule than the stored ones
         "lower ceiling on resume": (
@@ -186,7 +189,7 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
     args, phrase = _cases(tmp_path)[case]
     completed = run_cli(*args, cwd=tmp_path, timeout=300)
     assert_one_error_line(completed, phrase)
-    assert not (tmp_path / "autotune_runs").exists()  # refused before the first trial: no trial ran
+    assert not list(tmp_path.glob("autotune_runs/trial-*"))  # refused before the first trial: no trial ran
     assert not (tmp_path / "misspelled.db").exists()  # a read-only command created no database
     assert not (tmp_path / "cases.db").exists()  # nor did search: it was refused before opening its storage
 
@@ -217,8 +220,6 @@ def remount_read_only(directory: Path) -> None:
 
 def test_read_only_database_serves_best_and_export(searched_study, tmp_path):
     """Only `search` writes the storage: `best`, `export` and `report` read a database on a read-only file system."""
-    from tests.support.faults import fill_file_system  # noqa: F401 - the same module the fault tests use
-
     with tmpfs(tmp_path / "ro", "16m") as mount:
         shutil.copy(searched_study.workdir / "autotune.db", mount / "study.db")
         remount_read_only(mount)
@@ -305,7 +306,8 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         assert f"trial(s) {kept['trial']} measured while the storage was full: recorded now" in second.stdout
         trial = optuna.load_study(study_name="full", storage=storage).trials[kept["trial"]]
     assert trial.state == TrialState.COMPLETE
-    assert trial.user_attrs["autotune"]["samples_per_s"] == kept["result"]["samples_per_s"] > 0
+    recorded = TrialResult.from_trial(trial)
+    assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
     assert not pending[0].exists() and pending[0].with_name("recorded_result.json").exists()  # recorded once
 
 
@@ -326,7 +328,6 @@ def test_full_disk_at_ask_is_one_line(tmp_path):
 
 def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, bert_tiny, cpu):
     """A seed that only failed (here a timeout) measured nothing: resuming queues it again, once."""
-    from autotune.result import TrialResult
     from autotune.runner import Workload
     from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
     from autotune.schema import TRIAL_SEED as SEED_ATTR
@@ -348,7 +349,8 @@ def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, bert_tiny, cp
     resumed = open_study(open_storage(sqlite_url), "seeds", request)
     waiting = [t for t in resumed.trials if t.state == TrialState.WAITING]
     assert {t.user_attrs[SEED_ATTR] for t in waiting} == seeds
-    assert any(t.params == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
+    # A queued trial keeps its params in Optuna's "fixed_params" until it is asked for.
+    assert any(t.system_attrs["fixed_params"] == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
     again = open_study(open_storage(sqlite_url), "seeds", request)  # still queued: not queued twice
     assert len([t for t in again.trials if t.state == TrialState.WAITING]) == len(seeds)
 
@@ -364,6 +366,8 @@ def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
         stderr=open(cwd / f"{name}.err", "w"),
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         start_new_session=True,  # its own process group: the test's SIGINT reaches it as a terminal's Ctrl-C would
+        # A test run in the background inherits SIGINT ignored, and Python then keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -33,7 +34,30 @@ def forkserver_context() -> ForkServerContext:
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
+        _start_forkserver_deaf_to_ctrl_c()
     return _context
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the forkserver (and the resource tracker) with SIGINT ignored from their first instruction.
+
+    An ignored signal stays ignored across ``exec`` (POSIX ``execve``), and Python installs no
+    KeyboardInterrupt handler for a SIGINT ignored at startup: a Ctrl-C while the forkserver still
+    starts Python or imports torch (seconds) then prints no traceback from it. The orchestrator
+    handles Ctrl-C. ``signal.signal`` works in the main thread only; from a worker thread the
+    forkserver starts as usual, and ``autotune/forkserver_signals.py`` ignores SIGINT from its first
+    preload import on.
+    """
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_isolated(

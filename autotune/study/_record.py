@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from autotune import schema
 from autotune.ceiling import excess_gib
 from autotune.errors import AutotuneError
+from autotune.storage import storage_failure
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, TrialResult
 from autotune.study._screening import screened_excess_gib
 
@@ -86,14 +87,6 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
 def trial_work_dir(work_root: str, trial_label: int | str) -> str:
     """The directory of one trial run by this process (Trainer output_dir, child log, pending result)."""
     return str(Path(work_root).resolve() / f"trial-{trial_label}-{os.getpid()}")
-
-
-def storage_failure(exc: BaseException) -> str:
-    """The database's own reason under Optuna's generic ``StorageInternalError`` ("database or disk is full")."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> None:
