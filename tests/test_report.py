@@ -57,7 +57,7 @@ def test_report_is_one_self_contained_page(report_file):
 def test_report_shows_the_winners_loss_beside_the_defaults_and_says_whether_they_agree(report_file, searched_study):
     from autotune.numerics import winner_loss
     from autotune.ranking import study_ranking
-    from autotune.study import load_study
+    from autotune.storage import load_study
 
     study = load_study(searched_study.storage, searched_study.study_name)
     best = study_ranking(study)[0]

@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 from autotune.result import TrialResult
 from autotune.runner._failures import is_oom_exception
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import child_environment
+from autotune.runner._limits import apply_allocator_env, child_environment
 from autotune.runner._memory import failure_memory_pressure
 
 
@@ -35,6 +35,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it (autotune/forkserver_signals.py)
     _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.workload.device))  # before anything initialises CUDA
+    apply_allocator_env(job.workload.allocator_env)
     _redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
     conn.send(("started", os.getpid()))

@@ -10,6 +10,7 @@ from autotune.data import PreparedDataset
 from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.measure import MeasureSettings
 from autotune.models import ModelSpec
+from autotune.runner._limits import allocator_settings
 from autotune.runner._precision import predicted_tf32
 
 
@@ -32,6 +33,9 @@ class Workload:
         address_space_bytes: CPU only: the child's RLIMIT_AS budget above its start-up size, so a
             runaway batch fails inside the child instead of swapping or OOM-killing the host.
         measured_peaks_tflops: Achievable peaks from ``autotune devices --calibrate``, by dtype.
+        allocator_env: The caching allocator's settings (``PYTORCH_ALLOC_CONF``,
+            ``PYTORCH_CUDA_ALLOC_CONF``) of the process that made the workload; every child trains
+            under exactly these, whatever the forkserver inherited when it started.
     """
 
     model: ModelSpec
@@ -44,6 +48,7 @@ class Workload:
     callbacks: tuple[str, ...] = ()
     address_space_bytes: int | None = None
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

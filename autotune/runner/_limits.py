@@ -9,6 +9,13 @@ from autotune.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
 
 
+def apply_allocator_env(allocator_env: dict[str, str]) -> None:
+    """Make this process's allocator settings exactly ``allocator_env``, before CUDA starts."""
+    for name in ALLOCATOR_ENV:
+        os.environ.pop(name, None)
+    os.environ.update(allocator_env)
+
+
 def child_environment(device: DeviceSpec) -> dict[str, str]:
     """Environment a trial child sets before anything touches CUDA."""
     if device.kind == "cpu":

@@ -19,7 +19,8 @@ from autotune.space import filter_combinations, flash_attention_2_unavailable
 
 
 def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, bert_tiny, cpu, fast_measure, monkeypatch):
-    # The child inherits the parent's environment (forkserver): the setting it trains under.
+    # The workload takes the parent's allocator settings when it is made, and the child trains under
+    # them (the forkserver may have started before they were set).
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.8")
     job = TrialJob(
         workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * 1024**3, measure=fast_measure),
