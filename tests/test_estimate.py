@@ -304,7 +304,11 @@ def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_
 
 
 def test_the_cuda_prior_adds_the_allocators_workspaces_and_fragmentation_by_generation(bert_mini_spec):
-    from autotune.estimate import ALLOCATOR_FRAGMENTATION_SHARE, CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES
+    from autotune.estimate import (
+        ALLOCATOR_FRAGMENTATION_SHARE,
+        CUBLAS_WORKSPACE_BYTES,
+        CUDA_CONTEXT_BYTES,
+    )
 
     config = TrialConfig(micro_batch=16)
     volta, hopper = Calibration.prior("cuda", (7, 0)), Calibration.prior("cuda", (9, 0))

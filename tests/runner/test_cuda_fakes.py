@@ -24,7 +24,13 @@ from autotune.config import TrialConfig
 from autotune.devices import cuda_device, known_gpu, visible_device_id
 from autotune.errors import AutotuneError
 from autotune.result import TrialResult, precision_note
-from autotune.runner import CudaReadings, Workload, child_environment, cuda_peaks, is_oom_exception
+from autotune.runner import (
+    CudaReadings,
+    Workload,
+    child_environment,
+    cuda_peaks,
+    is_oom_exception,
+)
 from autotune.runner._failures import memory_pressure
 from autotune.runner._memory import CudaMemoryProbe, failure_memory_pressure
 from autotune.runner._precision import (
