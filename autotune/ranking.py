@@ -323,6 +323,10 @@ def describe_distinct(trials: Sequence[FrozenTrial]) -> str:
         return text + "; the sampler never came back to a measured config"
     detail = ", ".join(f"#{number} x{times}" for number, times in sorted(counts.items()))
     return (
-        f"{text}; the sampler came back to a measured config {sum(counts.values())} times ({detail}): "
+        f"{text}; the sampler came back to a measured config {_times(sum(counts.values()))} ({detail}): "
         "answered from the record or turned to an untaken config, not counted as trials"
     )
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
