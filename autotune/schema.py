@@ -37,8 +37,8 @@ key                       written by                                     read by
 ``reused_from``           the trial loop: the trial this repeat's        ranking (left out), screening
                           result was copied from
 ``proposed_again``        the sampler (:mod:`autotune.study._proposals`):  ``best --all``, the dashboard note
-                          the measured trial TPE preferred before it
-                          was turned to an untaken config
+                          the measured trial its drawn landscape
+                          ranked above every untaken config
 ``first_attempt``         the trial loop: why a retried attempt failed   the dashboard, ``best --all``
 ``predicted_peak_bytes``  screening: the estimate a screened trial       the dashboard
                           rests on

@@ -7,8 +7,8 @@
 2. **Samplers on the grid.** Each strategy then searches the same space, with a lookup in the grid
    instead of training, over several seeds:
 
-   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, the distinct
-     proposals of ``autotune.study._proposals``, screening by the calibrated estimator and by measured
+   * ``autotune``: the real search loop (``autotune.study.run_one_trial``: seeds, the Thompson
+     sampling proposals of ``autotune.study._proposals``, screening by the calibrated estimator and by measured
      OOMs, early stop) with the grid lookup as its trial runner. Early stop is replayed as the
      runner does it: a config measured below ``prune ratio x best`` stops after
      ``prune_after_steps`` measured steps; its cost is cut to what had run. ``autotune before``
@@ -16,7 +16,8 @@
      answered from the record); both are also run without their seed trials.
    * ``plain TPE``: ``optuna.samplers.TPESampler(seed=...)`` with default settings, value = samples/s
      (0 when the config does not fit), every proposal run (a duplicate costs a run again).
-   * ``random``: configs drawn without replacement (the stronger random baseline).
+   * ``random``: configs drawn without replacement (the stronger random baseline), over
+     :data:`RANDOM_ORDERS` orders: its median is the yardstick, so it is measured precisely.
 
    Reported per strategy: runs (configs actually trained) and wall time until the best feasible
    samples/s found is >= 98 % of the oracle's best; wall time = the grid's measured wall time of
@@ -27,7 +28,7 @@
    ``auto_find_batch_size`` to react to it, its child may grow its address space by only
    ``ceiling - its resident size at start`` (allocations fail there, which it catches and halves on).
 
-A second landscape can be modelled instead of measured (``--modelled SEED``: ``modelled_grid``),
+A landscape can also be modelled instead of measured (``--modelled SEED``: ``modelled_grid``),
 and ``--landscapes N`` compares the searches with random order on N reshuffled landscapes of a
 grid's space (``reshuffled_grid``). Each run also prints the patience table (``--trials 20
 --patience K``: runs until the search stopped, seeds that missed the target).
@@ -37,11 +38,11 @@ Commands (docs/benchmarks.md holds the results)::
     # reduced grid while building (16 configs):
     python scripts/bench_search.py --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
     # landscape 1, the measured bert-mini grid (about 20-30 minutes with the side by side; the grid is cached):
-    python scripts/bench_search.py --grid docs/bench_grid_cpu.json --seeds 10 --rounds 3 --markdown /tmp/bench_search.md
-    # landscape 2, modelled gpt2-tiny (a minute):
-    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 10
-    # reshuffled landscapes:
-    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --modelled 1 --ceiling 1.6GiB --seeds 8 --landscapes 12
+    python scripts/bench_search.py --grid docs/bench_grid_cpu.json --rounds 3 --markdown /tmp/bench_search.md
+    # landscape 2, the measured gpt2-tiny grid (25 minutes to measure on a quiet machine, then cached):
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --grid docs/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --rounds 0
+    # reshuffled landscapes of a grid's space and memory:
+    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --grid docs/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --landscapes 12
 """
 
 from __future__ import annotations
@@ -90,12 +91,14 @@ TARGET_FRACTION = 0.98
 BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=6.0, cv_target=0.05)
 BATCH_FILE = "train_batch_size"
 # Row names of the strategies table.
-NEW = "autotune (distinct proposals, autotune.study._proposals)"
-OLD = "autotune before (TPE, repeats answered from the record)"
+NEW = "autotune (Thompson sampling over the landscape model, autotune.study._proposals)"
+OLD = "autotune before (Optuna's TPE, repeats answered from the record)"
 NEW_NO_SEEDS = "autotune without its seed trials"
 OLD_NO_SEEDS = "autotune before, without its seed trials"
 RANDOM = "random (no repeats)"
 PATIENCE_VALUES = (None, 4, 6, 8, 10)
+# Random orders behind the random row's median (cheap: no search runs).
+RANDOM_ORDERS = 200
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -282,7 +285,7 @@ def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigm
     """New and old search (no seed trials) against random order on ``count`` reshuffled landscapes."""
     lines = [
         f"{count} reshuffled landscapes (reshuffled_grid, knob effects sigma {effect_sigma}), memory of {base.meta['model']}; "
-        f"median runs to the target over {seeds} search seeds (random order: {4 * seeds} orders); a search that never "
+        f"median runs to the target over {seeds} search seeds (random order: {RANDOM_ORDERS} orders); a search that never "
         f"reached it counts as the grid's size.",
         "",
         "| landscape | configs reaching the target | new, no seed trials | before, no seed trials | random | new vs random |",
@@ -300,7 +303,7 @@ def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigm
         old = median_runs(
             [run_autotune(grid, request, s, target, max_asks, with_seeds=False, old_sampler=True)[0] for s in range(seeds)]
         )
-        rand = median_runs([run_random(grid, ceiling, s, target) for s in range(4 * seeds)])
+        rand = median_runs([run_random(grid, ceiling, s, target) for s in range(RANDOM_ORDERS)])
         reaching = sum(grid.fits(r, ceiling) and r.samples_per_s >= target for r in grid.results.values())
         lines.append(f"| {index} | {reaching} | {new:g} | {old:g} | {rand:g} | {rand / max(new, 1):.1f}x fewer |")
     return "\n".join(lines) + "\n"
@@ -538,6 +541,7 @@ def summarize(stats: list[RunStats]) -> dict[str, float]:
     runs = [s.runs for s in stats]
     walls = [s.wall_s for s in stats]
     return {
+        "count": len(stats),
         "reached": sum(s.reached for s in stats),
         "runs_median": statistics.median(runs),
         "runs_mean": statistics.fmean(runs),
@@ -599,7 +603,7 @@ def markdown(
         + f"{sum(grid.fits(r, ceiling) and r.samples_per_s >= TARGET_FRACTION * best[1] for r in grid.results.values())} "
         f"config(s) reach the target. Oracle best: "
         f"{best[0].short()} at {best[1]:.1f} samples/s; target {TARGET_FRACTION:.0%} of it = {TARGET_FRACTION * best[1]:.1f}.",
-        f"Strategies on the cached grid, {seeds} seeds each; {load} during this run.",
+        f"Strategies on the cached grid, {seeds} seeds each (random order: {RANDOM_ORDERS} orders); {load} during this run.",
         "",
         "| strategy | reached target | runs to target, median (mean, max) | % of grid | vs random (median runs) | wall to target, median | proposals (median) | screened / reused / pruned / came back per search (mean) |",
         "|---|---|---|---|---|---|---|---|",
@@ -607,7 +611,7 @@ def markdown(
     rand = summaries[RANDOM]
     for name, s in summaries.items():
         lines.append(
-            f"| {name} | {int(s['reached'])}/{seeds} | {s['runs_median']:g} ({s['runs_mean']:.1f}, {s['runs_max']:g}) | "
+            f"| {name} | {int(s['reached'])}/{int(s['count'])} | {s['runs_median']:g} ({s['runs_mean']:.1f}, {s['runs_max']:g}) | "
             f"{s['runs_median'] / size:.0%} | {rand['runs_median'] / max(s['runs_median'], 1):.1f}x fewer | "
             f"{s['wall_median_s'] / 60:.1f} min | {s['asks_median']:g} | "
             f"{s['screened_mean']:.1f} / {s['reused_mean']:.1f} / {s['pruned_mean']:.1f} / {s['came_back_mean']:.1f} |"
@@ -649,7 +653,9 @@ def main() -> None:
         "--modelled", type=int, default=None, metavar="SEED",
         help="replay on a computed landscape (modelled_grid, this seed) instead of a measured grid; no side by side",
     )
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument(
+        "--seeds", type=int, default=20, help="search seeds per strategy (a median over 10 still moves by a few runs)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (0: skip the side-by-side)")
     parser.add_argument("--prune-ratio", type=float, default=0.5)
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
@@ -709,7 +715,7 @@ def main() -> None:
             [run_autotune(grid, request, seed, target, max_asks, with_seeds=False, old_sampler=True)[0] for seed in seeds]
         ),
         "plain Optuna TPE": summarize([run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in seeds]),
-        RANDOM: summarize([run_random(grid, ceiling, seed, target) for seed in seeds]),
+        RANDOM: summarize([run_random(grid, ceiling, seed, target) for seed in range(RANDOM_ORDERS)]),
     }
     for name, summary in summaries.items():
         print(f"{name}: {summary}", flush=True)

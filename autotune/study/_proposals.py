@@ -1,23 +1,24 @@
 """How the search proposes its next config, and when it is done.
 
-Optuna's TPE (Bergstra et al. 2011, "Algorithms for Hyper-Parameter Optimization") samples 24
-candidates from its density of good trials l(x) and proposes the one with the best ratio
-l(x)/g(x). On a finite space with a flat, noisy top, those candidates are mostly configs already
-measured: a repeat answered from the record tells TPE the same value again, so it comes back again
-and the search stalls (docs/benchmarks.md, "Search efficiency"). :class:`DistinctTPESampler` keeps
-TPE's model and changes only what it may propose:
+:class:`DistinctThompsonSampler` proposes by Thompson sampling (Thompson 1933; Russo et al. 2018, "A
+Tutorial on Thompson Sampling") over the model of the landscape in :mod:`._landscape`: it draws one
+landscape from the posterior of the throughput and memory models, and proposes the config that draws
+fastest among the untaken configs that draw to fit under the ceiling. So:
 
-* never a config already measured, screened or running: among TPE's own candidates, the best
-  ratio that is not taken; when all of them are taken, the best ratio over every untaken config
-  of the space (the landscape's model decides, not chance);
-* once few untaken configs remain (:data:`ENUMERATE_BELOW`), every one of them is scored, so the
-  search enumerates the rest in the model's order and then says the space is done;
-* configs within the measured noise of the best (:func:`noise_fraction`) are ties: all of them
-  are "good" trials for l(x), so TPE spreads over the top instead of chasing the one that was
-  lucky in a single measurement.
+* it never proposes a config already measured, screened or running (a repeat answered from the
+  record would tell the model nothing new, and on a flat top Optuna's TPE kept coming back:
+  docs/benchmarks.md, "Search efficiency");
+* where the model is sure, it exploits; where configs are within the measured noise of each other,
+  their draws trade places, so ties are spread over instead of the one lucky measurement being
+  chased; on a landscape with no structure it is a random order, never a fixed wrong one;
+* every untaken config of a space up to :data:`MAX_ENUMERATED` configs is scored at every proposal,
+  so the last untaken configs are enumerated in the model's order and the search then says the
+  space is done;
+* configs the memory model expects over the ceiling are left for last, so few runs are spent on
+  configs that do not fit.
 
-Before ``n_startup_trials`` finished trials it proposes an untaken config uniformly at random
-(TPE's own random start-up, the taken configs left out).
+Before ``n_startup_trials`` finished trials (the seed trials count among them) it proposes an untaken
+config uniformly at random.
 
 :func:`stop_reason` says when the search is done: every config of the space measured or screened,
 or (``--patience K``) K trials in a row that did not raise the best by more than the noise.
@@ -25,35 +26,38 @@ or (``--patience K``) K trials in a row that did not raise the best by more than
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import statistics
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from optuna.distributions import BaseDistribution
-from optuna.samplers import TPESampler
-# TPE's own split into good and bad trials (optuna/samplers/_tpe/sampler.py, Optuna 5.0): private;
-# tests/study/test_proposals.py fails if a later Optuna moves it.
-from optuna.samplers._tpe.sampler import _split_trials, default_gamma
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.samplers._lazy_random_state import LazyRandomState
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
+from autotune.config import TrialConfig
+from autotune.estimate import estimate_peak
 from autotune.result import ParamsKey, TrialResult, is_budget_trial, params_key
+from autotune.study import _landscape
+from autotune.study._request import SearchRequest
 
-# With this many untaken configs or fewer, all of them are candidates (the end of a finite space).
-ENUMERATE_BELOW = 24
 # A space with more configs than this is not enumerated: candidates are drawn from it instead.
 MAX_ENUMERATED = 100_000
 # Draws to find one random untaken config in a space too large to enumerate.
 DRAWN_CANDIDATES = 2048
-# Random untaken configs scored when all of TPE's candidates are taken, in such a space.
-DRAWN_POOL = 64
+# Random untaken configs scored at each proposal, in such a space.
+DRAWN_POOL = 1024
 # Noise assumed before any trial measured its step times (the CPU's floor, docs/benchmarks.md).
 DEFAULT_NOISE = 0.05
 
-# Random proposals before TPE's model takes over (the seed trials count among them).
+# Random proposals before the model takes over (the seed trials count among them).
 STARTUP_TRIALS = 3
 
 def taken_configs(trials: Iterable[FrozenTrial], exclude_number: int | None = None) -> set[ParamsKey]:
@@ -139,150 +143,172 @@ def stop_reason(study: Study, space_size: int, patience: int | None) -> str | No
     return None
 
 
-class DistinctTPESampler(TPESampler):
-    """Optuna's TPE that proposes only configs not taken yet (see the module docstring).
+class DistinctThompsonSampler(BaseSampler):
+    """Thompson sampling over the landscape model, proposing only untaken configs (module docstring).
 
     Args:
         distributions: The search space (``SearchSpace.distributions()``): every config is drawn
-            from it, from the first trial on (TPE infers the space from finished trials only).
-        **tpe_kwargs: Passed to :class:`optuna.samplers.TPESampler`.
+            from it, from the first trial on.
+        log_peak_estimate: The estimator's log peak bytes of a config's params (the memory
+            model's prior), or ``None`` to leave memory to screening.
+        ceiling_bytes: The memory ceiling.
+        n_startup_trials: Random proposals first.
+        seed: Makes the proposals reproducible (benchmarks, tests).
     """
 
-    def __init__(self, distributions: dict[str, BaseDistribution], **tpe_kwargs: Any) -> None:
-        super().__init__(**tpe_kwargs)
+    def __init__(
+        self,
+        distributions: dict[str, BaseDistribution],
+        log_peak_estimate: Callable[[dict[str, Any]], float] | None,
+        ceiling_bytes: int,
+        n_startup_trials: int = STARTUP_TRIALS,
+        seed: int | None = None,
+    ) -> None:
         self._distributions = dict(distributions)
         self._searched = {name: d for name, d in sorted(self._distributions.items()) if not d.single()}
+        self._fixed = {name: d.to_external_repr(0) for name, d in self._distributions.items() if d.single()}
+        self._log_peak_estimate = log_peak_estimate
+        self._ceiling_bytes = ceiling_bytes
+        self._n_startup_trials = n_startup_trials
+        self._rng = LazyRandomState(seed)
+        # Workers of one process (one per GPU) ask from threads: one proposal at a time.
+        self._lock = threading.Lock()
+
+    def reseed_rng(self) -> None:
+        self._rng.rng.seed()
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self._searched)
 
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        """A knob outside the relative space: fixed (one choice), or a queued trial's own."""
+        assert isinstance(param_distribution, CategoricalDistribution)
+        choices = param_distribution.choices
+        return choices[int(self._rng.rng.randint(len(choices)))]
+
     def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space or "fixed_params" in trial.system_attrs:
             return {}  # a queued trial (a seed, a re-run) brings its own config
-        trials = study.get_trials(deepcopy=False)
-        fixed = {name: d.to_external_repr(0) for name, d in self._distributions.items() if d.single()}
-        taken = taken_configs(trials, exclude_number=trial.number)
-        # Each config once: a repeat answered from the record would weigh its config twice.
-        finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
-        untaken = self._untaken_candidates(search_space, fixed, taken)
-        if untaken is not None and len(untaken) == 0:
-            return {}  # nothing left: the loop sees the repeat, records it and stops (autotune.study)
-        if len(finished) < self._n_startup_trials:
-            return self._random_untaken(search_space, fixed, taken, untaken)
-        return self._model_choice(study, trial, finished, search_space, fixed, taken, untaken)
+        with self._lock:
+            trials = study.get_trials(deepcopy=False)
+            taken = taken_configs(trials, exclude_number=trial.number)
+            untaken = self._untaken(search_space, taken)
+            if untaken is not None and len(untaken) == 0:
+                return {}  # nothing left: the loop sees the repeat, records it and stops (autotune.study)
+            finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
+            if len(finished) < self._n_startup_trials:
+                return self._random_untaken(search_space, taken, untaken)
+            pool = untaken if untaken is not None else self._drawn_untaken(search_space, taken)
+            if not pool:
+                return {}
+            return self._thompson_choice(study, trial, finished, search_space, pool)
 
     # --- the candidates ---------------------------------------------------------------------------
 
-    def _untaken_candidates(
-        self, search_space: dict[str, BaseDistribution], fixed: dict[str, Any], taken: set[ParamsKey]
-    ) -> list[dict[str, Any]] | None:
+    def _untaken(self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey]) -> list[dict[str, Any]] | None:
         """Every untaken config of a space small enough to enumerate, else ``None``."""
-        size = 1
-        for distribution in search_space.values():
-            size *= len(distribution.choices)  # type: ignore[attr-defined] - categorical: autotune's spaces are
-        if size > MAX_ENUMERATED:
+        if math.prod(len(d.choices) for d in search_space.values()) > MAX_ENUMERATED:  # type: ignore[attr-defined]
             return None
         names = list(search_space)
         configs = []
         for values in itertools.product(*(search_space[n].choices for n in names)):  # type: ignore[attr-defined]
             params = dict(zip(names, values))
-            if params_key({**fixed, **params}) not in taken:
+            if params_key({**self._fixed, **params}) not in taken:
                 configs.append(params)
         return configs
 
     def _random_untaken(
-        self,
-        search_space: dict[str, BaseDistribution],
-        fixed: dict[str, Any],
-        taken: set[ParamsKey],
-        untaken: list[dict[str, Any]] | None,
+        self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey], untaken: list[dict[str, Any]] | None
     ) -> dict[str, Any]:
         rng = self._rng.rng
         if untaken is not None:
             return untaken[int(rng.randint(len(untaken)))]
         for _ in range(DRAWN_CANDIDATES):
             params = {n: d.choices[int(rng.randint(len(d.choices)))] for n, d in search_space.items()}  # type: ignore[attr-defined]
-            if params_key({**fixed, **params}) not in taken:
+            if params_key({**self._fixed, **params}) not in taken:
                 return params
         return {}
 
-    def _model_choice(
+    def _drawn_untaken(self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey]) -> list[dict[str, Any]]:
+        drawn = (self._random_untaken(search_space, taken, None) for _ in range(DRAWN_POOL))
+        unique = {params_key(params): params for params in drawn if params}
+        return list(unique.values())
+
+    # --- the choice -------------------------------------------------------------------------------
+
+    def _thompson_choice(
         self,
         study: Study,
         trial: FrozenTrial,
         finished: list[FrozenTrial],
         search_space: dict[str, BaseDistribution],
-        fixed: dict[str, Any],
-        taken: set[ParamsKey],
-        untaken: list[dict[str, Any]] | None,
+        pool: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        """TPE's l(x)/g(x) over its own candidates, then over the untaken configs if all are taken."""
-        below, above = _split_trials(study, finished, self._n_below(study, finished))
-        mpe_below = self._build_parzen_estimator(study, search_space, below, handle_below=True)
-        mpe_above = self._build_parzen_estimator(study, search_space, above, handle_below=False)
+        """The fastest config of one landscape drawn from the posterior, among those drawn to fit."""
         rng = self._rng.rng
-        tpe_candidates = _external(mpe_below.sample(rng, self._n_ei_candidates), search_space)
-        tpe_scores = self._compute_acquisition_func(_internal(tpe_candidates, search_space), mpe_below, mpe_above)
-        order = np.argsort(-tpe_scores, kind="stable")
-        preferred = tpe_candidates[int(order[0])]
-        if params_key({**fixed, **preferred}) in taken:
-            self._note_came_back(study, trial, finished, {**fixed, **preferred})
-        enumerate_rest = untaken is not None and len(untaken) <= ENUMERATE_BELOW
-        if not enumerate_rest:
-            for index in order:
-                if params_key({**fixed, **tpe_candidates[int(index)]}) not in taken:
-                    return tpe_candidates[int(index)]
-        pool = untaken if untaken is not None else self._drawn_untaken(search_space, fixed, taken)
-        if not pool:
-            return {}
-        scores = self._compute_acquisition_func(_internal(pool, search_space), mpe_below, mpe_above)
-        return pool[int(np.argmax(scores))]
+        encoding = _landscape.KnobEncoding(search_space)  # type: ignore[arg-type] - autotune's spaces are categorical
+        observed = _landscape.observations(finished, encoding.names, self._ceiling_bytes)
+        speed_effects = _landscape.throughput_posterior(encoding, observed, noise_fraction(study)).draw(rng)
+        speed = encoding.matrix(pool) @ speed_effects
+        fits = self._drawn_to_fit(encoding, observed, pool, rng)
+        if not fits.any():
+            return pool[int(np.argmax(speed))]  # none expected to fit: screening decides on the fastest
+        choice = int(np.argmax(np.where(fits, speed, -np.inf)))
+        self._note_came_back(study, trial, finished, encoding, speed_effects, float(speed[choice]))
+        return pool[choice]
 
-    def _n_below(self, study: Study, finished: list[FrozenTrial]) -> int:
-        """TPE's count of good trials, raised to every feasible trial within the noise of the best."""
-        n_below = (self._gamma or default_gamma)(len(finished))
-        values = [v for t in finished if (v := _feasible_value(t)) is not None]
-        if values:
-            floor = max(values) * (1 - noise_fraction(study))
-            n_below = max(n_below, sum(v >= floor for v in values))
-        return n_below
-
-    def _drawn_untaken(
-        self, search_space: dict[str, BaseDistribution], fixed: dict[str, Any], taken: set[ParamsKey]
-    ) -> list[dict[str, Any]]:
-        drawn = [self._random_untaken(search_space, fixed, taken, None) for _ in range(DRAWN_POOL)]
-        return [params for params in drawn if params]
+    def _drawn_to_fit(
+        self, encoding: _landscape.KnobEncoding, observed: _landscape.Observations, pool: list[dict[str, Any]],
+        rng: np.random.RandomState,
+    ) -> np.ndarray:
+        """For each config, whether its drawn peak is under the ceiling (all, without an estimator)."""
+        if self._log_peak_estimate is None:
+            return np.ones(len(pool), dtype=bool)
+        log_estimate = functools.partial(_full_params_estimate, self._log_peak_estimate, self._fixed)
+        corrections = _landscape.memory_posterior(encoding, observed, log_estimate).draw(rng)
+        log_peak = (
+            np.asarray([log_estimate(params) for params in pool])
+            + encoding.matrix(pool) @ corrections
+            + rng.normal(0.0, _landscape.MEMORY_NOISE, len(pool))
+        )
+        return log_peak <= math.log(self._ceiling_bytes)
 
     @staticmethod
-    def _note_came_back(study: Study, trial: FrozenTrial, finished: list[FrozenTrial], params: dict[str, Any]) -> None:
-        """Record on the new trial which measured trial TPE wanted to repeat (dashboard, ``best --all``)."""
-        key = params_key(params)
-        original = next((t.number for t in finished if is_budget_trial(t) and params_key(t.params) == key), None)
-        if original is not None:
-            study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_PROPOSED_AGAIN, original)
+    def _note_came_back(
+        study: Study, trial: FrozenTrial, finished: list[FrozenTrial], encoding: _landscape.KnobEncoding,
+        speed_effects: np.ndarray, proposed_speed: float,
+    ) -> None:
+        """Record on the new trial the measured trial the drawn landscape ranks above every untaken
+        config: the one a sampler free to repeat would have proposed (dashboard, ``best --all``)."""
+        feasible = [t for t in finished if (r := TrialResult.from_trial(t)) is not None and r.feasible]
+        if not feasible:
+            return
+        drawn = encoding.matrix([{n: t.params[n] for n in encoding.names} for t in feasible]) @ speed_effects
+        best = int(np.argmax(drawn))
+        if drawn[best] > proposed_speed:
+            study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_PROPOSED_AGAIN, feasible[best].number)
 
 
-def make_sampler(distributions: dict[str, BaseDistribution], seed: int | None = None) -> DistinctTPESampler:
-    """The search's sampler: multivariate TPE (the knobs interact: batch with memory, dtype with
-    optimizer), proposing distinct configs."""
-    return DistinctTPESampler(distributions, multivariate=True, group=False, n_startup_trials=STARTUP_TRIALS, seed=seed)
+def _full_params_estimate(
+    log_peak_estimate: Callable[[dict[str, Any]], float], fixed: dict[str, Any], params: dict[str, Any]
+) -> float:
+    return log_peak_estimate({**fixed, **params})
 
 
-def _external(samples: dict[str, np.ndarray], search_space: dict[str, BaseDistribution]) -> list[dict[str, Any]]:
-    """TPE's internal samples (choice indices) as a list of params dicts."""
-    count = len(next(iter(samples.values())))
-    return [
-        {name: distribution.to_external_repr(samples[name][i]) for name, distribution in search_space.items()}
-        for i in range(count)
-    ]
+def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctThompsonSampler:
+    """The search's sampler, its memory model seeded by the estimator of the request's workload."""
+    workload = request.workload
 
+    @functools.cache
+    def log_peak(key: ParamsKey) -> float:
+        config = TrialConfig.from_params(dict(key))
+        return math.log(estimate_peak(workload.model, config, workload.seq_len, workload.device.kind).total_bytes)
 
-def _internal(configs: list[dict[str, Any]], search_space: dict[str, BaseDistribution]) -> dict[str, np.ndarray]:
-    """Params dicts as TPE's internal arrays, to score them with its Parzen estimators."""
-    return {
-        name: np.asarray([distribution.to_internal_repr(params[name]) for params in configs], dtype=float)
-        for name, distribution in search_space.items()
-    }
+    return DistinctThompsonSampler(
+        request.space.distributions(), lambda params: log_peak(params_key(params)), request.ceiling_bytes, seed=seed
+    )
 
 
 class SearchFinished(Exception):

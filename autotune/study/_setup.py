@@ -36,7 +36,7 @@ def open_study(
     Raises:
         AutotuneError: The study holds trials of another setup or space.
     """
-    sampler = make_sampler(request.space.distributions(), sampler_seed)
+    sampler = make_sampler(request, sampler_seed)
     # Workers on several machines may start together: exactly one creates the study (the others get
     # DuplicatedStudyError) and sets it up, so the seeds are queued once, not once per worker.
     try:

@@ -1,0 +1,163 @@
+"""The search's model of the landscape: how fast a config trains and whether it fits.
+
+Two Bayesian linear models over the searched knobs, each knob value one indicator feature:
+
+* **throughput**: ``log(model TFLOPs) = sum of one effect per knob value + noise``. Each knob value
+  multiplies throughput by a factor (bf16 by 1.3, checkpointing by 0.75, ...), the shape every
+  measured grid of docs/benchmarks.md has. Effects start at 0 with a wide prior (sd
+  :data:`THROUGHPUT_EFFECT_SD` in log space: a knob may change throughput several-fold); the
+  noise is the measured noise (``noise_fraction``) or what the fit leaves unexplained, if larger.
+* **peak memory**: ``log(peak) = log(autotune.estimate's prediction) + sum of effects + noise``.
+  The effects learn where the estimator is off for this model and machine; before any trial the
+  model is the estimator (prior sd :data:`MEMORY_EFFECT_SD`, the estimator's stated error).
+
+Interactions between knobs (bf16 gains more at larger batches) are not modelled: on the measured
+grids a model with pairwise terms needed more runs, because each extra term widens what a draw
+may do where little is measured (docs/benchmarks.md, "Search efficiency"). Memory interactions
+(checkpointing x micro-batch) are the estimator's, which holds them.
+
+The conjugate posterior of a linear model with a Gaussian prior and noise is Gaussian (Bishop,
+"Pattern Recognition and Machine Learning", 2006, eq. 3.50-3.51):
+``cov = (X'X / noise^2 + diag(1 / prior_sd^2))^-1``, ``mean = cov X'y / noise^2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.result import TrialResult, is_budget_trial
+
+# Prior sd of one knob value's effect on log throughput: e^1 = 2.7x either way.
+THROUGHPUT_EFFECT_SD = 1.0
+# The least noise assumed on log throughput: run-to-run noise on a quiet CPU (docs/benchmarks.md).
+MIN_THROUGHPUT_NOISE = 0.02
+# Prior sd of one knob value's correction to the estimator, in log space: its stated error is
+# about 25 % (docs/estimator.md).
+MEMORY_EFFECT_SD = 0.2
+# Noise of a measured peak, in log space (repeat measurements agree within a few %).
+MEMORY_NOISE = 0.03
+# An OOM says only "more than was there": it counts as a peak this much over the ceiling.
+OOM_EXCESS = 1.05
+# Statuses whose throughput was measured (an over-ceiling trial ran: its speed is real).
+_THROUGHPUT_STATUSES = ("ok", "pruned", "over_ceiling")
+# Statuses whose peak was measured.
+_PEAK_STATUSES = ("ok", "pruned", "over_ceiling", "diverged")
+
+Params = dict[str, Any]
+
+
+class KnobEncoding:
+    """One indicator feature per value of each searched knob."""
+
+    def __init__(self, search_space: dict[str, CategoricalDistribution]) -> None:
+        self.names = list(search_space)
+        self.column: dict[tuple[str, Any], int] = {}
+        for name in self.names:
+            for value in search_space[name].choices:
+                self.column[(name, value)] = len(self.column)
+
+    @property
+    def width(self) -> int:
+        return len(self.column)
+
+    def matrix(self, configs: Sequence[Params]) -> np.ndarray:
+        """Rows of 0/1 features, one row per config."""
+        features = np.zeros((len(configs), self.width))
+        for row, params in enumerate(configs):
+            for name in self.names:
+                features[row, self.column[(name, params[name])]] = 1.0
+        return features
+
+
+@dataclasses.dataclass(frozen=True)
+class Posterior:
+    """Gaussian posterior of a linear model's effects."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+
+    def draw(self, rng: np.random.RandomState) -> np.ndarray:
+        """One set of effects drawn from the posterior (Thompson sampling's one landscape)."""
+        return rng.multivariate_normal(self.mean, self.cov, check_valid="ignore")
+
+
+def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float, noise_sd: float) -> Posterior:
+    """The posterior of the effects given the observations (see the module docstring)."""
+    width = features.shape[1]
+    precision = features.T @ features / noise_sd**2 + np.eye(width) / prior_sd**2
+    cov = np.linalg.inv(precision)
+    cov = (cov + cov.T) / 2  # symmetric to rounding, as multivariate_normal wants it
+    return Posterior(mean=cov @ features.T @ targets / noise_sd**2, cov=cov)
+
+
+def prior(width: int, prior_sd: float) -> Posterior:
+    return Posterior(mean=np.zeros(width), cov=np.eye(width) * prior_sd**2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observations:
+    """What the study's trials measured, as the two models read it."""
+
+    throughput_configs: list[Params]
+    log_model_tflops: list[float]
+    memory_configs: list[Params]
+    log_peak_bytes: list[float]
+
+
+def observations(trials: Sequence[FrozenTrial], names: Sequence[str], ceiling_bytes: int) -> Observations:
+    """Each measured config once (reused and screened trials are no measurement)."""
+    speed_configs: list[Params] = []
+    speeds: list[float] = []
+    memory_configs: list[Params] = []
+    peaks: list[float] = []
+    for trial in trials:
+        if trial.state not in (TrialState.COMPLETE, TrialState.PRUNED) or not is_budget_trial(trial):
+            continue
+        result = TrialResult.from_trial(trial)
+        if result is None:
+            continue
+        params = {name: trial.params[name] for name in names}
+        if result.status in _THROUGHPUT_STATUSES and result.model_tflops > 0:
+            speed_configs.append(params)
+            speeds.append(math.log(result.model_tflops))
+        if result.status in _PEAK_STATUSES and result.peak_memory_bytes > 0:
+            memory_configs.append(params)
+            peaks.append(math.log(result.peak_memory_bytes))
+        elif result.status == "oom":
+            memory_configs.append(params)
+            peaks.append(math.log(max(result.peak_memory_bytes, ceiling_bytes) * OOM_EXCESS))
+    return Observations(speed_configs, speeds, memory_configs, peaks)
+
+
+def throughput_posterior(encoding: KnobEncoding, observed: Observations, measured_noise: float) -> Posterior:
+    """Effects on log model TFLOPs. The noise is the measured one, or what a first fit leaves
+    unexplained where that is larger (a landscape the additive model fits only roughly)."""
+    if not observed.log_model_tflops:
+        return prior(encoding.width, THROUGHPUT_EFFECT_SD)
+    features = encoding.matrix(observed.throughput_configs)
+    targets = np.asarray(observed.log_model_tflops)
+    targets = targets - targets.mean()  # the level is common to every config: only differences rank them
+    noise = max(measured_noise, MIN_THROUGHPUT_NOISE)
+    posterior = fit(features, targets, THROUGHPUT_EFFECT_SD, noise)
+    # Residual variance over the residual degrees of freedom (n - the fit's effective parameters).
+    effective_parameters = float(np.trace(features @ posterior.cov @ features.T)) / noise**2
+    residual = targets - features @ posterior.mean
+    unexplained = float(residual @ residual) / max(len(targets) - effective_parameters, 1.0)
+    if unexplained > noise**2:
+        posterior = fit(features, targets, THROUGHPUT_EFFECT_SD, math.sqrt(unexplained))
+    return posterior
+
+
+def memory_posterior(encoding: KnobEncoding, observed: Observations, log_estimate: Callable[[Params], float]) -> Posterior:
+    """Corrections to the estimator's log peak, per knob value."""
+    if not observed.log_peak_bytes:
+        return prior(encoding.width, MEMORY_EFFECT_SD)
+    targets = np.asarray(observed.log_peak_bytes) - np.asarray([log_estimate(p) for p in observed.memory_configs])
+    return fit(encoding.matrix(observed.memory_configs), targets, MEMORY_EFFECT_SD, MEMORY_NOISE)
