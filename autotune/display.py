@@ -159,6 +159,10 @@ class SearchView:
         with self._lock:
             self._live.update(self._render())
         self._live.__exit__(*exc)  # type: ignore[arg-type]
+        if not self._console.is_terminal:
+            # Rich ends the last render with a newline only on a terminal (rich/live.py: Live.stop);
+            # in a log or a pipe the next line would run on from the progress bar.
+            self._console.line()
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
         with self._lock:

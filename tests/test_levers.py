@@ -274,16 +274,9 @@ def levers_of(job: TrialJob) -> dict:
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_a_real_trial_builds_the_model_with_the_attention_searched(tmp_path, bert_tiny, cpu, fast_measure, attn):
+def test_a_real_trial_builds_the_model_with_the_attention_searched(tmp_path, tiny_workload, attn):
     job = TrialJob(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=8 * GiB,
-            measure=fast_measure,
-            callbacks=("tests.test_levers:RecordLevers",),
-        ),
+        workload=tiny_workload(callbacks=("tests.test_levers:RecordLevers",)),
         config=TrialConfig(micro_batch=8, pin_memory=False, attn_implementation=attn),
         work_dir=str(tmp_path / attn),
     )

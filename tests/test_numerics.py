@@ -128,7 +128,7 @@ def test_the_tolerance_flags_growth_beyond_the_default_and_never_a_faster_fall()
 
 
 @pytest.fixture
-def runaway_study(tmp_path, sqlite_url, bert_tiny, cpu):
+def runaway_study(tmp_path, sqlite_url, tiny_workload):
     """A study of two configs: the HF default's micro-batch 8 trains normally; micro-batch 16 trains
     with its learning rate raised 10^6-fold (tests/faults.py HugeLearningRateUnlessMicroBatch8)."""
     from autotune.space import SearchSpace
@@ -136,14 +136,7 @@ def runaway_study(tmp_path, sqlite_url, bert_tiny, cpu):
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=8 * GiB,
-            measure=FIVE_STEPS,
-            callbacks=("tests.support.faults:HugeLearningRateUnlessMicroBatch8",),
-        ),
+        workload=tiny_workload(measure=FIVE_STEPS, callbacks=("tests.support.faults:HugeLearningRateUnlessMicroBatch8",)),
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
         work_root=str(tmp_path / "runs"),
         screen=False,

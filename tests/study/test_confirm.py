@@ -11,7 +11,6 @@ from optuna.distributions import CategoricalDistribution
 from autotune.errors import AutotuneError
 from autotune.ranking import describe_winner, feasible_ranking, study_ranking
 from autotune.result import TrialResult
-from autotune.runner import Workload
 from autotune.schema import STUDY_CONFIRMATION as CONFIRMATION_ATTR
 from autotune.space import SearchSpace
 from autotune.study import SearchRequest
@@ -111,16 +110,10 @@ def test_ranking_puts_confirmed_first_and_orders_a_tie_by_memory():
     assert "not confirmed" in describe_winner(stale)
 
 
-def test_confirm_validates_its_arguments(bert_tiny, cpu, fast_measure, tmp_path):
+def test_confirm_validates_its_arguments(tiny_workload, tmp_path):
     study = optuna.create_study(direction="maximize")
     request = SearchRequest(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=16,
-            ceiling_bytes=8 * GiB,
-            measure=fast_measure,
-        ),
+        workload=tiny_workload(seq_len=16),
         space=SearchSpace({"micro_batch": [8]}),
         work_root=str(tmp_path),
     )

@@ -17,7 +17,6 @@ from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.estimate import estimate_peak
-from autotune.models import resolve_model
 from autotune.result import TrialResult
 from autotune.runner import TrialJob
 from autotune.study import SearchBudget, open_study, run_search
@@ -153,10 +152,10 @@ class PeakRunner(LookupRunner):
         return result
 
 
-def test_configs_the_memory_model_expects_over_the_ceiling_are_left_for_last(tmp_path: Path, cpu):
+def test_configs_the_memory_model_expects_over_the_ceiling_are_left_for_last(tmp_path: Path, cpu, gpt2_tiny):
     """Throughput grows with the micro-batch, but the largest does not fit: the sampler spends its runs
     on configs that fit, not on the fast ones that would go over (screening is off here)."""
-    gpt2_tiny = resolve_model("gpt2-tiny")  # its logits make the micro-batch move memory a lot
+    # gpt2-tiny: its logits make the micro-batch move memory a lot.
     request = make_request(tmp_path, cpu, gpt2_tiny, FORTY_EIGHT_CONFIGS)
     request = dataclasses.replace(request, workload=dataclasses.replace(request.workload, seq_len=128))
 

@@ -88,20 +88,13 @@ def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory
 
 
 @pytest.fixture
-def new_study(sqlite_url, bert_tiny, cpu, fast_measure, tmp_path):
-    from autotune.runner import Workload
+def new_study(sqlite_url, cpu, tiny_workload, tmp_path):
     from autotune.space import load_space
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=4 * GiB,
-            measure=fast_measure,
-        ),
+        workload=tiny_workload(ceiling_bytes=4 * GiB),
         space=load_space(str(REPO / "search_spaces" / "tiny-test.yaml"), cpu),
         work_root=str(tmp_path / "runs"),
     )
