@@ -98,6 +98,7 @@ def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float, noise_sd: fl
 
 
 def prior(width: int, prior_sd: float) -> Posterior:
+    """The model before any observation: every effect 0, independent, with sd ``prior_sd``."""
     return Posterior(mean=np.zeros(width), cov=np.eye(width) * prior_sd**2)
 
 

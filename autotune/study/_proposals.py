@@ -42,6 +42,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
+from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.estimate import estimate_peak
 from autotune.result import ParamsKey, TrialResult, is_budget_trial, params_key
@@ -266,14 +267,18 @@ class DistinctThompsonSampler(BaseSampler):
         """For each config, whether its drawn peak is under the ceiling (all, without an estimator)."""
         if self._log_peak_estimate is None:
             return np.ones(len(pool), dtype=bool)
-        log_estimate = functools.partial(_full_params_estimate, self._log_peak_estimate, self._fixed)
-        corrections = _landscape.memory_posterior(encoding, observed, log_estimate).draw(rng)
+        corrections = _landscape.memory_posterior(encoding, observed, self._log_estimate).draw(rng)
         log_peak = (
-            np.asarray([log_estimate(params) for params in pool])
+            np.asarray([self._log_estimate(params) for params in pool])
             + encoding.matrix(pool) @ corrections
             + rng.normal(0.0, _landscape.MEMORY_NOISE, len(pool))
         )
-        return log_peak <= math.log(self._ceiling_bytes)
+        return fits(np.exp(log_peak), self._ceiling_bytes)  # the one fit rule, elementwise
+
+    def _log_estimate(self, params: dict[str, Any]) -> float:
+        """The estimator's log peak of searched params (the fixed knobs added)."""
+        assert self._log_peak_estimate is not None
+        return self._log_peak_estimate({**self._fixed, **params})
 
     @staticmethod
     def _note_came_back(
@@ -289,12 +294,6 @@ class DistinctThompsonSampler(BaseSampler):
         best = int(np.argmax(drawn))
         if drawn[best] > proposed_speed:
             study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_PROPOSED_AGAIN, feasible[best].number)
-
-
-def _full_params_estimate(
-    log_peak_estimate: Callable[[dict[str, Any]], float], fixed: dict[str, Any], params: dict[str, Any]
-) -> float:
-    return log_peak_estimate({**fixed, **params})
 
 
 def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctThompsonSampler:

@@ -18,7 +18,6 @@ from autotune.config import TrialConfig
 from autotune.result import TrialResult
 from autotune.runner import (
     TrialJob,
-    Workload,
     classify_exit,
     is_oom_exception,
     run_isolated,
@@ -36,18 +35,13 @@ SHORT_TIMEOUT_S = 4.0
 
 
 @pytest.fixture
-def job_for(tmp_path, bert_tiny, cpu, fast_measure):
+def job_for(tmp_path, tiny_workload):
     """A trial of bert-tiny on the CPU, with fault callbacks from tests/support/faults.py."""
 
     def make(*faults: str, ceiling_bytes: int = 8 * GiB) -> TrialJob:
         return TrialJob(
-            workload=Workload(
-                model=bert_tiny,
-                device=cpu,
-                seq_len=32,
-                ceiling_bytes=ceiling_bytes,
-                measure=fast_measure,
-                callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
+            workload=tiny_workload(
+                ceiling_bytes=ceiling_bytes, callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults)
             ),
             config=TrialConfig(micro_batch=8, pin_memory=False),
             work_dir=str(tmp_path / "trial"),
@@ -110,7 +104,7 @@ def test_oom_kill_counter_is_read_from_vmstat(tmp_path):
 
 
 @pytest.fixture
-def study_for(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
+def study_for(tmp_path, sqlite_url, tiny_workload):
     """A real study in SQLite and the SearchRequest that runs faults in it."""
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
@@ -124,12 +118,8 @@ def study_for(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
         address_space_bytes: int | None = None,
     ):
         request = SearchRequest(
-            workload=Workload(
-                model=bert_tiny,
-                device=cpu,
+            workload=tiny_workload(
                 seq_len=seq_len,
-                ceiling_bytes=8 * GiB,
-                measure=fast_measure,
                 callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
                 address_space_bytes=address_space_bytes,
             ),

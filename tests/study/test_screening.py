@@ -104,9 +104,8 @@ def test_calibration_learns_from_trials_that_measured_a_peak_only(bert_tiny):
 
 
 @pytest.fixture
-def loop(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
+def loop(tmp_path, sqlite_url, tiny_workload):
     """A real study in SQLite; ``make`` gives it and its request; ``runs`` lists trial work dirs made."""
-    from autotune.runner import Workload
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
@@ -115,14 +114,7 @@ def loop(tmp_path, sqlite_url, bert_tiny, cpu, fast_measure):
 
     def make(ceiling_bytes: int, micro_batches: list[int], address_space_bytes: int | None = None, name: str = "s"):
         request = SearchRequest(
-            workload=Workload(
-                model=bert_tiny,
-                device=cpu,
-                seq_len=32,
-                ceiling_bytes=ceiling_bytes,
-                measure=fast_measure,
-                address_space_bytes=address_space_bytes,
-            ),
+            workload=tiny_workload(ceiling_bytes=ceiling_bytes, address_space_bytes=address_space_bytes),
             space=SearchSpace(choices={"micro_batch": micro_batches, "pin_memory": [False]}),
             work_root=str(work_root),
         )
