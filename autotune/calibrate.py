@@ -30,7 +30,7 @@ _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16"
 
 
 @dataclasses.dataclass(frozen=True)
-class MeasuredPeak:
+class MeasuredMatmulPeak:
     """The achievable matmul rate of one dtype on one device.
 
     Attributes:
@@ -84,7 +84,7 @@ def load_measured_peaks(device_name: str) -> dict[str, float]:
     return {dtype: float(value) for dtype, value in peaks.items() if isinstance(value, (int, float)) and value > 0}
 
 
-def save_calibration(device: DeviceSpec, peaks: list[MeasuredPeak]) -> Path:
+def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak]) -> Path:
     """Store ``peaks`` under ``device.name``, keeping other devices' records; returns the file."""
     import torch
 
@@ -110,7 +110,7 @@ def save_calibration(device: DeviceSpec, peaks: list[MeasuredPeak]) -> Path:
 
 def measure_matmul_peak(
     device_kind: str, dtype: str, matrix_size: int | None = None, seconds: float = 1.0, min_iterations: int = 3
-) -> MeasuredPeak:
+) -> MeasuredMatmulPeak:
     """Time ``n x n @ n x n`` matmuls in ``dtype`` in this process and return the achievable rate.
 
     Each matmul is timed alone, after synchronising the device, so the best one shows what the
@@ -150,14 +150,14 @@ def measure_matmul_peak(
             a @ b
             synchronize()
             rates.append(flops / (time.perf_counter() - t0) / 1e12)
-    return MeasuredPeak(
+    return MeasuredMatmulPeak(
         dtype=dtype, tflops=max(rates), median_tflops=statistics.median(rates), matrix_size=n, iterations=len(rates)
     )
 
 
 def calibrate_device(
     device: DeviceSpec, dtypes: tuple[str, ...] | None = None, matrix_size: int | None = None, seconds: float = 1.0
-) -> list[MeasuredPeak]:
+) -> list[MeasuredMatmulPeak]:
     """Measure the achievable matmul peak of every dtype ``device`` supports (or of ``dtypes``).
 
     The CPU is measured in this process, with the thread count trials get too. A GPU is measured in
@@ -182,7 +182,7 @@ def calibrate_device(
 
 def _measure_pinned(
     environment: dict[str, str], dtypes: tuple[str, ...], matrix_size: int | None, seconds: float
-) -> list[MeasuredPeak]:
+) -> list[MeasuredMatmulPeak]:
     """Runs in a spawned process: pin to one GPU, then measure each dtype on it."""
     os.environ.update(environment)
     return [measure_matmul_peak("cuda", dtype, matrix_size, seconds) for dtype in dtypes]

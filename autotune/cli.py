@@ -293,14 +293,7 @@ def estimate(
     from autotune.ceiling import parse_ceiling
     from autotune.devices import known_gpu, resolve_device
     from autotune.display import estimate_short_table, estimate_table
-    from autotune.estimate import (
-        Calibration,
-        estimate_json,
-        estimate_rows,
-        expandable_segments_enabled,
-        largest_fitting,
-        memory_distinct_configs,
-    )
+    from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows
     from autotune.models import resolve_model
     from autotune.space import load_space
     from autotune.study import margin_for
@@ -315,19 +308,17 @@ def estimate(
     model_spec = resolve_model(model, task)
     validate.seq_len_fits(seq_len, model, model_spec.max_positions)
     search_space = load_space(space, device_spec, model=model_spec)
-    calibration = Calibration.prior(
-        device_spec.kind, device_spec.compute_capability, expandable_segments_enabled(dict(os.environ))
-    )
+    # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator settings).
+    fit = memory_prior(device_spec, os.environ)
     if storage is not None:
-        calibration = _calibration_of_study(storage, study_name, model_spec, seq_len, device_spec)
-    configs = memory_distinct_configs(search_space.choices, device_spec.kind)
-    rows = estimate_rows(model_spec, configs, seq_len, device_spec.kind, calibration, ceiling)
+        fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
+    rows = plan_rows(model_spec, search_space.choices, seq_len, fit, ceiling)
     where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
     if as_json:
         header = {
             "model": model_spec.name, "seq_len": seq_len, "device": where, "device_kind": device_spec.kind,
             "device_memory_bytes": device_spec.total_memory_bytes, "ceiling_bytes": ceiling,
-            "estimator": calibration.describe(), "space_notes": list(search_space.notes),
+            "estimator": fit.describe(), "space_notes": list(search_space.notes),
         }
         typer.echo(estimate_json(rows, header))
         return
@@ -336,21 +327,21 @@ def estimate(
     memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
     title = f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling)}"
     if all_rows:
-        console.print(estimate_table(f"{title}: {len(configs)} memory-distinct configs of {search_space.size}",
-                                     [(row.config, row.estimate) for row in rows], ceiling, margin_for(calibration)))
+        console.print(estimate_table(f"{title}: {len(rows)} memory-distinct configs of {search_space.size}",
+                                     [(row.config, row.estimate) for row in rows], ceiling, margin_for(fit)))
     else:
         console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
-    console.print(f"estimator: {calibration.describe()}")
+    console.print(f"estimator: {fit.describe()}")
 
 
-def _calibration_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec):  # noqa: ANN001, ANN202
-    """The estimator fitted on a study's measured trials, refusing a study of another model, length or device."""
+def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202
+    """The memory model fitted on a study's measured trials, refusing a study of another model, length or device."""
     from autotune.storage import load_study
-    from autotune.study import calibration_from_trials, check_identity, measured_trials
+    from autotune.study import check_identity, measured_trials, memory_fit_from_trials
 
     study = load_study(storage, study_name)
     check_identity(study, {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name})
-    return calibration_from_trials(model_spec, seq_len, device_spec.kind, measured_trials(study))
+    return memory_fit_from_trials(model_spec, seq_len, prior, measured_trials(study))
 
 
 @app.command()

@@ -271,7 +271,7 @@ def devices_table(devices: Sequence[DeviceSpec], measured_peaks: dict[str, dict[
         measured_peaks: Peaks measured by ``autotune devices --calibrate``, by device name and dtype.
     """
     from autotune.calibrate import peak_note
-    from autotune.config import DTYPES
+    from autotune.levers import DTYPES
 
     table = Table(
         title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"

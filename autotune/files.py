@@ -63,3 +63,33 @@ def _mode_for(path: Path) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def read_user_file(path: str, option: str, expected: str, max_bytes: int | None = None, size_hint: str = "") -> str:
+    """The text of a file the user named on the command line (``--space``, ``--base-args``, ``--peft``).
+
+    The one ladder of what can go wrong before parsing, each a one-line error naming the option:
+    the file cannot be read, is larger than ``max_bytes``, or is not UTF-8 text. Parsing (YAML,
+    JSON) and its errors belong to the caller, which knows the format.
+
+    Args:
+        path: The file.
+        option: The command-line option that named it, for the message.
+        expected: What it should hold, for the message (``"UTF-8 YAML"``).
+        max_bytes: Refuse a larger file (``None``: no limit).
+        size_hint: What a file of the right size looks like, for the message.
+
+    Raises:
+        AutotuneError: Unreadable, too large, or not UTF-8 text.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    except OSError as exc:
+        raise AutotuneError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise AutotuneError(f"{option} {path}: larger than {max_bytes // 1024} KiB" + (f"; {size_hint}" if size_hint else ""))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AutotuneError(f"{option} {path}: not a text file ({expected} expected)") from None

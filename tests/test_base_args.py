@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from autotune.config import TrialConfig, load_base_args, training_arguments_kwargs
+from autotune.base_args import load_base_args
+from autotune.config import TrialConfig, training_arguments_kwargs
 from autotune.errors import AutotuneError
 from autotune.space import load_space
 

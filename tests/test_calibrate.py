@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from autotune.calibrate import (
-    MeasuredPeak,
+    MeasuredMatmulPeak,
     calibrate_device,
     load_calibration,
     load_measured_peaks,
@@ -42,8 +42,8 @@ def test_calibrate_refuses_a_dtype_the_device_cannot_run(cpu):
 
 def test_peaks_are_stored_by_device_name_and_merged(cpu, peaks_path):
     assert load_measured_peaks(cpu.name) == {}
-    save_calibration(cpu, [MeasuredPeak("fp32", 0.5, 0.4, 256, 5)])
-    save_calibration(cpu, [MeasuredPeak("bf16", 1.5, 1.2, 256, 5)])
+    save_calibration(cpu, [MeasuredMatmulPeak("fp32", 0.5, 0.4, 256, 5)])
+    save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 256, 5)])
     assert load_measured_peaks(cpu.name) == {"fp32": 0.5, "bf16": 1.5}
     assert load_calibration(cpu.name)["threads"] >= 1
     assert load_measured_peaks("some other device") == {}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import TrainingArguments
 
-from autotune.config import TrialConfig, checkpointing_field, training_arguments_kwargs
+from autotune.config import TrialConfig, training_arguments_kwargs
+from autotune.levers import checkpointing_field
 
 
 def build(config: TrialConfig, device_kind: str = "cpu", base=None) -> TrainingArguments:

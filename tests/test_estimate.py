@@ -10,11 +10,11 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.estimate import (
     SCALE_BOUNDS,
-    Calibration,
-    MeasuredPeak,
+    MemoryFit,
+    MeasuredMemory,
     activation_bytes,
     estimate_peak,
-    fit_calibration,
+    fit_memory,
     layer_activation_bytes,
     logits_bytes,
     memory_distinct_configs,
@@ -36,14 +36,14 @@ CALIBRATED_ERROR_BOUND = 0.12
 
 
 def test_model_states_are_16_bytes_per_parameter_for_fp32_adamw(bert_tiny):
-    estimate = estimate_peak(bert_tiny, TrialConfig(micro_batch=8, optim="adamw_torch"), 32, "cuda")
+    estimate = estimate_peak(bert_tiny, TrialConfig(micro_batch=8, optim="adamw_torch"), 32, MemoryFit.prior("cuda"))
     n = bert_tiny.num_params
     assert (estimate.weights_bytes, estimate.gradients_bytes, estimate.optimizer_bytes) == (4 * n, 4 * n, 8 * n)
 
 
 def test_mixed_precision_adds_half_copies_of_the_compute_weights(bert_tiny):
-    fp32 = estimate_peak(bert_tiny, TrialConfig(dtype="fp32"), 32, "cuda")
-    bf16 = estimate_peak(bert_tiny, TrialConfig(dtype="bf16"), 32, "cuda")
+    fp32 = estimate_peak(bert_tiny, TrialConfig(dtype="fp32"), 32, MemoryFit.prior("cuda"))
+    bf16 = estimate_peak(bert_tiny, TrialConfig(dtype="bf16"), 32, MemoryFit.prior("cuda"))
     assert bf16.weights_bytes - fp32.weights_bytes == 2 * bert_tiny.num_non_embedding_params
     assert bf16.gradients_bytes == fp32.gradients_bytes  # fp32 master weights, fp32 gradients
 
@@ -52,7 +52,7 @@ def test_optimizer_states_per_optimizer(bert_mini_spec):
     n = bert_mini_spec.num_params
 
     def states(optim: str) -> int:
-        return estimate_peak(bert_mini_spec, TrialConfig(optim=optim), 32, "cuda").optimizer_bytes
+        return estimate_peak(bert_mini_spec, TrialConfig(optim=optim), 32, MemoryFit.prior("cuda")).optimizer_bytes
 
     assert states("adamw_torch") == states("adamw_torch_fused") == 8 * n
     assert states("sgd") == 0  # HF's sgd: momentum 0, no state
@@ -110,16 +110,16 @@ def test_logits_are_three_fp32_copies_for_language_models_only(gpt2_tiny, bert_t
 
 
 def test_each_cpu_dataloader_worker_adds_a_process_baseline_and_the_weights(bert_tiny):
-    prior = Calibration.prior("cpu")
-    alone = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=0), 32, "cpu")
-    two = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=2), 32, "cpu")
+    prior = MemoryFit.prior("cpu")
+    alone = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=0), 32, MemoryFit.prior("cpu"))
+    two = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=2), 32, MemoryFit.prior("cpu"))
     assert two.context_bytes - alone.context_bytes == 2 * (prior.context_bytes + alone.weights_bytes)
-    on_gpu = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=2), 32, "cuda")
-    assert on_gpu.context_bytes == Calibration.prior("cuda").context_bytes  # workers hold no GPU memory
+    on_gpu = estimate_peak(bert_tiny, TrialConfig(dataloader_workers=2), 32, MemoryFit.prior("cuda"))
+    assert on_gpu.context_bytes == MemoryFit.prior("cuda").context_bytes  # workers hold no GPU memory
 
 
 def test_total_is_the_sum_of_the_parts(gpt2_tiny):
-    estimate = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=8, dtype="bf16", checkpointing=True), 64, "cpu")
+    estimate = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=8, dtype="bf16", checkpointing=True), 64, MemoryFit.prior("cpu"))
     assert estimate.total_bytes == sum(estimate.parts().values())
     assert set(estimate.parts()) == {"weights", "gradients", "optimizer states", "activations", "logits", "allocator", "context"}
     assert estimate.allocator_bytes == 0  # the CPU has no caching allocator of device memory
@@ -139,17 +139,17 @@ def test_memory_distinct_configs_collapse_knobs_that_do_not_change_memory():
 # --- calibration --------------------------------------------------------------------------------
 
 
-def synthetic_peaks(model, configs, seq_len: int, context: int, scale: float) -> list[MeasuredPeak]:
+def synthetic_peaks(model, configs, seq_len: int, context: int, scale: float) -> list[MeasuredMemory]:
     """Peaks made by the model itself with a known context and activation scale."""
-    truth = Calibration("cpu", context_bytes=context, activation_scale=scale)
-    return [MeasuredPeak(c, estimate_peak(model, c, seq_len, "cpu", truth).total_bytes) for c in configs]
+    truth = MemoryFit("cpu", context_bytes=context, activation_scale=scale)
+    return [MeasuredMemory(c, estimate_peak(model, c, seq_len, truth).total_bytes) for c in configs]
 
 
 def test_calibration_recovers_a_known_context_and_scale(bert_mini_spec):
     configs = [TrialConfig(micro_batch=m, checkpointing=ckpt) for m in (8, 32, 64) for ckpt in (False, True)]
     configs.append(TrialConfig(micro_batch=16, dataloader_workers=2))
     measured = synthetic_peaks(bert_mini_spec, configs, 128, context=700 * MiB, scale=1.4)
-    fitted = fit_calibration(bert_mini_spec, 128, "cpu", measured)
+    fitted = fit_memory(bert_mini_spec, 128, measured, MemoryFit.prior("cpu"))
     assert fitted.points == len(configs)
     assert fitted.context_bytes == pytest.approx(700 * MiB, rel=0.01)
     assert fitted.activation_scale == pytest.approx(1.4, rel=0.01)
@@ -158,23 +158,23 @@ def test_calibration_recovers_a_known_context_and_scale(bert_mini_spec):
 
 def test_one_point_fits_the_context_only(bert_mini_spec):
     measured = synthetic_peaks(bert_mini_spec, [TrialConfig(micro_batch=16)], 128, context=900 * MiB, scale=2.0)
-    fitted = fit_calibration(bert_mini_spec, 128, "cpu", measured)
-    assert fitted.activation_scale == Calibration.prior("cpu").activation_scale
-    prediction = estimate_peak(bert_mini_spec, TrialConfig(micro_batch=16), 128, "cpu", fitted).total_bytes
+    fitted = fit_memory(bert_mini_spec, 128, measured, MemoryFit.prior("cpu"))
+    assert fitted.activation_scale == MemoryFit.prior("cpu").activation_scale
+    prediction = estimate_peak(bert_mini_spec, TrialConfig(micro_batch=16), 128, fitted).total_bytes
     assert prediction == pytest.approx(measured[0].peak_bytes, rel=0.005)  # the one point is met
 
 
 def test_an_absurd_scale_is_clamped(bert_mini_spec):
     configs = [TrialConfig(micro_batch=m) for m in (8, 32, 64)]
     measured = synthetic_peaks(bert_mini_spec, configs, 128, context=500 * MiB, scale=10.0)
-    fitted = fit_calibration(bert_mini_spec, 128, "cpu", measured)
+    fitted = fit_memory(bert_mini_spec, 128, measured, MemoryFit.prior("cpu"))
     assert fitted.activation_scale == SCALE_BOUNDS[1]
     assert fitted.max_relative_error > 0.1  # the model does not fit, and says so
 
 
 def test_no_measurements_means_the_priors(bert_tiny):
-    assert fit_calibration(bert_tiny, 128, "cpu", []) == Calibration.prior("cpu")
-    assert "not calibrated" in Calibration.prior("cpu").describe()
+    assert fit_memory(bert_tiny, 128, [], MemoryFit.prior("cpu")) == MemoryFit.prior("cpu")
+    assert "not calibrated" in MemoryFit.prior("cpu").describe()
 
 
 # --- against real measured peaks -----------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_uncalibrated_estimates_are_within_the_documented_bound(measured_peaks):
     errors = {}
     for (name, config), peak in measured_peaks.items():
         seq_len = REAL_CONFIGS[name][0]
-        predicted = estimate_peak(resolve_model(name), config, seq_len, "cpu").total_bytes
+        predicted = estimate_peak(resolve_model(name), config, seq_len, MemoryFit.prior("cpu")).total_bytes
         errors[(name, config.short())] = (predicted - peak) / peak
     worst = max(errors.values(), key=abs)
     assert abs(worst) <= PRIOR_ERROR_BOUND, errors
@@ -249,10 +249,10 @@ def test_calibrated_estimates_predict_a_config_left_out_of_the_fit(measured_peak
     model = resolve_model("bert-tiny")
     seq_len, configs = REAL_CONFIGS["bert-tiny"]
     for held_out in configs:
-        others = [MeasuredPeak(c, measured_peaks[("bert-tiny", c)]) for c in configs if c != held_out]
-        calibration = fit_calibration(model, seq_len, "cpu", others)
+        others = [MeasuredMemory(c, measured_peaks[("bert-tiny", c)]) for c in configs if c != held_out]
+        calibration = fit_memory(model, seq_len, others, MemoryFit.prior("cpu"))
         assert calibration.points == len(configs) - 1
-        predicted = estimate_peak(model, held_out, seq_len, "cpu", calibration).total_bytes
+        predicted = estimate_peak(model, held_out, seq_len, calibration).total_bytes
         peak = measured_peaks[("bert-tiny", held_out)]
         assert abs(predicted - peak) / peak <= CALIBRATED_ERROR_BOUND, (held_out.short(), predicted, peak, calibration)
 
@@ -311,22 +311,22 @@ def test_the_cuda_prior_adds_the_allocators_workspaces_and_fragmentation_by_gene
     )
 
     config = TrialConfig(micro_batch=16)
-    volta, hopper = Calibration.prior("cuda", (7, 0)), Calibration.prior("cuda", (9, 0))
+    volta, hopper = MemoryFit.prior("cuda", (7, 0)), MemoryFit.prior("cuda", (9, 0))
     assert volta.context_bytes == CUDA_CONTEXT_BYTES[7] < hopper.context_bytes == CUDA_CONTEXT_BYTES[9]
     assert hopper.workspace_bytes == 2 * 32 * MiB and volta.workspace_bytes == 2 * CUBLAS_WORKSPACE_BYTES[7]
-    on_hopper = estimate_peak(bert_mini_spec, config, 128, "cuda", hopper)
+    on_hopper = estimate_peak(bert_mini_spec, config, 128, hopper)
     transient = on_hopper.activations_bytes + on_hopper.logits_bytes + on_hopper.gradients_bytes
     assert on_hopper.allocator_bytes == 64 * MiB + int(ALLOCATOR_FRAGMENTATION_SHARE["default"] * transient)
-    expandable = estimate_peak(bert_mini_spec, config, 128, "cuda", Calibration.prior("cuda", (9, 0), expandable_segments=True))
+    expandable = estimate_peak(bert_mini_spec, config, 128, MemoryFit.prior("cuda", (9, 0), expandable_segments=True))
     assert expandable.allocator_bytes < on_hopper.allocator_bytes
     assert expandable.total_bytes - expandable.allocator_bytes == on_hopper.total_bytes - on_hopper.allocator_bytes
 
 
 def test_calibration_keeps_the_allocator_part_of_its_prior(bert_mini_spec):
-    prior = Calibration.prior("cuda", (8, 0))
+    prior = MemoryFit.prior("cuda", (8, 0))
     configs = [TrialConfig(micro_batch=m) for m in (8, 16, 32)]
-    measured = [MeasuredPeak(c, estimate_peak(bert_mini_spec, c, 128, "cuda", prior).total_bytes) for c in configs]
-    fitted = fit_calibration(bert_mini_spec, 128, "cuda", measured, prior)
+    measured = [MeasuredMemory(c, estimate_peak(bert_mini_spec, c, 128, prior).total_bytes) for c in configs]
+    fitted = fit_memory(bert_mini_spec, 128, measured, prior)
     assert fitted.allocator_share == prior.allocator_share and fitted.workspace_bytes == prior.workspace_bytes
     assert fitted.max_relative_error is not None and fitted.max_relative_error < 0.05
 

@@ -24,6 +24,7 @@ from autotune.config import (
 from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.estimate import (
+    MemoryFit,
     MicroBatchShape,
     activation_bytes,
     estimate_peak,
@@ -35,7 +36,8 @@ from autotune.estimate import (
 from autotune.flops import model_flops_per_token
 from autotune.models import resolve_model
 from autotune.runner import TrialJob, Workload, run_isolated
-from autotune.space import ATTN_IMPLEMENTATIONS, filter_combinations, load_space
+from autotune.levers import ATTN_IMPLEMENTATIONS
+from autotune.space import filter_combinations, load_space
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 GiB = 1024**3
@@ -173,7 +175,7 @@ def test_padding_free_is_kept_only_where_the_attention_keeps_samples_apart(tmp_p
 
 
 def test_liger_is_removed_for_a_model_type_it_does_not_patch(gpt2_tiny):
-    from autotune.space import liger_unsupported
+    from autotune.levers import liger_unsupported
 
     reason = liger_unsupported(gpt2_tiny)
     assert reason  # no package here; with it, gpt2 is not among MODEL_TYPE_TO_APPLY_LIGER_FN
@@ -242,10 +244,10 @@ def test_padding_free_under_a_mask_based_kernel_pays_for_its_mask_and_scores(gpt
 
 def test_short_real_samples_shrink_the_estimate_under_longest_padding(gpt2_tiny):
     config = TrialConfig(micro_batch=16, padding="longest")
-    full = estimate_peak(gpt2_tiny, config, 512, "cuda").total_bytes
-    short = estimate_peak(gpt2_tiny, config, 512, "cuda", lengths=[100, 120, 80]).total_bytes
+    full = estimate_peak(gpt2_tiny, config, 512, MemoryFit.prior("cuda")).total_bytes
+    short = estimate_peak(gpt2_tiny, config, 512, MemoryFit.prior("cuda"), lengths=[100, 120, 80]).total_bytes
     assert short < full
-    assert estimate_peak(gpt2_tiny, dataclasses.replace(config, padding="max_length"), 512, "cuda", lengths=[100]).total_bytes == full
+    assert estimate_peak(gpt2_tiny, dataclasses.replace(config, padding="max_length"), 512, MemoryFit.prior("cuda"), lengths=[100]).total_bytes == full
 
 
 # --- real trials on the CPU ----------------------------------------------------------------------

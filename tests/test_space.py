@@ -30,7 +30,7 @@ def write(tmp_path, text: str) -> str:
         ("optim: []\n", "optim: needs at least one choice"),
         ("micro_batch: [8, 0]\n", "micro_batch: needs at least one choice, each a positive integer"),
         ("grad_accum: [-1]\n", "grad_accum: needs at least one choice, each a positive integer"),
-        ("micro_batch: big\n", "micro_batch: must be a list of batch sizes or 'auto'"),
+        ("micro_batch: big\n", "micro_batch: must be a list of choices or 'auto'"),
         ("dtype: [fp8]\n", "dtype: unknown choice 'fp8'; choose from fp32, tf32, fp16, bf16"),
         ("dataloader_workers: [-2]\n", "dataloader_workers: needs at least one choice, each >= 0"),
         ("global_batch: 0\n", "global_batch: must be a positive integer"),
@@ -66,7 +66,7 @@ def test_cpu_filter_removes_what_a_cpu_cannot_run_and_says_why(cpu):
     assert "cudagraphs" not in space.choices["compile"]
     assert any(note.startswith("dtype tf32 removed: cpu") for note in space.notes)
     assert any(note.startswith("dtype fp16 removed: cpu") for note in space.notes)
-    assert any("pin_memory true dropped" in note for note in space.notes)
+    assert any("pin_memory true removed" in note for note in space.notes)
 
 
 def test_a_gpu_without_bf16_loses_bf16_with_a_note(tmp_path):

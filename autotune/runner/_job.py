@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.estimate import MemoryFit, memory_prior
 from autotune.data import PreparedDataset
 from autotune.devices import DeviceSpec, matmul_dtype
 from autotune.measure import MeasureSettings
@@ -49,6 +50,12 @@ class Workload:
     address_space_bytes: int | None = None
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
+
+    @property
+    def memory_prior(self) -> MemoryFit:
+        """The memory model's prior for this device and allocator setting: the one the planner uses
+        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial."""
+        return memory_prior(self.device, self.allocator_env)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -38,7 +38,7 @@ from autotune.study._request import (
     prepare_request,
     worker_devices,
 )
-from autotune.study._screening import calibration_from_trials, margin_for
+from autotune.study._screening import margin_for, memory_fit_from_trials
 from autotune.study._proposals import SearchFinished, stop_reason
 from autotune.study._setup import check_identity, open_study
 
@@ -52,7 +52,6 @@ __all__ = [
     "SearchProgress",
     "SearchRequest",
     "ask_trial",
-    "calibration_from_trials",
     "cap_decision",
     "check_identity",
     "confirm_top",
@@ -60,6 +59,7 @@ __all__ = [
     "make_job",
     "margin_for",
     "measured_trials",
+    "memory_fit_from_trials",
     "memory_constraint_gib",
     "open_study",
     "prepare_request",

@@ -93,7 +93,7 @@ def cap_decision(trials: Sequence[FrozenTrial], max_total_trials: int, patience_
 
 
 @dataclasses.dataclass
-class _Pool:
+class _WorkerThreads:
     """What the workers of one invocation share: their budget, the ask lock, the stop signal."""
 
     study: optuna.Study
@@ -188,7 +188,7 @@ def run_search(
         KeyboardInterrupt: After every running trial was stopped and recorded as ``interrupted``.
     """
     interval_s, grace_s = heartbeat_settings()
-    pool = _Pool(
+    workers = _WorkerThreads(
         study=study,
         n_trials=budget.trials,
         deadline=None if budget.timeout_s is None else time.monotonic() + budget.timeout_s,
@@ -202,12 +202,12 @@ def run_search(
     progress = progress or SearchProgress()
     requests = [request.for_device(device) for device in request.worker_devices] or [request]
     if len(requests) == 1:
-        pool.work(requests[0], progress)  # in the main thread, where Ctrl-C arrives
-        return pool.finished
+        workers.work(requests[0], progress)  # in the main thread, where Ctrl-C arrives
+        return workers.finished
     finished = [threading.Event() for _ in requests]
     threads = [
         threading.Thread(
-            target=pool.work_in_thread,
+            target=workers.work_in_thread,
             args=(worker_request, progress, done),
             name=f"autotune-worker-{i}-{worker_request.workload.device.label}",
         )
@@ -218,17 +218,17 @@ def run_search(
     try:
         _wait_for(finished)
     except KeyboardInterrupt:
-        pool.stop.set()  # each worker kills its child and records the trial as interrupted
+        workers.stop.set()  # each worker kills its child and records the trial as interrupted
         _wait_for(finished)
         interrupt_own_running(study, request.ceiling_bytes)
-        if pool.errors:  # recording a trial failed: say so rather than claim all is recorded
-            raise pool.errors[0]
+        if workers.errors:  # recording a trial failed: say so rather than claim all is recorded
+            raise workers.errors[0]
         raise
     for thread in threads:
         thread.join()  # each has set its event: no wait left for a signal to land in
-    if pool.errors:
-        raise pool.errors[0]
-    return pool.finished
+    if workers.errors:
+        raise workers.errors[0]
+    return workers.finished
 
 
 def _wait_for(events: Sequence[threading.Event]) -> None:
@@ -382,10 +382,7 @@ def _screen(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, reque
     """A screened result if the config is known not to fit (see :mod:`._screening`), else ``None``."""
     if not request.screen:
         return None
-    workload = request.workload
-    decision = screen(
-        config, workload.model, workload.seq_len, workload.device.kind, workload.ceiling_bytes, measured_trials(study)
-    )
+    decision = screen(config, request.workload, measured_trials(study))
     if decision is None:
         return None
     if decision.predicted_peak_bytes is not None:

@@ -149,7 +149,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
             be read, the data is unusable.
     """
     from autotune.calibrate import load_measured_peaks, peak_note
-    from autotune.config import load_base_args
+    from autotune.base_args import load_base_args
     from autotune.models import resolve_model
 
     if not 0 <= options.prune_ratio < 1:
@@ -182,7 +182,6 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     address_space = None
     if device.kind == "cpu":
         address_space = child_address_space_budget(ceiling, available_memory_bytes // len(devices))
-        validate.worker_share(len(devices), address_space, smallest_peak_bytes(model, space.choices, options.seq_len, "cpu"))
     workload = Workload(
         model=model,
         device=device,
@@ -195,6 +194,9 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
     )
+    if address_space is not None:
+        smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
+        validate.worker_share(len(devices), address_space, smallest)
     request = SearchRequest(
         workload=workload,
         space=space,

@@ -4,9 +4,9 @@ Two rules, both conservative (a config that might fit is always run):
 
 * **OOM inference**: a config that differs from a measured ``oom`` or ``over_ceiling`` trial only by
   a larger micro-batch does not fit either (peak memory grows with the micro-batch).
-* **Estimate**: the calibrated estimate of :mod:`autotune.estimate` puts the config's peak clearly
-  over the ceiling: above ``ceiling * margin``. The margin is wide (25 %) until the estimator is
-  calibrated on measured trials, then the fit's own worst error plus a safety, never below 10 %.
+* **Estimate**: the fitted estimate of :mod:`autotune.estimate` puts the config's peak clearly
+  over the ceiling: above ``ceiling * margin``. The margin is wide (25 %) until the memory model is
+  fitted on measured trials, then the fit's own worst error plus a safety, never below 10 %.
 
 A screened trial is recorded as infeasible (status ``screened``) with what the decision rests on;
 it is never ranked nor exported (only ``ok`` trials are).
@@ -19,15 +19,10 @@ from collections.abc import Sequence
 
 from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
-from autotune.estimate import (
-    Calibration,
-    MeasuredPeak,
-    MemoryEstimate,
-    estimate_peak,
-    fit_calibration,
-)
+from autotune.estimate import MeasuredMemory, MemoryEstimate, MemoryFit, estimate_peak, fit_memory
 from autotune.models import ModelSpec
 from autotune.result import TrialResult
+from autotune.runner import Workload
 from autotune.units import format_bytes
 
 UNCALIBRATED_MARGIN = 1.25
@@ -40,7 +35,7 @@ PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
 # Statuses whose measured memory was at or over the ceiling.
 _MEMORY_FAILURES = ("oom", "over_ceiling")
-# Statuses that ran and measured a peak the calibration can use.
+# Statuses that ran and measured a peak the fit can use.
 _MEASURED_PEAK_STATUSES = ("ok", "over_ceiling", "pruned")
 
 
@@ -92,24 +87,24 @@ def screened_excess_gib(result: TrialResult) -> float | None:
     return excess_gib(bound, result.ceiling_bytes)
 
 
-def margin_for(calibration: Calibration) -> float:
+def margin_for(fit: MemoryFit) -> float:
     """How far over the ceiling a prediction must be to screen, given how well the model fits."""
-    if calibration.points == 0 or calibration.max_relative_error is None:
+    if fit.points == 0 or fit.max_relative_error is None:
         return UNCALIBRATED_MARGIN
-    margin = 1.0 + max(MIN_CALIBRATED_MARGIN - 1.0, CALIBRATED_ERROR_SAFETY * calibration.max_relative_error)
+    margin = 1.0 + max(MIN_CALIBRATED_MARGIN - 1.0, CALIBRATED_ERROR_SAFETY * fit.max_relative_error)
     return min(margin, UNCALIBRATED_MARGIN)
 
 
-def calibration_from_trials(
-    model: ModelSpec, seq_len: int, device_kind: str, measured: Sequence[MeasuredTrial]
-) -> Calibration:
-    """Fit the estimator on the study's trials that measured a peak (ok, over the ceiling, pruned)."""
+def memory_fit_from_trials(
+    model: ModelSpec, seq_len: int, prior: MemoryFit, measured: Sequence[MeasuredTrial]
+) -> MemoryFit:
+    """Fit the memory model, from its prior, on the study's trials that measured a peak."""
     points = [
-        MeasuredPeak(trial.config, trial.result.peak_memory_bytes)
+        MeasuredMemory(trial.config, trial.result.peak_memory_bytes)
         for trial in measured
         if trial.result.status in _MEASURED_PEAK_STATUSES and trial.result.peak_memory_bytes > 0
     ]
-    return fit_calibration(model, seq_len, device_kind, points)
+    return fit_memory(model, seq_len, points, prior)
 
 
 def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
@@ -130,10 +125,10 @@ def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredT
 
 
 def predict_over_ceiling(
-    estimate: MemoryEstimate, ceiling_bytes: int, calibration: Calibration
+    estimate: MemoryEstimate, ceiling_bytes: int, fit: MemoryFit
 ) -> ScreenDecision | None:
-    """Screen when the calibrated estimate is over ``ceiling * margin``."""
-    margin = margin_for(calibration)
+    """Screen when the fitted estimate is over ``ceiling * margin``."""
+    margin = margin_for(fit)
     predicted = estimate.total_bytes
     if fits(predicted, ceiling_bytes * margin):
         return None
@@ -144,18 +139,12 @@ def predict_over_ceiling(
     )
 
 
-def screen(
-    config: TrialConfig,
-    model: ModelSpec,
-    seq_len: int,
-    device_kind: str,
-    ceiling_bytes: int,
-    measured: Sequence[MeasuredTrial],
-) -> ScreenDecision | None:
-    """Whether ``config`` is known not to fit, by inference from measured failures, then by estimate."""
+def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
+    """Whether ``config`` is known not to fit, by inference from measured failures, then by estimate
+    (the workload's memory prior, fitted on the measured trials)."""
     inferred = infer_from_memory_failures(config, measured)
     if inferred is not None:
         return inferred
-    calibration = calibration_from_trials(model, seq_len, device_kind, measured)
-    estimate = estimate_peak(model, config, seq_len, device_kind, calibration)
-    return predict_over_ceiling(estimate, ceiling_bytes, calibration)
+    fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
+    estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
+    return predict_over_ceiling(estimate, workload.ceiling_bytes, fit)

@@ -23,9 +23,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import schema
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
 from autotune.estimate import estimate_peak
-from autotune.models import ModelSpec
+from autotune.runner import Workload
 from autotune.space import SearchSpace
 
 # The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
@@ -111,13 +110,13 @@ def nearest_choice(knob: str, value: Any, choices: Sequence[Any]) -> Any:
     return choices[0]
 
 
-def best_practice_config(
-    space: SearchSpace, model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling_bytes: int
-) -> TrialConfig:
-    """What a performance guide tries first on this device, within the space's choices.
+def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
+    """What a performance guide tries first on this device, within the space's choices: the largest
+    micro-batch the workload's memory prior puts under the fill fraction of the ceiling.
 
     A knob the space does not search keeps its :class:`TrialConfig` default.
     """
+    device = workload.device
     choices = space.choices
     defaults = TrialConfig()
 
@@ -148,19 +147,17 @@ def best_practice_config(
     for checkpointing in checkpointing_options:
         for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
             candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
-            predicted = estimate_peak(model, candidate, seq_len, device.kind).total_bytes
-            if fits(predicted, SEED_FILL_FRACTION * ceiling_bytes):
+            predicted = estimate_peak(workload.model, candidate, workload.seq_len, workload.memory_prior).total_bytes
+            if fits(predicted, SEED_FILL_FRACTION * workload.ceiling_bytes):
                 return candidate
     return base
 
 
-def study_seeds(
-    space: SearchSpace, model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling_bytes: int
-) -> list[Seed]:
+def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(hf_default_config(), space, device.kind)
-    best = best_practice_config(space, model, device, seq_len, ceiling_bytes)
-    best_params, _ = snap_to_space(best, space, device.kind)
+    default_params, default_notes = snap_to_space(hf_default_config(), space, workload.device.kind)
+    best = best_practice_config(space, workload)
+    best_params, _ = snap_to_space(best, space, workload.device.kind)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
         seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params))

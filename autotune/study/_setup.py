@@ -69,7 +69,7 @@ def _set_up(study: optuna.Study, request: SearchRequest) -> None:
     study.set_user_attr(schema.STUDY_DEVICE_KIND, workload.device.kind)
     study.set_user_attr(schema.STUDY_BASE_ARGS, workload.base_args)
     study.set_metric_names([schema.METRIC_NAME])
-    seeds = study_seeds(request.space, workload.model, workload.device, workload.seq_len, workload.ceiling_bytes)
+    seeds = study_seeds(request.space, workload)
     enqueue_seeds(study, seeds)  # before the identity: a joining worker's first ask gets a seed
     study.set_user_attr(schema.STUDY_SEED_NOTES, [note for seed in seeds for note in seed.notes])
     study.set_user_attr(schema.STUDY_IDENTITY, request.identity())

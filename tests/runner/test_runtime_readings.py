@@ -15,7 +15,8 @@ from autotune.export import allocator_note, export_notes
 from autotune.ranking import RankedTrial
 from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, run_isolated
-from autotune.space import filter_combinations, flash_attention_2_unavailable
+from autotune.levers import flash_attention_2_unavailable
+from autotune.space import filter_combinations
 
 
 def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, bert_tiny, cpu, fast_measure, monkeypatch):

@@ -16,7 +16,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
-from autotune.estimate import estimate_peak
+from autotune.estimate import MemoryFit, estimate_peak
 from autotune.result import TrialResult
 from autotune.runner import TrialJob
 from autotune.study import SearchBudget, open_study, run_search
@@ -146,7 +146,7 @@ class PeakRunner(LookupRunner):
 
     def __call__(self, job: TrialJob, timeout_s: float, on_tick: Callable[[], None] | None = None) -> TrialResult:
         result = super().__call__(job, timeout_s, on_tick)
-        result.peak_memory_bytes = estimate_peak(self.model, job.config, self.seq_len, "cpu").total_bytes
+        result.peak_memory_bytes = estimate_peak(self.model, job.config, self.seq_len, MemoryFit.prior("cpu")).total_bytes
         if result.peak_memory_bytes > job.workload.ceiling_bytes:
             result.status = "over_ceiling"
         return result
@@ -160,7 +160,7 @@ def test_configs_the_memory_model_expects_over_the_ceiling_are_left_for_last(tmp
     request = dataclasses.replace(request, workload=dataclasses.replace(request.workload, seq_len=128))
 
     def peak(config: TrialConfig) -> int:
-        return estimate_peak(gpt2_tiny, config, 128, "cpu").total_bytes
+        return estimate_peak(gpt2_tiny, config, 128, MemoryFit.prior("cpu")).total_bytes
 
     # Between micro-batch 16 (about 1.8 GiB) and 32 (about 3 GiB): the 16 configs of micro-batch 32 are over.
     ceiling = (peak(TrialConfig(micro_batch=16)) + peak(TrialConfig(micro_batch=32))) // 2

@@ -6,12 +6,12 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
-from autotune.estimate import Calibration, estimate_peak
+from autotune.estimate import MemoryFit, estimate_peak
 from autotune.result import TrialResult
 from autotune.study._screening import (
     UNCALIBRATED_MARGIN,
     MeasuredTrial,
-    calibration_from_trials,
+    memory_fit_from_trials,
     infer_from_memory_failures,
     margin_for,
     predict_over_ceiling,
@@ -65,10 +65,10 @@ def test_over_the_ceiling_gives_its_measured_peak_as_a_lower_bound():
 
 
 def test_the_margin_is_wide_before_calibration_and_follows_the_fit_after():
-    assert margin_for(Calibration.prior("cpu")) == UNCALIBRATED_MARGIN == 1.25
+    assert margin_for(MemoryFit.prior("cpu")) == UNCALIBRATED_MARGIN == 1.25
 
-    def calibrated(error: float) -> Calibration:
-        return Calibration("cpu", 400 * MiB, 1.1, points=6, max_relative_error=error)
+    def calibrated(error: float) -> MemoryFit:
+        return MemoryFit("cpu", 400 * MiB, 1.1, points=6, max_relative_error=error)
 
     assert margin_for(calibrated(0.02)) == pytest.approx(1.10)  # never tighter than 10 %
     assert margin_for(calibrated(0.08)) == pytest.approx(1.16)  # twice the fit's worst error
@@ -76,8 +76,8 @@ def test_the_margin_is_wide_before_calibration_and_follows_the_fit_after():
 
 
 def test_the_estimate_screens_only_configs_clearly_over_the_ceiling(bert_tiny):
-    estimate = estimate_peak(bert_tiny, TrialConfig(micro_batch=64), 128, "cpu")
-    prior = Calibration.prior("cpu")
+    estimate = estimate_peak(bert_tiny, TrialConfig(micro_batch=64), 128, MemoryFit.prior("cpu"))
+    prior = MemoryFit.prior("cpu")
     predicted = estimate.total_bytes
     assert predict_over_ceiling(estimate, predicted, prior) is None  # fits exactly
     assert predict_over_ceiling(estimate, int(predicted / 1.2), prior) is None  # over, but might fit: run it
@@ -89,15 +89,15 @@ def test_the_estimate_screens_only_configs_clearly_over_the_ceiling(bert_tiny):
     assert screened_excess_gib(result) == pytest.approx((predicted - int(predicted / 1.3)) / GiB)
 
 
-def test_calibration_learns_from_trials_that_measured_a_peak_only(bert_tiny):
+def test_the_memory_fit_learns_from_trials_that_measured_a_peak_only(bert_tiny):
     trials = [
         measured(0, TrialConfig(micro_batch=8), "ok", peak=500 * MiB),
         measured(1, TrialConfig(micro_batch=16), "pruned", peak=530 * MiB),
         measured(2, TrialConfig(micro_batch=64), "over_ceiling", peak=700 * MiB),
         measured(3, TrialConfig(micro_batch=128), "oom"),  # no peak: a bound, not a point
     ]
-    calibration = calibration_from_trials(bert_tiny, 128, "cpu", trials)
-    assert calibration.points == 3 and calibration.max_relative_error is not None
+    fit = memory_fit_from_trials(bert_tiny, 128, MemoryFit.prior("cpu"), trials)
+    assert fit.points == 3 and fit.max_relative_error is not None
 
 
 # --- in the real search loop ----------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
-from autotune.estimate import estimate_peak
+from autotune.estimate import MemoryFit, estimate_peak
+from autotune.runner import Workload
 from autotune.ranking import speedup_over_default
 from autotune.result import TrialResult
 from autotune.schema import SEED_BEST_PRACTICE as BEST_PRACTICE
@@ -64,17 +65,17 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
 
     def predicted(micro_batch: int, checkpointing: bool = False) -> int:
         config = TrialConfig(micro_batch=micro_batch, checkpointing=checkpointing, dtype="bf16", optim="adamw_torch_fused", pin_memory=False)
-        return estimate_peak(bert_tiny, config, 128, "cpu").total_bytes
+        return estimate_peak(bert_tiny, config, 128, MemoryFit.prior("cpu")).total_bytes
 
     # A ceiling between the predictions of micro-batch 32 and 64.
     ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
-    best = best_practice_config(space, bert_tiny, cpu, 128, ceiling)
+    best = best_practice_config(space, Workload(model=bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
     assert (best.dtype, best.optim, best.checkpointing, best.dataloader_workers) == ("bf16", "adamw_torch_fused", False, 0)
     assert best.micro_batch == 32
     # A ceiling only checkpointing fits under: checkpointing on.
     ceiling = int(predicted(8, checkpointing=True) / SEED_FILL_FRACTION) + 1
     assert predicted(8) > SEED_FILL_FRACTION * ceiling
-    best = best_practice_config(space, bert_tiny, cpu, 128, ceiling)
+    best = best_practice_config(space, Workload(model=bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
     assert best.checkpointing and best.micro_batch == 8
 
 
@@ -83,7 +84,7 @@ def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory
         "micro_batch": [8, 64], "dtype": ["fp32", "fp16", "bf16"], "dataloader_workers": [0, 2, 4],
         "pin_memory": [True, False],
     }), FAKE_V100)
-    best = best_practice_config(space, bert_tiny, FAKE_V100, 128, 12 * GiB)
+    best = best_practice_config(space, Workload(model=bert_tiny, device=FAKE_V100, seq_len=128, ceiling_bytes=12 * GiB))
     assert (best.dtype, best.dataloader_workers, best.pin_memory, best.micro_batch) == ("fp16", 2, True, 64)
 
 

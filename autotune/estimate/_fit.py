@@ -1,0 +1,232 @@
+"""The memory model's corrections: the prior for a device, and the fit on a study's measured peaks.
+
+``peak = context * processes + fixed parts + activation_scale * activations (+ CUDA allocator overhead)``.
+:func:`memory_prior` is the one prior for a device: the planner (``autotune estimate``), the seeds,
+the screening and the sampler all start from it, so they predict the same peak before any trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from autotune.config import TrialConfig
+from autotune.devices import DeviceSpec
+from autotune.estimate._parts import estimate_peak
+from autotune.models import ModelSpec
+from autotune.units import GiB
+
+MiB = 1024**2
+
+
+MiB = 1024**2
+
+# A forkserver trial child's resident set before it builds a model (python + torch + transformers
+# imported), measured here (docs/benchmarks.md).
+CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
+# The library pages a fresh process maps and a forkserver child does not, which the CPU probe adds
+# (devices.unmapped_import_file_bytes): 114 MiB measured here.
+CPU_UNMAPPED_LIBRARY_BYTES = int(0.10 * GiB)
+# Before any trial is measured. CUDA: a generation's context (CUDA_CONTEXT_BYTES) where the
+# compute capability is known, else the Ampere figure.
+PRIOR_CONTEXT_BYTES = {"cpu": CPU_CHILD_START_RSS_BYTES + CPU_UNMAPPED_LIBRARY_BYTES, "cuda": int(0.6 * GiB)}
+
+# The CUDA prior: what nvidia-smi shows for a training process beyond its live tensors. Evidence for
+# each figure, and the prior's expected error, in docs/estimator.md ("The CUDA prior").
+# The CUDA context with the kernels a training run loads into it, by the compute capability's major
+# version: about 300-400 MB right after initialisation with lazy module loading (CUDA >= 11.7, the
+# default in PyTorch; pytorch/pytorch#107667, #109888), more once cuBLAS, cuDNN and torch's training
+# kernels are loaded; newer architectures carry larger kernel images.
+CUDA_CONTEXT_BYTES = {7: int(0.5 * GiB), 8: int(0.6 * GiB), 9: int(0.7 * GiB)}
+# cuBLAS's workspace per handle, allocated through the caching allocator: torch's default
+# CUBLAS_WORKSPACE_CONFIG is ":4096:8" (32 MiB) on Hopper and newer, ":4096:2:16:8" (8 MiB + 128 KiB)
+# before (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize, following the cuBLAS docs'
+# cublasSetWorkspace advice). cuBLASLt gets a workspace of the same size: two per process.
+CUBLAS_WORKSPACE_BYTES = {7: 4096 * 1024 * 2 + 16 * 1024 * 8, 8: 4096 * 1024 * 2 + 16 * 1024 * 8, 9: 4096 * 1024 * 8}
+CUBLAS_WORKSPACES = 2
+# Reserved over allocated at the peak, as a share of the memory that is allocated and freed every
+# step (activations, logits, gradients): freed blocks split by later requests, 2 MiB rounding of
+# large blocks, 1-10 MiB requests carved from 20 MiB segments, small ones from 2 MiB segments
+# (torch/include/c10/core/AllocatorConfig.h: kSmallBuffer, kMinLargeAlloc, kRoundLarge). With
+# expandable_segments the allocator maps 2 MiB pages into one growing segment and little is left
+# between blocks (pytorch/pytorch#96995).
+ALLOCATOR_FRAGMENTATION_SHARE = {"default": 0.15, "expandable_segments": 0.05}
+# CPU resident memory runs ahead of the tensors alive: freed blocks stay in malloc's arenas. The
+# prior activation scale says so (fitted on bert-mini, docs/benchmarks.md); the fit replaces it.
+PRIOR_ACTIVATION_SCALE = {"cpu": 1.1, "cuda": 1.0}
+# Calibrated scales outside this range mean the model is wrong for this setup, not that it needs
+# stretching: the fit is clamped.
+SCALE_BOUNDS = (0.5, 3.0)
+# The fit needs this many measured trials, and this much spread in their activations, to
+# estimate the scale; with fewer, only the context is fitted.
+MIN_POINTS_FOR_SCALE = 3
+MIN_RELATIVE_SPREAD_FOR_SCALE = 0.25
+# ... and activations must be this share of the largest predicted peak, or their scale drowns in
+# the noise of the other parts (a small LM is mostly logits).
+MIN_ACTIVATION_SHARE_FOR_SCALE = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFit:
+    """The memory model's corrections: ``peak = context * processes + fixed + scale * activations``.
+
+    Before any trial they are the device's prior (:func:`memory_prior`); :func:`fit_memory` fits
+    them on a study's measured peaks.
+
+    Attributes:
+        device_kind: ``cpu`` or ``cuda``.
+        context_bytes: One process's baseline (CPU) or the CUDA context (GPU).
+        activation_scale: Multiplies the activations (the model's least certain part).
+        points: Measured trials the fit used (0: the priors).
+        max_relative_error: Worst ``|predicted - measured| / measured`` over those trials after
+            the fit; ``None`` with no points.
+    """
+
+    device_kind: str
+    context_bytes: int
+    activation_scale: float
+    points: int = 0
+    max_relative_error: float | None = None
+    allocator_share: float = 0.0
+    workspace_bytes: int = 0
+
+    @classmethod
+    def prior(
+        cls, device_kind: str, compute_capability: tuple[int, int] | None = None, expandable_segments: bool = False
+    ) -> MemoryFit:
+        """The figures before any trial is measured.
+
+        Args:
+            device_kind: ``cpu`` or ``cuda``.
+            compute_capability: On CUDA, the GPU's (its generation picks the context and the
+                cuBLAS workspace); ``None``: the Ampere figures.
+            expandable_segments: The allocator runs with ``expandable_segments:True``
+                (``PYTORCH_ALLOC_CONF``), which leaves less fragmentation.
+        """
+        if device_kind != "cuda":
+            return cls(device_kind, PRIOR_CONTEXT_BYTES[device_kind], PRIOR_ACTIVATION_SCALE[device_kind])
+        major = min(max((compute_capability or (8, 0))[0], 7), 9)
+        return cls(
+            device_kind=device_kind,
+            context_bytes=CUDA_CONTEXT_BYTES[major] if compute_capability else PRIOR_CONTEXT_BYTES["cuda"],
+            activation_scale=PRIOR_ACTIVATION_SCALE[device_kind],
+            allocator_share=ALLOCATOR_FRAGMENTATION_SHARE["expandable_segments" if expandable_segments else "default"],
+            workspace_bytes=CUBLAS_WORKSPACES * CUBLAS_WORKSPACE_BYTES[major],
+        )
+
+    def describe(self) -> str:
+        """One line a user can read: what the corrections are and where they come from."""
+        context = f"context {self.context_bytes / GiB:.2f} GiB"
+        scale = f"activation scale {self.activation_scale:.2f}"
+        if self.allocator_share or self.workspace_bytes:
+            scale += (
+                f", allocator {self.allocator_share:.0%} of per-step memory + {self.workspace_bytes / MiB:.0f} MiB "
+                "cuBLAS workspaces (docs/estimator.md)"
+            )
+        if not self.points:
+            return f"prior ({context}, {scale}; not calibrated: no measured trial)"
+        error = f", worst error {self.max_relative_error:.1%}" if self.max_relative_error is not None else ""
+        return f"calibrated on {self.points} measured trial(s) ({context}, {scale}{error})"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredMemory:
+    """One measured trial's peak memory, as the fit sees it."""
+
+    config: TrialConfig
+    peak_bytes: int
+
+
+def fit_memory(
+    model: ModelSpec,
+    seq_len: int,
+    measured: Sequence[MeasuredMemory],
+    prior: MemoryFit,
+) -> MemoryFit:
+    """Fit ``measured = context * processes + fixed + scale * activations`` by least squares.
+
+    ``processes`` is 1 + dataloader workers on the CPU (1 on CUDA); ``fixed`` the model states, the
+    logits and the weights each CPU worker maps; ``activations`` the uncalibrated activations. With
+    fewer than :data:`MIN_POINTS_FOR_SCALE` points, or too little spread in the activations to tell
+    a scale from an offset, the scale keeps its prior and only the context is fitted.
+    """
+    if not measured:
+        return prior
+    rows = []  # (processes, uncalibrated activation bytes, measured - fixed bytes)
+    for point in measured:
+        uncalibrated = estimate_peak(model, point.config, seq_len, dataclasses.replace(
+            prior, context_bytes=0, activation_scale=1.0))
+        processes = 1 + (point.config.dataloader_workers if prior.device_kind == "cpu" else 0)
+        # Model states, logits, the weights each CPU worker maps and the CUDA allocator's overhead
+        # (at the prior's share) are not fitted.
+        fixed = (
+            uncalibrated.model_state_bytes + uncalibrated.logits_bytes + uncalibrated.context_bytes
+            + uncalibrated.allocator_bytes
+        )
+        rows.append((processes, uncalibrated.activations_bytes, point.peak_bytes - fixed))
+    activations = [a for _, a, _ in rows]
+    spread = (max(activations) - min(activations)) / max(max(activations), 1)
+    predicted = [estimate_peak(model, point.config, seq_len, prior).total_bytes for point in measured]
+    share = max(activations) / max(max(predicted), 1)
+    if (
+        len(rows) >= MIN_POINTS_FOR_SCALE
+        and spread >= MIN_RELATIVE_SPREAD_FOR_SCALE
+        and share >= MIN_ACTIVATION_SHARE_FOR_SCALE
+    ):
+        context, scale = _least_squares_two(rows)
+        if not SCALE_BOUNDS[0] <= scale <= SCALE_BOUNDS[1] or context < 0:
+            scale = min(max(scale, SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
+            context = _context_given_scale(rows, scale)
+    else:
+        scale = prior.activation_scale
+        context = _context_given_scale(rows, scale)
+    fitted = dataclasses.replace(prior, context_bytes=int(max(context, 0)), activation_scale=scale, points=len(rows))
+    errors = [
+        abs(estimate_peak(model, p.config, seq_len, fitted).total_bytes - p.peak_bytes) / p.peak_bytes
+        for p in measured
+        if p.peak_bytes > 0
+    ]
+    return dataclasses.replace(fitted, max_relative_error=max(errors) if errors else None)
+
+
+def _least_squares_two(rows: list[tuple[int, int, int]]) -> tuple[float, float]:
+    """Solve ``y = c * processes + s * activations`` in the least-squares sense (2 x 2 normal equations)."""
+    spp = sum(p * p for p, _, _ in rows)
+    spb = sum(p * b for p, b, _ in rows)
+    sbb = sum(b * b for _, b, _ in rows)
+    spy = sum(p * y for p, _, y in rows)
+    sby = sum(b * y for _, b, y in rows)
+    determinant = spp * sbb - spb * spb
+    if determinant == 0:
+        return _context_given_scale(rows, 1.0), 1.0
+    context = (spy * sbb - sby * spb) / determinant
+    scale = (spp * sby - spb * spy) / determinant
+    return context, scale
+
+
+def _context_given_scale(rows: list[tuple[int, int, int]], scale: float) -> float:
+    """Least-squares context once the scale is fixed: ``sum p (y - s b) / sum p^2``."""
+    return sum(p * (y - scale * b) for p, b, y in rows) / sum(p * p for p, _, _ in rows)
+
+
+# Knobs that change the estimate (the others: accumulation, pinning, compilation, do not;
+
+
+
+def expandable_segments_enabled(environ: Mapping[str, str]) -> bool:
+    """Whether the allocator settings in ``environ`` turn expandable segments on (PYTORCH_ALLOC_CONF
+    wins over PYTORCH_CUDA_ALLOC_CONF, torch/include/c10/core/AllocatorConfig.h)."""
+    conf = environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    return "expandable_segments:true" in conf.replace(" ", "").lower()
+
+
+def memory_prior(device: DeviceSpec, allocator_env: Mapping[str, str]) -> MemoryFit:
+    """The one prior for a device: what every prediction starts from before a trial is measured.
+
+    Args:
+        device: The device the trials run on (on CUDA its compute capability picks the context and
+            the cuBLAS workspaces).
+        allocator_env: The caching allocator's settings the trials train under (``PYTORCH_ALLOC_CONF``
+            / ``PYTORCH_CUDA_ALLOC_CONF``): expandable segments leave less fragmentation.
+    """
+    return MemoryFit.prior(device.kind, device.compute_capability, expandable_segments_enabled(allocator_env))

@@ -1,0 +1,324 @@
+"""The parts of one configuration's predicted peak memory (the estimator's arithmetic).
+
+Each part is a function a user can check by hand; ``estimate_peak`` adds them up, with the corrections
+of a :class:`~autotune.estimate._fit.MemoryFit` (the prior, or fitted on measured trials).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from autotune.config import TrialConfig
+from autotune.levers import BNB_OPTIMIZERS, FLASH_ATTENTIONS, FUSED_ATTENTIONS, HALF_DTYPES, STATE_BYTES_PER_PARAM
+from autotune.models import ModelSpec
+
+if TYPE_CHECKING:
+    from autotune.estimate._fit import MemoryFit
+
+
+# Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
+# being recomputed and its gradients (2). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
+# resident memory holds half a layer more: malloc does not reuse the previous layer's freed
+# recompute buffers at once (docs/benchmarks.md).
+CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
+# Config keys of the attention-probability dropout, by architecture family.
+_ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout", "attn_dropout")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted peak memory of one configuration, by part, in bytes."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    context_bytes: int
+    allocator_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.parts().values())
+
+    @property
+    def model_state_bytes(self) -> int:
+        """Weights, gradients and optimizer states: the parts that do not depend on the batch."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+
+    def parts(self) -> dict[str, int]:
+        return {
+            "weights": self.weights_bytes,
+            "gradients": self.gradients_bytes,
+            "optimizer states": self.optimizer_bytes,
+            "activations": self.activations_bytes,
+            "logits": self.logits_bytes,
+            "allocator": self.allocator_bytes,
+            "context": self.context_bytes,
+        }
+
+
+
+def estimate_peak(
+    model: ModelSpec,
+    config: TrialConfig,
+    seq_len: int,
+    fit: MemoryFit,
+    lengths: Sequence[int] | None = None,
+) -> MemoryEstimate:
+    """Predict a configuration's peak memory, as the trial's memory probe would measure it.
+
+    Args:
+        model: The model's shape.
+        config: The knobs (micro-batch, checkpointing, dtype, optimizer, attention, workers).
+        seq_len: Tokens per sample.
+        fit: The memory model's corrections for the device: its prior (``memory_prior``) or fitted.
+            Its ``device_kind`` says what is predicted: ``cpu``, the peak resident set of the process
+            tree; ``cuda``, device memory.
+        lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
+            the fullest micro-batch under ``padding`` longest / padding_free
+            (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
+    """
+    device_kind = fit.device_kind
+    shape = micro_batch_shape(config, seq_len, lengths)
+    weights, gradients, optimizer = model_state_bytes(model, config)
+    activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
+    logits = logits_bytes(model, config, seq_len, shape)
+    return MemoryEstimate(
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        logits_bytes=logits,
+        context_bytes=context_bytes(fit.context_bytes, config, device_kind, weights),
+        allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
+    )
+
+
+def allocator_overhead_bytes(fit: MemoryFit, transient_bytes: int) -> int:
+    """What the CUDA caching allocator reserves beyond the live tensors at the peak (0 on the CPU).
+
+    The cuBLAS/cuBLASLt workspaces, plus a share of the memory allocated and freed every step
+    (``transient_bytes``: activations, logits, gradients) left reserved by rounding and
+    fragmentation (:data:`ALLOCATOR_FRAGMENTATION_SHARE`).
+    """
+    return fit.workspace_bytes + int(fit.allocator_share * transient_bytes)
+
+
+def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) in bytes: the model states of docs/facts.md.
+
+    HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed precision), so weights and
+    gradients are 4 bytes per parameter in every dtype. Autocast casts each matmul weight to 16 bits
+    once per forward and autograd keeps that copy for the backward: 2 more bytes per compute
+    parameter (lookup-only embeddings are not cast).
+    """
+    n = model.num_params
+    weights = 4 * n
+    if config.dtype in HALF_DTYPES:
+        weights += 2 * model.num_non_embedding_params
+    return weights, 4 * n, optimizer_state_bytes(model, config.optim)
+
+
+def optimizer_state_bytes(model: ModelSpec, optim: str) -> int:
+    """Bytes of optimizer state for the whole model.
+
+    8-bit optimizers keep 32-bit states for embeddings (HF Trainer registers ``nn.Embedding`` as
+    32-bit with bitsandbytes, docs/facts.md). Adafactor (``beta1=None`` in HF) keeps, per matrix, one row
+    and one column vector instead of a full second moment, and a full one for vectors.
+    """
+    n = model.num_params
+    if optim == "adafactor":
+        return 4 * adafactor_state_elements(model)
+    if optim in BNB_OPTIMIZERS:
+        embedding = _embedding_table_params(model)
+        return int(STATE_BYTES_PER_PARAM[optim] * (n - embedding) + 8 * embedding)
+    return int(STATE_BYTES_PER_PARAM.get(optim, 8.0) * n)
+
+
+def adafactor_state_elements(model: ModelSpec) -> int:
+    """Factored second-moment elements: rows + columns per matrix, all elements per vector.
+
+    Per block: Q, K, V, output (h x h, or h x kv-width), FFN in and out (h x f, twice for gated
+    FFNs is not distinguished: the term is small), plus biases and layer norms (~ 9h + f).
+    Embedding tables: V + h, and the position table.
+    """
+    h, f, layers = model.hidden_size, model.intermediate_size, model.num_layers
+    per_block = 4 * (h + h) + 2 * (h + f) + 9 * h + f
+    tables = model.vocab_size + h + (model.max_positions + h if model.max_positions else 0)
+    return layers * per_block + tables
+
+
+def _embedding_table_params(model: ModelSpec) -> int:
+    """Parameters in ``nn.Embedding`` tables, the token table included even when tied to the head."""
+    token_table = model.vocab_size * model.hidden_size
+    if model.num_embedding_params >= token_table:
+        return model.num_embedding_params
+    return model.num_embedding_params + token_table
+
+
+def activation_element_bytes(dtype: str) -> tuple[int, int]:
+    """(matmul-input bytes, residual-stream bytes) per saved element.
+
+    Under autocast the matmul inputs autograd keeps are 16-bit copies, while the residual stream,
+    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32).
+    """
+    return (2, 4) if dtype in HALF_DTYPES else (4, 4)
+
+
+def layer_activation_bytes(
+    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+) -> int:
+    """Bytes autograd keeps for one transformer layer, micro-batch included.
+
+    Korthikanti et al. 2022, section 4.1, with ``p`` the matmul-input element size, ``r`` the
+    residual/normalisation/softmax element size, ``q`` the attention element size, 1-byte dropout
+    masks:
+
+    * attention: QKV input ``p sbh``; Q, K, V ``3 q sbh`` (K and V narrower under grouped-query
+      attention); output projection's input ``p sbh``; its dropout mask ``sbh``; scores: softmax
+      output ``r as^2b``, dropout mask ``as^2b``, dropout output ``q as^2b``;
+    * MLP: input ``p sbh``, activation-function input and second matmul's input ``2 p sbf``, dropout
+      mask ``sbh``;
+    * two layer norms' inputs ``2 r sbh``.
+
+    With p = q = r = 2 and f = 4h this is the paper's ``sbh(34 + 5as/h)``. Fused attention (SDPA's
+    flash / memory-efficient kernels) keeps no ``s x s`` tensor; autotune counts them for eager
+    attention, and on the CPU where SDPA with dropout in training falls back to the math kernel.
+    Measured on the CPU (docs/benchmarks.md): autocast runs attention in fp32 (q = 4 under bf16)
+    and the score dropout mask is kept as a float tensor (4 bytes, not 1).
+
+    ``s x b`` is the micro-batch's tokens (:class:`MicroBatchShape`): the scores are ``s^2`` per
+    row, so a flattened (padding-free) row of ``T`` tokens keeps ``a T^2`` scores where it keeps any,
+    ``b`` times those of ``b`` rows of ``s = T / b``; a materialising kernel makes padding-free worse.
+    """
+    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
+    p, r = activation_element_bytes(config.dtype)
+    q = r if device_kind == "cpu" else p
+    score_mask = q if device_kind == "cpu" else 1
+    s, b = shape.row_tokens, shape.rows
+    h, f, a = model.hidden_size, model.intermediate_size, model.num_heads
+    kv_fraction = model.num_kv_heads / model.num_heads  # grouped-query attention keeps smaller K, V
+    per_token = p * h + (1 + 2 * kv_fraction) * q * h + p * h + h + p * h + 2 * p * f + h + 2 * r * h
+    scores = (r + score_mask + q) * a * s * s * b if materializes_attention_scores(model, config, device_kind) else 0
+    return int(per_token * s * b + scores)
+
+
+def materializes_attention_scores(model: ModelSpec, config: TrialConfig, device_kind: str) -> bool:
+    """Whether the ``a x s x s`` attention scores are kept for the backward pass."""
+    if config.attn_implementation == "eager":
+        return True
+    if config.attn_implementation in FUSED_ATTENTIONS:
+        return False  # tiled kernels: the scores live in on-chip memory, a block at a time
+    # SDPA (the transformers default where supported): fused kernels on CUDA; on the CPU the fused
+    # kernel has no dropout, so training with attention dropout runs the math kernel.
+    return device_kind == "cpu" and attention_dropout(model) > 0
+
+
+def attention_dropout(model: ModelSpec) -> float:
+    for key in _ATTENTION_DROPOUT_KEYS:
+        value = model.config.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
+def activation_bytes(
+    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+) -> int:
+    """Activations of the whole model at the peak (start of the backward pass), before the fit.
+
+    Without checkpointing: every layer's saved tensors, plus one layer's worth of gradient tensors
+    alive while its backward runs. With full checkpointing (one checkpoint per layer, as HF's
+    ``activation_checkpointing`` does): each layer's input ``r sbh``, plus one layer recomputed and
+    its gradients. Embeddings: int64 ids (and position ids), summed embeddings, layer norm input and
+    dropout mask. A flattened batch under a mask-based kernel adds its ``T x T`` boolean mask
+    (:func:`packed_mask_bytes`).
+    """
+    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
+    _, r = activation_element_bytes(config.dtype)
+    tokens, h = shape.tokens, model.hidden_size
+    layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
+    embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)
+    if config.checkpointing:
+        return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
+    return (model.num_layers + 1) * layer + embeddings
+
+
+def packed_mask_bytes(config: TrialConfig, shape: MicroBatchShape) -> int:
+    """The block-diagonal mask of a flattened batch: ``T x T`` booleans, kept for the backward.
+
+    transformers/masking_utils.py builds it from the position ids for every mask-based attention
+    (eager, sdpa, flex's block mask is smaller: counted the same, a bound); flash kernels read the
+    sequence boundaries instead and need none.
+    """
+    if config.padding != "padding_free" or config.attn_implementation in FLASH_ATTENTIONS:
+        return 0
+    return shape.row_tokens * shape.row_tokens
+
+
+def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, shape: MicroBatchShape | None = None) -> int:
+    """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
+
+    transformers' loss upcasts the logits to fp32, cross-entropy keeps its fp32 log-softmax for the
+    backward, and the backward makes an fp32 gradient of the same size: three fp32 ``b x s x V``
+    tensors at once (measured on the CPU: 3.0 x 4 bytes per logit, in fp32 and bf16 alike; the
+    16-bit logits of mixed precision are freed before the backward). Classification heads produce
+    ``b x labels``: nothing to count. Not scaled by the fit: the count is exact.
+
+    Liger's fused linear cross-entropy (``liger``) never makes the ``b s V`` logits:
+    liger_kernel/ops/fused_linear_cross_entropy.py computes them in chunks of
+    ``next_power_of_2(bs / ceil(V / h))`` rows, about ``b s h`` logits (up to twice that after the
+    rounding), and computes the gradients in the forward: the input's (``b s h``) and the head
+    weight's (``V h``), fp32. Counted: ``4 (2 b s h + b s h + V h)`` bytes.
+    """
+    if model.task not in ("causal-lm", "masked-lm"):
+        return 0
+    tokens = (shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)).tokens
+    if config.liger:
+        return 4 * (3 * tokens * model.hidden_size + model.vocab_size * model.hidden_size)
+    return 3 * 4 * tokens * model.vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchShape:
+    """The tensor shape of one micro-batch: ``rows`` sequences of ``row_tokens`` positions."""
+
+    rows: int
+    row_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.row_tokens
+
+
+def micro_batch_shape(config: TrialConfig, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
+    """The fullest micro-batch a trial can meet, which sets its peak memory.
+
+    * ``max_length``, or no lengths known: ``b`` rows of ``seq_len``.
+    * ``longest``: ``b`` rows of the longest sample (truncated to ``seq_len``): some batch holds it,
+      and transformers' ``LengthGroupedSampler`` (trainer_pt_utils.py) even puts it first. So
+      ``sampling: group_by_length`` changes the tokens of a typical step (speed), not the peak.
+    * ``padding_free``: one row of the ``b`` longest samples' tokens (at most ``b x seq_len``).
+    """
+    b = config.micro_batch
+    if lengths is None or config.padding == "max_length" or not len(lengths):
+        return MicroBatchShape(rows=b, row_tokens=seq_len)
+    capped = sorted((min(int(n), seq_len) for n in lengths), reverse=True)
+    if config.padding == "longest":
+        return MicroBatchShape(rows=b, row_tokens=capped[0])
+    return MicroBatchShape(rows=1, row_tokens=sum(capped[:b]))
+
+
+def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str, weights_bytes: int) -> int:
+    """What the process (tree) holds besides tensors of this configuration.
+
+    On the CPU each dataloader worker is a fork of the trial process: its resident set counts the
+    interpreter and the fp32 weights again (the probe sums resident sets over the tree).
+    """
+    if device_kind != "cpu" or config.dataloader_workers == 0:
+        return per_process_bytes
+    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes

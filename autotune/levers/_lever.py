@@ -1,0 +1,111 @@
+"""What a lever is: one knob of a training configuration, and everything autotune knows about it.
+
+Every other part of autotune reads a lever through this record and never spells a lever's rules
+itself: the search-space YAML schema (``autotune.space``), the mapping to ``TrainingArguments``
+(``autotune.config``), the device / model / data filters, the labels of tables and the report, and
+which parts of the memory estimate a value changes (``autotune.estimate``).
+``tests/test_levers.py`` fails when a lever is known to one part and not another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.devices import DeviceSpec
+    from autotune.models import ModelSpec
+
+# Where a lever acts: the Trainer's arguments, the model build, or the batches (data collator).
+ACTS_ON = ("training_args", "model", "collator")
+# The parts of autotune.estimate.MemoryEstimate a lever may change.
+MEMORY_PARTS = ("weights", "gradients", "optimizer states", "activations", "logits", "allocator", "context")
+
+
+def _no_arguments(_value: Any) -> dict[str, Any]:
+    return {}
+
+
+def _runs_everywhere(_value: Any, _device: DeviceSpec) -> str:
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One knob: its name, its choices, where it runs, what it maps to, what memory it moves.
+
+    Attributes:
+        name: The knob's name: the ``TrialConfig`` field, the search-space YAML key, the Optuna param.
+        value_type: ``int``, ``bool`` or ``str``; the YAML's choices must have exactly this type.
+        default: The value of a config whose space does not search the lever (the HF default's).
+        doc: One line for users (search_spaces/README.md says more).
+        choices: The values a space may name; ``None``: any value :attr:`least` allows.
+        least: For integer levers, the smallest value allowed.
+        auto_choices: Where set, a space may write ``auto`` for the lever (and a space that does not
+            name it means ``auto``): the choices for a device.
+        in_every_space: ``True``: a space that does not name the lever fixes it at ``default``;
+            ``False``: the lever is left out of such a space (the trial keeps the model's or the
+            Trainer's own behaviour: attention implementation, Liger, ...).
+        acts_on: One of :data:`ACTS_ON`.
+        fields: The ``TrainingArguments`` fields :attr:`to_training_args` writes; a ``--base-args``
+            file that sets one of them fixes the lever.
+        to_training_args: The lever's value -> the ``TrainingArguments`` keyword arguments it sets.
+        from_training_args: The inverse: ``--base-args`` -> the value that reproduces them (called
+            only when one of :attr:`fields` is present).
+        label: The value's words in tables and logs; ``""`` where it goes without saying.
+        unavailable_on: Why a value cannot run on a device here (driver, package); ``""`` if it can.
+        no_effect_on: Why a value would change nothing on a device (a search would measure another
+            value under its name); ``""`` if it matters. Removed from a searched space, but kept where
+            the user fixed it in ``--base-args``.
+        unavailable_for_model: Why a value cannot run with a model, given the space's other choices;
+            ``""`` if it can (``None``: every value runs with every model).
+        fallback: The value kept where a filter removes every choice (it runs everywhere); ``None``:
+            a lever with no choice left is an error the user must fix in the space.
+        needs_real_data: Values other than ``default`` only change batches of samples of different
+            lengths (``--dataset`` without ``--packing``); elsewhere they are removed.
+        memory_parts: The parts of the memory estimate its value changes (:data:`MEMORY_PARTS`),
+            computed in ``autotune.estimate``; ``()`` if none.
+        memory_device_kinds: The device kinds on which it changes them.
+    """
+
+    name: str
+    value_type: type
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    least: int | None = None
+    auto_choices: Callable[[DeviceSpec], list[Any]] | None = None
+    in_every_space: bool = True
+    acts_on: str = "training_args"
+    fields: tuple[str, ...] = ()
+    to_training_args: Callable[[Any], dict[str, Any]] = _no_arguments
+    from_training_args: Callable[[Mapping[str, Any]], Any] | None = None
+    label: Callable[[Any], str] = lambda value: ""
+    unavailable_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
+    no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
+    unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]]], str] | None = None
+    fallback: Any = None
+    needs_real_data: bool = False
+    memory_parts: tuple[str, ...] = ()
+    memory_device_kinds: tuple[str, ...] = ("cpu", "cuda")
+
+    def check_choices(self, values: list[Any]) -> list[Any]:
+        """A space's list of choices for this lever, checked; raises ``ValueError`` saying what is wrong."""
+        if not values:
+            raise ValueError("needs at least one choice" + self._range_words())
+        if self.choices is not None:
+            unknown = [v for v in values if v not in self.choices]
+            if unknown:
+                raise ValueError(f"unknown choice {unknown[0]!r}; choose from {', '.join(map(str, self.choices))}")
+        if self.least is not None and any(v < self.least for v in values):
+            raise ValueError("needs at least one choice" + self._range_words())
+        return values
+
+    def _range_words(self) -> str:
+        if self.least is None:
+            return ""
+        return ", each a positive integer" if self.least == 1 else f", each >= {self.least}"
+
+    def changes_memory_on(self, device_kind: str) -> bool:
+        return bool(self.memory_parts) and device_kind in self.memory_device_kinds

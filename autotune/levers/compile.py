@@ -1,0 +1,75 @@
+"""The ``compile`` lever: ``torch.compile`` through the Trainer, its backend and its mode."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.levers._lever import Lever
+
+if TYPE_CHECKING:
+    from autotune.devices import DeviceSpec
+
+# ``compile`` choices name a backend, or the inductor backend with a mode: ``inductor:max-autotune``.
+# A mode is an inductor setting (torch.compile's ``mode`` argument), so one knob carries both: no
+# trial is spent on "off" with a mode, or on a mode a backend ignores.
+COMPILE_MODE_SEPARATOR = ":"
+COMPILE_BACKENDS = ("off", "inductor", "aot_eager", "eager", "cudagraphs")
+# torch.compile's modes (torch/__init__.py: compile, and torch._inductor.list_mode_options); they are
+# inductor settings, written ``inductor:<mode>`` in a space. ``reduce-overhead`` and ``max-autotune``
+# capture CUDA graphs; ``max-autotune-no-cudagraphs`` autotunes kernels without them.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+COMPILE_CHOICES = COMPILE_BACKENDS + tuple(f"inductor{COMPILE_MODE_SEPARATOR}{mode}" for mode in COMPILE_MODES)
+
+
+def split_compile(value: str) -> tuple[str | None, str | None]:
+    """``"inductor:max-autotune"`` -> ``("inductor", "max-autotune")``; ``"off"`` -> ``(None, None)``."""
+    if value == "off":
+        return None, None
+    backend, _, mode = value.partition(COMPILE_MODE_SEPARATOR)
+    return backend, mode or None
+
+
+def _to_training_args(value: str) -> dict[str, Any]:
+    backend, mode = split_compile(value)
+    kwargs: dict[str, Any] = {}
+    if backend is not None:
+        kwargs.update(torch_compile=True, torch_compile_backend=backend)
+    if mode is not None:
+        kwargs["torch_compile_mode"] = mode
+    return kwargs
+
+
+def _from_training_args(args: Mapping[str, Any]) -> str:
+    # TrainingArguments turns torch_compile on when a backend or a mode is given.
+    compiled = args.get("torch_compile") or args.get("torch_compile_backend") or args.get("torch_compile_mode")
+    if not compiled:
+        return "off"
+    backend = str(args.get("torch_compile_backend") or "inductor")
+    mode = args.get("torch_compile_mode")
+    return f"{backend}{COMPILE_MODE_SEPARATOR}{mode}" if mode else backend
+
+
+def _unavailable_on(value: str, device: DeviceSpec) -> str:
+    if value == "cudagraphs" and device.kind != "cuda":
+        return "it needs a CUDA device"
+    if split_compile(value)[1] in CUDAGRAPH_COMPILE_MODES and device.kind != "cuda":
+        # torch/_inductor/cudagraph_utils.py skips CUDA graphs for CPU tensors: such a trial would
+        # measure the default mode under another name.
+        return "its CUDA graphs need a CUDA device"
+    return ""
+
+
+COMPILE = Lever(
+    name="compile",
+    value_type=str,
+    default="off",
+    doc="off, a torch.compile backend, or inductor:<mode>",
+    choices=COMPILE_CHOICES,
+    fields=("torch_compile", "torch_compile_backend", "torch_compile_mode"),
+    to_training_args=_to_training_args,
+    from_training_args=_from_training_args,
+    label=lambda value: f"compile={value}" if value != "off" else "",
+    unavailable_on=_unavailable_on,
+)

@@ -1,0 +1,43 @@
+"""Dataloader levers: worker processes and pinned host memory."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.levers._lever import Lever
+
+if TYPE_CHECKING:
+    from autotune.devices import DeviceSpec
+
+DATALOADER_WORKERS = Lever(
+    name="dataloader_workers",
+    value_type=int,
+    default=0,
+    doc="dataloader_num_workers",
+    least=0,
+    fields=("dataloader_num_workers",),
+    to_training_args=lambda value: {"dataloader_num_workers": value},
+    from_training_args=lambda args: int(args["dataloader_num_workers"]),
+    label=lambda value: f"workers={value}" if value else "",
+    # On the CPU each worker is a fork of the trial process whose resident set the probe counts
+    # (autotune.estimate: context_bytes); on CUDA they hold no device memory.
+    memory_parts=("context",),
+    memory_device_kinds=("cpu",),
+)
+
+
+def _pin_no_effect_on(value: bool, device: DeviceSpec) -> str:
+    return "pinning only speeds up copies to a GPU" if value and device.kind == "cpu" else ""
+
+
+PIN_MEMORY = Lever(
+    name="pin_memory",
+    value_type=bool,
+    default=True,
+    doc="dataloader_pin_memory",
+    fields=("dataloader_pin_memory",),
+    to_training_args=lambda value: {"dataloader_pin_memory": value},
+    from_training_args=lambda args: bool(args["dataloader_pin_memory"]),
+    no_effect_on=_pin_no_effect_on,
+    fallback=False,
+)

@@ -1,0 +1,63 @@
+"""The ``liger`` lever: Liger's Triton kernels patched into the model by the Trainer."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.levers._lever import Lever
+
+if TYPE_CHECKING:
+    from autotune.devices import DeviceSpec
+    from autotune.models import ModelSpec
+
+
+def _unavailable_on(value: bool, device: DeviceSpec) -> str:
+    """Liger's kernels are Triton kernels: a CUDA device and the liger-kernel package."""
+    if not value:
+        return ""
+    if device.kind != "cuda":
+        return "Liger's Triton kernels need a CUDA device"
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "the liger-kernel package is not installed (pip install liger-kernel)"
+    return ""
+
+
+def liger_unsupported(model: ModelSpec) -> str:
+    """Why Liger's kernels would not patch this model; '' if they would.
+
+    liger_kernel/transformers/monkey_patch.py (``_apply_liger_kernel_to_instance``) patches the model
+    types of its ``MODEL_TYPE_TO_APPLY_LIGER_FN`` table and only logs for any other: the trial would
+    measure the plain model under another name. Read from the installed package.
+    """
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return "the liger-kernel package is not installed (pip install liger-kernel)"
+    model_type = str(model.config.get("model_type", ""))
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return f"Liger has no kernels for model type {model_type!r}"
+    return ""
+
+
+def _unavailable_for_model(value: bool, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
+    return liger_unsupported(model) if value else ""
+
+
+LIGER = Lever(
+    name="liger",
+    value_type=bool,
+    default=False,
+    doc="use_liger_kernel: fused linear cross-entropy, RMSNorm, RoPE, SwiGLU kernels",
+    in_every_space=False,
+    fields=("use_liger_kernel",),
+    # transformers/trainer.py (Trainer.__init__) calls integrations/liger.py: apply_liger_kernel(model).
+    to_training_args=lambda value: {"use_liger_kernel": True} if value else {},
+    from_training_args=lambda args: bool(args["use_liger_kernel"]),
+    label=lambda value: "liger" if value else "",
+    unavailable_on=_unavailable_on,
+    unavailable_for_model=_unavailable_for_model,
+    fallback=False,
+    memory_parts=("logits",),
+)

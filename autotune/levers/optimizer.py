@@ -1,0 +1,53 @@
+"""The ``optim`` lever: the optimizer, by its ``transformers`` name, and the state it keeps."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from autotune.levers._lever import Lever
+
+if TYPE_CHECKING:
+    from autotune.devices import DeviceSpec
+
+OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "paged_adamw_8bit",
+    "adamw_8bit", "lion_8bit", "sgd", "adagrad", "rmsprop",
+)
+# The optimizers bitsandbytes implements (transformers/trainer_optimizer.py imports bnb for them).
+BNB_OPTIMIZERS = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit", "lion_8bit")
+# Optimizer state bytes per parameter, for parameters in a matrix of >= 4096 elements (docs/facts.md;
+# transformers' trainer_optimizer.py for which states each HF optimizer name creates). Adafactor's
+# factored state is counted by shape (autotune.estimate: adafactor_state_elements).
+STATE_BYTES_PER_PARAM = {
+    "adamw_torch": 8.0,  # exp_avg + exp_avg_sq, fp32
+    "adamw_torch_fused": 8.0,
+    "adamw_bnb_8bit": 2.0,  # two 8-bit states (block-wise quantisation adds ~1 %)
+    "adamw_8bit": 2.0,
+    "paged_adamw_8bit": 2.0,
+    "lion_8bit": 1.0,  # one 8-bit momentum
+    "sgd": 0.0,  # HF's "sgd" is torch.optim.SGD with momentum 0 unless --optim_args sets it
+    "adagrad": 4.0,  # state_sum
+    "rmsprop": 4.0,  # square_avg
+}
+
+
+def _unavailable_on(value: str, device: DeviceSpec) -> str:
+    if value in BNB_OPTIMIZERS and importlib.util.find_spec("bitsandbytes") is None:
+        return "bitsandbytes is not installed (pip install 'autotune[bnb]')"
+    return ""  # adamw_torch_fused: torch >= 2.4 has a fused CPU AdamW too
+
+
+OPTIM = Lever(
+    name="optim",
+    value_type=str,
+    default="adamw_torch",
+    doc="a transformers optimizer name (TrainingArguments.optim)",
+    choices=OPTIMIZERS,
+    fields=("optim",),
+    to_training_args=lambda value: {"optim": value},
+    from_training_args=lambda args: str(args["optim"]),
+    label=lambda value: value,
+    unavailable_on=_unavailable_on,
+    memory_parts=("optimizer states",),
+)

@@ -1,0 +1,84 @@
+"""Search spaces: YAML -> checked against the levers -> narrowed to what the device, model and data run.
+
+``_schema`` reads and checks the file (one key per lever of ``autotune.levers``), ``_narrow`` applies
+the levers' filters, ``_search_space`` is the result the study samples from. :func:`load_space` is
+the one call that does all three, in the order search_spaces/README.md lists.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from autotune.devices import DeviceSpec
+from autotune.errors import AutotuneError
+from autotune.models import ModelSpec
+from autotune.space._narrow import (
+    apply_base_args,
+    constrain_global_batch,
+    filter_combinations,
+    filter_for_data,
+    filter_for_device,
+    filter_for_model,
+)
+from autotune.space._schema import MAX_CHOICES_PER_KNOB, MAX_SPACE_FILE_BYTES, SpaceFile, read_space_file
+from autotune.space._search_space import SearchSpace
+
+__all__ = [
+    "MAX_CHOICES_PER_KNOB", "MAX_SPACE_FILE_BYTES", "SearchSpace", "SpaceFile", "apply_base_args",
+    "constrain_global_batch", "default_space_path", "filter_combinations", "filter_for_data",
+    "filter_for_device", "filter_for_model", "load_space", "read_space_file",
+]
+
+
+def default_space_path() -> str:
+    return str(resources.files("autotune.spaces").joinpath("default.yaml"))
+
+
+def load_space(
+    path: str | None,
+    device: DeviceSpec,
+    *,
+    model: ModelSpec | None = None,
+    base_args: dict[str, Any] | None = None,
+    global_batch: int | None = None,
+    max_global_batch: int | None = None,
+    real_data: bool = False,
+    packing: bool = False,
+) -> SearchSpace:
+    """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
+
+    Args:
+        path: The YAML file; ``None`` for the default space.
+        device: Choices it cannot run are removed, with a note.
+        model: If given, choices its architecture cannot use are removed.
+        base_args: TrainingArguments the user fixed: the levers they set are fixed to match.
+        global_batch: ``--global-batch``: only micro-batch x accumulation = this (overrides the YAML).
+        max_global_batch: ``--max-global-batch``: micro-batch x accumulation at most this.
+        real_data: ``--dataset`` was given: samples have different lengths.
+        packing: ``--packing``: every sample is a full block.
+
+    Raises:
+        AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
+    """
+    path = path or default_space_path()
+    parsed = read_space_file(path)
+    space = filter_for_device(parsed, device, source=path)
+    if model is not None:
+        space = filter_for_model(space, model)
+    space = filter_for_data(space, real_data, packing)
+    if global_batch is not None or max_global_batch is not None:
+        if global_batch is not None and max_global_batch is not None:
+            raise AutotuneError("give --global-batch or --max-global-batch, not both")
+        if (global_batch or max_global_batch or 0) <= 0:
+            raise AutotuneError("--global-batch and --max-global-batch must be positive integers")
+    else:
+        global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
+        if global_batch is not None and max_global_batch is not None:
+            raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
+    space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
+    space = apply_base_args(space, base_args or {}, device)
+    # Last: a dtype fixed by --base-args decides which attention kernels can run.
+    notes = list(space.notes)
+    choices = filter_combinations(space.choices, notes, source=path)
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)

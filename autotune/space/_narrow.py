@@ -1,0 +1,214 @@
+"""Narrowing a space: what the device, the model, the data, a global batch and ``--base-args`` allow.
+
+Each lever says why one of its values cannot run (``autotune.levers``); these functions apply those
+rules to a whole space, in the order search_spaces/README.md lists, each removal one note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from autotune.config import knob_values_from_base_args
+from autotune.devices import DeviceSpec
+from autotune.errors import AutotuneError
+from autotune.levers import BATCH_LIMIT_KNOBS, COMBINATION_RULES, LEVERS, Lever
+from autotune.models import ModelSpec
+from autotune.space._schema import AUTO
+from autotune.space._search_space import SearchSpace
+
+
+def yaml_word(value: Any) -> str:
+    """A choice as the YAML spells it: ``true``, ``8``, ``bf16``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _keep(lever: Lever, values: list[Any], why_not: Callable[[Any], str], notes: list[str]) -> list[Any]:
+    """The values with no reason against them; a note for each removed one; the lever's fallback
+    where none is left and it has one."""
+    kept = []
+    for value in values:
+        reason = why_not(value)
+        if reason:
+            notes.append(f"{lever.name} {yaml_word(value)} removed: {reason}")
+        else:
+            kept.append(value)
+    return kept or ([lever.fallback] if lever.fallback is not None else [])
+
+
+def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -> SearchSpace:
+    """Remove choices the device cannot run (or on which they change nothing), with a note for each;
+    fail if a lever is left empty."""
+    notes: list[str] = []
+    choices: dict[str, list[Any]] = {}
+    for name, values in parsed.model_dump(exclude=set(BATCH_LIMIT_KNOBS)).items():
+        if values is None:
+            continue
+        lever = LEVERS[name]
+        if values == AUTO:
+            values = lever.auto_choices(device)
+        kept = _keep(lever, values, lambda v: lever.unavailable_on(v, device) or lever.no_effect_on(v, device), notes)
+        if not kept:
+            raise AutotuneError(
+                f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
+            )
+        choices[name] = kept
+    for value in choices["micro_batch"]:
+        if value % 8:
+            notes.append(f"micro_batch {value} is not a multiple of 8: tensor cores may run it slower")
+            break
+    return SearchSpace(choices=choices, notes=tuple(notes), source=source)
+
+
+def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
+    """Remove choices the model cannot use (attention kernels its architecture lacks, Liger for a
+    model type it has no kernels for, padding-free batches it cannot keep apart), a note each."""
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    for lever in LEVERS.values():
+        if lever.unavailable_for_model is None or lever.name not in choices:
+            continue
+        rule = lever.unavailable_for_model
+        kept = _keep(lever, choices[lever.name], lambda v: rule(v, model, choices), notes)
+        if not kept:
+            raise AutotuneError(
+                f"search space {space.source}: {model.name} supports none of {lever.name} {choices[lever.name]} "
+                f"({'; '.join(notes)}); add a choice it supports"
+            )
+        choices[lever.name] = kept
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> SearchSpace:
+    """Remove the data levers' other values where every sample is full (synthetic tokens, ``--packing``).
+
+    Padding and length grouping only change batches of samples of different lengths: without
+    ``--dataset`` or with ``--packing`` every sample is ``--seq-len`` tokens, and such a trial would
+    measure the default under another name.
+    """
+    if real_data and not packing:
+        return space
+    why = "--packing fills every sample" if packing else "synthetic tokens have no padding (use --dataset)"
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    for lever in LEVERS.values():
+        if lever.needs_real_data and lever.name in choices:
+            choices[lever.name] = _keep(lever, choices[lever.name], lambda v: why if v != lever.default else "", notes)
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def filter_combinations(choices: dict[str, list[Any]], notes: list[str], source: str = "") -> dict[str, list[Any]]:
+    """Remove a choice that cannot run with some choice of another lever (the levers' combination rules)."""
+    for rule in COMBINATION_RULES:
+        choices = rule(choices, notes, source)
+    return choices
+
+
+def constrain_global_batch(
+    space: SearchSpace,
+    global_batch: int | None = None,
+    max_global_batch: int | None = None,
+    base_args: dict[str, Any] | None = None,
+) -> SearchSpace:
+    """Search only micro-batches whose accumulation a global-batch constraint can derive.
+
+    Optuna samples knobs independently and cannot change a knob's choices between trials, so under
+    a constraint accumulation is not searched: ``grad_accum`` leaves the space and the constraint
+    enters it as a fixed knob, from which :meth:`TrialConfig.from_params` derives the accumulation,
+    ``limit // micro_batch``. The constraint is then recorded with every trial and in the stored
+    space (a study resumed with another one is refused), and no trial is spent on a forbidden pair.
+
+    * ``global_batch`` N: the micro_batch choices that divide N; accumulation N / micro-batch.
+    * ``max_global_batch`` M: the micro_batch choices up to M; accumulation the most that stays
+      within M, ``M // micro_batch``, whatever the grad_accum choices were (more accumulation
+      amortises the optimizer step over more samples and leaves activation memory alone, so the
+      other pairs under the cap are not worth a trial). Where accumulation is not searched (one
+      grad_accum choice) it stays, and the cap only removes micro-batches it would push over M.
+
+    A micro-batch or accumulation fixed in ``base_args`` is the only one considered.
+
+    Raises:
+        AutotuneError: No micro-batch meets the constraint (the message says what would).
+    """
+    if global_batch is None and max_global_batch is None:
+        return space
+    fixed = knob_values_from_base_args(base_args or {})
+    micro = [fixed["micro_batch"]] if "micro_batch" in fixed else space.choices["micro_batch"]
+    by_base = " (fixed by --base-args)" if {"micro_batch", "grad_accum"} & fixed.keys() else ""
+    choices = {k: v for k, v in space.choices.items() if k != "grad_accum"}
+    notes = list(space.notes)
+    if global_batch is not None:
+        if "grad_accum" in fixed:
+            micro = [global_batch // fixed["grad_accum"]] if global_batch % fixed["grad_accum"] == 0 else []
+            micro = [m for m in micro if "micro_batch" not in fixed or m == fixed["micro_batch"]]
+        kept = [m for m in micro if global_batch % m == 0]
+        if not kept:
+            divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0][:16]
+            raise AutotuneError(
+                f"global batch {global_batch}: no micro_batch{by_base} {_list(micro)} divides it into whole "
+                f"accumulation steps; use micro-batches among its divisors {_list(divisors)}"
+            )
+        note = f"global batch {global_batch}: grad_accum = {global_batch} / micro_batch, not searched"
+        dropped = [m for m in micro if m not in kept]
+        if dropped:
+            note += f"; micro_batch {_list(dropped)} removed (they do not divide {global_batch})"
+        notes.append(note + by_base)
+        choices.update(micro_batch=kept, global_batch=[global_batch])
+    else:
+        assert max_global_batch is not None
+        accum = [fixed["grad_accum"]] if "grad_accum" in fixed else space.choices["grad_accum"]
+        # A searched accumulation is derived (at least 1); a fixed one stays, so it counts.
+        least_accum = accum[0] if len(accum) == 1 else 1
+        kept = [m for m in micro if m * least_accum <= max_global_batch]
+        if not kept:
+            raise AutotuneError(
+                f"max global batch {max_global_batch}: even micro_batch {min(micro)} x grad_accum {least_accum}{by_base} "
+                "is over it; add smaller micro_batch choices or raise the cap"
+            )
+        dropped = [m for m in micro if m not in kept]
+        removed = f"; micro_batch {_list(dropped)} removed" if dropped else ""
+        if len(accum) == 1:
+            notes.append(f"max global batch {max_global_batch}: grad_accum stays {accum[0]}{by_base}{removed}")
+            choices.update(micro_batch=kept, grad_accum=accum)
+        else:
+            notes.append(
+                f"max global batch {max_global_batch}: grad_accum = {max_global_batch} // micro_batch (the most "
+                f"that fits), not searched{by_base}{removed}"
+            )
+            choices.update(micro_batch=kept, max_global_batch=[max_global_batch])
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: DeviceSpec) -> SearchSpace:
+    """Fix every lever a ``--base-args`` field sets, to the value that reproduces that field.
+
+    The user's TrainingArguments win over the search: such a lever keeps one choice (a note says so)
+    for which ``training_arguments_kwargs`` writes exactly the user's value, so the trials measure it
+    and the export keeps it. Under a global-batch constraint, :func:`constrain_global_batch` has
+    already fixed micro-batch and accumulation.
+
+    Raises:
+        AutotuneError: The device cannot run a fixed value (bf16 on a GPU without it, ...).
+    """
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    constrained = any(limit in choices for limit in BATCH_LIMIT_KNOBS)
+    for knob, value in knob_values_from_base_args(base_args).items():
+        if knob in ("micro_batch", "grad_accum") and constrained:
+            continue
+        lever = LEVERS[knob]
+        fields = ", ".join(f for f in lever.fields if f in base_args)
+        reason = lever.unavailable_on(value, device)
+        if reason:
+            raise AutotuneError(f"--base-args {fields} asks for {knob} {value!r}, which {device.label} cannot run: {reason}")
+        if choices.get(knob) != [value]:
+            searched = len(choices.get(knob, [])) > 1
+            notes.append(f"{knob} fixed at {value!r} by --base-args {fields}" + ("; no longer searched" if searched else ""))
+        choices[knob] = [value]
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def _list(values: list[int]) -> str:
+    return ", ".join(map(str, values))
