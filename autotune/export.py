@@ -20,6 +20,7 @@ from autotune import schema
 from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
 from autotune.files import write_output
+from autotune.levers import LEVERS
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.result import TrialResult
 
@@ -178,29 +179,10 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
 
 
 def model_loading_note(best: RankedTrial) -> str | None:
-    """What the winner set outside TrainingArguments: the attention kernel is a model-loading
-    argument, the batch shape (``padding``) the Trainer's ``data_collator``."""
-    notes = []
-    attn = best.config.attn_implementation
-    if attn is not None:
-        notes.append(
-            f"the winner's model was built with attn_implementation={attn!r}: pass it to from_pretrained or "
-            "from_config (a model argument; TrainingArguments has no field for it)"
-        )
-    collator = COLLATOR_NOTES.get(best.config.padding)
-    if collator is not None:
-        notes.append(f"the winner's batches were {collator} (Trainer(data_collator=...); TrainingArguments has no field for it)")
-    return "; ".join(notes) or None
-
-
-# What each ``padding`` choice other than the default means for the user's training script.
-COLLATOR_NOTES = {
-    "longest": "padded to their longest sample: tokenize without padding and pass DataCollatorWithPadding(tokenizer)",
-    "padding_free": (
-        "flattened without padding: tokenize without padding and pass DataCollatorWithFlattening() "
-        "(transformers.data.data_collator)"
-    ),
-}
+    """What the winner set outside TrainingArguments (the model build, the data collator): each such
+    lever's own note (``autotune.levers``)."""
+    notes = [lever.export_note(getattr(best.config, lever.name)) for lever in LEVERS.values() if lever.acts_on != "training_args"]
+    return "; ".join(note for note in notes if note) or None
 
 
 def allocator_note(best: RankedTrial) -> str | None:

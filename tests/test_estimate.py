@@ -382,3 +382,33 @@ def test_an_unknown_gpu_type_or_one_given_with_a_real_device_is_one_line(tmp_pat
     assert known.returncode == 0
     for name in ("v100-16gb", "a100-80gb", "h100-sxm", "l4", "rtx-4090"):
         assert name in known.stdout
+
+
+@pytest.mark.parametrize("allocator_conf", ["", "expandable_segments:True"])
+def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_path, allocator_conf):
+    """One prior for a device: ``autotune estimate`` and the search's screening, seeds and sampler
+    (through ``Workload.memory_prior``) start from the same figures (an H100 planned from here)."""
+    import json
+
+    from autotune.devices import known_gpu
+    from autotune.models import resolve_model
+    from autotune.runner import Workload
+    from autotune.study import memory_fit_from_trials
+    from tests.support.cli import REPO, run_cli
+
+    env = {"PYTORCH_ALLOC_CONF": allocator_conf} if allocator_conf else {}
+    out = run_cli("estimate", "--model", "gpt2-tiny", "--seq-len", "256", "--gpu-type", "h100-sxm", "--space",
+                  str(REPO / "search_spaces" / "tiny-test.yaml"), "--json", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    model = resolve_model("gpt2-tiny")
+    workload = Workload(model=model, device=known_gpu("h100-sxm").device(), seq_len=256,
+                        ceiling_bytes=planned["ceiling_bytes"], allocator_env=env)
+    screening_fit = memory_fit_from_trials(model, 256, workload.memory_prior, [])
+    assert planned["estimator"] == screening_fit.describe()
+    assert ("allocator 5% of per-step memory" in planned["estimator"]) == bool(allocator_conf)
+    assert "64 MiB cuBLAS workspaces" in planned["estimator"]  # Hopper's, not the Ampere default
+    for row in planned["rows"]:
+        config = TrialConfig(**row["config"])
+        assert estimate_peak(model, config, 256, screening_fit).total_bytes == row["total_bytes"]
+        assert estimate_peak(model, config, 256, workload.memory_prior).total_bytes == row["total_bytes"]

@@ -53,6 +53,9 @@ class Lever:
         to_training_args: The lever's value -> the ``TrainingArguments`` keyword arguments it sets.
         from_training_args: The inverse: ``--base-args`` -> the value that reproduces them (called
             only when one of :attr:`fields` is present).
+        export_note: For a lever that acts outside ``TrainingArguments`` (the model build, the data
+            collator): what the user's training script must do to get the value the export names;
+            ``""`` at the default.
         label: The value's words in tables and logs; ``""`` where it goes without saying.
         unavailable_on: Why a value cannot run on a device here (driver, package); ``""`` if it can.
         no_effect_on: Why a value would change nothing on a device (a search would measure another
@@ -81,6 +84,7 @@ class Lever:
     fields: tuple[str, ...] = ()
     to_training_args: Callable[[Any], dict[str, Any]] = _no_arguments
     from_training_args: Callable[[Mapping[str, Any]], Any] | None = None
+    export_note: Callable[[Any], str] = lambda value: ""
     label: Callable[[Any], str] = lambda value: ""
     unavailable_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere

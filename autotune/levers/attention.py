@@ -126,6 +126,10 @@ ATTN_IMPLEMENTATION = Lever(
     in_every_space=False,
     acts_on="model",
     label=lambda value: f"attn={value}" if value else "",
+    export_note=lambda value: (
+        f"the winner's model was built with attn_implementation={value!r}: pass it to from_pretrained or "
+        "from_config (a model argument; TrainingArguments has no field for it)"
+    ) if value else "",
     unavailable_on=_unavailable_on,
     unavailable_for_model=_unavailable_for_model,
     memory_parts=("activations",),

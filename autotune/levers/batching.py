@@ -15,6 +15,14 @@ if TYPE_CHECKING:
 # ``padding_free``: the batch flattened into one row (DataCollatorWithFlattening). The Trainer's
 # ``data_collator``, not a TrainingArguments field (autotune/data.py: training_collator).
 PADDINGS = ("max_length", "longest", "padding_free")
+# What each ``padding`` choice other than the default means for the user's training script.
+_COLLATOR_NOTES = {
+    "longest": "padded to their longest sample: tokenize without padding and pass DataCollatorWithPadding(tokenizer)",
+    "padding_free": (
+        "flattened without padding: tokenize without padding and pass DataCollatorWithFlattening() "
+        "(transformers.data.data_collator)"
+    ),
+}
 SAMPLINGS = ("random", "group_by_length")
 
 
@@ -58,6 +66,9 @@ PADDING = Lever(
     in_every_space=False,
     acts_on="collator",
     label=lambda value: f"pad={value}" if value != "max_length" else "",
+    export_note=lambda value: (
+        f"the winner's batches were {_COLLATOR_NOTES[value]} (Trainer(data_collator=...); TrainingArguments has no field for it)"
+    ) if value in _COLLATOR_NOTES else "",
     unavailable_for_model=_padding_unavailable_for_model,
     fallback="max_length",
     needs_real_data=True,
