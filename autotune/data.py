@@ -9,14 +9,14 @@ Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
   sample of as many rows as a trial can consume (the whole data if smaller), so preparing a large
   corpus costs one read, not a copy of it. A later run with the same source, tokenizer and space
   reuses it without reading the source again. Every problem is an :class:`AutotuneError` there.
-* Each trial child calls :func:`load_training_dataset`: it memory-maps that copy (milliseconds)
+* Each trial child calls :func:`autotune.runner.load_training_dataset`: it memory-maps that copy (milliseconds)
   and tokenizes every sample on the fly with the model's tokenizer, truncated and padded to
   ``--seq-len``, as the DataLoader fetches it. Tokenization is part of the measured step, as in a
   pipeline that tokenizes as it trains, so ``dataloader_workers`` has real work to share.
 * With ``packing``, documents are tokenized in the parent, concatenated and cut into blocks of
   exactly ``--seq-len`` tokens (no padding); the child only reads the blocks.
 
-The ``padding`` knob shapes a batch (:func:`training_collator`): ``max_length`` pads every sample to
+The ``padding`` lever shapes a batch (:func:`autotune.runner.training_collator`): ``max_length`` pads every sample to
 ``--seq-len`` (the padding is paid for in every matmul), ``longest`` pads to the batch's longest
 sample, ``padding_free`` flattens the batch into one row. Trials count the real (non-padding)
 tokens they train (``runner/_trial.py``), and the model FLOPs that rank them count those tokens
@@ -36,8 +36,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from autotune.errors import AutotuneError
 from autotune.models import ModelSpec
 
@@ -45,8 +43,6 @@ from autotune.models import ModelSpec
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 # Documents tokenized per batch when packing (the batch size of HF's run_clm example).
 _PACKING_BATCH = 1000
-# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
-_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
 # What prepare_dataset learned about a prepared copy, saved next to it.
 _META_FILE = "autotune_dataset.json"
 
@@ -154,137 +150,6 @@ def prepare_dataset(
         length=length,
         packing=packing,
     )
-
-
-def load_training_dataset(
-    prepared: PreparedDataset, model: ModelSpec, seq_len: int, padding: str = "max_length"
-) -> torch.utils.data.Dataset:
-    """The trial child's dataset: the prepared Arrow copy, memory-mapped, tokenized on access.
-
-    With ``padding`` other than ``max_length`` samples keep their own length (truncated to
-    ``seq_len``), and :func:`training_collator` shapes the batch.
-    """
-    import datasets
-
-    rows = datasets.load_from_disk(prepared.prepared_dir)
-    tokenizer = None
-    if prepared.tokenizer_dir:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True)
-    return UserSamples(
-        rows=rows,
-        column=prepared.column,
-        tokenizer=tokenizer,
-        seq_len=seq_len,
-        task=model.task,
-        pad_token_id=prepared.pad_token_id,
-        length=prepared.length,
-        pad_to_length=padding == "max_length",
-    )
-
-
-def training_collator(padding: str, pad_token_id: int, model: ModelSpec) -> Any:
-    """The Trainer's ``data_collator`` for a ``padding`` choice; ``None`` keeps the Trainer's default.
-
-    * ``max_length``: every sample is already ``--seq-len`` long (``default_data_collator`` stacks them).
-    * ``longest``: :class:`PadToLongest`, the batch padded to its longest sample.
-    * ``padding_free``: transformers' ``DataCollatorWithFlattening`` (transformers/data/data_collator.py):
-      the batch as one row, ``position_ids`` restarting at each sample, the first label of each
-      sample -100, no padding and no attention mask. RoBERTa-like models number positions from
-      ``pad_token_id + 1`` (that class's docstring), so their position ids start there.
-    """
-    if padding == "longest":
-        return PadToLongest(pad_token_id)
-    if padding == "padding_free":
-        from transformers import DataCollatorWithFlattening
-
-        start = pad_token_id + 1 if model.config.get("model_type") in _POSITIONS_AFTER_PADDING else 0
-        return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
-    return None
-
-
-class PadToLongest:
-    """Pads a batch of samples of different lengths to its longest one (pads ignored by the loss and the attention).
-
-    A class (not a closure) so dataloader workers can pickle it.
-    """
-
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        from torch.nn.utils.rnn import pad_sequence
-
-        def padded(key: str, value: int) -> torch.Tensor:
-            return pad_sequence([f[key] for f in features], batch_first=True, padding_value=value)
-
-        batch = {"input_ids": padded("input_ids", self.pad_token_id), "attention_mask": padded("attention_mask", 0)}
-        labels = [f["labels"] for f in features]
-        batch["labels"] = torch.stack(labels) if labels[0].dim() == 0 else padded("labels", -100)
-        return batch
-
-
-class UserSamples(torch.utils.data.Dataset):
-    """Samples of the user's data, each exactly ``seq_len`` tokens, cycled to ``length``.
-
-    A plain torch Dataset (not a ``datasets.Dataset``), so the Trainer does not drop the text column
-    before it is tokenized.
-    """
-
-    def __init__(
-        self,
-        rows: Any,
-        column: str,
-        tokenizer: Any,
-        seq_len: int,
-        task: str,
-        pad_token_id: int,
-        length: int,
-        pad_to_length: bool = True,
-    ) -> None:
-        self._rows = rows
-        self._pad_to_length = pad_to_length
-        self._column = column
-        self._tokenizer = tokenizer
-        self._seq_len = seq_len
-        self._task = task
-        self._pad_token_id = pad_token_id
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < self._length:
-            # The end of the sequence protocol: LengthGroupedSampler (transformers/trainer_pt_utils.py)
-            # iterates ``for feature in dataset`` to measure every sample.
-            raise IndexError(index)
-        value = self._rows[index % self._rows.num_rows][self._column]
-        if self._tokenizer is not None:
-            ids = self._tokenizer(value, truncation=True, max_length=self._seq_len)["input_ids"]
-        else:
-            ids = value[: self._seq_len]
-        real = len(ids)
-        if not self._pad_to_length:
-            return self._unpadded(torch.tensor(ids, dtype=torch.long), index)
-        input_ids = torch.full((self._seq_len,), self._pad_token_id, dtype=torch.long)
-        input_ids[:real] = torch.tensor(ids, dtype=torch.long)
-        attention_mask = torch.zeros(self._seq_len, dtype=torch.long)
-        attention_mask[:real] = 1
-        sample = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self._task == "sequence-classification":
-            sample["labels"] = torch.tensor(index % 2)
-        else:
-            labels = input_ids.clone()
-            labels[real:] = -100  # the loss ignores padding
-            sample["labels"] = labels
-        return sample
-
-    def _unpadded(self, input_ids: torch.Tensor, index: int) -> dict[str, torch.Tensor]:
-        """A sample at its own length, for a collator that pads or flattens the batch."""
-        labels = torch.tensor(index % 2) if self._task == "sequence-classification" else input_ids.clone()
-        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
 
 def _read(source: Path, path: str, cache_dir: str) -> Any:

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import load_average  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.data import load_training_dataset, prepare_dataset  # noqa: E402
+from autotune.data import prepare_dataset  # noqa: E402
+from autotune.runner import load_training_dataset  # noqa: E402
 from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402

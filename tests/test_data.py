@@ -9,7 +9,8 @@ import pickle
 import pytest
 import torch
 
-from autotune.data import load_training_dataset, prepare_dataset
+from autotune.data import prepare_dataset
+from autotune.runner import load_training_dataset
 from autotune.errors import AutotuneError
 from autotune.models import resolve_model
 from tests.support.local_model import corpus, make_local_model, write_jsonl

@@ -338,7 +338,7 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(tmp_path, cpu, gpt
 
 def test_the_trials_dataset_ends_where_its_length_does(gpt2_with_data):
     """LengthGroupedSampler measures every sample with ``for feature in dataset``: it needs an end."""
-    from autotune.data import load_training_dataset
+    from autotune.runner import load_training_dataset
 
     model, description, _ = gpt2_with_data
     dataset = load_training_dataset(description, model, 64, padding="longest")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 # ``max_length``: each sample padded to --seq-len; ``longest``: to the longest of its batch;
 # ``padding_free``: the batch flattened into one row (DataCollatorWithFlattening). The Trainer's
-# ``data_collator``, not a TrainingArguments field (autotune/data.py: training_collator).
+# ``data_collator``, not a TrainingArguments field (autotune/runner/_data.py: training_collator).
 PADDINGS = ("max_length", "longest", "padding_free")
 # What each ``padding`` choice other than the default means for the user's training script.
 _COLLATOR_NOTES = {

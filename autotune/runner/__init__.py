@@ -9,6 +9,7 @@ back one :class:`autotune.result.TrialResult`. Nothing in this package reads or 
 from __future__ import annotations
 
 from autotune.runner._callbacks import load_callback
+from autotune.runner._data import load_training_dataset, training_collator
 from autotune.runner._failures import classify_exit, is_oom_exception
 from autotune.runner._job import TrialJob, Workload
 from autotune.runner._limits import (
@@ -37,7 +38,9 @@ __all__ = [
     "is_oom_exception",
     "limit_address_space",
     "load_callback",
+    "load_training_dataset",
     "memory_probe",
     "run_isolated",
+    "training_collator",
     "unmapped_import_file_bytes",
 ]

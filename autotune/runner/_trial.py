@@ -81,7 +81,7 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
 def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     workload = job.workload
     if workload.dataset is not None:
-        from autotune.data import load_training_dataset
+        from autotune.runner._data import load_training_dataset
 
         return load_training_dataset(workload.dataset, workload.model, workload.seq_len, job.config.padding)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
@@ -208,7 +208,7 @@ def build_collator(job: TrialJob) -> Any:
     dataset = job.workload.dataset
     if dataset is None:
         return None
-    from autotune.data import training_collator
+    from autotune.runner._data import training_collator
 
     return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
 
