@@ -1,7 +1,8 @@
 """Resolve ``--model`` to a Hugging Face config, offline, and describe the model's shape.
 
 Resolution order: a local directory with ``config.json``; the Hugging Face cache (no network);
-the catalog of configs shipped in ``autotune/catalog``; the Hub, unless ``HF_HUB_OFFLINE=1``.
+the catalog of configs shipped in ``autotune/catalog`` (by file name or by the Hub id stored in the
+entry, either in any case); the Hub, unless ``HF_HUB_OFFLINE=1``.
 Only the config is needed: models are built with ``from_config`` (random weights), because
 throughput and memory do not depend on the weights' values.
 """
@@ -9,6 +10,7 @@ throughput and memory do not depend on the weights' values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from importlib import resources
@@ -25,23 +27,6 @@ _DECODER_MODEL_TYPES = {
     "gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi",
     "phi3", "gemma", "gemma2", "opt", "bloom", "falcon", "olmo", "olmo2", "smollm3", "starcoder2",
 }
-
-# Hub ids that name the same architecture as a catalog entry.
-_CATALOG_ALIASES = {
-    "google-bert/bert-base-uncased": "bert-base-uncased",
-    "google-bert/bert-large-uncased": "bert-large-uncased",
-    "FacebookAI/roberta-base": "roberta-base",
-    "FacebookAI/roberta-large": "roberta-large",
-    "distilbert/distilbert-base-uncased": "distilbert-base-uncased",
-    "openai-community/gpt2": "gpt2",
-    "openai-community/gpt2-medium": "gpt2-medium",
-    "openai-community/gpt2-large": "gpt2-large",
-    "prajjwal1/bert-tiny": "bert-tiny",
-    "prajjwal1/bert-mini": "bert-mini",
-    "prajjwal1/bert-small": "bert-small",
-    "TinyLlama/TinyLlama_v1.1": "tinyllama-1.1b",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -104,6 +89,28 @@ def catalog_names() -> list[str]:
     return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
 
 
+def catalog_entry(catalog_name: str) -> dict[str, Any]:
+    """A catalog file as stored: the published config plus its ``_autotune_*`` keys (hub id, source, published size)."""
+    text = resources.files("autotune.catalog").joinpath(f"{catalog_name}.json").read_text()
+    return dict(json.loads(text))
+
+
+@functools.cache
+def _catalog_index() -> dict[str, str]:
+    """Every name a catalog entry answers to, lower-cased: its file name and the Hub id stored in it.
+
+    Lower-cased so that a short name typed as on the model card (``Qwen2.5-7B``) and a Hub id typed
+    in lower case (``meta-llama/llama-3.1-8b``) reach the same entry.
+    """
+    index: dict[str, str] = {}
+    for catalog_name in catalog_names():
+        index[catalog_name.lower()] = catalog_name
+        hub_id = catalog_entry(catalog_name).get("_autotune_hub_id")
+        if hub_id:
+            index[str(hub_id).lower()] = catalog_name
+    return index
+
+
 def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
 
@@ -158,8 +165,8 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
         return AutoConfig.from_pretrained(name, local_files_only=True), "hf-cache", None
     except (OSError, ValueError):
         pass
-    catalog_name = _CATALOG_ALIASES.get(name, name)
-    if catalog_name in catalog_names():
+    catalog_name = _catalog_index().get(name.lower())
+    if catalog_name is not None:
         return _catalog_config(catalog_name), "catalog", None
     if os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable():
         try:
@@ -190,8 +197,7 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
 def _catalog_config(catalog_name: str) -> Any:
     from transformers import AutoConfig
 
-    text = resources.files("autotune.catalog").joinpath(f"{catalog_name}.json").read_text()
-    values = {k: v for k, v in json.loads(text).items() if not k.startswith("_autotune")}
+    values = {k: v for k, v in catalog_entry(catalog_name).items() if not k.startswith("_autotune")}
     return AutoConfig.for_model(**values)
 
 

@@ -5,11 +5,29 @@ import json
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.models import catalog_names, resolve_model
+from autotune.models import build_model, catalog_entry, catalog_names, resolve_model
+
+# Today's decoders (issue 21): short name -> the Hub id whose published config.json the entry holds
+# (docs/catalog.md says where each was read and cross-checked).
+DECODERS = {
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
+    "gemma-2-2b": "google/gemma-2-2b",
+    "phi-3.5-mini": "microsoft/Phi-3.5-mini-instruct",
+    "tinyllama-1.1b": "TinyLlama/TinyLlama_v1.1",
+}
 
 REQUIRED_CATALOG = [
     "bert-base-uncased", "bert-large-uncased", "roberta-base", "roberta-large", "distilbert-base-uncased",
-    "gpt2", "gpt2-medium", "gpt2-large", "tinyllama-1.1b", "bert-tiny", "gpt2-tiny",
+    "gpt2", "gpt2-medium", "gpt2-large", "bert-tiny", "gpt2-tiny", *DECODERS,
 ]
 
 
@@ -37,6 +55,50 @@ def test_catalog_models_have_their_published_shape(name, family, task, layers, h
 
 def test_hub_ids_resolve_to_the_catalog_offline():
     assert resolve_model("google-bert/bert-large-uncased").num_layers == 24
+
+
+@pytest.mark.parametrize("short_name, hub_id", DECODERS.items())
+def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_published_size(short_name, hub_id):
+    import torch
+
+    entry = catalog_entry(short_name)
+    assert entry["_autotune_hub_id"] == hub_id
+    by_hub_id = resolve_model(hub_id)
+    assert (by_hub_id.source, by_hub_id.family, by_hub_id.task) == ("catalog", "decoder", "causal-lm")
+    assert by_hub_id.model_type == entry["model_type"] in {"llama", "qwen2", "mistral", "gemma2", "phi3"}
+    # Within 1 % of the size the model's Hub page / card publishes (the counts differ only by rounding).
+    assert by_hub_id.num_params == pytest.approx(entry["_autotune_published_params"], rel=0.01)
+    for spelling in (short_name, short_name.upper(), hub_id.lower()):
+        assert resolve_model(spelling).config == by_hub_id.config, spelling
+    # The trial child builds from the spec's config dict, not from the catalog file: the round trip
+    # must give the same model.
+    with torch.device("meta"):
+        model = build_model(by_hub_id.config, by_hub_id.task)
+    assert sum(p.numel() for p in model.parameters()) == by_hub_id.num_params
+
+
+def test_every_catalog_entry_names_its_hub_id_and_answers_to_it():
+    for name in catalog_names():
+        hub_id = catalog_entry(name).get("_autotune_hub_id")
+        if hub_id is None:
+            assert name == "gpt2-tiny"  # the one made-up test model
+            continue
+        assert resolve_model(hub_id).config == resolve_model(name).config
+
+
+def test_estimate_plans_a_catalog_decoder_by_its_hub_id(tmp_path):
+    import json
+
+    from tests.support.cli import run_cli
+
+    args = ("estimate", "--model", "meta-llama/Llama-3.2-1B", "--seq-len", "2048", "--gpu-type", "h100-sxm")
+    table = run_cli(*args, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert [line for line in table.stdout.splitlines() if line.startswith("│")]
+    document = json.loads(run_cli(*args, "--json", cwd=tmp_path).stdout)
+    assert document["rows"]
+    fp32 = next(row for row in document["rows"] if row["config"]["dtype"] == "fp32")
+    assert fp32["parts_bytes"]["weights"] == 4 * resolve_model("llama-3.2-1b").num_params  # the catalog's model
 
 
 def test_tied_lm_head_counts_as_compute_not_embedding(gpt2_tiny):
