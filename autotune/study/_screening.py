@@ -27,7 +27,7 @@ from autotune.estimate import (
     fit_calibration,
 )
 from autotune.models import ModelSpec
-from autotune.result import TrialResult
+from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, Status, TrialResult
 from autotune.units import format_bytes
 
 UNCALIBRATED_MARGIN = 1.25
@@ -38,10 +38,6 @@ CALIBRATED_ERROR_SAFETY = 2.0
 # Keys of TrialResult.memory_peaks for a screened trial: what it was not measured to use.
 PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
-# Statuses whose measured memory was at or over the ceiling.
-_MEMORY_FAILURES = ("oom", "over_ceiling")
-# Statuses that ran and measured a peak the calibration can use.
-_MEASURED_PEAK_STATUSES = ("ok", "over_ceiling", "pruned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +74,7 @@ class ScreenDecision:
             peaks[PREDICTED_PEAK_KEY] = self.predicted_peak_bytes
         if self.inferred_min_peak_bytes is not None:
             peaks[INFERRED_MIN_PEAK_KEY] = self.inferred_min_peak_bytes
-        return TrialResult(status="screened", error=self.reason, memory_peaks=peaks, ceiling_bytes=ceiling_bytes)
+        return TrialResult(status=Status.SCREENED, error=self.reason, memory_peaks=peaks, ceiling_bytes=ceiling_bytes)
 
 
 def screened_excess_gib(result: TrialResult) -> float | None:
@@ -103,11 +99,11 @@ def margin_for(calibration: Calibration) -> float:
 def calibration_from_trials(
     model: ModelSpec, seq_len: int, device_kind: str, measured: Sequence[MeasuredTrial]
 ) -> Calibration:
-    """Fit the estimator on the study's trials that measured a peak (ok, over the ceiling, pruned)."""
+    """Fit the estimator on the study's trials that measured a peak (``PEAK_MEASURED_STATUSES``)."""
     points = [
         MeasuredPeak(trial.config, trial.result.peak_memory_bytes)
         for trial in measured
-        if trial.result.status in _MEASURED_PEAK_STATUSES and trial.result.peak_memory_bytes > 0
+        if trial.result.status in PEAK_MEASURED_STATUSES and trial.result.peak_memory_bytes > 0
     ]
     return fit_calibration(model, seq_len, device_kind, points)
 
@@ -115,15 +111,15 @@ def calibration_from_trials(
 def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
     """A config that differs from an OOM or over-ceiling trial only by a larger micro-batch."""
     for trial in measured:
-        if trial.result.status not in _MEMORY_FAILURES or trial.config.micro_batch >= config.micro_batch:
+        if trial.result.status not in MEMORY_EXCEEDED_STATUSES or trial.config.micro_batch >= config.micro_batch:
             continue
         if dataclasses.replace(trial.config, micro_batch=config.micro_batch) != config:
             continue
-        what = "ran out of memory" if trial.result.status == "oom" else "went over the ceiling"
+        what = "ran out of memory" if trial.result.status == Status.OOM else "went over the ceiling"
         return ScreenDecision(
             reason=f"screened: inferred, micro-batch {config.micro_batch} > {trial.config.micro_batch} of trial "
             f"#{trial.number}, which {what} (not run)",
-            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == "over_ceiling" else None,
+            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == Status.OVER_CEILING else None,
             inferred_from=trial.number,
         )
     return None
