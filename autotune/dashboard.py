@@ -4,7 +4,10 @@ What optuna-dashboard 0.21 does on its own (read in its ``_app.py`` and ``_seria
 
 - A trial's feasibility comes from the legacy system attr ``"constraints"`` (a list; feasible when
   every value is <= 0). ``autotune.study.tell`` writes it for every COMPLETE and PRUNED trial, > 0
-  for OOM, over-ceiling and screened trials, so the trial list and the plots mark those infeasible.
+  for OOM, over-ceiling, screened and diverged trials, so the trial list and the plots mark those
+  infeasible. A trial told before the HF default's loss existed could not be judged for divergence
+  then, and Optuna keeps a finished trial's record as told: :class:`FeasibleBestStorage` serves the
+  trials as :func:`autotune.numerics.judged_trials` judges them, as the ranking and export read them.
 - Its "Best trial" is ``storage.get_best_trial``: the COMPLETE trial with the largest value,
   feasible or not. autotune records infeasible trials with value 0, so that is a feasible trial
   whenever one exists; but with none feasible it is an infeasible one. :class:`FeasibleBestStorage`
@@ -18,7 +21,7 @@ import functools
 import ipaddress
 import socket
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -31,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.export import render, winner_arguments
+from autotune.numerics import judged_trials
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
@@ -63,19 +67,27 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 
 class FeasibleBestStorage(RDBStorage):
-    """An RDB storage whose best trial is the best feasible COMPLETE trial, as ``study.best_trial`` is.
+    """An RDB storage that serves the trials as judged, and whose best trial is the best feasible
+    COMPLETE one, as ``study.best_trial`` is.
 
-    optuna-dashboard asks the storage for the best trial; the stock one ignores feasibility. With no
-    feasible trial this falls back to the stock answer, which :func:`dashboard_app` then drops.
+    optuna-dashboard reads every trial through :meth:`get_all_trials` and asks the storage for the
+    best trial; the stock one ignores feasibility. With no feasible trial this falls back to the
+    largest value (the stock answer, over the judged trials), which :func:`dashboard_app` then drops.
     """
 
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        judged = judged_trials(super().get_all_trials(study_id, deepcopy=deepcopy))  # all: the reference may be PRUNED
+        return [t for t in judged if states is None or t.state in states]
+
     def get_best_trial(self, study_id: int) -> FrozenTrial:
-        feasible = [t for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
-        if not feasible:
-            return super().get_best_trial(study_id)
+        complete = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,))
+        if not complete:
+            return super().get_best_trial(study_id)  # Optuna's own error: no trial is completed yet
         direction = self.get_study_directions(study_id)[0]
         pick = max if direction == StudyDirection.MAXIMIZE else min
-        return pick(feasible, key=lambda t: t.value)
+        return pick([t for t in complete if is_feasible(t)] or complete, key=lambda t: t.value)
 
 
 def open_dashboard_storage(storage_url: str) -> FeasibleBestStorage:
@@ -210,7 +222,7 @@ def study_note(study: optuna.Study) -> str:
     the winner's export."""
     attrs = study.user_attrs
     identity = attrs.get(schema.STUDY_IDENTITY) or {}
-    trials = study.get_trials(deepcopy=False)
+    trials = judged_trials(study.get_trials(deepcopy=False))
     statuses = Counter(_status(t) for t in trials)
     ranking = study_ranking(study)
     sources = {r["memory_source"] for t in trials if (r := t.user_attrs.get(schema.TRIAL_RESULT)) and r.get("memory_source")}

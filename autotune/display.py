@@ -23,12 +23,14 @@ from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.estimate import EstimateRow, MemoryEstimate
 from autotune.ranking import RankedTrial
-from autotune.result import TrialResult, memory_source_description, precision_note
+from autotune.result import UNFINISHED_LABELS, Status, TrialResult, memory_source_description, precision_note
 from autotune.units import format_bytes
 
-STATUS_STYLE = {
-    "ok": "green", "over_ceiling": "yellow", "oom": "red", "screened": "magenta", "pruned": "cyan",
-    "diverged": "red", "timeout": "red", "crash": "red", "error": "red", "interrupted": "yellow",
+# The terminal style of each status (a test checks it covers exactly autotune.result.Status).
+STATUS_STYLE: dict[str, str] = {
+    Status.OK: "green", Status.OVER_CEILING: "yellow", Status.OOM: "red", Status.SCREENED: "magenta",
+    Status.PRUNED: "cyan", Status.DIVERGED: "red", Status.TIMEOUT: "red", Status.CRASH: "red",
+    Status.ERROR: "red", Status.INTERRUPTED: "yellow",
 }
 
 LEGEND = (
@@ -89,7 +91,7 @@ def trial_cells(
 ) -> list[str]:
     """The cells of one table row; ``-`` where a trial measured nothing."""
     if result is None:
-        label = {"WAITING": "queued", "RUNNING": "running"}.get(state, state.lower())
+        label = UNFINISHED_LABELS.get(state, state.lower())
         return [str(number), label, config.short()] + ["-"] * 8
     status = f"[{STATUS_STYLE.get(result.status, '')}]{result.status}[/]"
     ran = result.samples_per_s > 0
@@ -115,7 +117,7 @@ def trial_cells(
             notes.append("ties with the leader (within noise)")
         if not confirmation.get("feasible", True):
             notes.append(f"re-runs: {', '.join(confirmation.get('statuses', []))}")
-    if ran and not result.steady and result.status == "ok":
+    if ran and not result.steady and result.feasible:
         notes.append("CV target not met")
     return [
         str(number), status, config.short(), samples,

@@ -18,6 +18,7 @@ was chosen against are in docs/benchmarks.md, "Numerics: loss against the HF def
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import statistics
@@ -25,7 +26,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune import schema
-from autotune.result import TrialResult
+from autotune.result import (
+    RAN_NORMALLY_STATUSES,
+    Status,
+    TrialResult,
+    measured_constraint_gib,
+    objective_value,
+)
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -234,10 +241,6 @@ def loss_grew_beyond(comparison: LossComparison | None) -> str | None:
     )
 
 
-# Statuses whose loss curve is a usable reference: the default ran its steps normally.
-_REFERENCE_STATUSES = ("ok", "pruned", "over_ceiling")
-
-
 def hf_default_result(trials: Sequence[FrozenTrial]) -> tuple[int, TrialResult] | None:
     """The first HF default seed trial that ran, with its result (``None`` if none has finished).
 
@@ -257,7 +260,7 @@ def hf_default_result(trials: Sequence[FrozenTrial]) -> tuple[int, TrialResult] 
 def loss_reference(trials: Sequence[FrozenTrial]) -> TrialResult | None:
     """The HF default's result if its loss can serve as the reference (it ran and did not diverge)."""
     found = hf_default_result(trials)
-    if found is None or found[1].status not in _REFERENCE_STATUSES:
+    if found is None or found[1].status not in RAN_NORMALLY_STATUSES:
         return None
     return found[1]
 
@@ -276,13 +279,48 @@ def diverged_from_reference(result: TrialResult, reference: TrialResult | None) 
 
 def judge_against_default(result: TrialResult, reference: TrialResult | None) -> TrialResult:
     """``result`` as ``diverged`` (the reason in its error) when an ``ok`` trial's loss ended far above
-    the HF default's; otherwise ``result`` unchanged."""
-    if result.status != "ok":
+    the HF default's; otherwise ``result`` unchanged. The one judgement of a loss against the
+    default's: the record step applies it as a trial is told, :func:`judged_trials` for every reader."""
+    if result.status != Status.OK:
         return result
     reason = diverged_from_reference(result, reference)
     if reason is None:
         return result
-    return dataclasses.replace(result, status="diverged", error=reason)
+    return dataclasses.replace(result, status=Status.DIVERGED, error=reason)
+
+
+def judged_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials as recorded once the HF default's loss is known: the one view every reader of
+    feasibility takes (the ranking, hence ``autotune best``, the export and the report; the dashboard's
+    trial list and best trial; confirmation's candidates; the prune threshold).
+
+    With several workers a trial can be told before the HF default's loss exists, so the record step
+    had nothing to judge it against and stored it ``ok``, feasible. Its stored record cannot be
+    corrected afterwards: Optuna refuses to update a finished trial (``RDBStorage`` calls
+    ``check_trial_is_updatable`` before setting any attr, optuna/storages/_rdb/storage.py), and each
+    process's ``_CachedStorage`` keeps a finished trial as first read (optuna/storages/_cached_storage.py). So such a trial is judged here,
+    by :func:`judge_against_default` against the same reference, each time trials are read; one it
+    finds diverged comes back as a copy recorded as :func:`autotune.study.tell` would have recorded
+    it: status ``diverged``, value 0, a violated constraint. A trial judged when told is unchanged
+    (the judgement is idempotent), so every reader sees the same statuses whatever the order the
+    trials finished in.
+    """
+    reference = loss_reference(trials)
+    if reference is None:
+        return list(trials)
+    judged = []
+    for trial in trials:
+        result = TrialResult.from_trial(trial) if trial.state.is_finished() else None
+        verdict = judge_against_default(result, reference) if result is not None else None
+        if verdict is None or verdict is result:
+            judged.append(trial)
+            continue
+        recorded = copy.copy(trial)
+        recorded.user_attrs = {**trial.user_attrs, schema.TRIAL_RESULT: verdict.to_dict(), schema.TRIAL_STATUS: verdict.status}
+        recorded.system_attrs = {**trial.system_attrs, schema.TRIAL_CONSTRAINTS: [measured_constraint_gib(verdict)]}
+        recorded.value = objective_value(verdict)
+        judged.append(recorded)
+    return judged
 
 
 # Steps shown in the terminal's one-line loss curve (first and last shared steps included).
@@ -315,7 +353,7 @@ class WinnerLoss:
             return f"training loss of winner #{self.winner_trial}: {own}; the HF default trial has not run, so only non-finite values were checked"
         if self.default_trial == self.winner_trial:
             return f"training loss: the winner is the HF default trial #{self.winner_trial} itself ({own})"
-        if self.default.status not in _REFERENCE_STATUSES:
+        if self.default.status not in RAN_NORMALLY_STATUSES:
             return (
                 f"training loss of winner #{self.winner_trial}: {own}; the HF default #{self.default_trial} is "
                 f"{self.default.status}, so it gives no reference loss (only non-finite values were checked)"
@@ -349,18 +387,17 @@ def winner_loss(trials: Sequence[FrozenTrial], winner_trial: int, winner: TrialR
     if found is None:
         return WinnerLoss(winner_trial, winner, None, None, None)
     default_trial, default = found
-    usable = default.status in _REFERENCE_STATUSES and default_trial != winner_trial
+    usable = default.status in RAN_NORMALLY_STATUSES and default_trial != winner_trial
     return WinnerLoss(winner_trial, winner, default_trial, default, compare_with(winner, default) if usable else None)
 
 
 def diverged_trials(trials: Sequence[FrozenTrial]) -> list[tuple[int, TrialResult]]:
-    """Trials that ran but do not train (``diverged``, or judged so by the ranking), fastest first."""
-    reference = loss_reference(trials)
+    """Trials that ran but do not train (``diverged`` when told, or judged so since), fastest first."""
     found = []
-    for trial in trials:
+    for trial in judged_trials(trials):
         result = TrialResult.from_trial(trial) if trial.state.is_finished() else None
-        if result is None or "reused_from" in trial.user_attrs:
+        if result is None or schema.TRIAL_REUSED_FROM in trial.user_attrs:
             continue
-        if result.status == "diverged" or (result.status == "ok" and diverged_from_reference(result, reference)):
+        if result.status == Status.DIVERGED:
             found.append((trial.number, result))
     return sorted(found, key=lambda item: -item[1].samples_per_s)

@@ -11,8 +11,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
-from autotune.numerics import diverged_from_reference, loss_reference
-from autotune.result import TrialResult, came_back_counts, feasible_by_speed, is_budget_trial, params_key
+from autotune.numerics import judged_trials
+from autotune.result import (
+    INFEASIBLE_STATUSES,
+    RAN_NORMALLY_STATUSES,
+    Status,
+    TrialResult,
+    came_back_counts,
+    feasible_by_speed,
+    is_budget_trial,
+    params_key,
+)
 from autotune.units import format_bytes
 
 
@@ -123,13 +132,8 @@ def feasible_ranking(
             ranks by search-time figures only.
     """
     confirmations = confirmations or {}
-    # A trial told before the HF default finished was not judged against its loss: judged here.
-    reference = loss_reference(trials)
-    ranked = [
-        to_ranked(trial, confirmations.get(trial.number))
-        for trial, result in feasible_by_speed(trials)
-        if diverged_from_reference(result, reference) is None
-    ]
+    # Judged as every reader judges them (a trial told before the HF default's loss existed included).
+    ranked = [to_ranked(trial, confirmations.get(trial.number)) for trial, _ in feasible_by_speed(judged_trials(trials))]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
     confirmed = sorted((r for r in ranked if r.confirmed), key=_useful_work_first)
     unconfirmed = sorted((r for r in ranked if not r.confirmed), key=_useful_work_first)
@@ -150,9 +154,9 @@ def study_ranking(study: optuna.Study) -> list[RankedTrial]:
 
 
 def all_trials(trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None) -> list[RankedTrial]:
-    """Every trial in number order, whatever its status."""
+    """Every trial in number order, whatever its status (as judged: :func:`autotune.numerics.judged_trials`)."""
     confirmations = confirmations or {}
-    return [to_ranked(t, confirmations.get(t.number)) for t in sorted(trials, key=lambda t: t.number)]
+    return [to_ranked(t, confirmations.get(t.number)) for t in sorted(judged_trials(trials), key=lambda t: t.number)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +173,7 @@ class SpeedupOverDefault:
     """
 
     default_trial: int
-    default_status: str
+    default_status: Status
     default_samples_per_s: float
     best_trial: int
     best_samples_per_s: float
@@ -181,7 +185,8 @@ class SpeedupOverDefault:
 
         A pruned default counts: it was stopped for being slow, and its median is measured.
         """
-        if self.default_status not in ("ok", "pruned") or self.default_samples_per_s <= 0:
+        ran_and_fit = self.default_status in RAN_NORMALLY_STATUSES and self.default_status not in INFEASIBLE_STATUSES
+        if not ran_and_fit or self.default_samples_per_s <= 0:
             return None
         return self.best_samples_per_s / self.default_samples_per_s
 
@@ -207,7 +212,7 @@ def speedup_over_default(
     ranking = feasible_ranking(trials, confirmations)
     if default is None or not ranking:
         return None
-    result = TrialResult.from_trial(default) or TrialResult(status="error")
+    result = TrialResult.from_trial(default) or TrialResult(status=Status.ERROR)
     # Compare like with like: where the default was re-measured too, its confirmed median.
     default_confirmed = ((confirmations or {}).get(default.number) or {}).get("samples_per_s")
     return SpeedupOverDefault(
@@ -222,7 +227,7 @@ def speedup_over_default(
 
 def describe_standing(study: optuna.Study) -> str:
     """Where a study stands, in one line: trials by outcome, queued re-runs, the best feasible so far."""
-    trials = study.get_trials(deepcopy=False)
+    trials = judged_trials(study.get_trials(deepcopy=False))
     by_status: dict[str, int] = {}
     best: tuple[float, int] | None = None
     for trial in trials:

@@ -27,7 +27,7 @@ from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.export import render, winner_arguments
 from autotune.files import write_output
-from autotune.numerics import winner_loss
+from autotune.numerics import judged_trials, winner_loss
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
@@ -35,38 +35,47 @@ from autotune.ranking import (
     study_ranking,
     winner_summary,
 )
-from autotune.result import INFEASIBLE_STATUSES, TrialResult, memory_source_description
+from autotune.result import (
+    INFEASIBLE_STATUSES,
+    RAN_NORMALLY_STATUSES,
+    UNFINISHED_LABELS,
+    Status,
+    TrialResult,
+    in_order,
+    memory_source_description,
+)
 from autotune.schema import METRIC_NAME
 from autotune.units import GiB, format_bytes
 
-# One colour per trial status, the same in every figure (close to the terminal table's styles).
-STATUS_COLORS = {
-    "ok": "#2ca02c",
-    "over_ceiling": "#ff7f0e",
-    "oom": "#d62728",
-    "screened": "#9467bd",
-    "pruned": "#17becf",
-    "diverged": "#000000",
-    "timeout": "#8c564b",
-    "crash": "#7f0000",
-    "error": "#e377c2",
-    "interrupted": "#7f7f7f",
-    "running": "#1f77b4",
-    "queued": "#bcbd22",
+# One colour per trial status and unfinished label, the same in every figure (close to the terminal
+# table's styles); a test checks both maps cover exactly autotune.result's vocabulary.
+STATUS_COLORS: dict[str, str] = {
+    Status.OK: "#2ca02c",
+    Status.OVER_CEILING: "#ff7f0e",
+    Status.OOM: "#d62728",
+    Status.SCREENED: "#9467bd",
+    Status.PRUNED: "#17becf",
+    Status.DIVERGED: "#000000",
+    Status.TIMEOUT: "#8c564b",
+    Status.CRASH: "#7f0000",
+    Status.ERROR: "#e377c2",
+    Status.INTERRUPTED: "#7f7f7f",
+    UNFINISHED_LABELS["RUNNING"]: "#1f77b4",
+    UNFINISHED_LABELS["WAITING"]: "#bcbd22",
 }
-STATUS_MEANING = {
-    "ok": "ran and fits under the ceiling",
-    "over_ceiling": "ran, but its peak memory is above the ceiling",
-    "oom": "ran out of memory",
-    "screened": "predicted not to fit; not run",
-    "pruned": "stopped early: clearly slower than the best",
-    "diverged": "ran, but does not train: loss non-finite or far above the HF default's",
-    "timeout": "killed at the trial timeout",
-    "crash": "the child process crashed",
-    "error": "failed with an error",
-    "interrupted": "stopped by the user or a dead worker",
-    "running": "still running",
-    "queued": "waiting to run (a seed or a re-run)",
+STATUS_MEANING: dict[str, str] = {
+    Status.OK: "ran and fits under the ceiling",
+    Status.OVER_CEILING: "ran, but its peak memory is above the ceiling",
+    Status.OOM: "ran out of memory",
+    Status.SCREENED: "predicted not to fit; not run",
+    Status.PRUNED: "stopped early: clearly slower than the best",
+    Status.DIVERGED: "ran, but does not train: loss non-finite or far above the HF default's",
+    Status.TIMEOUT: "killed at the trial timeout",
+    Status.CRASH: "the child process crashed",
+    Status.ERROR: "failed with an error",
+    Status.INTERRUPTED: "stopped by the user or a dead worker",
+    UNFINISHED_LABELS["RUNNING"]: "still running",
+    UNFINISHED_LABELS["WAITING"]: "waiting to run (a seed or a re-run)",
 }
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 RANKED_ROWS = 50
@@ -108,17 +117,11 @@ class TrialRow:
 
 
 def trial_rows(trials: list[FrozenTrial]) -> list[TrialRow]:
+    """One row per trial in number order, as judged (:func:`autotune.numerics.judged_trials`)."""
     rows = []
-    for trial in sorted(trials, key=lambda t: t.number):
+    for trial in sorted(judged_trials(trials), key=lambda t: t.number):
         result = TrialResult.from_trial(trial)
-        if result is not None:
-            status = result.status
-        elif trial.state == TrialState.RUNNING:
-            status = "running"
-        elif trial.state == TrialState.WAITING:
-            status = "queued"
-        else:
-            status = "error"
+        status = result.status if result is not None else UNFINISHED_LABELS.get(trial.state.name, Status.ERROR)
         rows.append(
             TrialRow(
                 number=trial.number,
@@ -154,7 +157,7 @@ def speed_memory_figure(
     ceiling_gib = ceiling_bytes / GiB
     figure = go.Figure()
     measured = [r for r in rows if not r.reused and r.result is not None]
-    for status in ("ok", "over_ceiling", "pruned"):
+    for status in in_order(RAN_NORMALLY_STATUSES):
         group = [r for r in measured if r.status == status and r.samples_per_s > 0 and r.peak_gib > 0]
         if group:
             figure.add_trace(
@@ -164,9 +167,7 @@ def speed_memory_figure(
                     text=[r.hover() for r in group], hovertemplate="%{text}<extra></extra>",
                 )
             )
-    for status in INFEASIBLE_STATUSES:
-        if status == "over_ceiling":
-            continue
+    for status in in_order(INFEASIBLE_STATUSES - RAN_NORMALLY_STATUSES):  # no speed measured to draw
         group = [r for r in measured if r.status == status]
         if group:
             # Their real need is unknown: drawn at the peak seen before failing, or at the ceiling.
@@ -178,7 +179,7 @@ def speed_memory_figure(
                     text=[r.hover() for r in group], hovertemplate="%{text}<extra></extra>",
                 )
             )
-    front = pareto_front([(r.peak_gib, r.samples_per_s, r.number) for r in measured if r.status == "ok" and r.samples_per_s > 0])
+    front = pareto_front([(r.peak_gib, r.samples_per_s, r.number) for r in measured if r.status == Status.OK and r.samples_per_s > 0])
     if front:
         figure.add_trace(
             go.Scatter(
@@ -218,8 +219,11 @@ def speed_memory_figure(
     return figure
 
 
-def history_figure(study: optuna.Study) -> go.Figure:
-    figure = optuna.visualization.plot_optimization_history(study, target_name=METRIC_NAME)
+def history_figure(trials: list[FrozenTrial]) -> go.Figure:
+    """Optuna's history plot of the judged trials (its best-so-far line reads their constraints)."""
+    judged = optuna.create_study(direction="maximize")
+    judged.add_trials([t for t in judged_trials(trials) if t.state.is_finished()])
+    figure = optuna.visualization.plot_optimization_history(judged, target_name=METRIC_NAME)
     figure.update_layout(title=f"Optimization history ({METRIC_NAME}; infeasible trials have value 0)", height=450)
     return figure
 
@@ -227,7 +231,7 @@ def history_figure(study: optuna.Study) -> go.Figure:
 def importance_figures(study: optuna.Study, rows: list[TrialRow]) -> list[go.Figure]:
     """Knob importances for speed (over configs that fit) and for peak memory (over configs that ran)."""
     by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    fitting = [by_number[r.number] for r in rows if r.status == "ok" and not r.reused and r.number in by_number]
+    fitting = [by_number[r.number] for r in rows if r.status == Status.OK and not r.reused and r.number in by_number]
     ran = [by_number[r.number] for r in rows if r.peak_gib > 0 and not r.reused and r.number in by_number]
     return [
         _importance_figure(fitting, None, f"{METRIC_NAME} (configs that fit)"),
@@ -260,12 +264,12 @@ def knob_effects_figure(rows: list[TrialRow], space: dict[str, list[Any]]) -> go
     figure = make_subplots(rows=math.ceil(len(knobs) / columns), cols=columns, subplot_titles=knobs)
     for index, knob in enumerate(knobs):
         row, column = index // columns + 1, index % columns + 1
-        fitting = [r for r in measured if r.status == "ok" and knob in r.params]
+        fitting = [r for r in measured if r.status == Status.OK and knob in r.params]
         failed = [r for r in measured if r.status in INFEASIBLE_STATUSES and knob in r.params]
         figure.add_trace(
             go.Box(
                 x=[str(r.params[knob]) for r in fitting], y=[r.samples_per_s for r in fitting], boxpoints="all",
-                jitter=0.4, pointpos=0, name="fits: samples/s", marker={"color": STATUS_COLORS["ok"]},
+                jitter=0.4, pointpos=0, name="fits: samples/s", marker={"color": STATUS_COLORS[Status.OK]},
                 legendgroup="ok", showlegend=index == 0, text=[r.hover() for r in fitting], hovertemplate="%{text}<extra></extra>",
             ),
             row=row, col=column,
@@ -328,7 +332,7 @@ def ranking_table_figure(ranking: list[RankedTrial]) -> go.Figure:
     cells: list[list[str]] = [[] for _ in header]
     shown = ranking[:RANKED_ROWS]
     for rank, row in enumerate(shown, start=1):
-        result = ranked_result(row) or TrialResult(status="ok")
+        result = ranked_result(row) or TrialResult(status=Status.OK)
         values = [
             str(rank), str(row.number), row.config.short(),
             f"{result.samples_per_s:.2f}{confirmation_label(row)}",
@@ -399,7 +403,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
     completed = [t for t in trials if t.state == TrialState.COMPLETE]
     if completed:
         figures.append((f"{METRIC_NAME} per trial; infeasible trials (did not fit) are grey, the line is the best feasible so far.",
-                        history_figure(study)))
+                        history_figure(trials)))
     importance_speed, importance_memory = importance_figures(study, rows)
     figures += [
         ("Which knobs explain the speed of configs that fit (PED-ANOVA, Optuna's default evaluator).", importance_speed),

@@ -3,26 +3,71 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
+from autotune.ceiling import excess_gib
 
-# ok: ran and fits under the ceiling. over_ceiling: ran, but its peak memory exceeds the ceiling.
-# oom: the allocator failed (a property of the config, not a crash). screened: predicted not to fit,
-# not run. pruned: stopped early, clearly slower than the best. timeout / crash / error: failures
-# that say nothing about the config's memory. interrupted: the user stopped the search. diverged: ran,
-# but does not train: a non-finite loss or weights, every measured step skipped by the grad scaler,
-# or a loss far above the HF default's over the same steps (autotune.numerics).
-STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "crash", "error", "interrupted")
-FEASIBLE_STATUSES = ("ok",)
-# Statuses recorded as COMPLETE trials with value 0 and a violated constraint: the sampler learns
-# to avoid them. A diverged trial's constraint is not a memory figure (see study._record.memory_constraint_gib).
-INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened", "diverged")
-FAILED_STATUSES = ("timeout", "crash", "error", "interrupted")
 
+class Status(enum.StrEnum):
+    """How a trial ended: the one vocabulary of statuses, and the groups below are its only readings.
+
+    The values are the strings stored in a trial's user attrs (``result.status``, ``status``), so
+    studies written before this type read unchanged; a ``Status`` compares and hashes as its string.
+    """
+
+    OK = "ok"  # ran, trains, and fits under the ceiling
+    OVER_CEILING = "over_ceiling"  # ran, but its peak memory exceeds the ceiling
+    OOM = "oom"  # the allocator failed: a property of the config, not a crash
+    SCREENED = "screened"  # predicted not to fit; not run
+    PRUNED = "pruned"  # stopped early: clearly slower than the best
+    # Ran, but does not train: a non-finite loss or weights, every measured step skipped by the grad
+    # scaler, or a loss far above the HF default's over the same steps (autotune.numerics).
+    DIVERGED = "diverged"
+    TIMEOUT = "timeout"  # killed at the trial timeout
+    CRASH = "crash"  # the child died without a result (a signal, an exit code)
+    ERROR = "error"  # the child raised an exception that is not an OOM
+    INTERRUPTED = "interrupted"  # the user stopped the search, or its worker died
+
+
+# Ran and fits under the ceiling, and trains: the only statuses ranked, confirmed and exported.
+FEASIBLE_STATUSES = frozenset({Status.OK})
+# Ran its measured steps as training normally runs them (memory aside: an over-ceiling trial ran;
+# a pruned one ran until stopped): its throughput is the config's speed, and its loss curve can be
+# the reference others are judged against. A diverged trial's is neither: its steps did not train
+# (the fp16 grad scaler skipped them, or the values were non-finite).
+RAN_NORMALLY_STATUSES = frozenset({Status.OK, Status.PRUNED, Status.OVER_CEILING})
+# Ran and measured a peak that is the config's memory: what screening's calibration and the
+# landscape's peak model fit. A diverged trial counts: it ran every step to the end, and memory does
+# not depend on the values trained (a NaN takes the bytes a number takes).
+PEAK_MEASURED_STATUSES = RAN_NORMALLY_STATUSES | {Status.DIVERGED}
+# Recorded as COMPLETE trials with value 0 and a violated constraint: the sampler learns to avoid
+# them. A diverged trial's constraint is not a memory figure (see measured_constraint_gib).
+INFEASIBLE_STATUSES = frozenset({Status.OVER_CEILING, Status.OOM, Status.SCREENED, Status.DIVERGED})
+# Measured memory at or over the ceiling: a larger micro-batch of the same config cannot fit either.
+MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
+# Failures that say nothing about the config: recorded as FAIL trials, never counted, and a
+# confirmation re-run that ends so is left out of the median.
+FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
+# Failures that may be transient (a noisy neighbour, a driver hiccup): the trial is tried once more.
+RETRIED_STATUSES = frozenset({Status.CRASH, Status.TIMEOUT})
+
+
+def in_order(statuses: Iterable[Status]) -> list[Status]:
+    """``statuses`` in the vocabulary's order (for legends and tables that must not reshuffle)."""
+    chosen = set(statuses)
+    return [status for status in Status if status in chosen]
+
+
+# How a trial with no result yet is named where statuses are listed, by its Optuna state's name.
+UNFINISHED_LABELS = {"RUNNING": "running", "WAITING": "queued"}
+# The constraint of an infeasible trial whose real excess is unknown (an OOM under the ceiling, a
+# diverged trial that fitted): "over by at least this".
+UNKNOWN_EXCESS_GIB = 1.0
 
 
 @dataclasses.dataclass
@@ -34,7 +79,7 @@ class TrialResult:
     ceiling, and ``memory_source`` names it.
     """
 
-    status: str
+    status: Status
     samples_per_s: float = 0.0
     tokens_per_s: float = 0.0  # samples/s x --seq-len: token slots at the full length, padding included
     real_tokens_per_s: float = 0.0  # non-padding tokens per second over the measured steps (--dataset); else tokens_per_s
@@ -81,6 +126,9 @@ class TrialResult:
     # Figures found impossible and dropped (an MFU above 100 %), one line each.
     defects: list[str] = dataclasses.field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a stored string, or a status misspelt: ValueError
+
     @property
     def feasible(self) -> bool:
         return self.status in FEASIBLE_STATUSES
@@ -118,6 +166,28 @@ class TrialResult:
     def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def measured_constraint_gib(result: TrialResult) -> float:
+    """``peak - ceiling`` in GiB, the memory constraint of a trial that was not screened: feasible when
+    <= 0; always > 0 for an infeasible status.
+
+    An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
+    fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
+    ``best_trial`` and the dashboard all read feasibility from this number alone. A ``diverged``
+    trial that fitted gets the same positive value: it is infeasible for numerics, not memory (this
+    one constraint is the only feasibility Optuna and the dashboard read). A screened trial's is
+    predicted, not measured (``autotune.study._record.memory_constraint_gib``).
+    """
+    excess = excess_gib(result.peak_memory_bytes, result.ceiling_bytes)
+    if result.status in INFEASIBLE_STATUSES and (result.peak_memory_bytes == 0 or excess <= 0):
+        return UNKNOWN_EXCESS_GIB
+    return excess
+
+
+def objective_value(result: TrialResult) -> float:
+    """The value Optuna records for a COMPLETE trial: model TFLOPs, 0 for an infeasible status."""
+    return 0.0 if result.status in INFEASIBLE_STATUSES else result.model_tflops
 
 
 def precision_note(config_dtype: str, result: TrialResult) -> str | None:

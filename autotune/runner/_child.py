@@ -9,7 +9,7 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 
-from autotune.result import TrialResult
+from autotune.result import Status, TrialResult
 from autotune.runner._failures import is_oom_exception
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import apply_allocator_env, child_environment
@@ -51,7 +51,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
             memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
         )
         result = TrialResult(
-            status="oom" if oom else "error",
+            status=Status.OOM if oom else Status.ERROR,
             error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
             ceiling_bytes=job.workload.ceiling_bytes,
         )

@@ -13,7 +13,7 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
 from autotune.ceiling import fits
-from autotune.result import FAILED_STATUSES, TrialResult
+from autotune.result import FAILED_STATUSES, Status, TrialResult
 from autotune.runner._child import child_main
 from autotune.runner._failures import classify_exit
 from autotune.runner._job import TrialJob
@@ -104,7 +104,7 @@ def run_isolated(
     if payload is not None:
         result = TrialResult.from_dict(payload)
     elif timed_out:
-        result = TrialResult(status="timeout", error=f"no result within the {timeout_s:g} s timeout; killed")
+        result = TrialResult(status=Status.TIMEOUT, error=f"no result within the {timeout_s:g} s timeout; killed")
     else:
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)
@@ -114,10 +114,10 @@ def run_isolated(
         result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
     result.wall_s = wall_s
     result.ceiling_bytes = job.workload.ceiling_bytes
-    if result.status in ("oom", *FAILED_STATUSES):
+    if result.status == Status.OOM or result.status in FAILED_STATUSES:
         result.stderr_tail = _tail(job.log_path)
-    if result.status == "ok" and not fits(result.peak_memory_bytes, result.ceiling_bytes):
-        result.status = "over_ceiling"
+    if result.status == Status.OK and not fits(result.peak_memory_bytes, result.ceiling_bytes):
+        result.status = Status.OVER_CEILING
     return result
 
 

@@ -22,7 +22,7 @@ from autotune.flops import utilisation
 from autotune.measure import StepTimer
 from autotune.models import build_model
 from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
-from autotune.result import TrialResult
+from autotune.result import Status, TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_settings, limit_address_space
@@ -149,7 +149,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
     defects = [d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d]
     return TrialResult(
-        status="diverged" if diverged else "pruned" if timer.stopped_early else "ok",
+        status=Status.DIVERGED if diverged else Status.PRUNED if timer.stopped_early else Status.OK,
         error=diverged or "",
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,

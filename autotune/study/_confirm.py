@@ -30,13 +30,12 @@ from autotune import schema
 from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.measure import coefficient_of_variation
-from autotune.result import FAILED_STATUSES, TrialResult, feasible_by_speed
+from autotune.numerics import judged_trials
+from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed
 from autotune.runner import run_isolated
 from autotune.study._loop import make_job
 from autotune.study._request import SearchRequest
 
-# Re-run outcomes that say nothing about the config (a noisy neighbour, a driver hiccup): ignored.
-TRANSIENT_STATUSES = FAILED_STATUSES
 # TrialResult fields proportional to samples/s for a given config.
 THROUGHPUT_FIGURES = ("tokens_per_s", "real_tokens_per_s", "model_tflops", "hardware_tflops", "mfu", "hfu", "mfu_measured", "hfu_measured")
 
@@ -67,7 +66,7 @@ class Confirmation:
     repeats: int
     runs_samples_per_s: tuple[float, ...]
     peak_memory_bytes: int
-    statuses: tuple[str, ...]
+    statuses: tuple[Status, ...]
     feasible: bool
     ties_with_leader: bool = False
     figures: dict[str, float | None] = dataclasses.field(default_factory=dict)
@@ -83,14 +82,14 @@ class Confirmation:
 def confirmation_candidates(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig]]:
     """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored):
     (trial number, config), fastest first."""
-    leaders = feasible_by_speed(study.get_trials(deepcopy=False))[:top_k]
+    leaders = feasible_by_speed(judged_trials(study.get_trials(deepcopy=False)))[:top_k]
     return [(trial.number, TrialConfig.from_params(trial.params)) for trial, _ in leaders]
 
 
 def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
     """Fold one candidate's re-runs into its :class:`Confirmation` (ties are marked later)."""
-    finished = [r for r in runs if r.status not in TRANSIENT_STATUSES]
-    ok_runs = [r for r in finished if r.status == "ok" and r.samples_per_s > 0]
+    finished = [r for r in runs if r.status not in FAILED_STATUSES]  # a failed re-run says nothing of the config
+    ok_runs = [r for r in finished if r.feasible and r.samples_per_s > 0]
     measured = [r.samples_per_s for r in ok_runs]
     median = statistics.median(measured) if measured else None
     figures: dict[str, float | None] = {}
@@ -109,7 +108,7 @@ def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
         runs_samples_per_s=tuple(measured),
         peak_memory_bytes=max((r.peak_memory_bytes for r in finished), default=0),
         statuses=tuple(r.status for r in runs),
-        feasible=bool(measured) and all(r.status == "ok" for r in finished),
+        feasible=bool(measured) and all(r.feasible for r in finished),
     )
 
 

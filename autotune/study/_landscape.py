@@ -32,7 +32,7 @@ import numpy as np
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.result import TrialResult, is_budget_trial
+from autotune.result import PEAK_MEASURED_STATUSES, RAN_NORMALLY_STATUSES, Status, TrialResult, is_budget_trial
 
 # Prior sd of one knob value's effect on log throughput: e^1 = 2.7x either way.
 THROUGHPUT_EFFECT_SD = 1.0
@@ -45,10 +45,6 @@ MEMORY_EFFECT_SD = 0.2
 MEMORY_NOISE = 0.03
 # An OOM says only "more than was there": it counts as a peak this much over the ceiling.
 OOM_EXCESS = 1.05
-# Statuses whose throughput was measured (an over-ceiling trial ran: its speed is real).
-_THROUGHPUT_STATUSES = ("ok", "pruned", "over_ceiling")
-# Statuses whose peak was measured.
-_PEAK_STATUSES = ("ok", "pruned", "over_ceiling", "diverged")
 
 Params = dict[str, Any]
 
@@ -125,13 +121,13 @@ def observations(trials: Sequence[FrozenTrial], names: Sequence[str], ceiling_by
         if result is None:
             continue
         params = {name: trial.params[name] for name in names}
-        if result.status in _THROUGHPUT_STATUSES and result.model_tflops > 0:
+        if result.status in RAN_NORMALLY_STATUSES and result.model_tflops > 0:
             speed_configs.append(params)
             speeds.append(math.log(result.model_tflops))
-        if result.status in _PEAK_STATUSES and result.peak_memory_bytes > 0:
+        if result.status in PEAK_MEASURED_STATUSES and result.peak_memory_bytes > 0:
             memory_configs.append(params)
             peaks.append(math.log(result.peak_memory_bytes))
-        elif result.status == "oom":
+        elif result.status == Status.OOM:
             memory_configs.append(params)
             peaks.append(math.log(max(result.peak_memory_bytes, ceiling_bytes) * OOM_EXCESS))
     return Observations(speed_configs, speeds, memory_configs, peaks)

@@ -43,8 +43,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune import schema
 from autotune.config import TrialConfig
-from autotune.numerics import judge_against_default, loss_reference
-from autotune.result import TrialResult, feasible_by_speed, is_budget_trial
+from autotune.numerics import judge_against_default, judged_trials, loss_reference
+from autotune.result import RETRIED_STATUSES, Status, TrialResult, feasible_by_speed, is_budget_trial
 from autotune.runner import TrialJob, run_isolated
 from autotune.storage import heartbeat_settings
 from autotune.study._liveness import (
@@ -58,9 +58,8 @@ from autotune.study._record import record_interrupted, tell, tell_or_keep, trial
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest
 from autotune.study._screening import MeasuredTrial, screen
 
-# Crashes and timeouts may be transient (a noisy neighbour, a driver hiccup): one more try.
+# Crashes and timeouts may be transient (autotune.result.RETRIED_STATUSES): one more try.
 MAX_ATTEMPTS = 2
-RETRIED_STATUSES = ("crash", "timeout")
 # Repeats of measured configs answered from the record before the search gives up asking (the
 # sampler proposes untaken configs while any are left: see ._proposals).
 MAX_REPEATS_IN_A_ROW = 50
@@ -362,7 +361,7 @@ def prune_threshold(study: optuna.Study, ratio: float) -> float | None:
     """
     if ratio <= 0:
         return None
-    fitting = feasible_by_speed(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    fitting = feasible_by_speed(judged_trials(study.get_trials(deepcopy=False)))
     best = max((result.samples_per_s for _, result in fitting), default=0.0)
     return best * ratio if best > 0 else None
 
@@ -372,7 +371,7 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
     measured = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         result = TrialResult.from_trial(trial)
-        if result is None or result.status == "screened" or schema.TRIAL_REUSED_FROM in trial.user_attrs:
+        if result is None or result.status == Status.SCREENED or schema.TRIAL_REUSED_FROM in trial.user_attrs:
             continue
         measured.append(MeasuredTrial(trial.number, TrialConfig.from_params(trial.params), result))
     return measured

@@ -17,14 +17,18 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from autotune import schema
-from autotune.ceiling import excess_gib
 from autotune.errors import AutotuneError
+from autotune.result import (
+    FAILED_STATUSES,
+    UNKNOWN_EXCESS_GIB,
+    Status,
+    TrialResult,
+    measured_constraint_gib,
+    objective_value,
+)
 from autotune.storage import storage_failure
-from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, TrialResult
 from autotune.study._screening import screened_excess_gib
 
-# The constraint of an OOM or screened trial, whose real peak is unknown: "over by at least this".
-UNKNOWN_EXCESS_GIB = 1.0
 # A result the storage could not record (a full disk at tell), kept in the trial's work dir.
 PENDING_RESULT_FILE = "pending_result.json"
 
@@ -32,18 +36,13 @@ PENDING_RESULT_FILE = "pending_result.json"
 def memory_constraint_gib(result: TrialResult) -> float:
     """``peak - ceiling`` in GiB: feasible when <= 0; always > 0 for an infeasible status.
 
-    An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
-    fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
-    ``best_trial`` and the dashboard all read feasibility from this number alone. A ``diverged``
-    trial that fitted gets the same positive value: it is infeasible for numerics, not memory (this
-    one constraint is the only feasibility Optuna and the dashboard read).
+    A screened trial's is predicted or inferred, never measured; any other's is
+    :func:`autotune.result.measured_constraint_gib` (why an OOM or a diverged trial under the
+    ceiling still gets a positive value is said there).
     """
-    if result.status == "screened":
-        return screened_excess_gib(result) or UNKNOWN_EXCESS_GIB  # predicted or inferred, never measured
-    excess = excess_gib(result.peak_memory_bytes, result.ceiling_bytes)
-    if result.status in INFEASIBLE_STATUSES and (result.peak_memory_bytes == 0 or excess <= 0):
-        return UNKNOWN_EXCESS_GIB
-    return excess
+    if result.status == Status.SCREENED:
+        return screened_excess_gib(result) or UNKNOWN_EXCESS_GIB
+    return measured_constraint_gib(result)
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
@@ -54,12 +53,11 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
         study.tell(trial, state=TrialState.FAIL)
         return
     study._storage.set_trial_system_attr(trial._trial_id, schema.TRIAL_CONSTRAINTS, [memory_constraint_gib(result)])
-    if result.status == "pruned":
+    if result.status == Status.PRUNED:
         trial.report(result.model_tflops, step=0)
         study.tell(trial, state=TrialState.PRUNED)
         return
-    value = 0.0 if result.status in INFEASIBLE_STATUSES else result.model_tflops
-    study.tell(trial, value)
+    study.tell(trial, objective_value(result))
 
 
 def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
@@ -70,9 +68,9 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
     """
     stored = study._storage.get_trial(trial._trial_id)
     if stored.state != TrialState.RUNNING:
-        return TrialResult.from_trial(stored) or TrialResult(status="interrupted")
+        return TrialResult.from_trial(stored) or TrialResult(status=Status.INTERRUPTED)
     result = TrialResult(
-        status="interrupted",
+        status=Status.INTERRUPTED,
         error="the search was stopped (Ctrl-C) while this trial ran; it runs again on resume",
         ceiling_bytes=ceiling_bytes,
     )

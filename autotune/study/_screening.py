@@ -21,7 +21,7 @@ from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
 from autotune.estimate import MeasuredMemory, MemoryEstimate, MemoryFit, estimate_peak, fit_memory
 from autotune.models import ModelSpec
-from autotune.result import TrialResult
+from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, Status, TrialResult
 from autotune.runner import Workload
 from autotune.units import format_bytes
 
@@ -33,10 +33,6 @@ CALIBRATED_ERROR_SAFETY = 2.0
 # Keys of TrialResult.memory_peaks for a screened trial: what it was not measured to use.
 PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
-# Statuses whose measured memory was at or over the ceiling.
-_MEMORY_FAILURES = ("oom", "over_ceiling")
-# Statuses that ran and measured a peak the fit can use.
-_MEASURED_PEAK_STATUSES = ("ok", "over_ceiling", "pruned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +69,7 @@ class ScreenDecision:
             peaks[PREDICTED_PEAK_KEY] = self.predicted_peak_bytes
         if self.inferred_min_peak_bytes is not None:
             peaks[INFERRED_MIN_PEAK_KEY] = self.inferred_min_peak_bytes
-        return TrialResult(status="screened", error=self.reason, memory_peaks=peaks, ceiling_bytes=ceiling_bytes)
+        return TrialResult(status=Status.SCREENED, error=self.reason, memory_peaks=peaks, ceiling_bytes=ceiling_bytes)
 
 
 def screened_excess_gib(result: TrialResult) -> float | None:
@@ -98,11 +94,11 @@ def margin_for(fit: MemoryFit) -> float:
 def memory_fit_from_trials(
     model: ModelSpec, seq_len: int, prior: MemoryFit, measured: Sequence[MeasuredTrial]
 ) -> MemoryFit:
-    """Fit the memory model, from its prior, on the study's trials that measured a peak."""
+    """Fit the memory model, from its prior, on the study's trials that measured a peak (``PEAK_MEASURED_STATUSES``)."""
     points = [
         MeasuredMemory(trial.config, trial.result.peak_memory_bytes)
         for trial in measured
-        if trial.result.status in _MEASURED_PEAK_STATUSES and trial.result.peak_memory_bytes > 0
+        if trial.result.status in PEAK_MEASURED_STATUSES and trial.result.peak_memory_bytes > 0
     ]
     return fit_memory(model, seq_len, points, prior)
 
@@ -110,15 +106,15 @@ def memory_fit_from_trials(
 def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
     """A config that differs from an OOM or over-ceiling trial only by a larger micro-batch."""
     for trial in measured:
-        if trial.result.status not in _MEMORY_FAILURES or trial.config.micro_batch >= config.micro_batch:
+        if trial.result.status not in MEMORY_EXCEEDED_STATUSES or trial.config.micro_batch >= config.micro_batch:
             continue
         if dataclasses.replace(trial.config, micro_batch=config.micro_batch) != config:
             continue
-        what = "ran out of memory" if trial.result.status == "oom" else "went over the ceiling"
+        what = "ran out of memory" if trial.result.status == Status.OOM else "went over the ceiling"
         return ScreenDecision(
             reason=f"screened: inferred, micro-batch {config.micro_batch} > {trial.config.micro_batch} of trial "
             f"#{trial.number}, which {what} (not run)",
-            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == "over_ceiling" else None,
+            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == Status.OVER_CEILING else None,
             inferred_from=trial.number,
         )
     return None
