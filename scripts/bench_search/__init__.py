@@ -34,7 +34,8 @@ grid's space (``reshuffled_grid``). Each run also prints the patience table (``-
 --patience K``: runs until the search stopped, seeds that missed the target).
 
 Modules: ``grid`` (measure, model or reshuffle a grid; the fit rule is ``autotune.ceiling.fits``),
-``strategies`` (the searches replayed on it), ``side_by_side``, ``report`` (the tables), ``__main__``
+``strategies`` (the searches replayed on it), ``side_by_side`` (its trial children's callback:
+``batch_recorder``), ``report`` (the tables), ``__main__``
 (the options). ``scripts/bench_search.py`` runs ``__main__``. Only public names of ``autotune`` are
 imported (``tests/test_bench_search.py`` checks it), so the benchmark measures the search that ships.
 
@@ -56,9 +57,6 @@ import os
 import sys
 from pathlib import Path
 
-import optuna
-
 # The scripts' shared helpers (_bench_common) sit next to this package; trial children get this path too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import optuna
 from _bench_common import load_average
 
 from autotune.ceiling import parse_ceiling
@@ -30,6 +31,7 @@ DEFAULT_GRID = REPO / "docs" / "bench_grid_cpu.json"
 
 
 def main() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     parser = argparse.ArgumentParser(description=sys.modules["bench_search"].__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-mini")
     parser.add_argument("--seq-len", type=int, default=128)

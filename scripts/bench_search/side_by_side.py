@@ -12,8 +12,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.models import ModelSpec
@@ -21,18 +19,8 @@ from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
 from autotune.study import hf_default_config
 from autotune.units import format_bytes
+from bench_search.batch_recorder import BATCH_FILE
 from bench_search.grid import BENCH_MEASURE
-
-BATCH_FILE = "train_batch_size"
-
-
-class TrainBatchSizeRecorder(TrainerCallback):
-    """Writes the Trainer's actual per-device batch size (``auto_find_batch_size`` shrinks it) to the
-    trial's output dir. Trial children import it as ``bench_search.side_by_side:TrainBatchSizeRecorder``."""
-
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
-        Path(args.output_dir, BATCH_FILE).write_text(str(state.train_batch_size))
-
 
 def side_by_side(
     model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling: int, winner: TrialConfig, auto_find_start: int, rounds: int
@@ -67,7 +55,7 @@ def side_by_side(
                     measure=BENCH_MEASURE,
                     base_args=base_args,
                     address_space_bytes=budget,
-                    callbacks=("bench_search.side_by_side:TrainBatchSizeRecorder",),
+                    callbacks=("bench_search.batch_recorder:TrainBatchSizeRecorder",),
                 ),
                 config=config,
                 work_dir=str(work_dir),
