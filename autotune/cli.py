@@ -14,8 +14,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from autotune import schema
 from autotune.errors import AutotuneError
+from autotune.search_options import SearchOptions
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -54,216 +54,75 @@ def search(
     model: ModelOption,
     gpu: GpuOption = None,
     device: DeviceOption = None,
-    seq_len: SeqLenOption = 128,
-    memory_ceiling: CeilingOption = "0.9",
+    seq_len: SeqLenOption = SearchOptions.seq_len,
+    memory_ceiling: CeilingOption = SearchOptions.memory_ceiling,
     space: SpaceOption = None,
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: Annotated[Optional[str], typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
-    trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = 20,
+    trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = SearchOptions.trials,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
-    trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = 900.0,
+    trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = SearchOptions.trial_timeout,
     task: TaskOption = None,
-    warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = 3,
-    max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = 40,
-    work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = "autotune_runs",
+    warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = SearchOptions.warmup_steps,
+    max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = SearchOptions.max_measure_steps,
+    work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = SearchOptions.work_dir,
     gpus: Annotated[Optional[str], typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")] = None,
-    workers: Annotated[int, typer.Option(help="CPU only: trials to run at once (they share the cores).")] = 1,
-    max_total_trials: Annotated[
-        Optional[int], typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")
-    ] = None,
-    confirm_top: Annotated[
-        int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
-    ] = 3,
-    confirm_repeats: Annotated[int, typer.Option(help="Re-runs of each config when confirming.")] = 3,
-    callback: Annotated[
-        Optional[list[str]],
-        typer.Option(hidden=True, help="module:Class of an extra TrainerCallback for every trial (repeatable); fault injection, probes."),
-    ] = None,
-    dataset: Annotated[
-        Optional[str], typer.Option(help="Your data: a datasets.save_to_disk directory, or JSONL/text files (default: synthetic tokens).")
-    ] = None,
+    workers: Annotated[int, typer.Option(help="CPU only: trials to run at once (they share the cores).")] = SearchOptions.workers,
+    max_total_trials: Annotated[Optional[int], typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")] = None,
+    confirm_top: Annotated[int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")] = SearchOptions.confirm_top,
+    confirm_repeats: Annotated[int, typer.Option(help="Re-runs of each config when confirming.")] = SearchOptions.confirm_repeats,
+    callbacks: Annotated[Optional[list[str]], typer.Option(
+        "--callback", hidden=True, help="module:Class of an extra TrainerCallback for every trial (repeatable); fault injection, probes.")] = None,
+    dataset: Annotated[Optional[str], typer.Option(
+        help="Your data: a datasets.save_to_disk directory, or JSONL/text files (default: synthetic tokens).")] = None,
     text_column: Annotated[Optional[str], typer.Option(help="The --dataset column to train on (default: found).")] = None,
-    packing: Annotated[bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")] = False,
-    base_args: Annotated[
-        Optional[str], typer.Option(help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export.")
-    ] = None,
-    global_batch: Annotated[
-        Optional[int], typer.Option(help="Search only micro-batch x accumulation = this (per device); the export keeps it.")
-    ] = None,
+    packing: Annotated[bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")] = SearchOptions.packing,
+    base_args: Annotated[Optional[str], typer.Option(
+        help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export.")] = None,
+    global_batch: Annotated[Optional[int], typer.Option(
+        help="Search only micro-batch x accumulation = this (per device); the export keeps it.")] = None,
     max_global_batch: Annotated[Optional[int], typer.Option(help="Search only micro-batch x accumulation <= this.")] = None,
-    prune_ratio: Annotated[
-        float, typer.Option(help="Stop a trial measured below this fraction of the best feasible samples/s (0: never).")
-    ] = 0.5,
-    screen: Annotated[
-        bool, typer.Option("--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit.")
-    ] = True,
-    patience: Annotated[
-        Optional[int],
-        typer.Option(help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise."),
-    ] = None,
+    prune_ratio: Annotated[float, typer.Option(
+        help="Stop a trial measured below this fraction of the best feasible samples/s (0: never).")] = SearchOptions.prune_ratio,
+    screen: Annotated[bool, typer.Option(
+        "--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit.")] = SearchOptions.screen,
+    patience: Annotated[Optional[int], typer.Option(
+        help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise.")] = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
-    from autotune import validate
-
-    # Before the heavy imports: a wrong option is answered at once.
-    for option, value in (("--seq-len", seq_len), ("--trials", trials), ("--max-total-trials", max_total_trials)):
-        validate.positive_int(option, value)
-    validate.positive_int("--max-measure-steps", max_measure_steps)
-    validate.non_negative_int("--warmup-steps", warmup_steps)
-    validate.positive_seconds("--trial-timeout", trial_timeout)
-    validate.positive_seconds("--timeout", timeout)
-    validate.dataset_options(dataset, text_column, packing)
+    # Every parameter but --storage and --study-name is a search option, by the same name.
+    options = SearchOptions.from_command(locals())
+    options.check()  # before the heavy imports: a wrong option is answered at once
     import psutil
 
-    from autotune.display import SearchView
+    from autotune import display
+    from autotune.dashboard import save_study_note
     from autotune.storage import open_storage, redact
-    from autotune.study import (
-        SearchBudget,
-        SearchOptions,
-        SearchProgress,
-        default_study_name,
-        open_study,
-        prepare_request,
-        record_pending_results,
-        recover_orphans,
-        run_search,
-    )
-    from autotune.units import format_bytes
+    from autotune.study import SearchHooks, SearchProgress, default_study_name, open_study, prepare_request
+    from autotune.study import search as run_study
 
-    validate.positive_int("--patience", patience)
-    if confirm_top < 0 or (confirm_top > 0 and confirm_repeats < 2):
-        raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
-    options = SearchOptions(
-        model=model, gpu=gpu, device=device, gpus=gpus, workers=workers, seq_len=seq_len, memory_ceiling=memory_ceiling,
-        space=space, task=task, trial_timeout=trial_timeout, warmup_steps=warmup_steps,
-        max_measure_steps=max_measure_steps, work_dir=work_dir, callbacks=tuple(callback or ()), dataset=dataset,
-        text_column=text_column, packing=packing, base_args=base_args, global_batch=global_batch,
-        max_global_batch=max_global_batch, prune_ratio=prune_ratio, screen=screen,
-    )
+    printer = display.SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats)
     prepared = prepare_request(options, psutil.virtual_memory().available)
-    request, workload = prepared.request, prepared.request.workload
-    for note in prepared.notes[:-1]:
-        console.print(f"[dim]note: {note}[/]")
-    if workload.dataset is not None:
-        console.print(f"dataset {workload.dataset.label}: {workload.dataset.num_samples} samples")
-    console.print(f"[dim]note: {prepared.notes[-1]}[/]")
-    name = study_name or default_study_name(model, workload.device, seq_len)
-    study = open_study(open_storage(storage), name, request)
-    if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
-        for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
-            console.print(f"[dim]note: {note}[/]")
-    kept = record_pending_results(study, work_dir)  # before orphan recovery would re-queue their trials
-    if kept:
-        console.print(f"note: trial(s) {', '.join(map(str, kept))} measured while the storage was full: recorded now from {work_dir}")
-    recovered = recover_orphans(study)
-    if recovered:
-        console.print(f"note: trial(s) {', '.join(map(str, recovered))} were left running by a run that died; queued again")
-    probe_source = "peak RSS of the trial's process tree" if workload.device.kind == "cpu" else "peak reserved + outside-allocator device memory"
-    console.print(
-        f"study [bold]{name}[/] in {redact(storage)}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M params, "
-        f"{workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), seq len {seq_len}, "
-        f"ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, {len(study.trials)} trials so far"
+    printer.prepared(prepared.notes, prepared.request.workload.dataset)
+    name = study_name or default_study_name(model, prepared.request.workload.device, seq_len)
+    study = open_study(open_storage(storage), name, prepared.request)
+    view = printer.study_opened(study, redact(storage), prepared.request)
+    hooks = SearchHooks(
+        SearchProgress(view.trial_started, view.trial_finished), view, printer.note, printer.loop_ended, printer.confirm_run,
+        write_note=save_study_note,  # the dashboard's study note: ranked top configs, the winner's export
     )
-    view = SearchView(console, trials, workload.ceiling_bytes, probe_source)
     # `kill`, `docker stop`, a batch scheduler: stop as on Ctrl-C, so the running trial is recorded.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        with view:
-            run_search(
-                study, request, SearchBudget(trials, timeout, max_total_trials, patience),
-                SearchProgress(view.trial_started, view.trial_finished),
-            )
+        outcome = run_study(study, prepared.request, prepared.budget, hooks)
     except KeyboardInterrupt:
-        from autotune.ranking import describe_standing
-
-        err_console.print(
-            f"interrupted: running trials were stopped, recorded as interrupted and queued to run again. "
-            f"{describe_standing(study)}. To resume, run the same command again.",
-            markup=False, highlight=False, soft_wrap=True,
-        )
+        printer.interrupted()
         raise typer.Exit(130) from None
-    _print_search_end(study, request.space.size, patience)
-    interrupted = confirm_top > 0 and not _confirm(study, request, confirm_top, confirm_repeats)
-    from autotune.dashboard import save_study_note
-
-    save_study_note(study)  # the dashboard's study note: ranked top configs, the winner's export
-    _print_ranking(study, top=5)
-    _print_speedup(study)
-    _print_winner_loss(study)
-    if interrupted:
+    if outcome.confirmation_interrupted:
+        printer.confirmation_interrupted()
+    printer.results()
+    if outcome.confirmation_interrupted:
         raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
-
-
-def _print_search_end(study, space_size: int, patience: int | None) -> None:  # noqa: ANN001 - an optuna.Study
-    """Why the search stopped early, if it did, and how many distinct configs it measured."""
-    from autotune.ranking import describe_distinct
-    from autotune.study import stop_reason
-
-    reason = stop_reason(study, space_size, patience)
-    if reason:
-        console.print(f"search done: {reason}", markup=False, highlight=False)
-    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
-
-
-def _print_speedup(study) -> None:  # noqa: ANN001 - an optuna.Study
-    from autotune.ranking import confirmations_of, speedup_over_default
-
-    speedup = speedup_over_default(study.get_trials(deepcopy=False), confirmations_of(study))
-    if speedup is None:
-        return
-    best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
-    default = f"HF default TrainingArguments (#{speedup.default_trial})"
-    if speedup.ratio is None:
-        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
-        return
-    console.print(
-        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
-        f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
-    )
-
-
-def _print_winner_loss(study) -> None:  # noqa: ANN001 - an optuna.Study
-    """Whether the winner trains as the HF default does: their losses over the same steps, in words."""
-    from autotune.numerics import diverged_trials, winner_loss
-    from autotune.ranking import study_ranking
-
-    ranking = study_ranking(study)
-    if not ranking or ranking[0].result is None:
-        return
-    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result)
-    console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
-    curve = loss.curve_text()
-    if curve is not None:
-        console.print(curve, markup=False, highlight=False, soft_wrap=True)
-    faster = [(n, r) for n, r in diverged_trials(study.get_trials(deepcopy=False)) if r.samples_per_s > ranking[0].samples_per_s]
-    for number, result in faster:
-        console.print(
-            f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
-            f"({result.error or 'loss far above the HF default'})",
-            markup=False, highlight=False, soft_wrap=True,
-        )
-
-
-def _confirm(study, request, top_k: int, repeats: int) -> bool:  # noqa: ANN001 - optuna.Study, SearchRequest
-    """Run the confirmation; ``False`` if Ctrl-C cut it short (nothing of it is recorded then)."""
-    from autotune.ranking import describe_ranking_basis
-    from autotune.study import confirm_top
-
-    console.print(f"confirming: re-running the top {top_k} feasible configs {repeats} times each, interleaved")
-
-    def on_run(round_index: int, number: int, result) -> None:  # noqa: ANN001 - a TrialResult
-        figure = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else result.error[:60]
-        console.print(f"  round {round_index + 1}/{repeats}: #{number} {result.status}, {figure}")
-
-    try:
-        confirm_top(study, request, top_k, repeats, on_run)
-    except KeyboardInterrupt:
-        err_console.print(
-            f"confirmation interrupted: none of its re-runs is recorded; {describe_ranking_basis(study)}",
-            markup=False, highlight=False, soft_wrap=True,
-        )
-        return False
-    return True
 
 
 @app.command()
@@ -355,43 +214,25 @@ def best(
     from autotune.validate import positive_int
 
     positive_int("--top", top)
-    from autotune.ranking import all_trials, confirmations_of
+    from autotune.display import print_ranking, trial_table
+    from autotune.ranking import all_trials, confirmations_of, describe_distinct
     from autotune.storage import load_study
 
     study = load_study(storage, study_name)
-    if all:
-        from autotune.display import trial_table
-
-        from autotune.ranking import describe_distinct
-
-        rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
-        console.print(trial_table(f"All trials of {study.study_name}", rows))
-        console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
+    if not all:
+        print_ranking(console, study, top)
         return
-    _print_ranking(study, top)
-
-
-def _print_ranking(study, top: int) -> None:  # noqa: ANN001 - an optuna.Study
-    from autotune.display import trial_table
-    from autotune.ranking import describe_winner, study_ranking
-
-    ranking = study_ranking(study)
-    if not ranking:
-        console.print(f"study {study.study_name!r}: no feasible trial yet (see `autotune best --all`)")
-        return
-    source = ranking[0].result.memory_source if ranking[0].result else ""
-    console.print(trial_table(f"Feasible configurations of {study.study_name}, fastest first", ranking[:top], source))
-    console.print(describe_winner(ranking))
+    rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
+    console.print(trial_table(f"All trials of {study.study_name}", rows))
+    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
 @app.command()
 def export(
-    out: Annotated[
-        Optional[str], typer.Option(help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml.")
-    ] = None,
-    fmt: Annotated[
-        str, typer.Option("--format", help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.")
-    ] = "json",
+    out: Annotated[Optional[str], typer.Option(
+        help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml.")] = None,
+    fmt: Annotated[str, typer.Option(
+        "--format", help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.")] = "json",
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
@@ -454,14 +295,10 @@ def report(
 
 @app.command()
 def devices(
-    calibrate: Annotated[
-        bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")
-    ] = False,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")] = False,
     device: Annotated[Optional[str], typer.Option(help="With --calibrate: only this device (cpu, cuda:N).")] = None,
     seconds: Annotated[float, typer.Option(help="With --calibrate: seconds of timed matmuls per dtype.")] = 1.0,
-    matrix_size: Annotated[
-        Optional[int], typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")
-    ] = None,
+    matrix_size: Annotated[Optional[int], typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")] = None,
     known: Annotated[bool, typer.Option("--known", help="List the GPUs autotune estimate --gpu-type plans for.")] = False,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
@@ -472,14 +309,9 @@ def devices(
             raise AutotuneError("--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one")
         console.print(known_gpus_table())
         return
-    from autotune.calibrate import (
-        calibrate_device,
-        load_measured_peaks,
-        save_calibration,
-    )
+    from autotune.calibrate import calibrate_device, load_measured_peaks, save_calibration
     from autotune.devices import list_devices, resolve_device
-    from autotune.display import devices_table, format_tflops
-
+    from autotune.display import calibrated_peaks_text, devices_table
     from autotune.validate import positive_int, positive_seconds
 
     positive_seconds("--seconds", seconds)
@@ -490,13 +322,7 @@ def devices(
         for spec in targets:
             console.print(f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}")
             peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
-            path = save_calibration(spec, peaks)
-            for peak in peaks:
-                console.print(
-                    f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
-                    f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
-                )
-            console.print(f"  stored in {path}")
+            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks)))
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)
     for note in notes:

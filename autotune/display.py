@@ -1,4 +1,4 @@
-"""What the user watches and reads: the live search view and the trial tables (Rich)."""
+"""What the user watches and reads: the live search view, what a search prints, the trial tables (Rich)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -18,11 +19,22 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from autotune import schema
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.estimate import EstimateRow, MemoryEstimate
-from autotune.ranking import RankedTrial
+from autotune.numerics import diverged_trials, winner_loss
+from autotune.ranking import (
+    RankedTrial,
+    confirmations_of,
+    describe_distinct,
+    describe_ranking_basis,
+    describe_standing,
+    describe_winner,
+    speedup_over_default,
+    study_ranking,
+)
 from autotune.result import UNFINISHED_LABELS, Status, TrialResult, memory_source_description, precision_note
 from autotune.units import format_bytes
 
@@ -186,6 +198,135 @@ class SearchView:
         return f"running {', '.join(f'#{n}' for n in sorted(self._running))}" if self._running else ""
 
 
+class SearchPrinter:
+    """What ``autotune search`` prints around its live view: what was prepared, the study, the notes
+    before the loop, why the loop stopped, each confirmation re-run (the hooks of
+    ``autotune.study.search``), and the results.
+
+    Args:
+        console: Standard output; ``err_console``: where interruptions are told.
+        n_trials: Trials this invocation may run (the progress bar's total).
+        confirm_top, confirm_repeats: The confirmation asked for (0 leaders: none).
+    """
+
+    def __init__(self, console: Console, err_console: Console, n_trials: int, confirm_top: int, confirm_repeats: int) -> None:
+        self._console = console
+        self._err_console = err_console
+        self._n_trials = n_trials
+        self._confirm_top = confirm_top
+        self._confirm_repeats = confirm_repeats
+        self._study: Any = None
+
+    def prepared(self, notes: Sequence[str], dataset: Any) -> None:
+        """The request's notes (what the space filtered out; last, what MFU is measured against) and
+        the user's data (a ``data.PreparedDataset``, or ``None`` for synthetic tokens)."""
+        for note in notes[:-1]:
+            self._console.print(f"[dim]note: {note}[/]")
+        if dataset is not None:
+            self._console.print(f"dataset {dataset.label}: {dataset.num_samples} samples")
+        self._console.print(f"[dim]note: {notes[-1]}[/]")
+
+    def study_opened(self, study: Any, storage_label: str, request: Any) -> SearchView:
+        """The study (an ``optuna.Study``) and what it searches (a ``SearchRequest``), in one line; how
+        a new study's seeds were fitted; the live view of its trials, to run the loop in."""
+        self._study = study
+        workload = request.workload
+        if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
+            for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
+                self._console.print(f"[dim]note: {note}[/]")
+        self._console.print(
+            f"study [bold]{study.study_name}[/] in {storage_label}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
+            f"params, {workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), "
+            f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, "
+            f"{len(study.trials)} trials so far"
+        )
+        cpu = workload.device.kind == "cpu"
+        probe_source = "peak RSS of the trial's process tree" if cpu else "peak reserved + outside-allocator device memory"
+        return SearchView(self._console, self._n_trials, workload.ceiling_bytes, probe_source)
+
+    def note(self, line: str) -> None:
+        self._console.print(f"note: {line}")
+
+    def loop_ended(self, reason: str | None) -> None:
+        """Why the search stopped early, if it did, how many distinct configs it measured, the confirmation to come."""
+        if reason:
+            self._console.print(f"search done: {reason}", markup=False, highlight=False)
+        self._console.print(describe_distinct(self._study.get_trials(deepcopy=False)), markup=False, highlight=False)
+        if self._confirm_top > 0:
+            self._console.print(
+                f"confirming: re-running the top {self._confirm_top} feasible configs {self._confirm_repeats} times each, interleaved"
+            )
+
+    def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
+        figure = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else result.error[:60]
+        self._console.print(f"  round {round_index + 1}/{self._confirm_repeats}: #{number} {result.status}, {figure}")
+
+    def interrupted(self) -> None:
+        self._err_console.print(
+            f"interrupted: running trials were stopped, recorded as interrupted and queued to run again. "
+            f"{describe_standing(self._study)}. To resume, run the same command again.",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+
+    def confirmation_interrupted(self) -> None:
+        self._err_console.print(
+            f"confirmation interrupted: none of its re-runs is recorded; {describe_ranking_basis(self._study)}",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+
+    def results(self) -> None:
+        """The ranking, the speedup over the HF default, whether the winner trains as the default does."""
+        print_ranking(self._console, self._study, top=5)
+        print_speedup(self._console, self._study)
+        print_winner_loss(self._console, self._study)
+
+
+def print_ranking(console: Console, study: Any, top: int) -> None:
+    """The feasible trials of a study (an ``optuna.Study``), fastest first, and the winner in words."""
+    ranking = study_ranking(study)
+    if not ranking:
+        console.print(f"study {study.study_name!r}: no feasible trial yet (see `autotune best --all`)")
+        return
+    source = ranking[0].result.memory_source if ranking[0].result else ""
+    console.print(trial_table(f"Feasible configurations of {study.study_name}, fastest first", ranking[:top], source))
+    console.print(describe_winner(ranking))
+
+
+def print_speedup(console: Console, study: Any) -> None:
+    """The winner's speedup over the HF default ``TrainingArguments`` trial, or why there is none."""
+    speedup = speedup_over_default(study.get_trials(deepcopy=False), confirmations_of(study))
+    if speedup is None:
+        return
+    best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
+    default = f"HF default TrainingArguments (#{speedup.default_trial})"
+    if speedup.ratio is None:
+        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
+        return
+    console.print(
+        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
+        f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
+    )
+
+
+def print_winner_loss(console: Console, study: Any) -> None:
+    """Whether the winner trains as the HF default does: their losses over the same steps, in words."""
+    ranking = study_ranking(study)
+    if not ranking or ranking[0].result is None:
+        return
+    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result)
+    console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
+    curve = loss.curve_text()
+    if curve is not None:
+        console.print(curve, markup=False, highlight=False, soft_wrap=True)
+    faster = [(n, r) for n, r in diverged_trials(study.get_trials(deepcopy=False)) if r.samples_per_s > ranking[0].samples_per_s]
+    for number, result in faster:
+        console.print(
+            f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
+            f"({result.error or 'loss far above the HF default'})",
+            markup=False, highlight=False, soft_wrap=True,
+        )
+
+
 def estimate_table(
     title: str, rows: Sequence[tuple[TrialConfig, MemoryEstimate]], ceiling_bytes: int, screen_margin: float
 ) -> Table:
@@ -262,6 +403,17 @@ def known_gpus_table() -> Table:
             ", ".join(device.supported_dtypes), peaks, gpu.memory_source,
         )
     return table
+
+
+def calibrated_peaks_text(spec: DeviceSpec, peaks: Sequence[Any], path: object) -> str:
+    """``autotune devices --calibrate``'s lines for one device: each measured peak (a
+    ``calibrate.MeasuredPeak``), then where they were stored."""
+    lines = [
+        f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
+        f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
+        for peak in peaks
+    ]
+    return "\n".join([*lines, f"  stored in {path}"])
 
 
 def devices_table(devices: Sequence[DeviceSpec], measured_peaks: dict[str, dict[str, float]]) -> tuple[Table, list[str]]:

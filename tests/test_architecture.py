@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 FOUNDATIONS = {
     "errors", "units", "schema", "ceiling", "models", "devices", "config", "flops", "measure", "data",
     "estimate", "result", "space", "validate", "files", "forkserver_signals", "numerics", "levers", "base_args",
+    "search_options",
 }
 STAGES_AFTER_STUDY = {"ranking", "export", "report", "dashboard", "display"}
 # For each group of modules, the autotune modules it must never import.

@@ -139,6 +139,7 @@ def confirm_top(
     top_k: int = 3,
     repeats: int = 3,
     on_run: Callable[[int, int, TrialResult], None] | None = None,
+    run_trial: Callable[..., TrialResult] = run_isolated,
 ) -> list[Confirmation]:
     """Re-measure the study's top-k feasible trials, interleaved, and record the outcome in the study.
 
@@ -148,6 +149,8 @@ def confirm_top(
         top_k: Candidates to re-measure.
         repeats: Re-runs of each candidate (at least 2, so noise can be seen).
         on_run: Called after every re-run with (round, trial number, result).
+        run_trial: Runs a :class:`autotune.runner.TrialJob` (``run_isolated``'s signature), as in
+            :func:`._loop.run_search`.
 
     Returns:
         One :class:`Confirmation` per candidate, fastest confirmed first (empty with no feasible trial).
@@ -169,7 +172,7 @@ def confirm_top(
         for number, config in candidates[shift:] + candidates[:shift]:
             # A confirmation is measured in full: no early stop.
             job = make_job(request, config, f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
-            result = run_isolated(job, request.trial_timeout_s)
+            result = run_trial(job, request.trial_timeout_s)
             runs[number].append(result)
             if on_run is not None:
                 on_run(round_index, number, result)

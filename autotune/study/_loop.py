@@ -117,7 +117,7 @@ class _WorkerThreads:
                 if not self._may_start(request):
                     return
                 try:
-                    trial = ask_trial(self.study, request)
+                    trial = ask_trial(self.study, request, self.patience)
                 except SearchFinished:
                     return
                 self.started += 1
@@ -137,14 +137,12 @@ class _WorkerThreads:
             finished.set()
 
     def _may_start(self, request: SearchRequest) -> bool:
-        """This invocation's own budget first, then whether the search is done (the space measured,
-        ``--patience``), then the study-wide cap (waiting while it says so)."""
+        """This invocation's own budget first, then the study-wide cap (waiting while it says so).
+        Whether the search is done (the space measured, ``--patience``) is :func:`ask_trial`'s to say."""
         while not self.stop.is_set():
             if self.n_trials is not None and self.started >= self.n_trials:
                 return False
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                return False
-            if stop_reason(self.study, request.space.size, self.patience) is not None:
                 return False
             recover_orphans(self.study)  # before every ask: a dead worker's trial is queued again
             if self.max_total_trials is None:
@@ -164,6 +162,7 @@ def run_search(
     budget: SearchBudget,
     progress: SearchProgress | None = None,
     run_trial: Callable[..., TrialResult] = run_isolated,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run one worker per device of ``request.worker_devices`` on ``study`` until the budget says stop
     or the search is done (:func:`._proposals.stop_reason`: the space measured, ``--patience``).
@@ -179,6 +178,8 @@ def run_search(
         progress: Called from the worker threads; must be thread-safe.
         run_trial: Runs a :class:`TrialJob` (``run_isolated``'s signature); the search benchmark
             passes a lookup in a measured grid.
+        stop: Set by the caller (a progress callback, say) to start no more trials; a trial still
+            running then is stopped and recorded as ``interrupted``, as on Ctrl-C.
 
     Returns:
         The number of trials this invocation finished.
@@ -197,6 +198,7 @@ def run_search(
         poll_s=float(interval_s),
         patience=budget.patience,
         run_trial=run_trial,
+        stop=stop or threading.Event(),
     )
     progress = progress or SearchProgress()
     requests = [request.for_device(device) for device in request.worker_devices] or [request]
@@ -241,17 +243,22 @@ def _wait_for(events: Sequence[threading.Event]) -> None:
         time.sleep(0.1)
 
 
-def ask_trial(study: optuna.Study, request: SearchRequest) -> optuna.Trial:
+def ask_trial(study: optuna.Study, request: SearchRequest, patience: int | None = None) -> optuna.Trial:
     """Ask for the next config (a queued re-run comes first) and mark it as this worker's.
 
-    A proposal that repeats a measured config is not a trial of the user's budget: it is recorded
-    as a copy of the measured trial (``reused_from``: the dashboard and ``best --all`` show how
-    often the sampler came back) and the sampler is asked again.
+    Before each ask, the one check that the search is done (:func:`._proposals.stop_reason`: the
+    space measured, ``patience``). A proposal that repeats a measured config is not a trial of the
+    user's budget: it is recorded as a copy of the measured trial (``reused_from``: the dashboard
+    and ``best --all`` show how often the sampler came back) and the sampler is asked again. So the
+    trial returned is never such a repeat: :func:`run_one_trial` does not check again.
 
     The first heartbeat is recorded at once (see :func:`._liveness.mark_owner`).
+
+    Raises:
+        SearchFinished: The search is done, or the sampler kept proposing measured configs.
     """
     for _ in range(MAX_REPEATS_IN_A_ROW):
-        if (reason := stop_reason(study, request.space.size, None)) is not None:
+        if (reason := stop_reason(study, request.space.size, patience)) is not None:
             raise SearchFinished(reason)
         trial = study.ask(request.space.distributions())
         mark_owner(study, trial)
@@ -272,10 +279,11 @@ def run_one_trial(
     stop: threading.Event | None = None,
     run_trial: Callable[..., TrialResult] = run_isolated,
 ) -> TrialResult:
-    """One ask -> (reuse | screen | run in a child) -> tell cycle.
+    """One ask (a repeat answered from the record there) -> (screen | run in a child) -> tell cycle.
 
     Args:
-        trial: A trial the caller asked for already (see :func:`ask_trial`); asked here if ``None``.
+        trial: A trial the caller asked for already with :func:`ask_trial` (never a repeat of a
+            measured config); asked here if ``None``.
         stop: Set by another thread to stop the search: the running child is killed and the trial
             recorded as ``interrupted``, as on Ctrl-C.
         run_trial: Runs a :class:`TrialJob` (``run_isolated``'s signature); the search benchmark
@@ -288,8 +296,7 @@ def run_one_trial(
         progress.on_trial_start(trial.number, config)
     try:
         result = (
-            _reuse_measured(study, trial)
-            or _screen(study, trial, config, request)
+            _screen(study, trial, config, request)
             or judge_against_default(
                 _run_with_retry(study, trial, config, request, stop, run_trial), loss_reference(study.get_trials(deepcopy=False))
             )

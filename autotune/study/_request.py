@@ -1,8 +1,9 @@
 """What to search, and how the command line's options become it: checked once, before any trial.
 
-:func:`prepare_request` turns :class:`SearchOptions` (the ``search`` command's options as typed)
-into a :class:`SearchRequest`: the model and device resolved, the space loaded and filtered, the
-user's data prepared, the calibrated peaks read, the CPU address-space budget of each child set.
+:func:`prepare_request` turns :class:`SearchOptions` (the ``search`` command's options as typed,
+with their defaults: :mod:`autotune.search_options`) into a :class:`SearchRequest` and its
+:class:`SearchBudget`: the model and device resolved, the space loaded and filtered, the user's
+data prepared, the calibrated peaks read, the CPU address-space budget of each child set.
 Every problem is an :class:`AutotuneError` here, so no trial is spent on a bad option.
 """
 
@@ -24,6 +25,7 @@ from autotune.estimate import smallest_peak_bytes
 from autotune.measure import MeasureSettings
 from autotune.result import TrialResult
 from autotune.runner import Workload, child_address_space_budget, load_callback
+from autotune.search_options import SearchOptions
 from autotune.space import SearchSpace, load_space
 
 
@@ -46,10 +48,10 @@ class SearchRequest:
     workload: Workload
     space: SearchSpace
     worker_devices: tuple[DeviceSpec, ...] = ()
-    trial_timeout_s: float = 900.0
-    work_root: str = "autotune_runs"
-    screen: bool = True
-    prune_ratio: float = 0.5
+    trial_timeout_s: float = SearchOptions.trial_timeout
+    work_root: str = SearchOptions.work_dir
+    screen: bool = SearchOptions.screen
+    prune_ratio: float = SearchOptions.prune_ratio
 
     @property
     def ceiling_bytes(self) -> int:
@@ -74,45 +76,8 @@ class SearchRequest:
 
 
 @dataclasses.dataclass(frozen=True)
-class SearchOptions:
-    """The ``search`` command's options, as the user typed them (see ``autotune search --help``)."""
-
-    model: str
-    gpu: int | None = None
-    device: str | None = None
-    gpus: str | None = None
-    workers: int = 1
-    seq_len: int = 128
-    memory_ceiling: str = "0.9"
-    space: str | None = None
-    task: str | None = None
-    trial_timeout: float = 900.0
-    warmup_steps: int = 3
-    max_measure_steps: int = 40
-    work_dir: str = "autotune_runs"
-    callbacks: tuple[str, ...] = ()
-    dataset: str | None = None
-    text_column: str | None = None
-    packing: bool = False
-    base_args: str | None = None
-    global_batch: int | None = None
-    max_global_batch: int | None = None
-    prune_ratio: float = 0.5
-    screen: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class PreparedSearch:
-    """A checked request, with the notes the user should read before the first trial (what the
-    space filtered out, what MFU is measured against)."""
-
-    request: SearchRequest
-    notes: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class SearchBudget:
-    """When a search stops starting trials.
+    """When a search stops starting trials, and what it re-measures at the end.
 
     Attributes:
         trials: Trials this invocation starts at most, over all its workers (``None``: no limit).
@@ -120,12 +85,26 @@ class SearchBudget:
         max_total_trials: The study-wide cap, over every worker of every process.
         patience: Stop once this many trials in a row did not raise the best feasible model TFLOPs
             by more than the measured noise (``None``: never).
+        confirm_top: Leading configs :func:`autotune.study.search` re-measures at the end (0: none).
+        confirm_repeats: Re-runs of each of them (:mod:`._confirm`).
     """
 
     trials: int | None = None
     timeout_s: float | None = None
     max_total_trials: int | None = None
     patience: int | None = None
+    confirm_top: int = SearchOptions.confirm_top
+    confirm_repeats: int = SearchOptions.confirm_repeats
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSearch:
+    """A checked request, with the notes the user should read before the first trial (what the
+    space filtered out, what MFU is measured against), and the budget the options gave."""
+
+    request: SearchRequest
+    notes: tuple[str, ...]
+    budget: SearchBudget = SearchBudget()
 
 
 @dataclasses.dataclass
@@ -206,7 +185,10 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         screen=options.screen,
         prune_ratio=options.prune_ratio,
     )
-    return PreparedSearch(request=request, notes=tuple(notes))
+    budget = SearchBudget(
+        options.trials, options.timeout, options.max_total_trials, options.patience, options.confirm_top, options.confirm_repeats
+    )
+    return PreparedSearch(request=request, notes=tuple(notes), budget=budget)
 
 
 def worker_devices(device: str | None, gpu: int | None, gpus: str | None, workers: int) -> list[DeviceSpec]:
