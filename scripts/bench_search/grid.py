@@ -150,8 +150,9 @@ def modelled_grid(model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_
     screens configs is close to, not equal to, the "measured" peak. Seeded: the same seed gives
     the same grid.
     """
-    from autotune.estimate import estimate_peak
+    from autotune.estimate import estimate_peak, memory_prior
 
+    prior = memory_prior(device, {})
     rng = random.Random(seed)
     results: dict[TrialConfig, TrialResult] = {}
     for config in space_configs(space):
@@ -163,7 +164,7 @@ def modelled_grid(model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_
         samples_per_s *= 0.75 if config.checkpointing else 1.0
         samples_per_s *= 1.03 if config.grad_accum > 1 else 1.0  # the optimizer step amortised
         samples_per_s *= rng.lognormvariate(0.0, 0.04)
-        peak = int(estimate_peak(model, config, seq_len, device.kind).total_bytes * 1.1 * rng.lognormvariate(0.0, 0.05))
+        peak = int(estimate_peak(model, config, seq_len, prior).total_bytes * 1.1 * rng.lognormvariate(0.0, 0.05))
         step_s = config.global_batch / samples_per_s
         results[config] = TrialResult(
             status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 1000, peak_memory_bytes=peak,
