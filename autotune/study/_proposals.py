@@ -44,6 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import schema
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
+from autotune.numerics import judged_trials
 from autotune.estimate import estimate_peak
 from autotune.result import ParamsKey, TrialResult, is_budget_trial, params_key
 from autotune.study import _landscape
@@ -127,7 +128,7 @@ def stop_reason(study: Study, space_size: int, patience: int | None) -> str | No
         space_size: How many configs the search space holds.
         patience: Stop after this many trials in a row without a gain above the noise; ``None``: never.
     """
-    trials = study.get_trials(deepcopy=False)
+    trials = judged_trials(study.get_trials(deepcopy=False))
     done = len(finished_configs(trials))
     # Queued trials (a dead worker's re-run, seeds) are popped first, each answered from the record.
     queued = any(t.state == TrialState.WAITING for t in trials)
@@ -193,7 +194,9 @@ class DistinctThompsonSampler(BaseSampler):
         if not search_space or "fixed_params" in trial.system_attrs:
             return {}  # a queued trial (a seed, a re-run) brings its own config
         with self._lock:
-            trials = study.get_trials(deepcopy=False)
+            # Judged (autotune.numerics): a trial told before the HF default's loss existed is seen
+            # as every reader of feasibility sees it.
+            trials = judged_trials(study.get_trials(deepcopy=False))
             taken = taken_configs(trials, exclude_number=trial.number)
             untaken = self._untaken(search_space, taken)
             if untaken is not None and len(untaken) == 0:
