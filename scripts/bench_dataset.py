@@ -34,7 +34,6 @@ from _bench_common import load_average  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.data import load_training_dataset, prepare_dataset  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
@@ -131,13 +130,7 @@ def main() -> None:
     batches_per_s = {workers: data_side_batches_per_s(dataset, options.micro_batch, workers) for workers in (0, 2)}
 
     base = TrialJob(
-        workload=Workload(
-            model=model,
-            device=cpu_device(),
-            seq_len=options.seq_len,
-            ceiling_bytes=16 * 1024**3,
-            measure=settings,
-        ),
+        workload=Workload.for_model(model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings),
         config=TrialConfig(micro_batch=options.micro_batch),
         work_dir=str(root / "trial"),
     )

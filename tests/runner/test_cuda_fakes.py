@@ -26,7 +26,6 @@ from autotune.errors import AutotuneError
 from autotune.result import TrialResult, precision_note
 from autotune.runner import (
     CudaReadings,
-    Workload,
     child_environment,
     cuda_peaks,
     is_oom_exception,
@@ -406,9 +405,8 @@ def test_transformers_switches_tf32_on_for_fp32_with_compile_and_the_reading_say
     assert not predicted_tf32("fp32", "inductor", "cpu", {})
 
 
-def test_the_workload_predicts_the_tf32_peak_for_fp32_with_compile(bert_tiny):
-    h100 = known_gpu("h100-sxm").device()
-    workload = Workload(model=bert_tiny, device=h100, seq_len=32, ceiling_bytes=GiB)
+def test_the_workload_predicts_the_tf32_peak_for_fp32_with_compile(tiny_workload):
+    workload = tiny_workload(device=known_gpu("h100-sxm").device(), ceiling_bytes=GiB)
     assert workload.peak_dtype(TrialConfig(dtype="fp32", compile="inductor")) == "tf32"
     assert workload.peak_dtype(TrialConfig(dtype="fp32")) == "fp32"
     assert workload.peak_dtype(TrialConfig(dtype="bf16", compile="inductor")) == "bf16"
