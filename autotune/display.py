@@ -407,7 +407,7 @@ def known_gpus_table() -> Table:
 
 def calibrated_peaks_text(spec: DeviceSpec, peaks: Sequence[Any], path: object) -> str:
     """``autotune devices --calibrate``'s lines for one device: each measured peak (a
-    ``calibrate.MeasuredPeak``), then where they were stored."""
+    ``calibrate.MeasuredMatmulPeak``), then where they were stored."""
     lines = [
         f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
         f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"

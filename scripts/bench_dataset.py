@@ -33,9 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import load_average  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.data import prepare_dataset  # noqa: E402
+from autotune.data import PreparedDataset, prepare_dataset  # noqa: E402
 from autotune.runner import load_training_dataset  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
@@ -132,21 +131,21 @@ def main() -> None:
     batches_per_s = {workers: data_side_batches_per_s(dataset, options.micro_batch, workers) for workers in (0, 2)}
 
     base = TrialJob(
-        workload=Workload(
-            model=model,
-            device=cpu_device(),
-            seq_len=options.seq_len,
-            ceiling_bytes=16 * 1024**3,
-            measure=settings,
-        ),
+        workload=Workload.for_model(model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings),
         config=TrialConfig(micro_batch=options.micro_batch),
         work_dir=str(root / "trial"),
     )
+
+    def trained_on(data: PreparedDataset, **config_changes: int) -> TrialJob:
+        """``base`` on ``data`` (the dataset is the workload's, shared by every trial of a search)."""
+        workload = dataclasses.replace(base.workload, dataset=data)
+        return dataclasses.replace(base, workload=workload, config=dataclasses.replace(base.config, **config_changes))
+
     variants = {
         "synthetic": base,
-        "text w0": dataclasses.replace(base, dataset=text),
-        "text w2": dataclasses.replace(base, dataset=text, config=dataclasses.replace(base.config, dataloader_workers=2)),
-        "packed w0": dataclasses.replace(base, dataset=packed),
+        "text w0": trained_on(text),
+        "text w2": trained_on(text, dataloader_workers=2),
+        "packed w0": trained_on(packed),
         f"synthetic mb{options.micro_batch // 4} ga1": dataclasses.replace(base, config=TrialConfig(micro_batch=options.micro_batch // 4)),
         f"synthetic mb{options.micro_batch // 4} ga4": dataclasses.replace(
             base, config=TrialConfig(micro_batch=options.micro_batch // 4, grad_accum=4)
@@ -154,7 +153,7 @@ def main() -> None:
     }
     print(f"model {model.num_params / 1e6:.1f} M params (bert-mini shape, 8k BPE), seq len {options.seq_len}, micro-batch {options.micro_batch}")
     print(f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenized until a trial has enough blocks) {packed_prepare_s:.2f} s "
-          f"for {options.documents} documents; {packed['num_samples']} packed blocks")
+          f"for {options.documents} documents; {packed.num_samples} packed blocks")
     print(f"child: load the prepared dataset {load_s * 1000:.0f} ms; tokenize one sample on the fly {per_sample_ms:.2f} ms")
     print(
         f"data side alone (DataLoader, no model): {batches_per_s[0]:.1f} batches/s with 0 workers, {batches_per_s[2]:.1f} "

@@ -133,7 +133,6 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
     """The winner measured again by autotune's runner, exactly as a confirmation re-run is."""
     import optuna
 
-    from autotune.devices import cpu_device
     from autotune.measure import MeasureSettings
     from autotune.models import resolve_model
     from autotune.ranking import to_ranked
@@ -143,9 +142,8 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
     identity = study.user_attrs["identity"]
     trial = to_ranked(study.trials[number])
     job = TrialJob(
-        workload=Workload(
-            model=resolve_model(identity["model"], identity["task"]),
-            device=cpu_device(),
+        workload=Workload.for_model(
+            resolve_model(identity["model"], identity["task"]),
             seq_len=identity["seq_len"],
             ceiling_bytes=study.user_attrs["ceiling_bytes"],
             measure=MeasureSettings(),

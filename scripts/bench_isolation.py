@@ -28,9 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, for t
 from _bench_common import load_average, read_first_step  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
 from autotune.result import TrialResult  # noqa: E402
 from autotune.runner._child import child_main  # noqa: E402
 from autotune.runner._job import TrialJob, Workload  # noqa: E402
@@ -91,12 +89,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5, help="Trials per mode (alternating).")
     options = parser.parse_args()
 
-    spec = resolve_model(options.model)
     root = Path(tempfile.mkdtemp(prefix="bench-isolation-"))
     base = TrialJob(
-        workload=Workload(
-            model=spec,
-            device=cpu_device(),
+        workload=Workload.for_model(
+            options.model,
             seq_len=options.seq_len,
             ceiling_bytes=8 * 1024**3,
             measure=MeasureSettings(warmup_steps=1, min_steps=1, max_steps=1),

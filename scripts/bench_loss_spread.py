@@ -23,9 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import load_average  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
 from autotune.numerics import LOSS_GROWTH_TOLERANCE, compare_losses  # noqa: E402
 from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
 from autotune.study._seeds import hf_default_config  # noqa: E402
@@ -53,14 +50,7 @@ COMPILE_CASE = ("compile (inductor)", {"compile": "inductor"}, {}, True)
 
 def run(model_name: str, seq_len: int, config: TrialConfig, base_args: dict, work: str) -> object:
     job = TrialJob(
-        workload=Workload(
-            model=resolve_model(model_name),
-            device=cpu_device(),
-            seq_len=seq_len,
-            ceiling_bytes=16 * 1024**3,
-            measure=MeasureSettings(),
-            base_args=base_args,
-        ),
+        workload=Workload.for_model(model_name, seq_len=seq_len, ceiling_bytes=16 * 1024**3, base_args=base_args),
         config=config,
         work_dir=work,
     )

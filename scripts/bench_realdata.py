@@ -36,7 +36,6 @@ from bench_dataset import generated_documents, train_tokenizer  # noqa: E402
 
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.data import prepare_dataset  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
 from autotune.models import resolve_model  # noqa: E402
 from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
@@ -129,14 +128,7 @@ def main() -> None:
     for round_number in range(options.rounds):
         for index, (name, config) in enumerate(variants.items()):
             job = TrialJob(
-                workload=Workload(
-                    model=model,
-                    device=cpu_device(),
-                    seq_len=options.seq_len,
-                    ceiling_bytes=16 * 1024**3,
-                    measure=settings,
-                    dataset=data,
-                ),
+                workload=Workload.for_model(model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings, dataset=data),
                 config=config,
                 work_dir=str(root / f"v{index}-{round_number}"),
             )

@@ -33,9 +33,7 @@ from _bench_common import cv, load_average, run_plain_trainer  # noqa: E402
 
 from autotune.calibrate import measure_matmul_peak  # noqa: E402
 from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
-from autotune.devices import cpu_device  # noqa: E402
 from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
 from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
 
 
@@ -61,13 +59,7 @@ def main() -> None:
     config = TrialConfig(micro_batch=options.micro_batch, dtype=options.dtype, optim=options.optim)
     root = Path(tempfile.mkdtemp(prefix="bench-repeatability-"))
     job = TrialJob(
-        workload=Workload(
-            model=resolve_model(options.model),
-            device=cpu_device(),
-            seq_len=options.seq_len,
-            ceiling_bytes=16 * 1024**3,
-            measure=settings,
-        ),
+        workload=Workload.for_model(options.model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings),
         config=config,
         work_dir=str(root / "run-0"),
     )

@@ -45,13 +45,13 @@ def fast_measure():
 
 @pytest.fixture
 def tiny_workload(bert_tiny, cpu, fast_measure):
-    """Makes bert-tiny workloads on the CPU (seq len 32, 8 GiB ceiling, short measurement); a test
-    passes only what it is about: ``tiny_workload(callbacks=(...,))``."""
+    """Makes bert-tiny workloads on the CPU (seq len 32, 8 GiB ceiling, short measurement) through
+    ``Workload.for_model``; a test passes only what it is about: ``tiny_workload(callbacks=(...,))``."""
     from autotune.runner import Workload
 
-    def make(**changes):
-        settings = {"model": bert_tiny, "device": cpu, "seq_len": 32, "ceiling_bytes": 8 * 1024**3, "measure": fast_measure}
-        return Workload(**{**settings, **changes})
+    def make(model=bert_tiny, **changes):  # noqa: ANN001, ANN202 - a spec or a catalog name
+        settings = {"device": cpu, "seq_len": 32, "ceiling_bytes": 8 * 1024**3, "measure": fast_measure}
+        return Workload.for_model(model, **{**settings, **changes})
 
     return make
 

@@ -75,3 +75,37 @@ def test_the_checker_sees_function_level_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from autotune.study import run_search\n    import autotune.runner\n")
     assert imports_of(source) == {"autotune.study", "autotune.runner"}
+
+
+TESTS = Path(__file__).resolve().parent
+MIRRORED_PACKAGES = ("study", "runner")
+
+
+def missing_mirrors(package_root: Path, tests_root: Path) -> list[str]:
+    """Each ``<package>/_<name>.py`` of the mirrored packages without its ``tests/<package>/test_<name>.py``."""
+    missing = []
+    for package in MIRRORED_PACKAGES:
+        for module in sorted((package_root / package).glob("_*.py")):
+            if module.name == "__init__.py":
+                continue
+            mirror = tests_root / package / f"test_{module.stem.removeprefix('_')}.py"
+            if not mirror.is_file():
+                missing.append(f"{module.relative_to(package_root.parent)} has no {mirror.relative_to(tests_root.parent)}")
+    return missing
+
+
+def test_every_study_and_runner_module_has_its_mirrored_test_file():
+    """Tests mirror the package: the unit tests of ``autotune/study/_record.py`` are in
+    ``tests/study/test_record.py``, so a reader finds a module's tests by its name."""
+    assert not missing_mirrors(PACKAGE, TESTS), "\n".join(missing_mirrors(PACKAGE, TESTS))
+
+
+def test_the_mirror_check_sees_a_module_without_its_tests(tmp_path):
+    for package in MIRRORED_PACKAGES:
+        (tmp_path / "autotune" / package).mkdir(parents=True)
+        (tmp_path / "autotune" / package / "__init__.py").write_text("")
+        (tmp_path / "tests" / package).mkdir(parents=True)
+    (tmp_path / "autotune" / "study" / "_record.py").write_text("")
+    (tmp_path / "autotune" / "runner" / "_pool.py").write_text("")
+    (tmp_path / "tests" / "runner" / "test_pool.py").write_text("")
+    assert missing_mirrors(tmp_path / "autotune", tmp_path / "tests") == ["autotune/study/_record.py has no tests/study/test_record.py"]

@@ -156,9 +156,8 @@ def test_full_disk_at_ask_is_one_line(tmp_path):
 # --- seeds ---------------------------------------------------------------------------------------
 
 
-def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, bert_tiny, cpu):
+def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, cpu, tiny_workload):
     """A seed that only failed (here a timeout) measured nothing: resuming queues it again, once."""
-    from autotune.runner import Workload
     from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
     from autotune.schema import TRIAL_SEED as SEED_ATTR
     from autotune.space import load_space
@@ -166,7 +165,7 @@ def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, bert_tiny, cp
     from autotune.study import SearchRequest, open_study, tell
 
     request = SearchRequest(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=1024**3),
+        workload=tiny_workload(ceiling_bytes=1024**3),
         space=load_space(TINY_SPACE, cpu),
     )
     study = open_study(open_storage(sqlite_url), "seeds", request)

@@ -115,23 +115,16 @@ def test_every_config_of_the_fixed_space_writes_the_users_values(tmp_path, cpu, 
     assert {k: kwargs[k] for k in base} == base
 
 
-def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, bert_tiny, fast_measure, sqlite_url):
+def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_workload, sqlite_url):
     from autotune.export import winner_arguments
-    from autotune.runner import Workload
     from autotune.storage import open_storage
     from autotune.study import SearchBudget, SearchRequest, open_study, run_search
 
     base = {**BASE, "per_device_train_batch_size": 8}
     space = load_space(write_space(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [1, 2]\n"), cpu, base_args=base, global_batch=16)
     request = SearchRequest(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=cpu.total_memory_bytes // 2,
-            measure=fast_measure,
-            base_args=base,
-            callbacks=("tests.test_base_args:RecordTrainingArguments",),
+        workload=tiny_workload(
+            ceiling_bytes=cpu.total_memory_bytes // 2, base_args=base, callbacks=("tests.test_base_args:RecordTrainingArguments",)
         ),
         space=space,
         work_root=str(tmp_path / "runs"),

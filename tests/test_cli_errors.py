@@ -26,8 +26,6 @@ def _write(directory: Path, name: str, text: str) -> str:
 
 def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_trial: bool = False) -> None:
     """A study made through autotune's own API in a real storage, as an earlier search leaves it."""
-    from autotune.devices import cpu_device
-    from autotune.models import resolve_model
     from autotune.result import TrialResult
     from autotune.runner import Workload
     from autotune.space import SearchSpace
@@ -35,12 +33,7 @@ def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_t
     from autotune.study import SearchRequest, open_study, tell
 
     request = SearchRequest(
-        workload=Workload(
-            model=resolve_model(model_name),
-            device=cpu_device(),
-            seq_len=seq_len,
-            ceiling_bytes=2 * 1024**3,
-        ),
+        workload=Workload.for_model(model_name, seq_len=seq_len, ceiling_bytes=2 * 1024**3),
         space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
     )
     study = open_study(open_storage(url), name, request)

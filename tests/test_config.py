@@ -57,3 +57,10 @@ def test_params_round_trip():
     assert TrialConfig.from_params(config.to_params()) == config
     # Knobs a space does not search keep their defaults; unknown params are ignored.
     assert TrialConfig.from_params({"micro_batch": 8, "not_a_knob": 1}) == TrialConfig(micro_batch=8)
+
+
+def test_the_mapping_writes_the_derived_pair():
+    config = TrialConfig.from_params({"micro_batch": 16, "global_batch": 64, "dtype": "bf16"})
+    assert (config.micro_batch, config.grad_accum, config.global_batch) == (16, 4, 64)
+    kwargs = training_arguments_kwargs(config, "cpu")
+    assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 64

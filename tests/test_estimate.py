@@ -198,26 +198,17 @@ REAL_CONFIGS = {
 @pytest.fixture(scope="module")
 def measured_peaks(tmp_path_factory):
     """Real trial children (the runner, the real Trainer) on each config: their measured peak RSS."""
-    from autotune.devices import cpu_device
     from autotune.measure import MeasureSettings
-    from autotune.models import resolve_model
     from autotune.runner import TrialJob, Workload, run_isolated
 
-    device = cpu_device()
     measure = MeasureSettings(warmup_steps=1, min_steps=2, max_steps=2, max_seconds=10.0, cv_target=1.0)
     work = tmp_path_factory.mktemp("estimate")
     found, breakdowns = {}, {}
     for name, (seq_len, configs) in REAL_CONFIGS.items():
-        model = resolve_model(name)
+        workload = Workload.for_model(name, seq_len=seq_len, ceiling_bytes=8 * GiB, measure=measure)
         for index, config in enumerate(configs):
             job = TrialJob(
-                workload=Workload(
-                    model=model,
-                    device=device,
-                    seq_len=seq_len,
-                    ceiling_bytes=8 * GiB,
-                    measure=measure,
-                ),
+                workload=workload,
                 config=config,
                 work_dir=str(work / f"{name}-{index}"),
             )
@@ -281,15 +272,14 @@ def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_pat
     assert "estimator: prior" in out.stdout
 
 
-def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_url, bert_tiny, cpu):
-    from autotune.runner import Workload
+def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_url, tiny_workload):
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
     from tests.support.cli import run_cli
 
     request = SearchRequest(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=GiB),
+        workload=tiny_workload(ceiling_bytes=GiB),
         space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
     )
     open_study(open_storage(sqlite_url), "other-length", request)
@@ -402,7 +392,7 @@ def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_p
     assert out.returncode == 0, out.stderr
     planned = json.loads(out.stdout)
     model = resolve_model("gpt2-tiny")
-    workload = Workload(model=model, device=known_gpu("h100-sxm").device(), seq_len=256,
+    workload = Workload.for_model(model, device=known_gpu("h100-sxm").device(), seq_len=256,
                         ceiling_bytes=planned["ceiling_bytes"], allocator_env=env)
     screening_fit = memory_fit_from_trials(model, 256, workload.memory_prior, [])
     assert planned["estimator"] == screening_fit.describe()

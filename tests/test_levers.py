@@ -35,8 +35,8 @@ from autotune.estimate import (
 )
 from autotune.flops import model_flops_per_token
 from autotune.models import resolve_model
-from autotune.runner import TrialJob, Workload, run_isolated
 from autotune.levers import ATTN_IMPLEMENTATIONS
+from autotune.runner import TrialJob, run_isolated
 from autotune.space import filter_combinations, load_space
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
@@ -310,18 +310,12 @@ def gpt2_with_data(tmp_path_factory):
         ("padding_free", "random", "DataCollatorWithFlattening", "RandomSampler"),
     ],
 )
-def test_a_real_trial_with_a_padding_lever_counts_real_tokens(tmp_path, cpu, gpt2_with_data, padding, sampling, collator, sampler):
+def test_a_real_trial_with_a_padding_lever_counts_real_tokens(tmp_path, tiny_workload, gpt2_with_data, padding, sampling, collator, sampler):
     model, description, measure = gpt2_with_data
     config = TrialConfig(micro_batch=8, pin_memory=False, padding=padding, sampling=sampling, attn_implementation="sdpa")
     job = TrialJob(
-        workload=Workload(
-            model=model,
-            device=cpu,
-            seq_len=64,
-            ceiling_bytes=8 * GiB,
-            measure=measure,
-            dataset=description,
-            callbacks=("tests.test_levers:RecordLevers",),
+        workload=tiny_workload(
+            model, seq_len=64, measure=measure, dataset=description, callbacks=("tests.test_levers:RecordLevers",)
         ),
         config=config,
         work_dir=str(tmp_path / padding),

@@ -17,24 +17,19 @@ from autotune.numerics import (
     winner_loss,
 )
 from autotune.result import TrialResult
-from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.runner import TrialJob, run_isolated
 
 pytestmark = pytest.mark.slow
 
-GiB = 1024**3
 # Eight measured steps after one warm-up step, whatever the step-time CV (a target of 0 is never met).
 EIGHT_STEPS = MeasureSettings(warmup_steps=1, min_steps=8, max_steps=8, max_seconds=60.0, cv_target=0.0)
 # Five steps (one warm-up) whatever the machine's load.
 FIVE_STEPS = MeasureSettings(warmup_steps=1, min_steps=4, max_steps=4, max_seconds=60.0, cv_target=0.0)
 
 
-def trial_job(tmp_path, bert_tiny, cpu, measure, *faults: str, base_args: dict | None = None) -> TrialJob:
+def trial_job(tmp_path, tiny_workload, measure, *faults: str, base_args: dict | None = None) -> TrialJob:
     return TrialJob(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=8 * GiB,
+        workload=tiny_workload(
             measure=measure,
             base_args=base_args or {},
             callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults),
@@ -62,8 +57,8 @@ def plain_trainer_losses(job: TrialJob, steps: int) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
-def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path, bert_tiny, cpu):
-    job = trial_job(tmp_path, bert_tiny, cpu, EIGHT_STEPS)
+def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path, tiny_workload):
+    job = trial_job(tmp_path, tiny_workload, EIGHT_STEPS)
     result = run_isolated(job, timeout_s=300)
     assert result.status == "ok", result.error
     assert len(result.loss_curve) == 9 and result.loss_measured_from == 2  # one warm-up step, eight measured
@@ -73,18 +68,18 @@ def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path,
     assert result.loss_curve == pytest.approx(logged, rel=1e-3)
 
 
-def test_a_nan_in_the_weights_is_diverged_though_the_trainer_filters_the_nan_loss(tmp_path, bert_tiny, cpu, fast_measure):
+def test_a_nan_in_the_weights_is_diverged_though_the_trainer_filters_the_nan_loss(tmp_path, tiny_workload, fast_measure):
     # logging_nan_inf_filter (on by default) replaces a NaN loss in the Trainer's running loss: the
     # weights, checked after training, still show it.
-    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, fast_measure, "PoisonWeightsAtStep"), timeout_s=300)
+    result = run_isolated(trial_job(tmp_path, tiny_workload, fast_measure, "PoisonWeightsAtStep"), timeout_s=300)
     assert result.status == "diverged"
     assert result.error.startswith("diverged: the weights hold inf/NaN after training")
     assert result.weights_finite is False
     assert result.samples_per_s > 0  # it was measured: a diverged trial keeps its figures, unranked
 
 
-def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, bert_tiny, cpu, fast_measure):
-    job = trial_job(tmp_path, bert_tiny, cpu, fast_measure, "PoisonWeightsAtStep", base_args={"logging_nan_inf_filter": False})
+def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, tiny_workload, fast_measure):
+    job = trial_job(tmp_path, tiny_workload, fast_measure, "PoisonWeightsAtStep", base_args={"logging_nan_inf_filter": False})
     result = run_isolated(job, timeout_s=300)
     assert result.status == "diverged"
     assert result.loss_nonfinite[0] == [3, "nan"]  # PoisonWeightsAtStep fires at step 3
@@ -92,17 +87,17 @@ def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, 
     assert result.error.startswith("diverged: training loss nan at step 3")
 
 
-def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path, bert_tiny, cpu):
+def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path, tiny_workload):
     # A real torch.amp.GradScaler finds the injected inf at steps 5 and 6 and skips them (tests/faults.py).
-    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, EIGHT_STEPS, "CpuGradScalerOverflow"), timeout_s=300)
+    result = run_isolated(trial_job(tmp_path, tiny_workload, EIGHT_STEPS, "CpuGradScalerOverflow"), timeout_s=300)
     assert result.status == "ok", result.error
     assert result.skipped_steps == [5, 6] and result.skipped_measured_steps == 2 and result.measured_steps == 8
     # 6 of the 8 measured steps trained on their 8 samples.
     assert result.samples_per_s == pytest.approx(8 * 6 / 8 / result.step_time_median_s)
 
 
-def test_a_scaler_that_skips_every_step_is_diverged(tmp_path, bert_tiny, cpu, fast_measure):
-    result = run_isolated(trial_job(tmp_path, bert_tiny, cpu, fast_measure, "CpuGradScalerOverflowEveryStep"), timeout_s=300)
+def test_a_scaler_that_skips_every_step_is_diverged(tmp_path, tiny_workload, fast_measure):
+    result = run_isolated(trial_job(tmp_path, tiny_workload, fast_measure, "CpuGradScalerOverflowEveryStep"), timeout_s=300)
     assert result.status == "diverged"
     assert result.error == f"diverged: the fp16 grad scaler skipped all {result.measured_steps} measured optimizer steps (nothing trained)"
     assert result.samples_per_s == 0.0
@@ -221,3 +216,22 @@ def test_the_closing_summary_shows_the_winners_loss_beside_the_defaults(searched
     assert hf_default_result(study.get_trials()) is not None
     if loss.comparison is not None:  # a winner other than the default: both curves, and a verdict
         assert "the losses agree" in loss.describe() and loss.curve_text() in stdout
+
+
+def test_judge_against_default_makes_only_an_ok_trial_whose_loss_ran_away_diverged():
+    import dataclasses
+
+    from autotune.numerics import judge_against_default
+
+    default = TrialResult(status="ok", samples_per_s=10.0, loss_curve=[0.70] * 10, loss_measured_from=2)
+    runaway = TrialResult(status="ok", samples_per_s=20.0, loss_curve=[0.70] + [7.0] * 9, loss_measured_from=2)
+    judged = judge_against_default(runaway, default)
+    assert judged.status == "diverged"
+    assert judged.error.startswith("diverged: training loss 0.7 at step 1 -> 7 at steps 6-10, the HF default's 0.7 -> 0.7")
+    assert judged.samples_per_s == 20.0 and runaway.status == "ok"  # its figures kept; the result given is unchanged
+    healthy = TrialResult(status="ok", loss_curve=[0.70] + [0.60] * 9, loss_measured_from=2)
+    assert judge_against_default(healthy, default) is healthy
+    assert judge_against_default(runaway, None) is runaway  # the default has not run: nothing to judge against
+    assert judge_against_default(default, default) is default  # the default is never judged against itself
+    oom = dataclasses.replace(runaway, status="oom")
+    assert judge_against_default(oom, default) is oom  # only a trial that ran ("ok") can be diverged

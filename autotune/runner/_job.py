@@ -8,9 +8,9 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.estimate import MemoryFit, memory_prior
 from autotune.data import PreparedDataset
-from autotune.devices import DeviceSpec, matmul_dtype
+from autotune.devices import DeviceSpec, cpu_device, matmul_dtype
 from autotune.measure import MeasureSettings
-from autotune.models import ModelSpec
+from autotune.models import ModelSpec, resolve_model
 from autotune.runner._limits import allocator_settings
 from autotune.runner._precision import predicted_tf32
 
@@ -56,6 +56,19 @@ class Workload:
         """The memory model's prior for this device and allocator setting: the one the planner uses
         too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial."""
         return memory_prior(self.device, self.allocator_env)
+
+    @classmethod
+    def for_model(
+        cls, model: ModelSpec | str, *, seq_len: int, ceiling_bytes: int, device: DeviceSpec | None = None, **fields: Any
+    ) -> Workload:
+        """A workload made outside a search: the one factory of the tests and the benchmark scripts.
+
+        ``model`` is a spec or a name resolved offline as ``--model`` is (its default head); the
+        device is this machine's CPU unless given; ``fields`` sets any other attribute. A search
+        makes its workload from the command line instead (:func:`autotune.study.prepare_request`).
+        """
+        spec = resolve_model(model) if isinstance(model, str) else model
+        return cls(model=spec, device=device or cpu_device(), seq_len=seq_len, ceiling_bytes=ceiling_bytes, **fields)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -109,8 +109,8 @@ def measure_grid(
     started = time.perf_counter()
     for index, config in enumerate(todo):
         job = TrialJob(
-            workload=Workload(
-                model=model,
+            workload=Workload.for_model(
+                model,
                 device=device,
                 seq_len=seq_len,
                 ceiling_bytes=generous,

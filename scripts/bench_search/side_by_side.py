@@ -47,8 +47,8 @@ def side_by_side(
             else:
                 budget = child_address_space_budget(ceiling, psutil.virtual_memory().available)
             job = TrialJob(
-                workload=Workload(
-                    model=model,
+                workload=Workload.for_model(
+                    model,
                     device=device,
                     seq_len=seq_len,
                     ceiling_bytes=ceiling,

@@ -86,8 +86,8 @@ class GridRunner:
 
 def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: SearchSpace, ceiling: int, prune_ratio: float) -> SearchRequest:
     return SearchRequest(
-        workload=Workload(
-            model=model,
+        workload=Workload.for_model(
+            model,
             device=device,
             seq_len=int(grid.meta["seq_len"]),
             ceiling_bytes=ceiling,

@@ -1,9 +1,8 @@
-"""Fault injection with real faults in real trial children (see tests/support/faults.py).
-
-Runner level: every fault is classified by what happened (exception type, allocator message, exit
-signal, timeout), with the reason and the child's stderr tail kept. Study level: what is recorded
-in a real Optuna storage (OOM = COMPLETE with value 0 and a violated constraint; crash, timeout and
-error = FAIL), the retry of crashes and timeouts, and that the study stays consistent.
+"""Fault injection with real faults in real trial children (see tests/support/faults.py), at the study
+level: what is recorded in a real Optuna storage (OOM = COMPLETE with value 0 and a violated
+constraint; crash, timeout and error = FAIL), the retry of crashes and timeouts, and that the study
+stays consistent. How the runner classifies each fault of one child: tests/runner/test_pool.py,
+test_failures.py and test_watch.py.
 """
 
 from __future__ import annotations
@@ -16,88 +15,14 @@ from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.result import TrialResult
-from autotune.runner import (
-    TrialJob,
-    classify_exit,
-    is_oom_exception,
-    run_isolated,
-)
-from autotune.runner._watch import killed_for_memory, oom_kill_count
 from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.slow
 
 GiB = 1024**3
-MiB = 1024**2
 # Long enough for a tiny model to build and start training on a busy 2-core machine; a hang is
 # reported as a timeout whether it began before or after the fault fired.
 SHORT_TIMEOUT_S = 4.0
-
-
-@pytest.fixture
-def job_for(tmp_path, tiny_workload):
-    """A trial of bert-tiny on the CPU, with fault callbacks from tests/support/faults.py."""
-
-    def make(*faults: str, ceiling_bytes: int = 8 * GiB) -> TrialJob:
-        return TrialJob(
-            workload=tiny_workload(
-                ceiling_bytes=ceiling_bytes, callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults)
-            ),
-            config=TrialConfig(micro_batch=8, pin_memory=False),
-            work_dir=str(tmp_path / "trial"),
-        )
-
-    return make
-
-
-# --- runner level: one real child per fault -------------------------------------------------
-
-
-def test_non_zero_exit_without_result_is_a_crash(job_for):
-    result = run_isolated(job_for("ExitNonZeroAtStep"), timeout_s=120)
-    assert result.status == "crash"
-    assert result.error == "exited with code 3 without a result"
-
-
-def test_over_the_ceiling_is_measured_and_flagged(job_for):
-    result = run_isolated(job_for(ceiling_bytes=64 * MiB), timeout_s=120)
-    assert result.status == "over_ceiling"
-    assert result.samples_per_s > 0
-    assert result.peak_memory_bytes > result.ceiling_bytes == 64 * MiB
-
-
-def test_sigkill_is_a_crash_and_keeps_the_memory_seen_from_outside(job_for):
-    oom_kills_before = oom_kill_count()
-    result = run_isolated(job_for("GrabMemoryThenSigkill"), timeout_s=120)
-    if oom_kill_count() != oom_kills_before:
-        pytest.skip("the kernel OOM-killed some process on this host meanwhile: SIGKILL counts as OOM then")
-    # No OOM kill was counted and the host had memory to spare: someone killed it, not the kernel.
-    assert result.status == "crash"
-    assert result.error == "killed by SIGKILL"
-    assert result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] > 300 * MiB
-
-
-# --- the SIGKILL-near-the-limit rule (the kernel's OOM killer cannot be provoked on a shared host) ---
-
-
-def test_sigkill_counts_as_oom_only_with_evidence_of_the_oom_killer():
-    total = 24 * GiB
-    assert killed_for_memory(oom_kills_before=3, oom_kills_after=4, available_bytes=20 * GiB, total_bytes=total)
-    assert killed_for_memory(oom_kills_before=3, oom_kills_after=3, available_bytes=200 * MiB, total_bytes=total)
-    assert not killed_for_memory(oom_kills_before=3, oom_kills_after=3, available_bytes=20 * GiB, total_bytes=total)
-    assert not killed_for_memory(oom_kills_before=None, oom_kills_after=None, available_bytes=None, total_bytes=total)
-    assert classify_exit(-9, near_memory_limit=True)[0] == "oom"
-    assert classify_exit(-9, near_memory_limit=False) == ("crash", "killed by SIGKILL")
-    assert classify_exit(-11, near_memory_limit=True) == ("crash", "killed by SIGSEGV")
-
-
-def test_oom_kill_counter_is_read_from_vmstat(tmp_path):
-    vmstat = tmp_path / "vmstat"
-    vmstat.write_text("nr_free_pages 12\noom_kill 7\nnr_zone_active_anon 1\n")
-    assert oom_kill_count(str(vmstat)) == 7
-    assert oom_kill_count(str(tmp_path / "missing")) is None
-    if Path("/proc/vmstat").exists():
-        assert isinstance(oom_kill_count(), int)
 
 
 # --- study level: what the storage records, retries, consistency ------------------------------
@@ -200,17 +125,6 @@ def test_onednn_failing_to_allocate_a_primitive_under_the_address_space_budget_i
     result = TrialResult.from_trial(trial)
     assert (result.status, result.error) == ("oom", "RuntimeError: could not create a primitive")
     assert_consistent(study)
-
-
-def test_onednn_primitive_failure_is_oom_only_under_the_address_space_budget():
-    # Without a budget, oneDNN's message means an unsupported primitive: an error, not a size limit.
-    unsupported = RuntimeError("could not create a primitive")
-    assert not is_oom_exception(unsupported)
-    assert is_oom_exception(unsupported, address_space_limited=True)
-    wrapped = RuntimeError("training step failed")
-    wrapped.__cause__ = unsupported
-    assert is_oom_exception(wrapped, address_space_limited=True)
-    assert not is_oom_exception(RuntimeError("could not create a tensor"), address_space_limited=True)
 
 
 def test_transient_crash_is_retried_once_and_then_measured(study_for):

@@ -14,17 +14,17 @@ from autotune.errors import AutotuneError
 from autotune.export import allocator_note, export_notes
 from autotune.ranking import RankedTrial
 from autotune.result import TrialResult
-from autotune.runner import TrialJob, Workload, run_isolated
 from autotune.levers import flash_attention_2_unavailable
+from autotune.runner import TrialJob, run_isolated
 from autotune.space import filter_combinations
 
 
-def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, bert_tiny, cpu, fast_measure, monkeypatch):
+def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, tiny_workload, monkeypatch):
     # The workload takes the parent's allocator settings when it is made, and the child trains under
     # them (the forkserver may have started before they were set).
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.8")
     job = TrialJob(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * 1024**3, measure=fast_measure),
+        workload=tiny_workload(),
         config=TrialConfig(micro_batch=8, dtype="bf16", pin_memory=False),
         work_dir=str(tmp_path / "trial"),
     )

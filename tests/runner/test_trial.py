@@ -6,21 +6,14 @@ import json
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.runner import TrialJob, run_isolated
 
 
-def test_a_trial_trains_with_the_collector_as_a_plain_run_has_it(tmp_path, bert_tiny, cpu, fast_measure):
+def test_a_trial_trains_with_the_collector_as_a_plain_run_has_it(tmp_path, tiny_workload):
     # Skipping the start collection (hiding the import heap with gc.freeze) changed how the measured
     # steps page-faulted and made them slower than a plain run's (docs/benchmarks.md, Isolation).
     job = TrialJob(
-        workload=Workload(
-            model=bert_tiny,
-            device=cpu,
-            seq_len=32,
-            ceiling_bytes=8 * 1024**3,
-            measure=fast_measure,
-            callbacks=("tests.support.faults:RecordCollectorState",),
-        ),
+        workload=tiny_workload(callbacks=("tests.support.faults:RecordCollectorState",)),
         config=TrialConfig(micro_batch=8, pin_memory=False),
         work_dir=str(tmp_path / "trial"),
     )

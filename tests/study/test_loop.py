@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,8 +16,6 @@ import psutil
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from autotune.errors import AutotuneError
-from autotune.study import worker_devices
 from autotune.study._loop import DONE, START, WAIT, cap_decision
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
@@ -53,26 +50,6 @@ class TestCapDecision:
 
     def test_does_not_wait_for_a_trial_running_longer_than_any_live_one_could(self):
         assert cap_decision([_complete(), _running(3600)], 2, patience_s=60, now=NOW) == DONE
-
-
-class TestWorkerDevices:
-    def test_cpu_workers_share_the_cpu(self):
-        devices = worker_devices("cpu", None, None, 3)
-        assert [d.kind for d in devices] == ["cpu"] * 3
-
-    @pytest.mark.parametrize(
-        ("device", "gpu", "gpus", "workers", "message"),
-        [
-            (None, None, "0,x", 1, "distinct CUDA device numbers"),
-            (None, None, "0,0", 1, "distinct CUDA device numbers"),
-            ("cpu", None, "0,1", 1, "leave out --gpu, --device and --workers"),
-            (None, None, "0,1", 2, "leave out --gpu, --device and --workers"),
-            ("cpu", None, None, 0, "--workers must be 1 or more"),
-        ],
-    )
-    def test_contradictions_are_one_line_errors(self, device, gpu, gpus, workers, message):
-        with pytest.raises(AutotuneError, match=re.escape(message)):
-            worker_devices(device, gpu, gpus, workers)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

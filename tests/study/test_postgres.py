@@ -101,15 +101,14 @@ def test_concurrent_workers_lose_and_duplicate_no_trial(postgres_server, postgre
     assert postgres_server.password not in _all_text(trials, study)
 
 
-def test_workers_opening_a_new_study_at_once_set_it_up_once(postgres_url, bert_tiny, cpu):
+def test_workers_opening_a_new_study_at_once_set_it_up_once(postgres_url, cpu, tiny_workload):
     import threading
 
-    from autotune.runner import Workload
     from autotune.space import load_space
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * 1024**3),
+        workload=tiny_workload(ceiling_bytes=2 * 1024**3),
         space=load_space(TINY_SPACE, cpu),
     )
     # Four "machines" at once on an empty database: each opens its own storage (Optuna creates its

@@ -64,7 +64,7 @@ def make_request(tmp_path: Path, cpu, bert_tiny, space_text: str) -> SearchReque
     space = load_space(str(space_file), cpu)
     # No screening and no early stop: the lookup's figures are the whole story.
     return SearchRequest(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * GiB),
+        workload=Workload.for_model(bert_tiny, device=cpu, seq_len=32, ceiling_bytes=2 * GiB),
         space=space,
         work_root=str(tmp_path / "runs"),
         screen=False,
@@ -266,3 +266,22 @@ def test_dashboard_note_says_how_often_the_sampler_came_back(tmp_path, cpu, bert
     assert "3 trials measured or screened 3 distinct configs" in note
     # The queued repeat of #0 (and any measured config TPE preferred before it was turned elsewhere).
     assert "the sampler came back to a measured config" in note and "#0 x1" in note
+
+
+def test_every_trial_the_sampler_proposes_has_the_global_batch(tmp_path, cpu, tiny_workload, sqlite_url):
+    """The real TPE sampler, past its random start-up, over a real storage: only products of 48."""
+    import random
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("micro_batch: [4, 8, 16, 24, 32, 64, 128]\ngrad_accum: [1, 2]\ndtype: [fp32, bf16]\ncheckpointing: [false, true]\n")
+    space = load_space(str(space_file), cpu, global_batch=48)
+    study = open_study(open_storage(sqlite_url), "gb", SearchRequest(workload=tiny_workload(ceiling_bytes=2**30), space=space))
+    rng = random.Random(0)
+    products = set()
+    for _ in range(20):
+        trial = study.ask(space.distributions())
+        config = TrialConfig.from_params(trial.params)
+        products.add(config.global_batch)
+        study.tell(trial, rng.random())  # a throughput-like value: the sampler's input, not a measurement
+    assert products == {48}
+    assert len({t.params["micro_batch"] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}) > 1

@@ -16,14 +16,13 @@ GiB = 1024**3
 
 
 @pytest.fixture
-def study_and_request(sqlite_url, bert_tiny, cpu, tmp_path):
-    from autotune.runner import Workload
+def study_and_request(sqlite_url, tiny_workload, tmp_path):
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB, measure=MeasureSettings(
+        workload=tiny_workload(measure=MeasureSettings(
             warmup_steps=1, min_steps=4, max_steps=6, max_seconds=60.0, cv_target=0.0, prune_after_steps=2
         )),
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),

@@ -69,13 +69,13 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
 
     # A ceiling between the predictions of micro-batch 32 and 64.
     ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
-    best = best_practice_config(space, Workload(model=bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
+    best = best_practice_config(space, Workload.for_model(bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
     assert (best.dtype, best.optim, best.checkpointing, best.dataloader_workers) == ("bf16", "adamw_torch_fused", False, 0)
     assert best.micro_batch == 32
     # A ceiling only checkpointing fits under: checkpointing on.
     ceiling = int(predicted(8, checkpointing=True) / SEED_FILL_FRACTION) + 1
     assert predicted(8) > SEED_FILL_FRACTION * ceiling
-    best = best_practice_config(space, Workload(model=bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
+    best = best_practice_config(space, Workload.for_model(bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
     assert best.checkpointing and best.micro_batch == 8
 
 
@@ -84,7 +84,7 @@ def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory
         "micro_batch": [8, 64], "dtype": ["fp32", "fp16", "bf16"], "dataloader_workers": [0, 2, 4],
         "pin_memory": [True, False],
     }), FAKE_V100)
-    best = best_practice_config(space, Workload(model=bert_tiny, device=FAKE_V100, seq_len=128, ceiling_bytes=12 * GiB))
+    best = best_practice_config(space, Workload.for_model(bert_tiny, device=FAKE_V100, seq_len=128, ceiling_bytes=12 * GiB))
     assert (best.dtype, best.dataloader_workers, best.pin_memory, best.micro_batch) == ("fp16", 2, True, 64)
 
 

@@ -13,23 +13,13 @@ TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 
 def create_study(url: str, name: str, ceiling_bytes: int) -> None:
     """A study made through autotune's own API in a real storage, as an earlier search leaves it."""
-    from autotune.devices import cpu_device
-    from autotune.models import resolve_model
     from autotune.runner import Workload
     from autotune.space import load_space
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
 
-    device = cpu_device()
-    request = SearchRequest(
-        workload=Workload(
-            model=resolve_model("bert-tiny"),
-            device=device,
-            seq_len=32,
-            ceiling_bytes=ceiling_bytes,
-        ),
-        space=load_space(TINY_SPACE, device),
-    )
+    workload = Workload.for_model("bert-tiny", seq_len=32, ceiling_bytes=ceiling_bytes)
+    request = SearchRequest(workload=workload, space=load_space(TINY_SPACE, workload.device))
     open_study(open_storage(url), name, request)
 
 

@@ -54,7 +54,6 @@ def _record_real_oom(storage: str, workdir: Path) -> int:
     from autotune.ceiling import parse_ceiling
     from autotune.devices import cpu_device
     from autotune.measure import MeasureSettings
-    from autotune.models import resolve_model
     from autotune.result import TrialResult
     from autotune.runner import Workload
     from autotune.space import load_space
@@ -63,8 +62,8 @@ def _record_real_oom(storage: str, workdir: Path) -> int:
 
     device = cpu_device()
     request = SearchRequest(
-        workload=Workload(
-            model=resolve_model("bert-tiny"),
+        workload=Workload.for_model(
+            "bert-tiny",
             device=device,
             seq_len=32,
             ceiling_bytes=parse_ceiling(CEILING, device.total_memory_bytes),

@@ -1,0 +1,54 @@
+"""What bounds a trial child (autotune.runner._limits): its environment before CUDA starts, its
+allocator settings, and its address space on the CPU, enforced by the kernel in a real process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from autotune.runner import child_address_space_budget, child_environment
+from autotune.runner._limits import allocator_settings, apply_allocator_env
+
+GiB = 1024**3
+
+# A process that caps its own address space, then asks for more than the cap allows.
+OVER_THE_BUDGET = """
+import sys
+from autotune.runner import limit_address_space
+limit_address_space(256 * 2**20)
+small = bytearray(64 * 2**20)  # within the budget: allocated
+try:
+    big = bytearray(1024 * 2**20)
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def test_a_cpu_child_sees_no_gpu(cpu):
+    assert child_environment(cpu) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_the_budget_is_generous_above_the_ceiling_but_never_past_90_percent_of_what_is_available():
+    assert child_address_space_budget(GiB, 64 * GiB) == 3 * GiB  # at least 2 GiB above a small ceiling
+    assert child_address_space_budget(8 * GiB, 64 * GiB) == 12 * GiB  # half again above a large one
+    assert child_address_space_budget(8 * GiB, 10 * GiB) == 9 * GiB  # the host's memory bounds it
+
+
+def test_a_child_over_its_address_space_budget_gets_a_memory_error_not_the_oom_killer():
+    completed = subprocess.run(
+        [sys.executable, "-c", OVER_THE_BUDGET], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip() == "MemoryError"
+
+
+def test_the_allocator_settings_are_read_from_the_environment_and_applied_exactly(monkeypatch):
+    assert allocator_settings({"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": "", "PATH": "/bin"}) == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True"
+    }
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")  # what a forkserver may have inherited
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    apply_allocator_env({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
+    assert allocator_settings() == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}  # the inherited one is gone

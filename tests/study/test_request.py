@@ -1,0 +1,109 @@
+"""What to search (autotune.study._request): the command's options checked once and turned into the
+request every trial shares, before any trial runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from autotune.devices import known_gpu
+from autotune.errors import AutotuneError
+from autotune.space import SearchSpace
+from autotune.study import SearchOptions, SearchRequest, default_study_name, prepare_request, worker_devices
+from tests.support.cli import REPO
+
+GiB = 1024**3
+TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
+
+
+def options(tmp_path, **changes) -> SearchOptions:  # noqa: ANN001 - a fixture
+    """The options of ``autotune search --model bert-tiny --device cpu --seq-len 32 --space tiny-test.yaml``."""
+    settings = {"model": "bert-tiny", "device": "cpu", "seq_len": 32, "space": TINY_SPACE, "memory_ceiling": "1GiB",
+                "work_dir": str(tmp_path / "runs")}
+    return SearchOptions(**{**settings, **changes})
+
+
+def test_prepare_request_builds_the_workload_every_trial_shares(tmp_path):
+    prepared = prepare_request(
+        options(tmp_path, warmup_steps=2, max_measure_steps=7, trial_timeout=60.0, prune_ratio=0.3, screen=False,
+                callbacks=("tests.support.faults:RecordCollectorState",)),
+        available_memory_bytes=64 * GiB,
+    )
+    request = prepared.request
+    workload = request.workload
+    assert (workload.model.name, workload.device.kind, workload.seq_len) == ("bert-tiny", "cpu", 32)
+    assert workload.ceiling_bytes == request.ceiling_bytes == GiB
+    assert (workload.measure.warmup_steps, workload.measure.max_steps) == (2, 7)
+    assert workload.callbacks == ("tests.support.faults:RecordCollectorState",) and workload.dataset is None
+    # A CPU child may grow past the ceiling (to be measured over it), within the host's memory.
+    assert GiB < workload.address_space_bytes < 64 * GiB
+    assert request.worker_devices == (workload.device,)
+    assert (request.trial_timeout_s, request.work_root, request.prune_ratio, request.screen) == (60.0, str(tmp_path / "runs"), 0.3, False)
+    assert set(request.space.choices) >= {"micro_batch", "grad_accum", "checkpointing", "dtype", "optim"}
+    assert any(note.startswith("no datasheet peak for a CPU") for note in prepared.notes)  # what MFU is measured against
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_prepare_request_gives_each_cpu_worker_its_share_of_the_memory(tmp_path):
+    one = prepare_request(options(tmp_path), available_memory_bytes=4 * GiB).request
+    two = prepare_request(options(tmp_path, workers=2), available_memory_bytes=4 * GiB).request
+    assert [device.kind for device in two.worker_devices] == ["cpu", "cpu"]
+    assert two.workload.address_space_bytes < one.workload.address_space_bytes
+    assert two.workload.address_space_bytes <= 2 * GiB  # two children at once stay within what is available
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"prune_ratio": 1.0}, "--prune-ratio 1.0: give a fraction from 0 (never prune) up to, not including, 1"),
+        ({"seq_len": 4096}, "--seq-len 4096 is longer than bert-tiny allows (512 positions)"),
+        ({"callbacks": ("tests.support.faults:NoSuchCallback",)}, "--callback 'tests.support.faults:NoSuchCallback': tests.support.faults has no TrainerCallback class named NoSuchCallback"),
+        ({"device": "cpu", "workers": 0}, "--workers must be 1 or more"),
+    ],
+)
+def test_prepare_request_refuses_a_bad_option_before_any_trial(tmp_path, changes, message):
+    with pytest.raises(AutotuneError, match=re.escape(message)):
+        prepare_request(options(tmp_path, **changes), available_memory_bytes=64 * GiB)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_request_for_another_device_keeps_the_search_and_its_identity_names_the_setup(tiny_workload):
+    request = SearchRequest(workload=tiny_workload(base_args={"seed": 7}), space=SearchSpace(choices={"micro_batch": [8]}))
+    h100 = known_gpu("h100-sxm").device()
+    moved = request.for_device(h100)
+    assert moved.workload.device == h100 and moved.workload == dataclasses.replace(request.workload, device=h100)
+    assert request.workload.device.kind == "cpu"  # the request it came from is unchanged
+    assert request.identity() == {
+        "model": "bert-tiny", "task": request.workload.model.task, "seq_len": 32, "device": request.workload.device.name,
+        "dataset": "synthetic tokens", "base_args": {"seed": 7},
+    }
+    assert moved.identity()["device"] == h100.name
+
+
+def test_the_default_study_name_is_model_device_and_seq_len(cpu, tmp_path):
+    assert default_study_name("bert-tiny", cpu, 32) == "bert-tiny-cpu-s32"
+    local = tmp_path / "my model"
+    local.mkdir()
+    assert default_study_name(str(local), cpu, 128) == "my-model-cpu-s128"  # a local directory: its name, made safe
+
+
+class TestWorkerDevices:
+    def test_cpu_workers_share_the_cpu(self):
+        devices = worker_devices("cpu", None, None, 3)
+        assert [d.kind for d in devices] == ["cpu"] * 3
+
+    @pytest.mark.parametrize(
+        ("device", "gpu", "gpus", "workers", "message"),
+        [
+            (None, None, "0,x", 1, "distinct CUDA device numbers"),
+            (None, None, "0,0", 1, "distinct CUDA device numbers"),
+            ("cpu", None, "0,1", 1, "leave out --gpu, --device and --workers"),
+            (None, None, "0,1", 2, "leave out --gpu, --device and --workers"),
+            ("cpu", None, None, 0, "--workers must be 1 or more"),
+        ],
+    )
+    def test_contradictions_are_one_line_errors(self, device, gpu, gpus, workers, message):
+        with pytest.raises(AutotuneError, match=re.escape(message)):
+            worker_devices(device, gpu, gpus, workers)
