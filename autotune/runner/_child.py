@@ -10,7 +10,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from autotune.result import TrialResult
-from autotune.runner._failures import is_oom_exception
+from autotune.runner._failures import is_oom_exception, library_failure
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import apply_allocator_env, child_environment
 from autotune.runner._memory import failure_memory_pressure
@@ -50,9 +50,11 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
             address_space_limited=job.workload.address_space_bytes is not None,
             memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
         )
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        library = None if oom else library_failure(exc)
         result = TrialResult(
             status="oom" if oom else "error",
-            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+            error=f"{library}. {error}" if library else error,
             ceiling_bytes=job.workload.ceiling_bytes,
         )
     conn.send(("result", result.to_dict()))

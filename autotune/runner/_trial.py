@@ -31,6 +31,7 @@ from autotune.runner._numerics import LossRecorder, weights_are_finite
 from autotune.runner._precision import (
     AutocastRecorder,
     accelerator_autocast_dtype,
+    align_legacy_tf32,
     cuda_matmul_precision,
     ran_dtype,
     utilisation_defect,
@@ -120,6 +121,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             callbacks=[recorder, timer, *(load_callback(name)() for name in workload.callbacks)],
         )
         recorder.attach(trainer)
+        align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured

@@ -1,0 +1,51 @@
+"""What a first run on a real GPU meets (issue 23), on the CPU: torch's own TF32 views, and the CUDA
+failure texts classified as the child classifies them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.runner._failures import is_oom_exception, library_failure
+from autotune.runner._precision import align_legacy_tf32, cuda_matmul_precision
+
+# torch's cuBLAS handle check (aten/src/ATen/cuda/CublasHandlePool.cpp).
+CUBLAS_INIT = "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
+
+
+@pytest.fixture
+def restored_fp32_precision():
+    """torch's global precision settings as they were before the test."""
+    saved = (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+    yield
+    torch.backends.fp32_precision = saved[0]
+    torch.backends.cuda.matmul.fp32_precision = saved[1]
+    torch.backends.mkldnn.matmul.fp32_precision = saved[2]
+    torch.backends.cuda.matmul.allow_tf32 = saved[1] == "tf32"  # both views agree again
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_after_transformers_sets_tf32_through_the_new_api_the_legacy_getters_agree(restored_fp32_precision, precision):
+    # What transformers' enable_tf32 does on torch >= 2.9 (transformers/utils/import_utils.py).
+    torch.backends.fp32_precision = precision
+    if precision == "tf32":
+        # The mismatch inductor meets, reproduced on this CPU torch: the legacy getter raises.
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            _ = torch.backends.cuda.matmul.allow_tf32
+    cpu_precision = torch.backends.mkldnn.matmul.fp32_precision
+    align_legacy_tf32(torch)
+    assert torch.backends.cuda.matmul.allow_tf32 is (precision == "tf32")
+    assert torch.get_float32_matmul_precision() == ("high" if precision == "tf32" else "highest")
+    assert cuda_matmul_precision(torch) == precision  # the precision that runs is unchanged
+    assert torch.backends.mkldnn.matmul.fp32_precision == cpu_precision
+
+
+def test_cublas_not_initialized_is_oom_only_under_memory_pressure_and_otherwise_names_the_library():
+    assert not is_oom_exception(RuntimeError(CUBLAS_INIT))
+    assert is_oom_exception(RuntimeError(CUBLAS_INIT), memory_pressure=True)
+    wrapped = RuntimeError("the Trainer failed")
+    wrapped.__cause__ = RuntimeError(CUBLAS_INIT)
+    assert is_oom_exception(wrapped, memory_pressure=True)
+    note = library_failure(wrapped)
+    assert note is not None and note.startswith("cuBLAS could not initialise") and "driver" in note
+    assert library_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
