@@ -17,10 +17,7 @@ from collections import Counter
 from typing import Any
 
 import optuna
-import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
-from plotly.offline import get_plotlyjs
-from plotly.subplots import make_subplots
 
 from autotune import schema
 from autotune.config import TrialConfig
@@ -38,6 +35,13 @@ from autotune.ranking import (
 from autotune.result import INFEASIBLE_STATUSES, TrialResult, memory_source_description
 from autotune.schema import METRIC_NAME
 from autotune.units import GiB, format_bytes
+
+try:  # an optional part (pyproject's [report] extra): the search never imports this module
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs
+    from plotly.subplots import make_subplots
+except ImportError as missing:
+    raise AutotuneError("autotune report needs plotly: pip install 'autotune[report]' (or pip install plotly)") from missing
 
 # One colour per trial status, the same in every figure (close to the terminal table's styles).
 STATUS_COLORS = {
