@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 from importlib import resources
 from typing import Any
 
@@ -215,6 +216,12 @@ class SearchSpace:
 
 
 def default_space_path() -> str:
+    """The default search space's YAML: the repository's ``search_spaces/`` when autotune runs from a
+    source tree (``PYTHONPATH=repo``, or an editable install), else the installed package's copy,
+    ``autotune.spaces``, which exists only through pyproject's ``package-dir`` mapping."""
+    source_tree = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "search_spaces", "default.yaml")
+    if os.path.isfile(source_tree):
+        return source_tree
     return str(resources.files("autotune.spaces").joinpath("default.yaml"))
 
 
