@@ -202,6 +202,8 @@ def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: 
         **allocator_settings(),
         **probe_notes,
     }
+    if device_kind == "cuda":  # what CUDA can allocate, against the NVML figure the ceiling used (devices.py)
+        found["cuda_total_bytes"] = str(torch.cuda.mem_get_info()[1])
     return found
 
 

@@ -73,12 +73,15 @@ class FakeNvmlDevice:
     mig_slices: list[FakeNvmlDevice] = dataclasses.field(default_factory=list)
     parent: FakeNvmlDevice | None = None
     gpu_instance_id: int = 0
+    reserved: int = 0  # what nvmlDeviceGetMemoryInfo_v2 reports reserved by the driver and firmware
+    has_memory_info_v2: bool = True  # False: an older driver ("Function Not Found")
 
 
 class FakeNvml(types.ModuleType):
     """pynvml as nvidia-ml-py ships it, over a list of fake devices."""
 
     NVML_DEVICE_MIG_ENABLE = 1
+    nvmlMemory_v2 = 0x02000028  # pynvml's version tag of nvmlMemory_v2_t
     NVMLError = FakeNvmlError
 
     def __init__(self, devices: list[FakeNvmlDevice]) -> None:
@@ -109,8 +112,13 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetUUID(self, handle: FakeNvmlDevice) -> str:  # noqa: N802
         return handle.uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeNvmlDevice):  # noqa: N802, ANN201
-        return types.SimpleNamespace(total=handle.total, used=handle.used, free=handle.total - handle.used)
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeNvmlDevice, version: int | None = None):  # noqa: N802, ANN201
+        if version is None:  # v1: ``used`` includes the reserve
+            return types.SimpleNamespace(total=handle.total, used=handle.used, free=handle.total - handle.used)
+        if not handle.has_memory_info_v2:
+            raise FakeNvmlError("Function Not Found")
+        free = handle.total - handle.used
+        return types.SimpleNamespace(version=version, total=handle.total, reserved=handle.reserved, free=free, used=handle.used - handle.reserved)
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeNvmlDevice) -> tuple[int, int]:  # noqa: N802
         if handle.parent is not None:

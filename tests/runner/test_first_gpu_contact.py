@@ -1,13 +1,19 @@
-"""What a first run on a real GPU meets (issue 23), on the CPU: torch's own TF32 views, and the CUDA
-failure texts classified as the child classifies them."""
+"""What a first run on a real GPU meets (issue 23), on the CPU: torch's own TF32 views, the CUDA failure
+texts classified as the child classifies them, and the device's total through a FakeNvml (no GPU here)."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 
+from autotune.ceiling import parse_ceiling
+from autotune.devices import cuda_device, known_gpu
 from autotune.runner._failures import is_oom_exception, library_failure
 from autotune.runner._precision import align_legacy_tf32, cuda_matmul_precision
+from autotune.units import GiB, MiB
+from tests.runner.test_cuda_fakes import FakeNvml, FakeNvmlDevice
 
 # torch's cuBLAS handle check (aten/src/ATen/cuda/CublasHandlePool.cpp).
 CUBLAS_INIT = "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"
@@ -49,3 +55,33 @@ def test_cublas_not_initialized_is_oom_only_under_memory_pressure_and_otherwise_
     note = library_failure(wrapped)
     assert note is not None and note.startswith("cuBLAS could not initialise") and "driver" in note
     assert library_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+
+
+# ------------------------------------------------------------------ the ceiling's total (FakeNvml: no GPU here)
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    nvml = FakeNvml([])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return nvml
+
+
+def h100(**kwargs) -> FakeNvmlDevice:
+    # nvidia-smi's total on an H100 80GB; CUDA's total is 79.11 GiB (docs/facts.md): the reserve is the rest.
+    total = 81559 * MiB
+    return FakeNvmlDevice("NVIDIA H100 80GB HBM3", "GPU-h100", total, 600 * MiB, (9, 0), reserved=total - int(79.11 * GiB), **kwargs)
+
+
+def test_the_devices_total_is_what_cuda_can_allocate_not_nvmls_total(fake_nvml):
+    fake_nvml.devices = [h100()]
+    device = cuda_device(0)
+    assert device.total_memory_bytes == int(79.11 * GiB)
+    assert parse_ceiling("0.9", device.total_memory_bytes) == int(0.9 * int(79.11 * GiB))
+    assert known_gpu("h100-sxm").device().total_memory_bytes == device.total_memory_bytes
+
+
+def test_without_nvmls_v2_memory_info_the_total_is_nvmls(fake_nvml):
+    fake_nvml.devices = [h100(has_memory_info_v2=False)]
+    assert cuda_device(0).total_memory_bytes == 81559 * MiB
