@@ -62,6 +62,7 @@ def search(
     trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = 20,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
     trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = 900.0,
+    compile_timeout: Annotated[float, typer.Option(help="torch.compile trials: seconds to compile (until the first step ends) before --trial-timeout starts.")] = 1800.0,
     task: TaskOption = None,
     warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = 3,
     max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = 40,
@@ -111,6 +112,7 @@ def search(
     validate.positive_int("--max-measure-steps", max_measure_steps)
     validate.non_negative_int("--warmup-steps", warmup_steps)
     validate.positive_seconds("--trial-timeout", trial_timeout)
+    validate.positive_seconds("--compile-timeout", compile_timeout)
     validate.positive_seconds("--timeout", timeout)
     validate.dataset_options(dataset, text_column, packing)
     import psutil
@@ -135,7 +137,7 @@ def search(
         raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
     options = SearchOptions(
         model=model, gpu=gpu, device=device, gpus=gpus, workers=workers, seq_len=seq_len, memory_ceiling=memory_ceiling,
-        space=space, task=task, trial_timeout=trial_timeout, warmup_steps=warmup_steps,
+        space=space, task=task, trial_timeout=trial_timeout, compile_timeout=compile_timeout, warmup_steps=warmup_steps,
         max_measure_steps=max_measure_steps, work_dir=work_dir, callbacks=tuple(callback or ()), dataset=dataset,
         text_column=text_column, packing=packing, base_args=base_args, global_batch=global_batch,
         max_global_batch=max_global_batch, prune_ratio=prune_ratio, screen=screen,

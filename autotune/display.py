@@ -18,6 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from autotune import schema
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
@@ -28,7 +29,7 @@ from autotune.units import format_bytes
 
 STATUS_STYLE = {
     "ok": "green", "over_ceiling": "yellow", "oom": "red", "screened": "magenta", "pruned": "cyan",
-    "diverged": "red", "timeout": "red", "crash": "red", "error": "red", "interrupted": "yellow",
+    "diverged": "red", "timeout": "red", "compile_timeout": "red", "crash": "red", "error": "red", "interrupted": "yellow",
 }
 
 LEGEND = (
@@ -37,7 +38,8 @@ LEGEND = (
     "token, PaLM), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
     "matmuls ran in; * = over the peak measured by `autotune devices --calibrate`; - = no peak known "
     "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
-    "over the same peak. peak mem: the figure the ceiling is compared with ({source}). "
+    "over the same peak. peak mem: the figure the ceiling is compared with ({source}); pred: the calibrated "
+    "estimate when the config was proposed. "
     "CV: step-time coefficient of variation over the steady window."
 )
 
@@ -122,10 +124,17 @@ def trial_cells(
         format_tflops(result.model_tflops) if ran else "-",
         mfu if ran else "-",
         hfu if ran else "-",
-        format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-",
+        peak_cell(result),
         _fmt(result.step_time_cv, ".1%") if ran else "-",
         f"{result.wall_s:.0f}s", "; ".join(notes)[:90],
     ]
+
+
+def peak_cell(result: TrialResult) -> str:
+    """The measured peak, and the prediction made when the config was proposed (study._screening)."""
+    predicted = result.memory_peaks.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
+    measured = format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-"
+    return measured if predicted is None else f"{measured} (pred {format_bytes(predicted)})"
 
 
 class SearchView:

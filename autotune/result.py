@@ -16,12 +16,12 @@ from autotune import schema
 # that say nothing about the config's memory. interrupted: the user stopped the search. diverged: ran,
 # but does not train: a non-finite loss or weights, every measured step skipped by the grad scaler,
 # or a loss far above the HF default's over the same steps (autotune.numerics).
-STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "crash", "error", "interrupted")
+STATUSES = ("ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "compile_timeout", "crash", "error", "interrupted")
 FEASIBLE_STATUSES = ("ok",)
 # Statuses recorded as COMPLETE trials with value 0 and a violated constraint: the sampler learns
 # to avoid them. A diverged trial's constraint is not a memory figure (see study._record.memory_constraint_gib).
 INFEASIBLE_STATUSES = ("over_ceiling", "oom", "screened", "diverged")
-FAILED_STATUSES = ("timeout", "crash", "error", "interrupted")
+FAILED_STATUSES = ("timeout", "compile_timeout", "crash", "error", "interrupted")
 
 
 

@@ -16,14 +16,31 @@ def apply_allocator_env(allocator_env: dict[str, str]) -> None:
     os.environ.update(allocator_env)
 
 
-def child_environment(device: DeviceSpec) -> dict[str, str]:
-    """Environment a trial child sets before anything touches CUDA."""
+def child_environment(device: DeviceSpec, work_dir: str | None = None) -> dict[str, str]:
+    """Environment a trial child sets before anything touches CUDA.
+
+    Args:
+        device: The child's device.
+        work_dir: The trial's own directory, one of the search's work root's children
+            (``study._record.trial_work_dir``): the inductor cache goes in the work root, shared
+            by every trial of the search, so a config compiles once (a retry, a confirmation
+            re-run and configs that share graphs reuse inductor's FX graph and autotuning caches).
+            A ``TORCHINDUCTOR_CACHE_DIR`` the user set is kept.
+    """
+    found = {}
+    if work_dir is not None and not os.environ.get(INDUCTOR_CACHE_ENV):
+        found[INDUCTOR_CACHE_ENV] = os.path.join(os.path.dirname(os.path.abspath(work_dir)), "inductor-cache")
     if device.kind == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}
+        return {**found, "CUDA_VISIBLE_DEVICES": ""}
     # NVML numbers devices in PCI bus order; make CUDA agree before pinning the child to one. The
     # entry is passed on as the user gave it (an index, a GPU UUID or a MIG instance), so a child
     # on a MIG slice sees that slice as its device 0.
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+    return {**found, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+
+
+# Where inductor keeps its compiled graphs and autotuning results (torch/_inductor/runtime/cache_dir_utils.py,
+# ``cache_dir``: default a directory under the system's temp dir).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 # The caching allocator's settings: PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF "for backward

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import transformers
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
 from autotune.devices import DeviceSpec
 from autotune.flops import hardware_tflops as hardware_tflops_of
 from autotune.flops import model_tflops as model_tflops_of
 from autotune.flops import utilisation
-from autotune.measure import StepTimer
+from autotune.measure import StepTimer, dynamo_compile_seconds
 from autotune.models import build_model
 from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.result import TrialResult
@@ -89,8 +90,27 @@ def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
 
-def train_and_measure(job: TrialJob) -> TrialResult:
-    """Train ``job.config`` until the step time is steady and return what was measured."""
+class FirstStepSignal(TrainerCallback):
+    """Calls ``on_first_step(compile seconds so far)`` once, when the first optimizer step ends: by then
+    torch.compile has compiled the forward and backward, so the parent's compile budget ends here."""
+
+    def __init__(self, on_first_step: Callable[[float], None]) -> None:
+        self._on_first_step: Callable[[float], None] | None = on_first_step
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if self._on_first_step is not None:
+            self._on_first_step(dynamo_compile_seconds())
+            self._on_first_step = None
+        return control
+
+
+def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | None = None) -> TrialResult:
+    """Train ``job.config`` until the step time is steady and return what was measured.
+
+    Args:
+        job: The trial.
+        on_first_step: Called once when the first optimizer step ends (:class:`FirstStepSignal`).
+    """
     workload = job.workload
     started = time.perf_counter()
     probe = memory_probe(workload.device.kind)
@@ -118,7 +138,10 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             args=args,
             train_dataset=build_dataset(job),
             data_collator=build_collator(job),
-            callbacks=[recorder, timer, *(load_callback(name)() for name in workload.callbacks)],
+            callbacks=[
+                recorder, timer, *(load_callback(name)() for name in workload.callbacks),
+                *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
+            ],
         )
         recorder.attach(trainer)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it

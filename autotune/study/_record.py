@@ -21,7 +21,7 @@ from autotune.ceiling import excess_gib
 from autotune.errors import AutotuneError
 from autotune.storage import storage_failure
 from autotune.result import FAILED_STATUSES, INFEASIBLE_STATUSES, TrialResult
-from autotune.study._screening import screened_excess_gib
+from autotune.study._screening import screened_excess_gib, with_predicted_peaks
 
 # The constraint of an OOM or screened trial, whose real peak is unknown: "over by at least this".
 UNKNOWN_EXCESS_GIB = 1.0
@@ -48,6 +48,7 @@ def memory_constraint_gib(result: TrialResult) -> float:
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
     """Record a result: user attrs, the memory constraint, then the trial's final state."""
+    with_predicted_peaks(result, trial.user_attrs)
     trial.set_user_attr(schema.TRIAL_RESULT, result.to_dict())
     trial.set_user_attr(schema.TRIAL_STATUS, result.status)
     if result.status in FAILED_STATUSES:

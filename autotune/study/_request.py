@@ -87,6 +87,7 @@ class SearchOptions:
     space: str | None = None
     task: str | None = None
     trial_timeout: float = 900.0
+    compile_timeout: float | None = None
     warmup_steps: int = 3
     max_measure_steps: int = 40
     work_dir: str = "autotune_runs"
@@ -194,6 +195,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         callbacks=options.callbacks,
         address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
+        compile_timeout_s=options.compile_timeout,
     )
     request = SearchRequest(
         workload=workload,

@@ -15,9 +15,11 @@ it is never ranked nor exported (only ``ok`` trials are).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from autotune.ceiling import excess_gib, fits
+from autotune import schema
 from autotune.config import TrialConfig
 from autotune.estimate import (
     Calibration,
@@ -30,13 +32,18 @@ from autotune.models import ModelSpec
 from autotune.result import TrialResult
 from autotune.units import format_bytes
 
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.runner import Workload
+
 UNCALIBRATED_MARGIN = 1.25
 MIN_CALIBRATED_MARGIN = 1.10
 # After calibration: margin = 1 + max(MIN, SAFETY * worst relative error of the fit), capped at
 # the uncalibrated margin. The factor 2 leaves room for configs unlike the measured ones.
 CALIBRATED_ERROR_SAFETY = 2.0
 # Keys of TrialResult.memory_peaks for a screened trial: what it was not measured to use.
-PREDICTED_PEAK_KEY = "predicted_peak_bytes"
+PREDICTED_PEAK_KEY = schema.TRIAL_PREDICTED_PEAK_BYTES
 INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
 # Statuses whose measured memory was at or over the ceiling.
 _MEMORY_FAILURES = ("oom", "over_ceiling")
@@ -159,3 +166,24 @@ def screen(
     calibration = calibration_from_trials(model, seq_len, device_kind, measured)
     estimate = estimate_peak(model, config, seq_len, device_kind, calibration)
     return predict_over_ceiling(estimate, ceiling_bytes, calibration)
+
+
+def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> None:
+    """Write the config's predicted peak into the trial when it is proposed, before it runs or is screened:
+    the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and the
+    estimator's prior. Every trial then compares a prediction with what it measured, not only the
+    screened ones, which never run."""
+    model, seq_len, kind = workload.model, workload.seq_len, workload.device.kind
+    calibration = calibration_from_trials(model, seq_len, kind, measured)
+    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, estimate_peak(model, config, seq_len, kind).total_bytes)
+    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, kind, calibration).total_bytes)
+
+
+def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
+    """``result`` with the trial's predictions (:func:`record_predicted_peak`) in its ``memory_peaks``,
+    beside what it measured, so every view of the result shows predicted against measured."""
+    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES):
+        value = user_attrs.get(key)
+        if isinstance(value, int) and key not in result.memory_peaks:
+            result.memory_peaks[key] = value
+    return result
