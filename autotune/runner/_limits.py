@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+from typing import Any
 
 from autotune.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
@@ -50,10 +51,35 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
+# The name every torch reads: the only one before the unified AllocatorConfig (torch 2.9), its
+# backward-compatible alias since; PYTORCH_ALLOC_CONF is not read by every version (silently ignored
+# for CUDA's expandable segments on 2.9.1: pytorch/pytorch#183387). docker/Dockerfile sets this one.
+ALLOCATOR_ENV_EVERY_TORCH_READS = "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def allocator_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The allocator variables set in this process's environment (recorded with each trial)."""
     environ = os.environ if environ is None else environ
     return {name: environ[name] for name in ALLOCATOR_ENV if environ.get(name)}
+
+
+def allocator_read_back(torch_module: Any) -> dict[str, str]:
+    """Whether the CUDA caching allocator runs with expandable segments, as torch applied it (not as a
+    variable asked: a name this torch does not read is ignored silently, pytorch/pytorch#183387).
+
+    Read from the allocator's snapshot (``torch.cuda.memory._snapshot()["allocator_settings"]``,
+    the reading that issue uses); empty where this torch's snapshot has no such entry.
+
+    Args:
+        torch_module: ``torch``, in a process that used CUDA (a parameter so a fake can stand in).
+    """
+    try:
+        settings = torch_module.cuda.memory._snapshot().get("allocator_settings")
+    except Exception:  # noqa: BLE001 - a reading, never a reason to fail a trial
+        return {}
+    if not isinstance(settings, dict) or "expandable_segments" not in settings:
+        return {}
+    return {"allocator_expandable_segments": "true" if settings["expandable_segments"] else "false"}
 
 
 def child_address_space_budget(ceiling_bytes: int, available_bytes: int) -> int:

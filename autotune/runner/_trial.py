@@ -26,7 +26,7 @@ from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trai
 from autotune.result import TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import allocator_settings, limit_address_space
+from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
 from autotune.runner._memory import memory_probe
 from autotune.runner._numerics import LossRecorder, weights_are_finite
 from autotune.runner._precision import (
@@ -227,6 +227,7 @@ def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: 
     }
     if device_kind == "cuda":  # what CUDA can allocate, against the NVML figure the ceiling used (devices.py)
         found["cuda_total_bytes"] = str(torch.cuda.mem_get_info()[1])
+        found.update(allocator_read_back(torch))
     return found
 
 

@@ -4,6 +4,7 @@ texts classified as the child classifies them, and the device's total through a 
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from autotune.ceiling import parse_ceiling
 from autotune.devices import cuda_device, known_gpu
 from autotune.runner._failures import is_oom_exception, library_failure
+from autotune.runner._limits import allocator_read_back
 from autotune.runner._precision import align_legacy_tf32, cuda_matmul_precision
 from autotune.units import GiB, MiB
 from tests.runner.test_cuda_fakes import FakeNvml, FakeNvmlDevice
@@ -85,3 +87,24 @@ def test_the_devices_total_is_what_cuda_can_allocate_not_nvmls_total(fake_nvml):
 def test_without_nvmls_v2_memory_info_the_total_is_nvmls(fake_nvml):
     fake_nvml.devices = [h100(has_memory_info_v2=False)]
     assert cuda_device(0).total_memory_bytes == 81559 * MiB
+
+
+# --------------------------------------------- the allocator setting torch applied (FakeCudaAllocator: no GPU)
+
+
+class FakeCudaAllocator:
+    """``torch`` as far as :func:`allocator_read_back` reads it: ``torch.cuda.memory._snapshot()``, whose
+    ``allocator_settings`` say what the CUDA caching allocator applied (pytorch/pytorch#183387's reading)."""
+
+    def __init__(self, snapshot: dict) -> None:
+        self.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(_snapshot=lambda: snapshot))
+
+
+def test_the_allocator_setting_is_read_back_from_torch_not_from_the_variable(monkeypatch):
+    # The variable asks for expandable segments; a torch that ignores the name runs without them.
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    ignored = FakeCudaAllocator({"segments": [], "allocator_settings": {"expandable_segments": False}})
+    assert allocator_read_back(ignored) == {"allocator_expandable_segments": "false"}
+    applied = FakeCudaAllocator({"segments": [], "allocator_settings": {"expandable_segments": True}})
+    assert allocator_read_back(applied) == {"allocator_expandable_segments": "true"}
+    assert allocator_read_back(FakeCudaAllocator({"segments": []})) == {}  # a torch whose snapshot lacks them
