@@ -57,9 +57,10 @@ def test_the_wheelhouse_installs_with_the_index_disabled_and_a_search_runs_from_
     python = str(preinstalled_python(tmp_path / "machine", preinstalled))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
     env["PIP_CONFIG_FILE"] = os.devnull
+    # The GPU acceptance's own install step: `python -m pip install --no-index --find-links WHEELHOUSE autotune`.
     install = subprocess.run(
-        [python, "-m", "pip", "install", "--no-index", "--find-links", str(wheels), "autotune"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+        ["bash", str(REPO / "scripts" / "gpu_acceptance.sh"), "install", str(tmp_path / "acceptance")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**env, "PYTHON": python, "WHEELHOUSE": str(wheels)},
     )
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     where = subprocess.run(
