@@ -62,7 +62,9 @@ def search(
     trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = 20,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
     trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = 900.0,
-    compile_timeout: Annotated[float, typer.Option(help="torch.compile trials: seconds to compile (until the first step ends) before --trial-timeout starts.")] = 1800.0,
+    compile_timeout: Annotated[
+        float, typer.Option(help="torch.compile trials: seconds to compile (until the first step ends), then --trial-timeout.")
+    ] = 1800.0,
     task: TaskOption = None,
     warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = 3,
     max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = 40,

@@ -36,7 +36,12 @@ if [[ ${#TARGET[@]} -gt 0 ]]; then
 fi
 mkdir -p "$OUT"
 
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$REPO"
+# Built from a copy of what the wheel holds (pyproject.toml names it), so no build/ left in the checkout
+# can slip a stale file into the wheel.
+SOURCE="$(mktemp -d)"
+trap 'rm -rf "$SOURCE"' EXIT
+cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/autotune" "$REPO/search_spaces" "$SOURCE/"
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$SOURCE"
 # autotune's requirements, less what the target has and what the search does not need.
 mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
 "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${REQUIREMENTS[@]}"

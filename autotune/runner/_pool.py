@@ -162,7 +162,9 @@ class TrialDeadlines:
                 f"timeout (--compile-timeout): killed after {self.expired_after_s:.0f} s",
                 compile_s=self.expired_after_s,
             )
-        after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)" if self.first_step_at is not None and self.compile_timeout_s is not None else ""
+        after_compile = ""
+        if self.first_step_at is not None and self.compile_timeout_s is not None:
+            after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
         return TrialResult(
             status="timeout",
             error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",
