@@ -62,6 +62,9 @@ def search(
     trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = SearchOptions.trials,
     timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
     trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = SearchOptions.trial_timeout,
+    compile_timeout: Annotated[
+        float, typer.Option(help="torch.compile trials: seconds to compile (until the first step ends), then --trial-timeout.")
+    ] = SearchOptions.compile_timeout,
     task: TaskOption = None,
     warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = SearchOptions.warmup_steps,
     max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = SearchOptions.max_measure_steps,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import socket
+import sys
 from collections import Counter
 from collections.abc import Callable, Container
 from socketserver import ThreadingMixIn
@@ -198,14 +199,27 @@ def refresh_notes(storage: RDBStorage) -> int:
     return changed
 
 
+DASHBOARD_MISSING = (
+    "autotune: the dashboard note was not written: optuna-dashboard is not installed "
+    "(pip install optuna-dashboard, then `autotune dashboard` writes it)"
+)
+
+
 def save_study_note(study: optuna.Study) -> bool:
     """Write :func:`study_note` as the study's dashboard note, unless it is unchanged or a person
     edited it (the note no longer ends with :data:`NOTE_SIGNATURE`).
 
+    Without optuna-dashboard (an optional part: an air-gapped GPU machine may lack it) the note is
+    skipped with one line on stderr; ``autotune dashboard`` writes it when it starts (``refresh_notes``).
+
     Returns:
         Whether the note was written.
     """
-    from optuna_dashboard import get_note, save_note
+    try:
+        from optuna_dashboard import get_note, save_note
+    except ImportError:
+        print(DASHBOARD_MISSING, file=sys.stderr)
+        return False
 
     current = get_note(study)
     if current and NOTE_SIGNATURE not in current:

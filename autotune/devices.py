@@ -129,7 +129,10 @@ KNOWN_GPUS: tuple[KnownGpu, ...] = (
     KnownGpu("rtx-3090", "NVIDIA GeForce RTX 3090", int(23.70 * _GiB), (8, 6), "torch OOM message: 23.70 GiB total capacity"),
     KnownGpu("rtx-4090", "NVIDIA GeForce RTX 4090", int(23.65 * _GiB), (8, 9), "torch OOM message: 23.65 GiB total capacity"),
     KnownGpu("h100-pcie", "NVIDIA H100 PCIe", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB (80 GB HBM2e)"),
-    KnownGpu("h100-sxm", "NVIDIA H100 80GB HBM3", 81559 * _MiB, (9, 0), "nvidia-smi total: 81559 MiB"),
+    KnownGpu(
+        "h100-sxm", "NVIDIA H100 80GB HBM3", int(79.11 * _GiB), (9, 0),
+        "torch OOM message: 79.11 GiB total capacity (nvidia-smi's 81559 MiB includes the driver's reserve)",
+    ),
     KnownGpu("h200", "NVIDIA H200", 143771 * _MiB, (9, 0), "nvidia-smi total: 143771 MiB (141 GB HBM3e)"),
 )
 
@@ -275,7 +278,7 @@ def cuda_device(index: int) -> DeviceSpec:
     handle = nvml_device_handle(pynvml, visible_device_id(index), index)
     name = pynvml.nvmlDeviceGetName(handle)
     name = name.decode() if isinstance(name, bytes) else name
-    total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    total = cuda_allocatable_bytes(pynvml, handle)
     parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if _is_mig(pynvml, handle) else handle
     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(parent)
     return DeviceSpec(
@@ -286,6 +289,24 @@ def cuda_device(index: int) -> DeviceSpec:
         supported_dtypes=cuda_dtypes((major, minor)),
         compute_capability=(major, minor),
     )
+
+
+def cuda_allocatable_bytes(pynvml, handle) -> int:  # noqa: ANN001 - the pynvml module and its handle
+    """The device memory CUDA can hand out: NVML's total less what NVML reports reserved.
+
+    NVML's total (nvidia-smi's: 81,559 MiB on an H100 80GB) includes memory the driver and firmware
+    reserve, about 0.5 GiB above ``cudaMemGetInfo``'s total (torch's OOM message: "total capacity of
+    79.11 GiB" on an H100, vllm-project/vllm#27508). ``nvmlDeviceGetMemoryInfo_v2`` reports that
+    reserve (NVML API reference, ``nvmlMemory_v2_t``: total, reserved, free, used; nvidia-ml-py's
+    ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)``). Where v2 is missing (an older
+    driver or nvidia-ml-py) NVML's total is all there is. The trial child records CUDA's own total
+    (``cuda_total_bytes`` in its runtime readings), which the acceptance compares with this.
+    """
+    try:
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        return int(info.total) - int(info.reserved)
+    except (AttributeError, TypeError, pynvml.NVMLError):
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
 
 
 def visible_device_id(index: int) -> str:

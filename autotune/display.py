@@ -42,7 +42,7 @@ from autotune.units import format_bytes
 STATUS_STYLE: dict[str, str] = {
     Status.OK: "green", Status.OVER_CEILING: "yellow", Status.OOM: "red", Status.SCREENED: "magenta",
     Status.PRUNED: "cyan", Status.DIVERGED: "red", Status.TIMEOUT: "red", Status.CRASH: "red",
-    Status.ERROR: "red", Status.INTERRUPTED: "yellow",
+    Status.ERROR: "red", Status.INTERRUPTED: "yellow", Status.COMPILE_TIMEOUT: "red",
 }
 
 LEGEND = (
@@ -51,7 +51,8 @@ LEGEND = (
     "token, PaLM), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
     "matmuls ran in; * = over the peak measured by `autotune devices --calibrate`; - = no peak known "
     "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
-    "over the same peak. peak mem: the figure the ceiling is compared with ({source}). "
+    "over the same peak. peak mem: the figure the ceiling is compared with ({source}); pred: the calibrated "
+    "estimate when the config was proposed. "
     "CV: step-time coefficient of variation over the steady window."
 )
 
@@ -136,10 +137,17 @@ def trial_cells(
         format_tflops(result.model_tflops) if ran else "-",
         mfu if ran else "-",
         hfu if ran else "-",
-        format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-",
+        peak_cell(result),
         _fmt(result.step_time_cv, ".1%") if ran else "-",
         f"{result.wall_s:.0f}s", "; ".join(notes)[:90],
     ]
+
+
+def peak_cell(result: TrialResult) -> str:
+    """The measured peak, and the prediction made when the config was proposed (study._screening)."""
+    predicted = result.memory_peaks.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
+    measured = format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-"
+    return measured if predicted is None else f"{measured} (pred {format_bytes(predicted)})"
 
 
 class SearchView:

@@ -17,10 +17,7 @@ from collections import Counter
 from typing import Any
 
 import optuna
-import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
-from plotly.offline import get_plotlyjs
-from plotly.subplots import make_subplots
 
 from autotune import schema
 from autotune.config import TrialConfig
@@ -47,6 +44,13 @@ from autotune.result import (
 from autotune.schema import METRIC_NAME
 from autotune.units import GiB, format_bytes
 
+try:  # an optional part (pyproject's [report] extra): the search never imports this module
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs
+    from plotly.subplots import make_subplots
+except ImportError as missing:
+    raise AutotuneError("autotune report needs plotly: pip install 'autotune[report]' (or pip install plotly)") from missing
+
 # One colour per trial status and unfinished label, the same in every figure (close to the terminal
 # table's styles); a test checks both maps cover exactly autotune.result's vocabulary.
 STATUS_COLORS: dict[str, str] = {
@@ -60,6 +64,7 @@ STATUS_COLORS: dict[str, str] = {
     Status.CRASH: "#7f0000",
     Status.ERROR: "#e377c2",
     Status.INTERRUPTED: "#7f7f7f",
+    Status.COMPILE_TIMEOUT: "#c49c94",
     UNFINISHED_LABELS["RUNNING"]: "#1f77b4",
     UNFINISHED_LABELS["WAITING"]: "#bcbd22",
 }
@@ -71,6 +76,7 @@ STATUS_MEANING: dict[str, str] = {
     Status.PRUNED: "stopped early: clearly slower than the best",
     Status.DIVERGED: "ran, but does not train: loss non-finite or far above the HF default's",
     Status.TIMEOUT: "killed at the trial timeout",
+    Status.COMPILE_TIMEOUT: "killed while torch.compile still compiled, at the compile timeout",
     Status.CRASH: "the child process crashed",
     Status.ERROR: "failed with an error",
     Status.INTERRUPTED: "stopped by the user or a dead worker",

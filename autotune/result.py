@@ -29,6 +29,7 @@ class Status(enum.StrEnum):
     # scaler, or a loss far above the HF default's over the same steps (autotune.numerics).
     DIVERGED = "diverged"
     TIMEOUT = "timeout"  # killed at the trial timeout
+    COMPILE_TIMEOUT = "compile_timeout"  # killed while torch.compile still compiled, at --compile-timeout (not retried)
     CRASH = "crash"  # the child died without a result (a signal, an exit code)
     ERROR = "error"  # the child raised an exception that is not an OOM
     INTERRUPTED = "interrupted"  # the user stopped the search, or its worker died
@@ -52,7 +53,7 @@ INFEASIBLE_STATUSES = frozenset({Status.OVER_CEILING, Status.OOM, Status.SCREENE
 MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
 # Failures that say nothing about the config: recorded as FAIL trials, never counted, and a
 # confirmation re-run that ends so is left out of the median.
-FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
+FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.COMPILE_TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
 # Failures that may be transient (a noisy neighbour, a driver hiccup): the trial is tried once more.
 RETRIED_STATUSES = frozenset({Status.CRASH, Status.TIMEOUT})
 

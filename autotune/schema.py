@@ -72,7 +72,11 @@ TRIAL_SEED = "seed"
 TRIAL_REUSED_FROM = "reused_from"
 TRIAL_PROPOSED_AGAIN = "proposed_again"
 TRIAL_FIRST_ATTEMPT = "first_attempt"
+# The config's predicted peak, written when it is proposed (study._screening.record_predicted_peak): the
+# calibrated estimate (the figure screening judges) and the estimator's prior, before any calibration.
+# The same names key them in the stored result's memory_peaks, beside what was measured.
 TRIAL_PREDICTED_PEAK_BYTES = "predicted_peak_bytes"
+TRIAL_PRIOR_PEAK_BYTES = "prior_peak_bytes"
 # Trial system attrs.
 TRIAL_CONSTRAINTS = "constraints"
 TRIAL_OWNER = "autotune_owner"

@@ -30,6 +30,8 @@ class SearchOptions:
     space: str | None = None
     task: str | None = None
     trial_timeout: float = 900.0
+    # torch.compile trials: seconds to compile (until the first optimizer step ends), then trial_timeout.
+    compile_timeout: float = 1800.0
     warmup_steps: int = 3
     max_measure_steps: int = 40
     work_dir: str = "autotune_runs"
@@ -64,6 +66,7 @@ class SearchOptions:
             validate.positive_int(option, value)
         validate.non_negative_int("--warmup-steps", self.warmup_steps)
         validate.positive_seconds("--trial-timeout", self.trial_timeout)
+        validate.positive_seconds("--compile-timeout", self.compile_timeout)
         validate.positive_seconds("--timeout", self.timeout)
         validate.dataset_options(self.dataset, self.text_column, self.packing)
         if self.confirm_top < 0 or (self.confirm_top > 0 and self.confirm_repeats < 2):

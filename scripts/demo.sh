@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0   # the CPU build; on a GPU box install your CUDA build instead
-.venv/bin/pip install -q -e '.[bnb]'
+.venv/bin/pip install -q -e '.[bnb,report]'
 HF_HUB_OFFLINE=1 .venv/bin/autotune search --model bert-tiny --device cpu --seq-len 128 --trials 12 \
   --space search_spaces/quick.yaml "$@"

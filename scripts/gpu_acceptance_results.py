@@ -35,15 +35,19 @@ def trial_rows(study) -> list[dict]:  # noqa: ANN001 - an optuna.Study
         result = TrialResult.from_trial(trial)
         if result is None:
             continue
+        # Both written when the config was proposed (autotune/study/_screening.py, record_predicted_peak).
         predicted = trial.user_attrs.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
+        prior = trial.user_attrs.get(schema.TRIAL_PRIOR_PEAK_BYTES)
         measured = result.peak_memory_bytes or None
         rows.append({
             "trial": trial.number,
             "params": trial.params,
             "status": result.status,
             "samples_per_s": result.samples_per_s,
+            "prior_peak_bytes": prior,
             "predicted_peak_bytes": predicted,
             "measured_peak_bytes": measured,
+            "prior_relative_error": (prior - measured) / measured if prior and measured else None,
             "relative_error": (predicted - measured) / measured if predicted and measured else None,
             "peak_dtype": result.peak_dtype,
             "mfu": result.mfu,
@@ -74,14 +78,21 @@ def markdown(summary: dict, rows: list[dict]) -> str:
         f"{gib(plain.get('cuda_peak_device_bytes'))} | "
         + (f"{plain['cuda_peak_device_bytes'] / record['peak_memory_bytes']:.3f} |" if plain.get("cuda_peak_device_bytes") and record["peak_memory_bytes"] else "- |"),
         "",
-        "| trial | status | predicted peak | measured peak | error | ran in | outside-allocator source |",
-        "|---|---|---|---|---|---|---|",
+        "| trial | status | prior peak | calibrated peak | measured peak | prior error | calibrated error | ran in | "
+        "outside-allocator source | CUDA total |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def error(value: float | None) -> str:
+        return f"{value:+.1%}" if value is not None else "-"
+
     for row in rows:
-        error = f"{row['relative_error']:+.1%}" if row["relative_error"] is not None else "-"
+        cuda_total = row["runtime"].get("cuda_total_bytes")
         lines.append(
-            f"| {row['trial']} | {row['status']} | {gib(row['predicted_peak_bytes'])} | {gib(row['measured_peak_bytes'])} | "
-            f"{error} | {row['peak_dtype'] or '-'} | {row['runtime'].get('outside_allocator_source', '-')} |"
+            f"| {row['trial']} | {row['status']} | {gib(row['prior_peak_bytes'])} | {gib(row['predicted_peak_bytes'])} | "
+            f"{gib(row['measured_peak_bytes'])} | {error(row['prior_relative_error'])} | {error(row['relative_error'])} | "
+            f"{row['peak_dtype'] or '-'} | {row['runtime'].get('outside_allocator_source', '-')} | "
+            f"{gib(int(cuda_total)) if cuda_total else '-'} |"
         )
     lines += ["", f"Machine load when written: {summary['load']}.", ""]
     return "\n".join(lines)

@@ -41,7 +41,7 @@ def test_dockerfile_builds_on_a_pinned_cuda_pytorch_image_and_runs_unprivileged(
     image, _, tag = base.partition(":")
     # -devel, not -runtime: inductor/Triton need a C compiler, which only -devel has.
     assert image == "pytorch/pytorch" and re.match(r"\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-devel$", tag), base
-    assert '".[postgres,bnb]"' in text
+    assert '".[postgres,bnb,report]"' in text
     user = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)[-1]
     assert user.split(":")[0] not in ("0", "root")
     for source in re.findall(r"^COPY\s+(\S+)", text, re.MULTILINE):
@@ -135,3 +135,10 @@ def test_the_images_allocator_setting_is_one_autotune_records_and_exports():
     text = (DOCKER / "Dockerfile").read_text()
     names = re.findall(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF)=", text)
     assert names and set(names) <= set(ALLOCATOR_ENV)
+
+
+def test_the_image_sets_the_allocator_name_its_torch_reads():
+    from autotune.runner._limits import ALLOCATOR_ENV_EVERY_TORCH_READS
+
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.findall(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF)=", text) == [ALLOCATOR_ENV_EVERY_TORCH_READS]

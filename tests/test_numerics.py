@@ -3,6 +3,7 @@ grad scaler skipped, and real divergences (tests/faults.py) end as ``diverged``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -94,6 +95,16 @@ def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path,
     assert result.skipped_steps == [5, 6] and result.skipped_measured_steps == 2 and result.measured_steps == 8
     # 6 of the 8 measured steps trained on their 8 samples.
     assert result.samples_per_s == pytest.approx(8 * 6 / 8 / result.step_time_median_s)
+
+
+def test_with_a_fused_optimizer_the_steps_the_scaler_skipped_are_found_by_its_scale(tmp_path, tiny_workload):
+    # A fused AdamW takes the scaler's found_inf and skips inside its kernel; GradScaler.step still calls
+    # its step(), so accelerate's step_was_skipped stays False (accelerate#4242). The scale dropping says so.
+    job = trial_job(tmp_path, tiny_workload, EIGHT_STEPS, "CpuGradScalerOverflow")
+    job = dataclasses.replace(job, config=dataclasses.replace(job.config, optim="adamw_torch_fused"))
+    result = run_isolated(job, timeout_s=300)
+    assert result.status == "ok", result.error
+    assert result.skipped_steps == [5, 6] and result.skipped_measured_steps == 2
 
 
 def test_a_scaler_that_skips_every_step_is_diverged(tmp_path, tiny_workload, fast_measure):

@@ -10,7 +10,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from autotune.result import Status, TrialResult
-from autotune.runner._failures import is_oom_exception
+from autotune.runner._failures import is_oom_exception, library_failure
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import apply_allocator_env, child_environment
 from autotune.runner._memory import failure_memory_pressure
@@ -34,7 +34,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it (autotune/forkserver_signals.py)
     _die_with_orchestrator(lifeline)
-    os.environ.update(child_environment(job.workload.device))  # before anything initialises CUDA
+    os.environ.update(child_environment(job.workload.device, job.work_dir))  # before anything initialises CUDA
     apply_allocator_env(job.workload.allocator_env)
     _redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
@@ -42,7 +42,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     try:
         from autotune.runner._trial import train_and_measure
 
-        result = train_and_measure(job)
+        result = train_and_measure(job, on_first_step=lambda compile_s: conn.send(("first_step", compile_s)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         oom = is_oom_exception(
@@ -50,9 +50,11 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
             address_space_limited=job.workload.address_space_bytes is not None,
             memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
         )
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        library = None if oom else library_failure(exc)
         result = TrialResult(
             status=Status.OOM if oom else Status.ERROR,
-            error=f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
+            error=f"{library}. {error}" if library else error,
             ceiling_bytes=job.workload.ceiling_bytes,
         )
     conn.send(("result", result.to_dict()))

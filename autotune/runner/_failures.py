@@ -17,11 +17,6 @@ OOM_MESSAGES = (
     "MPS backend out of memory",
     "XPU out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
-    # cublasCreate fails with NOT_INITIALIZED when it cannot allocate the handle's memory: the first
-    # matmul of a new stream or of the backward pass, at a trial's peak (torch's
-    # aten/src/ATen/cuda/CublasHandlePool.cpp creates handles lazily; the cuBLAS docs list
-    # "resource allocation failed" under CUBLAS_STATUS_NOT_INITIALIZED).
-    "CUBLAS_STATUS_NOT_INITIALIZED",
     # torch's CUDA driver-API checks (c10/cuda/driver_api.h, C10_CUDA_DRIVER_CHECK) say "CUDA driver
     # error: out of memory" when cuMemCreate/cuMemMap fail (expandable segments, NCCL buffers).
     "CUDA driver error: out of memory",
@@ -45,7 +40,23 @@ ADDRESS_SPACE_OOM_MESSAGES = ("could not create a primitive",)
 # the layer's shape is simply unsupported (torch/backends/cudnn, aten/src/ATen/native/cudnn/Conv_v8.cpp
 # tries every engine and reports the last error). It is an OOM only with a sign of memory pressure:
 # the caching allocator held most of the device when it failed (see ``memory_pressure``).
-PRESSURE_OOM_MESSAGES = ("CUDNN_STATUS_NOT_SUPPORTED",)
+#
+# cublasCreate fails with NOT_INITIALIZED when it cannot allocate the handle's memory (the first matmul
+# of a new stream or of the backward pass, at a trial's peak: torch's
+# aten/src/ATen/cuda/CublasHandlePool.cpp creates handles lazily; the cuBLAS docs list "resource
+# allocation failed" under CUBLAS_STATUS_NOT_INITIALIZED), but just as often on a first run because
+# the driver is older than the CUDA that torch was built for: an OOM only under memory pressure too,
+# otherwise an error that names the library (``library_failure``).
+PRESSURE_OOM_MESSAGES = ("CUDNN_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_NOT_INITIALIZED")
+
+# What a pressure-only OOM text means when the device was not full: the library and the likely cause.
+LIBRARY_FAILURES = {
+    "CUBLAS_STATUS_NOT_INITIALIZED": (
+        "cuBLAS could not initialise with GPU memory free: most often the NVIDIA driver does not match "
+        "the CUDA that torch was built for (compare `nvidia-smi`'s CUDA version with torch.version.cuda)"
+    ),
+    "CUDNN_STATUS_NOT_SUPPORTED": "cuDNN does not support this layer's shape or dtype (not for want of memory)",
+}
 
 # The allocator held at least this share of the device when a failure happened: memory pressure.
 # cuDNN's workspaces for a large convolution or attention are tens to hundreds of MiB, so a failure
@@ -99,6 +110,23 @@ def is_oom_exception(
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def library_failure(exc: BaseException) -> str | None:
+    """The library a CUDA failure that is not an OOM came from, and its likely cause, in one sentence.
+
+    For the texts of ``PRESSURE_OOM_MESSAGES`` raised without memory pressure (chained exceptions
+    count); ``None`` for any other failure.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for message, note in LIBRARY_FAILURES.items():
+            if message in str(current):
+                return note
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def classify_exit(exitcode: int | None, near_memory_limit: bool) -> tuple[str, str]:

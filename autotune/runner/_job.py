@@ -37,6 +37,9 @@ class Workload:
         allocator_env: The caching allocator's settings (``PYTORCH_ALLOC_CONF``,
             ``PYTORCH_CUDA_ALLOC_CONF``) of the process that made the workload; every child trains
             under exactly these, whatever the forkserver inherited when it started.
+        compile_timeout_s: ``--compile-timeout``: a trial with ``torch.compile`` on gets this long
+            to finish its first optimizer step (where dynamo and inductor compile the forward and
+            backward), and the trial timeout from then on; ``None``: one trial timeout for all.
     """
 
     model: ModelSpec
@@ -50,6 +53,7 @@ class Workload:
     address_space_bytes: int | None = None
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
+    compile_timeout_s: float | None = None
 
     @property
     def memory_prior(self) -> MemoryFit:

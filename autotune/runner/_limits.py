@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+from typing import Any
 
 from autotune.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
@@ -16,14 +17,31 @@ def apply_allocator_env(allocator_env: dict[str, str]) -> None:
     os.environ.update(allocator_env)
 
 
-def child_environment(device: DeviceSpec) -> dict[str, str]:
-    """Environment a trial child sets before anything touches CUDA."""
+def child_environment(device: DeviceSpec, work_dir: str | None = None) -> dict[str, str]:
+    """Environment a trial child sets before anything touches CUDA.
+
+    Args:
+        device: The child's device.
+        work_dir: The trial's own directory, one of the search's work root's children
+            (``study._record.trial_work_dir``): the inductor cache goes in the work root, shared
+            by every trial of the search, so a config compiles once (a retry, a confirmation
+            re-run and configs that share graphs reuse inductor's FX graph and autotuning caches).
+            A ``TORCHINDUCTOR_CACHE_DIR`` the user set is kept.
+    """
+    found = {}
+    if work_dir is not None and not os.environ.get(INDUCTOR_CACHE_ENV):
+        found[INDUCTOR_CACHE_ENV] = os.path.join(os.path.dirname(os.path.abspath(work_dir)), "inductor-cache")
     if device.kind == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}
+        return {**found, "CUDA_VISIBLE_DEVICES": ""}
     # NVML numbers devices in PCI bus order; make CUDA agree before pinning the child to one. The
     # entry is passed on as the user gave it (an index, a GPU UUID or a MIG instance), so a child
     # on a MIG slice sees that slice as its device 0.
-    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+    return {**found, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+
+
+# Where inductor keeps its compiled graphs and autotuning results (torch/_inductor/runtime/cache_dir_utils.py,
+# ``cache_dir``: default a directory under the system's temp dir).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 # The caching allocator's settings: PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF "for backward
@@ -33,10 +51,35 @@ def child_environment(device: DeviceSpec) -> dict[str, str]:
 ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 
+# The name every torch reads: the only one before the unified AllocatorConfig (torch 2.9), its
+# backward-compatible alias since; PYTORCH_ALLOC_CONF is not read by every version (silently ignored
+# for CUDA's expandable segments on 2.9.1: pytorch/pytorch#183387). docker/Dockerfile sets this one.
+ALLOCATOR_ENV_EVERY_TORCH_READS = "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def allocator_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The allocator variables set in this process's environment (recorded with each trial)."""
     environ = os.environ if environ is None else environ
     return {name: environ[name] for name in ALLOCATOR_ENV if environ.get(name)}
+
+
+def allocator_read_back(torch_module: Any) -> dict[str, str]:
+    """Whether the CUDA caching allocator runs with expandable segments, as torch applied it (not as a
+    variable asked: a name this torch does not read is ignored silently, pytorch/pytorch#183387).
+
+    Read from the allocator's snapshot (``torch.cuda.memory._snapshot()["allocator_settings"]``,
+    the reading that issue uses); empty where this torch's snapshot has no such entry.
+
+    Args:
+        torch_module: ``torch``, in a process that used CUDA (a parameter so a fake can stand in).
+    """
+    try:
+        settings = torch_module.cuda.memory._snapshot().get("allocator_settings")
+    except Exception:  # noqa: BLE001 - a reading, never a reason to fail a trial
+        return {}
+    if not isinstance(settings, dict) or "expandable_segments" not in settings:
+        return {}
+    return {"allocator_expandable_segments": "true" if settings["expandable_segments"] else "false"}
 
 
 def child_address_space_budget(ceiling_bytes: int, available_bytes: int) -> int:

@@ -32,11 +32,16 @@ class LossRecorder(TrainerCallback):
     A skipped step is read from accelerate's ``AcceleratedOptimizer.step_was_skipped`` (the
     ``optimizer`` the Trainer hands its callbacks): True when its grad scaler found inf/NaN
     gradients and did not call the optimizer (accelerate ``optimizer.py``, ``step``). Without a
-    scaler (fp32, bf16, every CPU run) it is always False.
+    scaler (fp32, bf16, every CPU run) it is always False. With a fused optimizer it is False even
+    for a skipped step (accelerate#4242): ``GradScaler.step`` hands the optimizer its ``found_inf``
+    and always calls ``step()`` (torch/amp/grad_scaler.py, ``_step_supports_amp_scaling``), whose
+    kernel skips inside; so a step is skipped too when the scaler's scale dropped over it
+    (:func:`scale_dropped`).
     """
 
     def __init__(self) -> None:
         self._trainer: Any = None
+        self._scale_before: float | None = None
         self._previous_total = 0.0
         self.losses: list[float] = []  # one per optimizer step, from global step 1
         self.skipped_steps: list[int] = []  # global step numbers the grad scaler skipped
@@ -47,14 +52,38 @@ class LossRecorder(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
         optimizer = kwargs.get("optimizer")
-        if getattr(optimizer, "step_was_skipped", False):
+        scale = grad_scale(getattr(optimizer, "scaler", None))
+        if getattr(optimizer, "step_was_skipped", False) or scale_dropped(self._scale_before, scale):
             self.skipped_steps.append(state.global_step)
+        self._scale_before = scale
         running = getattr(self._trainer, "_tr_loss", None)
         if running is not None:
             total = float(running)
             self.losses.append(total - self._previous_total)
             self._previous_total = total
         return control
+
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        self._scale_before = grad_scale(getattr(kwargs.get("optimizer"), "scaler", None))
+        return control
+
+
+def grad_scale(scaler: Any) -> float | None:
+    """The loss scale of an enabled ``torch.amp.GradScaler`` (one scalar read), else ``None``."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    return float(scaler.get_scale())
+
+
+def scale_dropped(before: float | None, after: float | None) -> bool:
+    """Whether the grad scaler skipped the step between two readings of its scale.
+
+    ``GradScaler.update`` multiplies the scale by ``backoff_factor`` (< 1) after a step that found
+    inf/NaN gradients and only ever raises it otherwise (torch/amp/grad_scaler.py, ``update``;
+    ``_amp_update_scale_``), so a lower scale after a step means that step was skipped.
+    """
+    return before is not None and after is not None and after < before
 
 
 def weights_are_finite(model: Any) -> bool:

@@ -89,9 +89,9 @@ def run_isolated(
     assert process.pid is not None
     watch = ChildWatch(process.pid)
     payload: dict | None = None
-    timed_out = False
+    deadlines = TrialDeadlines(started, timeout_s, job.workload.compile_timeout_s if job.config.compile != "off" else None)
     try:
-        payload, timed_out = _await_result(receiver, process, watch, started, timeout_s, on_tick)
+        payload = _await_result(receiver, process, watch, deadlines, on_tick)
         if payload is not None:
             process.join(timeout=EXIT_GRACE_S)  # let it exit by itself: its log gets flushed
     finally:
@@ -103,8 +103,8 @@ def run_isolated(
 
     if payload is not None:
         result = TrialResult.from_dict(payload)
-    elif timed_out:
-        result = TrialResult(status=Status.TIMEOUT, error=f"no result within the {timeout_s:g} s timeout; killed")
+    elif deadlines.expired is not None:
+        result = deadlines.result(job.config.compile)
     else:
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)
@@ -121,29 +121,81 @@ def run_isolated(
     return result
 
 
+class TrialDeadlines:
+    """When a trial child is killed: the compile budget, then the trial timeout.
+
+    With ``compile_timeout_s`` (torch.compile on and ``--compile-timeout`` given), the child has that
+    long to end its first optimizer step, where dynamo and inductor compile (inductor's max-autotune
+    on a large model: many minutes), and ``timeout_s`` from then on; otherwise ``timeout_s`` from its
+    start. ``expired`` names the budget that ran out.
+    """
+
+    def __init__(self, started: float, timeout_s: float, compile_timeout_s: float | None) -> None:
+        self.started = started
+        self.timeout_s = timeout_s
+        self.compile_timeout_s = compile_timeout_s
+        self.first_step_at: float | None = None  # when the child said its first step ended
+        self.compile_s = 0.0  # dynamo's compile seconds by then, as the child read them
+        self.expired: str | None = None  # "timeout" or "compile_timeout"
+        self.expired_after_s = 0.0
+
+    def first_step_ended(self, now: float, compile_s: float) -> None:
+        self.first_step_at, self.compile_s = now, compile_s
+
+    def check(self, now: float) -> bool:
+        """Whether a budget ran out at ``now`` (then ``expired`` says which)."""
+        if self.compile_timeout_s is not None and self.first_step_at is None:
+            if now - self.started > self.compile_timeout_s:
+                self.expired = "compile_timeout"
+        elif now - (self.first_step_at if self.compile_timeout_s is not None else self.started) > self.timeout_s:
+            self.expired = "timeout"
+        if self.expired is not None:
+            self.expired_after_s = now - self.started
+        return self.expired is not None
+
+    def result(self, compile_mode: str) -> TrialResult:
+        """The killed trial's record: which budget, and what the trial cost until then."""
+        if self.expired == "compile_timeout":
+            return TrialResult(
+                status="compile_timeout",
+                error=f"torch.compile ({compile_mode}) still compiling after the {self.compile_timeout_s:g} s compile "
+                f"timeout (--compile-timeout): killed after {self.expired_after_s:.0f} s",
+                compile_s=self.expired_after_s,
+            )
+        after_compile = ""
+        if self.first_step_at is not None and self.compile_timeout_s is not None:
+            after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
+        return TrialResult(
+            status="timeout",
+            error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",
+            compile_s=self.compile_s,
+        )
+
+
 def _await_result(
     receiver: Connection,
     process: BaseProcess,
     watch: ChildWatch,
-    started: float,
-    timeout_s: float,
+    deadlines: TrialDeadlines,
     on_tick: Callable[[], None] | None,
-) -> tuple[dict | None, bool]:
-    """Wait for the child's result message; ``(None, False)`` if it died first, ``(None, True)`` on timeout."""
+) -> dict | None:
+    """Wait for the child's result message; ``None`` if it died first or a budget ran out (``deadlines.expired``)."""
     while True:
         if receiver.poll(POLL_S):
             try:
                 kind, message = receiver.recv()
             except (EOFError, OSError):  # the child died without a result (or in the middle of sending it)
-                return None, False
+                return None
             if kind == "result":
-                return message, False
+                return message
+            if kind == "first_step":
+                deadlines.first_step_ended(time.perf_counter(), float(message))
             continue
         watch.sample()
         if not process.is_alive() and not receiver.poll(0):
-            return None, False
-        if time.perf_counter() - started > timeout_s:
-            return None, True
+            return None
+        if deadlines.check(time.perf_counter()):
+            return None
         if on_tick is not None:
             on_tick()
 

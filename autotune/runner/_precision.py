@@ -43,6 +43,28 @@ def cuda_matmul_precision(torch_module: Any) -> str:
     return "tf32" if precision == "tf32" else "ieee"
 
 
+def align_legacy_tf32(torch_module: Any) -> None:
+    """Make torch's legacy TF32 view agree with the new one, keeping the precision that runs.
+
+    transformers 5 turns TF32 on through the new API (``enable_tf32`` in
+    ``transformers/utils/import_utils.py``: ``torch.backends.fp32_precision = "tf32"``), accelerate
+    sets the legacy ``allow_tf32`` only for compile without mixed precision (``accelerate/state.py``,
+    ``AcceleratorState.__init__``), so under bf16/fp16 + compile the two views disagree, and the
+    legacy getters inductor reads (``allow_tf32``, ``torch.get_float32_matmul_precision()``) then
+    raise "you have used mix of the legacy and new APIs" (aten/src/ATen/Context.cpp,
+    ``Context::allowTF32CuBLAS``; pytorch#166387, pytorch#196728, transformers#42371). Setting the
+    legacy CUDA matmul flag to what the new view says (the setter updates both views) ends the
+    disagreement; the CPU's (mkldnn) precision is not touched.
+
+    Args:
+        torch_module: ``torch`` (a parameter so the caller's module is the one changed).
+    """
+    matmul = torch_module.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9: only the legacy view exists
+        return
+    matmul.allow_tf32 = cuda_matmul_precision(torch_module) == "tf32"
+
+
 class AutocastRecorder:
     """Forward pre-hooks that record the autocast state the model's layers run under.
 

@@ -8,29 +8,31 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import transformers
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autotune.config import training_arguments_kwargs
 from autotune.devices import DeviceSpec
 from autotune.flops import hardware_tflops as hardware_tflops_of
 from autotune.flops import model_tflops as model_tflops_of
 from autotune.flops import utilisation
-from autotune.measure import StepTimer
+from autotune.measure import StepTimer, dynamo_compile_seconds
 from autotune.models import build_model
 from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.result import Status, TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import allocator_settings, limit_address_space
+from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
 from autotune.runner._memory import memory_probe
 from autotune.runner._numerics import LossRecorder, weights_are_finite
 from autotune.runner._precision import (
     AutocastRecorder,
     accelerator_autocast_dtype,
+    align_legacy_tf32,
     cuda_matmul_precision,
     ran_dtype,
     utilisation_defect,
@@ -88,8 +90,27 @@ def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
 
-def train_and_measure(job: TrialJob) -> TrialResult:
-    """Train ``job.config`` until the step time is steady and return what was measured."""
+class FirstStepSignal(TrainerCallback):
+    """Calls ``on_first_step(compile seconds so far)`` once, when the first optimizer step ends: by then
+    torch.compile has compiled the forward and backward, so the parent's compile budget ends here."""
+
+    def __init__(self, on_first_step: Callable[[float], None]) -> None:
+        self._on_first_step: Callable[[float], None] | None = on_first_step
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if self._on_first_step is not None:
+            self._on_first_step(dynamo_compile_seconds())
+            self._on_first_step = None
+        return control
+
+
+def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | None = None) -> TrialResult:
+    """Train ``job.config`` until the step time is steady and return what was measured.
+
+    Args:
+        job: The trial.
+        on_first_step: Called once when the first optimizer step ends (:class:`FirstStepSignal`).
+    """
     workload = job.workload
     started = time.perf_counter()
     probe = memory_probe(workload.device.kind)
@@ -117,9 +138,13 @@ def train_and_measure(job: TrialJob) -> TrialResult:
             args=args,
             train_dataset=build_dataset(job),
             data_collator=build_collator(job),
-            callbacks=[recorder, timer, *(load_callback(name)() for name in workload.callbacks)],
+            callbacks=[
+                recorder, timer, *(load_callback(name)() for name in workload.callbacks),
+                *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
+            ],
         )
         recorder.attach(trainer)
+        align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks = probe.peaks()
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
@@ -200,6 +225,9 @@ def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: 
         **allocator_settings(),
         **probe_notes,
     }
+    if device_kind == "cuda":  # what CUDA can allocate, against the NVML figure the ceiling used (devices.py)
+        found["cuda_total_bytes"] = str(torch.cuda.mem_get_info()[1])
+        found.update(allocator_read_back(torch))
     return found
 
 

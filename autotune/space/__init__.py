@@ -7,6 +7,7 @@ the one call that does all three, in the order search_spaces/README.md lists.
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from typing import Any
 
@@ -32,6 +33,13 @@ __all__ = [
 
 
 def default_space_path() -> str:
+    """The default search space's YAML: the repository's ``search_spaces/`` when autotune runs from a
+    source tree (``PYTHONPATH=repo``, or an editable install), else the installed package's copy,
+    ``autotune.spaces``, which exists only through pyproject's ``package-dir`` mapping."""
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autotune/
+    source_tree = os.path.join(os.path.dirname(package_dir), "search_spaces", "default.yaml")
+    if os.path.isfile(source_tree):
+        return source_tree
     return str(resources.files("autotune.spaces").joinpath("default.yaml"))
 
 

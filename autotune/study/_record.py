@@ -27,7 +27,7 @@ from autotune.result import (
     objective_value,
 )
 from autotune.storage import storage_failure
-from autotune.study._screening import screened_excess_gib
+from autotune.study._screening import screened_excess_gib, with_predicted_peaks
 
 # A result the storage could not record (a full disk at tell), kept in the trial's work dir.
 PENDING_RESULT_FILE = "pending_result.json"
@@ -47,6 +47,7 @@ def memory_constraint_gib(result: TrialResult) -> float:
 
 def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
     """Record a result: user attrs, the memory constraint, then the trial's final state."""
+    with_predicted_peaks(result, trial.user_attrs)
     trial.set_user_attr(schema.TRIAL_RESULT, result.to_dict())
     trial.set_user_attr(schema.TRIAL_STATUS, result.status)
     if result.status in FAILED_STATUSES:

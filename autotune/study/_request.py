@@ -172,6 +172,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         callbacks=options.callbacks,
         address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
+        compile_timeout_s=options.compile_timeout,
     )
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)

@@ -15,8 +15,10 @@ it is never ranked nor exported (only ``ok`` trials are).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from autotune import schema
 from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
 from autotune.estimate import MeasuredMemory, MemoryEstimate, MemoryFit, estimate_peak, fit_memory
@@ -25,13 +27,16 @@ from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, St
 from autotune.runner import Workload
 from autotune.units import format_bytes
 
+if TYPE_CHECKING:
+    import optuna
+
 UNCALIBRATED_MARGIN = 1.25
 MIN_CALIBRATED_MARGIN = 1.10
 # After calibration: margin = 1 + max(MIN, SAFETY * worst relative error of the fit), capped at
 # the uncalibrated margin. The factor 2 leaves room for configs unlike the measured ones.
 CALIBRATED_ERROR_SAFETY = 2.0
 # Keys of TrialResult.memory_peaks for a screened trial: what it was not measured to use.
-PREDICTED_PEAK_KEY = "predicted_peak_bytes"
+PREDICTED_PEAK_KEY = schema.TRIAL_PREDICTED_PEAK_BYTES
 INFERRED_MIN_PEAK_KEY = "inferred_min_peak_bytes"
 
 
@@ -144,3 +149,24 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
     estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
     return predict_over_ceiling(estimate, workload.ceiling_bytes, fit)
+
+
+def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> None:
+    """Write the config's predicted peak into the trial when it is proposed, before it runs or is screened:
+    the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and the
+    estimator's prior. Every trial then compares a prediction with what it measured, not only the
+    screened ones, which never run."""
+    model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
+    fit = memory_fit_from_trials(model, seq_len, prior, measured)
+    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, estimate_peak(model, config, seq_len, prior).total_bytes)
+    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit).total_bytes)
+
+
+def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
+    """``result`` with the trial's predictions (:func:`record_predicted_peak`) in its ``memory_peaks``,
+    beside what it measured, so every view of the result shows predicted against measured."""
+    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES):
+        value = user_attrs.get(key)
+        if isinstance(value, int) and key not in result.memory_peaks:
+            result.memory_peaks[key] = value
+    return result

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Offline install: on a machine with a package index, write every wheel autotune needs for a target
+# Python and platform into one directory; copy it to a machine without one and install from it.
+#
+#   scripts/wheelhouse.sh --out DIR [--python-version 3.12] [--platform manylinux_2_17_x86_64]
+#
+# Without --python-version/--platform the wheels are for the interpreter running this script
+# (PYTHON, default python3). DIR receives autotune's own wheel (`pip wheel --no-deps`) and, from
+# `pip download --only-binary=:all:`, its dependencies and theirs, except:
+#   * what the target interpreter already has (scripts/wheelhouse-excluded.txt: a CUDA torch and
+#     its stack), so that the interpreter's own torch is the one that trains;
+#   * plotly, which only `autotune report` needs (pyproject's [report] extra).
+# On the target, into the interpreter that has torch (a venv made from a venv does not see it):
+#   python3 -m pip install --no-index --find-links DIR autotune
+# pip keeps every requirement the interpreter already satisfies and takes the rest from DIR; a wheel
+# missing from DIR is an error there, never a download.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+OUT="" TARGET=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --out) OUT="$2"; shift 2 ;;
+        --python-version) TARGET+=(--python-version "$2"); shift 2 ;;
+        --platform) TARGET+=(--platform "$2"); shift 2 ;;
+        *) echo "wheelhouse: error: unknown argument $1 (--out DIR [--python-version X.Y] [--platform TAG])" >&2; exit 2 ;;
+    esac
+done
+if [[ -z "$OUT" ]]; then
+    echo "wheelhouse: error: --out DIR is required" >&2
+    exit 2
+fi
+if [[ ${#TARGET[@]} -gt 0 ]]; then
+    TARGET+=(--implementation cp)
+fi
+mkdir -p "$OUT"
+
+# Built from a copy of what the wheel holds (pyproject.toml names it), so no build/ left in the checkout
+# can slip a stale file into the wheel.
+SOURCE="$(mktemp -d)"
+trap 'rm -rf "$SOURCE"' EXIT
+cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/autotune" "$REPO/search_spaces" "$SOURCE/"
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$SOURCE"
+# autotune's requirements, less what the target has and what the search does not need.
+mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
+"$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${REQUIREMENTS[@]}"
+# Their own dependencies may name a preinstalled project (optuna needs numpy): the target's is used.
+"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --prune "$OUT" "$REPO/scripts/wheelhouse-excluded.txt"
+du -sh "$OUT" >&2

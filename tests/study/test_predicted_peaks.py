@@ -1,0 +1,47 @@
+"""Every trial records its predicted peak when it is proposed, the prior's and the calibrated one, and the
+results table shows it beside the measured peak (issue 23, point 9): not only screened trials, which never run."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import schema
+from autotune.config import TrialConfig
+from autotune.display import trial_cells
+from autotune.estimate import estimate_peak
+from autotune.result import TrialResult
+from autotune.units import format_bytes
+
+pytestmark = pytest.mark.slow
+
+
+def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_beside_its_peak(tmp_path, sqlite_url, tiny_workload):
+    from autotune.space import SearchSpace
+    from autotune.storage import open_storage
+    from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial
+
+    workload = tiny_workload()
+    request = SearchRequest(
+        workload=workload,
+        space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
+        work_root=str(tmp_path / "runs"),
+        screen=False,  # both run: what is recorded for a trial that runs is the point
+    )
+    study = open_study(open_storage(sqlite_url), "predicted", request)
+    run_one_trial(study, request, SearchProgress())
+    run_one_trial(study, request, SearchProgress())
+    first, second = study.get_trials()
+    for trial in (first, second):
+        config = TrialConfig.from_params(trial.params)
+        result = TrialResult.from_trial(trial)
+        assert result.status == "ok" and result.peak_memory_bytes > 0
+        prior = estimate_peak(workload.model, config, workload.seq_len, workload.memory_prior).total_bytes
+        assert trial.user_attrs[schema.TRIAL_PRIOR_PEAK_BYTES] == prior
+        predicted = trial.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES]
+        assert result.memory_peaks[schema.TRIAL_PREDICTED_PEAK_BYTES] == predicted
+        assert result.memory_peaks[schema.TRIAL_PRIOR_PEAK_BYTES] == prior
+        peak_cell = trial_cells(trial.number, config, result)[7]
+        assert peak_cell == f"{format_bytes(result.peak_memory_bytes)} (pred {format_bytes(predicted)})"
+    # Before any measurement the calibrated figure is the prior; after one, it is fitted on it.
+    assert first.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES] == first.user_attrs[schema.TRIAL_PRIOR_PEAK_BYTES]
+    assert second.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES] != second.user_attrs[schema.TRIAL_PRIOR_PEAK_BYTES]
