@@ -136,7 +136,7 @@ class TrialDeadlines:
         self.compile_timeout_s = compile_timeout_s
         self.first_step_at: float | None = None  # when the child said its first step ended
         self.compile_s = 0.0  # dynamo's compile seconds by then, as the child read them
-        self.expired: str | None = None  # "timeout" or "compile_timeout"
+        self.expired: Status | None = None  # TIMEOUT or COMPILE_TIMEOUT
         self.expired_after_s = 0.0
 
     def first_step_ended(self, now: float, compile_s: float) -> None:
@@ -146,18 +146,18 @@ class TrialDeadlines:
         """Whether a budget ran out at ``now`` (then ``expired`` says which)."""
         if self.compile_timeout_s is not None and self.first_step_at is None:
             if now - self.started > self.compile_timeout_s:
-                self.expired = "compile_timeout"
+                self.expired = Status.COMPILE_TIMEOUT
         elif now - (self.first_step_at if self.compile_timeout_s is not None else self.started) > self.timeout_s:
-            self.expired = "timeout"
+            self.expired = Status.TIMEOUT
         if self.expired is not None:
             self.expired_after_s = now - self.started
         return self.expired is not None
 
     def result(self, compile_mode: str) -> TrialResult:
         """The killed trial's record: which budget, and what the trial cost until then."""
-        if self.expired == "compile_timeout":
+        if self.expired == Status.COMPILE_TIMEOUT:
             return TrialResult(
-                status="compile_timeout",
+                status=Status.COMPILE_TIMEOUT,
                 error=f"torch.compile ({compile_mode}) still compiling after the {self.compile_timeout_s:g} s compile "
                 f"timeout (--compile-timeout): killed after {self.expired_after_s:.0f} s",
                 compile_s=self.expired_after_s,
@@ -166,7 +166,7 @@ class TrialDeadlines:
         if self.first_step_at is not None and self.compile_timeout_s is not None:
             after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
         return TrialResult(
-            status="timeout",
+            status=Status.TIMEOUT,
             error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",
             compile_s=self.compile_s,
         )
