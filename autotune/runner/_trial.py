@@ -99,7 +99,7 @@ def train_and_measure(job: TrialJob) -> TrialResult:
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
+        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation, job.config.weight_dtype)
         model_build_s = time.perf_counter() - build_started
         autocast = AutocastRecorder(torch, workload.device.kind)
         if job.config.compile == "off":
