@@ -87,6 +87,9 @@ def search(
     base_args: Annotated[
         Optional[str], typer.Option(help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export.")
     ] = None,
+    peft: Annotated[
+        Optional[str], typer.Option(help="Train LoRA adapters in every trial: lora, qlora, or your adapter_config.json / YAML.")
+    ] = None,
     global_batch: Annotated[
         Optional[int], typer.Option(help="Search only micro-batch x accumulation = this (per device); the export keeps it.")
     ] = None,
@@ -137,7 +140,7 @@ def search(
         model=model, gpu=gpu, device=device, gpus=gpus, workers=workers, seq_len=seq_len, memory_ceiling=memory_ceiling,
         space=space, task=task, trial_timeout=trial_timeout, warmup_steps=warmup_steps,
         max_measure_steps=max_measure_steps, work_dir=work_dir, callbacks=tuple(callback or ()), dataset=dataset,
-        text_column=text_column, packing=packing, base_args=base_args, global_batch=global_batch,
+        text_column=text_column, packing=packing, base_args=base_args, peft=peft, global_batch=global_batch,
         max_global_batch=max_global_batch, prune_ratio=prune_ratio, screen=screen,
     )
     prepared = prepare_request(options, psutil.virtual_memory().available)
@@ -408,7 +411,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial):
+    for note in export_notes(best_trial, study, out):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 
