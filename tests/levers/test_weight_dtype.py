@@ -48,6 +48,16 @@ def test_bf16_weights_searched_beside_fp32_autocast_are_removed_with_a_note():
     assert kept["weight_dtype"] == ["fp32", "bf16"]
 
 
+def test_the_space_filters_apply_the_rule_before_flash_attention_s():
+    """Narrowing dtype to bf16 first keeps flash attention, which the fp32 choice would have removed."""
+    from autotune.space._narrow import filter_combinations
+
+    notes: list[str] = []
+    choices = {"weight_dtype": ["bf16"], "dtype": ["fp32", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}
+    narrowed = filter_combinations(choices, notes, "s.yaml")
+    assert narrowed["dtype"] == ["bf16"] and narrowed["attn_implementation"] == ["sdpa", "flash_attention_2"]
+
+
 def test_bf16_weights_without_a_bf16_dtype_is_an_error():
     with pytest.raises(AutotuneError, match="weight_dtype bf16 runs with dtype bf16 only"):
         bf16_weights_need_bf16_autocast({"weight_dtype": ["bf16"], "dtype": ["fp32"]}, [], "s.yaml")
