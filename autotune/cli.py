@@ -82,6 +82,8 @@ def search(
     packing: Annotated[bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")] = SearchOptions.packing,
     base_args: Annotated[Optional[str], typer.Option(
         help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export.")] = None,
+    peft: Annotated[Optional[str], typer.Option(
+        help="Train LoRA adapters in every trial: lora, qlora, or your adapter_config.json / YAML.")] = None,
     global_batch: Annotated[Optional[int], typer.Option(
         help="Search only micro-batch x accumulation = this (per device); the export keeps it.")] = None,
     max_global_batch: Annotated[Optional[int], typer.Option(help="Search only micro-batch x accumulation <= this.")] = None,
@@ -252,7 +254,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial):
+    for note in export_notes(best_trial, study, out):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 

@@ -21,6 +21,8 @@ from autotune.config import training_arguments_kwargs
 from autotune.errors import AutotuneError
 from autotune.files import write_output
 from autotune.levers import LEVERS
+from autotune.peft import adapter_config_json, adapter_config_path
+from autotune.peft import export_note as peft_export_note
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.result import TrialResult
 
@@ -200,15 +202,26 @@ def allocator_note(best: RankedTrial) -> str | None:
     return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
 
 
-def export_notes(best: RankedTrial) -> list[str]:
-    """What the winner depends on outside TrainingArguments: the attention kernel, the allocator."""
-    return [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
+    """What the winner depends on outside TrainingArguments: the model build, the allocator, and the
+    study's PEFT adapters (written beside ``out``)."""
+    notes = [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+    peft_identity = _peft_identity(study)
+    if peft_identity is not None:
+        notes.append(peft_export_note(peft_identity, adapter_config_path(out)))
+    return notes
 
 
-def provenance_of(study: optuna.Study, best: RankedTrial) -> str:
+def _peft_identity(study: optuna.Study | None) -> dict[str, Any] | None:
+    if study is None:
+        return None
+    return (study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("peft")
+
+
+def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT["json"]) -> str:
     """Where an export comes from, in lines for the comments of the formats that take them."""
     lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
-    lines += [f"note: {note}" for note in export_notes(best)]
+    lines += [f"note: {note}" for note in export_notes(best, study, out)]
     return "\n".join(lines)
 
 
@@ -236,6 +249,10 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
         The trial that was exported.
     """
     best = winner(study)
-    text = render(winner_arguments(study), fmt, provenance_of(study, best))
+    text = render(winner_arguments(study), fmt, provenance_of(study, best, out))
     write_output(out, text)
+    peft_identity = _peft_identity(study)
+    if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments
+        task = str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("task", ""))
+        write_output(adapter_config_path(out), adapter_config_json(peft_identity, task))
     return best

@@ -59,7 +59,22 @@ def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     Hugging Face's ``Trainer.floating_point_ops`` (``6 * tokens * num_parameters(exclude_embeddings=
     True)``) leaves out exactly two terms: the attention term and the tied head.
     """
-    return 6 * spec.num_non_embedding_params + attention_flops_per_token(spec, seq_len)
+    return weight_flops_per_token(spec) + attention_flops_per_token(spec, seq_len)
+
+
+def weight_flops_per_token(spec: ModelSpec) -> int:
+    """Training FLOPs per token of the weight matmuls: ``6N``, or under PEFT ``4N + 6 N_adapter``.
+
+    A frozen weight still costs its forward (``2N``) and the backward's input gradient (``2N``: the
+    gradient must flow through it to the adapters below), but no weight gradient (the other
+    ``2N``); the adapters cost the full ``6 N_adapter``. So LoRA costs about 2/3 of full fine-tuning's
+    weight FLOPs (docs/facts.md, "LoRA"; the LoRA paper, Hu et al. 2021, section 4.2, measured a 25 %
+    training speed-up on GPT-3 175B from it). The attention term is unchanged: its matmuls have
+    no weights. With a 4-bit base (QLoRA) the same matmuls run after dequantization: same count.
+    """
+    if spec.peft is None:
+        return 6 * spec.num_non_embedding_params
+    return 4 * spec.num_non_embedding_params + 6 * spec.peft.adapter_params
 
 
 def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
@@ -70,7 +85,8 @@ def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     Engineering book's 8N-vs-6N rule. Hugging Face checkpoints each transformer block, so the
     blocks are recomputed and the embedding and head are not.
     """
-    return 2 * spec.num_block_params + 4 * spec.num_layers * attention_width(spec) * seq_len
+    adapters = spec.peft.adapter_params if spec.peft is not None else 0  # recomputed with their blocks
+    return 2 * (spec.num_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
 
 
 def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> int:

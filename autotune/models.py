@@ -15,9 +15,12 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    from autotune.peft import PeftSpec
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
@@ -51,6 +54,8 @@ class ModelSpec:
             by that matrix, so it counts as compute, not as embedding.
         num_block_params: Parameters inside the transformer blocks (what checkpointing recomputes).
         local_dir: The local directory the config came from, if any (tokenizer lives there too).
+        peft: The adapters every trial trains instead of the whole model (``--peft``), with their
+            counts; ``None``: full fine-tuning. Set by :func:`autotune.peft.with_peft`.
     """
 
     name: str
@@ -69,10 +74,16 @@ class ModelSpec:
     num_embedding_params: int
     num_block_params: int
     local_dir: str | None = None
+    peft: PeftSpec | None = None
 
     @property
     def model_type(self) -> str:
         return str(self.config["model_type"])
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer states: the adapters under PEFT, else all."""
+        return self.peft.adapter_params if self.peft is not None else self.num_params
 
     @property
     def num_non_embedding_params(self) -> int:
@@ -290,14 +301,19 @@ def _count_params(config: Any, task: str) -> tuple[int, int, int]:
     return num_params, num_embedding_params, num_block_params
 
 
-def build_model(config: Any, task: str, attn_implementation: str | None = None) -> Any:
+def build_model(config: Any, task: str, attn_implementation: str | None = None, weight_dtype: str = "fp32") -> Any:
     """Build the model for ``task`` from a config, with random weights.
 
     Args:
         config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
         task: One of :data:`TASKS`.
         attn_implementation: ``eager``, ``sdpa``, ``flash_attention_2`` or ``None`` for the default.
+        weight_dtype: ``fp32`` or ``bf16`` (the ``weight_dtype`` lever). Always passed: without it
+            ``from_config`` builds in the config's own ``dtype`` (transformers/modeling_utils.py,
+            ``_from_config``: ``dtype = kwargs.pop("dtype", config.dtype)``), and most published
+            decoder configs say bfloat16.
     """
+    import torch
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -305,10 +321,12 @@ def build_model(config: Any, task: str, attn_implementation: str | None = None) 
         AutoModelForSequenceClassification,
     )
 
+    from autotune.levers import WEIGHT_TORCH_DTYPES
+
     if isinstance(config, dict):
         values = dict(config)
         config = AutoConfig.for_model(values.pop("model_type"), **values)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, WEIGHT_TORCH_DTYPES[weight_dtype])}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     if task == "causal-lm":

@@ -40,6 +40,7 @@ class SearchOptions:
     text_column: str | None = None
     packing: bool = False
     base_args: str | None = None
+    peft: str | None = None  # lora, qlora, or an adapter config file (autotune.peft)
     global_batch: int | None = None
     max_global_batch: int | None = None
     prune_ratio: float = 0.5

@@ -15,6 +15,12 @@
 Goals (docs/benchmarks.md): samples/s within 5 %, peak memory within 10 %.
 
     python scripts/bench_fidelity.py --model bert-mini --seq-len 128 --trials 6
+
+The LoRA case (``--peft lora`` or an adapter config file): the search trains adapters in every
+trial, the export writes ``best.adapter_config.json`` beside ``best.json``, and the plain loop wraps
+its model with ``peft.get_peft_model(model, LoraConfig(**json.load(...)))`` as the export's note says.
+
+    python scripts/bench_fidelity.py --model gpt2-tiny --seq-len 64 --peft lora --trials 3
 """
 
 from __future__ import annotations
@@ -48,11 +54,17 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     values = json.loads((REPO / "autotune" / "catalog" / f"{model}.json").read_text())
     config = AutoConfig.for_model(**{k: v for k, v in values.items() if not k.startswith("_autotune")})
     causal = any(a.endswith(("LMHeadModel", "ForCausalLM")) for a in (config.architectures or []))
+    # fp32, as autotune builds a weight_dtype fp32 winner (from_config alone follows the config's dtype).
     if causal:
-        model_instance = AutoModelForCausalLM.from_config(config)
+        model_instance = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         config.num_labels = 2
-        model_instance = AutoModelForSequenceClassification.from_config(config)
+        model_instance = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    adapter_file = Path(os.path.splitext(args_file)[0] + ".adapter_config.json")
+    if adapter_file.exists():  # a --peft study: what the export's note says to do
+        from peft import LoraConfig, get_peft_model
+
+        model_instance = get_peft_model(model_instance, LoraConfig(**json.loads(adapter_file.read_text())))
 
     exported = json.loads(Path(args_file).read_text())
     global_batch = exported["per_device_train_batch_size"] * exported.get("gradient_accumulation_steps", 1)
@@ -129,7 +141,7 @@ def run(command: list[str], cwd: Path) -> str:
     return done.stdout
 
 
-def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
+def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str | None = None) -> dict:
     """The winner measured again by autotune's runner, exactly as a confirmation re-run is."""
     import optuna
 
@@ -141,9 +153,14 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path) -> dict:
     study = optuna.load_study(study_name=None, storage=storage)
     identity = study.user_attrs["identity"]
     trial = to_ranked(study.trials[number])
+    model = resolve_model(identity["model"], identity["task"])
+    if peft is not None:
+        from autotune.peft import with_peft
+
+        model = with_peft(model, peft, cpu_device(), [])
     job = TrialJob(
         workload=Workload.for_model(
-            resolve_model(identity["model"], identity["task"]),
+            model,
             seq_len=identity["seq_len"],
             ceiling_bytes=study.user_attrs["ceiling_bytes"],
             measure=MeasureSettings(),
@@ -167,6 +184,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3, help="Alternating plain / autotune measurements of the winner.")
     parser.add_argument("--plain-steps", type=int, default=30, help="Timed steps of the plain run, after 3 warm-up.")
+    parser.add_argument("--peft", help="LoRA study: lora, qlora or an adapter config file (autotune search --peft).")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
     options = parser.parse_args()
 
@@ -187,7 +205,8 @@ def main() -> None:
     storage = f"sqlite:///{root / 'study.db'}"
     autotune = [sys.executable, "-m", "autotune"]
     run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
-         "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs"], root)
+         "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
+         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
     print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
@@ -199,7 +218,7 @@ def main() -> None:
     plain_runs, autotune_runs = [], []
     for index in range(options.rounds):
         plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps))
-        autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}"))
+        autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}", options.peft))
         print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
               f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)
 

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
-from autotune.levers import BNB_OPTIMIZERS, FLASH_ATTENTIONS, FUSED_ATTENTIONS, HALF_DTYPES, STATE_BYTES_PER_PARAM
+from autotune.levers import (
+    BNB_OPTIMIZERS,
+    FLASH_ATTENTIONS,
+    FUSED_ATTENTIONS,
+    HALF_DTYPES,
+    STATE_BYTES_PER_PARAM,
+    STATES_IN_PARAM_DTYPE,
+)
 from autotune.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -23,6 +30,11 @@ if TYPE_CHECKING:
 # resident memory holds half a layer more: malloc does not reuse the previous layer's freed
 # recompute buffers at once (docs/benchmarks.md).
 CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
+# Bytes per weight by ``weight_dtype`` (its gradients and param-dtype optimizer states alike).
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
+# A 4-bit (NF4) weight: half a byte, plus one fp32 absmax per block of 64 (bitsandbytes'
+# ``quantize_4bit`` default blocksize; double quantization would shrink that to ~1/64 byte: a bound).
+QUANTIZED_4BIT_BYTES = 0.5 + 4 / 64
 # Config keys of the attention-probability dropout, by architecture family.
 _ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout", "attn_dropout")
 
@@ -111,32 +123,54 @@ def allocator_overhead_bytes(fit: MemoryFit, transient_bytes: int) -> int:
 def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) in bytes: the model states of docs/facts.md.
 
-    HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed precision), so weights and
-    gradients are 4 bytes per parameter in every dtype. Autocast casts each matmul weight to 16 bits
-    once per forward and autograd keeps that copy for the backward: 2 more bytes per compute
-    parameter (lookup-only embeddings are not cast).
+    ``weight_dtype`` fp32: HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed
+    precision), so weights and gradients are 4 bytes per parameter in every ``dtype``. Autocast casts
+    each matmul weight to 16 bits once per forward and autograd keeps that copy for the backward
+    (the input gradient needs it, frozen or not): 2 more bytes per compute parameter (lookup-only
+    embeddings are not cast; 4-bit weights are dequantized again in the backward by bitsandbytes'
+    ``MatMul4Bit``, nothing kept). ``weight_dtype`` bf16: 2 bytes per weight and gradient, no copy.
+
+    Under PEFT (``model.peft``) the base is frozen: its weights only (4-bit ones at
+    :data:`QUANTIZED_4BIT_BYTES`); the adapters are fp32 whatever the base (peft's
+    ``get_peft_model(autocast_adapter_dtype=True)`` casts bf16/fp16 adapters up), with fp32
+    gradients and optimizer states.
     """
     n = model.num_params
-    weights = 4 * n
-    if config.dtype in HALF_DTYPES:
-        weights += 2 * model.num_non_embedding_params
-    return weights, 4 * n, optimizer_state_bytes(model, config.optim)
+    weight_bytes = WEIGHT_BYTES[config.weight_dtype]
+    compute_params = model.num_non_embedding_params
+    if model.peft is None:
+        weights, gradients = weight_bytes * n, weight_bytes * n
+    else:
+        adapters, quantized = model.peft.adapter_params, model.peft.quantized_params
+        weights = weight_bytes * (n - quantized) + int(QUANTIZED_4BIT_BYTES * quantized) + 4 * adapters
+        gradients = 4 * adapters
+        compute_params += adapters - quantized
+    if config.dtype in HALF_DTYPES and config.weight_dtype == "fp32":
+        weights += 2 * compute_params
+    return weights, gradients, optimizer_state_bytes(model, config.optim, config.weight_dtype)
 
 
-def optimizer_state_bytes(model: ModelSpec, optim: str) -> int:
-    """Bytes of optimizer state for the whole model.
+def optimizer_state_bytes(model: ModelSpec, optim: str, weight_dtype: str = "fp32") -> int:
+    """Bytes of optimizer state for the trainable parameters (``model.trainable_params``).
 
     8-bit optimizers keep 32-bit states for embeddings (HF Trainer registers ``nn.Embedding`` as
     32-bit with bitsandbytes, docs/facts.md). Adafactor (``beta1=None`` in HF) keeps, per matrix, one row
-    and one column vector instead of a full second moment, and a full one for vectors.
+    and one column vector instead of a full second moment, and a full one for vectors. torch's
+    optimizers keep their states in the parameter's dtype (:data:`STATES_IN_PARAM_DTYPE`): half the
+    bytes under bf16 weights. PEFT adapters are fp32 low-rank matrices, no embedding table: their
+    states count in full (Adafactor's as unfactored, a bound on a small part).
     """
-    n = model.num_params
+    trainable = model.trainable_params
+    if model.peft is not None:
+        return int((4.0 if optim == "adafactor" else STATE_BYTES_PER_PARAM.get(optim, 8.0)) * trainable)
     if optim == "adafactor":
         return 4 * adafactor_state_elements(model)
     if optim in BNB_OPTIMIZERS:
         embedding = _embedding_table_params(model)
-        return int(STATE_BYTES_PER_PARAM[optim] * (n - embedding) + 8 * embedding)
-    return int(STATE_BYTES_PER_PARAM.get(optim, 8.0) * n)
+        return int(STATE_BYTES_PER_PARAM[optim] * (trainable - embedding) + 8 * embedding)
+    in_param_dtype = optim in STATES_IN_PARAM_DTYPE and weight_dtype != "fp32"
+    scale = WEIGHT_BYTES[weight_dtype] / 4 if in_param_dtype else 1.0
+    return int(STATE_BYTES_PER_PARAM.get(optim, 8.0) * scale * trainable)
 
 
 def adafactor_state_elements(model: ModelSpec) -> int:
@@ -160,12 +194,15 @@ def _embedding_table_params(model: ModelSpec) -> int:
     return model.num_embedding_params + token_table
 
 
-def activation_element_bytes(dtype: str) -> tuple[int, int]:
+def activation_element_bytes(dtype: str, weight_dtype: str = "fp32") -> tuple[int, int]:
     """(matmul-input bytes, residual-stream bytes) per saved element.
 
     Under autocast the matmul inputs autograd keeps are 16-bit copies, while the residual stream,
-    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32).
+    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32). With bf16
+    weights the embeddings and every layer's output are bf16: the residual stream is bf16 too.
     """
+    if weight_dtype == "bf16":
+        return (2, 2)
     return (2, 4) if dtype in HALF_DTYPES else (4, 4)
 
 
@@ -196,7 +233,7 @@ def layer_activation_bytes(
     ``b`` times those of ``b`` rows of ``s = T / b``; a materialising kernel makes padding-free worse.
     """
     shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    p, r = activation_element_bytes(config.dtype)
+    p, r = activation_element_bytes(config.dtype, config.weight_dtype)
     q = r if device_kind == "cpu" else p
     score_mask = q if device_kind == "cpu" else 1
     s, b = shape.row_tokens, shape.rows
@@ -239,7 +276,7 @@ def activation_bytes(
     (:func:`packed_mask_bytes`).
     """
     shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    _, r = activation_element_bytes(config.dtype)
+    _, r = activation_element_bytes(config.dtype, config.weight_dtype)
     tokens, h = shape.tokens, model.hidden_size
     layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)

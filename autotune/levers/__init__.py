@@ -33,25 +33,34 @@ from autotune.levers.compile import (
 from autotune.levers.dataloader import DATALOADER_WORKERS, PIN_MEMORY
 from autotune.levers.kernels import LIGER, liger_unsupported
 from autotune.levers.memory import CHECKPOINTING, EMPTY_CACHE_STEPS, checkpointing_field
-from autotune.levers.optimizer import BNB_OPTIMIZERS, OPTIMIZERS, STATE_BYTES_PER_PARAM, OPTIM
-from autotune.levers.precision import DTYPE, DTYPES, HALF_DTYPES
+from autotune.levers.optimizer import BNB_OPTIMIZERS, OPTIM, OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
+from autotune.levers.precision import (
+    DTYPE,
+    DTYPES,
+    HALF_DTYPES,
+    WEIGHT_DTYPE,
+    WEIGHT_DTYPES,
+    WEIGHT_TORCH_DTYPES,
+    bf16_weights_need_bf16_autocast,
+)
 
 # In the order of TrialConfig's fields and of a space's knobs (the order the sampler walks them).
 LEVERS: dict[str, Lever] = {
     lever.name: lever
     for lever in (
         MICRO_BATCH, GRAD_ACCUM, CHECKPOINTING, DTYPE, OPTIM, DATALOADER_WORKERS, PIN_MEMORY, COMPILE,
-        ATTN_IMPLEMENTATION, LIGER, PADDING, SAMPLING, EMPTY_CACHE_STEPS,
+        ATTN_IMPLEMENTATION, LIGER, PADDING, SAMPLING, EMPTY_CACHE_STEPS, WEIGHT_DTYPE,
     )
 }
 
 # Rules between two levers' choices, applied to a space once every lever's own filters ran.
-COMBINATION_RULES = (flash_needs_half_precision,)
+# bf16 weights first: narrowing dtype to bf16 can keep flash attention in the space.
+COMBINATION_RULES = (bf16_weights_need_bf16_autocast, flash_needs_half_precision)
 
 __all__ = [
     "ACTS_ON", "ATTN_IMPLEMENTATIONS", "BATCH_LIMIT_KNOBS", "BNB_OPTIMIZERS", "COMBINATION_RULES",
     "COMPILE_CHOICES", "COMPILE_MODE_SEPARATOR", "CUDAGRAPH_COMPILE_MODES", "DTYPES", "FLASH_ATTENTIONS",
     "FUSED_ATTENTIONS", "HALF_DTYPES", "LEVERS", "MEMORY_PARTS", "OPTIMIZERS", "PADDINGS", "SAMPLINGS",
-    "STATE_BYTES_PER_PARAM", "Lever", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
+    "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
     "liger_unsupported", "padding_free_unsupported", "split_compile",
 ]

@@ -31,6 +31,12 @@ STATE_BYTES_PER_PARAM = {
     "rmsprop": 4.0,  # square_avg
 }
 
+# Optimizers whose states are made like the parameter (``torch.zeros_like(p)`` in torch/optim/adamw.py,
+# adagrad.py, rmsprop.py, sgd.py's momentum buffer): in bf16 for bf16 weights, half the bytes above.
+# Adafactor (transformers/optimization.py: ``grad = grad.float()``, states ``.to(grad)``) and the
+# bitsandbytes optimizers (8-bit states; 32-bit ones in fp32) keep theirs whatever the weights are.
+STATES_IN_PARAM_DTYPE = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
+
 
 def _unavailable_on(value: str, device: DeviceSpec) -> str:
     if value in BNB_OPTIMIZERS and importlib.util.find_spec("bitsandbytes") is None:

@@ -1,10 +1,12 @@
-"""The ``dtype`` lever: the precision of the matmuls (mixed precision over fp32 master weights)."""
+"""The precision levers: ``dtype``, the precision of the matmuls (mixed precision over fp32 master
+weights), and ``weight_dtype``, the dtype the model's weights are built in."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.errors import AutotuneError
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -44,4 +46,69 @@ DTYPE = Lever(
     label=lambda value: value,
     unavailable_on=_unavailable_on,
     memory_parts=("weights", "activations"),
+)
+
+
+# The dtype the model's weights are built in (and so its gradients and, for torch's optimizers, its
+# optimizer states: torch.optim.AdamW's exp_avg / exp_avg_sq are ``torch.zeros_like(p)``).
+# fp16 is not offered: pure fp16 training needs fp32 master weights for loss scaling
+# (torch.amp.GradScaler refuses fp16 gradients: "Attempting to unscale FP16 gradients").
+WEIGHT_DTYPES = ("fp32", "bf16")
+# What the export tells the user to pass to from_pretrained / from_config (transformers 5 names the
+# argument ``dtype``; ``torch_dtype`` is its deprecated alias, modeling_utils.py ``_from_config``).
+WEIGHT_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _weight_dtype_unavailable_on(value: str, device: DeviceSpec) -> str:
+    if value == "bf16" and "bf16" not in device.supported_dtypes:
+        return f"{device.label} ({device.name}) has no bf16"
+    return ""
+
+
+def bf16_weights_need_bf16_autocast(choices: dict[str, list[Any]], notes: list[str], source: str) -> dict[str, list[Any]]:
+    """bf16 weights run with ``dtype: bf16`` only (a rule of two levers, applied to a whole space).
+
+    With the weights in bf16 every matmul runs in bf16 whatever ``dtype`` says, so the only pair
+    that means what it says is bf16 weights + bf16 autocast (the Trainer's ``bf16=True``:
+    accelerate's autocast keeps the softmax, norms and loss in fp32): fp32/tf32 would run bf16
+    matmuls under an fp32 name (the precision read back, the MFU peak and tf32 itself would be
+    wrong), and fp16 autocast would cast bf16 weights into fp16's narrower range under a grad
+    scaler meant for fp32 master weights. Optuna samples levers independently, so a space that
+    fixes bf16 weights has its dtype narrowed to bf16, and a space that searches both weight
+    dtypes beside other dtypes loses bf16 weights, with a note each.
+    """
+    weights, dtypes = choices.get("weight_dtype", []), choices.get("dtype", [])
+    if "bf16" not in weights or dtypes == ["bf16"]:
+        return choices
+    others = [d for d in dtypes if d != "bf16"]
+    if weights == ["bf16"]:
+        if "bf16" not in dtypes:
+            raise AutotuneError(
+                f"search space {source}: weight_dtype bf16 runs with dtype bf16 only, and dtype offers "
+                f"{', '.join(dtypes)}; add bf16 to dtype"
+            )
+        notes.append(f"dtype {', '.join(others)} removed: bf16 weights train with dtype bf16 (bf16 autocast) only")
+        return {**choices, "dtype": ["bf16"]}
+    notes.append(
+        f"weight_dtype bf16 removed: it trains with dtype bf16 only, and dtype offers {', '.join(others)}; "
+        "search it in a space whose dtype is [bf16]"
+    )
+    return {**choices, "weight_dtype": [w for w in weights if w != "bf16"]}
+
+
+WEIGHT_DTYPE = Lever(
+    name="weight_dtype",
+    value_type=str,
+    default="fp32",
+    doc="the dtype the model is built in: fp32 master weights, or bf16 weights, gradients and optimizer states",
+    choices=WEIGHT_DTYPES,
+    acts_on="model",
+    label=lambda value: "" if value == "fp32" else f"weights={value}",
+    export_note=lambda value: "" if value == "fp32" else (
+        f"the winner's model was built in {value}: pass dtype=torch.{WEIGHT_TORCH_DTYPES[value]} to from_pretrained "
+        "or from_config (torch_dtype= before transformers 5), and keep bf16=True; the optimizer then keeps its "
+        "states in bf16 too"
+    ),
+    unavailable_on=_weight_dtype_unavailable_on,
+    memory_parts=("weights", "gradients", "optimizer states", "activations"),
 )

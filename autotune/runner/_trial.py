@@ -23,6 +23,7 @@ from autotune.flops import utilisation
 from autotune.measure import StepTimer, dynamo_compile_seconds
 from autotune.models import build_model
 from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
+from autotune.peft import apply_peft
 from autotune.result import Status, TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
@@ -120,7 +121,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation)
+        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation, job.config.weight_dtype)
+        if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
+            model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
         autocast = AutocastRecorder(torch, workload.device.kind)
         if job.config.compile == "off":

@@ -68,6 +68,7 @@ class SearchRequest:
             # Real data and fixed arguments change what a step costs (and what export writes).
             "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
             "base_args": workload.base_args,
+            "peft": workload.model.peft.identity() if workload.model.peft else None,
         }
 
     def for_device(self, device: DeviceSpec) -> SearchRequest:
@@ -138,6 +139,11 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
     model = resolve_model(options.model, options.task)
     validate.seq_len_fits(options.seq_len, options.model, model.max_positions)
+    peft_notes: list[str] = []
+    if options.peft is not None:
+        from autotune.peft import with_peft
+
+        model = with_peft(model, options.peft, device, peft_notes)
     base_args = load_base_args(options.base_args) if options.base_args else {}
     space = load_space(
         options.space, device, model=model, base_args=base_args,
@@ -146,7 +152,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
-    notes = list(space.notes)
+    notes = [*peft_notes, *space.notes]
     dataset = None
     if options.dataset is not None:
         from autotune.data import prepare_dataset

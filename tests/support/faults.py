@@ -209,6 +209,28 @@ class RecordCollectorState(TrainerCallback):
         return control
 
 
+class RecordParameters(TrainerCallback):
+    """Not a fault, a probe: after the first optimizer step writes ``<output_dir>/parameters.json``:
+    the parameters' dtypes (trainable and frozen counts) and the optimizer states' dtypes, as the
+    trial child built and trained them."""
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):  # noqa: ANN001 - Trainer's signature
+        if state.global_step != 1:
+            return control
+        params = list(model.parameters())
+        states = [t for s in optimizer.state.values() for t in s.values() if hasattr(t, "dtype") and t.dim() > 0]
+        record = {
+            "parameter_dtypes": sorted({str(p.dtype) for p in params}),
+            "trainable_dtypes": sorted({str(p.dtype) for p in params if p.requires_grad}),
+            "trainable": sum(p.numel() for p in params if p.requires_grad),
+            "frozen": sum(p.numel() for p in params if not p.requires_grad),
+            "state_dtypes": sorted({str(t.dtype) for t in states}),
+            "model_class": type(model).__name__,
+        }
+        (Path(args.output_dir) / "parameters.json").write_text(json.dumps(record))
+        return control
+
+
 def fill_file_system(directory: str) -> None:
     """Write ``<directory>/filler`` until the file system is full (ENOSPC): a real full disk."""
     chunk = b"\0" * (64 * 1024)
