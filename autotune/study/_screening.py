@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
-from autotune.estimate import MeasuredMemory, MemoryEstimate, MemoryFit, estimate_peak, fit_memory
+from autotune.errors import AutotuneError
+from autotune.estimate import (
+    UNCALIBRATED_MARGIN,
+    MeasuredMemory,
+    MemoryEstimate,
+    MemoryFit,
+    estimate_peak,
+    fit_memory,
+    what_would_fit,
+)
 from autotune.models import ModelSpec
 from autotune.result import TrialResult
 from autotune.runner import Workload
 from autotune.units import format_bytes
 
-UNCALIBRATED_MARGIN = 1.25
 MIN_CALIBRATED_MARGIN = 1.10
 # After calibration: margin = 1 + max(MIN, SAFETY * worst relative error of the fit), capped at
 # the uncalibrated margin. The factor 2 leaves room for configs unlike the measured ones.
@@ -148,3 +157,21 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
     estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
     return predict_over_ceiling(estimate, workload.ceiling_bytes, fit)
+
+
+def refuse_if_nothing_fits(choices: dict[str, list[Any]], workload: Workload) -> None:
+    """Before the first trial: stop when the memory prior puts every config of the space over the
+    ceiling by more than its margin (screening would screen them all), saying what would fit.
+
+    Raises:
+        AutotuneError: One line: the smallest predicted peak and the lever values predicted to fit
+            (:func:`autotune.estimate.what_would_fit`, which ``autotune estimate`` prints as a table).
+    """
+    prior = workload.memory_prior
+    advice = what_would_fit(workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device)
+    if advice is None or fits(advice.smallest.estimate.total_bytes, workload.ceiling_bytes * margin_for(prior)):
+        return
+    raise AutotuneError(
+        f"{advice.sentence()}. No trial run: add that to the space (autotune estimate shows the table), or pass "
+        "--no-screen to measure anyway"
+    )
