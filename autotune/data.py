@@ -300,14 +300,15 @@ def _prepare_rows(
     rows = rows.select_columns([column])
     if len(indices) < rows.num_rows:
         rows = rows.select(indices)
+    chosen: Any = range(min(length, rows.num_rows))
     if rows.num_rows > length and not packing:
         sizes = (pyarrow.compute.utf8_length if holds_text else pyarrow.compute.list_value_length)(values)
-        rows = rows.select(_sample_with_the_longest(sizes.take(pyarrow.array(indices)).to_numpy(), length, longest))
+        chosen = _sample_with_the_longest(sizes.take(pyarrow.array(indices)).to_numpy(), length, longest)
     elif rows.num_rows > length:
         rows = rows.shuffle(seed=0)  # a random sample: text lengths (tokenization cost) as in the whole data
     if not packing:
         output = "text" if holds_text else "input_ids"
-        sample = rows.select(range(min(length, rows.num_rows)))
+        sample = rows.select(chosen)
         if column != output:
             sample = sample.rename_column(column, output)
         return sample, {"column": output, "num_samples": rows.num_rows}

@@ -23,6 +23,7 @@ from autotune.files import write_output
 from autotune.levers import LEVERS
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.result import TrialResult
+from autotune.units import format_bytes
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -200,9 +201,19 @@ def allocator_note(best: RankedTrial) -> str | None:
     return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
 
 
+def peak_batch_note(best: RankedTrial) -> str | None:
+    """Which batch set the winner's peak memory (``--dataset`` with dynamic padding: the worst case
+    the data can produce, run once by every trial, or the timed steps)."""
+    if best.result is None or not best.result.peak_batch:
+        return None
+    return f"the winner's peak memory ({format_bytes(best.result.peak_memory_bytes)}) was set by {best.result.peak_batch}"
+
+
 def export_notes(best: RankedTrial) -> list[str]:
-    """What the winner depends on outside TrainingArguments: the attention kernel, the allocator."""
-    return [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+    """What the winner depends on outside TrainingArguments: the attention kernel, the allocator; and
+    which batch set its peak."""
+    notes = (model_loading_note(best), allocator_note(best), peak_batch_note(best))
+    return [note for note in notes if note is not None]
 
 
 def provenance_of(study: optuna.Study, best: RankedTrial) -> str:

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.result import TrialResult
 from autotune.data import prepare_dataset
 from autotune.runner import TrialJob, Workload, load_training_dataset, run_isolated
 
@@ -68,3 +69,18 @@ def test_synthetic_tokens_need_no_worst_case_step(tmp_path, bert_tiny, cpu, fast
     result = run_isolated(job, timeout_s=120)
     assert result.status == "ok", result.error
     assert result.peak_batch == "" and "measured_steps_peak_bytes" not in result.memory_peaks
+
+
+def test_the_export_and_the_report_say_which_batch_set_the_peak():
+    from autotune.export import export_notes
+    from autotune.ranking import RankedTrial
+    from autotune.report import TrialRow
+
+    words = "worst-case batch: the 8 longest samples padded to the longest, 8 x 128 tokens"
+    result = TrialResult(status="ok", peak_memory_bytes=3 * 1024**3, peak_batch=words)
+    best = RankedTrial(number=2, state="COMPLETE", config=TrialConfig(), result=result)
+    assert f"the winner's peak memory (3.00 GiB) was set by {words}" in export_notes(best)
+    assert not any("was set by" in n for n in export_notes(RankedTrial(2, "COMPLETE", TrialConfig(), TrialResult(status="ok"))))
+    fields = {f: None for f in TrialRow.__dataclass_fields__}
+    row = TrialRow(**{**fields, "number": 2, "status": "ok", "config": TrialConfig(), "result": result, "reused": False})
+    assert f"peak set by {words}" in row.hover()
