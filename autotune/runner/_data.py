@@ -162,7 +162,7 @@ class UserSamples(torch.utils.data.Dataset):
     def sample_lengths(self) -> list[int]:
         """The token length of each distinct sample (as :meth:`__getitem__` truncates it), index order."""
         count = min(self._rows.num_rows, self._length)
-        values = self._rows.select(range(count))[self._column]
+        values = list(self._rows.select(range(count))[self._column])  # datasets 4 returns a lazy Column
         if self._tokenizer is None:
             return [min(len(ids), self._seq_len) for ids in values]
         encoded = self._tokenizer(values, truncation=True, max_length=self._seq_len)["input_ids"]
