@@ -156,8 +156,8 @@ def estimate(
     validate.positive_int("--seq-len", seq_len)
     from autotune.ceiling import parse_ceiling
     from autotune.devices import known_gpu, resolve_device
-    from autotune.display import estimate_short_table, estimate_table
-    from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows
+    from autotune.display import estimate_short_table, estimate_table, what_would_fit_table
+    from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows, what_would_fit
     from autotune.models import resolve_model
     from autotune.space import load_space
     from autotune.study import margin_for
@@ -171,18 +171,20 @@ def estimate(
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
     validate.seq_len_fits(seq_len, model, model_spec.max_positions)
-    search_space = load_space(space, device_spec, model=model_spec)
     # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator settings).
     fit = memory_prior(device_spec, os.environ)
+    search_space = load_space(space, device_spec, model=model_spec, seq_len=seq_len, ceiling_bytes=ceiling, memory_fit=fit)
     if storage is not None:
         fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
     rows = plan_rows(model_spec, search_space.choices, seq_len, fit, ceiling)
+    advice = what_would_fit(model_spec, search_space.choices, seq_len, fit, ceiling, device_spec)
     where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
     if as_json:
         header = {
             "model": model_spec.name, "seq_len": seq_len, "device": where, "device_kind": device_spec.kind,
             "device_memory_bytes": device_spec.total_memory_bytes, "ceiling_bytes": ceiling,
             "estimator": fit.describe(), "space_notes": list(search_space.notes),
+            "nothing_fits": advice.sentence() if advice else None,
         }
         typer.echo(estimate_json(rows, header))
         return
@@ -195,6 +197,8 @@ def estimate(
                                      [(row.config, row.estimate) for row in rows], ceiling, margin_for(fit)))
     else:
         console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
+    if advice is not None:
+        console.print(what_would_fit_table(advice))
     console.print(f"estimator: {fit.describe()}")
 
 

@@ -125,7 +125,9 @@ def prepare_dataset(
             column = _pick_column(rows, text_column, path)
             holds_text = _holds_text(rows, column, path)
             tokenizer = _load_tokenizer(tokenizer_dir, model, path) if holds_text else None
-            prepared, meta = _prepare_rows(rows, column, holds_text, tokenizer, seq_len, packing, length, model, path)
+            prepared, meta = _prepare_rows(
+                rows, column, holds_text, tokenizer, seq_len, packing, length, model, path, longest=global_batch
+            )
             meta.update(
                 column_read=column,
                 tokenizer_dir=tokenizer_dir if holds_text and not packing else None,
@@ -263,8 +265,15 @@ def _prepare_rows(
     length: int,
     model: ModelSpec,
     path: str,
+    longest: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     """What the trials read, and what to know about it.
+
+    Args:
+        longest: Where the data holds more than ``length`` samples, the sample keeps the data's
+            ``longest`` longest ones (by characters for text, a proxy for tokens; by tokens for ids):
+            every trial also runs the fullest batch its data can produce (``autotune.runner``,
+            worst-case batch), which a real run over the whole data meets.
 
     Returns:
         (rows, meta): at most ``length`` rows of one column, a random sample when there are more
@@ -291,11 +300,15 @@ def _prepare_rows(
     rows = rows.select_columns([column])
     if len(indices) < rows.num_rows:
         rows = rows.select(indices)
-    if rows.num_rows > length:
+    chosen: Any = range(min(length, rows.num_rows))
+    if rows.num_rows > length and not packing:
+        sizes = (pyarrow.compute.utf8_length if holds_text else pyarrow.compute.list_value_length)(values)
+        chosen = _sample_with_the_longest(sizes.take(pyarrow.array(indices)).to_numpy(), length, longest)
+    elif rows.num_rows > length:
         rows = rows.shuffle(seed=0)  # a random sample: text lengths (tokenization cost) as in the whole data
     if not packing:
         output = "text" if holds_text else "input_ids"
-        sample = rows.select(range(min(length, rows.num_rows)))
+        sample = rows.select(chosen)
         if column != output:
             sample = sample.rename_column(column, output)
         return sample, {"column": output, "num_samples": rows.num_rows}
@@ -306,6 +319,17 @@ def _prepare_rows(
         if len(blocks) >= length:
             break
     return datasets.Dataset.from_dict({"input_ids": blocks[:length]}), {"column": "input_ids", "num_samples": len(blocks)}
+
+
+def _sample_with_the_longest(sizes: Any, length: int, longest: int) -> list[int]:
+    """``length`` positions: the ``longest`` largest ``sizes``, then a random sample (seed 0) of the
+    rest, so text lengths (tokenization cost) stay as in the whole data."""
+    import numpy
+
+    top = numpy.argsort(-sizes, kind="stable")[: min(longest, length)]
+    others = numpy.setdiff1d(numpy.arange(len(sizes)), top)
+    rest = numpy.random.default_rng(0).permutation(others)[: length - len(top)]
+    return [int(i) for i in numpy.concatenate([rest, top])]
 
 
 def _pack(documents: list[list[int]], seq_len: int) -> list[list[int]]:
@@ -326,7 +350,10 @@ def _fingerprint(
 ) -> str:
     """Identifies a prepared copy: the source and tokenizer files (path, size, mtime) and every
     option that shapes what is prepared."""
-    digest = hashlib.sha256(f"{source}|{text_column}|{packing}|{seq_len if packing else ''}|{vocab_size}|{length}".encode())
+    # "longest-kept": the sample keeps the data's longest samples (see _prepare_rows).
+    digest = hashlib.sha256(
+        f"{source}|{text_column}|{packing}|{seq_len if packing else ''}|{vocab_size}|{length}|longest-kept".encode()
+    )
     paths = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
         paths += sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file())

@@ -23,7 +23,7 @@ from autotune import schema
 from autotune.ceiling import fits
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
-from autotune.estimate import EstimateRow, MemoryEstimate
+from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate
 from autotune.numerics import diverged_trials, winner_loss
 from autotune.ranking import (
     RankedTrial,
@@ -392,6 +392,31 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
             config.dtype, "on" if config.checkpointing else "off", config.optim, others or "-",
             batch, format_bytes(row.estimate.total_bytes), verdict,
         )
+    return table
+
+
+def what_would_fit_table(advice: FitAdvice) -> Table:
+    """``autotune estimate`` when no config of the space fits: the smallest config with one lever
+    changed at a time, predicted (:func:`autotune.estimate.what_would_fit`, the search's answer too)."""
+    smallest = advice.smallest
+    table = Table(
+        title=f"Nothing in the space fits: the smallest predicted peak is {format_bytes(smallest.estimate.total_bytes)} "
+        f"({smallest.config.short()}); one lever changed at a time",
+        caption=advice.advice(),
+        caption_justify="left",
+    )
+    for header in ("lever", "value", "predicted peak", "vs ceiling"):
+        table.add_column(header, justify="right" if header == "predicted peak" else "left")
+
+    def verdict(total: int) -> str:
+        return "[green]fits[/]" if fits(total, advice.ceiling_bytes) else f"[magenta]over by {format_bytes(total - advice.ceiling_bytes)}[/]"
+
+    for change in advice.changes:
+        value = str(change.value).lower() if isinstance(change.value, bool) else str(change.value)
+        table.add_row(change.lever, value, format_bytes(change.estimate.total_bytes), verdict(change.estimate.total_bytes))
+    leanest = advice.leanest
+    if advice.changes:
+        table.add_row("all of them", leanest.config.short(), format_bytes(leanest.estimate.total_bytes), verdict(leanest.estimate.total_bytes))
     return table
 
 

@@ -25,6 +25,7 @@ from autotune.peft import adapter_config_json, adapter_config_path
 from autotune.peft import export_note as peft_export_note
 from autotune.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.result import TrialResult
+from autotune.units import format_bytes
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -202,10 +203,18 @@ def allocator_note(best: RankedTrial) -> str | None:
     return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
 
 
+def peak_batch_note(best: RankedTrial) -> str | None:
+    """Which batch set the winner's peak memory (``--dataset`` with dynamic padding: the worst case
+    the data can produce, run once by every trial, or the timed steps)."""
+    if best.result is None or not best.result.peak_batch:
+        return None
+    return f"the winner's peak memory ({format_bytes(best.result.peak_memory_bytes)}) was set by {best.result.peak_batch}"
+
+
 def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
-    """What the winner depends on outside TrainingArguments: the model build, the allocator, and the
-    study's PEFT adapters (written beside ``out``)."""
-    notes = [note for note in (model_loading_note(best), allocator_note(best)) if note is not None]
+    """What the winner depends on outside TrainingArguments: the model build, the allocator, the
+    study's PEFT adapters (written beside ``out``); and which batch set its peak."""
+    notes = [note for note in (model_loading_note(best), allocator_note(best), peak_batch_note(best)) if note is not None]
     peft_identity = _peft_identity(study)
     if peft_identity is not None:
         notes.append(peft_export_note(peft_identity, adapter_config_path(out)))

@@ -115,6 +115,8 @@ class TrialRow:
                 lines.append(f"{self.result.samples_per_s:.2f} samples/s, {self.result.model_tflops:.4g} model TFLOPs")
             if self.result.peak_memory_bytes:
                 lines.append(f"peak memory {format_bytes(self.result.peak_memory_bytes)}")
+            if self.result.peak_batch:
+                lines.append(f"peak set by {html.escape(self.result.peak_batch)}")
             if self.result.error:
                 lines.append(html.escape(self.result.error[:120]))
         if self.reused:

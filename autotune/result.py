@@ -105,6 +105,7 @@ class TrialResult:
     peak_memory_bytes: int = 0
     memory_source: str = ""
     memory_peaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    peak_batch: str = ""  # with --dataset and dynamic padding: which batch set peak_memory_bytes (worst case or measured)
     ceiling_bytes: int = 0
     error: str = ""  # the exception or signal, one line
     stderr_tail: str = ""  # last lines the child wrote

@@ -80,11 +80,56 @@ def test_a_knob_left_empty_by_the_device_is_an_error(tmp_path, cpu):
         load_space(write(tmp_path, "dtype: [fp16, tf32]\n"), cpu)
 
 
-def test_auto_micro_batches_are_multiples_of_8(tmp_path, cpu):
+def test_auto_micro_batches_are_1_2_4_then_multiples_of_8(tmp_path, cpu):
     space = load_space(write(tmp_path, "micro_batch: auto\n"), cpu)
-    assert all(m % 8 == 0 for m in space.choices["micro_batch"])
-    odd = load_space(write(tmp_path, "micro_batch: [4, 8]\n"), cpu)
-    assert "micro_batch 4 is not a multiple of 8: tensor cores may run it slower" in odd.notes
+    micro = space.choices["micro_batch"]
+    assert micro[:3] == [1, 2, 4]  # without the memory context (model, seq len, ceiling, prior) all stay
+    assert all(m % 8 == 0 for m in micro[3:])
+
+
+def test_tensor_core_note_names_tokens_not_samples_and_only_on_cuda(tmp_path, cpu):
+    path = write(tmp_path, "micro_batch: [1, 2, 4, 8]\ndtype: [fp16]\n")
+    # A micro-batch of 1 at seq len 2048 is 2048 rows: aligned, nothing to say.
+    assert not any("tensor cores" in note for note in load_space(path, FAKE_V100, seq_len=2048).notes)
+    odd = load_space(path, FAKE_V100, seq_len=99)  # 99, 198 and 396 tokens are not multiples of 8; 792 is
+    assert "micro_batch 1, 2, 4 x seq len 99 is not a multiple of 8 tokens: tensor cores may run it slower" in odd.notes
+    cpu_space = load_space(write(tmp_path, "micro_batch: [1, 8]\n"), cpu, seq_len=100)
+    assert not any("tensor cores" in note for note in cpu_space.notes)  # no tensor cores on the CPU
+
+
+def _memory_context(gpt2_tiny, cpu, ceiling_gib: float):
+    from autotune.estimate import memory_prior
+
+    return dict(model=gpt2_tiny, seq_len=256, ceiling_bytes=int(ceiling_gib * GiB), memory_fit=memory_prior(cpu, {}))
+
+
+def test_auto_keeps_small_micro_batches_only_where_a_larger_one_may_not_fit(tmp_path, cpu, gpt2_tiny):
+    from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak, memory_prior
+    from autotune.config import TrialConfig
+
+    path = write(tmp_path, "micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\n")
+    roomy = load_space(path, cpu, **_memory_context(gpt2_tiny, cpu, 16))
+    assert min(roomy.choices["micro_batch"]) == 8
+    assert any(n.startswith("micro_batch 1, 2, 4 removed: micro-batch 8 is predicted to fit") for n in roomy.notes)
+    tight = load_space(path, cpu, **_memory_context(gpt2_tiny, cpu, 1.2))
+    # The rule, checked against the estimate itself: 2 stays because 4 may not fit, 1 goes because 2 does.
+    prior = memory_prior(cpu, {})
+    peak = {m: estimate_peak(gpt2_tiny, TrialConfig(micro_batch=m, pin_memory=False), 256, prior).total_bytes for m in (2, 4)}
+    assert peak[4] * UNCALIBRATED_MARGIN > 1.2 * GiB >= peak[2] * UNCALIBRATED_MARGIN
+    assert tight.choices["micro_batch"][:2] == [2, 4]
+    # A space that lists its micro-batches measures them, whatever the estimate says.
+    listed = load_space(write(tmp_path, "micro_batch: [1, 2, 8]\n"), cpu, **_memory_context(gpt2_tiny, cpu, 16))
+    assert listed.choices["micro_batch"] == [1, 2, 8]
+
+
+def test_global_batch_keeps_its_size_at_micro_batches_1_2_4(tmp_path, cpu, gpt2_tiny):
+    from autotune.config import TrialConfig
+
+    space = load_space(write(tmp_path, "micro_batch: auto\n"), cpu, global_batch=16, **_memory_context(gpt2_tiny, cpu, 0.9))
+    assert space.choices["micro_batch"][:3] == [1, 2, 4]
+    for micro in (1, 2, 4):
+        config = TrialConfig.from_params({"micro_batch": micro, "global_batch": 16})
+        assert config.grad_accum * config.micro_batch == 16
 
 
 def test_flash_attention_needs_cuda_and_flash_attn(tmp_path, cpu, bert_tiny):

@@ -40,8 +40,6 @@ Modules: ``_parts`` (each part's arithmetic, ``estimate_peak``), ``_fit`` (the p
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from autotune.estimate._fit import (
     ALLOCATOR_FRAGMENTATION_SHARE,
     CPU_CHILD_START_RSS_BYTES,
@@ -52,6 +50,7 @@ from autotune.estimate._fit import (
     PRIOR_ACTIVATION_SCALE,
     PRIOR_CONTEXT_BYTES,
     SCALE_BOUNDS,
+    UNCALIBRATED_MARGIN,
     MeasuredMemory,
     MemoryFit,
     expandable_segments_enabled,
@@ -79,22 +78,27 @@ from autotune.estimate._parts import (
 )
 from autotune.estimate._plan import (
     EstimateRow,
+    FitAdvice,
+    LeverChange,
     estimate_json,
     estimate_rows,
     largest_fitting,
+    largest_peak_bytes,
     memory_distinct_configs,
     plan_rows,
     smallest_peak_bytes,
+    what_would_fit,
 )
 
 __all__ = [
     "ALLOCATOR_FRAGMENTATION_SHARE", "CHECKPOINT_WORKING_LAYERS", "CPU_CHILD_START_RSS_BYTES",
     "CPU_UNMAPPED_LIBRARY_BYTES", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES",
-    "PRIOR_ACTIVATION_SCALE", "PRIOR_CONTEXT_BYTES", "SCALE_BOUNDS", "EstimateRow", "MeasuredMemory",
+    "PRIOR_ACTIVATION_SCALE", "PRIOR_CONTEXT_BYTES", "SCALE_BOUNDS", "UNCALIBRATED_MARGIN", "EstimateRow", "FitAdvice",
+    "LeverChange", "MeasuredMemory",
     "MemoryEstimate", "MemoryFit", "MicroBatchShape", "activation_bytes", "activation_element_bytes",
     "adafactor_state_elements", "allocator_overhead_bytes", "attention_dropout", "context_bytes",
     "estimate_json", "estimate_peak", "estimate_rows", "expandable_segments_enabled", "fit_memory",
-    "largest_fitting", "layer_activation_bytes", "logits_bytes", "materializes_attention_scores",
+    "largest_fitting", "largest_peak_bytes", "layer_activation_bytes", "logits_bytes", "materializes_attention_scores",
     "memory_distinct_configs", "memory_prior", "micro_batch_shape", "model_state_bytes",
-    "optimizer_state_bytes", "packed_mask_bytes", "plan_rows", "smallest_peak_bytes",
+    "optimizer_state_bytes", "packed_mask_bytes", "plan_rows", "smallest_peak_bytes", "what_would_fit",
 ]

@@ -18,9 +18,6 @@ from autotune.units import GiB
 
 MiB = 1024**2
 
-
-MiB = 1024**2
-
 # A forkserver trial child's resident set before it builds a model (python + torch + transformers
 # imported), measured here (docs/benchmarks.md).
 CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
@@ -54,6 +51,11 @@ ALLOCATOR_FRAGMENTATION_SHARE = {"default": 0.15, "expandable_segments": 0.05}
 # CPU resident memory runs ahead of the tensors alive: freed blocks stay in malloc's arenas. The
 # prior activation scale says so (fitted on bert-mini, docs/benchmarks.md); the fit replaces it.
 PRIOR_ACTIVATION_SCALE = {"cpu": 1.1, "cuda": 1.0}
+# How far the prior may be off before any trial calibrates it (docs/estimator.md, "The CUDA prior":
+# within +-25 %): screening runs a config predicted up to this factor over the ceiling, a search stops
+# before its first trial only when every config is predicted over it, and ``auto``'s small micro-batches
+# stay searched unless the next larger one is predicted under the ceiling by this factor.
+UNCALIBRATED_MARGIN = 1.25
 # Calibrated scales outside this range mean the model is wrong for this setup, not that it needs
 # stretching: the fit is clamped.
 SCALE_BOUNDS = (0.5, 3.0)

@@ -21,7 +21,13 @@ from autotune.levers.attention import (
     flash_attention_2_unavailable,
     flash_needs_half_precision,
 )
-from autotune.levers.batch import BATCH_LIMIT_KNOBS, GRAD_ACCUM, MICRO_BATCH, auto_micro_batches
+from autotune.levers.batch import (
+    BATCH_LIMIT_KNOBS,
+    GRAD_ACCUM,
+    MICRO_BATCH,
+    SMALL_AUTO_MICRO_BATCHES,
+    auto_micro_batches,
+)
 from autotune.levers.batching import PADDING, PADDINGS, SAMPLING, SAMPLINGS, padding_free_unsupported
 from autotune.levers.compile import (
     COMPILE,
@@ -61,6 +67,6 @@ __all__ = [
     "ACTS_ON", "ATTN_IMPLEMENTATIONS", "BATCH_LIMIT_KNOBS", "BNB_OPTIMIZERS", "COMBINATION_RULES",
     "COMPILE_CHOICES", "COMPILE_MODE_SEPARATOR", "CUDAGRAPH_COMPILE_MODES", "DTYPES", "FLASH_ATTENTIONS",
     "FUSED_ATTENTIONS", "HALF_DTYPES", "LEVERS", "MEMORY_PARTS", "OPTIMIZERS", "PADDINGS", "SAMPLINGS",
-    "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
+    "SMALL_AUTO_MICRO_BATCHES", "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
     "liger_unsupported", "padding_free_unsupported", "split_compile",
 ]

@@ -16,12 +16,20 @@ if TYPE_CHECKING:
 BATCH_LIMIT_KNOBS = ("global_batch", "max_global_batch")
 
 
+# ``auto``'s micro-batches below 8: what a decoder LLM at 1k-8k tokens trains at on one GPU, with
+# accumulation. They are searched only where the estimate says the larger ones do not fit
+# (autotune.space: drop_unneeded_small_micro_batches). One sample is already ``seq_len`` rows of
+# every projection's matmul, so the dimension tensor cores want aligned is tokens, not samples.
+SMALL_AUTO_MICRO_BATCHES = (1, 2, 4)
+
+
 def auto_micro_batches(device: DeviceSpec) -> list[int]:
-    """``micro_batch: auto``: multiples of 8 (tensor cores want 8-aligned dims for fp16/bf16, per
-    NVIDIA's deep learning performance guide); from 64 up, multiples of 64 on Ampere and newer, whose
-    guide prefers 128-byte (64-element) alignment.
+    """``micro_batch: auto``: 1, 2 and 4 (kept only where needed, see :data:`SMALL_AUTO_MICRO_BATCHES`),
+    then multiples of 8 (tensor cores want 8-aligned dims for fp16/bf16, per NVIDIA's deep learning
+    performance guide); from 64 up, multiples of 64 on Ampere and newer, whose guide prefers 128-byte
+    (64-element) alignment.
     """
-    small = [8, 16, 24, 32, 48]
+    small = [*SMALL_AUTO_MICRO_BATCHES, 8, 16, 24, 32, 48]
     if device.kind == "cuda" and (device.compute_capability or (0, 0)) >= (8, 0):
         return small + [64, 128, 192, 256, 384, 512]
     return small + [64, 96, 128, 192, 256]

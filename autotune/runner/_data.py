@@ -14,7 +14,6 @@ from autotune.data import PreparedDataset
 from autotune.models import ModelSpec
 
 # Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
-# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
 _POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
 
 
@@ -64,6 +63,23 @@ def training_collator(padding: str, pad_token_id: int, model: ModelSpec) -> Any:
         start = pad_token_id + 1 if model.config.get("model_type") in _POSITIONS_AFTER_PADDING else 0
         return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
     return None
+
+
+def worst_case_batch(dataset: UserSamples, micro_batch: int, padding: str, collator: Any) -> tuple[dict[str, torch.Tensor], str]:
+    """The fullest micro-batch the trial's data can produce, and its words for the result.
+
+    With ``padding`` longest a batch is as long as its longest sample, and with padding_free as long
+    as its samples together, so the worst batch holds the ``micro_batch`` longest samples (truncated
+    to ``--seq-len``); the measured steps may never meet it (a random order, or
+    ``group_by_length``), though a real run does. This is the shape
+    ``autotune.estimate.micro_batch_shape`` predicts from. Built by the trial's own collator.
+    """
+    lengths = dataset.sample_lengths()
+    longest = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))[:micro_batch]
+    batch = collator([dataset[i] for i in longest])
+    rows, tokens = batch["input_ids"].shape
+    how = "flattened into one row" if padding == "padding_free" else "padded to the longest"
+    return batch, f"worst-case batch: the {len(longest)} longest samples {how}, {rows} x {tokens} tokens"
 
 
 class PadToLongest:
@@ -142,6 +158,15 @@ class UserSamples(torch.utils.data.Dataset):
             labels[real:] = -100  # the loss ignores padding
             sample["labels"] = labels
         return sample
+
+    def sample_lengths(self) -> list[int]:
+        """The token length of each distinct sample (as :meth:`__getitem__` truncates it), index order."""
+        count = min(self._rows.num_rows, self._length)
+        values = list(self._rows.select(range(count))[self._column])  # datasets 4 returns a lazy Column
+        if self._tokenizer is None:
+            return [min(len(ids), self._seq_len) for ids in values]
+        encoded = self._tokenizer(values, truncation=True, max_length=self._seq_len)["input_ids"]
+        return [len(ids) for ids in encoded]
 
     def _unpadded(self, input_ids: torch.Tensor, index: int) -> dict[str, torch.Tensor]:
         """A sample at its own length, for a collator that pads or flattens the batch."""

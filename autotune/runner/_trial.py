@@ -28,7 +28,7 @@ from autotune.result import Status, TrialResult
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
-from autotune.runner._memory import memory_probe
+from autotune.runner._memory import MemoryProbe, memory_probe
 from autotune.runner._numerics import LossRecorder, weights_are_finite
 from autotune.runner._precision import (
     AutocastRecorder,
@@ -149,7 +149,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         recorder.attach(trainer)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
-        peaks = probe.peaks()
+        peaks, peak_batch = probe.peaks(), ""
+        if workload.dataset is not None and job.config.padding != "max_length":
+            peaks, peak_batch = worst_case_peaks(trainer, job, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
@@ -203,6 +205,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         peak_memory_bytes=peaks[probe.ceiling_source],
         memory_source=probe.ceiling_source,
         memory_peaks=peaks,
+        peak_batch=peak_batch,
         ceiling_bytes=workload.ceiling_bytes,
         versions=versions(workload.device),
         loss_curve=record.curve,
@@ -214,6 +217,28 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         runtime=runtime,
         defects=defects,
     )
+
+
+def worst_case_peaks(trainer: Trainer, job: TrialJob, probe: MemoryProbe, measured: dict[str, int]) -> tuple[dict[str, int], str]:
+    """One more optimizer step, after the timed ones, on the fullest batch the data can produce
+    (:func:`autotune.runner._data.worst_case_batch`), through the Trainer's own ``training_step``
+    (its autocast, its accelerator) and optimizer: the trial's peak is the larger of the two, so a
+    config that fits stays inside memory for the whole run, not only for the batches it was timed on.
+
+    Returns:
+        The peaks after it (``measured_steps_peak_bytes``: the timed steps' ceiling figure), and
+        which batch set the ceiling's figure.
+    """
+    from autotune.runner._data import worst_case_batch
+
+    batch, words = worst_case_batch(trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator)
+    trainer.training_step(trainer.model_wrapped, batch)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    peaks = {**probe.peaks(), "measured_steps_peak_bytes": measured[probe.ceiling_source]}
+    if peaks[probe.ceiling_source] > measured[probe.ceiling_source]:
+        return peaks, words
+    return peaks, f"the measured steps (at or above the {words})"
 
 
 def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]) -> dict[str, str]:

@@ -13,22 +13,25 @@ from typing import Any
 
 from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
+from autotune.estimate import MemoryFit
 from autotune.models import ModelSpec
 from autotune.space._narrow import (
     apply_base_args,
     constrain_global_batch,
+    drop_unneeded_small_micro_batches,
     filter_combinations,
     filter_for_data,
     filter_for_device,
     filter_for_model,
+    tensor_core_note,
 )
-from autotune.space._schema import MAX_CHOICES_PER_KNOB, MAX_SPACE_FILE_BYTES, SpaceFile, read_space_file
+from autotune.space._schema import AUTO, MAX_CHOICES_PER_KNOB, MAX_SPACE_FILE_BYTES, SpaceFile, read_space_file
 from autotune.space._search_space import SearchSpace
 
 __all__ = [
     "MAX_CHOICES_PER_KNOB", "MAX_SPACE_FILE_BYTES", "SearchSpace", "SpaceFile", "apply_base_args",
-    "constrain_global_batch", "default_space_path", "filter_combinations", "filter_for_data",
-    "filter_for_device", "filter_for_model", "load_space", "read_space_file",
+    "constrain_global_batch", "default_space_path", "drop_unneeded_small_micro_batches", "filter_combinations", "filter_for_data",
+    "filter_for_device", "filter_for_model", "load_space", "read_space_file", "tensor_core_note",
 ]
 
 
@@ -53,6 +56,9 @@ def load_space(
     max_global_batch: int | None = None,
     real_data: bool = False,
     packing: bool = False,
+    seq_len: int | None = None,
+    ceiling_bytes: int | None = None,
+    memory_fit: MemoryFit | None = None,
 ) -> SearchSpace:
     """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
@@ -65,6 +71,11 @@ def load_space(
         max_global_batch: ``--max-global-batch``: micro-batch x accumulation at most this.
         real_data: ``--dataset`` was given: samples have different lengths.
         packing: ``--packing``: every sample is a full block.
+        seq_len: Tokens per sample: with it, a note where a micro-batch's tokens are not 8-aligned.
+        ceiling_bytes: With ``model``, ``seq_len`` and ``memory_fit`` (the memory prior): ``auto``'s
+            micro-batches below 8 stay only where a larger one may not fit
+            (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
+        memory_fit: See ``ceiling_bytes``.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -86,7 +97,13 @@ def load_space(
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
     space = apply_base_args(space, base_args or {}, device)
-    # Last: a dtype fixed by --base-args decides which attention kernels can run.
+    # Then: a dtype fixed by --base-args decides which attention kernels can run.
     notes = list(space.notes)
     choices = filter_combinations(space.choices, notes, source=path)
-    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+    space = SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+    knows_memory = model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
+    if parsed.micro_batch == AUTO and knows_memory:
+        space = drop_unneeded_small_micro_batches(space, model, seq_len, memory_fit, ceiling_bytes)
+    if seq_len is not None:
+        space = tensor_core_note(space, seq_len, device)
+    return space

@@ -14,7 +14,9 @@ from pydantic import BaseModel
 from autotune.config import knob_values_from_base_args
 from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
-from autotune.levers import BATCH_LIMIT_KNOBS, COMBINATION_RULES, LEVERS, Lever
+from autotune.ceiling import fits
+from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes
+from autotune.levers import BATCH_LIMIT_KNOBS, COMBINATION_RULES, LEVERS, SMALL_AUTO_MICRO_BATCHES, Lever
 from autotune.models import ModelSpec
 from autotune.space._schema import AUTO
 from autotune.space._search_space import SearchSpace
@@ -55,10 +57,6 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
             )
         choices[name] = kept
-    for value in choices["micro_batch"]:
-        if value % 8:
-            notes.append(f"micro_batch {value} is not a multiple of 8: tensor cores may run it slower")
-            break
     return SearchSpace(choices=choices, notes=tuple(notes), source=source)
 
 
@@ -97,6 +95,53 @@ def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> Searc
         if lever.needs_real_data and lever.name in choices:
             choices[lever.name] = _keep(lever, choices[lever.name], lambda v: why if v != lever.default else "", notes)
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def drop_unneeded_small_micro_batches(
+    space: SearchSpace, model: ModelSpec, seq_len: int, fit: MemoryFit, ceiling_bytes: int
+) -> SearchSpace:
+    """Search ``auto``'s micro-batches below 8 (1, 2, 4) only where a larger one may not fit.
+
+    From the largest down, a small micro-batch stays while some memory-distinct config at the next
+    larger micro-batch of the space may not fit: its predicted peak (the memory prior, before any
+    trial) is over the ceiling divided by :data:`UNCALIBRATED_MARGIN`, the prior's error band. Where
+    every config at the next larger one fits well, the smaller ones are removed with a note: they
+    take as much memory per token and run fewer tokens per step. Call it only for ``auto`` (a space
+    that lists its micro-batches measures them), after the global-batch constraint and the base
+    arguments.
+    """
+    micro = sorted(space.choices["micro_batch"])
+    removed = []
+    for value in sorted((m for m in micro if m in SMALL_AUTO_MICRO_BATCHES), reverse=True):
+        larger = next((m for m in micro if m > value and m not in removed), None)
+        if larger is None:
+            continue
+        peak = largest_peak_bytes(model, {**space.choices, "micro_batch": [larger]}, seq_len, fit)
+        if fits(peak * UNCALIBRATED_MARGIN, ceiling_bytes):
+            removed.append(value)
+    if not removed:
+        return space
+    kept = [m for m in space.choices["micro_batch"] if m not in removed]
+    note = (
+        f"micro_batch {_list(sorted(removed))} removed: micro-batch {min(kept)} is predicted to fit with every setting "
+        f"of the other levers (auto searches smaller ones only where it may not)"
+    )
+    return SearchSpace(choices={**space.choices, "micro_batch": kept}, notes=(*space.notes, note), source=space.source)
+
+
+def tensor_core_note(space: SearchSpace, seq_len: int, device: DeviceSpec) -> SearchSpace:
+    """A note where a micro-batch's tokens (``micro_batch x seq_len``, the rows of every projection's
+    matmul) are not a multiple of 8, which fp16/bf16 tensor cores want (NVIDIA's deep learning
+    performance guide, "Matrix multiplication"). A micro-batch of 1 at seq len 2048 is 2048 rows."""
+    if device.kind != "cuda":
+        return space
+    odd = [m for m in space.choices["micro_batch"] if (m * seq_len) % 8]
+    if not odd:
+        return space
+    note = (
+        f"micro_batch {_list(odd)} x seq len {seq_len} is not a multiple of 8 tokens: tensor cores may run it slower"
+    )
+    return SearchSpace(choices=space.choices, notes=(*space.notes, note), source=space.source)
 
 
 def filter_combinations(choices: dict[str, list[Any]], notes: list[str], source: str = "") -> dict[str, list[Any]]:

@@ -21,12 +21,13 @@ from autotune.ceiling import parse_ceiling
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec, resolve_device
 from autotune.errors import AutotuneError
-from autotune.estimate import smallest_peak_bytes
+from autotune.estimate import memory_prior, smallest_peak_bytes
 from autotune.measure import MeasureSettings
 from autotune.result import TrialResult
 from autotune.runner import Workload, child_address_space_budget, load_callback
 from autotune.search_options import SearchOptions
 from autotune.space import SearchSpace, load_space
+from autotune.study._screening import refuse_if_nothing_fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         options.space, device, model=model, base_args=base_args,
         global_batch=options.global_batch, max_global_batch=options.max_global_batch,
         real_data=options.dataset is not None, packing=options.packing,
+        # The workload's memory prior (Workload.memory_prior reads the same allocator variables).
+        seq_len=options.seq_len, ceiling_bytes=ceiling, memory_fit=memory_prior(device, os.environ),
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
@@ -183,6 +186,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
         validate.worker_share(len(devices), address_space, smallest)
+    if options.screen:
+        refuse_if_nothing_fits(space.choices, workload)  # no trial spent proving it
     request = SearchRequest(
         workload=workload,
         space=space,

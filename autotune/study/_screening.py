@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune import schema
 from autotune.ceiling import excess_gib, fits
 from autotune.config import TrialConfig
-from autotune.estimate import MeasuredMemory, MemoryEstimate, MemoryFit, estimate_peak, fit_memory
+from autotune.errors import AutotuneError
+from autotune.estimate import (
+    UNCALIBRATED_MARGIN,
+    MeasuredMemory,
+    MemoryEstimate,
+    MemoryFit,
+    estimate_peak,
+    fit_memory,
+    what_would_fit,
+)
 from autotune.models import ModelSpec
 from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, Status, TrialResult
 from autotune.runner import Workload
@@ -30,7 +39,6 @@ from autotune.units import format_bytes
 if TYPE_CHECKING:
     import optuna
 
-UNCALIBRATED_MARGIN = 1.25
 MIN_CALIBRATED_MARGIN = 1.10
 # After calibration: margin = 1 + max(MIN, SAFETY * worst relative error of the fit), capped at
 # the uncalibrated margin. The factor 2 leaves room for configs unlike the measured ones.
@@ -154,7 +162,7 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
 def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> None:
     """Write the config's predicted peak into the trial when it is proposed, before it runs or is screened:
     the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and the
-    estimator's prior. Every trial then compares a prediction with what it measured, not only the
+    memory model's prior. Every trial then compares a prediction with what it measured, not only the
     screened ones, which never run."""
     model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
     fit = memory_fit_from_trials(model, seq_len, prior, measured)
@@ -170,3 +178,21 @@ def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) 
         if isinstance(value, int) and key not in result.memory_peaks:
             result.memory_peaks[key] = value
     return result
+
+
+def refuse_if_nothing_fits(choices: dict[str, list[Any]], workload: Workload) -> None:
+    """Before the first trial: stop when the memory prior puts every config of the space over the
+    ceiling by more than its margin (screening would screen them all), saying what would fit.
+
+    Raises:
+        AutotuneError: One line: the smallest predicted peak and the lever values predicted to fit
+            (:func:`autotune.estimate.what_would_fit`, which ``autotune estimate`` prints as a table).
+    """
+    prior = workload.memory_prior
+    advice = what_would_fit(workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device)
+    if advice is None or fits(advice.smallest.estimate.total_bytes, workload.ceiling_bytes * margin_for(prior)):
+        return
+    raise AutotuneError(
+        f"{advice.sentence()}. No trial run: add that to the space (autotune estimate shows the table), or pass "
+        "--no-screen to measure anyway"
+    )
