@@ -156,7 +156,7 @@ def estimate(
     validate.positive_int("--seq-len", seq_len)
     from autotune.ceiling import parse_ceiling
     from autotune.devices import known_gpu, resolve_device
-    from autotune.display import estimate_short_table, estimate_table, what_would_fit_table
+    from autotune.plan_display import estimate_short_table, estimate_table, what_would_fit_table
     from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows, what_would_fit
     from autotune.models import resolve_model
     from autotune.space import load_space
@@ -312,7 +312,7 @@ def devices(
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
     if known:
-        from autotune.display import known_gpus_table
+        from autotune.plan_display import known_gpus_table
 
         if calibrate:
             raise AutotuneError("--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one")
@@ -320,7 +320,7 @@ def devices(
         return
     from autotune.calibrate import calibrate_device, load_measured_peaks, save_calibration
     from autotune.devices import list_devices, resolve_device
-    from autotune.display import calibrated_peaks_text, devices_table
+    from autotune.plan_display import calibrated_peaks_text, devices_table
     from autotune.validate import positive_int, positive_seconds
 
     positive_seconds("--seconds", seconds)

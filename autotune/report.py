@@ -28,6 +28,7 @@ from autotune.numerics import judged_trials, winner_loss
 from autotune.ranking import (
     RankedTrial,
     confirmation_label,
+    pareto_front,
     ranked_result,
     study_ranking,
     winner_summary,
@@ -143,18 +144,6 @@ def trial_rows(trials: list[FrozenTrial]) -> list[TrialRow]:
             )
         )
     return rows
-
-
-def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """The (memory, speed, trial) points no other point beats on both: less memory and more speed.
-
-    Sorted by memory; each point on the front is faster than every point that uses less memory.
-    """
-    front: list[tuple[float, float, int]] = []
-    for memory, speed, number in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or speed > front[-1][1]:
-            front.append((memory, speed, number))
-    return front
 
 
 def speed_memory_figure(

@@ -20,15 +20,15 @@ FOUNDATIONS = {
     "estimate", "result", "space", "validate", "files", "forkserver_signals", "numerics", "levers", "base_args",
     "search_options",
 }
-STAGES_AFTER_STUDY = {"ranking", "export", "report", "dashboard", "display"}
+STAGES_AFTER_STUDY = {"ranking", "export", "report", "dashboard", "display", "plan_display"}
 # For each group of modules, the autotune modules it must never import.
 FORBIDDEN = {
     "foundations": (FOUNDATIONS, {"runner", "study", "storage", "calibrate", "cli", *STAGES_AFTER_STUDY}),
     "runner": ({"runner"}, {"study", "storage", "cli", *STAGES_AFTER_STUDY}),
     "storage": ({"storage"}, {"runner", "study", "cli", "calibrate", *STAGES_AFTER_STUDY}),
     "study": ({"study"}, {"cli", *STAGES_AFTER_STUDY}),
-    "ranking": ({"ranking"}, {"runner", "study", "storage", "cli", "export", "report", "dashboard", "display"}),
-    "views": ({"export", "report", "dashboard", "display"}, {"runner", "study", "cli"}),
+    "ranking": ({"ranking"}, {"runner", "study", "storage", "cli", "export", "report", "dashboard", "display", "plan_display"}),
+    "views": ({"export", "report", "dashboard", "display", "plan_display"}, {"runner", "study", "cli"}),
 }
 
 

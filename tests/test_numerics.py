@@ -189,7 +189,9 @@ def test_a_trial_told_before_the_default_ran_is_judged_in_the_ranking(runaway_st
 
 
 def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runaway_study, capsys):
-    from autotune.cli import _print_winner_loss
+    from rich.console import Console
+
+    from autotune.display import print_winner_loss
     from autotune.study import SearchProgress, run_one_trial
 
     study, request = runaway_study
@@ -198,7 +200,7 @@ def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runa
     default, runaway = study.get_trials()
     own = winner_loss(study.get_trials(), default.number, TrialResult.from_trial(default))
     assert own.describe().startswith(f"training loss: the winner is the HF default trial #{default.number} itself (first ")
-    _print_winner_loss(study)  # the search's closing summary
+    print_winner_loss(Console(width=200), study)  # the search's closing summary
     printed = " ".join(capsys.readouterr().out.split())
     assert own.describe() in printed
     if TrialResult.from_trial(runaway).samples_per_s > TrialResult.from_trial(default).samples_per_s:

@@ -25,7 +25,7 @@ from autotune.result import (
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 # The strings studies have always stored (autotune/result.py before the Status type).
-STORED = ["ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "crash", "error", "interrupted"]
+STORED = ["ok", "over_ceiling", "oom", "screened", "pruned", "diverged", "timeout", "compile_timeout", "crash", "error", "interrupted"]
 
 
 def test_stored_statuses_read_back_as_the_vocabulary_and_are_stored_as_the_same_strings():

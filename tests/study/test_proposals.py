@@ -240,18 +240,17 @@ def test_exhaust_cli(tmp_path):
 
 
 def test_workers_start_no_trial_once_patience_is_spent(tmp_path, cpu, bert_tiny):
-    from autotune.study._loop import _WorkerThreads
+    """The stop rule is the ask's (autotune.study.ask_trial), the one place every worker passes."""
+    from autotune.study import SearchFinished, ask_trial
 
     request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
     study = open_study(optuna.storages.InMemoryStorage(), "pool", request, sampler_seed=0)
     run_search(study, request, SearchBudget(trials=5), run_trial=LookupRunner(lambda c: 50.0))  # all ties
 
-    def pool(patience: int | None) -> _WorkerThreads:
-        return _WorkerThreads(study=study, n_trials=10, deadline=None, max_total_trials=None, patience_s=60.0, poll_s=1.0, patience=patience)
-
-    assert pool(4)._may_start(request) is False  # 4 ties in a row after the first trial
-    assert pool(5)._may_start(request) is True
-    assert pool(None)._may_start(request) is True
+    with pytest.raises(SearchFinished):
+        ask_trial(study, request, 4)  # 4 ties in a row after the first trial
+    assert ask_trial(study, request, 5) is not None
+    assert ask_trial(study, request, None) is not None
 
 
 def test_dashboard_note_says_how_often_the_sampler_came_back(tmp_path, cpu, bert_tiny):

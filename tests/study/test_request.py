@@ -77,7 +77,7 @@ def test_a_request_for_another_device_keeps_the_search_and_its_identity_names_th
     assert request.workload.device.kind == "cpu"  # the request it came from is unchanged
     assert request.identity() == {
         "model": "bert-tiny", "task": request.workload.model.task, "seq_len": 32, "device": request.workload.device.name,
-        "dataset": "synthetic tokens", "base_args": {"seed": 7},
+        "dataset": "synthetic tokens", "base_args": {"seed": 7}, "peft": None,
     }
     assert moved.identity()["device"] == h100.name
 

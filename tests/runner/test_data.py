@@ -1,5 +1,5 @@
-"""A config that fits stays inside memory for the whole run: with --dataset and dynamic padding every
-trial also runs the fullest batch its data can produce, once, outside the timed steps, and that
+"""The trial child's data (runner/_data.py). A config that fits stays inside memory for the whole run:
+with --dataset and dynamic padding every trial also runs the fullest batch its data can produce, once, outside the timed steps, and that
 peak is the trial's peak."""
 
 from __future__ import annotations
