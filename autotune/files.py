@@ -1,4 +1,5 @@
-"""Write what a command produces (``export``, ``report``) without ever leaving a half-written file."""
+"""The files a user names on the command line, read once with one-line errors; and what a command writes
+(``export``, ``report``), never left half-written."""
 
 from __future__ import annotations
 
