@@ -75,6 +75,10 @@ def read_peft_option(value: str) -> tuple[dict[str, Any], str | None]:
     Raises:
         AutotuneError: Unreadable file, not a mapping, an unknown key, a bad value; one line.
     """
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise AutotuneError("--peft needs the peft package: pip install 'autotune[peft]' (or pip install peft)")
     if value in ("lora", "qlora"):
         return dict(DEFAULT_LORA), ("4bit" if value == "qlora" else None)
     option = f"--peft {value}"
