@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def lora_study(tmp_path_factory):
     searched = run_cli(
         "search", "--model", "gpt2-tiny", "--device", "cpu", "--space", "space.yaml", "--peft", "adapter.json",
         "--storage", storage, "--trials", "2", "--callback", "tests.support.faults:RecordParameters", *FAST_SEARCH_ARGS,
-        cwd=workdir,
+        cwd=workdir, env={"PYTHONPATH": str(REPO)},  # tests.support.faults importable for --callback
     )
     assert searched.returncode == 0, searched.stderr
     return workdir, storage
