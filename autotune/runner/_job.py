@@ -40,6 +40,10 @@ class Workload:
         compile_timeout_s: ``--compile-timeout``: a trial with ``torch.compile`` on gets this long
             to finish its first optimizer step (where dynamo and inductor compile the forward and
             backward), and the trial timeout from then on; ``None``: one trial timeout for all.
+        devices_per_trial: ``--devices-per-trial``: the ranks one trial spans (one process each,
+            launched together; 1: the trial is one process).
+        host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use (what offload moves
+            off the device counts against it); ``None``: not checked.
     """
 
     model: ModelSpec
@@ -54,6 +58,8 @@ class Workload:
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
     compile_timeout_s: float | None = None
+    devices_per_trial: int = 1
+    host_ceiling_bytes: int | None = None
 
     @property
     def memory_prior(self) -> MemoryFit:
