@@ -62,9 +62,15 @@ def sqlite_url(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def searched_study(tmp_path_factory):
-    """One real search with one real OOM, shared by the dashboard, report and export-format tests."""
-    from tests.support.searched_study import make_searched_study
+def searched_study(tmp_path_factory, worker_id):
+    """One real search with one real OOM, shared by the dashboard, report and export-format tests.
 
-    return make_searched_study(tmp_path_factory.mktemp("searched-study"))
+    Made once for the whole run, not once per xdist worker: the workers share the base temp
+    directory's parent and take turns through a file lock (pytest-xdist's documented way, "Making
+    session-scoped fixtures execute only once").
+    """
+    from tests.support.searched_study import shared_searched_study
+
+    base = tmp_path_factory.getbasetemp()
+    return shared_searched_study(base if worker_id == "master" else base.parent)
 

@@ -1,6 +1,8 @@
 """Bad input and faults never cost a run, a trial or a file: the cases of a hostile probe (issue 16).
 
-Every case drives the real ``autotune`` command in a subprocess, on real files, real storages and
+Every case drives the real ``autotune`` command (the table of inputs refused before any trial runs its
+entry point in this process, ``run_cli_in_process``, to spare a torch import per case; the rest in a
+subprocess), on real files, real storages and
 real file systems: a full disk is a small tmpfs filled to the last byte (``tests.support.faults.fill_file_system``),
 a read-only database lives on a tmpfs remounted read-only. Mounting needs root (CI runs as root);
 elsewhere those cases are skipped with the reason.
@@ -23,7 +25,7 @@ from tests.support.bad_input import (
     assert_one_error_line,
     create_study,
 )
-from tests.support.cli import REPO, run_cli
+from tests.support.cli import REPO, run_cli, run_cli_in_process
 
 BERT_TINY = json.loads((REPO / "autotune" / "catalog" / "bert-tiny.json").read_text())
 
@@ -149,7 +151,7 @@ CASE_IDS = [
 @pytest.mark.parametrize("case", CASE_IDS)
 def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
     args, phrase = _cases(tmp_path)[case]
-    completed = run_cli(*args, cwd=tmp_path, timeout=300)
+    completed = run_cli_in_process(*args, cwd=tmp_path)
     assert_one_error_line(completed, phrase)
     assert not list(tmp_path.glob("autotune_runs/trial-*"))  # refused before the first trial: no trial ran
     assert not (tmp_path / "misspelled.db").exists()  # a read-only command created no database

@@ -24,3 +24,45 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real command line's entry point (``autotune.cli.main``) in this process.
+
+    For the long tables of inputs refused before any trial (tests/test_bad_input.py): a fresh
+    interpreter per case spends 10-40 s importing torch and transformers before the one check the
+    case is about, and the suite has a time limit. Everything after the import is what a user's
+    process does: the same ``main``, its exit status, its stdout and stderr. ``run_cli`` (a real
+    subprocess) stays the way every other test runs the command, including the tests of one-line
+    errors in tests/test_cli_errors.py.
+
+    An exception escaping ``main`` is returned as exit 1 with its traceback on stderr, as a process
+    would end, so a test of "no traceback" fails on it.
+    """
+    import contextlib
+    import io
+    import traceback
+    from unittest import mock
+
+    from autotune import cli
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    returncode = 0
+    previous_dir = os.getcwd()
+    with (
+        mock.patch.dict(os.environ, {"COLUMNS": "200", **(env or {})}),
+        mock.patch.object(sys, "argv", ["autotune", *args]),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        os.chdir(cwd)
+        try:
+            cli.main()
+        except SystemExit as exit_:
+            returncode = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except BaseException:  # noqa: BLE001 - reported as a crashed process would be
+            traceback.print_exc(file=stderr)
+            returncode = 1
+        finally:
+            os.chdir(previous_dir)
+    return subprocess.CompletedProcess(["autotune", *args], returncode, stdout.getvalue(), stderr.getvalue())

@@ -1,6 +1,7 @@
 """One real study for the tests of what people look at (dashboard, report, export formats).
 
-Built once per test session (the ``searched_study`` fixture in conftest.py): a real ``autotune
+Built once per test run, whatever the number of xdist workers (the ``searched_study`` fixture in
+conftest.py, through ``shared_searched_study``): a real ``autotune
 search`` through the CLI, then one more trial of the same study, of a config not measured yet, that
 really runs out of memory: its child gets a 64 MiB address-space budget (the limit a CPU search
 sets, only tighter).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pickle
 import subprocess
 from pathlib import Path
 
@@ -35,6 +37,24 @@ class SearchedStudy:
     study_name: str
     oom_trial_number: int
     search: subprocess.CompletedProcess
+
+
+def shared_searched_study(root: Path) -> SearchedStudy:
+    """The study of this test run under ``root``: made by the first worker that asks, read by the rest.
+
+    A failed search leaves no record, so the next worker that asks tries again (and fails the same way).
+    """
+    from filelock import FileLock
+
+    record = root / "searched-study.pickle"
+    with FileLock(str(root / "searched-study.lock")):
+        if record.exists():
+            return pickle.loads(record.read_bytes())
+        workdir = root / "searched-study"
+        workdir.mkdir(exist_ok=True)
+        study = make_searched_study(workdir)
+        record.write_bytes(pickle.dumps(study))
+        return study
 
 
 def make_searched_study(workdir: Path) -> SearchedStudy:
