@@ -56,6 +56,8 @@ def search(
     device: DeviceOption = None,
     seq_len: SeqLenOption = SearchOptions.seq_len,
     memory_ceiling: CeilingOption = SearchOptions.memory_ceiling,
+    host_memory_ceiling: Annotated[Optional[str], typer.Option(
+        help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available).")] = None,
     space: SpaceOption = None,
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: Annotated[Optional[str], typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
