@@ -182,14 +182,17 @@ def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Wo
     model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
     fit = memory_fit_from_trials(model, seq_len, prior, measured)
     ranks = workload.devices_per_trial
-    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, estimate_peak(model, config, seq_len, prior, ranks=ranks).total_bytes)
+    prior_estimate = estimate_peak(model, config, seq_len, prior, ranks=ranks)
+    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, prior_estimate.total_bytes)
+    if prior_estimate.host_bytes:
+        trial.set_user_attr(schema.TRIAL_PREDICTED_HOST_BYTES, prior_estimate.host_bytes)
     trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes)
 
 
 def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
     """``result`` with the trial's predictions (:func:`record_predicted_peak`) in its ``memory_peaks``,
     beside what it measured, so every view of the result shows predicted against measured."""
-    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES):
+    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES, schema.TRIAL_PREDICTED_HOST_BYTES):
         value = user_attrs.get(key)
         if isinstance(value, int) and key not in result.memory_peaks:
             result.memory_peaks[key] = value
