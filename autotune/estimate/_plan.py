@@ -109,6 +109,7 @@ def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
                 "config": row.config.to_params(),
                 "parts_bytes": row.estimate.parts(),
                 "total_bytes": row.estimate.total_bytes,
+                "host_bytes": row.estimate.host_bytes,
                 "fits": row.fits,
             }
             for row in rows

@@ -16,10 +16,12 @@ the weight too. Adapted to what DeepSpeed 0.19 allocates and to autotune's lever
   host memory; ``offload_param`` (stage 3) the 16-bit parameter partitions too;
 * DeepSpeed's buffers, read from the config ``autotune.levers.deepspeed_config`` writes, with the
   Trainer's ``auto`` values (transformers/integrations/deepspeed.py, ``trainer_config_finalize``):
-  the gradient reduce bucket (``reduce_bucket_size = h^2`` elements), the stage-1/2 all-gather
-  bucket, at stage 3 the prefetch bucket (``0.9 h^2``) and the parameters below
+  the gradient reduce bucket (``reduce_bucket_size = h^2`` elements), at stage 3 the prefetch
+  bucket (``0.9 h^2``) and the parameters below
   ``stage3_param_persistence_threshold`` (``10 h`` elements: biases and norms), kept whole on every rank.
-  A bucket is never larger than the model.
+  A bucket is never larger than the model. Stages 1 and 2 all-gather the updated partitions into
+  the flat 16-bit group in place, ``allgather_bucket_size`` elements at a time
+  (stage_1_and_2.py ``all_gather_dp_groups``): no buffer of its own, nothing counted.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def deepspeed_buffer_elements(model: ModelSpec, stage: int) -> tuple[int, int]:
     """(gradient-bucket elements, weight-buffer elements) DeepSpeed allocates beyond the partitions.
 
     Read from :func:`autotune.levers.deepspeed_config`'s keys, with the Trainer's fills for ``auto``.
-    Stage 1/2: the reduce bucket and the all-gather bucket. Stage 3: the reduce bucket, the
+    Stage 1/2: the reduce bucket (the all-gather writes in place). Stage 3: the reduce bucket, the
     prefetch bucket and the persistent small parameters (every layer's biases and norms,
     ``9 h + f`` per layer, counted whole on every rank).
     """
@@ -70,7 +72,7 @@ def deepspeed_buffer_elements(model: ModelSpec, stage: int) -> tuple[int, int]:
     h, n = model.hidden_size, model.num_params
     reduce_bucket = _filled(zero["reduce_bucket_size"], h * h)
     if stage < 3:
-        return min(reduce_bucket, n), min(int(zero["allgather_bucket_size"]), n)
+        return min(reduce_bucket, n), 0
     prefetch = _filled(zero["stage3_prefetch_bucket_size"], int(0.9 * h * h))
     persistent = model.num_layers * (9 * h + model.intermediate_size)
     return min(reduce_bucket, n), min(prefetch + persistent, n)

@@ -56,7 +56,7 @@ def deepspeed_config(value: str) -> dict[str, Any] | None:
     if value == "off":
         return None
     stage = zero_stage(value)
-    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto", "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS}
+    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto"}
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto")
     config: dict[str, Any] = {
@@ -77,12 +77,6 @@ def deepspeed_config(value: str) -> dict[str, Any] | None:
             "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
         }
     return config
-
-
-# DeepSpeed's default allgather bucket (deepspeed/runtime/zero/config.py, ZERO_ALLGATHER_BUCKET_SIZE
-# 5e8 elements) is larger than a small model: written explicitly so that the estimator and the
-# config read one number. Stage 1/2 only (stage 3 gathers by its prefetch bucket).
-ALLGATHER_BUCKET_ELEMENTS = 50_000_000
 
 
 def zero_from_training_args(args: Mapping[str, Any]) -> str:

@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 from autotune.config import TrialConfig
 from autotune.estimate import MASTER_BYTES, zero_state_bytes
 from autotune.runner import TrialJob, run_isolated
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is the [deepspeed] extra"
@@ -98,3 +99,24 @@ def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimat
     offloaded = placed["master_bytes"] + placed["state_bytes"] + placed["param_partition_bytes"] + placed["master_bytes"]
     assert abs(on_gpu.host_bytes - offloaded) <= 0.02 * offloaded
     assert placed["master_bytes"] >= MASTER_BYTES * gpt2_tiny.num_params
+
+
+def test_an_op_that_cannot_be_built_is_a_classified_trial_failure_in_one_line(tmp_path):
+    """No C++ compiler (CXX names none) and an empty extensions cache: the trial fails at once with
+    one line naming the op and the build's own cause, and the search goes on to report it."""
+    import optuna
+
+    space = tmp_path / "space.yaml"
+    space.write_text('micro_batch: [4]\ndtype: [bf16]\npin_memory: [false]\nzero: ["2"]\n')
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    env = {"CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    searched = run_cli(
+        "search", "--model", "gpt2-tiny", "--device", "cpu", "--space", str(space), "--storage", storage,
+        "--trials", "1", *FAST_SEARCH_ARGS, cwd=tmp_path, env=env, timeout=540,
+    )
+    assert "Traceback" not in searched.stderr, searched.stderr
+    (trial,) = optuna.load_study(study_name="gpt2-tiny-cpu-s32", storage=storage).trials
+    result = trial.user_attrs["result"]
+    assert result["status"] == "error", result
+    assert result["error"].startswith("could not build the C++ op deepspeed_shm_comm"), result["error"]
+    assert "no-such-compiler: not found" in result["error"] and "\n" not in result["error"]
