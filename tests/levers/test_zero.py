@@ -155,3 +155,14 @@ def test_a_space_searches_zero_only_where_nothing_fits_without_it(tmp_path, cpu,
 
 def test_the_lever_is_last_so_existing_spaces_keep_their_order():
     assert list(LEVERS)[-1] == "zero"
+
+
+def test_a_deepspeed_config_the_user_fixed_is_kept_whole(tmp_path):
+    """--base-args names a DeepSpeed config: the lever is fixed at its stage, and the trials and the
+    export train with the user's own file (its buckets, its optimizer), not autotune's."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000}}))
+    base_args = {"deepspeed": str(path)}
+    fixed = knob_values_from_base_args(base_args)
+    assert fixed == {"zero": "2"}
+    assert training_arguments_kwargs(TrialConfig(**fixed), "cpu", base_args)["deepspeed"] == str(path)
