@@ -15,10 +15,12 @@ stage 2 the gradients too, stage 3 the parameters too; ``+offload`` keeps the op
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.files import read_user_file
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -85,10 +87,6 @@ def zero_from_training_args(args: Mapping[str, Any]) -> str:
     if not config:
         return "off"
     if isinstance(config, str):
-        from autotune.files import read_user_file
-
-        import json
-
         try:
             config = json.loads(read_user_file(config, "--base-args deepspeed", "a JSON DeepSpeed config", 1 << 20, "a DeepSpeed config is a few keys"))
         except json.JSONDecodeError as exc:
