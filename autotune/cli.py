@@ -56,6 +56,8 @@ def search(
     device: DeviceOption = None,
     seq_len: SeqLenOption = SearchOptions.seq_len,
     memory_ceiling: CeilingOption = SearchOptions.memory_ceiling,
+    host_memory_ceiling: Annotated[Optional[str], typer.Option(
+        help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available).")] = None,
     space: SpaceOption = None,
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: Annotated[Optional[str], typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
@@ -156,7 +158,7 @@ def estimate(
     validate.positive_int("--seq-len", seq_len)
     from autotune.ceiling import parse_ceiling
     from autotune.devices import known_gpu, resolve_device
-    from autotune.plan_display import estimate_short_table, estimate_table, what_would_fit_table
+    from autotune.plan_display import estimate_short_table, estimate_table, host_memory_note, shows_host_memory, what_would_fit_table
     from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows, what_would_fit
     from autotune.models import resolve_model
     from autotune.space import load_space
@@ -199,6 +201,8 @@ def estimate(
         console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
     if advice is not None:
         console.print(what_would_fit_table(advice))
+    if shows_host_memory([row.estimate for row in rows]):
+        console.print(host_memory_note(device_spec.kind))
     console.print(f"estimator: {fit.describe()}")
 
 

@@ -80,9 +80,13 @@ def training_arguments_kwargs(
     Returns:
         A dict that ``TrainingArguments(output_dir=..., **kwargs)`` accepts.
     """
-    kwargs: dict[str, Any] = dict(base_args or {})
+    fixed = base_args or {}
+    kwargs: dict[str, Any] = dict(fixed)
     for lever in LEVERS.values():
-        kwargs.update(lever.to_training_args(getattr(config, lever.name)))
+        # A field the user fixed keeps the user's value: the lever was fixed to the value that
+        # reproduces it, and where the inverse is lossy (a DeepSpeed config holds more than its
+        # ZeRO stage) the user's whole value is what they asked for.
+        kwargs.update({k: v for k, v in lever.to_training_args(getattr(config, lever.name)).items() if k not in fixed})
     if device_kind == "cpu":
         kwargs["use_cpu"] = True
     return kwargs

@@ -10,6 +10,7 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from typing import Any
 
@@ -211,10 +212,37 @@ def peak_batch_note(best: RankedTrial) -> str | None:
     return f"the winner's peak memory ({format_bytes(best.result.peak_memory_bytes)}) was set by {best.result.peak_batch}"
 
 
+def deepspeed_config_path(out: str) -> str:
+    """Where the export writes the winner's DeepSpeed config beside ``out``:
+    ``best_args.json`` -> ``best_args.deepspeed.json``."""
+    if out == "-":
+        return "deepspeed_config.json"
+    return f"{os.path.splitext(out)[0]}.deepspeed.json"
+
+
+def with_deepspeed_config_path(arguments: dict[str, Any], out: str) -> dict[str, Any]:
+    """The arguments naming the DeepSpeed config file by path (``TrainingArguments(deepspeed=path)``),
+    as scripts and launchers pass it; unchanged without ZeRO."""
+    if not isinstance(arguments.get("deepspeed"), dict):
+        return arguments
+    return {**arguments, "deepspeed": deepspeed_config_path(out)}
+
+
+def deepspeed_note(best: RankedTrial, out: str) -> str | None:
+    """Where the winner's DeepSpeed config is, and for offload the host memory it needs."""
+    if best.config.zero == "off":
+        return None
+    note = f"the winner trains with DeepSpeed ZeRO {best.config.zero}: its config is {deepspeed_config_path(out)}, which the arguments name"
+    host = (best.result.memory_peaks if best.result else {}).get(schema.TRIAL_PREDICTED_HOST_BYTES)
+    if host:
+        note += f"; offload keeps {format_bytes(host)} per rank in host RAM (estimate)"
+    return note
+
+
 def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
     """What the winner depends on outside TrainingArguments: the model build, the allocator, the
-    study's PEFT adapters (written beside ``out``); and which batch set its peak."""
-    notes = [note for note in (model_loading_note(best), allocator_note(best), peak_batch_note(best)) if note is not None]
+    study's PEFT adapters (written beside ``out``), its DeepSpeed config; and which batch set its peak."""
+    notes = [note for note in (model_loading_note(best), allocator_note(best), peak_batch_note(best), deepspeed_note(best, out)) if note is not None]
     peft_identity = _peft_identity(study)
     if peft_identity is not None:
         notes.append(peft_export_note(peft_identity, adapter_config_path(out)))
@@ -258,7 +286,10 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
         The trial that was exported.
     """
     best = winner(study)
-    text = render(winner_arguments(study), fmt, provenance_of(study, best, out))
+    arguments = winner_arguments(study)
+    if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
+        write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
+    text = render(with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out))
     write_output(out, text)
     peft_identity = _peft_identity(study)
     if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments

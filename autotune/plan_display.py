@@ -15,6 +15,24 @@ from autotune.display import format_tflops
 from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate
 from autotune.units import format_bytes
 
+HOST_COLUMN = "host RAM (offload)"
+
+
+def shows_host_memory(estimates: Sequence[MemoryEstimate]) -> bool:
+    """Whether a table needs the host column: some config offloads with ZeRO."""
+    return any(estimate.host_bytes for estimate in estimates)
+
+
+def host_memory_note(device_kind: str) -> str:
+    """What the host column means where it is shown (``autotune estimate``)."""
+    if device_kind == "cpu":
+        return (
+            "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory; on the CPU the host is the "
+            "device, so the predicted peak already holds it"
+        )
+    return "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory per rank, beside the device's peak"
+
+
 def estimate_table(
     title: str, rows: Sequence[tuple[TrialConfig, MemoryEstimate]], ceiling_bytes: int, screen_margin: float
 ) -> Table:
@@ -32,7 +50,8 @@ def estimate_table(
         caption_justify="left",
     )
     parts = list(rows[0][1].parts()) if rows else []
-    headers = ["config", *parts, "predicted peak", "vs ceiling"]
+    host = shows_host_memory([estimate for _, estimate in rows])
+    headers = ["config", *parts, "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling"]
     for header in headers:
         table.add_column(header, justify="left" if header == "config" else "right")
     for config, estimate in rows:
@@ -43,7 +62,8 @@ def estimate_table(
             verdict = "[yellow]over (would run)[/]"
         else:
             verdict = "[magenta]screened[/]"
-        table.add_row(config.short(), *(format_bytes(v) for v in estimate.parts().values()), format_bytes(total), verdict)
+        host_cell = [format_bytes(estimate.host_bytes)] if host else []
+        table.add_row(config.short(), *(format_bytes(v) for v in estimate.parts().values()), format_bytes(total), *host_cell, verdict)
     return table
 
 
@@ -56,21 +76,24 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
         "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts).",
         caption_justify="left",
     )
-    for header in ("dtype", "checkpointing", "optimizer", "other knobs", "largest micro-batch", "predicted peak", "vs ceiling"):
-        table.add_column(header, justify="right" if header in ("largest micro-batch", "predicted peak") else "left")
+    host = shows_host_memory([row.estimate for row, _ in chosen])
+    headers = ("dtype", "checkpointing", "optimizer", "other knobs", "largest micro-batch", "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling")
+    for header in headers:
+        table.add_column(header, justify="right" if header in ("largest micro-batch", "predicted peak", HOST_COLUMN) else "left")
     for row, any_fits in chosen:
         config = row.config
         others = " ".join(
             part for part in (
                 f"attn={config.attn_implementation}" if config.attn_implementation else "",
                 f"workers={config.dataloader_workers}" if config.dataloader_workers else "",
+                f"zero={config.zero}" if config.zero != "off" else "",
             ) if part
         )
         batch = str(config.micro_batch) if any_fits else f"none (smallest {config.micro_batch})"
         verdict = "[green]fits[/]" if any_fits else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"
         table.add_row(
             config.dtype, "on" if config.checkpointing else "off", config.optim, others or "-",
-            batch, format_bytes(row.estimate.total_bytes), verdict,
+            batch, format_bytes(row.estimate.total_bytes), *([format_bytes(row.estimate.host_bytes)] if host else []), verdict,
         )
     return table
 

@@ -42,6 +42,8 @@ key                       written by                                     read by
 ``first_attempt``         the trial loop: why a retried attempt failed   the dashboard, ``best --all``
 ``predicted_peak_bytes``  screening: the estimate a screened trial       the dashboard
                           rests on
+``predicted_host_bytes``  screening, for a ZeRO offload config: the      the export's note (host RAM the
+                          host memory its offloaded states take          winner needs)
 ========================  =============================================  ==================================
 
 Trial system attributes: ``constraints`` (``tell``: ``[peak - ceiling in GiB]``, feasible when
@@ -77,6 +79,8 @@ TRIAL_FIRST_ATTEMPT = "first_attempt"
 # The same names key them in the stored result's memory_peaks, beside what was measured.
 TRIAL_PREDICTED_PEAK_BYTES = "predicted_peak_bytes"
 TRIAL_PRIOR_PEAK_BYTES = "prior_peak_bytes"
+# ZeRO offload: the host memory the config's offloaded states take (the prior's estimate; exact counts).
+TRIAL_PREDICTED_HOST_BYTES = "predicted_host_bytes"
 # Trial system attrs.
 TRIAL_CONSTRAINTS = "constraints"
 TRIAL_OWNER = "autotune_owner"

@@ -27,6 +27,9 @@ class SearchOptions:
     workers: int = 1
     seq_len: int = 128
     memory_ceiling: str = "0.9"
+    # Host RAM a trial may use (ZeRO offload moves optimizer states there): a fraction of the RAM
+    # available when the search starts, or a size; None: all of it.
+    host_memory_ceiling: str | None = None
     space: str | None = None
     task: str | None = None
     trial_timeout: float = 900.0

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)  # selenium drives chromium through it
+# DeepSpeed compiles its C++ ops (the zero lever's tests) with the system's C++ compiler.
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing system packages: ${need[*]}"

@@ -154,3 +154,34 @@ def test_export_to_standard_output_and_an_unknown_format(searched_study):
     wrong = run_cli("export", "--format", "yaml", "--storage", searched_study.storage, cwd=searched_study.workdir)
     assert wrong.returncode == 2
     assert wrong.stderr.count("\n") == 1 and "choose one of json, cli, python, accelerate" in wrong.stderr
+
+
+def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_name_it(tmp_path):
+    """The DeepSpeed config the trial trained with, as JSON beside the arguments; the note says the
+    host RAM offload needs (the prediction recorded with the trial)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune import schema
+    from autotune.export import deepspeed_config_path, export_notes, export_winner
+    from autotune.levers import deepspeed_config
+    from autotune.ranking import study_ranking
+    from autotune.result import Status, TrialResult
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+    result = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30,
+                         memory_peaks={schema.TRIAL_PREDICTED_HOST_BYTES: 3 * 2**30})
+    study.add_trial(optuna.trial.create_trial(
+        params={"zero": "2+offload", "dtype": "bf16"},
+        distributions={"zero": CategoricalDistribution(["off", "2+offload"]), "dtype": CategoricalDistribution(["bf16"])},
+        value=1.0, user_attrs={schema.TRIAL_RESULT: result.to_dict()}, system_attrs={"constraints": [-1.0]},
+    ))
+    out = str(tmp_path / "best_args.json")
+    export_winner(study, "json", out)
+    arguments = json.loads((tmp_path / "best_args.json").read_text())
+    assert arguments["deepspeed"] == deepspeed_config_path(out) == str(tmp_path / "best_args.deepspeed.json")
+    assert json.loads((tmp_path / "best_args.deepspeed.json").read_text()) == deepspeed_config("2+offload")
+    assert arguments["bf16"] is True and arguments["use_cpu"] is True
+    note = " ".join(export_notes(study_ranking(study)[0], study, out))
+    assert "ZeRO 2+offload" in note and "3.00 GiB" in note and "host RAM" in note

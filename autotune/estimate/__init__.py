@@ -34,7 +34,8 @@ screening and the sampler share. :func:`fit_memory` fits two explainable correct
 measured peaks, by least squares: the context (an offset) and one scale on the activations (the
 least certain part; model states and logits are exact counts).
 
-Modules: ``_parts`` (each part's arithmetic, ``estimate_peak``), ``_fit`` (the prior and the fit),
+Modules: ``_parts`` (each part's arithmetic, ``estimate_peak``), ``_zero`` (DeepSpeed ZeRO's model states
+per rank, device and host), ``_fit`` (the prior and the fit),
 ``_plan`` (the planner's table of a whole space).
 """
 
@@ -76,6 +77,14 @@ from autotune.estimate._parts import (
     optimizer_state_bytes,
     packed_mask_bytes,
 )
+from autotune.estimate._zero import (
+    FP32_GRAD_BYTES,
+    MASTER_BYTES,
+    ZeroStates,
+    compute_weight_dtype,
+    deepspeed_buffer_elements,
+    zero_state_bytes,
+)
 from autotune.estimate._plan import (
     EstimateRow,
     FitAdvice,
@@ -101,4 +110,5 @@ __all__ = [
     "largest_fitting", "largest_peak_bytes", "layer_activation_bytes", "logits_bytes", "materializes_attention_scores",
     "memory_distinct_configs", "memory_prior", "micro_batch_shape", "model_state_bytes",
     "optimizer_state_bytes", "packed_mask_bytes", "plan_rows", "smallest_peak_bytes", "what_would_fit",
+    "FP32_GRAD_BYTES", "MASTER_BYTES", "ZeroStates", "compute_weight_dtype", "deepspeed_buffer_elements", "zero_state_bytes",
 ]

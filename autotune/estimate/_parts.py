@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
+from autotune.estimate._zero import compute_weight_dtype, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
     FLASH_ATTENTIONS,
@@ -50,6 +51,9 @@ class MemoryEstimate:
     logits_bytes: int
     context_bytes: int
     allocator_bytes: int = 0
+    # What ZeRO offload keeps in host memory (not a part of the device's peak, except on the CPU,
+    # where the host is the device's memory and the parts already hold it).
+    host_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -80,6 +84,7 @@ def estimate_peak(
     seq_len: int,
     fit: MemoryFit,
     lengths: Sequence[int] | None = None,
+    ranks: int = 1,
 ) -> MemoryEstimate:
     """Predict a configuration's peak memory, as the trial's memory probe would measure it.
 
@@ -93,10 +98,16 @@ def estimate_peak(
         lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
             the fullest micro-batch under ``padding`` longest / padding_free
             (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
+        ranks: The trial's ranks (``Workload.devices_per_trial``), over which ZeRO partitions;
+            the estimate is one rank's.
     """
     device_kind = fit.device_kind
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
+    host = 0
+    if config.zero != "off":
+        zero = zero_state_bytes(model, config, ranks, device_kind)
+        weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
@@ -107,6 +118,7 @@ def estimate_peak(
         logits_bytes=logits,
         context_bytes=context_bytes(fit.context_bytes, config, device_kind, weights),
         allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
+        host_bytes=host,
     )
 
 
@@ -233,7 +245,7 @@ def layer_activation_bytes(
     ``b`` times those of ``b`` rows of ``s = T / b``; a materialising kernel makes padding-free worse.
     """
     shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    p, r = activation_element_bytes(config.dtype, config.weight_dtype)
+    p, r = activation_element_bytes(config.dtype, compute_weight_dtype(config))
     q = r if device_kind == "cpu" else p
     score_mask = q if device_kind == "cpu" else 1
     s, b = shape.row_tokens, shape.rows
@@ -276,7 +288,7 @@ def activation_bytes(
     (:func:`packed_mask_bytes`).
     """
     shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    _, r = activation_element_bytes(config.dtype, config.weight_dtype)
+    _, r = activation_element_bytes(config.dtype, compute_weight_dtype(config))
     tokens, h = shape.tokens, model.hidden_size
     layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)

@@ -36,21 +36,23 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     return configs
 
 
-def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
+def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ranks: int = 1) -> int:
     """The estimate of the space's least memory-hungry config: what any trial needs at least."""
     configs = memory_distinct_configs(choices, fit.device_kind)
-    return min(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
+    return min(estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes for config in configs)
 
 
-def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
+def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ranks: int = 1) -> int:
     """The estimate of the space's most memory-hungry config."""
     configs = memory_distinct_configs(choices, fit.device_kind)
-    return max(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
+    return max(estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes for config in configs)
 
 
-def plan_rows(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int) -> list[EstimateRow]:
+def plan_rows(
+    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int, ranks: int = 1
+) -> list[EstimateRow]:
     """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged."""
-    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes)
+    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes, ranks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +70,12 @@ def estimate_rows(
     seq_len: int,
     fit: MemoryFit,
     ceiling_bytes: int,
+    ranks: int = 1,
 ) -> list[EstimateRow]:
     """Predict every config's peak and judge it against the ceiling (:func:`autotune.ceiling.fits`)."""
     rows = []
     for config in configs:
-        estimate = estimate_peak(model, config, seq_len, fit)
+        estimate = estimate_peak(model, config, seq_len, fit, ranks=ranks)
         rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
     return rows
 
@@ -106,6 +109,7 @@ def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
                 "config": row.config.to_params(),
                 "parts_bytes": row.estimate.parts(),
                 "total_bytes": row.estimate.total_bytes,
+                "host_bytes": row.estimate.host_bytes,
                 "fits": row.fits,
             }
             for row in rows
@@ -167,7 +171,13 @@ class FitAdvice:
 
 
 def what_would_fit(
-    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int, device: DeviceSpec
+    model: ModelSpec,
+    choices: dict[str, list[Any]],
+    seq_len: int,
+    fit: MemoryFit,
+    ceiling_bytes: int,
+    device: DeviceSpec,
+    ranks: int = 1,
 ) -> FitAdvice | None:
     """``None`` where some config of the space is predicted to fit; else the smallest predicted peak
     and which lever values, outside the space, would bring it under the ceiling.
@@ -178,7 +188,7 @@ def what_would_fit(
     lever added later is covered without a change here. Levers that only act on data of different
     lengths (padding) are left out: the worst batch is full length (``autotune.runner`` measures it).
     """
-    rows = plan_rows(model, choices, seq_len, fit, ceiling_bytes)
+    rows = plan_rows(model, choices, seq_len, fit, ceiling_bytes, ranks)
     if any(row.fits for row in rows):
         return None
     smallest = min(rows, key=lambda row: row.estimate.total_bytes)
@@ -193,13 +203,13 @@ def what_would_fit(
             params = {**smallest.config.to_params(), lever.name: value}
             if value == current or not _runs_together(params):
                 continue
-            estimate = estimate_peak(model, TrialConfig.from_params(params), seq_len, fit)
+            estimate = estimate_peak(model, TrialConfig.from_params(params), seq_len, fit, ranks=ranks)
             if estimate.total_bytes < smallest.estimate.total_bytes:
                 found.append(LeverChange(lever.name, value, estimate, fits(estimate.total_bytes, ceiling_bytes)))
         changes += found
         if found:
             leanest[lever.name] = min(found, key=lambda change: change.estimate.total_bytes).value
-    together = estimate_rows(model, [TrialConfig.from_params(leanest)], seq_len, fit, ceiling_bytes)[0]
+    together = estimate_rows(model, [TrialConfig.from_params(leanest)], seq_len, fit, ceiling_bytes, ranks)[0]
     return FitAdvice(smallest=smallest, changes=tuple(changes), leanest=together, ceiling_bytes=ceiling_bytes)
 
 

@@ -10,9 +10,9 @@ import traceback
 from multiprocessing.connection import Connection
 
 from autotune.result import Status, TrialResult
-from autotune.runner._failures import is_oom_exception, library_failure
+from autotune.runner._failures import is_oom_exception, library_failure, op_build_failure
 from autotune.runner._job import TrialJob
-from autotune.runner._limits import apply_allocator_env, child_environment
+from autotune.runner._limits import apply_allocator_env, child_environment, single_rank_environment
 from autotune.runner._memory import failure_memory_pressure
 
 
@@ -35,6 +35,8 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it (autotune/forkserver_signals.py)
     _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.workload.device, job.work_dir))  # before anything initialises CUDA
+    if job.config.zero != "off" and job.workload.devices_per_trial == 1:
+        os.environ.update(single_rank_environment())
     apply_allocator_env(job.workload.allocator_env)
     _redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
@@ -54,7 +56,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         library = None if oom else library_failure(exc)
         result = TrialResult(
             status=Status.OOM if oom else Status.ERROR,
-            error=f"{library}. {error}" if library else error,
+            error=op_build_failure(exc) or (f"{library}. {error}" if library else error),
             ceiling_bytes=job.workload.ceiling_bytes,
         )
     conn.send(("result", result.to_dict()))

@@ -6,6 +6,7 @@ wall-clock timeout (decided by the pool).
 
 from __future__ import annotations
 
+import re
 import signal
 
 # Allocator messages of every backend, for exceptions whose type does not say OOM (a RuntimeError
@@ -125,6 +126,34 @@ def library_failure(exc: BaseException) -> str | None:
         for message, note in LIBRARY_FAILURES.items():
             if message in str(current):
                 return note
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# torch/utils/cpp_extension.py (``_run_ninja_build``) raises ``RuntimeError("Error building extension
+# '<name>': <ninja's output>")`` when a JIT-compiled op fails to build: DeepSpeed builds its ops so on
+# first use (deepspeed/ops/op_builder/builder.py ``OpBuilder.jit_load``): on the CPU the
+# ``deepspeed_shm_comm`` op of every ZeRO trial, and ``cpu_adam`` for offload.
+_OP_BUILD_FAILED = re.compile(r"Error building extension '([\w.]+)'")
+# The line of the build's output that says why (the shell's "not found", the compiler's "error:").
+_BUILD_CAUSE = re.compile(r"^(?:\[rank\d+\]: )?(.*(?:not found|No such file|error:|fatal error).*)$", re.MULTILINE)
+
+
+def op_build_failure(exc: BaseException) -> str | None:
+    """One line for a trial whose C++ op could not be built (no compiler, no ninja, a compile
+    error): the op, the build's own cause, and what it needs; ``None`` for any other failure."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        match = _OP_BUILD_FAILED.search(str(current))
+        if match:
+            cause = _BUILD_CAUSE.search(str(current))
+            why = f" ({cause.group(1).strip()[:200]})" if cause else ""
+            return (
+                f"could not build the C++ op {match.group(1)}{why}: DeepSpeed compiles its ops on first use and "
+                "needs a C++ compiler and ninja (apt install g++; pip install ninja); the build's output is in the trial's log"
+            )
         current = current.__cause__ or current.__context__
     return None
 

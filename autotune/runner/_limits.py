@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 from typing import Any
 
 from autotune.devices import DeviceSpec, visible_device_id
@@ -37,6 +38,17 @@ def child_environment(device: DeviceSpec, work_dir: str | None = None) -> dict[s
     # entry is passed on as the user gave it (an index, a GPU UUID or a MIG instance), so a child
     # on a MIG slice sees that slice as its device 0.
     return {**found, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible_device_id(device.index or 0)}
+
+
+def single_rank_environment() -> dict[str, str]:
+    """torch.distributed's rendezvous for a trial of one rank (DeepSpeed initialises a process group
+    even then: deepspeed/comm/comm.py ``init_distributed`` reads these variables, and without them
+    tries MPI discovery). A free port on the loopback, so concurrent trials never share one; a trial
+    of several ranks gets them from its launcher instead."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 
 
 # Where inductor keeps its compiled graphs and autotuning results (torch/_inductor/runtime/cache_dir_utils.py,

@@ -23,6 +23,7 @@ from autotune.space._narrow import (
     filter_for_data,
     filter_for_device,
     filter_for_model,
+    keep_zero_where_needed,
     tensor_core_note,
 )
 from autotune.space._schema import AUTO, MAX_CHOICES_PER_KNOB, MAX_SPACE_FILE_BYTES, SpaceFile, read_space_file
@@ -31,7 +32,7 @@ from autotune.space._search_space import SearchSpace
 __all__ = [
     "MAX_CHOICES_PER_KNOB", "MAX_SPACE_FILE_BYTES", "SearchSpace", "SpaceFile", "apply_base_args",
     "constrain_global_batch", "default_space_path", "drop_unneeded_small_micro_batches", "filter_combinations", "filter_for_data",
-    "filter_for_device", "filter_for_model", "load_space", "read_space_file", "tensor_core_note",
+    "filter_for_device", "filter_for_model", "keep_zero_where_needed", "load_space", "read_space_file", "tensor_core_note",
 ]
 
 
@@ -59,6 +60,7 @@ def load_space(
     seq_len: int | None = None,
     ceiling_bytes: int | None = None,
     memory_fit: MemoryFit | None = None,
+    ranks: int = 1,
 ) -> SearchSpace:
     """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
@@ -75,7 +77,9 @@ def load_space(
         ceiling_bytes: With ``model``, ``seq_len`` and ``memory_fit`` (the memory prior): ``auto``'s
             micro-batches below 8 stay only where a larger one may not fit
             (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
-        memory_fit: See ``ceiling_bytes``.
+        memory_fit: See ``ceiling_bytes``; with both, ``zero: auto`` searches ZeRO only where nothing
+            fits without it (:func:`keep_zero_where_needed`).
+        ranks: The ranks of one trial (``Workload.devices_per_trial``), over which ZeRO partitions.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -97,6 +101,8 @@ def load_space(
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
     space = apply_base_args(space, base_args or {}, device)
+    if parsed.zero == AUTO and "deepspeed" not in (base_args or {}):
+        space = keep_zero_where_needed(space, model, seq_len, memory_fit, ceiling_bytes, ranks)
     # Then: a dtype fixed by --base-args decides which attention kernels can run.
     notes = list(space.notes)
     choices = filter_combinations(space.choices, notes, source=path)

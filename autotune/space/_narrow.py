@@ -15,7 +15,7 @@ from autotune.config import knob_values_from_base_args
 from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.ceiling import fits
-from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes
+from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes, smallest_peak_bytes
 from autotune.levers import BATCH_LIMIT_KNOBS, COMBINATION_RULES, LEVERS, SMALL_AUTO_MICRO_BATCHES, Lever
 from autotune.models import ModelSpec
 from autotune.space._schema import AUTO
@@ -127,6 +127,34 @@ def drop_unneeded_small_micro_batches(
         f"of the other levers (auto searches smaller ones only where it may not)"
     )
     return SearchSpace(choices={**space.choices, "micro_batch": kept}, notes=(*space.notes, note), source=space.source)
+
+
+def keep_zero_where_needed(
+    space: SearchSpace, model: ModelSpec | None, seq_len: int | None, fit: MemoryFit | None, ceiling_bytes: int | None, ranks: int = 1
+) -> SearchSpace:
+    """``zero: auto``: ZeRO is searched only where no config of the space is predicted to fit without it.
+
+    With the memory prior (before any trial): where some config with ``zero: off`` fits the ceiling,
+    ``zero`` is ``off``; where none does, ``zero`` keeps its values with which some config fits
+    (over ``ranks`` ranks: with one, partitioning saves nothing and only offload is left), or all of
+    them where none does (the search then stops with what would fit). Without a model, a sequence
+    length, a ceiling and the prior nothing is known to need it: ``off``. Call it only for ``auto``,
+    before the combination rules (which then narrow the levers ZeRO does not run with).
+    """
+    values = space.choices.get("zero", ["off"])
+    if values == ["off"]:
+        return space
+    if model is None or seq_len is None or fit is None or ceiling_bytes is None:
+        return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)
+
+    def some_config_fits(value: str) -> bool:
+        return fits(smallest_peak_bytes(model, {**space.choices, "zero": [value]}, seq_len, fit, ranks), ceiling_bytes)
+
+    if some_config_fits("off"):
+        return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)
+    needed = [v for v in values if v != "off" and some_config_fits(v)] or [v for v in values if v != "off"]
+    note = f"zero {', '.join(needed)} searched: no config of the space is predicted to fit without DeepSpeed ZeRO"
+    return SearchSpace(choices={**space.choices, "zero": needed}, notes=(*space.notes, note), source=space.source)
 
 
 def tensor_core_note(space: SearchSpace, seq_len: int, device: DeviceSpec) -> SearchSpace:

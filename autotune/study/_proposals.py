@@ -306,7 +306,8 @@ def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctTho
     @functools.cache
     def log_peak(key: ParamsKey) -> float:
         config = TrialConfig.from_params(dict(key))
-        return math.log(estimate_peak(workload.model, config, workload.seq_len, workload.memory_prior).total_bytes)
+        prior = workload.memory_prior
+        return math.log(estimate_peak(workload.model, config, workload.seq_len, prior, ranks=workload.devices_per_trial).total_bytes)
 
     return DistinctThompsonSampler(
         request.space.distributions(), lambda params: log_peak(params_key(params)), request.ceiling_bytes, seed=seed

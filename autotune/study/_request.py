@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import validate
-from autotune.ceiling import parse_ceiling
+from autotune.ceiling import host_ceiling_bytes, parse_ceiling
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec, resolve_device
 from autotune.errors import AutotuneError
@@ -182,6 +182,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         address_space_bytes=address_space,
         measured_peaks_tflops=measured_peaks,
         compile_timeout_s=options.compile_timeout,
+        host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available_memory_bytes),
     )
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)

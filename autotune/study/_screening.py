@@ -155,8 +155,23 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
     if inferred is not None:
         return inferred
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
-    estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
-    return predict_over_ceiling(estimate, workload.ceiling_bytes, fit)
+    estimate = estimate_peak(workload.model, config, workload.seq_len, fit, ranks=workload.devices_per_trial)
+    return predict_over_ceiling(estimate, workload.ceiling_bytes, fit) or host_over_ceiling(estimate, workload.host_ceiling_bytes)
+
+
+def host_over_ceiling(estimate: MemoryEstimate, host_ceiling_bytes: int | None) -> ScreenDecision | None:
+    """Screen a ZeRO-offload config whose host memory (optimizer states, and at stage 3 parameters,
+    in host RAM; ``MemoryEstimate.host_bytes``) is over ``--host-memory-ceiling``: it would swap.
+
+    No margin: the host part is an exact count of DeepSpeed's partitions, not a fitted guess.
+    """
+    if host_ceiling_bytes is None or not estimate.host_bytes or fits(estimate.host_bytes, host_ceiling_bytes):
+        return None
+    return ScreenDecision(
+        reason=f"screened: offloaded host memory {format_bytes(estimate.host_bytes)} > host memory ceiling "
+        f"{format_bytes(host_ceiling_bytes)} (estimate, not run: it would swap)",
+        predicted_peak_bytes=estimate.total_bytes,
+    )
 
 
 def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> None:
@@ -166,14 +181,18 @@ def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Wo
     screened ones, which never run."""
     model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
     fit = memory_fit_from_trials(model, seq_len, prior, measured)
-    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, estimate_peak(model, config, seq_len, prior).total_bytes)
-    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit).total_bytes)
+    ranks = workload.devices_per_trial
+    prior_estimate = estimate_peak(model, config, seq_len, prior, ranks=ranks)
+    trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, prior_estimate.total_bytes)
+    if prior_estimate.host_bytes:
+        trial.set_user_attr(schema.TRIAL_PREDICTED_HOST_BYTES, prior_estimate.host_bytes)
+    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes)
 
 
 def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
     """``result`` with the trial's predictions (:func:`record_predicted_peak`) in its ``memory_peaks``,
     beside what it measured, so every view of the result shows predicted against measured."""
-    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES):
+    for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES, schema.TRIAL_PREDICTED_HOST_BYTES):
         value = user_attrs.get(key)
         if isinstance(value, int) and key not in result.memory_peaks:
             result.memory_peaks[key] = value
@@ -189,7 +208,9 @@ def refuse_if_nothing_fits(choices: dict[str, list[Any]], workload: Workload) ->
             (:func:`autotune.estimate.what_would_fit`, which ``autotune estimate`` prints as a table).
     """
     prior = workload.memory_prior
-    advice = what_would_fit(workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device)
+    advice = what_would_fit(
+        workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device, workload.devices_per_trial
+    )
     if advice is None or fits(advice.smallest.estimate.total_bytes, workload.ceiling_bytes * margin_for(prior)):
         return
     raise AutotuneError(

@@ -199,3 +199,29 @@ def test_a_config_proposed_again_reuses_the_recorded_result_and_asks_again(loop)
     assert runs() == []
     with pytest.raises(SearchFinished, match="every config of the space"):
         run_one_trial(study, request, SearchProgress())
+
+
+def test_an_offload_config_whose_host_memory_is_over_the_host_ceiling_is_screened(tiny_workload, gpt2_tiny):
+    """ZeRO offload's host RAM (exact counts of DeepSpeed's partitions) against --host-memory-ceiling."""
+    from autotune.study._screening import host_over_ceiling, screen
+
+    offload = TrialConfig(micro_batch=1, dtype="bf16", zero="2+offload")
+    host = estimate_peak(gpt2_tiny, offload, 32, MemoryFit.prior("cpu")).host_bytes
+    assert host > 0
+    assert screen(offload, tiny_workload(gpt2_tiny, host_ceiling_bytes=host), []) is None
+    decision = screen(offload, tiny_workload(gpt2_tiny, host_ceiling_bytes=host - 1), [])
+    assert decision is not None and "host memory ceiling" in decision.reason and "swap" in decision.reason
+    # Without offload nothing is in host memory: the host ceiling never screens it.
+    plain = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=1, dtype="bf16", zero="2"), 32, MemoryFit.prior("cpu"))
+    assert plain.host_bytes == 0 and host_over_ceiling(plain, 1) is None
+
+
+def test_the_host_memory_ceiling_defaults_to_the_available_ram_and_reads_like_the_memory_ceiling():
+    from autotune.ceiling import host_ceiling_bytes
+    from autotune.errors import AutotuneError
+
+    assert host_ceiling_bytes(None, 8 * 2**30) == 8 * 2**30
+    assert host_ceiling_bytes("0.5", 8 * 2**30) == 4 * 2**30
+    assert host_ceiling_bytes("2GiB", 8 * 2**30) == 2 * 2**30
+    with pytest.raises(AutotuneError, match=r"^--host-memory-ceiling '16GiB' is more than the available host RAM's"):
+        host_ceiling_bytes("16GiB", 8 * 2**30)
