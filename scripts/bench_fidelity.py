@@ -155,6 +155,7 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
     trial = to_ranked(study.trials[number])
     model = resolve_model(identity["model"], identity["task"])
     if peft is not None:
+        from autotune.devices import cpu_device
         from autotune.peft import with_peft
 
         model = with_peft(model, peft, cpu_device(), [])
