@@ -1,8 +1,10 @@
 """Bad input through the real command line: one clear line on stderr, exit status 2, no traceback.
 
-Every case runs ``python -m autotune`` in a subprocess, as a user would. They fail before any
-trial runs, so they are cheap, but each pays an interpreter start and the torch import: the cases
-run a few at a time in one module-scoped fixture, and each test checks its own case.
+The cases in ``IN_A_SUBPROCESS`` run ``python -m autotune`` in a subprocess, as a user would (a
+fresh interpreter: the entry point, its imports, the exit status the shell sees); the others run the
+same entry point in this process (``run_cli_in_process``), which spares each an interpreter start and
+the torch import of 10-40 s. They fail before any trial runs; one module-scoped fixture runs them
+all, and each test checks its own case.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import REPO, run_cli
+from tests.support.cli import REPO, run_cli, run_cli_in_process
 
 SEARCH = ["search", "--trials", "1", "--confirm-top", "0"]
 
@@ -85,15 +87,20 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
 
 @pytest.fixture(scope="module")
 def cli_results(tmp_path_factory):
-    """Every case's completed process, run three at a time."""
+    """Every case's completed process: the subprocess ones side by side, the rest in this process."""
     root = tmp_path_factory.mktemp("cli-errors")
     cases = _cases(root)
     env = {"PYTHONPATH": str(REPO)}  # tests.support.faults importable for the --callback cases
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {case: pool.submit(run_cli, *args, cwd=root, timeout=300, env=env) for case, (args, _) in cases.items()}
-        return {case: (future.result(), cases[case][1], root) for case, future in futures.items()}
+    with ThreadPoolExecutor(max_workers=len(IN_A_SUBPROCESS)) as pool:
+        futures = {case: pool.submit(run_cli, *cases[case][0], cwd=root, timeout=300, env=env) for case in IN_A_SUBPROCESS}
+        completed = {case: run_cli_in_process(*args, cwd=root) for case, (args, _) in cases.items() if case not in futures}
+        completed.update({case: future.result() for case, future in futures.items()})
+    return {case: (completed[case], cases[case][1], root) for case in cases}
 
 
+# A fresh interpreter each: a model that resolves nowhere, a storage that cannot be reached, and a
+# --callback imported from the user's PYTHONPATH.
+IN_A_SUBPROCESS = ("unknown model", "unreachable storage", "callback not found")
 CASE_IDS = [
     "unknown model", "malformed yaml", "unknown knob", "empty choices", "wrong type", "non-positive batch",
     "nothing runs on the device", "ceiling zero", "fraction above one", "unparsable ceiling",
