@@ -70,6 +70,7 @@ def run_ranks(
     """
     ranks = job.workload.devices_per_trial
     job = dataclasses.replace(job, prune_below_samples_per_s=None)
+    os.makedirs(job.work_dir, exist_ok=True)
     _remove_earlier_attempt(job.work_dir, ranks)
     job_path = os.path.join(job.work_dir, "job.pickle")
     with open(job_path, "wb") as f:
@@ -101,6 +102,7 @@ def run_ranks(
     results = _rank_results(job.work_dir, ranks)
     if deadlines.expired is not None:
         result, log_path = deadlines.result(job.config.compile), job.log_path
+        result.error = _never_started(job.work_dir, ranks) + result.error
     elif len(results) == ranks and all(r.status != Status.ERROR and r.status != Status.OOM for r in results.values()):
         result, log_path = combine_ranks([results[rank] for rank in range(ranks)]), job.log_path
     else:
@@ -177,6 +179,17 @@ def _await_launcher(
         if on_tick is not None:
             on_tick()
         time.sleep(POLL_S)
+
+
+def _never_started(work_dir: str, ranks: int) -> str:
+    """What a timed-out trial's reason begins with when a rank never started its trial: the others
+    then waited at the rendezvous until the timeout. (With ``use_cpu`` transformers passes no
+    ``ddp_timeout`` to the process group, transformers/training_args.py ``_setup_devices``, so on the
+    CPU torch's 30-minute default would hold them: the trial timeout is what ends the wait.)"""
+    missing = [str(rank) for rank in range(ranks) if _read_pid(rank_file(work_dir, rank, "pid")) is None]
+    if not missing:
+        return ""
+    return f"rendezvous of {ranks} ranks timed out: rank {', '.join(missing)} never started; "
 
 
 def _rank_results(work_dir: str, ranks: int) -> dict[int, TrialResult]:
