@@ -59,6 +59,7 @@ def load_space(
     seq_len: int | None = None,
     ceiling_bytes: int | None = None,
     memory_fit: MemoryFit | None = None,
+    ranks: int = 1,
 ) -> SearchSpace:
     """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
@@ -76,6 +77,7 @@ def load_space(
             micro-batches below 8 stay only where a larger one may not fit
             (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
         memory_fit: See ``ceiling_bytes``.
+        ranks: ``--devices-per-trial``: the global batch is shared by this many ranks.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -95,7 +97,7 @@ def load_space(
         global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
-    space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
+    space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device)
     # Then: a dtype fixed by --base-args decides which attention kernels can run.
     notes = list(space.notes)
