@@ -73,6 +73,8 @@ def search(
     work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = SearchOptions.work_dir,
     gpus: Annotated[Optional[str], typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")] = None,
     workers: Annotated[int, typer.Option(help="CPU only: trials to run at once (they share the cores).")] = SearchOptions.workers,
+    devices_per_trial: Annotated[int, typer.Option(
+        help="Ranks each trial spans (torchrun-style data parallel): GPUs of --gpus per trial, or gloo ranks on the CPU.")] = SearchOptions.devices_per_trial,
     max_total_trials: Annotated[Optional[int], typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")] = None,
     confirm_top: Annotated[int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")] = SearchOptions.confirm_top,
     confirm_repeats: Annotated[int, typer.Option(help="Re-runs of each config when confirming.")] = SearchOptions.confirm_repeats,
