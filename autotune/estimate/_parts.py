@@ -97,6 +97,7 @@ def estimate_peak(
     device_kind = fit.device_kind
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
+    gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
@@ -108,6 +109,20 @@ def estimate_peak(
         context_bytes=context_bytes(fit.context_bytes, config, device_kind, weights),
         allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
     )
+
+
+def ddp_bucket_bytes(gradients_bytes: int, ranks: int) -> int:
+    """What plain DDP adds on each of ``ranks`` ranks: its gradient buckets, a second copy of the gradients.
+
+    DDP's reducer all-reduces gradients through flat bucket tensors that hold every gradient once
+    more (torch/nn/parallel/distributed.py, ``DistributedDataParallel``: "gradient_as_bucket_view ...
+    can reduce peak memory usage, where the saved memory size will be equal to the total gradients
+    size"). Neither transformers nor accelerate turn the view on (transformers/trainer.py passes
+    ``find_unused_parameters``, ``bucket_cap_mb``, ``broadcast_buffers``, ``static_graph`` to
+    accelerate's ``DistributedDataParallelKwargs``, whose ``gradient_as_bucket_view`` defaults to
+    False), so a multi-rank trial holds the copy. One rank: no DDP, nothing.
+    """
+    return gradients_bytes if ranks > 1 else 0
 
 
 def allocator_overhead_bytes(fit: MemoryFit, transient_bytes: int) -> int:
