@@ -67,8 +67,9 @@ class Workload:
     @property
     def memory_prior(self) -> MemoryFit:
         """The memory model's prior for this device and allocator setting: the one the planner uses
-        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial."""
-        return memory_prior(self.device, self.allocator_env)
+        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial;
+        one rank's peak where a trial spans several."""
+        return dataclasses.replace(memory_prior(self.device, self.allocator_env), ranks=self.devices_per_trial)
 
     @classmethod
     def for_model(

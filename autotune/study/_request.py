@@ -168,8 +168,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         global_batch=options.global_batch, max_global_batch=options.max_global_batch,
         real_data=options.dataset is not None, packing=options.packing,
         # The workload's memory prior (Workload.memory_prior reads the same allocator variables).
-        seq_len=options.seq_len, ceiling_bytes=ceiling, memory_fit=memory_prior(device, os.environ),
-        ranks=options.devices_per_trial,
+        seq_len=options.seq_len, ceiling_bytes=ceiling, ranks=options.devices_per_trial,
+        memory_fit=dataclasses.replace(memory_prior(device, os.environ), ranks=options.devices_per_trial),
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
