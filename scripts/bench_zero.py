@@ -121,6 +121,10 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
     config = TrialConfig(micro_batch=micro_batch, dtype=dtype, pin_memory=False, zero=zero)
     job = TrialJob(workload=workload, config=config, work_dir=str(root / f"r{ranks}-{zero}"))
     result = run_isolated(job, timeout_s=900)
+    if result.status == "crash":  # as the search does: a crash is retried once (and said)
+        print(f"  {ranks} rank(s), zero {zero}: {result.error}; retried once", flush=True)
+        job = dataclasses.replace(job, work_dir=job.work_dir + "-retry")
+        result = run_isolated(job, timeout_s=900)
     predicted = estimate_peak(workload.model, config, seq_len, workload.memory_prior, ranks=ranks)
     if result.status != "ok":
         print(f"  {ranks} rank(s), zero {zero}: {result.status}: {result.error}", flush=True)

@@ -13,6 +13,8 @@ sys.path.insert(0, str(SCRIPTS))
 from _bench_common import plain_trainer_command  # noqa: E402
 from bench_zero import Row, offload_cost, table  # noqa: E402
 
+from autotune.config import TrialConfig  # noqa: E402
+
 MiB = 1024**2
 
 
@@ -43,3 +45,14 @@ def test_a_plain_run_of_several_ranks_or_a_deepspeed_config_is_launched_by_torch
     assert plain_trainer_command(plain, "bert-mini", 32, 5, 1)[:3] == [sys.executable, str(SCRIPTS / "bench_fidelity.py"), "--plain"]
     assert plain_trainer_command(plain, "bert-mini", 32, 5, 2)[:6] == [*torchrun, "2"]
     assert plain_trainer_command(zero, "bert-mini", 32, 5, 1)[:6] == [*torchrun, "1"]
+
+
+def test_the_gpu_offload_step_sets_its_ceiling_between_zero_2_with_and_without_offload():
+    from autotune.estimate import MemoryFit, estimate_peak
+    from autotune.models import resolve_model
+    from gpu_acceptance_offload import offload_ceiling_bytes
+
+    cuda = MemoryFit.prior("cuda")
+    ceiling = offload_ceiling_bytes("gpt2-large", 512, cuda)
+    peaks = [estimate_peak(resolve_model("gpt2-large"), TrialConfig(micro_batch=1, dtype="bf16", zero=z), 512, cuda).total_bytes for z in ("2+offload", "2")]
+    assert peaks[0] < ceiling < peaks[1]
