@@ -187,6 +187,18 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
             "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0)}
 
 
+def search_and_export(options: argparse.Namespace, root: Path, storage: str) -> None:
+    """Step 1: the search through the CLI, then the export of its winner (``root/best.json``)."""
+    autotune = [sys.executable, "-m", "autotune"]
+    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
+         "--space", str(Path(options.space).resolve()), "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
+         "--devices-per-trial", str(options.devices_per_trial),
+         *(["--memory-ceiling", options.memory_ceiling] if options.memory_ceiling else []),
+         *(["--confirm-top", str(options.confirm_top)] if options.confirm_top is not None else []),
+         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
+    print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-mini")
@@ -199,6 +211,7 @@ def main() -> None:
     parser.add_argument("--devices-per-trial", type=int, default=1, help="Ranks per trial (autotune search --devices-per-trial); the plain run is torchrun --nproc-per-node N.")
     parser.add_argument("--memory-ceiling", help="autotune search --memory-ceiling (per rank).")
     parser.add_argument("--confirm-top", type=int, help="autotune search --confirm-top.")
+    parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory (study.db, best.json): measure its winner again, no search.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
     options = parser.parse_args()
 
@@ -219,16 +232,10 @@ def main() -> None:
     from autotune.ranking import study_ranking
 
     print(load_average())
-    root = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
+    root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
     storage = f"sqlite:///{root / 'study.db'}"
-    autotune = [sys.executable, "-m", "autotune"]
-    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
-         "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
-         "--devices-per-trial", str(options.devices_per_trial),
-         *(["--memory-ceiling", options.memory_ceiling] if options.memory_ceiling else []),
-         *(["--confirm-top", str(options.confirm_top)] if options.confirm_top is not None else []),
-         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
-    print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
+    if not options.reuse:
+        search_and_export(options, root, storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
     assert winner.result is not None
