@@ -414,3 +414,15 @@ def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_p
         config = TrialConfig(**row["config"])
         assert estimate_peak(model, config, 256, screening_fit).total_bytes == row["total_bytes"]
         assert estimate_peak(model, config, 256, workload.memory_prior).total_bytes == row["total_bytes"]
+
+
+def test_estimate_plans_one_rank_of_a_multi_rank_trial(tmp_path):
+    import json
+
+    from tests.support.cli import run_cli
+
+    common = ("estimate", "--model", "bert-tiny", "--device", "cpu", "--seq-len", "32", "--json")
+    one, two = (json.loads(run_cli(*common, *extra, cwd=tmp_path).stdout) for extra in ((), ("--devices-per-trial", "2")))
+    grads = {json.dumps(r["config"], sort_keys=True): r["parts_bytes"]["gradients"] for r in one["rows"]}
+    for row in two["rows"]:  # DDP's buckets: one more copy of the gradients on each rank
+        assert row["parts_bytes"]["gradients"] == 2 * grads[json.dumps(row["config"], sort_keys=True)]

@@ -129,6 +129,13 @@ def rank(job_path: str) -> None:
     job = load_job(job_path)
     apply_allocator_env(job.workload.allocator_env)
     redirect_output(rank_file(job.work_dir, rank_number, "log"))
+    if job.workload.device.kind == "cuda":
+        import torch
+
+        # Before the memory probe's first CUDA call (``reset_peak_memory_stats`` on the current
+        # device): without it every rank would open a context on GPU 0 and measure there; accelerate
+        # sets the same device later (``PartialState``: ``cuda:<LOCAL_RANK>``).
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     faulthandler.enable(all_threads=False)
 
     def first_step(compile_s: float) -> None:
