@@ -6,6 +6,7 @@ commands share are declared once, below.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -73,6 +74,8 @@ def search(
     work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = SearchOptions.work_dir,
     gpus: Annotated[Optional[str], typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")] = None,
     workers: Annotated[int, typer.Option(help="CPU only: trials to run at once (they share the cores).")] = SearchOptions.workers,
+    devices_per_trial: Annotated[int, typer.Option(
+        help="Ranks each trial spans (torchrun-style data parallel): GPUs of --gpus per trial, or gloo ranks on the CPU.")] = SearchOptions.devices_per_trial,
     max_total_trials: Annotated[Optional[int], typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")] = None,
     confirm_top: Annotated[int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")] = SearchOptions.confirm_top,
     confirm_repeats: Annotated[int, typer.Option(help="Re-runs of each config when confirming.")] = SearchOptions.confirm_repeats,
@@ -150,12 +153,15 @@ def estimate(
     study_name: StudyOption = None,
     all_rows: Annotated[bool, typer.Option("--all", help="Every memory-distinct config, by part.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (knobs, parts in bytes, total).")] = False,
+    devices_per_trial: Annotated[int, typer.Option(
+        help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")] = SearchOptions.devices_per_trial,
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
     from autotune import validate
 
     validate.positive_int("--seq-len", seq_len)
+    validate.positive_int("--devices-per-trial", devices_per_trial)
     from autotune.ceiling import parse_ceiling
     from autotune.devices import known_gpu, resolve_device
     from autotune.plan_display import estimate_short_table, estimate_table, host_memory_note, shows_host_memory, what_would_fit_table
@@ -173,9 +179,12 @@ def estimate(
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
     validate.seq_len_fits(seq_len, model, model_spec.max_positions)
-    # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator settings).
-    fit = memory_prior(device_spec, os.environ)
-    search_space = load_space(space, device_spec, model=model_spec, seq_len=seq_len, ceiling_bytes=ceiling, memory_fit=fit)
+    # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator
+    # settings, the ranks of a trial).
+    fit = dataclasses.replace(memory_prior(device_spec, os.environ), ranks=devices_per_trial)
+    search_space = load_space(
+        space, device_spec, model=model_spec, seq_len=seq_len, ceiling_bytes=ceiling, memory_fit=fit, ranks=devices_per_trial
+    )
     if storage is not None:
         fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
     rows = plan_rows(model_spec, search_space.choices, seq_len, fit, ceiling)

@@ -138,12 +138,14 @@ def python_snippet(arguments: dict[str, Any], provenance: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
+def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: int = 1) -> str:
     """The ``accelerate`` format: an ``accelerate launch --config_file`` YAML, for scripts that build
     their own ``Accelerator()``.
 
-    An accelerate config carries mixed precision, CPU use and torch.compile (dynamo); the comment
-    at its top lists the winner's other arguments, which belong in the script.
+    An accelerate config carries mixed precision, CPU use, torch.compile (dynamo) and the processes
+    of a winner measured on ``ranks`` ranks (``num_processes``, data parallel: ``MULTI_GPU``, or
+    ``MULTI_CPU`` with ``use_cpu``; accelerate.utils.DistributedType); the comment at its top lists
+    the winner's other arguments, which belong in the script.
     """
     if arguments.get("bf16"):
         mixed_precision = "bf16"
@@ -153,9 +155,9 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
         mixed_precision = "no"
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "NO",
+        "distributed_type": "NO" if ranks == 1 else "MULTI_CPU" if arguments.get("use_cpu") else "MULTI_GPU",
         "num_machines": 1,
-        "num_processes": 1,
+        "num_processes": ranks,
         "machine_rank": 0,
         "mixed_precision": mixed_precision,
         "use_cpu": bool(arguments.get("use_cpu", False)),
@@ -180,6 +182,25 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "") -> str:
     if "gradient_accumulation_steps" in rest:
         header.append(f"#   (accumulation: Accelerator(gradient_accumulation_steps={rest['gradient_accumulation_steps']!r}))")
     return "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+def launch_note(ranks: int) -> str | None:
+    """How to launch a winner measured on ``ranks`` ranks: torch's launcher, one process per device
+    (the trials ran exactly so: autotune/runner/_launch.py), the global batch shared by all."""
+    if ranks == 1:
+        return None
+    return (
+        f"the winner was measured on {ranks} ranks: launch `torchrun --nproc-per-node {ranks} your_script.py` "
+        f"(or `accelerate launch --num_processes {ranks}`); the global batch is per_device_train_batch_size "
+        f"x gradient_accumulation_steps x {ranks}"
+    )
+
+
+def ranks_of(study: optuna.Study | None) -> int:
+    """The ranks each trial of ``study`` spanned (``--devices-per-trial``, kept in its identity)."""
+    if study is None:
+        return 1
+    return int((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("devices_per_trial", 1))
 
 
 def model_loading_note(best: RankedTrial) -> str | None:
@@ -242,7 +263,8 @@ def deepspeed_note(best: RankedTrial, out: str) -> str | None:
 def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
     """What the winner depends on outside TrainingArguments: the model build, the allocator, the
     study's PEFT adapters (written beside ``out``), its DeepSpeed config; and which batch set its peak."""
-    notes = [note for note in (model_loading_note(best), allocator_note(best), peak_batch_note(best), deepspeed_note(best, out)) if note is not None]
+    found = (launch_note(ranks_of(study)), model_loading_note(best), allocator_note(best), peak_batch_note(best), deepspeed_note(best, out))
+    notes = [note for note in found if note is not None]
     peft_identity = _peft_identity(study)
     if peft_identity is not None:
         notes.append(peft_export_note(peft_identity, adapter_config_path(out)))
@@ -262,7 +284,7 @@ def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT
     return "\n".join(lines)
 
 
-def render(arguments: dict[str, Any], fmt: str, provenance: str = "") -> str:
+def render(arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1) -> str:
     """The text of ``arguments`` in one of :data:`FORMATS`.
 
     Raises:
@@ -275,7 +297,7 @@ def render(arguments: dict[str, Any], fmt: str, provenance: str = "") -> str:
     if fmt == "python":
         return python_snippet(arguments, provenance)
     if fmt == "accelerate":
-        return accelerate_config(arguments, provenance)
+        return accelerate_config(arguments, provenance, ranks)
     raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
 
 
@@ -289,7 +311,7 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
     arguments = winner_arguments(study)
     if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
         write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
-    text = render(with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out))
+    text = render(with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out), ranks_of(study))
     write_output(out, text)
     peft_identity = _peft_identity(study)
     if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments

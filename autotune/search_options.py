@@ -25,6 +25,8 @@ class SearchOptions:
     device: str | None = None
     gpus: str | None = None
     workers: int = 1
+    # Ranks (processes, one device each on CUDA) that one trial spans, launched by torch's launcher.
+    devices_per_trial: int = 1
     seq_len: int = 128
     memory_ceiling: str = "0.9"
     # Host RAM a trial may use (ZeRO offload moves optimizer states there): a fraction of the RAM
@@ -66,6 +68,7 @@ class SearchOptions:
         for option, value in (
             ("--seq-len", self.seq_len), ("--trials", self.trials), ("--max-total-trials", self.max_total_trials),
             ("--max-measure-steps", self.max_measure_steps), ("--patience", self.patience),
+            ("--devices-per-trial", self.devices_per_trial),
         ):
             validate.positive_int(option, value)
         validate.non_negative_int("--warmup-steps", self.warmup_steps)

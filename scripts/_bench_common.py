@@ -14,6 +14,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 FIRST_STEP_FILE = "first_step_monotonic"
+PLAIN_RESULT_MARK = "plain-trainer-result: "  # the plain run's result line (torchrun's own lines surround it)
 
 
 class FirstStepClock(TrainerCallback):
@@ -32,19 +33,33 @@ class FirstStepClock(TrainerCallback):
             self._written = True
 
 
-def run_plain_trainer(args_file: Path, model: str, seq_len: int, steps: int = 30) -> dict:
-    """Train ``args_file`` in a plain Trainer loop in a fresh interpreter (``bench_fidelity.py --plain``)
-    and return what it measured (the JSON dict its last stdout line holds)."""
+def plain_trainer_command(args_file: Path, model: str, seq_len: int, steps: int, ranks: int) -> list[str]:
+    """The fresh process that trains ``args_file`` in a plain Trainer loop (``bench_fidelity.py --plain``):
+    the user's own launch, ``torchrun --nproc-per-node N`` (``--standalone``: a free port), where the
+    export spans several ranks or names a DeepSpeed config (DeepSpeed needs the launcher's
+    rendezvous variables even on one rank); else one interpreter."""
     import json
-    import subprocess
     import sys
 
     fidelity = Path(__file__).resolve().parent / "bench_fidelity.py"
-    command = [sys.executable, str(fidelity), "--plain", str(args_file), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    script = [str(fidelity), "--plain", str(Path(args_file).resolve()), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps)]
+    if ranks == 1 and "deepspeed" not in json.loads(Path(args_file).read_text()):
+        return [sys.executable, *script]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *script]
+
+
+def run_plain_trainer(args_file: Path, model: str, seq_len: int, steps: int = 30, ranks: int = 1) -> dict:
+    """Train ``args_file`` in a plain Trainer loop in a fresh process (from its directory, where the
+    export's relative paths point) and return what it measured (the JSON its result line holds)."""
+    import json
+    import subprocess
+
+    command = plain_trainer_command(args_file, model, seq_len, steps, ranks)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(args_file).parent)
     if done.returncode != 0:
         raise SystemExit(f"plain Trainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]
+    return json.loads(line.removeprefix(PLAIN_RESULT_MARK))
 
 
 def read_first_step(work_dir: str) -> float:

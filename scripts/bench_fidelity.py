@@ -67,7 +67,9 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
         model_instance = get_peft_model(model_instance, LoraConfig(**json.loads(adapter_file.read_text())))
 
     exported = json.loads(Path(args_file).read_text())
-    global_batch = exported["per_device_train_batch_size"] * exported.get("gradient_accumulation_steps", 1)
+    # Under torchrun every rank runs this; the Trainer's global batch is per device x accumulation x ranks.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    global_batch = exported["per_device_train_batch_size"] * exported.get("gradient_accumulation_steps", 1) * world_size
     ids = torch.randint(0, config.vocab_size, (64, seq_len), generator=torch.Generator().manual_seed(0))
 
     class RandomTokens(torch.utils.data.Dataset):
@@ -123,12 +125,20 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     measured = clock.times[warmup_steps - 1 :]  # from the end of the last warm-up step
     step_times = [b - a for a, b in zip(measured, measured[1:])]
     step_times.sort()
+    peaks = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_anon_rss_bytes": peak_anon[0]}
+    rank_peaks = [peaks]
+    if world_size > 1:  # every rank's peaks to rank 0 (the Trainer's process group is still up)
+        rank_peaks = [{}] * world_size
+        torch.distributed.all_gather_object(rank_peaks, peaks)
     return {
         "samples_per_s": global_batch * len(step_times) / (measured[-1] - measured[0]),
         "samples_per_s_median_step": global_batch / step_times[len(step_times) // 2],
         "steps": len(step_times),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "peak_anon_rss_bytes": peak_anon[0],
+        # The largest rank's, as autotune records a multi-rank trial's peak.
+        "peak_rss_bytes": max(p["peak_rss_bytes"] for p in rank_peaks),
+        "peak_anon_rss_bytes": max(p["peak_anon_rss_bytes"] for p in rank_peaks),
+        "rank_peak_rss_bytes": [p["peak_rss_bytes"] for p in rank_peaks],
+        "ranks": world_size,
         **cuda,
     }
 
@@ -166,6 +176,7 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
             ceiling_bytes=study.user_attrs["ceiling_bytes"],
             measure=MeasureSettings(),
             base_args=study.user_attrs.get("base_args") or {},
+            devices_per_trial=identity.get("devices_per_trial", 1),
         ),
         config=trial.config,
         work_dir=str(work_dir),
@@ -177,6 +188,18 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
             "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0)}
 
 
+def search_and_export(options: argparse.Namespace, root: Path, storage: str) -> None:
+    """Step 1: the search through the CLI, then the export of its winner (``root/best.json``)."""
+    autotune = [sys.executable, "-m", "autotune"]
+    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
+         "--space", str(Path(options.space).resolve()), "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
+         "--devices-per-trial", str(options.devices_per_trial),
+         *(["--memory-ceiling", options.memory_ceiling] if options.memory_ceiling else []),
+         *(["--confirm-top", str(options.confirm_top)] if options.confirm_top is not None else []),
+         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
+    print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-mini")
@@ -186,11 +209,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Alternating plain / autotune measurements of the winner.")
     parser.add_argument("--plain-steps", type=int, default=30, help="Timed steps of the plain run, after 3 warm-up.")
     parser.add_argument("--peft", help="LoRA study: lora, qlora or an adapter config file (autotune search --peft).")
+    parser.add_argument("--devices-per-trial", type=int, default=1, help="Ranks per trial (autotune search --devices-per-trial); the plain run is torchrun --nproc-per-node N.")
+    parser.add_argument("--memory-ceiling", help="autotune search --memory-ceiling (per rank).")
+    parser.add_argument("--confirm-top", type=int, help="autotune search --confirm-top.")
+    parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory (study.db, best.json): measure its winner again, no search.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
     options = parser.parse_args()
 
     if options.plain:
-        print(json.dumps(plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps)))
+        measured = plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps)
+        if os.environ.get("RANK", "0") == "0":
+            from _bench_common import PLAIN_RESULT_MARK
+
+            print(PLAIN_RESULT_MARK + json.dumps(measured), flush=True)
         return
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -202,13 +233,10 @@ def main() -> None:
     from autotune.ranking import study_ranking
 
     print(load_average())
-    root = Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
+    root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
     storage = f"sqlite:///{root / 'study.db'}"
-    autotune = [sys.executable, "-m", "autotune"]
-    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
-         "--space", options.space, "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
-         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
-    print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
+    if not options.reuse:
+        search_and_export(options, root, storage)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
     assert winner.result is not None
@@ -218,7 +246,7 @@ def main() -> None:
     # winner alternately, so the side-by-side ratio is free of that drift.
     plain_runs, autotune_runs = [], []
     for index in range(options.rounds):
-        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps))
+        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps, options.devices_per_trial))
         autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}", options.peft))
         print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
               f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)

@@ -20,15 +20,21 @@
 #   results   the exported JSON trained by a plain transformers Trainer in a fresh process, and
 #             OUT_DIR/results.md (and .json): its samples/s and peak memory against the study's record,
 #             each trial's predicted peak (prior and calibrated) against its measured one
-#   all       every step in order, the search step until done
+#   offload   ZeRO offload makes it fit (issue 22: on a CPU the device is the host, so only a GPU shows
+#             it): a search of zero 2 and 2+offload (OFFLOAD_MODEL, micro-batch 1, bf16, every config
+#             run: --no-screen) under a ceiling halfway between their predicted peaks
+#             (scripts/gpu_acceptance_offload.py); OUT_DIR/offload.md, and a failure unless 2+offload
+#             won and trained while zero 2 went over the ceiling. Needs deepspeed (cpu_adam is built once)
+#   all       every step in order, the search step until done, then offload
 #
 # Environment: GPU_ACCEPTANCE_TRIALS (12), GPU_ACCEPTANCE_MODEL (bert-large-uncased),
-# GPU_ACCEPTANCE_SEQ_LEN (512), GPU_ACCEPTANCE_STEP_S (540), GPU_ACCEPTANCE_SEARCH_START_S (300).
+# GPU_ACCEPTANCE_SEQ_LEN (512), GPU_ACCEPTANCE_STEP_S (540), GPU_ACCEPTANCE_SEARCH_START_S (300),
+# GPU_ACCEPTANCE_OFFLOAD_MODEL (gpt2-large).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|all [OUT_DIR]}"
+STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|offload|all [OUT_DIR]}"
 OUT="$(mkdir -p "${2:-gpu_acceptance_out}" && cd "${2:-gpu_acceptance_out}" && pwd)"
 PYTHON="${PYTHON:-python3}"
 MODEL="${GPU_ACCEPTANCE_MODEL:-bert-large-uncased}"
@@ -36,6 +42,7 @@ SEQ_LEN="${GPU_ACCEPTANCE_SEQ_LEN:-512}"
 TRIALS="${GPU_ACCEPTANCE_TRIALS:-12}"
 STEP_S="${GPU_ACCEPTANCE_STEP_S:-540}"
 SEARCH_START_S="${GPU_ACCEPTANCE_SEARCH_START_S:-300}"
+OFFLOAD_MODEL="${GPU_ACCEPTANCE_OFFLOAD_MODEL:-gpt2-large}"
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs
@@ -114,6 +121,19 @@ step_results() {
         --study-name "$STUDY" --args "$OUT/best_args.json" --model "$MODEL" --seq-len "$SEQ_LEN" --out "$OUT")
 }
 
+step_offload() {
+    local ceiling offload_py="$REPO/scripts/gpu_acceptance_offload.py"
+    if ! "$PYTHON" -c "import autotune" 2>/dev/null; then
+        export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    "$PYTHON" "$offload_py" space "$OUT/offload_space.yaml"
+    ceiling="$("$PYTHON" "$offload_py" ceiling "$OFFLOAD_MODEL" "$SEQ_LEN")"
+    bounded autotune search --model "$OFFLOAD_MODEL" --seq-len "$SEQ_LEN" --gpu 0 --space "$OUT/offload_space.yaml" \
+        --memory-ceiling "$ceiling" --trials 2 --confirm-top 0 --no-screen \
+        --storage "$STORAGE" --study-name offload --work-dir "$OUT/runs-offload" || return $?
+    "$PYTHON" "$offload_py" check --storage "$STORAGE" --study-name offload --out "$OUT"
+}
+
 run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is passed on, anything else stops
     local name="$1" status=0
     echo "== $name" >&2
@@ -125,7 +145,7 @@ run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is p
 }
 
 case "$STEP" in
-    install|devices|estimate|search|export|results)
+    install|devices|estimate|search|export|results|offload)
         run_step "$STEP"
         ;;
     all)
@@ -135,10 +155,11 @@ case "$STEP" in
         until run_step search; do :; done
         run_step export
         run_step results
-        echo "gpu_acceptance: done; results in $OUT/results.md and $OUT/results.json" >&2
+        run_step offload
+        echo "gpu_acceptance: done; results in $OUT/results.md, $OUT/results.json and $OUT/offload.md" >&2
         ;;
     *)
-        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, all)" >&2
+        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, offload, all)" >&2
         exit 2
         ;;
 esac

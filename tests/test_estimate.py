@@ -125,6 +125,18 @@ def test_total_is_the_sum_of_the_parts(gpt2_tiny):
     assert estimate.allocator_bytes == 0  # the CPU has no caching allocator of device memory
 
 
+def test_plain_ddp_adds_a_copy_of_the_gradients_on_each_rank_and_nothing_on_one(gpt2_tiny):
+    from autotune.runner import Workload
+
+    config = TrialConfig(micro_batch=8)
+    one = estimate_peak(gpt2_tiny, config, 64, MemoryFit.prior("cpu"))
+    two = estimate_peak(gpt2_tiny, config, 64, dataclasses.replace(MemoryFit.prior("cpu"), ranks=2))
+    assert two.gradients_bytes == 2 * one.gradients_bytes  # DDP's buckets: gradient_as_bucket_view is off
+    assert two.total_bytes - one.total_bytes == one.gradients_bytes
+    workload = Workload.for_model(gpt2_tiny, seq_len=64, ceiling_bytes=GiB, devices_per_trial=4)
+    assert workload.memory_prior.ranks == 4  # the search's screening and seeds see the ranks
+
+
 def test_memory_distinct_configs_collapse_knobs_that_do_not_change_memory():
     choices = {
         "micro_batch": [8, 16], "grad_accum": [1, 2, 4], "dtype": ["fp32", "bf16"], "compile": ["off", "inductor"],
@@ -402,3 +414,15 @@ def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_p
         config = TrialConfig(**row["config"])
         assert estimate_peak(model, config, 256, screening_fit).total_bytes == row["total_bytes"]
         assert estimate_peak(model, config, 256, workload.memory_prior).total_bytes == row["total_bytes"]
+
+
+def test_estimate_plans_one_rank_of_a_multi_rank_trial(tmp_path):
+    import json
+
+    from tests.support.cli import run_cli
+
+    common = ("estimate", "--model", "bert-tiny", "--device", "cpu", "--seq-len", "32", "--json")
+    one, two = (json.loads(run_cli(*common, *extra, cwd=tmp_path).stdout) for extra in ((), ("--devices-per-trial", "2")))
+    grads = {json.dumps(r["config"], sort_keys=True): r["parts_bytes"]["gradients"] for r in one["rows"]}
+    for row in two["rows"]:  # DDP's buckets: one more copy of the gradients on each rank
+        assert row["parts_bytes"]["gradients"] == 2 * grads[json.dumps(row["config"], sort_keys=True)]

@@ -185,3 +185,19 @@ def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_n
     assert arguments["bf16"] is True and arguments["use_cpu"] is True
     note = " ".join(export_notes(study_ranking(study)[0], study, out))
     assert "ZeRO 2+offload" in note and "3.00 GiB" in note and "host RAM" in note
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
+def test_a_winner_measured_on_several_ranks_exports_their_launch(device_kind, tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from autotune.export import launch_note
+
+    kwargs = training_arguments_kwargs(TrialConfig(micro_batch=8, grad_accum=2), device_kind, BASE_ARGS)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(render(kwargs, "accelerate", "provenance", ranks=4))
+    loaded = load_config_from_file(str(path))
+    assert loaded.num_processes == 4
+    assert loaded.distributed_type.value == ("MULTI_CPU" if device_kind == "cpu" else "MULTI_GPU")
+    assert "`torchrun --nproc-per-node 4 your_script.py`" in launch_note(4)
+    assert launch_note(1) is None  # one process: nothing to launch

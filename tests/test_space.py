@@ -227,6 +227,18 @@ def test_global_batch_searches_divisors_and_derives_accumulation(tmp_path, cpu):
     assert space.size == 5 * 2
 
 
+def test_a_global_batch_over_ranks_keeps_micro_batch_x_accumulation_x_ranks_at_it(tmp_path, cpu):
+    space = load_space(write(tmp_path, BATCH_SPACE), cpu, global_batch=64, ranks=4)
+    assert space.choices["global_batch"] == [16]  # each rank's share: the knob counts one device's samples
+    assert [(m * a * 4) for m, a in pairs(space)] == [64] * len(pairs(space))
+    assert space.notes[-1].startswith("global batch 64 over 4 ranks: 16 per rank; global batch 16: grad_accum = 16 / micro_batch")
+    with pytest.raises(AutotuneError) as error:
+        load_space(write(tmp_path, BATCH_SPACE), cpu, global_batch=66, ranks=4)
+    assert str(error.value) == "global batch 66 cannot be shared by 4 ranks (--devices-per-trial): give a multiple of 4"
+    capped = load_space(write(tmp_path, BATCH_SPACE), cpu, max_global_batch=64, ranks=2)
+    assert capped.choices["micro_batch"] == [4, 8, 16, 24, 32]
+
+
 def test_a_global_batch_no_micro_batch_divides_is_refused(tmp_path, cpu):
     with pytest.raises(AutotuneError) as error:
         load_space(write(tmp_path, "micro_batch: [8, 16]\n"), cpu, global_batch=12)

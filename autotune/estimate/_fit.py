@@ -82,6 +82,8 @@ class MemoryFit:
         points: Measured trials the fit used (0: the priors).
         max_relative_error: Worst ``|predicted - measured| / measured`` over those trials after
             the fit; ``None`` with no points.
+        ranks: Processes one trial spans (``--devices-per-trial``); the estimate is one rank's
+            (:func:`autotune.estimate._parts.ddp_bucket_bytes`). Set by ``Workload.memory_prior``.
     """
 
     device_kind: str
@@ -91,6 +93,7 @@ class MemoryFit:
     max_relative_error: float | None = None
     allocator_share: float = 0.0
     workspace_bytes: int = 0
+    ranks: int = 1
 
     @classmethod
     def prior(

@@ -104,10 +104,15 @@ def estimate_peak(
     device_kind = fit.device_kind
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
+    # The ranks: the caller's, or the fit's (Workload.memory_prior carries them); both say the same
+    # where both are given.
+    ranks = max(ranks, fit.ranks)
     host = 0
     if config.zero != "off":
         zero = zero_state_bytes(model, config, ranks, device_kind)
         weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
+    else:  # ZeRO reduces through its own buckets (counted above), not DDP's
+        gradients += ddp_bucket_bytes(gradients, ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
@@ -120,6 +125,20 @@ def estimate_peak(
         allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
         host_bytes=host,
     )
+
+
+def ddp_bucket_bytes(gradients_bytes: int, ranks: int) -> int:
+    """What plain DDP adds on each of ``ranks`` ranks: its gradient buckets, a second copy of the gradients.
+
+    DDP's reducer all-reduces gradients through flat bucket tensors that hold every gradient once
+    more (torch/nn/parallel/distributed.py, ``DistributedDataParallel``: "gradient_as_bucket_view ...
+    can reduce peak memory usage, where the saved memory size will be equal to the total gradients
+    size"). Neither transformers nor accelerate turn the view on (transformers/trainer.py passes
+    ``find_unused_parameters``, ``bucket_cap_mb``, ``broadcast_buffers``, ``static_graph`` to
+    accelerate's ``DistributedDataParallelKwargs``, whose ``gradient_as_bucket_view`` defaults to
+    False), so a multi-rank trial holds the copy. One rank: no DDP, nothing.
+    """
+    return gradients_bytes if ranks > 1 else 0
 
 
 def allocator_overhead_bytes(fit: MemoryFit, transient_bytes: int) -> int:

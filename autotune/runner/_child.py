@@ -38,7 +38,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     if job.config.zero != "off" and job.workload.devices_per_trial == 1:
         os.environ.update(single_rank_environment())
     apply_allocator_env(job.workload.allocator_env)
-    _redirect_output(job.log_path)
+    redirect_output(job.log_path)
     faulthandler.enable(all_threads=False)  # the crashing thread's stack: short enough for the kept tail
     conn.send(("started", os.getpid()))
     try:
@@ -47,20 +47,29 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         result = train_and_measure(job, on_first_step=lambda compile_s: conn.send(("first_step", compile_s)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
-        oom = is_oom_exception(
-            exc,
-            address_space_limited=job.workload.address_space_bytes is not None,
-            memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
-        )
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        library = None if oom else library_failure(exc)
-        result = TrialResult(
-            status=Status.OOM if oom else Status.ERROR,
-            error=op_build_failure(exc) or (f"{library}. {error}" if library else error),
-            ceiling_bytes=job.workload.ceiling_bytes,
-        )
+        result = failure_result(exc, job)
     conn.send(("result", result.to_dict()))
     conn.close()
+
+
+def failure_result(exc: BaseException, job: TrialJob) -> TrialResult:
+    """The record of a trial that raised ``exc``: an OOM (by type, then message) or an error, one line.
+
+    The one rule of a trial process's exception, for the single child and for each rank of a
+    multi-rank trial (:mod:`autotune.runner._launch`).
+    """
+    oom = is_oom_exception(
+        exc,
+        address_space_limited=job.workload.address_space_bytes is not None,
+        memory_pressure=job.workload.device.kind == "cuda" and failure_memory_pressure(),
+    )
+    error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    library = None if oom else library_failure(exc)
+    return TrialResult(
+        status=Status.OOM if oom else Status.ERROR,
+        error=op_build_failure(exc) or (f"{library}. {error}" if library else error),
+        ceiling_bytes=job.workload.ceiling_bytes,
+    )
 
 
 def _die_with_orchestrator(lifeline: Connection) -> None:
@@ -74,7 +83,7 @@ def _die_with_orchestrator(lifeline: Connection) -> None:
     threading.Thread(target=wait_for_orphaning, daemon=True, name="autotune-lifeline").start()
 
 
-def _redirect_output(path: str) -> None:
+def redirect_output(path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

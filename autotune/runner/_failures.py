@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import Any
+
+from autotune.result import Status
 
 # Allocator messages of every backend, for exceptions whose type does not say OOM (a RuntimeError
 # from a C++ allocator, cuBLAS failing to allocate its workspace, ...). Sources: docs/facts.md.
@@ -176,3 +179,52 @@ def classify_exit(exitcode: int | None, near_memory_limit: bool) -> tuple[str, s
             return "oom", f"killed by {name} with memory near the host limit (the kernel's OOM killer)"
         return "crash", f"killed by {name}"
     return "crash", f"exited with code {exitcode} without a result"
+
+
+# What torch says when a rank cannot listen on the rendezvous port (c10d's TCPStore: "The server
+# socket has failed to listen on any local network address ... address already in use (errno: 98)";
+# torch/csrc/distributed/c10d/socket.cpp) and when the ranks did not all meet in time (the store's
+# "Timed out after N seconds waiting for clients. M/N clients joined." from TCPStore's wait,
+# torch/csrc/distributed/c10d/TCPStore.cpp; the elastic agent's RendezvousTimeoutError).
+PORT_IN_USE_MESSAGES = ("address already in use", "EADDRINUSE", "errno: 98")
+RENDEZVOUS_TIMEOUT_MESSAGES = ("waiting for clients", "RendezvousTimeoutError", "Socket Timeout", "timed out")
+
+
+def classify_launch(
+    outcome: dict, results: dict[int, Any], ranks: int, port: int, near_memory_limit: bool
+) -> tuple[Status, str, int | None]:
+    """Status, one-line reason and the rank to blame (``None``: the launch) of a multi-rank trial
+    that did not end with every rank's result.
+
+    Args:
+        outcome: What the launcher saw (``launch.json``: ``failures`` by rank with ``exitcode`` and
+            ``signal``; ``error``: an exception of the launch itself).
+        results: The results the ranks wrote, by rank (an OOM or an error among them).
+        ranks: How many ranks the trial had.
+        port: Its rendezvous port.
+        near_memory_limit: As :func:`classify_exit`'s.
+    """
+    by_rank = sorted(results.items())
+    for rank, result in by_rank:  # an OOM on any rank is the trial's OOM
+        if result.status == Status.OOM:
+            return Status.OOM, f"rank {rank} of {ranks}: {result.error}", rank
+    texts = [outcome.get("error", "")] + [result.error for _, result in by_rank]
+    if any(message.lower() in text.lower() for text in texts for message in PORT_IN_USE_MESSAGES):
+        return Status.CRASH, f"rendezvous port {port} already in use: the {ranks} ranks could not meet", None
+    failures = {int(rank): failure for rank, failure in outcome.get("failures", {}).items()}
+    # The rank that died first by a signal (the agent then stops the others with SIGTERM).
+    for rank, failure in sorted(failures.items(), key=lambda item: item[1]["signal"] == "SIGTERM"):
+        if rank in results:
+            continue
+        status, reason = classify_exit(failure["exitcode"], near_memory_limit)
+        return Status(status), f"rank {rank} of {ranks} {reason}", rank
+    if any(message.lower() in text.lower() for text in texts for message in RENDEZVOUS_TIMEOUT_MESSAGES):
+        found = next(text for text in texts if any(m.lower() in text.lower() for m in RENDEZVOUS_TIMEOUT_MESSAGES))
+        return Status.CRASH, f"rendezvous of {ranks} ranks timed out: {found}"[:500], None
+    for rank, result in by_rank:
+        if result.status == Status.ERROR:
+            return Status.ERROR, f"rank {rank} of {ranks}: {result.error}", rank
+    if outcome.get("error"):
+        return Status.CRASH, f"the launch of {ranks} ranks failed: {outcome['error']}", None
+    missing = [rank for rank in range(ranks) if rank not in results]
+    return Status.CRASH, f"rank {missing[0] if missing else 0} of {ranks} ended without a result", missing[0] if missing else None

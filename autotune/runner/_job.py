@@ -42,6 +42,8 @@ class Workload:
             backward), and the trial timeout from then on; ``None``: one trial timeout for all.
         devices_per_trial: ``--devices-per-trial``: the ranks one trial spans (one process each,
             launched together; 1: the trial is one process).
+        rank_devices: CUDA with ``devices_per_trial > 1``: the device numbers of the trial's ranks
+            (one GPU each; ``device`` is the first), made visible to the trial and to nothing else.
         host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use (what offload moves
             off the device counts against it); ``None``: not checked.
     """
@@ -60,12 +62,14 @@ class Workload:
     compile_timeout_s: float | None = None
     devices_per_trial: int = 1
     host_ceiling_bytes: int | None = None
+    rank_devices: tuple[int, ...] = ()
 
     @property
     def memory_prior(self) -> MemoryFit:
         """The memory model's prior for this device and allocator setting: the one the planner uses
-        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial."""
-        return memory_prior(self.device, self.allocator_env)
+        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial;
+        one rank's peak where a trial spans several."""
+        return dataclasses.replace(memory_prior(self.device, self.allocator_env), ranks=self.devices_per_trial)
 
     @classmethod
     def for_model(

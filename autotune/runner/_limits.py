@@ -51,6 +51,23 @@ def single_rank_environment() -> dict[str, str]:
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
 
 
+def ranks_environment(device: DeviceSpec, ranks: int, rank_devices: tuple[int, ...], work_dir: str, cpu_count: int) -> dict[str, str]:
+    """Environment of a multi-rank trial's launcher and its ranks (they inherit it).
+
+    On CUDA, the trial sees its own GPUs (``rank_devices``) and nothing else; torch's launcher gives
+    each rank its ``LOCAL_RANK``, which accelerate turns into ``cuda:<LOCAL_RANK>``
+    (accelerate/state.py, ``PartialState._prepare_backend`` / ``set_device``). On the CPU each rank
+    gets an equal share of the cores as its intra-op threads (``OMP_NUM_THREADS``, which torch's
+    OpenMP pool reads at start), so N ranks never run more threads than there are cores; torchrun
+    itself sets 1 where the variable is unset (torch/distributed/run.py, ``config_from_args``),
+    which leaves most cores idle with few ranks.
+    """
+    found = child_environment(device, work_dir)
+    if device.kind == "cpu":
+        return {**found, "OMP_NUM_THREADS": str(max(1, cpu_count // ranks))}
+    return {**found, "CUDA_VISIBLE_DEVICES": ",".join(visible_device_id(index) for index in rank_devices)}
+
+
 # Where inductor keeps its compiled graphs and autotuning results (torch/_inductor/runtime/cache_dir_utils.py,
 # ``cache_dir``: default a directory under the system's temp dir).
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"

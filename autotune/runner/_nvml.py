@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from autotune.devices import nvml_device_handle, visible_device_id
 
 
@@ -10,8 +12,10 @@ def _nvml_handle():  # noqa: ANN202 - a pynvml handle
 
     pynvml.nvmlInit()
     # Inside a trial child CUDA_VISIBLE_DEVICES names the one device the child may use: an index, a
-    # GPU UUID or a MIG instance (whose memory figures are the slice's).
-    return pynvml, nvml_device_handle(pynvml, visible_device_id(0), 0)
+    # GPU UUID or a MIG instance (whose memory figures are the slice's). A rank of a multi-rank trial
+    # sees its trial's GPUs and uses entry LOCAL_RANK (set by torch's launcher; autotune.runner._launch).
+    entry = int(os.environ.get("LOCAL_RANK", "0"))
+    return pynvml, nvml_device_handle(pynvml, visible_device_id(entry), entry)
 
 
 def nvml_device_used_bytes() -> int | None:

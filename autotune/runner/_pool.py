@@ -68,6 +68,9 @@ def run_isolated(
 ) -> TrialResult:
     """Run one trial in a fresh child process and return its result; never raises for a trial failure.
 
+    A trial of several ranks (``job.workload.devices_per_trial > 1``) runs under torch's launcher
+    instead (:func:`autotune.runner._ranks.run_ranks`), with the same budgets and the same result.
+
     Args:
         job: The trial to run.
         timeout_s: Wall-clock limit; the child and its workers are killed past it.
@@ -78,6 +81,11 @@ def run_isolated(
         KeyboardInterrupt: After killing the child, so the caller can record the interruption.
     """
     os.makedirs(job.work_dir, exist_ok=True)
+    if job.workload.devices_per_trial > 1:
+        # Imported here: _ranks builds on this module's deadlines and its last word on a result.
+        from autotune.runner._ranks import run_ranks
+
+        return run_ranks(job, timeout_s, on_tick)
     context = forkserver_context()
     receiver, sender = context.Pipe(duplex=False)
     lifeline_reader, lifeline = context.Pipe(duplex=False)
@@ -109,13 +117,21 @@ def run_isolated(
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)
         result = TrialResult(status=status, error=reason)
-    if payload is None and watch.peak_rss_tree_bytes:
+    return finished(result, job, wall_s, watch, measured_itself=payload is not None, log_path=job.log_path)
+
+
+def finished(
+    result: TrialResult, job: TrialJob, wall_s: float, watch: ChildWatch, measured_itself: bool, log_path: str
+) -> TrialResult:
+    """The parent's last word on a trial, one process or several ranks: what it watched from outside
+    where the trial measured nothing, the wall time, the log's tail of a failure, the ceiling."""
+    if not measured_itself and watch.peak_rss_tree_bytes:
         # The child measured nothing itself: keep what the orchestrator saw from outside.
         result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
     result.wall_s = wall_s
     result.ceiling_bytes = job.workload.ceiling_bytes
     if result.status == Status.OOM or result.status in FAILED_STATUSES:
-        result.stderr_tail = _tail(job.log_path)
+        result.stderr_tail = tail(log_path)
     if result.status == Status.OK and not fits(result.peak_memory_bytes, result.ceiling_bytes):
         result.status = Status.OVER_CEILING
     return result
@@ -213,7 +229,7 @@ def _kill_tree(process: BaseProcess) -> None:
     process.join(timeout=10)
 
 
-def _tail(path: str, lines: int = 40, line_chars: int = 300) -> str:
+def tail(path: str, lines: int = 40, line_chars: int = 300) -> str:
     """The last lines of the child's log, each cut to ``line_chars`` (one huge line, such as the
     list of extension modules after a segfault, must not push the stack out of the tail)."""
     try:

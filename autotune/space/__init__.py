@@ -79,7 +79,8 @@ def load_space(
             (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
         memory_fit: See ``ceiling_bytes``; with both, ``zero: auto`` searches ZeRO only where nothing
             fits without it (:func:`keep_zero_where_needed`).
-        ranks: The ranks of one trial (``Workload.devices_per_trial``), over which ZeRO partitions.
+        ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch and over
+            which ZeRO partitions.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -99,7 +100,7 @@ def load_space(
         global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
-    space = constrain_global_batch(space, global_batch, max_global_batch, base_args)
+    space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device)
     if parsed.zero == AUTO and "deepspeed" not in (base_args or {}):
         space = keep_zero_where_needed(space, model, seq_len, memory_fit, ceiling_bytes, ranks)

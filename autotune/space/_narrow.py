@@ -184,6 +184,7 @@ def constrain_global_batch(
     global_batch: int | None = None,
     max_global_batch: int | None = None,
     base_args: dict[str, Any] | None = None,
+    ranks: int = 1,
 ) -> SearchSpace:
     """Search only micro-batches whose accumulation a global-batch constraint can derive.
 
@@ -202,11 +203,18 @@ def constrain_global_batch(
 
     A micro-batch or accumulation fixed in ``base_args`` is the only one considered.
 
+    With ``ranks`` N (``--devices-per-trial``), every rank takes 1/N of the global batch (the
+    Trainer's global batch is micro_batch x grad_accum x N): the constraint is applied to each
+    rank's share, ``global_batch / N`` (which N must divide) or ``max_global_batch // N``, and the
+    stored knob is that share, as :attr:`TrialConfig.global_batch` counts one device's samples.
+
     Raises:
         AutotuneError: No micro-batch meets the constraint (the message says what would).
     """
     if global_batch is None and max_global_batch is None:
         return space
+    if ranks > 1:
+        return _per_rank_share(space, global_batch, max_global_batch, base_args, ranks)
     fixed = knob_values_from_base_args(base_args or {})
     micro = [fixed["micro_batch"]] if "micro_batch" in fixed else space.choices["micro_batch"]
     by_base = " (fixed by --base-args)" if {"micro_batch", "grad_accum"} & fixed.keys() else ""
@@ -252,6 +260,28 @@ def constrain_global_batch(
             )
             choices.update(micro_batch=kept, max_global_batch=[max_global_batch])
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def _per_rank_share(
+    space: SearchSpace, global_batch: int | None, max_global_batch: int | None, base_args: dict[str, Any] | None, ranks: int
+) -> SearchSpace:
+    """:func:`constrain_global_batch` on each of ``ranks`` ranks' share of the global batch."""
+    if global_batch is not None and global_batch % ranks:
+        raise AutotuneError(
+            f"global batch {global_batch} cannot be shared by {ranks} ranks (--devices-per-trial): give a multiple of {ranks}"
+        )
+    if max_global_batch is not None and max_global_batch < ranks:
+        raise AutotuneError(f"max global batch {max_global_batch} is below one sample on each of {ranks} ranks")
+    share = "global batch" if global_batch is not None else "max global batch"
+    total = global_batch if global_batch is not None else max_global_batch
+    per_rank = constrain_global_batch(
+        SearchSpace(choices=space.choices, notes=(), source=space.source),
+        global_batch // ranks if global_batch is not None else None,
+        max_global_batch // ranks if max_global_batch is not None else None,
+        base_args,
+    )
+    note = f"{share} {total} over {ranks} ranks: {total // ranks} per rank; " + "; ".join(per_rank.notes)
+    return SearchSpace(choices=per_rank.choices, notes=(*space.notes, note), source=space.source)
 
 
 def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: DeviceSpec) -> SearchSpace:

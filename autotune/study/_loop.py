@@ -201,7 +201,7 @@ def run_search(
         stop=stop or threading.Event(),
     )
     progress = progress or SearchProgress()
-    requests = [request.for_device(device) for device in request.worker_devices] or [request]
+    requests = request.worker_requests()
     if len(requests) == 1:
         workers.work(requests[0], progress)  # in the main thread, where Ctrl-C arrives
         return workers.finished

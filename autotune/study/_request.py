@@ -38,7 +38,10 @@ class SearchRequest:
         workload: The model, device, sequence length, ceiling and measurement every trial shares.
         space: The knobs and their choices.
         worker_devices: One entry per worker (``--gpus 0,1``: one per GPU; ``--workers N``: the CPU
-            N times); ``workload.device`` is the first.
+            N times; with ``--devices-per-trial`` on CUDA, the first GPU of each worker's group);
+            ``workload.device`` is the first.
+        worker_rank_devices: CUDA with ``--devices-per-trial`` N > 1: each worker's N GPU numbers
+            (``Workload.rank_devices``), in the order of ``worker_devices``; empty otherwise.
         trial_timeout_s: Wall-clock limit of one trial attempt.
         work_root: Where trials keep their logs (one directory per trial).
         screen: Skip configs the estimator or a measured OOM says cannot fit (:mod:`._screening`).
@@ -49,6 +52,7 @@ class SearchRequest:
     workload: Workload
     space: SearchSpace
     worker_devices: tuple[DeviceSpec, ...] = ()
+    worker_rank_devices: tuple[tuple[int, ...], ...] = ()
     trial_timeout_s: float = SearchOptions.trial_timeout
     work_root: str = SearchOptions.work_dir
     screen: bool = SearchOptions.screen
@@ -70,11 +74,22 @@ class SearchRequest:
             "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
             "base_args": workload.base_args,
             "peft": workload.model.peft.identity() if workload.model.peft else None,
+            # Only where it is not 1, so studies written before the option resume unchanged.
+            **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
         }
 
-    def for_device(self, device: DeviceSpec) -> SearchRequest:
-        """This request for one worker: the same search, trained on ``device``."""
-        return dataclasses.replace(self, workload=dataclasses.replace(self.workload, device=device))
+    def for_device(self, device: DeviceSpec, rank_devices: tuple[int, ...] = ()) -> SearchRequest:
+        """This request for one worker: the same search, trained on ``device`` (and, for a
+        multi-rank trial on CUDA, on the GPUs ``rank_devices``)."""
+        workload = dataclasses.replace(self.workload, device=device, rank_devices=rank_devices)
+        return dataclasses.replace(self, workload=workload)
+
+    def worker_requests(self) -> list[SearchRequest]:
+        """One request per worker, each on its own device (or device group)."""
+        if not self.worker_devices:
+            return [self]
+        groups = self.worker_rank_devices or ((),) * len(self.worker_devices)
+        return [self.for_device(device, group) for device, group in zip(self.worker_devices, groups)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +151,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     if not 0 <= options.prune_ratio < 1:
         raise AutotuneError(f"--prune-ratio {options.prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1")
     devices = worker_devices(options.device, options.gpu, options.gpus, options.workers)
+    groups = device_groups(devices, options.devices_per_trial)
+    devices = [group[0] for group in groups]
     device = devices[0]
     ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
     model = resolve_model(options.model, options.task)
@@ -151,7 +168,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         global_batch=options.global_batch, max_global_batch=options.max_global_batch,
         real_data=options.dataset is not None, packing=options.packing,
         # The workload's memory prior (Workload.memory_prior reads the same allocator variables).
-        seq_len=options.seq_len, ceiling_bytes=ceiling, memory_fit=memory_prior(device, os.environ),
+        seq_len=options.seq_len, ceiling_bytes=ceiling, ranks=options.devices_per_trial,
+        memory_fit=dataclasses.replace(memory_prior(device, os.environ), ranks=options.devices_per_trial),
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
@@ -169,7 +187,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     notes.append(peak_note(device, measured_peaks))
     address_space = None
     if device.kind == "cpu":
-        address_space = child_address_space_budget(ceiling, available_memory_bytes // len(devices))
+        # Every rank is a process of its own under the budget (RLIMIT_AS applies per process).
+        address_space = child_address_space_budget(ceiling, available_memory_bytes // (len(devices) * options.devices_per_trial))
     workload = Workload(
         model=model,
         device=device,
@@ -183,6 +202,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         measured_peaks_tflops=measured_peaks,
         compile_timeout_s=options.compile_timeout,
         host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available_memory_bytes),
+        devices_per_trial=options.devices_per_trial,
     )
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
@@ -193,6 +213,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         workload=workload,
         space=space,
         worker_devices=tuple(devices),
+        worker_rank_devices=rank_device_numbers(groups),
         trial_timeout_s=options.trial_timeout,
         work_root=options.work_dir,
         screen=options.screen,
@@ -232,6 +253,31 @@ def worker_devices(device: str | None, gpu: int | None, gpus: str | None, worker
             f"--gpus {gpus}: {found}; one study measures one kind of GPU: run one search per kind (--gpus with the same model)"
         )
     return specs
+
+
+def device_groups(devices: list[DeviceSpec], devices_per_trial: int) -> list[list[DeviceSpec]]:
+    """The devices of each worker's trials: on CUDA, ``--gpus`` cut into groups of
+    ``--devices-per-trial`` GPUs in the order given (``--gpus 0,1,2,3,4,5,6,7 --devices-per-trial 4``:
+    two workers, each training 4-GPU trials); on the CPU every worker's ranks share the cores.
+
+    Raises:
+        AutotuneError: The GPUs do not split into whole groups.
+    """
+    if devices_per_trial == 1 or devices[0].kind == "cpu":
+        return [[device] for device in devices]
+    if len(devices) % devices_per_trial:
+        raise AutotuneError(
+            f"--devices-per-trial {devices_per_trial}: {len(devices)} GPU(s) do not split into trials of {devices_per_trial}; "
+            f"give --gpus a multiple of {devices_per_trial} devices"
+        )
+    return [devices[i : i + devices_per_trial] for i in range(0, len(devices), devices_per_trial)]
+
+
+def rank_device_numbers(groups: list[list[DeviceSpec]]) -> tuple[tuple[int, ...], ...]:
+    """Each worker's GPU numbers where its trials span several GPUs; empty otherwise."""
+    if groups[0][0].kind != "cuda" or len(groups[0]) == 1:
+        return ()
+    return tuple(tuple(device.index or 0 for device in group) for group in groups)
 
 
 def default_study_name(model_name: str, device: DeviceSpec, seq_len: int) -> str:

@@ -10,65 +10,30 @@ DeepSpeed's own flags (``offload_optimizer``/``offload_param``, its CPU Adam) an
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
 
 from autotune.config import TrialConfig
 from autotune.estimate import MASTER_BYTES, zero_state_bytes
 from autotune.runner import TrialJob, run_isolated
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.zero_placement import offloaded_bytes, placement_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is the [deepspeed] extra"
 )]
 
-PLACEMENT_FILE = "zero_placement.json"
-
-
-def _numel_bytes(tensors) -> tuple[int, int, set[str]]:  # noqa: ANN001 - tensors of any kind
-    tensors = list(tensors)
-    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors), {t.device.type for t in tensors}
-
-
-class RecordZeroPlacement(TrainerCallback):
-    """Writes what DeepSpeed built and where it says each state lives, once training ends."""
-
-    def on_train_end(self, args, state, control, optimizer=None, **kwargs):  # noqa: ANN001 - Trainer's signature
-        zero = optimizer.optimizer  # accelerate's DeepSpeedOptimizerWrapper -> DeepSpeed's ZeRO optimizer
-        basic = zero.optimizer  # the optimizer that steps the fp32 partitions
-        states = [t for per_param in basic.state.values() for t in per_param.values() if hasattr(t, "numel") and t.dim() > 0]
-        record = {
-            "zero_optimizer": type(zero).__name__,
-            "basic_optimizer": type(basic).__name__,
-            "world_size": int(os.environ["WORLD_SIZE"]),
-            "state_bytes": _numel_bytes(states)[1],
-        }
-        if hasattr(zero, "fp32_partitioned_groups_flat"):  # stage 3
-            record.update(
-                offload_optimizer=zero.offload_optimizer,
-                offload_param=zero.offload_param,
-                master_bytes=_numel_bytes(zero.fp32_partitioned_groups_flat)[1],
-                param_partition_bytes=_numel_bytes(zero.fp16_partitioned_groups_flat)[1],
-            )
-        else:  # stages 1 and 2
-            numel, master, devices = _numel_bytes(zero.single_partition_of_fp32_groups)
-            record.update(offload_optimizer=zero.cpu_offload, offload_param=False, master_bytes=master, master_numel=numel)
-        Path(args.output_dir, PLACEMENT_FILE).write_text(json.dumps(record))
-
-
 def run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, zero: str) -> dict:  # noqa: ANN001 - fixtures
     job = TrialJob(
-        workload=tiny_workload(gpt2_tiny, callbacks=("tests.e2e.test_zero_e2e:RecordZeroPlacement",)),
+        workload=tiny_workload(gpt2_tiny, callbacks=("tests.support.zero_placement:RecordZeroPlacement",)),
         config=TrialConfig(micro_batch=4, dtype="bf16", pin_memory=False, zero=zero),
         work_dir=str(tmp_path / "trial"),
     )
     result = run_isolated(job, timeout_s=540)
     assert result.status == "ok", (result.error, Path(job.log_path).read_text()[-3000:])
     assert result.samples_per_s > 0 and result.peak_memory_bytes > 0
-    return json.loads(Path(job.work_dir, PLACEMENT_FILE).read_text())
+    return json.loads(placement_file(job.work_dir).read_text())
 
 
 def test_a_zero_2_trial_trains_through_the_trainers_deepspeed_integration(tiny_workload, gpt2_tiny, tmp_path):
@@ -96,7 +61,7 @@ def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimat
     assert on_gpu.optimizer_bytes == 0 and on_gpu.host_bytes == on_cpu.host_bytes
     # ... and the bytes it puts in host memory are the partitions DeepSpeed offloaded: the fp32 master
     # copy and Adam's two states, the bf16 parameters, and the fp32 gradient partition.
-    offloaded = placed["master_bytes"] + placed["state_bytes"] + placed["param_partition_bytes"] + placed["master_bytes"]
+    offloaded = offloaded_bytes(placed)
     assert abs(on_gpu.host_bytes - offloaded) <= 0.02 * offloaded
     assert placed["master_bytes"] >= MASTER_BYTES * gpt2_tiny.num_params
 

@@ -356,3 +356,14 @@ def test_visible_device_id_passes_indices_through(monkeypatch):
     assert visible_device_id(1) == "1"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert visible_device_id(2) == "2"
+
+
+def test_a_rank_of_a_multi_gpu_trial_reads_its_own_gpu_through_nvml(fake_nvml, monkeypatch):
+    from autotune.runner._nvml import nvml_device_used_bytes
+
+    fake_nvml.devices = [
+        FakeNvmlDevice("NVIDIA H100 80GB HBM3", f"GPU-{i}", int(79.6 * GiB), (i + 1) * MiB, (9, 0)) for i in range(8)
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the trial's group (runner._limits.ranks_environment)
+    monkeypatch.setenv("LOCAL_RANK", "2")  # set by torch's launcher
+    assert nvml_device_used_bytes() == 7 * MiB  # GPU 6: the rank's own, not the group's first

@@ -73,3 +73,26 @@ def test_onednn_primitive_failure_is_oom_only_under_the_address_space_budget():
     wrapped.__cause__ = unsupported
     assert is_oom_exception(wrapped, address_space_limited=True)
     assert not is_oom_exception(RuntimeError("could not create a tensor"), address_space_limited=True)
+
+
+def test_a_multi_rank_failure_is_blamed_on_the_rank_that_caused_it():
+    from autotune.result import Status, TrialResult
+    from autotune.runner._failures import classify_launch
+
+    oom = TrialResult(status=Status.OOM, error="OutOfMemoryError: CUDA out of memory")
+    peer_gone = TrialResult(status=Status.ERROR, error="DistBackendError: Connection closed by peer")
+    # An OOM on any rank is the trial's OOM, whatever the other ranks said after it.
+    assert classify_launch({"failures": {}, "error": ""}, {0: peer_gone, 1: oom}, 2, 29500, False) == (
+        Status.OOM, "rank 1 of 2: OutOfMemoryError: CUDA out of memory", 1,
+    )
+    # A rank killed by a signal comes before the SIGTERM the launcher then sent the others.
+    killed = {"0": {"exitcode": -15, "signal": "SIGTERM"}, "1": {"exitcode": -9, "signal": "SIGKILL"}}
+    assert classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, False)[:2] == (Status.CRASH, "rank 1 of 2 killed by SIGKILL")
+    assert classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, True)[0] == Status.OOM  # the kernel's OOM killer
+    in_use = {"failures": {}, "error": "DistNetworkError: ... address already in use (errno: 98)"}
+    assert classify_launch(in_use, {}, 2, 29500, False)[:2] == (
+        Status.CRASH, "rendezvous port 29500 already in use: the 2 ranks could not meet",
+    )
+    assert classify_launch({"failures": {}, "error": ""}, {0: peer_gone}, 2, 29500, False)[:2] == (
+        Status.ERROR, "rank 0 of 2: DistBackendError: Connection closed by peer",
+    )

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from autotune.runner import child_address_space_budget, child_environment
-from autotune.runner._limits import allocator_settings, apply_allocator_env
+from autotune.runner._limits import allocator_settings, apply_allocator_env, ranks_environment
 
 GiB = 1024**3
 
@@ -27,6 +27,20 @@ except MemoryError:
 
 def test_a_cpu_child_sees_no_gpu(cpu):
     assert child_environment(cpu) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_a_multi_rank_trial_sees_its_own_gpus_or_its_share_of_the_cores(cpu, monkeypatch, tmp_path):
+    import dataclasses
+
+    from autotune.devices import known_gpu
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_gpu = dataclasses.replace(known_gpu("h100-sxm").device(), index=4)  # FakeGpu: no CUDA device here
+    cuda = ranks_environment(fake_gpu, 4, (4, 5, 6, 7), str(tmp_path / "trial"), cpu_count=16)
+    assert cuda["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and "OMP_NUM_THREADS" not in cuda
+    on_cpu = ranks_environment(cpu, 3, (), str(tmp_path / "trial"), cpu_count=16)
+    assert on_cpu["CUDA_VISIBLE_DEVICES"] == "" and on_cpu["OMP_NUM_THREADS"] == "5"
+    assert ranks_environment(cpu, 4, (), str(tmp_path / "trial"), cpu_count=2)["OMP_NUM_THREADS"] == "1"
 
 
 def test_the_budget_is_generous_above_the_ceiling_but_never_past_90_percent_of_what_is_available():

@@ -12,6 +12,7 @@ from autotune.devices import known_gpu
 from autotune.errors import AutotuneError
 from autotune.space import SearchSpace
 from autotune.study import SearchOptions, SearchRequest, default_study_name, prepare_request, worker_devices
+from autotune.study._request import device_groups, rank_device_numbers
 from tests.support.cli import REPO
 
 GiB = 1024**3
@@ -80,6 +81,27 @@ def test_a_request_for_another_device_keeps_the_search_and_its_identity_names_th
         "dataset": "synthetic tokens", "base_args": {"seed": 7}, "peft": None,
     }
     assert moved.identity()["device"] == h100.name
+
+
+def fake_gpus(count: int) -> list:
+    """FakeGpus: eight H100s as discovery would describe them (no CUDA device exists here)."""
+    return [dataclasses.replace(known_gpu("h100-sxm").device(), index=i) for i in range(count)]
+
+
+def test_gpus_split_into_groups_of_devices_per_trial_one_worker_each(tiny_workload):
+    groups = device_groups(fake_gpus(8), 4)
+    request = SearchRequest(
+        workload=tiny_workload(devices_per_trial=4), space=SearchSpace(choices={"micro_batch": [8]}),
+        worker_devices=tuple(group[0] for group in groups), worker_rank_devices=rank_device_numbers(groups),
+    )
+    workers = request.worker_requests()
+    assert [w.workload.device.index for w in workers] == [0, 4]
+    assert [w.workload.rank_devices for w in workers] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert request.identity()["devices_per_trial"] == 4
+    with pytest.raises(AutotuneError, match=re.escape("--devices-per-trial 4: 6 GPU(s) do not split into trials of 4")):
+        device_groups(fake_gpus(6), 4)
+    cpu_groups = device_groups(worker_devices("cpu", None, None, 2), 2)  # CPU ranks share the cores
+    assert len(cpu_groups) == 2 and rank_device_numbers(cpu_groups) == ()
 
 
 def test_the_default_study_name_is_model_device_and_seq_len(cpu, tmp_path):

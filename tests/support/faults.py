@@ -324,3 +324,12 @@ class CpuGradScalerOverflowEveryStep(CpuGradScalerOverflow):
     """:class:`CpuGradScalerOverflow` with every optimizer step overflowing: nothing ever trains."""
 
     overflow_steps = None
+
+
+class SigkillRankOneAtStep(FaultAtStep):
+    """Rank 1 of a multi-rank trial kills itself with SIGKILL (the other ranks go on until torch's
+    launcher stops them): a rank that dies mid-trial."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        if os.environ.get("RANK") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)

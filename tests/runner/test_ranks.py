@@ -1,0 +1,103 @@
+"""Trials that span several ranks (autotune.runner._ranks), run for real on the CPU with gloo: the
+group's throughput and the largest rank's peak, and every failure only a distributed run has (a rank
+killed mid-trial, the rendezvous port in use, a rendezvous that times out) one classified result,
+never a hang, with no process of the trial left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import psutil
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.result import Status, TrialResult
+from autotune.runner import TrialJob, run_isolated
+from autotune.runner._ranks import combine_ranks, run_ranks
+
+GiB = 1024**3
+LATE_RANK_DIR = os.path.join(os.path.dirname(__file__), "..", "support", "late_rank")
+
+
+@pytest.fixture
+def two_rank_job(tmp_path, tiny_workload):
+    def make(*faults: str, **workload_fields) -> TrialJob:
+        workload = tiny_workload(
+            devices_per_trial=2, callbacks=tuple(f"tests.support.faults:{fault}" for fault in faults), **workload_fields
+        )
+        return TrialJob(workload=workload, config=TrialConfig(micro_batch=4), work_dir=str(tmp_path / "trial"))
+
+    return make
+
+
+def descendants() -> set[int]:
+    return {process.pid for process in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture
+def assert_no_process_left():
+    """Checks that the trial left no process: none but those that ran before it (a forkserver that
+    an earlier test in this process started) descend from the test."""
+    before = descendants()
+
+    def check() -> None:
+        assert descendants() <= before
+
+    return check
+
+
+@pytest.mark.slow
+def test_two_ranks_train_as_one_trial_with_the_groups_throughput_and_the_largest_peak(two_rank_job, assert_no_process_left):
+    job = two_rank_job()
+    result = run_isolated(job, timeout_s=300)
+    assert result.status == Status.OK, (result.error, result.stderr_tail)
+    assert_no_process_left()
+    ranks = [TrialResult.from_dict(json.load(open(f"{job.work_dir}/rank{r}.json"))) for r in (0, 1)]
+    # Both ranks trained in one process group (DDP over gloo) and each measured its own share.
+    assert all(r.status == Status.OK and r.samples_per_s > 0 for r in ranks)
+    assert result.samples_per_s == pytest.approx(sum(r.samples_per_s for r in ranks))
+    assert result.peak_memory_bytes == max(r.peak_memory_bytes for r in ranks)
+    assert result.runtime["ranks"] == "2"
+    assert "find_unused_parameters" in open(f"{job.work_dir}/rank0.log").read()  # DDP's reducer spoke
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_trial_is_a_crash_naming_the_rank(two_rank_job, assert_no_process_left):
+    result = run_isolated(two_rank_job("SigkillRankOneAtStep"), timeout_s=300)
+    assert result.status == Status.CRASH
+    assert result.error == "rank 1 of 2 killed by SIGKILL"
+    assert_no_process_left()
+
+
+@pytest.mark.slow
+def test_a_rendezvous_port_in_use_is_a_crash_saying_so(two_rank_job, assert_no_process_left):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_ranks(two_rank_job(), timeout_s=300, port=port)
+    assert result.status == Status.CRASH
+    assert result.error == f"rendezvous port {port} already in use: the 2 ranks could not meet"
+    assert_no_process_left()
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_joins_times_the_rendezvous_out(two_rank_job, monkeypatch, assert_no_process_left):
+    monkeypatch.syspath_prepend(LATE_RANK_DIR)  # rank 1 sleeps at start-up (its sitecustomize)
+    result = run_isolated(two_rank_job(), timeout_s=30)
+    assert result.status == Status.TIMEOUT
+    assert result.error == "rendezvous of 2 ranks timed out: rank 1 never started; no result within the 30 s timeout; killed"
+    assert_no_process_left()
+
+
+def test_ranks_combine_into_the_sum_of_throughputs_and_the_largest_peak_of_each_source():
+    first = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=5, memory_peaks={"a": 5, "b": 1})
+    second = TrialResult(status=Status.OK, samples_per_s=12.0, model_tflops=1.5, peak_memory_bytes=7, memory_peaks={"a": 7, "b": 0})
+    combined = combine_ranks([first, second])
+    assert (combined.samples_per_s, combined.model_tflops) == (22.0, 2.5)
+    assert combined.peak_memory_bytes == 7
+    assert combined.memory_peaks == {"a": 7, "b": 1}
+    assert combined.runtime["rank_peak_bytes"] == "5,7"
+    assert first.memory_peaks == {"a": 5, "b": 1}  # the ranks' own records are left as they were
