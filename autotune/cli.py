@@ -155,6 +155,8 @@ def estimate(
     as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (knobs, parts in bytes, total).")] = False,
     devices_per_trial: Annotated[int, typer.Option(
         help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")] = SearchOptions.devices_per_trial,
+    peft: Annotated[Optional[str], typer.Option(
+        help="Plan LoRA adapters (as search's --peft): lora, qlora, or your adapter_config.json / YAML.")] = None,
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
@@ -179,6 +181,11 @@ def estimate(
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
     validate.seq_len_fits(seq_len, model, model_spec.max_positions)
+    peft_notes: list[str] = []
+    if peft is not None:  # as the search wraps it (study._request): frozen base, trainable adapters
+        from autotune.peft import with_peft
+
+        model_spec = with_peft(model_spec, peft, device_spec, peft_notes)
     # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator
     # settings, the ranks of a trial).
     fit = dataclasses.replace(memory_prior(device_spec, os.environ), ranks=devices_per_trial)
@@ -194,12 +201,12 @@ def estimate(
         header = {
             "model": model_spec.name, "seq_len": seq_len, "device": where, "device_kind": device_spec.kind,
             "device_memory_bytes": device_spec.total_memory_bytes, "ceiling_bytes": ceiling,
-            "estimator": fit.describe(), "space_notes": list(search_space.notes),
+            "estimator": fit.describe(), "space_notes": [*peft_notes, *search_space.notes],
             "nothing_fits": advice.sentence() if advice else None,
         }
         typer.echo(estimate_json(rows, header))
         return
-    for note in search_space.notes:
+    for note in [*peft_notes, *search_space.notes]:
         console.print(f"[dim]note: {note}[/]")
     memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
     title = f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling)}"

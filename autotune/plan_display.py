@@ -13,6 +13,7 @@ from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
 from autotune.display import format_tflops
 from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate
+from autotune.levers import LEVERS
 from autotune.units import format_bytes
 
 HOST_COLUMN = "host RAM (offload)"
@@ -67,6 +68,11 @@ def estimate_table(
     return table
 
 
+# The levers the short table gives a column of its own (the micro-batch is the one it solves for,
+# accumulation follows from it); every other lever is shown under "other knobs".
+_SHORT_TABLE_COLUMNS = ("micro_batch", "grad_accum", "dtype", "checkpointing", "optim")
+
+
 def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int) -> Table:
     """``autotune estimate``'s default: per setting of the other memory knobs, the largest micro-batch
     predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`)."""
@@ -82,12 +88,10 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
         table.add_column(header, justify="right" if header in ("largest micro-batch", "predicted peak", HOST_COLUMN) else "left")
     for row, any_fits in chosen:
         config = row.config
+        # Every other lever away from its default, as the config's own label says it (weights=bf16, zero=2, ...).
         others = " ".join(
-            part for part in (
-                f"attn={config.attn_implementation}" if config.attn_implementation else "",
-                f"workers={config.dataloader_workers}" if config.dataloader_workers else "",
-                f"zero={config.zero}" if config.zero != "off" else "",
-            ) if part
+            lever.label(getattr(config, lever.name)) for lever in LEVERS.values()
+            if lever.name not in _SHORT_TABLE_COLUMNS and getattr(config, lever.name) != lever.default
         )
         batch = str(config.micro_batch) if any_fits else f"none (smallest {config.micro_batch})"
         verdict = "[green]fits[/]" if any_fits else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"

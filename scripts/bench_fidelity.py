@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: int, steps: int) -> dict:
+def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: int, steps: int, weight_dtype: str = "fp32") -> dict:
     """Train the exported arguments with transformers alone; return throughput and peak RSS."""
     import resource
     import time
@@ -54,12 +54,15 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     values = json.loads((REPO / "autotune" / "catalog" / f"{model}.json").read_text())
     config = AutoConfig.for_model(**{k: v for k, v in values.items() if not k.startswith("_autotune")})
     causal = any(a.endswith(("LMHeadModel", "ForCausalLM")) for a in (config.architectures or []))
-    # fp32, as autotune builds a weight_dtype fp32 winner (from_config alone follows the config's dtype).
+    # In the winner's weight dtype, as the export's note says (from_config alone follows the config's dtype).
+    from autotune.levers.precision import WEIGHT_TORCH_DTYPES
+
+    dtype = getattr(torch, WEIGHT_TORCH_DTYPES[weight_dtype])
     if causal:
-        model_instance = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model_instance = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
         config.num_labels = 2
-        model_instance = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        model_instance = AutoModelForSequenceClassification.from_config(config, dtype=dtype)
     adapter_file = Path(os.path.splitext(args_file)[0] + ".adapter_config.json")
     if adapter_file.exists():  # a --peft study: what the export's note says to do
         from peft import LoraConfig, get_peft_model
@@ -214,10 +217,11 @@ def main() -> None:
     parser.add_argument("--confirm-top", type=int, help="autotune search --confirm-top.")
     parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory (study.db, best.json): measure its winner again, no search.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
+    parser.add_argument("--weight-dtype", default="fp32", help=argparse.SUPPRESS)  # the child mode: the winner's
     options = parser.parse_args()
 
     if options.plain:
-        measured = plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps)
+        measured = plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps, options.weight_dtype)
         if os.environ.get("RANK", "0") == "0":
             from _bench_common import PLAIN_RESULT_MARK
 
@@ -246,7 +250,7 @@ def main() -> None:
     # winner alternately, so the side-by-side ratio is free of that drift.
     plain_runs, autotune_runs = [], []
     for index in range(options.rounds):
-        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps, options.devices_per_trial))
+        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps, options.devices_per_trial, winner.config.weight_dtype))
         autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}", options.peft))
         print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
               f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)

@@ -29,7 +29,11 @@
 #
 # Environment: GPU_ACCEPTANCE_TRIALS (12), GPU_ACCEPTANCE_MODEL (bert-large-uncased),
 # GPU_ACCEPTANCE_SEQ_LEN (512), GPU_ACCEPTANCE_STEP_S (540), GPU_ACCEPTANCE_SEARCH_START_S (300),
-# GPU_ACCEPTANCE_OFFLOAD_MODEL (gpt2-large).
+# GPU_ACCEPTANCE_OFFLOAD_MODEL (gpt2-large), GPU_ACCEPTANCE_SPACE (a name in search_spaces/, default `default`, or a YAML file's path; `quick`
+# measures more configs inside a lent machine's few minutes than one full of torch.compile modes),
+# GPU_ACCEPTANCE_PEFT (unset; `lora`, `qlora` or an adapter config file: a LoRA study, whose plain run
+# wraps the model as the export says), GPU_ACCEPTANCE_CEILING (unset: the device's; e.g. 24GiB to search
+# as on a smaller card).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
@@ -43,6 +47,11 @@ TRIALS="${GPU_ACCEPTANCE_TRIALS:-12}"
 STEP_S="${GPU_ACCEPTANCE_STEP_S:-540}"
 SEARCH_START_S="${GPU_ACCEPTANCE_SEARCH_START_S:-300}"
 OFFLOAD_MODEL="${GPU_ACCEPTANCE_OFFLOAD_MODEL:-gpt2-large}"
+SPACE="${GPU_ACCEPTANCE_SPACE:-default}"
+if [[ "$SPACE" == */* ]]; then SPACE="$(realpath "$SPACE")"; else SPACE="$REPO/search_spaces/$SPACE.yaml"; fi
+SEARCH_EXTRA=()
+[[ -n "${GPU_ACCEPTANCE_PEFT:-}" ]] && SEARCH_EXTRA+=(--peft "$GPU_ACCEPTANCE_PEFT")
+[[ -n "${GPU_ACCEPTANCE_CEILING:-}" ]] && SEARCH_EXTRA+=(--memory-ceiling "$GPU_ACCEPTANCE_CEILING")
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs
@@ -92,7 +101,7 @@ EOF
 step_search() {
     local status=0 before done_trials
     before="$(finished_trials)"
-    bounded autotune search --model "$MODEL" --seq-len "$SEQ_LEN" --gpu 0 --trials "$TRIALS" \
+    bounded autotune search --model "$MODEL" --seq-len "$SEQ_LEN" --gpu 0 --space "$SPACE" --trials "$TRIALS" ${SEARCH_EXTRA[@]+"${SEARCH_EXTRA[@]}"} \
         --max-total-trials "$TRIALS" --timeout "$SEARCH_START_S" --confirm-top 0 \
         --storage "$STORAGE" --study-name "$STUDY" --work-dir "$OUT/runs" || status=$?
     if [[ $status -ne 0 && $status -ne 130 && $status -ne 124 ]]; then  # 130/124: stopped at STEP_S

@@ -113,7 +113,7 @@ def main() -> None:
     if not ranking:
         raise SystemExit("gpu_acceptance: the study has no feasible trial to compare with")
     best = ranking[0]
-    plain = run_plain_trainer(Path(options.args), options.model, options.seq_len)
+    plain = run_plain_trainer(Path(options.args), options.model, options.seq_len, weight_dtype=best.config.weight_dtype)
     summary = {
         "model": options.model,
         "seq_len": options.seq_len,

@@ -198,3 +198,31 @@ def test_a_bad_peft_file_is_one_line_through_the_real_cli(tmp_path):
     done = run_cli("search", "--model", "gpt2-tiny", "--device", "cpu", "--peft", path, "--trials", "1", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == f"autotune: error: --peft {path}: r must be a positive integer (the adapters' rank), not 0"
+
+
+def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dtype(tmp_path):
+    """`autotune estimate --peft lora` plans the adapters as the search trains them (frozen base: no
+    gradients or optimizer states for it), qlora on a GPU you plan for keeps its 4-bit base, and the
+    short table keeps weight dtypes apart, one row per setting even where a fixed global batch ties
+    accumulation to the micro-batch (seen on an H200: rows per micro-batch, weights=bf16 unlabelled)."""
+    import json
+
+    from tests.support.cli import run_cli_in_process
+
+    space = tmp_path / "space.yaml"
+    space.write_text("global_batch: 8\nmicro_batch: [1, 2, 4, 8]\ndtype: [bf16]\nweight_dtype: [fp32, bf16]\noptim: [adamw_torch]\n")
+    plan = ("estimate", "--model", "qwen2.5-0.5b", "--seq-len", "2048", "--gpu-type", "rtx-4090", "--space", str(space))
+    full, lora = (run_cli_in_process(*plan, "--json", *extra, cwd=tmp_path) for extra in ((), ("--peft", "lora")))
+    assert full.returncode == 0 and lora.returncode == 0, full.stderr + lora.stderr
+    full_rows, lora_rows = (
+        {json.dumps(row["config"], sort_keys=True): row for row in json.loads(done.stdout)["rows"]} for done in (full, lora)
+    )
+    assert full_rows.keys() == lora_rows.keys()
+    for key, row in full_rows.items():  # adapters only: fewer gradient and optimizer-state bytes, same activations
+        assert lora_rows[key]["parts_bytes"]["optimizer states"] < row["parts_bytes"]["optimizer states"] / 20, key
+        assert lora_rows[key]["total_bytes"] < row["total_bytes"], key
+    table = run_cli_in_process(*plan, "--peft", "lora", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│ bf16")]
+    assert len(rows) == 2, table.stdout  # one per weight dtype: accumulation does not split a setting
+    assert sum("weights=bf16" in line for line in rows) == 1, table.stdout

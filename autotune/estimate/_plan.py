@@ -89,7 +89,8 @@ def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool
     """
     groups: dict[TrialConfig, list[EstimateRow]] = {}
     for row in rows:
-        groups.setdefault(dataclasses.replace(row.config, micro_batch=1), []).append(row)
+        # Accumulation changes no predicted byte, and a fixed global batch ties it to the micro-batch.
+        groups.setdefault(dataclasses.replace(row.config, micro_batch=1, grad_accum=1), []).append(row)
     chosen = []
     for members in groups.values():
         fitting = [row for row in members if row.fits]

@@ -74,7 +74,8 @@ class AutocastRecorder:
     the model itself runs before autocast is entered (seen here: a bf16 trial read no autocast there).
     The hooks therefore go on the model's direct children, which the forward calls inside it. The
     first call records ``torch.is_autocast_enabled(device_type)`` and
-    ``torch.get_autocast_dtype(device_type)`` and removes every hook, so later steps run as a plain
+    ``torch.get_autocast_dtype(device_type)`` (without autocast: the dtype of the child's weights, half
+    precision where DeepSpeed cast the model) and removes every hook, so later steps run as a plain
     run does. ``seen`` stays False where no hook ran: the caller falls back to the accelerator's
     mixed-precision setting.
     """
@@ -84,7 +85,7 @@ class AutocastRecorder:
         self._device_type = device_type
         self._handles: list[Any] = []
         self.seen = False
-        self.dtype: str | None = None  # ``fp16``/``bf16`` under autocast, ``None`` without
+        self.dtype: str | None = None  # ``fp16``/``bf16`` under autocast or in half-precision weights, ``None``: fp32
 
     def attach(self, model: Any) -> None:
         """Hook every direct child of ``model`` (the model itself where it has none)."""
@@ -97,6 +98,12 @@ class AutocastRecorder:
         self.seen = True
         if self._torch.is_autocast_enabled(self._device_type):
             self.dtype = _AUTOCAST_NAMES.get(str(self._torch.get_autocast_dtype(self._device_type)), "other")
+        else:
+            # No autocast, but the weights themselves may be half precision: DeepSpeed's bf16 casts the
+            # module (deepspeed/runtime/engine.py, ``_configure_distributed_model``: ``_cast_module_mixed_precision``)
+            # and uses no autocast; seen on an H200, where a ZeRO bf16 trial was labelled fp32.
+            weight = next((p for p in module.parameters() if p.is_floating_point()), None)
+            self.dtype = _AUTOCAST_NAMES.get(str(weight.dtype)) if weight is not None else None
         for handle in self._handles:
             handle.remove()
 

@@ -87,6 +87,12 @@ def test_the_autocast_dtype_is_read_inside_the_forward():
     plain.attach(other)
     other(torch.ones(2, 4))
     assert plain.seen and plain.dtype is None
+    # bf16 weights and no autocast (DeepSpeed's bf16 casts the module): the matmuls ran in bf16.
+    cast = AutocastRecorder(torch, "cpu")
+    half = torch.nn.Sequential(torch.nn.Linear(4, 4)).bfloat16()
+    cast.attach(half)
+    half(torch.ones(2, 4, dtype=torch.bfloat16))
+    assert cast.seen and cast.dtype == "bf16"
 
 
 def test_mfu_above_100_percent_is_a_defect_and_the_label_says_what_ran():
