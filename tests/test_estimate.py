@@ -29,7 +29,7 @@ GiB = 1024**3
 # trial is measured (25 %): the library pages in a trial's RSS move with the page cache, by 0.12 GiB
 # on these 0.6-1.2 GiB peaks (a CI run, 2026-11-23: -21 %), by 0.15-0.2 GiB in a venv pip has just
 # written (CI, 2026-11-26: -27.9 % with a constant baseline). The prior's process baseline is measured
-# for the installation (estimate/_baseline.py), which takes the imports' share of that (-19 % then);
+# for the installation (estimate/_baseline.py), which takes the imports' share of that (-19 % there);
 # a fit on the study's own trials absorbs the rest.
 PRIOR_ERROR_BOUND = 0.25
 CALIBRATED_ERROR_BOUND = 0.12

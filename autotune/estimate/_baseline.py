@@ -9,7 +9,7 @@ installation and of the page cache, not a constant: in a venv pip has just writt
 torch's libraries is still in the page cache, and a page fault maps its cached neighbours too (the
 kernel's fault-around, ``mm/filemap.c``, ``filemap_map_pages``). Measured here (2026-11-26, torch 2.13,
 transformers 5): after those imports, RssFile 124 MiB (RSS 486 MiB) in a long-lived venv and 212 MiB
-(RSS 574 MiB) in a venv installed minutes before, the anonymous part 361 MiB in both; a bert-tiny
+(RSS 569-585 MiB) in a venv installed minutes before, the anonymous part 361 MiB in both; a bert-tiny
 trial (micro-batch 16, seq len 128) then peaked at 733 against 895 MiB, and a constant 0.50 GiB baseline
 put the prior 27 % under CI's fresh-venv peak. So the prior reads the baseline of this installation:
 one subprocess (about 10-30 s), cached per interpreter, installed torch and transformers and boot (a

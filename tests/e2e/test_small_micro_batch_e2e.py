@@ -20,7 +20,7 @@ def ceiling_between_2_and_8(cpu, gpt2_tiny) -> str:
 
     The memory prior puts micro-batch 8 at 1.82 GiB, 4 at 1.20 GiB, 2 at 0.89 GiB with a 0.47 GiB process
     baseline (a long-lived venv): 1.28 GiB. The baseline is this installation's
-    (estimate.cpu_process_baseline_bytes: 0.56 GiB in a venv pip has just written, where the trials'
+    (estimate.cpu_process_baseline_bytes: 0.56-0.57 GiB in a venv pip has just written, where the trials'
     peaks are higher too), so the ceiling follows it, half-way between the two bounds.
     """
     prior = memory_prior(cpu, {})
