@@ -11,11 +11,21 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.estimate import estimate_peak, memory_prior, what_would_fit
 from autotune.levers import LEVERS
+from autotune.units import format_bytes
 from tests.support.cli import run_cli
 
 GiB = 1024**3
-# gpt2-tiny at seq len 256, fp32 AdamW, micro-batch 8: the CPU prior predicts 1.85 GiB; micro-batch 1 0.76 GiB.
+MiB = 1024**2
+# gpt2-tiny at seq len 256, fp32 AdamW, micro-batch 8: the CPU prior predicts 1.85 GiB; micro-batch 1 0.76 GiB
+# (with a 0.47 GiB process baseline: the prior's is this installation's, estimate.cpu_process_baseline_bytes).
 SPACE = "micro_batch: [8, 16]\ncheckpointing: [false]\ndtype: [fp32]\noptim: [adamw_torch]\npin_memory: [false]\n"
+
+
+def ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny) -> int:
+    """A whole number of MiB half-way between the prior's micro-batch 2 and micro-batch 4 of SPACE."""
+    prior = memory_prior(cpu, {})
+    two, four = (estimate_peak(gpt2_tiny, TrialConfig(micro_batch=mb, pin_memory=False), 256, prior).total_bytes for mb in (2, 4))
+    return (two + four) // 2 // MiB * MiB
 
 
 def choices_of(yaml_text: str, tmp_path, cpu, model):
@@ -34,7 +44,7 @@ def test_nothing_to_say_where_a_config_fits(tmp_path, cpu, gpt2_tiny):
 def test_each_memory_lever_tries_its_other_values_on_the_smallest_config(tmp_path, cpu, gpt2_tiny):
     prior = memory_prior(cpu, {})
     choices = choices_of(SPACE, tmp_path, cpu, gpt2_tiny)
-    ceiling = int(1.0 * GiB)
+    ceiling = ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny)
     advice = what_would_fit(gpt2_tiny, choices, 256, prior, ceiling, cpu)
     assert advice is not None
     smallest = TrialConfig(micro_batch=8, pin_memory=False)
@@ -51,7 +61,9 @@ def test_each_memory_lever_tries_its_other_values_on_the_smallest_config(tmp_pat
     assert ("micro_batch", 1) in fixes and ("micro_batch", 2) in fixes and ("micro_batch", 4) not in fixes
     assert ("optim", "sgd") in {(c.lever, c.value) for c in advice.changes}  # no optimizer state: lower, if not enough
     sentence = advice.sentence()
-    assert sentence.startswith("nothing in the space is predicted to fit under the ceiling 1.00 GiB: the smallest predicted peak is")
+    assert sentence.startswith(
+        f"nothing in the space is predicted to fit under the ceiling {format_bytes(ceiling)}: the smallest predicted peak is"
+    )
     assert "predicted to fit with one change: micro_batch 1 or 2" in sentence
 
 
@@ -62,10 +74,11 @@ def test_when_no_single_lever_is_enough_it_says_so(tmp_path, cpu, gpt2_tiny):
     assert "even with every lever at its leanest" in advice.sentence()
 
 
-def test_estimate_prints_the_table_and_the_search_stops_before_any_trial(tmp_path):
+def test_estimate_prints_the_table_and_the_search_stops_before_any_trial(tmp_path, cpu, gpt2_tiny):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    common = ["--model", "gpt2-tiny", "--seq-len", "256", "--space", str(space), "--memory-ceiling", "1GiB"]
+    ceiling = f"{ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny) // MiB}MiB"
+    common = ["--model", "gpt2-tiny", "--seq-len", "256", "--space", str(space), "--memory-ceiling", ceiling]
     planned = run_cli("estimate", *common, cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     assert "Nothing in the space fits" in planned.stdout and "micro_batch" in planned.stdout

@@ -12,21 +12,18 @@ from collections.abc import Mapping, Sequence
 
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
+from autotune.estimate._baseline import FALLBACK_CPU_PROCESS_BASELINE_BYTES, cpu_process_baseline_bytes
 from autotune.estimate._parts import estimate_peak
 from autotune.models import ModelSpec
 from autotune.units import GiB
 
 MiB = 1024**2
 
-# A forkserver trial child's resident set before it builds a model (python + torch + transformers
-# imported), measured here (docs/benchmarks.md).
-CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
-# The library pages a fresh process maps and a forkserver child does not, which the CPU probe adds
-# (devices.unmapped_import_file_bytes): 114 MiB measured here.
-CPU_UNMAPPED_LIBRARY_BYTES = int(0.10 * GiB)
-# Before any trial is measured. CUDA: a generation's context (CUDA_CONTEXT_BYTES) where the
+# Before any trial is measured. CPU: one process's baseline, measured for this installation by
+# memory_prior (_baseline.cpu_process_baseline_bytes); this constant where it is not measured (the
+# arithmetic of MemoryFit.prior alone). CUDA: a generation's context (CUDA_CONTEXT_BYTES) where the
 # compute capability is known, else the Ampere figure.
-PRIOR_CONTEXT_BYTES = {"cpu": CPU_CHILD_START_RSS_BYTES + CPU_UNMAPPED_LIBRARY_BYTES, "cuda": int(0.6 * GiB)}
+PRIOR_CONTEXT_BYTES = {"cpu": FALLBACK_CPU_PROCESS_BASELINE_BYTES, "cuda": int(0.6 * GiB)}
 
 # The CUDA prior: what nvidia-smi shows for a training process beyond its live tensors. Evidence for
 # each figure, and the prior's expected error, in docs/estimator.md ("The CUDA prior").
@@ -214,10 +211,6 @@ def _context_given_scale(rows: list[tuple[int, int, int]], scale: float) -> floa
     return sum(p * (y - scale * b) for p, b, y in rows) / sum(p * p for p, _, _ in rows)
 
 
-# Knobs that change the estimate (the others: accumulation, pinning, compilation, do not;
-
-
-
 def expandable_segments_enabled(environ: Mapping[str, str]) -> bool:
     """Whether the allocator settings in ``environ`` turn expandable segments on (PYTORCH_ALLOC_CONF
     wins over PYTORCH_CUDA_ALLOC_CONF, torch/include/c10/core/AllocatorConfig.h)."""
@@ -233,5 +226,12 @@ def memory_prior(device: DeviceSpec, allocator_env: Mapping[str, str]) -> Memory
             the cuBLAS workspaces).
         allocator_env: The caching allocator's settings the trials train under (``PYTORCH_ALLOC_CONF``
             / ``PYTORCH_CUDA_ALLOC_CONF``): expandable segments leave less fragmentation.
+
+    On the CPU the process baseline is this installation's, measured once and cached
+    (:func:`autotune.estimate._baseline.cpu_process_baseline_bytes`: the library pages a trial holds
+    move with the page cache, by about 90 MiB between a just-installed venv and a long-lived one).
     """
-    return MemoryFit.prior(device.kind, device.compute_capability, expandable_segments_enabled(allocator_env))
+    prior = MemoryFit.prior(device.kind, device.compute_capability, expandable_segments_enabled(allocator_env))
+    if device.kind == "cpu":
+        return dataclasses.replace(prior, context_bytes=cpu_process_baseline_bytes())
+    return prior

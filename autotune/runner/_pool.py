@@ -13,6 +13,7 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
 from autotune.ceiling import fits
+from autotune.estimate import TRIAL_PROCESS_IMPORTS
 from autotune.result import FAILED_STATUSES, Status, TrialResult
 from autotune.runner._child import child_main
 from autotune.runner._failures import classify_exit
@@ -20,8 +21,9 @@ from autotune.runner._job import TrialJob
 from autotune.runner._watch import ChildWatch
 
 # Imported once by the forkserver: every child starts with torch and transformers loaded
-# (about 0.01 s per child instead of about 5 s). None of them initialises CUDA on import.
-PRELOAD = ["autotune.forkserver_signals", "autotune.runner._trial"]
+# (about 0.01 s per child instead of about 5 s). None of them initialises CUDA on import. The CPU
+# memory prior measures a process with the same imports (estimate.cpu_process_baseline_bytes).
+PRELOAD = list(TRIAL_PROCESS_IMPORTS)
 POLL_S = 0.2
 # How long a child that sent its result may take to exit by itself before it is killed.
 EXIT_GRACE_S = 10.0

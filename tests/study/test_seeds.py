@@ -10,7 +10,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.devices import DeviceSpec
-from autotune.estimate import MemoryFit, estimate_peak
+from autotune.estimate import estimate_peak, memory_prior
 from autotune.runner import Workload
 from autotune.ranking import speedup_over_default
 from autotune.result import TrialResult
@@ -65,7 +65,7 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
 
     def predicted(micro_batch: int, checkpointing: bool = False) -> int:
         config = TrialConfig(micro_batch=micro_batch, checkpointing=checkpointing, dtype="bf16", optim="adamw_torch_fused", pin_memory=False)
-        return estimate_peak(bert_tiny, config, 128, MemoryFit.prior("cpu")).total_bytes
+        return estimate_peak(bert_tiny, config, 128, memory_prior(cpu, {})).total_bytes  # the seeds' prior
 
     # A ceiling between the predictions of micro-batch 32 and 64.
     ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
