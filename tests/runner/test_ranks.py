@@ -101,3 +101,25 @@ def test_ranks_combine_into_the_sum_of_throughputs_and_the_largest_peak_of_each_
     assert combined.memory_peaks == {"a": 7, "b": 1}
     assert combined.runtime["rank_peak_bytes"] == "5,7"
     assert first.memory_peaks == {"a": 5, "b": 1}  # the ranks' own records are left as they were
+
+
+@pytest.mark.slow
+def test_a_search_records_a_killed_rank_as_that_trials_crash_and_goes_on(tmp_path, tiny_workload, assert_no_process_left):
+    """Issue 22: killing one rank mid-trial is that trial's failure, and the study goes on."""
+    from autotune.space import SearchSpace
+    from autotune.storage import open_storage
+    from autotune.study import SearchBudget, SearchRequest, open_study, run_search
+
+    request = SearchRequest(
+        workload=tiny_workload(devices_per_trial=2, callbacks=("tests.support.faults:SigkillRankOneAtMicroBatch8",)),
+        space=SearchSpace(choices={"micro_batch": [4, 8], "pin_memory": [False]}),
+        work_root=str(tmp_path / "runs"),
+        trial_timeout_s=300,
+    )
+    study = open_study(open_storage(f"sqlite:///{tmp_path / 'study.db'}"), "ranks", request)
+    run_search(study, request, SearchBudget(trials=2))
+    results = {t.params["micro_batch"]: TrialResult.from_trial(t) for t in study.get_trials() if t.state.is_finished()}
+    # The HF default (micro-batch 8) runs first; its rank 1 dies (retried once, as every crash is).
+    assert results[8].status == Status.CRASH and results[8].error == "rank 1 of 2 killed by SIGKILL"
+    assert results[4].status == Status.OK and results[4].samples_per_s > 0  # the study went on
+    assert_no_process_left()
