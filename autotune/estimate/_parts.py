@@ -84,7 +84,6 @@ def estimate_peak(
     seq_len: int,
     fit: MemoryFit,
     lengths: Sequence[int] | None = None,
-    ranks: int = 1,
 ) -> MemoryEstimate:
     """Predict a configuration's peak memory, as the trial's memory probe would measure it.
 
@@ -94,25 +93,22 @@ def estimate_peak(
         seq_len: Tokens per sample.
         fit: The memory model's corrections for the device: its prior (``memory_prior``) or fitted.
             Its ``device_kind`` says what is predicted: ``cpu``, the peak resident set of the process
-            tree; ``cuda``, device memory.
+            tree; ``cuda``, device memory. Its ``ranks`` (``Workload.devices_per_trial``, set by
+            ``Workload.memory_prior``) are the trial's, over which ZeRO partitions: the estimate is
+            one rank's.
         lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
             the fullest micro-batch under ``padding`` longest / padding_free
             (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
-        ranks: The trial's ranks (``Workload.devices_per_trial``), over which ZeRO partitions;
-            the estimate is one rank's.
     """
     device_kind = fit.device_kind
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
-    # The ranks: the caller's, or the fit's (Workload.memory_prior carries them); both say the same
-    # where both are given.
-    ranks = max(ranks, fit.ranks)
     host = 0
     if config.zero != "off":
-        zero = zero_state_bytes(model, config, ranks, device_kind)
+        zero = zero_state_bytes(model, config, fit.ranks, device_kind)
         weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
     else:  # ZeRO reduces through its own buckets (counted above), not DDP's
-        gradients += ddp_bucket_bytes(gradients, ranks)
+        gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
