@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
-from autotune.estimate._zero import compute_weight_dtype, zero_state_bytes
+from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_dtype, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
     FLASH_ATTENTIONS,
@@ -381,8 +381,10 @@ def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str,
     """What the process (tree) holds besides tensors of this configuration.
 
     On the CPU each dataloader worker is a fork of the trial process: its resident set counts the
-    interpreter and the fp32 weights again (the probe sums resident sets over the tree).
+    interpreter and the fp32 weights again (the probe sums resident sets over the tree). A CPU trial
+    under ZeRO also holds DeepSpeed's modules and ops (:data:`DEEPSPEED_CPU_PROCESS_BYTES`), once.
     """
+    deepspeed = DEEPSPEED_CPU_PROCESS_BYTES if device_kind == "cpu" and config.zero != "off" else 0
     if device_kind != "cpu" or config.dataloader_workers == 0:
-        return per_process_bytes
-    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes
+        return per_process_bytes + deepspeed
+    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes + deepspeed
