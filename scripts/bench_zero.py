@@ -5,8 +5,8 @@ For one model, each stage (off, 1, 2, 2+offload, 3, 3+offload) is trained as a r
 ranks torch's elastic launcher, gloo, DeepSpeed through the Trainer's own integration) on 1 and on 2
 ranks, in one run, so a drifting machine load touches every row alike. The table gives, per row:
 the global samples/s; the largest rank's peak (the figure a per-rank ceiling judges); the estimator's
-prediction for one rank (``autotune.estimate.estimate_peak(..., ranks=N)`` with the workload's memory
-prior) and what it says offload keeps in host memory; measured over predicted; and offload's cost,
+prediction for one rank (``autotune.estimate.estimate_peak`` with the workload's memory prior, which carries
+the N ranks) and what it says offload keeps in host memory; measured over predicted; and offload's cost,
 its samples/s over the same stage's without offload, measured in the same run.
 
 Each ZeRO rank also records where DeepSpeed put its states (``tests/support/zero_placement.py``):
@@ -125,7 +125,7 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
         print(f"  {ranks} rank(s), zero {zero}: {result.error}; retried once", flush=True)
         job = dataclasses.replace(job, work_dir=job.work_dir + "-retry")
         result = run_isolated(job, timeout_s=900)
-    predicted = estimate_peak(workload.model, config, seq_len, workload.memory_prior, ranks=ranks)
+    predicted = estimate_peak(workload.model, config, seq_len, workload.memory_prior)
     if result.status != "ok":
         print(f"  {ranks} rank(s), zero {zero}: {result.status}: {result.error}", flush=True)
         return Row(ranks, zero, str(result.status), 0.0, (), predicted.total_bytes, predicted.host_bytes)

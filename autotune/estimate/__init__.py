@@ -84,6 +84,8 @@ from autotune.estimate._parts import (
     packed_mask_bytes,
 )
 from autotune.estimate._zero import (
+    ADAMW_STEP_TEMPORARY_BYTES,
+    DEEPSPEED_CPU_PROCESS_BYTES,
     FP32_GRAD_BYTES,
     MASTER_BYTES,
     ZeroStates,
@@ -116,5 +118,5 @@ __all__ = [
     "largest_fitting", "largest_peak_bytes", "layer_activation_bytes", "logits_bytes", "materializes_attention_scores",
     "memory_distinct_configs", "memory_prior", "micro_batch_shape", "model_state_bytes",
     "optimizer_state_bytes", "packed_mask_bytes", "plan_rows", "smallest_peak_bytes", "what_would_fit",
-    "FP32_GRAD_BYTES", "MASTER_BYTES", "ZeroStates", "compute_weight_dtype", "deepspeed_buffer_elements", "zero_state_bytes",
+    "ADAMW_STEP_TEMPORARY_BYTES", "DEEPSPEED_CPU_PROCESS_BYTES", "FP32_GRAD_BYTES", "MASTER_BYTES", "ZeroStates", "compute_weight_dtype", "deepspeed_buffer_elements", "zero_state_bytes",
 ]

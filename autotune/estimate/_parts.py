@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
-from autotune.estimate._zero import compute_weight_dtype, zero_state_bytes
+from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_dtype, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
     FLASH_ATTENTIONS,
@@ -84,7 +84,6 @@ def estimate_peak(
     seq_len: int,
     fit: MemoryFit,
     lengths: Sequence[int] | None = None,
-    ranks: int = 1,
 ) -> MemoryEstimate:
     """Predict a configuration's peak memory, as the trial's memory probe would measure it.
 
@@ -94,25 +93,22 @@ def estimate_peak(
         seq_len: Tokens per sample.
         fit: The memory model's corrections for the device: its prior (``memory_prior``) or fitted.
             Its ``device_kind`` says what is predicted: ``cpu``, the peak resident set of the process
-            tree; ``cuda``, device memory.
+            tree; ``cuda``, device memory. Its ``ranks`` (``Workload.devices_per_trial``, set by
+            ``Workload.memory_prior``) are the trial's, over which ZeRO partitions: the estimate is
+            one rank's.
         lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
             the fullest micro-batch under ``padding`` longest / padding_free
             (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
-        ranks: The trial's ranks (``Workload.devices_per_trial``), over which ZeRO partitions;
-            the estimate is one rank's.
     """
     device_kind = fit.device_kind
     shape = micro_batch_shape(config, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, config)
-    # The ranks: the caller's, or the fit's (Workload.memory_prior carries them); both say the same
-    # where both are given.
-    ranks = max(ranks, fit.ranks)
     host = 0
     if config.zero != "off":
-        zero = zero_state_bytes(model, config, ranks, device_kind)
+        zero = zero_state_bytes(model, config, fit.ranks, device_kind)
         weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
     else:  # ZeRO reduces through its own buckets (counted above), not DDP's
-        gradients += ddp_bucket_bytes(gradients, ranks)
+        gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)
     return MemoryEstimate(
@@ -385,8 +381,10 @@ def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str,
     """What the process (tree) holds besides tensors of this configuration.
 
     On the CPU each dataloader worker is a fork of the trial process: its resident set counts the
-    interpreter and the fp32 weights again (the probe sums resident sets over the tree).
+    interpreter and the fp32 weights again (the probe sums resident sets over the tree). A CPU trial
+    under ZeRO also holds DeepSpeed's modules and ops (:data:`DEEPSPEED_CPU_PROCESS_BYTES`), once.
     """
+    deepspeed = DEEPSPEED_CPU_PROCESS_BYTES if device_kind == "cpu" and config.zero != "off" else 0
     if device_kind != "cpu" or config.dataloader_workers == 0:
-        return per_process_bytes
-    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes
+        return per_process_bytes + deepspeed
+    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes + deepspeed

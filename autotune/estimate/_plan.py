@@ -36,23 +36,23 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     return configs
 
 
-def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ranks: int = 1) -> int:
+def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
     """The estimate of the space's least memory-hungry config: what any trial needs at least."""
     configs = memory_distinct_configs(choices, fit.device_kind)
-    return min(estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes for config in configs)
+    return min(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
 
 
-def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ranks: int = 1) -> int:
+def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
     """The estimate of the space's most memory-hungry config."""
     configs = memory_distinct_configs(choices, fit.device_kind)
-    return max(estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes for config in configs)
+    return max(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
 
 
 def plan_rows(
-    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int, ranks: int = 1
+    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int
 ) -> list[EstimateRow]:
     """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged."""
-    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes, ranks)
+    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +70,11 @@ def estimate_rows(
     seq_len: int,
     fit: MemoryFit,
     ceiling_bytes: int,
-    ranks: int = 1,
 ) -> list[EstimateRow]:
     """Predict every config's peak and judge it against the ceiling (:func:`autotune.ceiling.fits`)."""
     rows = []
     for config in configs:
-        estimate = estimate_peak(model, config, seq_len, fit, ranks=ranks)
+        estimate = estimate_peak(model, config, seq_len, fit)
         rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
     return rows
 
@@ -178,7 +177,6 @@ def what_would_fit(
     fit: MemoryFit,
     ceiling_bytes: int,
     device: DeviceSpec,
-    ranks: int = 1,
 ) -> FitAdvice | None:
     """``None`` where some config of the space is predicted to fit; else the smallest predicted peak
     and which lever values, outside the space, would bring it under the ceiling.
@@ -189,7 +187,7 @@ def what_would_fit(
     lever added later is covered without a change here. Levers that only act on data of different
     lengths (padding) are left out: the worst batch is full length (``autotune.runner`` measures it).
     """
-    rows = plan_rows(model, choices, seq_len, fit, ceiling_bytes, ranks)
+    rows = plan_rows(model, choices, seq_len, fit, ceiling_bytes)
     if any(row.fits for row in rows):
         return None
     smallest = min(rows, key=lambda row: row.estimate.total_bytes)
@@ -204,13 +202,13 @@ def what_would_fit(
             params = {**smallest.config.to_params(), lever.name: value}
             if value == current or not _runs_together(params):
                 continue
-            estimate = estimate_peak(model, TrialConfig.from_params(params), seq_len, fit, ranks=ranks)
+            estimate = estimate_peak(model, TrialConfig.from_params(params), seq_len, fit)
             if estimate.total_bytes < smallest.estimate.total_bytes:
                 found.append(LeverChange(lever.name, value, estimate, fits(estimate.total_bytes, ceiling_bytes)))
         changes += found
         if found:
             leanest[lever.name] = min(found, key=lambda change: change.estimate.total_bytes).value
-    together = estimate_rows(model, [TrialConfig.from_params(leanest)], seq_len, fit, ceiling_bytes, ranks)[0]
+    together = estimate_rows(model, [TrialConfig.from_params(leanest)], seq_len, fit, ceiling_bytes)[0]
     return FitAdvice(smallest=smallest, changes=tuple(changes), leanest=together, ceiling_bytes=ceiling_bytes)
 
 

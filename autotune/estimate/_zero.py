@@ -21,7 +21,12 @@ the weight too. Adapted to what DeepSpeed 0.19 allocates and to autotune's lever
   ``stage3_param_persistence_threshold`` (``10 h`` elements: biases and norms), kept whole on every rank.
   A bucket is never larger than the model. Stages 1 and 2 all-gather the updated partitions into
   the flat 16-bit group in place, ``allgather_bucket_size`` elements at a time
-  (stage_1_and_2.py ``all_gather_dp_groups``): no buffer of its own, nothing counted.
+  (stage_1_and_2.py ``all_gather_dp_groups``): no buffer of its own, nothing counted;
+* torch's AdamW (``adamw_torch``) steps the whole flat fp32 partition in one call, so on the CPU its
+  step's temporaries are the partition's size (:data:`ADAMW_STEP_TEMPORARY_BYTES`), where without
+  ZeRO they are one parameter's; DeepSpeed's CPU Adam (offload) and the fused kernel make none;
+* on the CPU, what importing and starting DeepSpeed adds to the process
+  (:data:`DEEPSPEED_CPU_PROCESS_BYTES`, a part of the context).
 """
 
 from __future__ import annotations
@@ -35,6 +40,23 @@ from autotune.models import ModelSpec
 # fp32 master weights and fp32 gradient partition, per trainable parameter (both partitioned).
 MASTER_BYTES = 4
 FP32_GRAD_BYTES = 4
+# Temporaries of one step of torch's AdamW on the CPU, per parameter it steps at once: the
+# single-tensor implementation (the CPU's: torch/optim/optimizer.py ``_default_to_fused_or_foreach``
+# picks foreach kernels for CUDA tensors only) computes ``denom = (exp_avg_sq.sqrt() /
+# bias_correction2_sqrt).add_(eps)`` (torch/optim/adam.py ``_single_tensor_adam``): two fp32
+# temporaries alive at once. DeepSpeed hands the optimizer one flat partition, so that is the whole
+# partition at once (without ZeRO, one parameter at a time). Measured on this CPU (torch 2.13): AdamW
+# over one flat fp32 tensor of 28.8 M elements raised the process's high-water mark 220 MiB (8.0 bytes
+# each) above its resident set after the step; 110 MiB with ``foreach=True``, 0 with ``fused=True``
+# (``adamw_torch_fused``). On CUDA (foreach: one list of ``torch._foreach_sqrt``, 4 bytes) it is left to
+# the CUDA prior's allocator share until a GPU measures it.
+ADAMW_STEP_TEMPORARY_BYTES = 8
+# What DeepSpeed adds to a CPU trial process before it holds any state: resident set of a fresh
+# interpreter with torch and transformers imported (476 MiB), measured here (deepspeed 0.19.8, gloo,
+# one rank): +25 MiB ``import deepspeed``, +6 MiB ``deepspeed.init_distributed`` (its gloo group and
+# the ``deepspeed_shm_comm`` op, which it loads on the CPU: deepspeed/comm/torch.py ``build_shm_op``),
+# +1 MiB the ``cpu_adam`` op of offload. A term of the context beside the base process's.
+DEEPSPEED_CPU_PROCESS_BYTES = 32 * 1024**2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +118,9 @@ def zero_state_bytes(model: ModelSpec, config: TrialConfig, ranks: int, device_k
     3             ``p/N``       ``(p + 4)/N``               ``(4 + S)/N``
     ============  ============  ==========================  ===========================
 
-    plus the buffers (:func:`deepspeed_buffer_elements`, ``p`` bytes each). Offload moves the
+    plus the buffers (:func:`deepspeed_buffer_elements`, ``p`` bytes each) and, on the CPU under
+    ``adamw_torch`` without offload, its step's temporaries over the partition
+    (:data:`ADAMW_STEP_TEMPORARY_BYTES`, counted with the optimizer states). Offload moves the
     optimizer states and the fp32 gradient partition to host memory (the 16-bit gradients go there
     bucket by bucket: no 16-bit partition is kept), and at stage 3 the 16-bit weight partitions too.
     On the CPU the host is the device's memory: the offloaded bytes stay in the parts (the probe
@@ -111,6 +135,8 @@ def zero_state_bytes(model: ModelSpec, config: TrialConfig, ranks: int, device_k
     half_grads = p * n_train // ranks if stage >= 2 else p * n_train
     fp32_grads = FP32_GRAD_BYTES * n_train // ranks
     optimizer = int((MASTER_BYTES + zero_optimizer_state_bytes_per_param(config.optim)) * n_train / ranks)
+    if config.optim == "adamw_torch" and not offload and device_kind == "cpu":
+        optimizer += ADAMW_STEP_TEMPORARY_BYTES * n_train // ranks
     host = 0
     if offload:
         # The reduce bucket is copied into the host's fp32 gradient partition as it fills

@@ -140,7 +140,8 @@ ZERO = Lever(
     label=_label,
     unavailable_on=_unavailable_on,
     fallback="off",
-    memory_parts=("weights", "gradients", "optimizer states", "activations"),
+    # context: on the CPU, DeepSpeed's modules and ops in the process (estimate._zero.DEEPSPEED_CPU_PROCESS_BYTES).
+    memory_parts=("weights", "gradients", "optimizer states", "activations", "context"),
 )
 
 

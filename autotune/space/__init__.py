@@ -78,9 +78,8 @@ def load_space(
             micro-batches below 8 stay only where a larger one may not fit
             (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
         memory_fit: See ``ceiling_bytes``; with both, ``zero: auto`` searches ZeRO only where nothing
-            fits without it (:func:`keep_zero_where_needed`).
-        ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch and over
-            which ZeRO partitions.
+            fits without it (:func:`keep_zero_where_needed`), over the fit's ``ranks``.
+        ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
@@ -103,7 +102,7 @@ def load_space(
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device)
     if parsed.zero == AUTO and "deepspeed" not in (base_args or {}):
-        space = keep_zero_where_needed(space, model, seq_len, memory_fit, ceiling_bytes, ranks)
+        space = keep_zero_where_needed(space, model, seq_len, memory_fit, ceiling_bytes)
     # Then: a dtype fixed by --base-args decides which attention kernels can run.
     notes = list(space.notes)
     choices = filter_combinations(space.choices, notes, source=path)

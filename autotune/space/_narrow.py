@@ -130,13 +130,13 @@ def drop_unneeded_small_micro_batches(
 
 
 def keep_zero_where_needed(
-    space: SearchSpace, model: ModelSpec | None, seq_len: int | None, fit: MemoryFit | None, ceiling_bytes: int | None, ranks: int = 1
+    space: SearchSpace, model: ModelSpec | None, seq_len: int | None, fit: MemoryFit | None, ceiling_bytes: int | None
 ) -> SearchSpace:
     """``zero: auto``: ZeRO is searched only where no config of the space is predicted to fit without it.
 
     With the memory prior (before any trial): where some config with ``zero: off`` fits the ceiling,
     ``zero`` is ``off``; where none does, ``zero`` keeps its values with which some config fits
-    (over ``ranks`` ranks: with one, partitioning saves nothing and only offload is left), or all of
+    (over the fit's ``ranks``: with one rank, partitioning saves nothing and only offload is left), or all of
     them where none does (the search then stops with what would fit). Without a model, a sequence
     length, a ceiling and the prior nothing is known to need it: ``off``. Call it only for ``auto``,
     before the combination rules (which then narrow the levers ZeRO does not run with).
@@ -148,7 +148,7 @@ def keep_zero_where_needed(
         return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)
 
     def some_config_fits(value: str) -> bool:
-        return fits(smallest_peak_bytes(model, {**space.choices, "zero": [value]}, seq_len, fit, ranks), ceiling_bytes)
+        return fits(smallest_peak_bytes(model, {**space.choices, "zero": [value]}, seq_len, fit), ceiling_bytes)
 
     if some_config_fits("off"):
         return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)

@@ -307,7 +307,7 @@ def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctTho
     def log_peak(key: ParamsKey) -> float:
         config = TrialConfig.from_params(dict(key))
         prior = workload.memory_prior
-        return math.log(estimate_peak(workload.model, config, workload.seq_len, prior, ranks=workload.devices_per_trial).total_bytes)
+        return math.log(estimate_peak(workload.model, config, workload.seq_len, prior).total_bytes)
 
     return DistinctThompsonSampler(
         request.space.distributions(), lambda params: log_peak(params_key(params)), request.ceiling_bytes, seed=seed

@@ -155,7 +155,7 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
     if inferred is not None:
         return inferred
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
-    estimate = estimate_peak(workload.model, config, workload.seq_len, fit, ranks=workload.devices_per_trial)
+    estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
     return predict_over_ceiling(estimate, workload.ceiling_bytes, fit) or host_over_ceiling(estimate, workload.host_ceiling_bytes)
 
 
@@ -181,12 +181,11 @@ def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Wo
     screened ones, which never run."""
     model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
     fit = memory_fit_from_trials(model, seq_len, prior, measured)
-    ranks = workload.devices_per_trial
-    prior_estimate = estimate_peak(model, config, seq_len, prior, ranks=ranks)
+    prior_estimate = estimate_peak(model, config, seq_len, prior)
     trial.set_user_attr(schema.TRIAL_PRIOR_PEAK_BYTES, prior_estimate.total_bytes)
     if prior_estimate.host_bytes:
         trial.set_user_attr(schema.TRIAL_PREDICTED_HOST_BYTES, prior_estimate.host_bytes)
-    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit, ranks=ranks).total_bytes)
+    trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit).total_bytes)
 
 
 def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
@@ -208,9 +207,7 @@ def refuse_if_nothing_fits(choices: dict[str, list[Any]], workload: Workload) ->
             (:func:`autotune.estimate.what_would_fit`, which ``autotune estimate`` prints as a table).
     """
     prior = workload.memory_prior
-    advice = what_would_fit(
-        workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device, workload.devices_per_trial
-    )
+    advice = what_would_fit(workload.model, choices, workload.seq_len, prior, workload.ceiling_bytes, workload.device)
     if advice is None or fits(advice.smallest.estimate.total_bytes, workload.ceiling_bytes * margin_for(prior)):
         return
     raise AutotuneError(

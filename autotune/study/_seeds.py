@@ -147,9 +147,7 @@ def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
     for checkpointing in checkpointing_options:
         for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
             candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
-            predicted = estimate_peak(
-                workload.model, candidate, workload.seq_len, workload.memory_prior, ranks=workload.devices_per_trial
-            ).total_bytes
+            predicted = estimate_peak(workload.model, candidate, workload.seq_len, workload.memory_prior).total_bytes
             if fits(predicted, SEED_FILL_FRACTION * workload.ceiling_bytes):
                 return candidate
     return base

@@ -10,7 +10,15 @@ import pytest
 
 from autotune.config import TrialConfig, knob_values_from_base_args, training_arguments_kwargs
 from autotune.errors import AutotuneError
-from autotune.estimate import MemoryFit, deepspeed_buffer_elements, estimate_peak, zero_state_bytes
+from autotune.estimate import (
+    DEEPSPEED_CPU_PROCESS_BYTES,
+    MeasuredMemory,
+    MemoryFit,
+    deepspeed_buffer_elements,
+    estimate_peak,
+    fit_memory,
+    zero_state_bytes,
+)
 from autotune.levers import LEVERS, ZERO_CHOICES, deepspeed_config, zero_with_other_levers
 from autotune.space import load_space
 from autotune.units import GiB
@@ -115,6 +123,28 @@ def test_offload_moves_the_states_to_host_memory_which_on_the_cpu_is_the_same_me
         on_cpu = estimate_peak(gpt2_tiny, config, 32, MemoryFit.prior("cpu"))
         assert on_gpu.host_bytes == on_cpu.host_bytes == host
         assert on_cpu.model_state_bytes - on_gpu.model_state_bytes == host
+
+
+@pytest.mark.parametrize("value", ["1", "3"])
+def test_on_the_cpu_a_zero_rank_holds_deepspeed_and_its_adamw_step_over_the_whole_partition(value, gpt2_tiny):
+    """docs/benchmarks.md, "ZeRO and several ranks": torch's single-tensor AdamW steps DeepSpeed's flat
+    fp32 partition at once (two temporaries of its size); the fused kernel makes none."""
+    n, cpu = gpt2_tiny.num_params, dataclasses.replace(MemoryFit.prior("cpu"), ranks=2)
+    without_zero = estimate_peak(gpt2_tiny, TrialConfig(dtype="bf16"), 32, cpu)
+    for optim, temporaries in (("adamw_torch", 8 * n // 2), ("adamw_torch_fused", 0)):
+        estimate = estimate_peak(gpt2_tiny, TrialConfig(dtype="bf16", zero=value, optim=optim), 32, cpu)
+        assert estimate.optimizer_bytes == int((4 + 8) * n / 2) + temporaries
+        assert estimate.context_bytes == without_zero.context_bytes + DEEPSPEED_CPU_PROCESS_BYTES
+    on_gpu = estimate_peak(gpt2_tiny, TrialConfig(dtype="bf16", zero=value), 32, MemoryFit.prior("cuda"))
+    assert on_gpu.optimizer_bytes == (4 + 8) * n and on_gpu.context_bytes == MemoryFit.prior("cuda").context_bytes
+
+
+def test_the_fit_keeps_deepspeeds_term_out_of_the_base_context(gpt2_tiny):
+    """A study calibrated on ZeRO trials predicts its trials without ZeRO without DeepSpeed's share."""
+    prior = MemoryFit.prior("cpu")
+    config = TrialConfig(dtype="bf16", zero="2")
+    fitted = fit_memory(gpt2_tiny, 32, [MeasuredMemory(config, estimate_peak(gpt2_tiny, config, 32, prior).total_bytes)], prior)
+    assert fitted.context_bytes == pytest.approx(prior.context_bytes, abs=1)  # not 32 MiB more
 
 
 def test_combination_rules_say_why_and_keep_what_runs():

@@ -333,3 +333,12 @@ class SigkillRankOneAtStep(FaultAtStep):
     def fire(self, args, kwargs) -> None:  # noqa: ANN001
         if os.environ.get("RANK") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SigkillRankOneAtMicroBatch8(SigkillRankOneAtStep):
+    """Rank 1 kills itself in the trials of micro-batch 8 only: the study's other configs train, so a
+    search shows a rank killed mid-trial ending that trial alone."""
+
+    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+        if args.per_device_train_batch_size == 8:
+            super().fire(args, kwargs)
