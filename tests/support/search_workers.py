@@ -1,5 +1,6 @@
 """`autotune search` processes that share one study in a real PostgreSQL server, each standing for a
-machine (tests/study/test_postgres.py, tests/study/test_postgres_killed_worker.py)."""
+machine (tests/study/test_postgres.py, tests/study/test_postgres_killed_worker.py), and which
+process ran each trial (``runs_by_trial``, also read by tests/study/test_loop.py)."""
 
 from __future__ import annotations
 
