@@ -14,6 +14,45 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from tests.support.postgres import postgres_server, postgres_url  # noqa: E402,F401 - fixtures
 
 
+# The files that take longest, heaviest first: what `--durations` showed (scripts/test.sh prints it in
+# every CI log; a fresh machine adds DeepSpeed's op builds, about 3 min, to the ZeRO e2e file). With
+# --dist loadfile pytest-xdist hands each worker whole files in this order (scripts/test.sh passes
+# --no-loadscope-reorder; xdist's default orders files by their number of tests, which put these
+# few-test files last and left one worker running them alone at the end). Longest first keeps the
+# three workers busy until the end (longest-processing-time-first scheduling, Graham 1969). The
+# searched study's first reader comes early, so that it is made while the other workers run these.
+# A file not listed keeps its collection order after them.
+HEAVIEST_FIRST = (
+    "tests/e2e/test_zero_e2e.py",
+    "tests/test_export_formats.py",
+    "tests/study/test_postgres_killed_worker.py",
+    "tests/test_estimate.py",
+    "tests/e2e/test_byo_e2e.py",
+    "tests/study/test_postgres.py",
+    "tests/test_bad_state_search.py",
+    "tests/study/test_loop.py",
+    "tests/e2e/test_resume.py",
+    "tests/e2e/test_offline_install.py",
+    "tests/study/test_confirm.py",
+    "tests/test_bad_state.py",
+    "tests/e2e/test_search_e2e.py",
+    "tests/e2e/test_lora_e2e.py",
+    "tests/study/test_proposals.py",
+    "tests/runner/test_ranks.py",
+    "tests/test_numerics.py",
+    "tests/test_what_would_fit.py",
+    "tests/study/test_small_ceiling.py",
+    "tests/study/test_prune.py",
+    "tests/test_calibrate.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest files first (``HEAVIEST_FIRST``); each file's tests keep their order."""
+    rank = {path: place for place, path in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture(scope="session")
 def cpu():
     from autotune.devices import cpu_device

@@ -109,3 +109,11 @@ def test_the_mirror_check_sees_a_module_without_its_tests(tmp_path):
     (tmp_path / "autotune" / "runner" / "_pool.py").write_text("")
     (tmp_path / "tests" / "runner" / "test_pool.py").write_text("")
     assert missing_mirrors(tmp_path / "autotune", tmp_path / "tests") == ["autotune/study/_record.py has no tests/study/test_record.py"]
+
+
+def test_every_file_the_suite_starts_first_exists():
+    """A renamed heavy test file would silently lose its early start (tests/conftest.py, HEAVIEST_FIRST)."""
+    from tests.conftest import HEAVIEST_FIRST
+
+    missing = [path for path in HEAVIEST_FIRST if not (PACKAGE.parent / path).is_file()]
+    assert missing == [], missing

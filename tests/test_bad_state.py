@@ -1,51 +1,28 @@
-"""Faults that must cost nothing already measured (issue 16, groups 4 and 5): a full disk at a write,
-a read-only database, a resumed study's failed seeds, Ctrl-C at start-up and during confirmation.
+"""Faults that must cost nothing already measured (issue 16, groups 4 and 5): the readers of a study
+(best, export, report) on a full disk or a read-only database, and a resumed study's failed seeds.
+A full disk or Ctrl-C while a search runs: tests/test_bad_state_search.py.
 
 Real file systems: a full disk is a small tmpfs filled to the last byte
 (``tests.support.faults.fill_file_system``), a read-only database lives on a tmpfs remounted
-read-only. Mounting needs root (CI runs as root); elsewhere those cases are skipped with the reason.
-The one-line cases of bad options and files are in tests/test_bad_input.py.
+read-only (``tests.support.filesystems``). Mounting needs root (CI runs as root); elsewhere those
+cases are skipped with the reason. The one-line cases of bad options and files are in
+tests/test_bad_input.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import optuna
-import psutil
-import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.support.bad_input import TINY_SPACE, assert_one_error_line, create_study
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.bad_input import TINY_SPACE, assert_one_error_line
+from tests.support.cli import run_cli
+from tests.support.filesystems import remount_read_only, tmpfs
 
 # --- real file systems: full and read-only --------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(directory: Path, size: str):
-    """A real tmpfs of ``size`` mounted on ``directory``; skips the test where mounting is not allowed."""
-    directory.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
-
-
-def remount_read_only(directory: Path) -> None:
-    subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
 
 
 def test_read_only_database_serves_best_and_export(searched_study, tmp_path):
@@ -106,53 +83,6 @@ def test_report_to_standard_output(searched_study, tmp_path):
     assert not (tmp_path / "-").exists()
 
 
-def _search_on(storage: str, runs: Path, *extra: str) -> list[str]:
-    return [
-        "search", "--model", "bert-tiny", "--space", TINY_SPACE, "--storage", storage, "--study-name", "full",
-        "--memory-ceiling", "1GiB", "--work-dir", str(runs), *FAST_SEARCH_ARGS, "--prune-ratio", "0", *extra,
-    ]
-
-
-def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path):
-    """The database's disk fills while a trial trains: its result is kept in the trial's work dir
-    (on another file system) and recorded, unchanged, by the next run."""
-    runs = tmp_path / "runs"
-    with tmpfs(tmp_path / "db", "2m") as mount:
-        storage = f"sqlite:///{mount / 'study.db'}"
-        first = run_cli(
-            *_search_on(storage, runs, "--trials", "1", "--callback", "tests.support.faults:FillDiskAtTrainEnd"),
-            cwd=tmp_path, env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_FILL_DIR": str(mount)},
-        )
-        assert_one_error_line(first, "database or disk is full")
-        pending = list(runs.glob("trial-*-*/pending_result.json"))
-        assert len(pending) == 1 and str(pending[0]) in first.stderr
-        kept = json.loads(pending[0].read_text())
-        study = optuna.load_study(study_name="full", storage=storage)
-        assert study.trials[kept["trial"]].state == TrialState.RUNNING  # not told: the disk was full
-
-        (mount / "filler").unlink()
-        second = run_cli(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert f"trial(s) {kept['trial']} measured while the storage was full: recorded now" in second.stdout
-        trial = optuna.load_study(study_name="full", storage=storage).trials[kept["trial"]]
-    assert trial.state == TrialState.COMPLETE
-    recorded = TrialResult.from_trial(trial)
-    assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
-    assert not pending[0].exists() and pending[0].with_name("recorded_result.json").exists()  # recorded once
-
-
-def test_full_disk_at_ask_is_one_line(tmp_path):
-    from tests.support.faults import fill_file_system
-
-    with tmpfs(tmp_path / "db", "2m") as mount:
-        storage = f"sqlite:///{mount / 'study.db'}"
-        create_study(storage, "full", 1024**3)
-        fill_file_system(str(mount))
-        completed = run_cli(*_search_on(storage, tmp_path / "runs", "--trials", "1"), cwd=tmp_path)
-    assert_one_error_line(completed, "the study storage failed (")
-    assert "database or disk is full" in completed.stderr
-
-
 # --- seeds ---------------------------------------------------------------------------------------
 
 
@@ -182,71 +112,3 @@ def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, cpu, tiny_wor
     assert any(t.system_attrs["fixed_params"] == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
     again = open_study(open_storage(sqlite_url), "seeds", request)  # still queued: not queued twice
     assert len([t for t in again.trials if t.state == TrialState.WAITING]) == len(seeds)
-
-
-# --- Ctrl-C --------------------------------------------------------------------------------------
-
-
-def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=cwd,
-        stdout=open(cwd / f"{name}.out", "w"),
-        stderr=open(cwd / f"{name}.err", "w"),
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
-        start_new_session=True,  # its own process group: the test's SIGINT reaches it as a terminal's Ctrl-C would
-        # A test run in the background inherits SIGINT ignored, and Python then keeps ignoring it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-
-
-def _wait_for(condition, timeout_s: float = 300.0) -> None:  # noqa: ANN001 - a callable
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def _forkserver_of(process: subprocess.Popen) -> psutil.Process | None:
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(process.pid).children():
-            if "forkserver" in " ".join(child.cmdline()):
-                return child
-    return None
-
-
-def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
-    """Ctrl-C to the whole process group (as a terminal sends it) while the forkserver still imports
-    torch: the interrupted line, exit 130, no traceback from the forkserver.
-
-    The signal lands within 0.05 s of the forkserver's start, seconds before its preload (torch and
-    transformers, about 5 s cold) ends."""
-    process = _start(_search_on(f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs", "--trials", "1"), tmp_path, "early")
-    _wait_for(lambda: _forkserver_of(process) is not None or process.poll() is not None)
-    forkserver = _forkserver_of(process)
-    assert forkserver is not None, (tmp_path / "early.err").read_text()
-    os.killpg(process.pid, signal.SIGINT)
-    process.wait(timeout=120)
-    _wait_for(lambda: not forkserver.is_running() or forkserver.status() == psutil.STATUS_ZOMBIE, timeout_s=60)
-    stderr = (tmp_path / "early.err").read_text()
-    assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    assert "interrupted:" in stderr
-
-
-def test_ctrl_c_during_confirmation_exits_130_and_says_what_the_ranking_rests_on(tmp_path):
-    process = _start(
-        _search_on(f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs", "--trials", "2", "--confirm-top", "2", "--confirm-repeats", "2"),
-        tmp_path, "confirm",
-    )
-    out = tmp_path / "confirm.out"
-    _wait_for(lambda: "confirming:" in out.read_text() or process.poll() is not None)
-    assert process.poll() is None, (tmp_path / "confirm.err").read_text()
-    os.killpg(process.pid, signal.SIGINT)
-    process.wait(timeout=120)
-    stdout, stderr = out.read_text(), (tmp_path / "confirm.err").read_text()
-    assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert "confirmation interrupted: none of its re-runs is recorded; the ranking below rests on single search measurements" in stderr
-    assert "(single measurement, not confirmed)" in stdout  # the winner line says the same
-    assert "interleaved re-runs" not in stdout.split("confirming:")[1]

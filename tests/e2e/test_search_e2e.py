@@ -3,35 +3,43 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import optuna
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.searched_study import CEILING, SEARCH_TRIALS, SPACE
 
 pytestmark = pytest.mark.slow
 
-SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
-
 
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
-    """One real search of 4 trials, then 2 more in a second invocation (resume)."""
+def searched(searched_study, tmp_path_factory):
+    """The run's searched study (one `autotune search` of 5 trials, then one real OOM:
+    tests/support/searched_study.py, made once for the whole run), and a copy of it that a second
+    `autotune search` of 1 more trial resumes."""
     workdir = tmp_path_factory.mktemp("search")
+    shutil.copy(searched_study.workdir / "autotune.db", workdir / "autotune.db")
     storage = f"sqlite:///{workdir / 'autotune.db'}"
-    common = ["--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage, *FAST_SEARCH_ARGS]
-    first = run_cli("search", *common, "--trials", "4", cwd=workdir)
-    second = run_cli("search", *common, "--trials", "2", cwd=workdir)
-    return workdir, storage, first, second
+    resumed = run_cli(
+        "search", "--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage,
+        "--memory-ceiling", CEILING, *FAST_SEARCH_ARGS, "--trials", "1", cwd=workdir,
+    )
+    return workdir, storage, searched_study, resumed
+
+
+def _finished(storage: str) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage).trials if t.state.is_finished()]
 
 
 def test_search_records_every_trial_with_its_result(searched):
     _, storage, first, second = searched
-    assert first.returncode == 0, first.stderr
+    assert first.search.returncode == 0, first.search.stderr
     assert second.returncode == 0, second.stderr
-    study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
-    finished = [t for t in study.trials if t.state.is_finished()]
-    assert len(finished) == 6  # 4, then 2 more in the same study
+    assert len(_finished(first.storage)) == SEARCH_TRIALS + 1  # the search's 5 and the OOM trial
+    finished = _finished(storage)
+    assert len(finished) == SEARCH_TRIALS + 2  # then 1 more in the same study
     for trial in finished:
         result = trial.user_attrs["result"]
         assert result["status"] in {"ok", "over_ceiling", "oom", "pruned", "screened"}, result
@@ -44,7 +52,7 @@ def test_search_records_every_trial_with_its_result(searched):
 
 def test_live_table_names_its_numbers(searched):
     _, _, first, _ = searched
-    out = first.stdout
+    out = first.search.stdout
     for label in ("samples/s", "model TFLOPs", "peak mem", "CV", "peak RSS of the trial's process tree"):
         assert label in out
 
@@ -62,11 +70,19 @@ def test_best_ranks_feasible_trials_fastest_first(searched):
     assert speeds == sorted(speeds, reverse=True) and speeds
 
 
-def test_export_round_trips_through_the_real_training_arguments(searched, tmp_path):
+@pytest.fixture(scope="module")
+def exported(searched):
+    """One `autotune export` of the searched study, read by the two tests below."""
     workdir, storage, _, _ = searched
-    out = tmp_path / "best_args.json"
-    exported = run_cli("export", "--storage", storage, "--out", str(out), cwd=workdir)
-    assert exported.returncode == 0, exported.stderr
+    out = workdir / "best_args.json"
+    completed = run_cli("export", "--storage", storage, "--out", str(out), cwd=workdir)
+    assert completed.returncode == 0, completed.stderr
+    return out
+
+
+def test_export_round_trips_through_the_real_training_arguments(searched, exported, tmp_path):
+    _, storage, _, _ = searched
+    out = exported
     arguments = json.loads(out.read_text())
 
     from transformers import HfArgumentParser, TrainingArguments
@@ -84,10 +100,8 @@ def test_export_round_trips_through_the_real_training_arguments(searched, tmp_pa
     assert parsed.bf16 == (best.config.dtype == "bf16")
 
 
-def test_a_plain_trainer_trains_with_the_export(searched, tmp_path):
-    workdir, storage, _, _ = searched
-    out = tmp_path / "best_args.json"
-    assert run_cli("export", "--storage", storage, "--out", str(out), cwd=workdir).returncode == 0
+def test_a_plain_trainer_trains_with_the_export(exported, tmp_path):
+    out = exported
     import torch
     from transformers import Trainer, TrainingArguments
 

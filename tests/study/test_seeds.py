@@ -23,7 +23,7 @@ from autotune.study._seeds import (
     hf_default_config,
     snap_to_space,
 )
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import REPO
 
 GiB = 1024**3
 
@@ -165,14 +165,11 @@ def test_no_ratio_when_the_default_did_not_fit(new_study):
 
 
 @pytest.mark.slow
-def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(tmp_path):
-    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
-    out = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", str(REPO / "search_spaces" / "tiny-test.yaml"),
-        "--storage", storage, "--trials", "2", "--memory-ceiling", "2GiB", *FAST_SEARCH_ARGS, cwd=tmp_path,
-    )
+def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_study):
+    """The run's searched study: a real `autotune search` of the tiny space (tests/support/searched_study.py)."""
+    out = searched_study.search
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
+    study = optuna.load_study(study_name=searched_study.study_name, storage=searched_study.storage)
     first, second = study.trials[:2]
     assert first.user_attrs["seed"] == HF_DEFAULT and second.user_attrs["seed"] == BEST_PRACTICE
     expected = dataclasses.replace(hf_default_config(), pin_memory=False)  # the CPU space drops pinning
