@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 
 import psutil
@@ -105,7 +106,8 @@ def test_a_rank_that_never_joins_times_the_rendezvous_out(two_rank_job, monkeypa
     monkeypatch.syspath_prepend(LATE_RANK_DIR)  # rank 1 sleeps at start-up (its sitecustomize)
     result = run_isolated(two_rank_job(), timeout_s=30)
     assert result.status == Status.TIMEOUT
-    assert result.error == "rendezvous of 2 ranks timed out: rank 1 never started; no result within the 30 s timeout; killed"
+    # Rank 1 is named; under a loaded machine rank 0 may still be importing at 30 s too, and is then named as well.
+    assert re.fullmatch(r"rendezvous of 2 ranks timed out: rank (0, )?1 never started; no result within the 30 s timeout; killed", result.error)
     assert_no_process_left()
 
 
