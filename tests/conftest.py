@@ -26,6 +26,7 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_zero_e2e.py",
     "tests/test_export_formats.py",
     "tests/study/test_postgres_killed_worker.py",
+    "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
     "tests/test_estimate.py",
     "tests/e2e/test_byo_e2e.py",
     "tests/study/test_postgres.py",
@@ -38,7 +39,6 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_search_e2e.py",
     "tests/e2e/test_lora_e2e.py",
     "tests/study/test_proposals.py",
-    "tests/runner/test_ranks.py",
     "tests/test_numerics.py",
     "tests/test_what_would_fit.py",
     "tests/study/test_small_ceiling.py",
