@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
+from autotune.estimate._fsdp import fsdp_state_bytes
 from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_dtype, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
@@ -107,7 +108,9 @@ def estimate_peak(
     if config.zero != "off":
         zero = zero_state_bytes(model, config, fit.ranks, device_kind)
         weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
-    else:  # ZeRO reduces through its own buckets (counted above), not DDP's
+    elif config.fsdp != "off" and device_kind == "cuda":  # FSDP runs on CUDA only (levers.fsdp)
+        weights, gradients, optimizer = fsdp_state_bytes(model, config, fit.ranks, (weights, gradients, optimizer))
+    else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets
         gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
     logits = logits_bytes(model, config, seq_len, shape)

@@ -47,6 +47,7 @@ from autotune.levers.distributed import (
     zero_stage,
     zero_with_other_levers,
 )
+from autotune.levers.fsdp import FSDP, FSDP_CHOICES, RESHARD_AFTER_FORWARD, fsdp_or_zero
 from autotune.levers.kernels import LIGER, liger_unsupported
 from autotune.levers.memory import CHECKPOINTING, EMPTY_CACHE_STEPS, checkpointing_field
 from autotune.levers.optimizer import BNB_OPTIMIZERS, OPTIM, OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
@@ -65,14 +66,14 @@ LEVERS: dict[str, Lever] = {
     lever.name: lever
     for lever in (
         MICRO_BATCH, GRAD_ACCUM, CHECKPOINTING, DTYPE, OPTIM, DATALOADER_WORKERS, PIN_MEMORY, COMPILE,
-        ATTN_IMPLEMENTATION, LIGER, PADDING, SAMPLING, EMPTY_CACHE_STEPS, WEIGHT_DTYPE, ZERO,
+        ATTN_IMPLEMENTATION, LIGER, PADDING, SAMPLING, EMPTY_CACHE_STEPS, WEIGHT_DTYPE, ZERO, FSDP,
     )
 }
 
 # Rules between two levers' choices, applied to a space once every lever's own filters ran.
 # bf16 weights first: narrowing dtype to bf16 can keep flash attention in the space. ZeRO's rules
 # before them: a ZeRO space drops bf16 weights before they narrow dtype.
-COMBINATION_RULES = (zero_with_other_levers, bf16_weights_need_bf16_autocast, flash_needs_half_precision)
+COMBINATION_RULES = (zero_with_other_levers, fsdp_or_zero, bf16_weights_need_bf16_autocast, flash_needs_half_precision)
 
 __all__ = [
     "ACTS_ON", "ATTN_IMPLEMENTATIONS", "BATCH_LIMIT_KNOBS", "BNB_OPTIMIZERS", "COMBINATION_RULES",
@@ -80,6 +81,7 @@ __all__ = [
     "FUSED_ATTENTIONS", "HALF_DTYPES", "LEVERS", "MEMORY_PARTS", "OPTIMIZERS", "PADDINGS", "SAMPLINGS",
     "SMALL_AUTO_MICRO_BATCHES", "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
     "liger_unsupported", "padding_free_unsupported", "split_compile",
+    "FSDP_CHOICES", "RESHARD_AFTER_FORWARD", "fsdp_or_zero",
     "OFFLOAD_OPTIM", "ZERO_CHOICES", "deepspeed_config", "deepspeed_missing", "zero_offloads", "zero_stage",
     "zero_with_other_levers",
 ]

@@ -43,7 +43,8 @@ def child_environment(device: DeviceSpec, work_dir: str | None = None) -> dict[s
 def single_rank_environment() -> dict[str, str]:
     """torch.distributed's rendezvous for a trial of one rank (DeepSpeed initialises a process group
     even then: deepspeed/comm/comm.py ``init_distributed`` reads these variables, and without them
-    tries MPI discovery). A free port on the loopback, so concurrent trials never share one; a trial
+    tries MPI discovery; accelerate turns FSDP on only in a distributed state, which it reads from
+    ``LOCAL_RANK``/``WORLD_SIZE``: accelerate/state.py ``PartialState.__init__``). A free port on the loopback, so concurrent trials never share one; a trial
     of several ranks gets them from its launcher instead."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
