@@ -16,6 +16,7 @@ from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_
 from autotune.levers import (
     BNB_OPTIMIZERS,
     FLASH_ATTENTIONS,
+    FSDP,
     FUSED_ATTENTIONS,
     HALF_DTYPES,
     STATE_BYTES_PER_PARAM,
@@ -108,7 +109,7 @@ def estimate_peak(
     if config.zero != "off":
         zero = zero_state_bytes(model, config, fit.ranks, device_kind)
         weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
-    elif config.fsdp != "off" and device_kind == "cuda":  # FSDP runs on CUDA only (levers.fsdp)
+    elif config.fsdp != "off" and FSDP.changes_memory_on(device_kind):  # the lever's own word: CUDA only
         weights, gradients, optimizer = fsdp_state_bytes(model, config, fit.ranks, (weights, gradients, optimizer))
     else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets
         gradients += ddp_bucket_bytes(gradients, fit.ranks)

@@ -81,7 +81,7 @@ __all__ = [
     "FUSED_ATTENTIONS", "HALF_DTYPES", "LEVERS", "MEMORY_PARTS", "OPTIMIZERS", "PADDINGS", "SAMPLINGS",
     "SMALL_AUTO_MICRO_BATCHES", "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
     "liger_unsupported", "padding_free_unsupported", "split_compile",
-    "FSDP_CHOICES", "RESHARD_AFTER_FORWARD", "fsdp_or_zero",
+    "FSDP", "FSDP_CHOICES", "RESHARD_AFTER_FORWARD", "fsdp_or_zero",
     "OFFLOAD_OPTIM", "ZERO_CHOICES", "deepspeed_config", "deepspeed_missing", "zero_offloads", "zero_stage",
     "zero_with_other_levers",
 ]
