@@ -6,17 +6,16 @@ commands share are declared once, below.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from autotune.errors import AutotuneError
-from autotune.search_options import SearchOptions
+from autotune.plan import SearchOptions
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -40,14 +39,14 @@ err_console = _console(stderr=True)
 
 # Options shared by several commands.
 ModelOption = Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")]
-GpuOption = Annotated[Optional[int], typer.Option(help="CUDA device number.")]
-DeviceOption = Annotated[Optional[str], typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")]
+GpuOption = Annotated[int | None, typer.Option(help="CUDA device number.")]
+DeviceOption = Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")]
 SeqLenOption = Annotated[int, typer.Option(help="Tokens per training sample.")]
 CeilingOption = Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a size (14GiB).")]
-SpaceOption = Annotated[Optional[str], typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")]
-TaskOption = Annotated[Optional[str], typer.Option(help="sequence-classification, causal-lm or masked-lm.")]
+SpaceOption = Annotated[str | None, typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")]
+TaskOption = Annotated[str | None, typer.Option(help="sequence-classification, causal-lm or masked-lm.")]
 StorageOption = Annotated[str, typer.Option(help="Optuna storage URL (sqlite:///file.db or postgresql://...).")]
-StudyOption = Annotated[Optional[str], typer.Option(help="Study name (default: the only study in the storage).")]
+StudyOption = Annotated[str | None, typer.Option(help="Study name (default: the only study in the storage).")]
 
 
 @app.command()
@@ -57,47 +56,105 @@ def search(
     device: DeviceOption = None,
     seq_len: SeqLenOption = SearchOptions.seq_len,
     memory_ceiling: CeilingOption = SearchOptions.memory_ceiling,
-    host_memory_ceiling: Annotated[Optional[str], typer.Option(
-        help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available).")] = None,
+    host_memory_ceiling: Annotated[
+        str | None,
+        typer.Option(
+            help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available)."
+        ),
+    ] = None,
     space: SpaceOption = None,
     storage: StorageOption = DEFAULT_STORAGE,
-    study_name: Annotated[Optional[str], typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
+    study_name: Annotated[str | None, typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
     trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = SearchOptions.trials,
-    timeout: Annotated[Optional[float], typer.Option(help="Stop starting trials after this many seconds.")] = None,
-    trial_timeout: Annotated[float, typer.Option(help="Kill a trial after this many seconds.")] = SearchOptions.trial_timeout,
+    timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
+    trial_timeout: Annotated[
+        float, typer.Option(help="Kill a trial after this many seconds.")
+    ] = SearchOptions.trial_timeout,
     compile_timeout: Annotated[
-        float, typer.Option(help="torch.compile trials: seconds to compile (until the first step ends), then --trial-timeout.")
+        float,
+        typer.Option(
+            help="torch.compile trials: seconds to compile (until the first step ends), then --trial-timeout."
+        ),
     ] = SearchOptions.compile_timeout,
     task: TaskOption = None,
-    warmup_steps: Annotated[int, typer.Option(help="Optimizer steps excluded from timing.")] = SearchOptions.warmup_steps,
-    max_measure_steps: Annotated[int, typer.Option(help="Measured optimizer steps at most, per trial.")] = SearchOptions.max_measure_steps,
+    warmup_steps: Annotated[
+        int, typer.Option(help="Optimizer steps excluded from timing.")
+    ] = SearchOptions.warmup_steps,
+    max_measure_steps: Annotated[
+        int, typer.Option(help="Measured optimizer steps at most, per trial.")
+    ] = SearchOptions.max_measure_steps,
     work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = SearchOptions.work_dir,
-    gpus: Annotated[Optional[str], typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")] = None,
-    workers: Annotated[int, typer.Option(help="CPU only: trials to run at once (they share the cores).")] = SearchOptions.workers,
-    devices_per_trial: Annotated[int, typer.Option(
-        help="Ranks each trial spans (torchrun-style data parallel): GPUs of --gpus per trial, or gloo ranks on the CPU.")] = SearchOptions.devices_per_trial,
-    max_total_trials: Annotated[Optional[int], typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")] = None,
-    confirm_top: Annotated[int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")] = SearchOptions.confirm_top,
-    confirm_repeats: Annotated[int, typer.Option(help="Re-runs of each config when confirming.")] = SearchOptions.confirm_repeats,
-    callbacks: Annotated[Optional[list[str]], typer.Option(
-        "--callback", hidden=True, help="module:Class of an extra TrainerCallback for every trial (repeatable); fault injection, probes.")] = None,
-    dataset: Annotated[Optional[str], typer.Option(
-        help="Your data: a datasets.save_to_disk directory, or JSONL/text files (default: synthetic tokens).")] = None,
-    text_column: Annotated[Optional[str], typer.Option(help="The --dataset column to train on (default: found).")] = None,
-    packing: Annotated[bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")] = SearchOptions.packing,
-    base_args: Annotated[Optional[str], typer.Option(
-        help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export.")] = None,
-    peft: Annotated[Optional[str], typer.Option(
-        help="Train LoRA adapters in every trial: lora, qlora, or your adapter_config.json / YAML.")] = None,
-    global_batch: Annotated[Optional[int], typer.Option(
-        help="Search only micro-batch x accumulation = this (per device); the export keeps it.")] = None,
-    max_global_batch: Annotated[Optional[int], typer.Option(help="Search only micro-batch x accumulation <= this.")] = None,
-    prune_ratio: Annotated[float, typer.Option(
-        help="Stop a trial measured below this fraction of the best feasible samples/s (0: never).")] = SearchOptions.prune_ratio,
-    screen: Annotated[bool, typer.Option(
-        "--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit.")] = SearchOptions.screen,
-    patience: Annotated[Optional[int], typer.Option(
-        help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise.")] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(help="CPU only: trials to run at once (they share the cores).")
+    ] = SearchOptions.workers,
+    devices_per_trial: Annotated[
+        int,
+        typer.Option(
+            help="Ranks each trial spans (torchrun-style data parallel): GPUs of --gpus per trial, or gloo ranks on the CPU."
+        ),
+    ] = SearchOptions.devices_per_trial,
+    max_total_trials: Annotated[
+        int | None, typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")
+    ] = None,
+    confirm_top: Annotated[
+        int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
+    ] = SearchOptions.confirm_top,
+    confirm_repeats: Annotated[
+        int, typer.Option(help="Re-runs of each config when confirming.")
+    ] = SearchOptions.confirm_repeats,
+    callbacks: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--callback",
+            hidden=True,
+            help="module:Class of an extra TrainerCallback for every trial (repeatable); fault injection, probes.",
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            help="Your data: a datasets.save_to_disk directory, or JSONL/text files (default: synthetic tokens)."
+        ),
+    ] = None,
+    text_column: Annotated[str | None, typer.Option(help="The --dataset column to train on (default: found).")] = None,
+    packing: Annotated[
+        bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")
+    ] = SearchOptions.packing,
+    base_args: Annotated[
+        str | None,
+        typer.Option(
+            help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export."
+        ),
+    ] = None,
+    peft: Annotated[
+        str | None,
+        typer.Option(help="Train LoRA adapters in every trial: lora, qlora, or your adapter_config.json / YAML."),
+    ] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(help="Search only micro-batch x accumulation = this (per device); the export keeps it."),
+    ] = None,
+    max_global_batch: Annotated[
+        int | None, typer.Option(help="Search only micro-batch x accumulation <= this.")
+    ] = None,
+    prune_ratio: Annotated[
+        float, typer.Option(help="Stop a trial measured below this fraction of the best feasible samples/s (0: never).")
+    ] = SearchOptions.prune_ratio,
+    screen: Annotated[
+        bool,
+        typer.Option(
+            "--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit."
+        ),
+    ] = SearchOptions.screen,
+    patience: Annotated[
+        int | None,
+        typer.Option(
+            help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise."
+        ),
+    ] = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
     # Every parameter but --storage and --study-name is a search option, by the same name.
@@ -105,20 +162,24 @@ def search(
     options.check()  # before the heavy imports: a wrong option is answered at once
     import psutil
 
-    from autotune import display
-    from autotune.dashboard import save_study_note
     from autotune.storage import open_storage, redact
     from autotune.study import SearchHooks, SearchProgress, default_study_name, open_study, prepare_request
     from autotune.study import search as run_study
+    from autotune.views import search_display
+    from autotune.views.dashboard import save_study_note
 
-    printer = display.SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats)
+    printer = search_display.SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats)
     prepared = prepare_request(options, psutil.virtual_memory().available)
     printer.prepared(prepared.notes, prepared.request.workload.dataset)
     name = study_name or default_study_name(model, prepared.request.workload.device, seq_len)
     study = open_study(open_storage(storage), name, prepared.request)
     view = printer.study_opened(study, redact(storage), prepared.request)
     hooks = SearchHooks(
-        SearchProgress(view.trial_started, view.trial_finished), view, printer.note, printer.loop_ended, printer.confirm_run,
+        SearchProgress(view.trial_started, view.trial_finished),
+        view,
+        printer.note,
+        printer.loop_ended,
+        printer.confirm_run,
         write_note=save_study_note,  # the dashboard's study note: ranked top configs, the winner's export
     )
     # `kill`, `docker stop`, a batch scheduler: stop as on Ctrl-C, so the running trial is recorded.
@@ -142,36 +203,46 @@ def estimate(
     gpu: GpuOption = None,
     device: DeviceOption = None,
     gpu_type: Annotated[
-        Optional[str], typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")
+        str | None, typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")
     ] = None,
     space: SpaceOption = None,
     memory_ceiling: CeilingOption = "0.9",
     task: TaskOption = None,
     storage: Annotated[
-        Optional[str], typer.Option(help="Calibrate on the measured trials of a study in this storage.")
+        str | None, typer.Option(help="Calibrate on the measured trials of a study in this storage.")
     ] = None,
     study_name: StudyOption = None,
     all_rows: Annotated[bool, typer.Option("--all", help="Every memory-distinct config, by part.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (knobs, parts in bytes, total).")] = False,
-    devices_per_trial: Annotated[int, typer.Option(
-        help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")] = SearchOptions.devices_per_trial,
-    peft: Annotated[Optional[str], typer.Option(
-        help="Plan LoRA adapters (as search's --peft): lora, qlora, or your adapter_config.json / YAML.")] = None,
+    devices_per_trial: Annotated[
+        int, typer.Option(help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")
+    ] = SearchOptions.devices_per_trial,
+    peft: Annotated[
+        str | None,
+        typer.Option(help="Plan LoRA adapters (as search's --peft): lora, qlora, or your adapter_config.json / YAML."),
+    ] = None,
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
-    from autotune import validate
+    from autotune.plan import positive_int, seq_len_fits
 
-    validate.positive_int("--seq-len", seq_len)
-    validate.positive_int("--devices-per-trial", devices_per_trial)
-    from autotune.ceiling import parse_ceiling
-    from autotune.devices import known_gpu, resolve_device
-    from autotune.plan_display import estimate_short_table, estimate_table, host_memory_note, shows_host_memory, what_would_fit_table
-    from autotune.estimate import estimate_json, largest_fitting, memory_prior, plan_rows, what_would_fit
-    from autotune.models import resolve_model
+    positive_int("--seq-len", seq_len)
+    positive_int("--devices-per-trial", devices_per_trial)
+    from autotune.estimate import estimate_json, largest_fitting, plan_rows, what_would_fit
+    from autotune.runner import trial_memory_prior
     from autotune.space import load_space
+    from autotune.spec.ceiling import parse_ceiling
+    from autotune.spec.devices import known_gpu, resolve_device
+    from autotune.spec.models import resolve_model
     from autotune.study import margin_for
     from autotune.units import format_bytes
+    from autotune.views.plan_display import (
+        estimate_short_table,
+        estimate_table,
+        host_memory_note,
+        shows_host_memory,
+        what_would_fit_table,
+    )
 
     if gpu_type is not None and (gpu is not None or device is not None or storage is not None):
         raise AutotuneError("--gpu-type plans for a GPU you do not have: give it without --gpu, --device or --storage")
@@ -180,17 +251,23 @@ def estimate(
     device_spec = known_gpu(gpu_type).device() if gpu_type is not None else resolve_device(device, gpu)
     ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
     model_spec = resolve_model(model, task)
-    validate.seq_len_fits(seq_len, model, model_spec.max_positions)
+    seq_len_fits(seq_len, model, model_spec.max_positions)
     peft_notes: list[str] = []
     if peft is not None:  # as the search wraps it (study._request): frozen base, trainable adapters
-        from autotune.peft import with_peft
+        from autotune.spec.peft import with_peft
 
         model_spec = with_peft(model_spec, peft, device_spec, peft_notes)
     # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator
     # settings, the ranks of a trial).
-    fit = dataclasses.replace(memory_prior(device_spec, os.environ), ranks=devices_per_trial)
+    fit = trial_memory_prior(device_spec, os.environ, devices_per_trial)
     search_space = load_space(
-        space, device_spec, model=model_spec, seq_len=seq_len, ceiling_bytes=ceiling, memory_fit=fit, ranks=devices_per_trial
+        space,
+        device_spec,
+        model=model_spec,
+        seq_len=seq_len,
+        ceiling_bytes=ceiling,
+        memory_fit=fit,
+        ranks=devices_per_trial,
     )
     if storage is not None:
         fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
@@ -199,20 +276,33 @@ def estimate(
     where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
     if as_json:
         header = {
-            "model": model_spec.name, "seq_len": seq_len, "device": where, "device_kind": device_spec.kind,
-            "device_memory_bytes": device_spec.total_memory_bytes, "ceiling_bytes": ceiling,
-            "estimator": fit.describe(), "space_notes": [*peft_notes, *search_space.notes],
+            "model": model_spec.name,
+            "seq_len": seq_len,
+            "device": where,
+            "device_kind": device_spec.kind,
+            "device_memory_bytes": device_spec.total_memory_bytes,
+            "ceiling_bytes": ceiling,
+            "estimator": fit.describe(),
+            "space_notes": [*peft_notes, *search_space.notes],
             "nothing_fits": advice.sentence() if advice else None,
         }
         typer.echo(estimate_json(rows, header))
         return
     for note in [*peft_notes, *search_space.notes]:
         console.print(f"[dim]note: {note}[/]")
-    memory = "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
+    memory = (
+        "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
+    )
     title = f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling)}"
     if all_rows:
-        console.print(estimate_table(f"{title}: {len(rows)} memory-distinct configs of {search_space.size}",
-                                     [(row.config, row.estimate) for row in rows], ceiling, margin_for(fit)))
+        console.print(
+            estimate_table(
+                f"{title}: {len(rows)} memory-distinct configs of {search_space.size}",
+                [(row.config, row.estimate) for row in rows],
+                ceiling,
+                margin_for(fit),
+            )
+        )
     else:
         console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
     if advice is not None:
@@ -240,12 +330,12 @@ def best(
     top: Annotated[int, typer.Option(help="Rows to show.")] = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
-    from autotune.validate import positive_int
+    from autotune.plan import positive_int
 
     positive_int("--top", top)
-    from autotune.display import print_ranking, trial_table
-    from autotune.ranking import all_trials, confirmations_of, describe_distinct
     from autotune.storage import load_study
+    from autotune.views.ranking import all_trials, confirmations_of, describe_distinct
+    from autotune.views.search_display import print_ranking, trial_table
 
     study = load_study(storage, study_name)
     if not all:
@@ -258,16 +348,25 @@ def best(
 
 @app.command()
 def export(
-    out: Annotated[Optional[str], typer.Option(
-        help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml.")] = None,
-    fmt: Annotated[str, typer.Option(
-        "--format", help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.")] = "json",
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.",
+        ),
+    ] = "json",
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
     from autotune.storage import load_study
+    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
 
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
@@ -285,13 +384,15 @@ def export(
 @app.command()
 def dashboard(
     storage: StorageOption = DEFAULT_STORAGE,
-    host: Annotated[str, typer.Option(help="Address to listen on. The dashboard has no login: keep it on loopback.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on. The dashboard has no login: keep it on loopback.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
 ) -> None:
     """Serve optuna-dashboard on the study storage: OOM and over-ceiling trials shown infeasible, a note per study."""
-    from autotune.dashboard import is_loopback, serve
+    from autotune.plan import port as check_port
     from autotune.storage import redact
-    from autotune.validate import port as check_port
+    from autotune.views.dashboard import is_loopback, serve
 
     check_port(port)
     if not is_loopback(host):
@@ -313,8 +414,8 @@ def report(
     study_name: StudyOption = None,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, knob effects, timeline, ranking."""
-    from autotune.report import write_report
     from autotune.storage import load_study
+    from autotune.views.report import write_report
 
     study = load_study(storage, study_name)
     write_report(study, out)
@@ -324,24 +425,33 @@ def report(
 
 @app.command()
 def devices(
-    calibrate: Annotated[bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")] = False,
-    device: Annotated[Optional[str], typer.Option(help="With --calibrate: only this device (cpu, cuda:N).")] = None,
+    calibrate: Annotated[
+        bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")
+    ] = False,
+    device: Annotated[str | None, typer.Option(help="With --calibrate: only this device (cpu, cuda:N).")] = None,
     seconds: Annotated[float, typer.Option(help="With --calibrate: seconds of timed matmuls per dtype.")] = 1.0,
-    matrix_size: Annotated[Optional[int], typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")] = None,
-    known: Annotated[bool, typer.Option("--known", help="List the GPUs autotune estimate --gpu-type plans for.")] = False,
+    matrix_size: Annotated[
+        int | None, typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")
+    ] = None,
+    known: Annotated[
+        bool, typer.Option("--known", help="List the GPUs autotune estimate --gpu-type plans for.")
+    ] = False,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
     if known:
-        from autotune.plan_display import known_gpus_table
+        from autotune.views.plan_display import known_gpus_table
 
         if calibrate:
-            raise AutotuneError("--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one")
+            raise AutotuneError(
+                "--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one"
+            )
         console.print(known_gpus_table())
         return
-    from autotune.calibrate import calibrate_device, load_measured_peaks, save_calibration
-    from autotune.devices import list_devices, resolve_device
-    from autotune.plan_display import calibrated_peaks_text, devices_table
-    from autotune.validate import positive_int, positive_seconds
+    from autotune.plan import positive_int, positive_seconds
+    from autotune.runner import calibrate_device
+    from autotune.spec.devices import list_devices, resolve_device
+    from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
+    from autotune.views.plan_display import calibrated_peaks_text, devices_table
 
     positive_seconds("--seconds", seconds)
     positive_int("--matrix-size", matrix_size)
@@ -349,7 +459,9 @@ def devices(
     if calibrate:
         targets = [resolve_device(device, None)] if device is not None else found
         for spec in targets:
-            console.print(f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}")
+            console.print(
+                f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}"
+            )
             peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
             console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks)))
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
@@ -375,6 +487,9 @@ def main() -> None:
 
         err_console.print(
             f"autotune: error: the study storage failed ({storage_failure(exc)}); free space or fix the database, "
-            f"then run the same command again", markup=False, highlight=False, soft_wrap=True,
+            f"then run the same command again",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
         sys.exit(2)

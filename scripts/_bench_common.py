@@ -27,13 +27,15 @@ class FirstStepClock(TrainerCallback):
     def __init__(self) -> None:
         self._written = False
 
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_begin(self, args, state, control, **kwargs):
         if not self._written:
             Path(args.output_dir, FIRST_STEP_FILE).write_text(repr(time.monotonic()))
             self._written = True
 
 
-def plain_trainer_command(args_file: Path, model: str, seq_len: int, steps: int, ranks: int, weight_dtype: str = "fp32") -> list[str]:
+def plain_trainer_command(
+    args_file: Path, model: str, seq_len: int, steps: int, ranks: int, weight_dtype: str = "fp32"
+) -> list[str]:
     """The fresh process that trains ``args_file`` in a plain Trainer loop (``bench_fidelity.py --plain``):
     the user's own launch, ``torchrun --nproc-per-node N`` (``--standalone``: a free port), where the
     export spans several ranks or names a DeepSpeed config (DeepSpeed needs the launcher's
@@ -42,13 +44,27 @@ def plain_trainer_command(args_file: Path, model: str, seq_len: int, steps: int,
     import sys
 
     fidelity = Path(__file__).resolve().parent / "bench_fidelity.py"
-    script = [str(fidelity), "--plain", str(Path(args_file).resolve()), "--model", model, "--seq-len", str(seq_len), "--plain-steps", str(steps), "--weight-dtype", weight_dtype]
+    script = [
+        str(fidelity),
+        "--plain",
+        str(Path(args_file).resolve()),
+        "--model",
+        model,
+        "--seq-len",
+        str(seq_len),
+        "--plain-steps",
+        str(steps),
+        "--weight-dtype",
+        weight_dtype,
+    ]
     if ranks == 1 and "deepspeed" not in json.loads(Path(args_file).read_text()):
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *script]
 
 
-def run_plain_trainer(args_file: Path, model: str, seq_len: int, steps: int = 30, ranks: int = 1, weight_dtype: str = "fp32") -> dict:
+def run_plain_trainer(
+    args_file: Path, model: str, seq_len: int, steps: int = 30, ranks: int = 1, weight_dtype: str = "fp32"
+) -> dict:
     """Train ``args_file`` in a plain Trainer loop in a fresh process (from its directory, where the
     export's relative paths point) and return what it measured (the JSON its result line holds).
     ``weight_dtype``: the winner's, which the export's note says to build the model in."""

@@ -30,14 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import load_average  # noqa: E402
+from _bench_common import load_average
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.data import PreparedDataset, prepare_dataset  # noqa: E402
-from autotune.runner import load_training_dataset  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
-from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
+from autotune.levers import TrialConfig
+from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.runner._loader import load_training_dataset
+from autotune.spec.dataset import PreparedDataset, prepare_dataset
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.models import resolve_model
 
 
 def make_model_dir(root: Path, documents: list[str]) -> Path:
@@ -48,13 +48,18 @@ def make_model_dir(root: Path, documents: list[str]) -> Path:
     directory = root / "model"
     fast.save_pretrained(directory)
     BertConfig(
-        vocab_size=len(fast), hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-        max_position_embeddings=512, pad_token_id=fast.pad_token_id,
+        vocab_size=len(fast),
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=512,
+        pad_token_id=fast.pad_token_id,
     ).save_pretrained(directory)
     return directory
 
 
-def train_tokenizer(documents: list[str]):  # noqa: ANN201 - a transformers PreTrainedTokenizerFast
+def train_tokenizer(documents: list[str]):
     """An 8k byte-level BPE tokenizer trained on ``documents`` with the ``tokenizers`` library (no download)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -65,12 +70,15 @@ def train_tokenizer(documents: list[str]):  # noqa: ANN201 - a transformers PreT
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
     tokenizer.train_from_iterator(documents, trainers.BpeTrainer(vocab_size=8000, special_tokens=specials))
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))]
+        single="[CLS] $A [SEP]",
+        special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))],
     )
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
 
 
-def generated_documents(count: int, seed: int = 0, word_counts=None) -> list[str]:  # noqa: ANN001
+def generated_documents(count: int, seed: int = 0, word_counts=None) -> list[str]:
     """Documents drawn from a Zipf-like vocabulary of made-up words; ``word_counts(rng)`` draws each
     document's length (default: uniform 150-600 words)."""
     rng = random.Random(seed)
@@ -85,7 +93,7 @@ def generated_documents(count: int, seed: int = 0, word_counts=None) -> list[str
     return documents
 
 
-def data_side_batches_per_s(dataset, batch_size: int, workers: int, batches: int = 40) -> float:  # noqa: ANN001
+def data_side_batches_per_s(dataset, batch_size: int, workers: int, batches: int = 40) -> float:
     """Batches per second the DataLoader alone delivers (tokenization, padding, collation)."""
     import torch
 
@@ -103,7 +111,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--documents", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=2, help="Interleaved repetitions of every trial variant (0: data side only).")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="Interleaved repetitions of every trial variant (0: data side only)."
+    )
     options = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-dataset-"))
@@ -119,7 +129,9 @@ def main() -> None:
     text = prepare_dataset(str(data_path), model, options.seq_len, options.micro_batch * 4, steps, str(root / "cache"))
     text_prepare_s = time.perf_counter() - started
     started = time.perf_counter()
-    packed = prepare_dataset(str(data_path), model, options.seq_len, options.micro_batch * 4, steps, str(root / "cache"), packing=True)
+    packed = prepare_dataset(
+        str(data_path), model, options.seq_len, options.micro_batch * 4, steps, str(root / "cache"), packing=True
+    )
     packed_prepare_s = time.perf_counter() - started
     started = time.perf_counter()
     dataset = load_training_dataset(text, model, options.seq_len)
@@ -146,15 +158,23 @@ def main() -> None:
         "text w0": trained_on(text),
         "text w2": trained_on(text, dataloader_workers=2),
         "packed w0": trained_on(packed),
-        f"synthetic mb{options.micro_batch // 4} ga1": dataclasses.replace(base, config=TrialConfig(micro_batch=options.micro_batch // 4)),
+        f"synthetic mb{options.micro_batch // 4} ga1": dataclasses.replace(
+            base, config=TrialConfig(micro_batch=options.micro_batch // 4)
+        ),
         f"synthetic mb{options.micro_batch // 4} ga4": dataclasses.replace(
             base, config=TrialConfig(micro_batch=options.micro_batch // 4, grad_accum=4)
         ),
     }
-    print(f"model {model.num_params / 1e6:.1f} M params (bert-mini shape, 8k BPE), seq len {options.seq_len}, micro-batch {options.micro_batch}")
-    print(f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenized until a trial has enough blocks) {packed_prepare_s:.2f} s "
-          f"for {options.documents} documents; {packed.num_samples} packed blocks")
-    print(f"child: load the prepared dataset {load_s * 1000:.0f} ms; tokenize one sample on the fly {per_sample_ms:.2f} ms")
+    print(
+        f"model {model.num_params / 1e6:.1f} M params (bert-mini shape, 8k BPE), seq len {options.seq_len}, micro-batch {options.micro_batch}"
+    )
+    print(
+        f"parent: prepare (text, read + copy) {text_prepare_s:.2f} s; prepare (packing, tokenized until a trial has enough blocks) {packed_prepare_s:.2f} s "
+        f"for {options.documents} documents; {packed.num_samples} packed blocks"
+    )
+    print(
+        f"child: load the prepared dataset {load_s * 1000:.0f} ms; tokenize one sample on the fly {per_sample_ms:.2f} ms"
+    )
     print(
         f"data side alone (DataLoader, no model): {batches_per_s[0]:.1f} batches/s with 0 workers, {batches_per_s[2]:.1f} "
         f"with 2 workers ({batches_per_s[2] / batches_per_s[0]:.2f}x); a step slower than 1/{batches_per_s[0]:.1f} s "
@@ -166,20 +186,30 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for round_number in range(options.rounds):
         for name, job in variants.items():
-            result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"{name.replace(' ', '-')}-{round_number}")), 900)
+            result = run_isolated(
+                dataclasses.replace(job, work_dir=str(root / f"{name.replace(' ', '-')}-{round_number}")), 900
+            )
             if result.status != "ok":
                 raise SystemExit(f"{name} failed: {result.status} {result.error}")
             samples[name].append(result.samples_per_s)
-            print(f"  round {round_number} {name:<22} {result.samples_per_s:8.1f} samples/s (step CV {result.step_time_cv:.1%})")
+            print(
+                f"  round {round_number} {name:<22} {result.samples_per_s:8.1f} samples/s (step CV {result.step_time_cv:.1%})"
+            )
     median = {name: statistics.median(values) for name, values in samples.items()}
     print("\nmedian samples/s over the rounds, and ratios measured in this run:")
     for name, value in median.items():
         print(f"  {name:<22} {value:8.1f}")
-    print(f"  text w0 / synthetic      {median['text w0'] / median['synthetic']:.2f}x  (what on-the-fly tokenization costs)")
-    print(f"  text w2 / text w0        {median['text w2'] / median['text w0']:.2f}x  (what 2 dataloader workers buy back)")
+    print(
+        f"  text w0 / synthetic      {median['text w0'] / median['synthetic']:.2f}x  (what on-the-fly tokenization costs)"
+    )
+    print(
+        f"  text w2 / text w0        {median['text w2'] / median['text w0']:.2f}x  (what 2 dataloader workers buy back)"
+    )
     print(f"  packed w0 / text w0      {median['packed w0'] / median['text w0']:.2f}x")
     small = options.micro_batch // 4
-    print(f"  mb{small} ga4 / mb{small} ga1        {median[f'synthetic mb{small} ga4'] / median[f'synthetic mb{small} ga1']:.2f}x  (the optimizer step amortised)")
+    print(
+        f"  mb{small} ga4 / mb{small} ga1        {median[f'synthetic mb{small} ga4'] / median[f'synthetic mb{small} ga1']:.2f}x  (the optimizer step amortised)"
+    )
     print(load_average())
 
 

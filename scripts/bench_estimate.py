@@ -7,7 +7,7 @@ Each row: the uncalibrated prediction (``estimate_peak`` with ``memory_prior``, 
 starts from), the measured peak RSS of the trial's process tree, and their ratio. The grid's rows
 are read from its cache; with ``--peft`` the LoRA rows are trained for real, each in a fresh child
 through autotune's runner with the grid's measurement settings, on the workload a search with
-``--peft`` builds (``autotune.peft.with_peft``), for the grid configs of ``--lora-micro-batches``.
+``--peft`` builds (``autotune.spec.peft.with_peft``), for the grid configs of ``--lora-micro-batches``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import tempfile
 from pathlib import Path
 
 from _bench_common import load_average
-
-from autotune.config import TrialConfig
-from autotune.devices import cpu_device
-from autotune.estimate import estimate_peak, memory_prior
-from autotune.models import ModelSpec, resolve_model
-from autotune.peft import with_peft
-from autotune.result import TrialResult
 from bench_search.grid import BENCH_MEASURE, Grid
+
+from autotune.estimate import estimate_peak, memory_prior
+from autotune.levers import TrialConfig
+from autotune.result import TrialResult
+from autotune.spec.devices import cpu_device
+from autotune.spec.models import ModelSpec, resolve_model
+from autotune.spec.peft import with_peft
 
 
 def measure_lora(model: ModelSpec, config: TrialConfig, seq_len: int, work_dir: Path) -> TrialResult:
@@ -37,7 +37,10 @@ def measure_lora(model: ModelSpec, config: TrialConfig, seq_len: int, work_dir: 
     generous = 8 * 1024**3
     job = TrialJob(
         workload=Workload.for_model(
-            model, seq_len=seq_len, ceiling_bytes=generous, measure=BENCH_MEASURE,
+            model,
+            seq_len=seq_len,
+            ceiling_bytes=generous,
+            measure=BENCH_MEASURE,
             address_space_bytes=child_address_space_budget(generous, psutil.virtual_memory().available),
         ),
         config=config,
@@ -60,8 +63,12 @@ def main() -> None:
     options = parser.parse_args()
     grid = Grid.load(Path(options.grid))
     model, seq_len = resolve_model(grid.meta["model"]), int(grid.meta["seq_len"])
-    lines = [f"{grid.meta['model']}, seq len {seq_len}; {load_average()}", "",
-             "| workload | config | predicted (MiB) | measured (MiB) | predicted / measured |", "|---|---|---|---|---|"]
+    lines = [
+        f"{grid.meta['model']}, seq len {seq_len}; {load_average()}",
+        "",
+        "| workload | config | predicted (MiB) | measured (MiB) | predicted / measured |",
+        "|---|---|---|---|---|",
+    ]
     for config, result in grid.results.items():
         if result.peak_memory_bytes > 0:
             lines.append(row("full", model, config, seq_len, result.peak_memory_bytes))
@@ -69,7 +76,9 @@ def main() -> None:
         lora_model = with_peft(model, options.peft, cpu_device(), [])
         micro_batches = {int(value) for value in options.lora_micro_batches.split(",")}
         work = Path(tempfile.mkdtemp(prefix="bench-estimate-"))
-        for index, config in enumerate(c for c in grid.results if c.micro_batch in micro_batches and not c.checkpointing):
+        for index, config in enumerate(
+            c for c in grid.results if c.micro_batch in micro_batches and not c.checkpointing
+        ):
             result = measure_lora(lora_model, config, seq_len, work / f"lora-{index}")
             print(f"  {config.short()}: {result.status} peak {result.peak_memory_bytes}", file=sys.stderr, flush=True)
             if result.status == "ok":

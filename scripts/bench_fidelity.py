@@ -36,7 +36,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: int, steps: int, weight_dtype: str = "fp32") -> dict:
+def plain_trainer_run(
+    args_file: str, model: str, seq_len: int, warmup_steps: int, steps: int, weight_dtype: str = "fp32"
+) -> dict:
     """Train the exported arguments with transformers alone; return throughput and peak RSS."""
     import resource
     import time
@@ -88,7 +90,7 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
         def __init__(self) -> None:
             self.times: list[float] = []
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter())
 
     import threading
@@ -107,8 +109,13 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     threading.Thread(target=sample_anon, daemon=True).start()
     clock = StepEnds()
     arguments = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="plain-"), max_steps=warmup_steps + steps, report_to="none",
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, **exported,
+        output_dir=tempfile.mkdtemp(prefix="plain-"),
+        max_steps=warmup_steps + steps,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        **exported,
     )
     Trainer(model=model_instance, args=arguments, train_dataset=RandomTokens(), callbacks=[clock]).train()
     done.set()
@@ -128,7 +135,10 @@ def plain_trainer_run(args_file: str, model: str, seq_len: int, warmup_steps: in
     measured = clock.times[warmup_steps - 1 :]  # from the end of the last warm-up step
     step_times = [b - a for a, b in zip(measured, measured[1:])]
     step_times.sort()
-    peaks = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_anon_rss_bytes": peak_anon[0]}
+    peaks = {
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_anon_rss_bytes": peak_anon[0],
+    }
     rank_peaks = [peaks]
     if world_size > 1:  # every rank's peaks to rank 0 (the Trainer's process group is still up)
         rank_peaks = [{}] * world_size
@@ -158,18 +168,18 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
     """The winner measured again by autotune's runner, exactly as a confirmation re-run is."""
     import optuna
 
-    from autotune.measure import MeasureSettings
-    from autotune.models import resolve_model
-    from autotune.ranking import to_ranked
     from autotune.runner import TrialJob, Workload, run_isolated
+    from autotune.spec.measure import MeasureSettings
+    from autotune.spec.models import resolve_model
+    from autotune.views.ranking import to_ranked
 
     study = optuna.load_study(study_name=None, storage=storage)
     identity = study.user_attrs["identity"]
     trial = to_ranked(study.trials[number])
     model = resolve_model(identity["model"], identity["task"])
     if peft is not None:
-        from autotune.devices import cpu_device
-        from autotune.peft import with_peft
+        from autotune.spec.devices import cpu_device
+        from autotune.spec.peft import with_peft
 
         model = with_peft(model, peft, cpu_device(), [])
     job = TrialJob(
@@ -187,19 +197,46 @@ def remeasure_with_autotune(storage: str, number: int, work_dir: Path, peft: str
     result = run_isolated(job, timeout_s=900)
     if result.status != "ok":
         raise SystemExit(f"autotune re-measurement failed: {result.status} {result.error}")
-    return {"samples_per_s": result.samples_per_s, "peak_rss_bytes": result.peak_memory_bytes,
-            "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0)}
+    return {
+        "samples_per_s": result.samples_per_s,
+        "peak_rss_bytes": result.peak_memory_bytes,
+        "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0),
+    }
 
 
 def search_and_export(options: argparse.Namespace, root: Path, storage: str) -> None:
     """Step 1: the search through the CLI, then the export of its winner (``root/best.json``)."""
     autotune = [sys.executable, "-m", "autotune"]
-    run([*autotune, "search", "--model", options.model, "--device", "cpu", "--seq-len", str(options.seq_len),
-         "--space", str(Path(options.space).resolve()), "--storage", storage, "--trials", str(options.trials), "--work-dir", "runs",
-         "--devices-per-trial", str(options.devices_per_trial),
-         *(["--memory-ceiling", options.memory_ceiling] if options.memory_ceiling else []),
-         *(["--confirm-top", str(options.confirm_top)] if options.confirm_top is not None else []),
-         *(["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft] if options.peft else [])], root)
+    run(
+        [
+            *autotune,
+            "search",
+            "--model",
+            options.model,
+            "--device",
+            "cpu",
+            "--seq-len",
+            str(options.seq_len),
+            "--space",
+            str(Path(options.space).resolve()),
+            "--storage",
+            storage,
+            "--trials",
+            str(options.trials),
+            "--work-dir",
+            "runs",
+            "--devices-per-trial",
+            str(options.devices_per_trial),
+            *(["--memory-ceiling", options.memory_ceiling] if options.memory_ceiling else []),
+            *(["--confirm-top", str(options.confirm_top)] if options.confirm_top is not None else []),
+            *(
+                ["--peft", str(Path(options.peft).resolve()) if Path(options.peft).exists() else options.peft]
+                if options.peft
+                else []
+            ),
+        ],
+        root,
+    )
     print(run([*autotune, "export", "--storage", storage, "--out", "best.json"], root).strip())
 
 
@@ -209,19 +246,32 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--space", default=str(REPO / "search_spaces" / "tiny-test.yaml"))
     parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--rounds", type=int, default=3, help="Alternating plain / autotune measurements of the winner.")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="Alternating plain / autotune measurements of the winner."
+    )
     parser.add_argument("--plain-steps", type=int, default=30, help="Timed steps of the plain run, after 3 warm-up.")
     parser.add_argument("--peft", help="LoRA study: lora, qlora or an adapter config file (autotune search --peft).")
-    parser.add_argument("--devices-per-trial", type=int, default=1, help="Ranks per trial (autotune search --devices-per-trial); the plain run is torchrun --nproc-per-node N.")
+    parser.add_argument(
+        "--devices-per-trial",
+        type=int,
+        default=1,
+        help="Ranks per trial (autotune search --devices-per-trial); the plain run is torchrun --nproc-per-node N.",
+    )
     parser.add_argument("--memory-ceiling", help="autotune search --memory-ceiling (per rank).")
     parser.add_argument("--confirm-top", type=int, help="autotune search --confirm-top.")
-    parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory (study.db, best.json): measure its winner again, no search.")
+    parser.add_argument(
+        "--reuse",
+        metavar="DIR",
+        help="A finished run's directory (study.db, best.json): measure its winner again, no search.",
+    )
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode
     parser.add_argument("--weight-dtype", default="fp32", help=argparse.SUPPRESS)  # the child mode: the winner's
     options = parser.parse_args()
 
     if options.plain:
-        measured = plain_trainer_run(options.plain, options.model, options.seq_len, 3, options.plain_steps, options.weight_dtype)
+        measured = plain_trainer_run(
+            options.plain, options.model, options.seq_len, 3, options.plain_steps, options.weight_dtype
+        )
         if os.environ.get("RANK", "0") == "0":
             from _bench_common import PLAIN_RESULT_MARK
 
@@ -234,7 +284,7 @@ def main() -> None:
     import optuna
     from _bench_common import load_average, run_plain_trainer
 
-    from autotune.ranking import study_ranking
+    from autotune.views.ranking import study_ranking
 
     print(load_average())
     root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
@@ -250,10 +300,22 @@ def main() -> None:
     # winner alternately, so the side-by-side ratio is free of that drift.
     plain_runs, autotune_runs = [], []
     for index in range(options.rounds):
-        plain_runs.append(run_plain_trainer(root / "best.json", options.model, options.seq_len, options.plain_steps, options.devices_per_trial, winner.config.weight_dtype))
+        plain_runs.append(
+            run_plain_trainer(
+                root / "best.json",
+                options.model,
+                options.seq_len,
+                options.plain_steps,
+                options.devices_per_trial,
+                winner.config.weight_dtype,
+            )
+        )
         autotune_runs.append(remeasure_with_autotune(storage, winner.number, root / f"remeasure-{index}", options.peft))
-        print(f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
-              f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}", flush=True)
+        print(
+            f"round {index + 1}: plain {plain_runs[-1]['samples_per_s']:.2f} samples/s, "
+            f"autotune {autotune_runs[-1]['samples_per_s']:.2f} samples/s; {load_average()}",
+            flush=True,
+        )
 
     def median(runs: list[dict], key: str) -> float:
         return statistics.median(r[key] for r in runs)
@@ -265,8 +327,10 @@ def main() -> None:
     print(f"\n{'samples/s (medians over ' + str(options.rounds) + ' rounds)':<50}{'samples/s':>10} {'plain vs it':>12}")
     print(f"{'plain Trainer loop (wall time of ' + str(options.plain_steps) + ' steps)':<50}{plain_speed:10.2f}")
     print(f"{'plain Trainer loop (median step)':<50}{median(plain_runs, 'samples_per_s_median_step'):10.2f}")
-    rows = [("autotune runner, alternating with the plain loop", median(autotune_runs, "samples_per_s")),
-            ("study record: search-time median", winner.result.samples_per_s)]
+    rows = [
+        ("autotune runner, alternating with the plain loop", median(autotune_runs, "samples_per_s")),
+        ("study record: search-time median", winner.result.samples_per_s),
+    ]
     if winner.confirmed_samples_per_s is not None:
         rows.append(("study record: confirmed median (the ranking's)", winner.confirmed_samples_per_s))
     for label, value in rows:

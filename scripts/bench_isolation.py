@@ -25,14 +25,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, for this process and its children
 
-from _bench_common import load_average, read_first_step  # noqa: E402
+from _bench_common import load_average, read_first_step
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.result import TrialResult  # noqa: E402
-from autotune.runner._child import child_main  # noqa: E402
-from autotune.runner._job import TrialJob, Workload  # noqa: E402
-from autotune.runner._pool import forkserver_context  # noqa: E402
+from autotune.levers import TrialConfig
+from autotune.result import TrialResult
+from autotune.runner._child import child_main
+from autotune.runner._job import TrialJob, Workload
+from autotune.runner._pool import forkserver_context
+from autotune.spec.measure import MeasureSettings
 
 
 @dataclasses.dataclass(frozen=True)

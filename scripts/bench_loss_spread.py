@@ -1,10 +1,10 @@
 """Numerics: how far healthy configs' training losses spread around the HF default's, and where a
-diverging run lands. Chooses (and re-checks) ``autotune.numerics.LOSS_GROWTH_TOLERANCE``.
+diverging run lands. Chooses (and re-checks) ``autotune.result._loss.LOSS_GROWTH_TOLERANCE``.
 
 Each config trains in a real trial child (autotune.runner.run_isolated, the search's default
 measurement settings) on the same synthetic tokens with the same seed; its loss over the measured
 steps it shares with the HF default trial is compared the way the search compares it
-(``autotune.numerics.compare_losses``). Healthy configs vary the dtype, optimizer, batch shape,
+(``autotune.result._loss.compare_losses``). Healthy configs vary the dtype, optimizer, batch shape,
 checkpointing and compilation; the diverging ones raise the learning rate.
 
     python scripts/bench_loss_spread.py --model bert-tiny --seq-len 32 [--compile] [--out spread.json]
@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import load_average  # noqa: E402
+from _bench_common import load_average
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.numerics import LOSS_GROWTH_TOLERANCE, compare_losses  # noqa: E402
-from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
-from autotune.study._seeds import hf_default_config  # noqa: E402
+from autotune.levers import TrialConfig
+from autotune.result._loss import LOSS_GROWTH_TOLERANCE, compare_losses
+from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.study._seeds import hf_default_config
 
 # (label, knobs changed from the HF default, base args, expected healthy; None: depends on the model)
 CASES: list[tuple[str, dict, dict, bool | None]] = [
@@ -61,7 +61,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-tiny")
     parser.add_argument("--seq-len", type=int, default=32)
-    parser.add_argument("--compile", action="store_true", help="Add a torch.compile (inductor) case (minutes of compile).")
+    parser.add_argument(
+        "--compile", action="store_true", help="Add a torch.compile (inductor) case (minutes of compile)."
+    )
     parser.add_argument("--out", help="Write every curve as JSON here.")
     options = parser.parse_args()
     print(load_average())
@@ -69,11 +71,15 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="loss-spread-")
     default = run(options.model, options.seq_len, default_config, {}, f"{root}/default")
     assert default.status == "ok", default.error
-    print(f"HF default ({default_config.short()}): {default.measured_steps} measured steps from step "
-          f"{default.loss_measured_from}, loss first {default.loss_first} last {default.loss_last}")
+    print(
+        f"HF default ({default_config.short()}): {default.measured_steps} measured steps from step "
+        f"{default.loss_measured_from}, loss first {default.loss_first} last {default.loss_last}"
+    )
     cases = CASES + ([COMPILE_CASE] if options.compile else [])
     rows = []
-    print(f"{'config':32} {'status':9} {'shared steps':>12} {'step 1':>7} {'end loss':>9} {'default':>9} {'excess':>8}  verdict (tolerance {LOSS_GROWTH_TOLERANCE:.0%})")
+    print(
+        f"{'config':32} {'status':9} {'shared steps':>12} {'step 1':>7} {'end loss':>9} {'default':>9} {'excess':>8}  verdict (tolerance {LOSS_GROWTH_TOLERANCE:.0%})"
+    )
     for index, (label, knobs, base_args, healthy) in enumerate(cases):
         config = TrialConfig(**{**vars(default_config), **knobs})
         result = run(options.model, options.seq_len, config, base_args, f"{root}/case-{index}")
@@ -88,10 +94,19 @@ def main() -> None:
             f"{comparison.trial_end if comparison else float('nan'):>9.4f} {comparison.default_end if comparison else float('nan'):>9.4f} "
             f"{excess:>8}  {verdict}{'; ' + result.error.splitlines()[0][:110] if result.error else ''}"
         )
-        rows.append({"label": label, "knobs": knobs, "base_args": base_args, "expected_healthy": healthy,
-                     "status": result.status, "error": result.error, "curve": result.loss_curve,
-                     "measured_from": result.loss_measured_from,
-                     "relative_excess": comparison.relative_excess if comparison else None})
+        rows.append(
+            {
+                "label": label,
+                "knobs": knobs,
+                "base_args": base_args,
+                "expected_healthy": healthy,
+                "status": result.status,
+                "error": result.error,
+                "curve": result.loss_curve,
+                "measured_from": result.loss_measured_from,
+                "relative_excess": comparison.relative_excess if comparison else None,
+            }
+        )
     print(load_average())
     if options.out:
         Path(options.out).write_text(json.dumps({"default": default.loss_curve, "cases": rows}, indent=1))

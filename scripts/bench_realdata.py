@@ -31,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import load_average  # noqa: E402
-from bench_dataset import generated_documents, train_tokenizer  # noqa: E402
+from _bench_common import load_average
+from bench_dataset import generated_documents, train_tokenizer
 
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.data import prepare_dataset  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
-from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
+from autotune.levers import TrialConfig
+from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.spec.dataset import prepare_dataset
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.models import resolve_model
 
 LEVERS_SPACE = """\
 micro_batch: [8]
@@ -51,7 +51,7 @@ sampling: [random, group_by_length]
 """
 
 
-def lognormal_words(rng) -> int:  # noqa: ANN001 - random.Random
+def lognormal_words(rng) -> int:
     """Words per document: log-normal, median e^4.1 = 60, sigma 0.9 (a tenth of documents past 190 words)."""
     return max(3, int(rng.lognormvariate(4.1, 0.9)))
 
@@ -63,7 +63,9 @@ def make_decoder_dir(root: Path, documents: list[str]) -> Path:
     fast = train_tokenizer(documents)
     directory = root / "model"
     fast.save_pretrained(directory)
-    config = GPT2Config(vocab_size=len(fast), n_embd=256, n_layer=4, n_head=4, n_positions=512, pad_token_id=fast.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(fast), n_embd=256, n_layer=4, n_head=4, n_positions=512, pad_token_id=fast.pad_token_id
+    )
     config.architectures = ["GPT2LMHeadModel"]
     config.save_pretrained(directory)
     return directory
@@ -75,16 +77,35 @@ def search_winner(root: Path, model_dir: Path, data: Path, seq_len: int, trials:
     space.write_text(LEVERS_SPACE)
     storage = f"sqlite:///{root / 'levers.db'}"
     command = [
-        sys.executable, "-m", "autotune", "search", "--model", str(model_dir), "--dataset", str(data),
-        "--seq-len", str(seq_len), "--space", str(space), "--storage", storage, "--study-name", "levers",
-        "--trials", str(trials), "--work-dir", str(root / "search"), "--device", "cpu",
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        str(data),
+        "--seq-len",
+        str(seq_len),
+        "--space",
+        str(space),
+        "--storage",
+        storage,
+        "--study-name",
+        "levers",
+        "--trials",
+        str(trials),
+        "--work-dir",
+        str(root / "search"),
+        "--device",
+        "cpu",
     ]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     print(done.stdout[-4000:])
     if done.returncode != 0:
         raise SystemExit(f"autotune search failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    from autotune.export import winner
     from autotune.storage import load_study
+    from autotune.views.export import winner
 
     return winner(load_study(storage, "levers")).config
 
@@ -128,7 +149,9 @@ def main() -> None:
     for round_number in range(options.rounds):
         for index, (name, config) in enumerate(variants.items()):
             job = TrialJob(
-                workload=Workload.for_model(model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings, dataset=data),
+                workload=Workload.for_model(
+                    model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings, dataset=data
+                ),
                 config=config,
                 work_dir=str(root / f"v{index}-{round_number}"),
             )
@@ -137,7 +160,9 @@ def main() -> None:
                 raise SystemExit(f"{name} failed: {result.status} {result.error}")
             figures[name]["samples"].append(result.samples_per_s)
             figures[name]["real"].append(result.real_tokens_per_s)
-            print(f"  round {round_number} {name:<48} {result.samples_per_s:7.1f} samples/s {result.real_tokens_per_s:8.0f} real tokens/s")
+            print(
+                f"  round {round_number} {name:<48} {result.samples_per_s:7.1f} samples/s {result.real_tokens_per_s:8.0f} real tokens/s"
+            )
     base = statistics.median(figures["HF default (pad to seq len)"]["real"])
     print(f"\nmedian over {options.rounds} rounds (interleaved, one run):")
     print(f"  {'variant':<56} {'samples/s':>10} {'real tokens/s':>14} {'vs default':>10}")

@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import cv, load_average, run_plain_trainer  # noqa: E402
+from _bench_common import cv, load_average, run_plain_trainer
 
-from autotune.calibrate import measure_matmul_peak  # noqa: E402
-from autotune.config import TrialConfig, training_arguments_kwargs  # noqa: E402
-from autotune.measure import MeasureSettings  # noqa: E402
-from autotune.runner import TrialJob, Workload, run_isolated  # noqa: E402
+from autotune.levers import TrialConfig, training_arguments_kwargs
+from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.measured_peaks import measure_matmul_peak
 
 
 def main() -> None:
@@ -46,11 +46,15 @@ def main() -> None:
     parser.add_argument("--optim", default="adamw_torch")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument(
-        "--plain", action=argparse.BooleanOptionalAction, default=True,
+        "--plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="alternate each run with a plain Trainer run of the same arguments (the machine's floor)",
     )
     parser.add_argument(
-        "--matmul-seconds", type=float, default=10.0,
+        "--matmul-seconds",
+        type=float,
+        default=10.0,
         help="seconds of fp32 matmuls (autotune devices --calibrate's timer) after each run (the hardware's floor); 0 leaves it out",
     )
     options = parser.parse_args()
@@ -59,7 +63,9 @@ def main() -> None:
     config = TrialConfig(micro_batch=options.micro_batch, dtype=options.dtype, optim=options.optim)
     root = Path(tempfile.mkdtemp(prefix="bench-repeatability-"))
     job = TrialJob(
-        workload=Workload.for_model(options.model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings),
+        workload=Workload.for_model(
+            options.model, seq_len=options.seq_len, ceiling_bytes=16 * 1024**3, measure=settings
+        ),
         config=config,
         work_dir=str(root / "run-0"),
     )
@@ -70,7 +76,9 @@ def main() -> None:
     medians, plain_medians, matmul_rates = [], [], []
     extra_header = f" {'plain samples/s':>16}" if options.plain else ""
     extra_header += f" {'matmul GFLOP/s':>15}" if options.matmul_seconds > 0 else ""
-    print(f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{extra_header}")
+    print(
+        f"{'run':>3} {'samples/s':>10} {'step median s':>14} {'step CV':>8} {'steps':>6} {'steady':>7} {'peak RSS MiB':>13}{extra_header}"
+    )
     for run in range(options.runs):
         result = run_isolated(dataclasses.replace(job, work_dir=str(root / f"run-{run}")), timeout_s=900)
         if result.status != "ok":
@@ -78,7 +86,9 @@ def main() -> None:
         medians.append(result.samples_per_s)
         extra_cells = ""
         if options.plain:
-            plain_medians.append(run_plain_trainer(args_file, options.model, options.seq_len)["samples_per_s_median_step"])
+            plain_medians.append(
+                run_plain_trainer(args_file, options.model, options.seq_len)["samples_per_s_median_step"]
+            )
             extra_cells = f" {plain_medians[-1]:16.2f}"
         if options.matmul_seconds > 0:
             # calibrate's matmul timer (2048 x 2048 fp32, each matmul timed alone): the median rate

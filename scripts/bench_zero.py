@@ -104,10 +104,10 @@ def placement_table(rows: list[Row]) -> str:
 
 def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: int, zero: str, root: Path) -> Row:
     """Train one stage on ``ranks`` ranks through autotune's runner; read its ranks' records."""
-    from autotune.config import TrialConfig
     from autotune.estimate import estimate_peak
-    from autotune.measure import MeasureSettings
+    from autotune.levers import TrialConfig
     from autotune.runner import TrialJob, Workload, run_isolated
+    from autotune.spec.measure import MeasureSettings
     from tests.support.zero_placement import placement_file
 
     workload = Workload.for_model(
@@ -136,7 +136,9 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
         for rank in range(ranks)
         if placement_file(job.work_dir, rank).exists()
     )
-    return Row(ranks, zero, "ok", result.samples_per_s, rank_peaks, predicted.total_bytes, predicted.host_bytes, placement)
+    return Row(
+        ranks, zero, "ok", result.samples_per_s, rank_peaks, predicted.total_bytes, predicted.host_bytes, placement
+    )
 
 
 def main() -> None:
@@ -144,7 +146,11 @@ def main() -> None:
     parser.add_argument("--model", default="bert-small")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--micro-batch", type=int, default=2)
-    parser.add_argument("--dtype", default="bf16", help="bf16: DeepSpeed trains a 16-bit module (2 bytes a weight), what makes its partitions smaller than DDP's fp32 states.")
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        help="bf16: DeepSpeed trains a 16-bit module (2 bytes a weight), what makes its partitions smaller than DDP's fp32 states.",
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--json", help="Also write the rows here.")
@@ -155,12 +161,17 @@ def main() -> None:
     from _bench_common import load_average
 
     root = Path(tempfile.mkdtemp(prefix="bench-zero-"))
-    print(f"{options.model}, seq len {options.seq_len}, micro-batch {options.micro_batch}, {options.dtype}; {load_average()}")
+    print(
+        f"{options.model}, seq len {options.seq_len}, micro-batch {options.micro_batch}, {options.dtype}; {load_average()}"
+    )
     rows = []
     for ranks in options.ranks:
         for zero in options.stages:
             rows.append(measure(options.model, options.seq_len, options.micro_batch, options.dtype, ranks, zero, root))
-            print(f"  {ranks} rank(s), zero {zero}: {rows[-1].samples_per_s:.2f} samples/s, peak {rows[-1].peak_bytes / MiB:.0f} MiB; {load_average()}", flush=True)
+            print(
+                f"  {ranks} rank(s), zero {zero}: {rows[-1].samples_per_s:.2f} samples/s, peak {rows[-1].peak_bytes / MiB:.0f} MiB; {load_average()}",
+                flush=True,
+            )
     rows.sort(key=lambda row: (row.ranks, STAGES.index(row.zero)))
     print()
     print(table(rows))

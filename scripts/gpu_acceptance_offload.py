@@ -17,16 +17,16 @@ import os
 import sys
 from pathlib import Path
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.units import GiB, MiB
 
 SPACE = 'micro_batch: [1]\ndtype: [bf16]\nzero: ["2", "2+offload"]\n'
 
 
-def offload_ceiling_bytes(model_name: str, seq_len: int, fit) -> int:  # noqa: ANN001 - a MemoryFit
+def offload_ceiling_bytes(model_name: str, seq_len: int, fit) -> int:
     """Halfway between the predicted peaks of ZeRO-2 and ZeRO-2 with offload, on ``fit``'s device."""
     from autotune.estimate import estimate_peak
-    from autotune.models import resolve_model
+    from autotune.spec.models import resolve_model
 
     model = resolve_model(model_name)
     without, offload = (
@@ -34,15 +34,16 @@ def offload_ceiling_bytes(model_name: str, seq_len: int, fit) -> int:  # noqa: A
         for zero in ("2", "2+offload")
     )
     if offload >= without:
-        raise SystemExit(f"offload: predicted {offload / GiB:.2f} GiB with offload, {without / GiB:.2f} GiB without: nothing to show")
+        raise SystemExit(
+            f"offload: predicted {offload / GiB:.2f} GiB with offload, {without / GiB:.2f} GiB without: nothing to show"
+        )
     return (without + offload) // 2
 
 
 def check(storage: str, study_name: str, out: Path) -> bool:
-    from autotune import schema
-    from autotune.ranking import study_ranking
     from autotune.result import TrialResult
-    from autotune.storage import load_study
+    from autotune.storage import load_study, schema
+    from autotune.views.ranking import study_ranking
 
     study = load_study(storage, study_name)
     lines = ["| trial | zero | status | measured device peak | predicted host RAM |", "|---|---|---|---|---|"]
@@ -54,7 +55,9 @@ def check(storage: str, study_name: str, out: Path) -> bool:
         zero = trial.params.get("zero", "")
         statuses[zero] = result.status
         host = result.memory_peaks.get(schema.TRIAL_PREDICTED_HOST_BYTES, 0)
-        lines.append(f"| {trial.number} | {zero} | {result.status} | {result.peak_memory_bytes / GiB:.2f} GiB | {host / GiB:.2f} GiB |")
+        lines.append(
+            f"| {trial.number} | {zero} | {result.status} | {result.peak_memory_bytes / GiB:.2f} GiB | {host / GiB:.2f} GiB |"
+        )
     ranking = study_ranking(study)
     # zero 2 measured over the ceiling or out of memory (run for real: the search ran with --no-screen).
     shown = bool(ranking) and ranking[0].config.zero == "2+offload" and statuses.get("2") in ("over_ceiling", "oom")
@@ -78,10 +81,12 @@ def main() -> None:
     checked.add_argument("--out", required=True)
     options = parser.parse_args()
     if options.command == "ceiling":
-        from autotune.devices import cuda_device
         from autotune.estimate import memory_prior
+        from autotune.spec.devices import cuda_device
 
-        print(f"{offload_ceiling_bytes(options.model, options.seq_len, memory_prior(cuda_device(0), os.environ)) // MiB}MiB")
+        print(
+            f"{offload_ceiling_bytes(options.model, options.seq_len, memory_prior(cuda_device(0), os.environ)) // MiB}MiB"
+        )
     elif options.command == "space":
         Path(options.path).write_text(SPACE)
     elif not check(options.storage, options.study_name, Path(options.out)):

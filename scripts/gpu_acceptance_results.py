@@ -18,17 +18,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench_common import load_average, run_plain_trainer  # noqa: E402
+from _bench_common import load_average, run_plain_trainer
 
-from autotune import schema  # noqa: E402
-from autotune.ranking import study_ranking  # noqa: E402
-from autotune.result import TrialResult  # noqa: E402
-from autotune.storage import load_study  # noqa: E402
+from autotune.result import TrialResult
+from autotune.storage import (
+    load_study,
+    schema,
+)
+from autotune.views.ranking import study_ranking
 
 GiB = 1024**3
 
 
-def trial_rows(study) -> list[dict]:  # noqa: ANN001 - an optuna.Study
+def trial_rows(study) -> list[dict]:
     """Each trial's predicted and measured peak, status, and how it ran."""
     rows = []
     for trial in study.get_trials(deepcopy=False):
@@ -39,22 +41,24 @@ def trial_rows(study) -> list[dict]:  # noqa: ANN001 - an optuna.Study
         predicted = trial.user_attrs.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
         prior = trial.user_attrs.get(schema.TRIAL_PRIOR_PEAK_BYTES)
         measured = result.peak_memory_bytes or None
-        rows.append({
-            "trial": trial.number,
-            "params": trial.params,
-            "status": result.status,
-            "samples_per_s": result.samples_per_s,
-            "prior_peak_bytes": prior,
-            "predicted_peak_bytes": predicted,
-            "measured_peak_bytes": measured,
-            "prior_relative_error": (prior - measured) / measured if prior and measured else None,
-            "relative_error": (predicted - measured) / measured if predicted and measured else None,
-            "peak_dtype": result.peak_dtype,
-            "mfu": result.mfu,
-            "defects": result.defects,
-            "runtime": result.runtime,
-            "memory_peaks": result.memory_peaks,
-        })
+        rows.append(
+            {
+                "trial": trial.number,
+                "params": trial.params,
+                "status": result.status,
+                "samples_per_s": result.samples_per_s,
+                "prior_peak_bytes": prior,
+                "predicted_peak_bytes": predicted,
+                "measured_peak_bytes": measured,
+                "prior_relative_error": (prior - measured) / measured if prior and measured else None,
+                "relative_error": (predicted - measured) / measured if predicted and measured else None,
+                "peak_dtype": result.peak_dtype,
+                "mfu": result.mfu,
+                "defects": result.defects,
+                "runtime": result.runtime,
+                "memory_peaks": result.memory_peaks,
+            }
+        )
     return rows
 
 
@@ -76,7 +80,11 @@ def markdown(summary: dict, rows: list[dict]) -> str:
         f"{plain['samples_per_s_median_step'] / record['samples_per_s']:.3f} |",
         f"| peak device memory (max reserved + outside the allocator) | {gib(record['peak_memory_bytes'])} | "
         f"{gib(plain.get('cuda_peak_device_bytes'))} | "
-        + (f"{plain['cuda_peak_device_bytes'] / record['peak_memory_bytes']:.3f} |" if plain.get("cuda_peak_device_bytes") and record["peak_memory_bytes"] else "- |"),
+        + (
+            f"{plain['cuda_peak_device_bytes'] / record['peak_memory_bytes']:.3f} |"
+            if plain.get("cuda_peak_device_bytes") and record["peak_memory_bytes"]
+            else "- |"
+        ),
         "",
         "| trial | status | prior peak | calibrated peak | measured peak | prior error | calibrated error | ran in | "
         "outside-allocator source | CUDA total |",

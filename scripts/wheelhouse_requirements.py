@@ -1,8 +1,8 @@
 """scripts/wheelhouse.sh's two steps that read wheels (standard library only: any connected python runs it).
 
-    wheelhouse_requirements.py DIR EXCLUDED      autotune's requirements (its wheel in DIR), one a line,
-                                                 less the projects EXCLUDED names
-    wheelhouse_requirements.py --prune DIR EXCLUDED   delete the wheels in DIR of the projects EXCLUDED names
+wheelhouse_requirements.py DIR EXCLUDED      autotune's requirements (its wheel in DIR), one a line,
+                                             less the projects EXCLUDED names
+wheelhouse_requirements.py --prune DIR EXCLUDED   delete the wheels in DIR of the projects EXCLUDED names
 """
 
 from __future__ import annotations

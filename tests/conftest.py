@@ -11,8 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
-from tests.support.postgres import postgres_server, postgres_url  # noqa: E402,F401 - fixtures
-
+from tests.support.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 # The files that take longest, heaviest first: what `--durations` showed (scripts/test.sh prints it in
 # every CI log; a fresh machine adds DeepSpeed's op builds, about 3 min, to the ZeRO e2e file). With
@@ -24,10 +23,10 @@ from tests.support.postgres import postgres_server, postgres_url  # noqa: E402,F
 # A file not listed keeps its collection order after them.
 HEAVIEST_FIRST = (
     "tests/e2e/test_zero_e2e.py",
-    "tests/test_export_formats.py",
+    "tests/views/test_export.py",
     "tests/study/test_postgres_killed_worker.py",
     "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
-    "tests/test_estimate.py",
+    "tests/estimate/test_estimate.py",
     "tests/e2e/test_byo_e2e.py",
     "tests/study/test_postgres.py",
     "tests/test_bad_state_search.py",
@@ -39,11 +38,11 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_search_e2e.py",
     "tests/e2e/test_lora_e2e.py",
     "tests/study/test_proposals.py",
-    "tests/test_numerics.py",
-    "tests/test_what_would_fit.py",
+    "tests/result/test_loss.py",
+    "tests/estimate/test_what_would_fit.py",
     "tests/study/test_small_ceiling.py",
     "tests/study/test_prune.py",
-    "tests/test_calibrate.py",
+    "tests/spec/test_measured_peaks.py",
 )
 
 
@@ -55,21 +54,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def cpu():
-    from autotune.devices import cpu_device
+    from autotune.spec.devices import cpu_device
 
     return cpu_device()
 
 
 @pytest.fixture(scope="session")
 def bert_tiny():
-    from autotune.models import resolve_model
+    from autotune.spec.models import resolve_model
 
     return resolve_model("bert-tiny")
 
 
 @pytest.fixture(scope="session")
 def gpt2_tiny():
-    from autotune.models import resolve_model
+    from autotune.spec.models import resolve_model
 
     return resolve_model("gpt2-tiny")
 
@@ -77,7 +76,7 @@ def gpt2_tiny():
 @pytest.fixture
 def fast_measure():
     """Short measurement windows: tests check behaviour, not speed."""
-    from autotune.measure import MeasureSettings
+    from autotune.spec.measure import MeasureSettings
 
     return MeasureSettings(warmup_steps=1, min_steps=3, max_steps=4, max_seconds=10.0, cv_target=1.0)
 
@@ -88,7 +87,7 @@ def tiny_workload(bert_tiny, cpu, fast_measure):
     ``Workload.for_model``; a test passes only what it is about: ``tiny_workload(callbacks=(...,))``."""
     from autotune.runner import Workload
 
-    def make(model=bert_tiny, **changes):  # noqa: ANN001, ANN202 - a spec or a catalog name
+    def make(model=bert_tiny, **changes):
         settings = {"device": cpu, "seq_len": 32, "ceiling_bytes": 8 * 1024**3, "measure": fast_measure}
         return Workload.for_model(model, **{**settings, **changes})
 
@@ -112,4 +111,3 @@ def searched_study(tmp_path_factory, worker_id):
 
     base = tmp_path_factory.getbasetemp()
     return shared_searched_study(base if worker_id == "master" else base.parent)
-

@@ -9,31 +9,36 @@ and everything that shows a study read it through the storage, never through the
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 
-FOUNDATIONS = {
-    "errors", "units", "schema", "ceiling", "models", "devices", "config", "flops", "measure", "data",
-    "estimate", "result", "space", "validate", "files", "forkserver_signals", "numerics", "levers", "base_args",
-    "search_options",
-}
-STAGES_AFTER_STUDY = {"ranking", "export", "report", "dashboard", "display", "plan_display"}
-# For each group of modules, the autotune modules it must never import.
+# The layers, one folder each, in the order data flows (docs/architecture.md). The only modules at the
+# package root are the CLI, ``__main__``, the package face and the two foundations every layer may use.
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "units"}
+LAYERS = ("spec", "levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views")
+# For each layer, the layers it must never import. Upstream never names downstream; the study drives the
+# runner (the one edge to a later stage); the runner knows nothing of the study, the plan or the views;
+# the views read a study through the storage and the result, never through the study or the runner.
 FORBIDDEN = {
-    "foundations": (FOUNDATIONS, {"runner", "study", "storage", "calibrate", "cli", *STAGES_AFTER_STUDY}),
-    "runner": ({"runner"}, {"study", "storage", "cli", *STAGES_AFTER_STUDY}),
-    "storage": ({"storage"}, {"runner", "study", "cli", "calibrate", *STAGES_AFTER_STUDY}),
-    "study": ({"study"}, {"cli", *STAGES_AFTER_STUDY}),
-    "ranking": ({"ranking"}, {"runner", "study", "storage", "cli", "export", "report", "dashboard", "display", "plan_display"}),
-    "views": ({"export", "report", "dashboard", "display", "plan_display"}, {"runner", "study", "cli"}),
+    "spec": {"levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
+    "levers": {"estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
+    "estimate": {"space", "plan", "study", "runner", "result", "storage", "views"},
+    "space": {"plan", "study", "runner", "result", "storage", "views"},
+    "storage": {"spec", "levers", "estimate", "space", "plan", "study", "runner", "result", "views"},
+    "result": {"estimate", "space", "plan", "study", "runner", "views"},
+    "runner": {"plan", "study", "storage", "views"},
+    "plan": {"study", "views"},
+    "study": {"views"},
+    "views": {"plan", "study", "runner"},
 }
 
 
-def stage_of(module: str) -> str:
-    """``autotune.study._loop`` -> ``study``; ``autotune.ranking`` -> ``ranking``."""
+def layer_of(module: str) -> str:
+    """``autotune.study._loop`` -> ``study``; ``autotune.errors`` -> ``errors``."""
     return module.split(".")[1] if module.count(".") >= 1 else module
 
 
@@ -48,25 +53,99 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def modules() -> list[tuple[str, Path]]:
-    return [(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts), path) for path in sorted(PACKAGE.rglob("*.py"))]
+def modules(package: Path = PACKAGE) -> list[tuple[str, Path]]:
+    return [
+        (".".join(path.relative_to(package.parent).with_suffix("").parts), path)
+        for path in sorted(package.rglob("*.py"))
+    ]
 
 
-@pytest.mark.parametrize("group", sorted(FORBIDDEN))
-def test_no_module_reaches_back_up_the_flow(group):
-    members, forbidden = FORBIDDEN[group]
+def test_every_module_lives_in_a_layer_folder():
+    loose = [name for name, path in modules() if path.parent == PACKAGE and path.stem not in ROOT_MODULES]
+    folders = {path.parent.name for _, path in modules() if path.parent != PACKAGE}
+    assert loose == [], f"modules at the package root: {loose}"
+    assert folders <= set(LAYERS) | {"catalog"}, f"folders that are not layers: {folders - set(LAYERS)}"
+    assert set(FORBIDDEN) == set(LAYERS)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_no_module_reaches_back_up_the_flow(layer):
     offences = []
     for name, path in modules():
-        if stage_of(name) not in members:
+        if layer_of(name) != layer:
             continue
         for imported in sorted(imports_of(path)):
-            if stage_of(imported) in forbidden:
+            if layer_of(imported) in FORBIDDEN[layer]:
                 offences.append(f"{name} imports {imported}")
     assert not offences, "\n".join(offences)
 
 
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """Cycles among the package's modules, each a list of module names (a package's face counts as its
+    ``__init__``; an import of ``a.b.c`` names the module ``a.b.c`` if it exists, else the package ``a.b``)."""
+    known = {name.removesuffix(".__init__"): path for name, path in modules(package)}
+    graph = {}
+    for name, path in known.items():
+        edges = set()
+        for imported in imports_of(path):
+            target = imported if imported in known else imported.rsplit(".", 1)[0]
+            if target in known and target != name:
+                edges.add(target)
+        graph[name] = edges
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # A package's face importing its own private modules is how a face works, not a cycle.
+            if node == nxt.rsplit(".", 1)[0]:
+                continue
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def test_no_import_cycle():
+    """No module imports one that imports it back, at the top or inside a function."""
+    assert import_cycles() == []
+
+
+def test_the_cycle_check_sees_a_function_level_cycle(tmp_path):
+    package = tmp_path / "autotune"
+    (package / "spec").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "spec" / "__init__.py").write_text("")
+    (package / "spec" / "a.py").write_text("from autotune.spec.b import x\n")
+    (package / "spec" / "b.py").write_text("def f():\n    from autotune.spec.a import y\n")
+    assert import_cycles(package) == [["autotune.spec.a", "autotune.spec.b", "autotune.spec.a"]]
+
+
+def test_no_module_names_another_in_a_string():
+    """An upstream module never names a downstream one as a string (an import hidden from this test)."""
+    offences = []
+    for name, path in modules():
+        layer = layer_of(name)
+        for match in re.finditer(r"[\"']autotune\.([a-z_]+)", path.read_text()):
+            if match.group(1) in FORBIDDEN.get(layer, set()):
+                offences.append(f"{name} names autotune.{match.group(1)}")
+    assert offences == [], "\n".join(offences)
+
+
 def test_nothing_imports_the_cli():
-    offences = [f"{name} imports autotune.cli" for name, path in modules() if name != "autotune.cli" and "autotune.cli" in imports_of(path)]
+    offences = [
+        f"{name} imports autotune.cli"
+        for name, path in modules()
+        if name != "autotune.cli" and "autotune.cli" in imports_of(path)
+    ]
     offences = [o for o in offences if not o.startswith("autotune.__main__")]
     assert not offences, "\n".join(offences)
 
@@ -90,7 +169,9 @@ def missing_mirrors(package_root: Path, tests_root: Path) -> list[str]:
                 continue
             mirror = tests_root / package / f"test_{module.stem.removeprefix('_')}.py"
             if not mirror.is_file():
-                missing.append(f"{module.relative_to(package_root.parent)} has no {mirror.relative_to(tests_root.parent)}")
+                missing.append(
+                    f"{module.relative_to(package_root.parent)} has no {mirror.relative_to(tests_root.parent)}"
+                )
     return missing
 
 
@@ -108,7 +189,9 @@ def test_the_mirror_check_sees_a_module_without_its_tests(tmp_path):
     (tmp_path / "autotune" / "study" / "_record.py").write_text("")
     (tmp_path / "autotune" / "runner" / "_pool.py").write_text("")
     (tmp_path / "tests" / "runner" / "test_pool.py").write_text("")
-    assert missing_mirrors(tmp_path / "autotune", tmp_path / "tests") == ["autotune/study/_record.py has no tests/study/test_record.py"]
+    assert missing_mirrors(tmp_path / "autotune", tmp_path / "tests") == [
+        "autotune/study/_record.py has no tests/study/test_record.py"
+    ]
 
 
 def test_every_file_the_suite_starts_first_exists():

@@ -25,7 +25,7 @@ from tests.support.bad_input import (
     assert_one_error_line,
     create_study,
 )
-from tests.support.cli import REPO, run_cli, run_cli_in_process
+from tests.support.cli import REPO, run_cli_in_process
 
 BERT_TINY = json.loads((REPO / "autotune" / "catalog" / "bert-tiny.json").read_text())
 
@@ -67,22 +67,39 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         # 1. config.json files transformers rejects (search and estimate resolve the model alike)
         "model: invalid JSON": (model("invalid-json", '{"model_type": "bert",'), "cannot read its config.json"),
         "model: binary config": (model("binary", BINARY), "cannot read its config.json"),
-        "model: unknown model_type": (model("unknown-type", '{"model_type": "warp-drive", "hidden_size": 8}'), "warp-drive"),
+        "model: unknown model_type": (
+            model("unknown-type", '{"model_type": "warp-drive", "hidden_size": 8}'),
+            "warp-drive",
+        ),
         "model: no model_type": (model("no-type", '{"hidden_size": 128}'), "model_type"),
         "model: a JSON list": (model("list", "[1, 2]"), "model_type"),
-        "model: hidden not divisible by heads": (model("indivisible", hidden_size=129), "not a multiple of the number of attention heads"),
+        "model: hidden not divisible by heads": (
+            model("indivisible", hidden_size=129),
+            "not a multiple of the number of attention heads",
+        ),
         "model: vocab_size 0": (model("vocab0", vocab_size=0), "vocab_size 0"),
         "model: 0 positions": (model("positions0", max_position_embeddings=0), "max_position_embeddings 0"),
         "model: negative heads": (model("negative-heads", num_attention_heads=-2), "num_heads -2"),
         "estimate: hidden not divisible by heads": (
-            ["estimate", "--model", _model_dir(root, "estimate-indivisible", hidden_size=129)], "not a multiple"
+            ["estimate", "--model", _model_dir(root, "estimate-indivisible", hidden_size=129)],
+            "not a multiple",
         ),
         # 1 and 3. space files
         "space: binary": ([*tiny, "--space", _file(root, "binary.yaml", BINARY)], "not a text file"),
-        "space: micro_batch [true]": ([*tiny, "--space", _file(root, "bool.yaml", "micro_batch: [true]\n")], "micro_batch: choice True"),
-        "space: checkpointing [1]": ([*tiny, "--space", _file(root, "int.yaml", "checkpointing: [1]\n")], "checkpointing: choice 1"),
+        "space: micro_batch [true]": (
+            [*tiny, "--space", _file(root, "bool.yaml", "micro_batch: [true]\n")],
+            "micro_batch: choice True",
+        ),
+        "space: checkpointing [1]": (
+            [*tiny, "--space", _file(root, "int.yaml", "checkpointing: [1]\n")],
+            "checkpointing: choice 1",
+        ),
         "space: 700k choices": (
-            [*tiny, "--space", _file(root, "huge.yaml", "micro_batch: [" + ", ".join(map(str, range(1, 700_001))) + "]\n")],
+            [
+                *tiny,
+                "--space",
+                _file(root, "huge.yaml", "micro_batch: [" + ", ".join(map(str, range(1, 700_001))) + "]\n"),
+            ],
             "larger than 64 KiB",
         ),
         "space: 300 choices": (
@@ -96,13 +113,16 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             "per_device_train_batch_size 'big': Input should be a valid integer",
         ),
         "base-args: learning_rate 'fast'": (
-            [*tiny, "--base-args", _file(root, "fast.json", '{"learning_rate": "fast"}')], "learning_rate 'fast'"
+            [*tiny, "--base-args", _file(root, "fast.json", '{"learning_rate": "fast"}')],
+            "learning_rate 'fast'",
         ),
         "base-args: bf16 and fp16": (
-            [*tiny, "--base-args", _file(root, "both.json", '{"bf16": true, "fp16": true}')], "bf16 and fp16 are both true"
+            [*tiny, "--base-args", _file(root, "both.json", '{"bf16": true, "fp16": true}')],
+            "bf16 and fp16 are both true",
         ),
         "base-args: batch 0": (
-            [*tiny, "--base-args", _file(root, "zero.json", '{"per_device_train_batch_size": 0}')], "per_device_train_batch_size 0: give 1"
+            [*tiny, "--base-args", _file(root, "zero.json", '{"per_device_train_batch_size": 0}')],
+            "per_device_train_batch_size 0: give 1",
         ),
         # 2 and 3. options that would fail every trial or be ignored
         "--trial-timeout 0": ([*tiny, "--trial-timeout", "0"], "--trial-timeout 0.0: give a number of seconds above 0"),
@@ -111,40 +131,96 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "--warmup-steps -1": ([*tiny, "--warmup-steps", "-1"], "--warmup-steps -1: give 0 or more"),
         "--max-measure-steps 0": ([*tiny, "--max-measure-steps", "0"], "--max-measure-steps 0"),
         "--trials 0 names the option": ([*tiny, "--trials", "0"], "--trials 0: give a whole number above 0"),
-        "--text-column without --dataset": ([*tiny, "--text-column", "text"], "--text-column: only used with --dataset"),
+        "--text-column without --dataset": (
+            [*tiny, "--text-column", "text"],
+            "--text-column: only used with --dataset",
+        ),
         "--packing without --dataset": ([*tiny, "--packing"], "--packing: only used with --dataset"),
         "--workers 1000": ([*tiny, "--workers", "1000"], "--workers 1000: each trial would get"),
         "empty --dataset": ([*tiny, "--dataset", _file(root, "empty.jsonl", "")], "the file is empty"),
-        "estimate --seq-len 100000": (["estimate", "--model", "bert-tiny", "--seq-len", "100000"], "longer than bert-tiny allows (512"),
+        "estimate --seq-len 100000": (
+            ["estimate", "--model", "bert-tiny", "--seq-len", "100000"],
+            "longer than bert-tiny allows (512",
+        ),
         "dashboard --port -1": (["dashboard", "--port", "-1"], "--port -1: give a port from 1 to 65535"),
         "dashboard --port 70000": (["dashboard", "--port", "70000"], "--port 70000"),
         "best --top -5": (["best", "--storage", resumed, "--top", "-5"], "--top -5"),
         "devices --seconds 0": (["devices", "--calibrate", "--seconds", "0"], "--seconds 0.0"),
         # 4. a misspelled SQLite path is not a new, empty database
         "best: misspelled storage": (["best", "--storage", missing], "no such database file"),
-        "export: misspelled storage": (["export", "--storage", missing, "--out", str(root / "x.json")], "no such database file"),
-        "report: misspelled storage": (["report", "--storage", missing, "--out", str(root / "x.html")], "no such database file"),
+        "export: misspelled storage": (
+            ["export", "--storage", missing, "--out", str(root / "x.json")],
+            "no such database file",
+        ),
+        "report: misspelled storage": (
+            ["report", "--storage", missing, "--out", str(root / "x.html")],
+            "no such database file",
+        ),
         "estimate: misspelled storage": (
-            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--space", TINY_SPACE, "--storage", missing], "no such database file"
+            ["estimate", "--model", "bert-tiny", "--seq-len", "32", "--space", TINY_SPACE, "--storage", missing],
+            "no such database file",
         ),
         # 4. a lower ceiling on resume would judge new trials by another rule than the stored ones
         "lower ceiling on resume": (
-            [*SEARCH, "--model", "bert-tiny", "--space", TINY_SPACE, "--storage", resumed, "--study-name", "resumed", "--memory-ceiling", "650MiB"],
+            [
+                *SEARCH,
+                "--model",
+                "bert-tiny",
+                "--space",
+                TINY_SPACE,
+                "--storage",
+                resumed,
+                "--study-name",
+                "resumed",
+                "--memory-ceiling",
+                "650MiB",
+            ],
             "was searched under a memory ceiling of 1.00 GiB, this run asks 650.00 MiB",
         ),
     }
 
 
 CASE_IDS = [
-    "model: invalid JSON", "model: binary config", "model: unknown model_type", "model: no model_type", "model: a JSON list",
-    "model: hidden not divisible by heads", "model: vocab_size 0", "model: 0 positions", "model: negative heads",
-    "estimate: hidden not divisible by heads", "space: binary", "space: micro_batch [true]", "space: checkpointing [1]",
-    "space: 700k choices", "space: 300 choices", "base-args: binary", "base-args: batch 'big'", "base-args: learning_rate 'fast'",
-    "base-args: bf16 and fp16", "base-args: batch 0", "--trial-timeout 0", "--trial-timeout -1", "--timeout -5",
-    "--warmup-steps -1", "--max-measure-steps 0", "--trials 0 names the option", "--text-column without --dataset",
-    "--packing without --dataset", "--workers 1000", "empty --dataset", "estimate --seq-len 100000", "dashboard --port -1",
-    "dashboard --port 70000", "best --top -5", "devices --seconds 0", "best: misspelled storage", "export: misspelled storage",
-    "report: misspelled storage", "estimate: misspelled storage", "lower ceiling on resume",
+    "model: invalid JSON",
+    "model: binary config",
+    "model: unknown model_type",
+    "model: no model_type",
+    "model: a JSON list",
+    "model: hidden not divisible by heads",
+    "model: vocab_size 0",
+    "model: 0 positions",
+    "model: negative heads",
+    "estimate: hidden not divisible by heads",
+    "space: binary",
+    "space: micro_batch [true]",
+    "space: checkpointing [1]",
+    "space: 700k choices",
+    "space: 300 choices",
+    "base-args: binary",
+    "base-args: batch 'big'",
+    "base-args: learning_rate 'fast'",
+    "base-args: bf16 and fp16",
+    "base-args: batch 0",
+    "--trial-timeout 0",
+    "--trial-timeout -1",
+    "--timeout -5",
+    "--warmup-steps -1",
+    "--max-measure-steps 0",
+    "--trials 0 names the option",
+    "--text-column without --dataset",
+    "--packing without --dataset",
+    "--workers 1000",
+    "empty --dataset",
+    "estimate --seq-len 100000",
+    "dashboard --port -1",
+    "dashboard --port 70000",
+    "best --top -5",
+    "devices --seconds 0",
+    "best: misspelled storage",
+    "export: misspelled storage",
+    "report: misspelled storage",
+    "estimate: misspelled storage",
+    "lower ceiling on resume",
 ]
 
 

@@ -88,11 +88,12 @@ def test_report_to_standard_output(searched_study, tmp_path):
 
 def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, cpu, tiny_workload):
     """A seed that only failed (here a timeout) measured nothing: resuming queues it again, once."""
-    from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
-    from autotune.schema import TRIAL_SEED as SEED_ATTR
     from autotune.space import load_space
     from autotune.storage import open_storage
-    from autotune.study import SearchRequest, open_study, tell
+    from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
+    from autotune.storage.schema import TRIAL_SEED as SEED_ATTR
+    from autotune.study import SearchRequest, open_study
+    from autotune.study._record import tell
 
     request = SearchRequest(
         workload=tiny_workload(ceiling_bytes=1024**3),
@@ -109,6 +110,8 @@ def test_a_failed_seed_is_queued_again_on_the_next_run(sqlite_url, cpu, tiny_wor
     waiting = [t for t in resumed.trials if t.state == TrialState.WAITING]
     assert {t.user_attrs[SEED_ATTR] for t in waiting} == seeds
     # A queued trial keeps its params in Optuna's "fixed_params" until it is asked for.
-    assert any(t.system_attrs["fixed_params"] == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT)
+    assert any(
+        t.system_attrs["fixed_params"] == default_params for t in waiting if t.user_attrs[SEED_ATTR] == HF_DEFAULT
+    )
     again = open_study(open_storage(sqlite_url), "seeds", request)  # still queued: not queued twice
     assert len([t for t in again.trials if t.state == TrialState.WAITING]) == len(seeds)

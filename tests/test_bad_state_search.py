@@ -32,8 +32,23 @@ from tests.support.filesystems import tmpfs
 
 def _search_on(storage: str, runs: Path, *extra: str) -> list[str]:
     return [
-        "search", "--model", "bert-tiny", "--space", TINY_SPACE, "--storage", storage, "--study-name", "full",
-        "--memory-ceiling", "1GiB", "--work-dir", str(runs), *FAST_SEARCH_ARGS, "--prune-ratio", "0", *extra,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--space",
+        TINY_SPACE,
+        "--storage",
+        storage,
+        "--study-name",
+        "full",
+        "--memory-ceiling",
+        "1GiB",
+        "--work-dir",
+        str(runs),
+        *FAST_SEARCH_ARGS,
+        "--prune-ratio",
+        "0",
+        *extra,
     ]
 
 
@@ -45,7 +60,8 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         storage = f"sqlite:///{mount / 'study.db'}"
         first = run_cli(
             *_search_on(storage, runs, "--trials", "1", "--callback", "tests.support.faults:FillDiskAtTrainEnd"),
-            cwd=tmp_path, env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_FILL_DIR": str(mount)},
+            cwd=tmp_path,
+            env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_FILL_DIR": str(mount)},
         )
         assert_one_error_line(first, "database or disk is full")
         pending = list(runs.glob("trial-*-*/pending_result.json"))
@@ -93,7 +109,7 @@ def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
     )
 
 
-def _wait_for(condition, timeout_s: float = 300.0) -> None:  # noqa: ANN001 - a callable
+def _wait_for(condition, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -114,7 +130,9 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
 
     The signal lands within 0.05 s of the forkserver's start, seconds before its preload (torch and
     transformers, about 5 s cold) ends."""
-    process = _start(_search_on(f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs", "--trials", "1"), tmp_path, "early")
+    process = _start(
+        _search_on(f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs", "--trials", "1"), tmp_path, "early"
+    )
     _wait_for(lambda: _forkserver_of(process) is not None or process.poll() is not None)
     forkserver = _forkserver_of(process)
     assert forkserver is not None, (tmp_path / "early.err").read_text()
@@ -129,8 +147,18 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
 
 def test_ctrl_c_during_confirmation_exits_130_and_says_what_the_ranking_rests_on(tmp_path):
     process = _start(
-        _search_on(f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs", "--trials", "2", "--confirm-top", "2", "--confirm-repeats", "2"),
-        tmp_path, "confirm",
+        _search_on(
+            f"sqlite:///{tmp_path / 'study.db'}",
+            tmp_path / "runs",
+            "--trials",
+            "2",
+            "--confirm-top",
+            "2",
+            "--confirm-repeats",
+            "2",
+        ),
+        tmp_path,
+        "confirm",
     )
     out = tmp_path / "confirm.out"
     _wait_for(lambda: "confirming:" in out.read_text() or process.poll() is not None)
@@ -140,6 +168,9 @@ def test_ctrl_c_during_confirmation_exits_130_and_says_what_the_ranking_rests_on
     stdout, stderr = out.read_text(), (tmp_path / "confirm.err").read_text()
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
-    assert "confirmation interrupted: none of its re-runs is recorded; the ranking below rests on single search measurements" in stderr
+    assert (
+        "confirmation interrupted: none of its re-runs is recorded; the ranking below rests on single search measurements"
+        in stderr
+    )
     assert "(single measurement, not confirmed)" in stdout  # the winner line says the same
     assert "interleaved re-runs" not in stdout.split("confirming:")[1]

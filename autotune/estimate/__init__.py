@@ -21,7 +21,8 @@ The estimate is a sum of parts a user can check by hand:
   loaded into it, by GPU generation (docs/estimator.md); on the CPU the measured figure is the
   resident set of the whole process tree, which includes the interpreter with torch and
   transformers imported (and one copy of it per dataloader worker, since forked workers map the
-  same pages): the prior measures that interpreter once per installation (``_baseline``).
+  same pages): the runner measures that interpreter once per installation (``autotune.runner._baseline``) and the
+  prior takes its figure.
 
 The levers (``autotune.levers``, each naming the parts it moves) change these parts: a fused attention kernel (flash, flex,
 SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps no ``b x s x V`` logits; the
@@ -35,88 +36,48 @@ measured peaks, by least squares: the context (an offset) and one scale on the a
 least certain part; model states and logits are exact counts).
 
 Modules: ``_parts`` (each part's arithmetic, ``estimate_peak``), ``_zero`` (DeepSpeed ZeRO's model states
-per rank, device and host), ``_fit`` (the prior and the fit), ``_baseline`` (the CPU prior's process
-baseline, measured once per installation),
+per rank, device and host), ``_fit`` (the prior and the fit),
 ``_plan`` (the planner's table of a whole space).
 """
 
 from __future__ import annotations
 
-from autotune.estimate._baseline import (
-    CPU_CHILD_START_RSS_BYTES,
-    CPU_UNMAPPED_LIBRARY_BYTES,
-    FALLBACK_CPU_PROCESS_BASELINE_BYTES,
-    TRIAL_PROCESS_IMPORTS,
-    cpu_process_baseline_bytes,
-)
-from autotune.estimate._fit import (
-    ALLOCATOR_FRAGMENTATION_SHARE,
-    CUBLAS_WORKSPACE_BYTES,
-    CUBLAS_WORKSPACES,
-    CUDA_CONTEXT_BYTES,
-    PRIOR_ACTIVATION_SCALE,
-    PRIOR_CONTEXT_BYTES,
-    SCALE_BOUNDS,
-    UNCALIBRATED_MARGIN,
-    MeasuredMemory,
-    MemoryFit,
-    expandable_segments_enabled,
-    fit_memory,
-    memory_prior,
-)
-from autotune.estimate._parts import (
-    CHECKPOINT_WORKING_LAYERS,
-    MemoryEstimate,
-    MicroBatchShape,
-    activation_bytes,
-    activation_element_bytes,
-    adafactor_state_elements,
-    allocator_overhead_bytes,
-    attention_dropout,
-    context_bytes,
-    estimate_peak,
-    layer_activation_bytes,
-    logits_bytes,
-    materializes_attention_scores,
-    micro_batch_shape,
-    model_state_bytes,
-    optimizer_state_bytes,
-    packed_mask_bytes,
-)
-from autotune.estimate._zero import (
-    ADAMW_STEP_TEMPORARY_BYTES,
-    DEEPSPEED_CPU_PROCESS_BYTES,
-    FP32_GRAD_BYTES,
-    MASTER_BYTES,
-    ZeroStates,
-    compute_weight_dtype,
-    deepspeed_buffer_elements,
-    zero_state_bytes,
-)
-from autotune.estimate._plan import (
+from autotune.estimate._fit import MeasuredMemory, fit_memory
+from autotune.estimate._parts import MemoryEstimate, estimate_peak
+from autotune.estimate._plan_table import (
     EstimateRow,
     FitAdvice,
-    LeverChange,
     estimate_json,
-    estimate_rows,
     largest_fitting,
     largest_peak_bytes,
-    memory_distinct_configs,
     plan_rows,
     smallest_peak_bytes,
     what_would_fit,
 )
+from autotune.estimate._prior import (
+    CPU_CHILD_START_RSS_BYTES,
+    FALLBACK_CPU_PROCESS_BASELINE_BYTES,
+    UNCALIBRATED_MARGIN,
+    MemoryFit,
+    memory_prior,
+)
 
 __all__ = [
-    "ALLOCATOR_FRAGMENTATION_SHARE", "CHECKPOINT_WORKING_LAYERS", "CPU_CHILD_START_RSS_BYTES",
-    "CPU_UNMAPPED_LIBRARY_BYTES", "FALLBACK_CPU_PROCESS_BASELINE_BYTES", "TRIAL_PROCESS_IMPORTS", "CUBLAS_WORKSPACES", "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES",
-    "PRIOR_ACTIVATION_SCALE", "PRIOR_CONTEXT_BYTES", "SCALE_BOUNDS", "UNCALIBRATED_MARGIN", "EstimateRow", "FitAdvice",
-    "LeverChange", "MeasuredMemory",
-    "MemoryEstimate", "MemoryFit", "MicroBatchShape", "activation_bytes", "activation_element_bytes",
-    "adafactor_state_elements", "allocator_overhead_bytes", "attention_dropout", "context_bytes",
-    "cpu_process_baseline_bytes", "estimate_json", "estimate_peak", "estimate_rows", "expandable_segments_enabled", "fit_memory",
-    "largest_fitting", "largest_peak_bytes", "layer_activation_bytes", "logits_bytes", "materializes_attention_scores",
-    "memory_distinct_configs", "memory_prior", "micro_batch_shape", "model_state_bytes",
-    "optimizer_state_bytes", "packed_mask_bytes", "plan_rows", "smallest_peak_bytes", "what_would_fit",
-    "ADAMW_STEP_TEMPORARY_BYTES", "DEEPSPEED_CPU_PROCESS_BYTES", "FP32_GRAD_BYTES", "MASTER_BYTES", "ZeroStates", "compute_weight_dtype", "deepspeed_buffer_elements", "zero_state_bytes",
+    "CPU_CHILD_START_RSS_BYTES",
+    "EstimateRow",
+    "FALLBACK_CPU_PROCESS_BASELINE_BYTES",
+    "FitAdvice",
+    "MeasuredMemory",
+    "MemoryEstimate",
+    "MemoryFit",
+    "UNCALIBRATED_MARGIN",
+    "estimate_json",
+    "estimate_peak",
+    "fit_memory",
+    "largest_fitting",
+    "largest_peak_bytes",
+    "memory_prior",
+    "plan_rows",
+    "smallest_peak_bytes",
+    "what_would_fit",
 ]

@@ -17,15 +17,17 @@ from typing import TYPE_CHECKING
 from autotune.levers import HALF_DTYPES
 
 if TYPE_CHECKING:
-    from autotune.config import TrialConfig
-    from autotune.models import ModelSpec
+    from autotune.levers import TrialConfig
+    from autotune.spec.models import ModelSpec
 
 # Blocks gathered at once under full_shard: the one computing and the one prefetched (FSDP2 prefetches
 # the next block's all-gather by default).
 GATHERED_BLOCKS_FULL_SHARD = 2
 
 
-def fsdp_state_bytes(model: ModelSpec, config: TrialConfig, ranks: int, plain: tuple[int, int, int]) -> tuple[int, int, int]:
+def fsdp_state_bytes(
+    model: ModelSpec, config: TrialConfig, ranks: int, plain: tuple[int, int, int]
+) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) of one of ``ranks`` ranks, from the plain run's ``plain``."""
     weights, gradients, optimizer = plain
     compute_bytes = 2 if config.dtype in HALF_DTYPES or config.weight_dtype == "bf16" else 4

@@ -1,17 +1,16 @@
 """The parts of one configuration's predicted peak memory (the estimator's arithmetic).
 
 Each part is a function a user can check by hand; ``estimate_peak`` adds them up, with the corrections
-of a :class:`~autotune.estimate._fit.MemoryFit` (the prior, or fitted on measured trials).
+of a :class:`~autotune.estimate._prior.MemoryFit` (the prior, or fitted on measured trials).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from autotune.config import TrialConfig
 from autotune.estimate._fsdp import fsdp_state_bytes
+from autotune.estimate._prior import MemoryFit
 from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_dtype, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
@@ -21,12 +20,9 @@ from autotune.levers import (
     HALF_DTYPES,
     STATE_BYTES_PER_PARAM,
     STATES_IN_PARAM_DTYPE,
+    TrialConfig,
 )
-from autotune.models import ModelSpec
-
-if TYPE_CHECKING:
-    from autotune.estimate._fit import MemoryFit
-
+from autotune.spec.models import ModelSpec
 
 # Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
 # being recomputed and its gradients (2). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
@@ -66,7 +62,6 @@ class MemoryEstimate:
         """Weights, gradients and optimizer states: the parts that do not depend on the batch."""
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
 
-
     def parts(self) -> dict[str, int]:
         return {
             "weights": self.weights_bytes,
@@ -77,7 +72,6 @@ class MemoryEstimate:
             "allocator": self.allocator_bytes,
             "context": self.context_bytes,
         }
-
 
 
 def estimate_peak(
@@ -108,7 +102,12 @@ def estimate_peak(
     host = 0
     if config.zero != "off":
         zero = zero_state_bytes(model, config, fit.ranks, device_kind)
-        weights, gradients, optimizer, host = zero.weights_bytes, zero.gradients_bytes, zero.optimizer_bytes, zero.host_bytes
+        weights, gradients, optimizer, host = (
+            zero.weights_bytes,
+            zero.gradients_bytes,
+            zero.optimizer_bytes,
+            zero.host_bytes,
+        )
     elif config.fsdp != "off" and FSDP.changes_memory_on(device_kind):  # the lever's own word: CUDA only
         weights, gradients, optimizer = fsdp_state_bytes(model, config, fit.ranks, (weights, gradients, optimizer))
     else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets

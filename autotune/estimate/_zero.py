@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune.config import TrialConfig
-from autotune.levers import HALF_DTYPES, STATE_BYTES_PER_PARAM, deepspeed_config, zero_offloads, zero_stage
-from autotune.models import ModelSpec
+from autotune.levers import HALF_DTYPES, STATE_BYTES_PER_PARAM, TrialConfig, deepspeed_config, zero_offloads, zero_stage
+from autotune.spec.models import ModelSpec
 
 # fp32 master weights and fp32 gradient partition, per trainable parameter (both partitioned).
 MASTER_BYTES = 4

@@ -2,9 +2,9 @@
 
 Every other part of autotune reads a lever through this record and never spells a lever's rules
 itself: the search-space YAML schema (``autotune.space``), the mapping to ``TrainingArguments``
-(``autotune.config``), the device / model / data filters, the labels of tables and the report, and
+(``autotune.levers._trial_config``), the device / model / data filters, the labels of tables and the report, and
 which parts of the memory estimate a value changes (``autotune.estimate``).
-``tests/test_levers.py`` fails when a lever is known to one part and not another.
+``tests/levers/test_levers.py`` fails when a lever is known to one part and not another.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
-    from autotune.models import ModelSpec
+    from autotune.spec.devices import DeviceSpec
+    from autotune.spec.models import ModelSpec
 
 # Where a lever acts: the Trainer's arguments, the model build, or the batches (data collator).
 ACTS_ON = ("training_args", "model", "collator")

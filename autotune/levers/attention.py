@@ -12,12 +12,12 @@ from autotune.errors import AutotuneError
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
-    from autotune.models import ModelSpec
+    from autotune.spec.devices import DeviceSpec
+    from autotune.spec.models import ModelSpec
 
 # What transformers 5 offers for training (transformers/modeling_utils.py: AttentionInterface
 # ._global_mapping, plus "eager"; "paged|eager" serves generation only). The installed version is
-# checked against this list in tests/test_levers.py.
+# checked against this list in tests/levers/test_levers.py.
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # The FlashAttention implementations transformers offers (modeling_utils.py: AttentionInterface).
 FLASH_ATTENTIONS = ("flash_attention_2", "flash_attention_3")
@@ -79,7 +79,7 @@ def _unavailable_for_model(value: str, model: ModelSpec, _choices: Mapping[str, 
     """
     import torch
 
-    from autotune.models import build_model
+    from autotune.spec.models import build_model
 
     try:
         with torch.device("meta"):
@@ -127,9 +127,13 @@ ATTN_IMPLEMENTATION = Lever(
     acts_on="model",
     label=lambda value: f"attn={value}" if value else "",
     export_note=lambda value: (
-        f"the winner's model was built with attn_implementation={value!r}: pass it to from_pretrained or "
-        "from_config (a model argument; TrainingArguments has no field for it)"
-    ) if value else "",
+        (
+            f"the winner's model was built with attn_implementation={value!r}: pass it to from_pretrained or "
+            "from_config (a model argument; TrainingArguments has no field for it)"
+        )
+        if value
+        else ""
+    ),
     unavailable_on=_unavailable_on,
     unavailable_for_model=_unavailable_for_model,
     memory_parts=("activations",),

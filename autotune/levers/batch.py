@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 # Under a global-batch constraint the space holds one of these as a fixed (single-choice) knob, and
 # accumulation is not searched but derived from it: ``limit // micro_batch``. Optuna samples knobs

@@ -9,11 +9,11 @@ from autotune.levers._lever import Lever
 from autotune.levers.attention import FLASH_ATTENTIONS
 
 if TYPE_CHECKING:
-    from autotune.models import ModelSpec
+    from autotune.spec.models import ModelSpec
 
 # ``max_length``: each sample padded to --seq-len; ``longest``: to the longest of its batch;
 # ``padding_free``: the batch flattened into one row (DataCollatorWithFlattening). The Trainer's
-# ``data_collator``, not a TrainingArguments field (autotune/runner/_data.py: training_collator).
+# ``data_collator``, not a TrainingArguments field (autotune/runner/_loader.py: training_collator).
 PADDINGS = ("max_length", "longest", "padding_free")
 # What each ``padding`` choice other than the default means for the user's training script.
 _COLLATOR_NOTES = {
@@ -67,8 +67,12 @@ PADDING = Lever(
     acts_on="collator",
     label=lambda value: f"pad={value}" if value != "max_length" else "",
     export_note=lambda value: (
-        f"the winner's batches were {_COLLATOR_NOTES[value]} (Trainer(data_collator=...); TrainingArguments has no field for it)"
-    ) if value in _COLLATOR_NOTES else "",
+        (
+            f"the winner's batches were {_COLLATOR_NOTES[value]} (Trainer(data_collator=...); TrainingArguments has no field for it)"
+        )
+        if value in _COLLATOR_NOTES
+        else ""
+    ),
     unavailable_for_model=_padding_unavailable_for_model,
     fallback="max_length",
     needs_real_data=True,

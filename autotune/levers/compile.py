@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 # ``compile`` choices name a backend, or the inductor backend with a mode: ``inductor:max-autotune``.
 # A mode is an inductor setting (torch.compile's ``mode`` argument), so one knob carries both: no

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 DATALOADER_WORKERS = Lever(
     name="dataloader_workers",

@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
-from autotune.files import read_user_file
 from autotune.levers._lever import Lever
+from autotune.spec.files import read_user_file
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 ZERO_CHOICES = ("off", "1", "2", "2+offload", "3", "3+offload")
 OFFLOAD_SUFFIX = "+offload"
@@ -88,7 +88,15 @@ def zero_from_training_args(args: Mapping[str, Any]) -> str:
         return "off"
     if isinstance(config, str):
         try:
-            config = json.loads(read_user_file(config, "--base-args deepspeed", "a JSON DeepSpeed config", 1 << 20, "a DeepSpeed config is a few keys"))
+            config = json.loads(
+                read_user_file(
+                    config,
+                    "--base-args deepspeed",
+                    "a JSON DeepSpeed config",
+                    1 << 20,
+                    "a DeepSpeed config is a few keys",
+                )
+            )
         except json.JSONDecodeError as exc:
             raise AutotuneError(f"--base-args deepspeed {args['deepspeed']}: not valid JSON ({exc.msg})") from None
     if not isinstance(config, dict):
@@ -100,7 +108,9 @@ def zero_from_training_args(args: Mapping[str, Any]) -> str:
     offload = (zero.get("offload_optimizer") or {}).get("device", "none") not in (None, "none")
     value = f"{stage}{OFFLOAD_SUFFIX}" if offload and stage in (2, 3) else str(stage)
     if value not in ZERO_CHOICES:
-        raise AutotuneError(f"--base-args deepspeed: ZeRO stage {stage} with offload is not one autotune runs; use 2 or 3")
+        raise AutotuneError(
+            f"--base-args deepspeed: ZeRO stage {stage} with offload is not one autotune runs; use 2 or 3"
+        )
     return value
 
 
@@ -194,8 +204,36 @@ def zero_with_other_levers(choices: dict[str, list[Any]], notes: list[str], sour
     searched = _searches_zero(choices)
     offloading = [v for v in searched if zero_offloads(v)]
     not_adamw = tuple(o for o in OPTIMIZERS if o != OFFLOAD_OPTIM)
-    choices = zero_excludes(choices, notes, offloading, "optim", not_adamw, "ZeRO offload trains with DeepSpeed's own AdamW (DeepSpeedCPUAdam)")
-    choices = zero_excludes(choices, notes, _searches_zero(choices), "optim", BNB_OPTIMIZERS, "DeepSpeed hands the optimizer flat fp32 partitions: bitsandbytes' per-parameter 32-bit overrides do not apply")
-    choices = zero_excludes(choices, notes, _searches_zero(choices), "weight_dtype", ("bf16",), "DeepSpeed keeps fp32 master weights and makes its own bf16 copy")
+    choices = zero_excludes(
+        choices,
+        notes,
+        offloading,
+        "optim",
+        not_adamw,
+        "ZeRO offload trains with DeepSpeed's own AdamW (DeepSpeedCPUAdam)",
+    )
+    choices = zero_excludes(
+        choices,
+        notes,
+        _searches_zero(choices),
+        "optim",
+        BNB_OPTIMIZERS,
+        "DeepSpeed hands the optimizer flat fp32 partitions: bitsandbytes' per-parameter 32-bit overrides do not apply",
+    )
+    choices = zero_excludes(
+        choices,
+        notes,
+        _searches_zero(choices),
+        "weight_dtype",
+        ("bf16",),
+        "DeepSpeed keeps fp32 master weights and makes its own bf16 copy",
+    )
     compiled = tuple(v for v in choices.get("compile", []) if v != "off")
-    return zero_excludes(choices, notes, _searches_zero(choices), "compile", compiled, "a DeepSpeed engine is not compiled by the Trainer as a plain model is")
+    return zero_excludes(
+        choices,
+        notes,
+        _searches_zero(choices),
+        "compile",
+        compiled,
+        "a DeepSpeed engine is not compiled by the Trainer as a plain model is",
+    )

@@ -23,7 +23,7 @@ from autotune.levers._lever import Lever
 from autotune.levers.distributed import zero_excludes
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 FSDP_CHOICES = ("off", "full_shard", "shard_grad_op")
 # FSDP2's reshard_after_forward for each strategy (transformers' legacy translation: full_shard -> True,
@@ -54,8 +54,10 @@ def fsdp_from_training_args(args: Mapping[str, Any]) -> str:
 def _unavailable_on(value: str, device: DeviceSpec) -> str:
     if value == "off" or device.kind == "cuda":
         return ""
-    return ("FSDP runs on CUDA only: accelerate turns it on only for multi-GPU kinds, so on the CPU the "
-            "Trainer would train plain DDP (docs/scale-out.md)")
+    return (
+        "FSDP runs on CUDA only: accelerate turns it on only for multi-GPU kinds, so on the CPU the "
+        "Trainer would train plain DDP (docs/scale-out.md)"
+    )
 
 
 FSDP = Lever(
@@ -80,4 +82,6 @@ def fsdp_or_zero(choices: dict[str, list[Any]], notes: list[str], source: str) -
     """FSDP and ZeRO both shard the model over the ranks: a config runs one of them, not both."""
     zero_values = [v for v in choices.get("zero", []) if v != "off"]
     sharded = tuple(v for v in FSDP_CHOICES if v != "off")
-    return zero_excludes(choices, notes, zero_values, "fsdp", sharded, "ZeRO and FSDP both shard the model: a trial runs one of them")
+    return zero_excludes(
+        choices, notes, zero_values, "fsdp", sharded, "ZeRO and FSDP both shard the model: a trial runs one of them"
+    )

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
-    from autotune.models import ModelSpec
+    from autotune.spec.devices import DeviceSpec
+    from autotune.spec.models import ModelSpec
 
 
 def _unavailable_on(value: bool, device: DeviceSpec) -> str:

@@ -8,11 +8,19 @@ from typing import TYPE_CHECKING
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 OPTIMIZERS = (
-    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "paged_adamw_8bit",
-    "adamw_8bit", "lion_8bit", "sgd", "adagrad", "rmsprop",
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "adamw_bnb_8bit",
+    "paged_adamw_8bit",
+    "adamw_8bit",
+    "lion_8bit",
+    "sgd",
+    "adagrad",
+    "rmsprop",
 )
 # The optimizers bitsandbytes implements (transformers/trainer_optimizer.py imports bnb for them).
 BNB_OPTIMIZERS = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit", "lion_8bit")

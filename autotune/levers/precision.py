@@ -10,7 +10,7 @@ from autotune.errors import AutotuneError
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
-    from autotune.devices import DeviceSpec
+    from autotune.spec.devices import DeviceSpec
 
 # fp32; tf32 (fp32 storage, TF32 matmuls); fp16 / bf16: autocast over fp32 master weights (HF Trainer).
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -65,7 +65,9 @@ def _weight_dtype_unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
-def bf16_weights_need_bf16_autocast(choices: dict[str, list[Any]], notes: list[str], source: str) -> dict[str, list[Any]]:
+def bf16_weights_need_bf16_autocast(
+    choices: dict[str, list[Any]], notes: list[str], source: str
+) -> dict[str, list[Any]]:
     """bf16 weights run with ``dtype: bf16`` only (a rule of two levers, applied to a whole space).
 
     With the weights in bf16 every matmul runs in bf16 whatever ``dtype`` says, so the only pair
@@ -104,10 +106,14 @@ WEIGHT_DTYPE = Lever(
     choices=WEIGHT_DTYPES,
     acts_on="model",
     label=lambda value: "" if value == "fp32" else f"weights={value}",
-    export_note=lambda value: "" if value == "fp32" else (
-        f"the winner's model was built in {value}: pass dtype=torch.{WEIGHT_TORCH_DTYPES[value]} to from_pretrained "
-        "or from_config (torch_dtype= before transformers 5), and keep bf16=True; the optimizer then keeps its "
-        "states in bf16 too"
+    export_note=lambda value: (
+        ""
+        if value == "fp32"
+        else (
+            f"the winner's model was built in {value}: pass dtype=torch.{WEIGHT_TORCH_DTYPES[value]} to from_pretrained "
+            "or from_config (torch_dtype= before transformers 5), and keep bf16=True; the optimizer then keeps its "
+            "states in bf16 too"
+        )
     ),
     unavailable_on=_weight_dtype_unavailable_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),

@@ -13,7 +13,7 @@ from autotune.result import Status, TrialResult
 from autotune.runner._failures import is_oom_exception, library_failure, op_build_failure
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import apply_allocator_env, child_environment, single_rank_environment
-from autotune.runner._memory import failure_memory_pressure
+from autotune.runner._memory_probe import failure_memory_pressure
 
 
 def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
@@ -32,7 +32,9 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         job: The trial to run.
     """
     os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # the forkserver ignores it (autotune/forkserver_signals.py)
+    signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # the forkserver ignores it (autotune/runner/_forkserver_signals.py)
     _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.workload.device, job.work_dir))  # before anything initialises CUDA
     # DeepSpeed and FSDP both shard over a process group, even of one rank: the launcher's variables.
@@ -89,4 +91,3 @@ def redirect_output(path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-

@@ -85,9 +85,7 @@ def memory_pressure(reserved_bytes: int, total_bytes: int, free_bytes: int | Non
     return free_bytes is not None and free_bytes <= (1 - PRESSURE_RESERVED_SHARE) * total_bytes
 
 
-def is_oom_exception(
-    exc: BaseException, address_space_limited: bool = False, memory_pressure: bool = False
-) -> bool:
+def is_oom_exception(exc: BaseException, address_space_limited: bool = False, memory_pressure: bool = False) -> bool:
     """True for out-of-memory exceptions, found by type first and by allocator message second.
 
     Chained exceptions count: the Trainer or a dataloader may wrap the allocator's error.
@@ -227,4 +225,8 @@ def classify_launch(
     if outcome.get("error"):
         return Status.CRASH, f"the launch of {ranks} ranks failed: {outcome['error']}", None
     missing = [rank for rank in range(ranks) if rank not in results]
-    return Status.CRASH, f"rank {missing[0] if missing else 0} of {ranks} ended without a result", missing[0] if missing else None
+    return (
+        Status.CRASH,
+        f"rank {missing[0] if missing else 0} of {ranks} ended without a result",
+        missing[0] if missing else None,
+    )

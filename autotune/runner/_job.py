@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-from autotune.config import TrialConfig
 from autotune.estimate import MemoryFit, memory_prior
-from autotune.data import PreparedDataset
-from autotune.devices import DeviceSpec, cpu_device, matmul_dtype
-from autotune.measure import MeasureSettings
-from autotune.models import ModelSpec, resolve_model
+from autotune.levers import TrialConfig
+from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._limits import allocator_settings
 from autotune.runner._precision import predicted_tf32
+from autotune.spec.dataset import PreparedDataset
+from autotune.spec.devices import DeviceSpec, cpu_device, matmul_dtype
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.models import ModelSpec, resolve_model
+
+
+def trial_memory_prior(device: DeviceSpec, allocator_env: Mapping[str, str], ranks: int) -> MemoryFit:
+    """The memory model's prior for trials on ``device`` under ``allocator_env``, ``ranks`` ranks each:
+    :func:`autotune.estimate.memory_prior` with, on the CPU, this installation's measured process
+    baseline (:func:`autotune.runner._baseline.cpu_process_baseline_bytes`)."""
+    baseline = cpu_process_baseline_bytes() if device.kind == "cpu" else None
+    return dataclasses.replace(memory_prior(device, allocator_env, baseline), ranks=ranks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +36,7 @@ class Workload:
         model: The model to build (from its config, random weights).
         device: Where to train.
         seq_len: Tokens per sample.
-        ceiling_bytes: The memory ceiling (recorded with the result; judged by :mod:`autotune.ceiling`).
+        ceiling_bytes: The memory ceiling (recorded with the result; judged by :mod:`autotune.spec.ceiling`).
         measure: When the steady-state measurement stops.
         base_args: TrainingArguments the user fixed, applied to every trial.
         dataset: The user's prepared data (``None``: synthetic tokens).
@@ -69,11 +79,17 @@ class Workload:
         """The memory model's prior for this device and allocator setting: the one the planner uses
         too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial;
         one rank's peak where a trial spans several."""
-        return dataclasses.replace(memory_prior(self.device, self.allocator_env), ranks=self.devices_per_trial)
+        return trial_memory_prior(self.device, self.allocator_env, self.devices_per_trial)
 
     @classmethod
     def for_model(
-        cls, model: ModelSpec | str, *, seq_len: int, ceiling_bytes: int, device: DeviceSpec | None = None, **fields: Any
+        cls,
+        model: ModelSpec | str,
+        *,
+        seq_len: int,
+        ceiling_bytes: int,
+        device: DeviceSpec | None = None,
+        **fields: Any,
     ) -> Workload:
         """A workload made outside a search: the one factory of the tests and the benchmark scripts.
 

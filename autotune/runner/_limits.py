@@ -7,7 +7,7 @@ import resource
 import socket
 from typing import Any
 
-from autotune.devices import DeviceSpec, visible_device_id
+from autotune.spec.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
 
 
@@ -49,10 +49,19 @@ def single_rank_environment() -> dict[str, str]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+    }
 
 
-def ranks_environment(device: DeviceSpec, ranks: int, rank_devices: tuple[int, ...], work_dir: str, cpu_count: int) -> dict[str, str]:
+def ranks_environment(
+    device: DeviceSpec, ranks: int, rank_devices: tuple[int, ...], work_dir: str, cpu_count: int
+) -> dict[str, str]:
     """Environment of a multi-rank trial's launcher and its ranks (they inherit it).
 
     On CUDA, the trial sees its own GPUs (``rank_devices``) and nothing else; torch's launcher gives

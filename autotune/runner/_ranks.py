@@ -3,7 +3,7 @@
 One trial of ``devices_per_trial`` N ranks runs under torch's own launcher
 (:mod:`autotune.runner._launch`, a process of its own session started here), one process group
 (gloo on the CPU, NCCL on CUDA) per trial on a port of its own. The budgets are the single child's
-(:class:`autotune.runner._pool.TrialDeadlines`); whatever ends the wait (a result, a timeout, a
+(:class:`autotune.runner._deadlines.TrialDeadlines`); whatever ends the wait (a result, a timeout, a
 rank's death, Ctrl-C), the launcher's group and every rank's group are killed before this returns,
 so no rank outlives its trial and its port is free again.
 
@@ -29,6 +29,7 @@ from collections.abc import Callable
 import psutil
 
 from autotune.result import Status, TrialResult
+from autotune.runner._deadlines import POLL_S, TrialDeadlines, finished
 from autotune.runner._failures import classify_launch
 from autotune.runner._job import TrialJob
 from autotune.runner._launch import (
@@ -39,7 +40,6 @@ from autotune.runner._launch import (
     rank_file,
 )
 from autotune.runner._limits import ranks_environment
-from autotune.runner._pool import POLL_S, TrialDeadlines, finished
 from autotune.runner._watch import ChildWatch
 
 # Throughput figures that add up over the ranks (each rank measured its own share of the global batch).
@@ -88,7 +88,11 @@ def run_ranks(
     with open(job.log_path, "ab") as log:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "autotune.runner._launch", "launch", job_path],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     watch = ChildWatch(launcher.pid)
     compile_timeout = job.workload.compile_timeout_s if job.config.compile != "off" else None

@@ -13,23 +13,15 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.config import training_arguments_kwargs
-from autotune.devices import DeviceSpec
-from autotune.flops import hardware_tflops as hardware_tflops_of
-from autotune.flops import model_tflops as model_tflops_of
-from autotune.flops import utilisation
-from autotune.measure import StepTimer, dynamo_compile_seconds
-from autotune.models import build_model
-from autotune.numerics import loss_record, nonfinite_reason, skipped_among, trained_fraction
-from autotune.peft import apply_peft
-from autotune.result import Status, TrialResult
+from autotune.levers import WEIGHT_TORCH_DTYPES, training_arguments_kwargs
+from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
-from autotune.runner._memory import MemoryProbe, memory_probe
-from autotune.runner._numerics import LossRecorder, weights_are_finite
+from autotune.runner._loss_recorder import LossRecorder, weights_are_finite
+from autotune.runner._memory_probe import MemoryProbe, memory_probe
 from autotune.runner._precision import (
     AutocastRecorder,
     accelerator_autocast_dtype,
@@ -38,6 +30,13 @@ from autotune.runner._precision import (
     ran_dtype,
     utilisation_defect,
 )
+from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.flops import hardware_tflops as hardware_tflops_of
+from autotune.spec.flops import model_tflops as model_tflops_of
+from autotune.spec.flops import utilisation
+from autotune.spec.models import build_model
+from autotune.spec.peft import apply_peft
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -84,7 +83,7 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
 def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
     workload = job.workload
     if workload.dataset is not None:
-        from autotune.runner._data import load_training_dataset
+        from autotune.runner._loader import load_training_dataset
 
         return load_training_dataset(workload.dataset, workload.model, workload.seq_len, job.config.padding)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
@@ -98,7 +97,9 @@ class FirstStepSignal(TrainerCallback):
     def __init__(self, on_first_step: Callable[[float], None]) -> None:
         self._on_first_step: Callable[[float], None] | None = on_first_step
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         if self._on_first_step is not None:
             self._on_first_step(dynamo_compile_seconds())
             self._on_first_step = None
@@ -121,7 +122,12 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(workload.model.config, workload.model.task, job.config.attn_implementation, job.config.weight_dtype)
+        model = build_model(
+            workload.model.config,
+            workload.model.task,
+            job.config.attn_implementation,
+            WEIGHT_TORCH_DTYPES[job.config.weight_dtype],
+        )
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
@@ -142,7 +148,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             train_dataset=build_dataset(job),
             data_collator=build_collator(job),
             callbacks=[
-                recorder, timer, *(load_callback(name)() for name in workload.callbacks),
+                recorder,
+                timer,
+                *(load_callback(name)() for name in workload.callbacks),
                 *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
             ],
         )
@@ -219,9 +227,11 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     )
 
 
-def worst_case_peaks(trainer: Trainer, job: TrialJob, probe: MemoryProbe, measured: dict[str, int]) -> tuple[dict[str, int], str]:
+def worst_case_peaks(
+    trainer: Trainer, job: TrialJob, probe: MemoryProbe, measured: dict[str, int]
+) -> tuple[dict[str, int], str]:
     """One more optimizer step, after the timed ones, on the fullest batch the data can produce
-    (:func:`autotune.runner._data.worst_case_batch`), through the Trainer's own ``training_step``
+    (:func:`autotune.runner._loader.worst_case_batch`), through the Trainer's own ``training_step``
     (its autocast, its accelerator) and optimizer: the trial's peak is the larger of the two, so a
     config that fits stays inside memory for the whole run, not only for the batches it was timed on.
 
@@ -229,9 +239,11 @@ def worst_case_peaks(trainer: Trainer, job: TrialJob, probe: MemoryProbe, measur
         The peaks after it (``measured_steps_peak_bytes``: the timed steps' ceiling figure), and
         which batch set the ceiling's figure.
     """
-    from autotune.runner._data import worst_case_batch
+    from autotune.runner._loader import worst_case_batch
 
-    batch, words = worst_case_batch(trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator)
+    batch, words = worst_case_batch(
+        trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator
+    )
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -241,10 +253,14 @@ def worst_case_peaks(trainer: Trainer, job: TrialJob, probe: MemoryProbe, measur
     return peaks, f"the measured steps (at or above the {words})"
 
 
-def runtime_readings(trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]) -> dict[str, str]:
+def runtime_readings(
+    trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]
+) -> dict[str, str]:
     """How the trial ran, read back after training: precision, allocator settings, memory sources."""
-    autocast_dtype = autocast.dtype if autocast.seen else accelerator_autocast_dtype(
-        str(getattr(trainer.accelerator, "mixed_precision", "no"))
+    autocast_dtype = (
+        autocast.dtype
+        if autocast.seen
+        else accelerator_autocast_dtype(str(getattr(trainer.accelerator, "mixed_precision", "no")))
     )
     found = {
         "matmul_precision": cuda_matmul_precision(torch) if device_kind == "cuda" else "ieee",
@@ -264,7 +280,7 @@ def build_collator(job: TrialJob) -> Any:
     dataset = job.workload.dataset
     if dataset is None:
         return None
-    from autotune.runner._data import training_collator
+    from autotune.runner._loader import training_collator
 
     return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
 

@@ -1,6 +1,6 @@
 """Search spaces: YAML -> checked against the levers -> narrowed to what the device, model and data run.
 
-``_schema`` reads and checks the file (one key per lever of ``autotune.levers``), ``_narrow`` applies
+``_space_file`` reads and checks the file (one key per lever of ``autotune.levers``), ``_narrow`` applies
 the levers' filters, ``_search_space`` is the result the study samples from. :func:`load_space` is
 the one call that does all three, in the order search_spaces/README.md lists.
 """
@@ -11,10 +11,8 @@ import os
 from importlib import resources
 from typing import Any
 
-from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit
-from autotune.models import ModelSpec
 from autotune.space._narrow import (
     apply_base_args,
     constrain_global_batch,
@@ -26,14 +24,12 @@ from autotune.space._narrow import (
     keep_zero_where_needed,
     tensor_core_note,
 )
-from autotune.space._schema import AUTO, MAX_CHOICES_PER_KNOB, MAX_SPACE_FILE_BYTES, SpaceFile, read_space_file
 from autotune.space._search_space import SearchSpace
+from autotune.space._space_file import AUTO, read_space_file
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
 
-__all__ = [
-    "MAX_CHOICES_PER_KNOB", "MAX_SPACE_FILE_BYTES", "SearchSpace", "SpaceFile", "apply_base_args",
-    "constrain_global_batch", "default_space_path", "drop_unneeded_small_micro_batches", "filter_combinations", "filter_for_data",
-    "filter_for_device", "filter_for_model", "keep_zero_where_needed", "load_space", "read_space_file", "tensor_core_note",
-]
+__all__ = ["SearchSpace", "default_space_path", "load_space"]
 
 
 def default_space_path() -> str:

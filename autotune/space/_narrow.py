@@ -11,15 +11,21 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from autotune.config import knob_values_from_base_args
-from autotune.devices import DeviceSpec
 from autotune.errors import AutotuneError
-from autotune.ceiling import fits
 from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes, smallest_peak_bytes
-from autotune.levers import BATCH_LIMIT_KNOBS, COMBINATION_RULES, LEVERS, SMALL_AUTO_MICRO_BATCHES, Lever
-from autotune.models import ModelSpec
-from autotune.space._schema import AUTO
+from autotune.levers import (
+    BATCH_LIMIT_KNOBS,
+    COMBINATION_RULES,
+    LEVERS,
+    SMALL_AUTO_MICRO_BATCHES,
+    Lever,
+    knob_values_from_base_args,
+)
 from autotune.space._search_space import SearchSpace
+from autotune.space._space_file import AUTO
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
 
 
 def yaml_word(value: Any) -> str:
@@ -51,7 +57,7 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
         lever = LEVERS[name]
         if values == AUTO:
             values = lever.auto_choices(device)
-        kept = _keep(lever, values, lambda v: lever.unavailable_on(v, device) or lever.no_effect_on(v, device), notes)
+        kept = _keep(lever, values, lambda v: lever.unavailable_on(v, device) or lever.no_effect_on(v, device), notes)  # noqa: B023 - called by _keep in this iteration
         if not kept:
             raise AutotuneError(
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
@@ -69,7 +75,7 @@ def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
         if lever.unavailable_for_model is None or lever.name not in choices:
             continue
         rule = lever.unavailable_for_model
-        kept = _keep(lever, choices[lever.name], lambda v: rule(v, model, choices), notes)
+        kept = _keep(lever, choices[lever.name], lambda v: rule(v, model, choices), notes)  # noqa: B023 - called by _keep in this iteration
         if not kept:
             raise AutotuneError(
                 f"search space {space.source}: {model.name} supports none of {lever.name} {choices[lever.name]} "
@@ -93,7 +99,7 @@ def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> Searc
     choices = dict(space.choices)
     for lever in LEVERS.values():
         if lever.needs_real_data and lever.name in choices:
-            choices[lever.name] = _keep(lever, choices[lever.name], lambda v: why if v != lever.default else "", notes)
+            choices[lever.name] = _keep(lever, choices[lever.name], lambda v: why if v != lever.default else "", notes)  # noqa: B023 - called by _keep in this iteration
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 
 
@@ -166,9 +172,7 @@ def tensor_core_note(space: SearchSpace, seq_len: int, device: DeviceSpec) -> Se
     odd = [m for m in space.choices["micro_batch"] if (m * seq_len) % 8]
     if not odd:
         return space
-    note = (
-        f"micro_batch {_list(odd)} x seq len {seq_len} is not a multiple of 8 tokens: tensor cores may run it slower"
-    )
+    note = f"micro_batch {_list(odd)} x seq len {seq_len} is not a multiple of 8 tokens: tensor cores may run it slower"
     return SearchSpace(choices=space.choices, notes=(*space.notes, note), source=space.source)
 
 
@@ -263,7 +267,11 @@ def constrain_global_batch(
 
 
 def _per_rank_share(
-    space: SearchSpace, global_batch: int | None, max_global_batch: int | None, base_args: dict[str, Any] | None, ranks: int
+    space: SearchSpace,
+    global_batch: int | None,
+    max_global_batch: int | None,
+    base_args: dict[str, Any] | None,
+    ranks: int,
 ) -> SearchSpace:
     """:func:`constrain_global_batch` on each of ``ranks`` ranks' share of the global batch."""
     if global_batch is not None and global_batch % ranks:
@@ -305,10 +313,14 @@ def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: Devic
         fields = ", ".join(f for f in lever.fields if f in base_args)
         reason = lever.unavailable_on(value, device)
         if reason:
-            raise AutotuneError(f"--base-args {fields} asks for {knob} {value!r}, which {device.label} cannot run: {reason}")
+            raise AutotuneError(
+                f"--base-args {fields} asks for {knob} {value!r}, which {device.label} cannot run: {reason}"
+            )
         if choices.get(knob) != [value]:
             searched = len(choices.get(knob, [])) > 1
-            notes.append(f"{knob} fixed at {value!r} by --base-args {fields}" + ("; no longer searched" if searched else ""))
+            notes.append(
+                f"{knob} fixed at {value!r} by --base-args {fields}" + ("; no longer searched" if searched else "")
+            )
         choices[knob] = [value]
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 

@@ -7,8 +7,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from autotune.config import TrialConfig
-from autotune.levers import BATCH_LIMIT_KNOBS
+from autotune.levers import BATCH_LIMIT_KNOBS, TrialConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,5 +43,7 @@ class SearchSpace:
         """The most samples one optimizer step of any config of the space takes."""
         fixed = {name: values[0] for name, values in self.choices.items() if name in BATCH_LIMIT_KNOBS}
         if fixed:
-            return max(TrialConfig.from_params({**fixed, "micro_batch": m}).global_batch for m in self.choices["micro_batch"])
+            return max(
+                TrialConfig.from_params({**fixed, "micro_batch": m}).global_batch for m in self.choices["micro_batch"]
+            )
         return max(self.choices["micro_batch"]) * max(self.choices["grad_accum"])

@@ -18,66 +18,25 @@ join a study), ``_seeds`` (its first trials), ``_proposals`` (the sampler, when 
 
 from __future__ import annotations
 
-from autotune.study._confirm import Confirmation, confirm_top
-from autotune.study._liveness import recover_orphans
-from autotune.study._loop import (
-    MAX_ATTEMPTS,
-    ask_trial,
-    cap_decision,
-    make_job,
-    measured_trials,
-    prune_threshold,
-    run_one_trial,
-    run_search,
-)
-from autotune.study._record import memory_constraint_gib, record_pending_results, tell
-from autotune.study._request import (
-    PreparedSearch,
-    SearchBudget,
-    SearchOptions,
-    SearchProgress,
-    SearchRequest,
-    default_study_name,
-    prepare_request,
-    worker_devices,
-)
+from autotune.study._loop import measured_trials
+from autotune.study._request import SearchBudget, SearchProgress, SearchRequest, default_study_name, prepare_request
+from autotune.study._run import SearchHooks, search
 from autotune.study._screening import margin_for, memory_fit_from_trials
-from autotune.study._proposals import SearchFinished, stop_reason
-from autotune.study._run import SearchHooks, SearchOutcome, search
 from autotune.study._seeds import hf_default_config
 from autotune.study._setup import check_identity, open_study
 
 __all__ = [
-    "MAX_ATTEMPTS",
-    "Confirmation",
-    "PreparedSearch",
     "SearchBudget",
-    "SearchFinished",
     "SearchHooks",
-    "SearchOptions",
-    "SearchOutcome",
     "SearchProgress",
     "SearchRequest",
-    "ask_trial",
-    "cap_decision",
     "check_identity",
-    "confirm_top",
     "default_study_name",
     "hf_default_config",
-    "make_job",
     "margin_for",
     "measured_trials",
     "memory_fit_from_trials",
-    "memory_constraint_gib",
     "open_study",
     "prepare_request",
-    "prune_threshold",
-    "record_pending_results",
-    "recover_orphans",
-    "run_one_trial",
-    "run_search",
     "search",
-    "stop_reason",
-    "tell",
-    "worker_devices",
 ]

@@ -12,7 +12,7 @@ headroom). A candidate with a re-run that ran out of memory or went over the cei
 reliably feasible and leaves the feasible ranking.
 
 Optuna lets no one write to a finished trial, so the outcome is a study user attr
-(``confirmation``, :mod:`autotune.schema`), one entry per confirmed trial number; each run
+(``confirmation``, :mod:`autotune.storage.schema`), one entry per confirmed trial number; each run
 replaces the last one, so a confirmation never outlives the search that made it.
 """
 
@@ -26,18 +26,26 @@ from typing import Any
 
 import optuna
 
-from autotune import schema
-from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
-from autotune.measure import coefficient_of_variation
-from autotune.numerics import judged_trials
-from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed
+from autotune.levers import TrialConfig
+from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed, judged_trials
 from autotune.runner import run_isolated
+from autotune.spec.measure import coefficient_of_variation
+from autotune.storage import schema
 from autotune.study._loop import make_job
 from autotune.study._request import SearchRequest
 
 # TrialResult fields proportional to samples/s for a given config.
-THROUGHPUT_FIGURES = ("tokens_per_s", "real_tokens_per_s", "model_tflops", "hardware_tflops", "mfu", "hfu", "mfu_measured", "hfu_measured")
+THROUGHPUT_FIGURES = (
+    "tokens_per_s",
+    "real_tokens_per_s",
+    "model_tflops",
+    "hardware_tflops",
+    "mfu",
+    "hfu",
+    "mfu_measured",
+    "hfu_measured",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,7 +152,9 @@ def throughput_posterior(encoding: KnobEncoding, observed: Observations, measure
     return posterior
 
 
-def memory_posterior(encoding: KnobEncoding, observed: Observations, log_estimate: Callable[[Params], float]) -> Posterior:
+def memory_posterior(
+    encoding: KnobEncoding, observed: Observations, log_estimate: Callable[[Params], float]
+) -> Posterior:
     """Corrections to the estimator's log peak, per knob value."""
     if not observed.log_peak_bytes:
         return prior(encoding.width, MEMORY_EFFECT_SD)

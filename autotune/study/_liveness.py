@@ -18,8 +18,8 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from autotune import schema
 from autotune.result import TrialResult
+from autotune.storage import schema
 from autotune.study._record import record_interrupted
 
 
@@ -30,7 +30,9 @@ def mark_owner(study: optuna.Study, trial: optuna.Trial) -> None:
     asking would otherwise stay RUNNING for ever.
     """
     Heartbeat(study, trial).beat()
-    study._storage.set_trial_system_attr(trial._trial_id, schema.TRIAL_OWNER, {**worker_identity(), "trial": trial.number})
+    study._storage.set_trial_system_attr(
+        trial._trial_id, schema.TRIAL_OWNER, {**worker_identity(), "trial": trial.number}
+    )
 
 
 def recover_orphans(study: optuna.Study) -> list[int]:

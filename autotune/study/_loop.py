@@ -41,12 +41,19 @@ from collections.abc import Callable, Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import schema
-from autotune.config import TrialConfig
-from autotune.numerics import judge_against_default, judged_trials, loss_reference
-from autotune.result import RETRIED_STATUSES, Status, TrialResult, feasible_by_speed, is_budget_trial
+from autotune.levers import TrialConfig
+from autotune.result import (
+    RETRIED_STATUSES,
+    Status,
+    TrialResult,
+    feasible_by_speed,
+    is_budget_trial,
+    judge_against_default,
+    judged_trials,
+    loss_reference,
+)
 from autotune.runner import TrialJob, run_isolated
-from autotune.storage import heartbeat_settings
+from autotune.storage import heartbeat_settings, schema
 from autotune.study._liveness import (
     Heartbeat,
     interrupt_own_running,
@@ -70,7 +77,9 @@ COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 START, WAIT, DONE = "start", "wait", "done"
 
 
-def cap_decision(trials: Sequence[FrozenTrial], max_total_trials: int, patience_s: float, now: datetime.datetime) -> str:
+def cap_decision(
+    trials: Sequence[FrozenTrial], max_total_trials: int, patience_s: float, now: datetime.datetime
+) -> str:
     """What the study-wide cap allows: start a trial, wait for running ones to end, or stop.
 
     Args:
@@ -223,7 +232,7 @@ def run_search(
         _wait_for(finished)
         interrupt_own_running(study, request.ceiling_bytes)
         if workers.errors:  # recording a trial failed: say so rather than claim all is recorded
-            raise workers.errors[0]
+            raise workers.errors[0] from None
         raise
     for thread in threads:
         thread.join()  # each has set its event: no wait left for a signal to land in
@@ -296,11 +305,9 @@ def run_one_trial(
     if progress.on_trial_start:
         progress.on_trial_start(trial.number, config)
     try:
-        result = (
-            _screen(study, trial, config, request)
-            or judge_against_default(
-                _run_with_retry(study, trial, config, request, stop, run_trial), loss_reference(study.get_trials(deepcopy=False))
-            )
+        result = _screen(study, trial, config, request) or judge_against_default(
+            _run_with_retry(study, trial, config, request, stop, run_trial),
+            loss_reference(study.get_trials(deepcopy=False)),
         )
         try:
             tell_or_keep(study, trial, result, request.work_root)
@@ -341,11 +348,14 @@ def _run_with_retry(
             break
         # Keep why the first attempt failed; the retry appends to the same log, after a marker.
         trial.set_user_attr(
-            schema.TRIAL_FIRST_ATTEMPT, {"status": result.status, "error": result.error, "stderr_tail": result.stderr_tail}
+            schema.TRIAL_FIRST_ATTEMPT,
+            {"status": result.status, "error": result.error, "stderr_tail": result.stderr_tail},
         )
         if os.path.exists(job.log_path):
             with open(job.log_path, "a") as log:
-                log.write(f"\n--- autotune: attempt {attempt} ended: {result.status}: {result.error}; retrying once ---\n")
+                log.write(
+                    f"\n--- autotune: attempt {attempt} ended: {result.status}: {result.error}; retrying once ---\n"
+                )
     return result
 
 
@@ -385,7 +395,9 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
     return measured
 
 
-def _screen(study: optuna.Study, trial: optuna.Trial, config: TrialConfig, request: SearchRequest) -> TrialResult | None:
+def _screen(
+    study: optuna.Study, trial: optuna.Trial, config: TrialConfig, request: SearchRequest
+) -> TrialResult | None:
     """A screened result if the config is known not to fit (see :mod:`._screening`), else ``None``."""
     if not request.screen:
         return None

@@ -41,12 +41,11 @@ from optuna.samplers._lazy_random_state import LazyRandomState
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import schema
-from autotune.ceiling import fits
-from autotune.config import TrialConfig
-from autotune.numerics import judged_trials
 from autotune.estimate import estimate_peak
-from autotune.result import ParamsKey, TrialResult, is_budget_trial, params_key
+from autotune.levers import TrialConfig
+from autotune.result import ParamsKey, TrialResult, is_budget_trial, judged_trials, params_key
+from autotune.spec.ceiling import fits
+from autotune.storage import schema
 from autotune.study import _landscape
 from autotune.study._request import SearchRequest
 
@@ -62,12 +61,11 @@ DEFAULT_NOISE = 0.05
 # Random proposals before the model takes over (the seed trials count among them).
 STARTUP_TRIALS = 3
 
+
 def taken_configs(trials: Iterable[FrozenTrial], exclude_number: int | None = None) -> set[ParamsKey]:
     """Configs measured, screened or running: never proposed again."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return {
-        params_key(t.params) for t in trials if t.state in states and t.number != exclude_number and t.params
-    }
+    return {params_key(t.params) for t in trials if t.state in states and t.number != exclude_number and t.params}
 
 
 def finished_configs(trials: Iterable[FrozenTrial]) -> set[ParamsKey]:
@@ -133,7 +131,9 @@ def stop_reason(study: Study, space_size: int, patience: int | None) -> str | No
     # Queued trials (a dead worker's re-run, seeds) are popped first, each answered from the record.
     queued = any(t.state == TrialState.WAITING for t in trials)
     if done >= space_size and not queued:
-        return f"every config of the space has been measured or screened ({done} of {space_size}): the search is complete"
+        return (
+            f"every config of the space has been measured or screened ({done} of {space_size}): the search is complete"
+        )
     if patience:
         noise = noise_fraction(study)
         streak = trials_since_improvement(trials, noise)
@@ -190,11 +190,13 @@ class DistinctThompsonSampler(BaseSampler):
         choices = param_distribution.choices
         return choices[int(self._rng.rng.randint(len(choices)))]
 
-    def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space or "fixed_params" in trial.system_attrs:
             return {}  # a queued trial (a seed, a re-run) brings its own config
         with self._lock:
-            # Judged (autotune.numerics): a trial told before the HF default's loss existed is seen
+            # Judged (autotune.result._loss): a trial told before the HF default's loss existed is seen
             # as every reader of feasibility sees it.
             trials = judged_trials(study.get_trials(deepcopy=False))
             taken = taken_configs(trials, exclude_number=trial.number)
@@ -264,7 +266,10 @@ class DistinctThompsonSampler(BaseSampler):
         return pool[choice]
 
     def _drawn_to_fit(
-        self, encoding: _landscape.KnobEncoding, observed: _landscape.Observations, pool: list[dict[str, Any]],
+        self,
+        encoding: _landscape.KnobEncoding,
+        observed: _landscape.Observations,
+        pool: list[dict[str, Any]],
         rng: np.random.RandomState,
     ) -> np.ndarray:
         """For each config, whether its drawn peak is under the ceiling (all, without an estimator)."""
@@ -285,8 +290,12 @@ class DistinctThompsonSampler(BaseSampler):
 
     @staticmethod
     def _note_came_back(
-        study: Study, trial: FrozenTrial, finished: list[FrozenTrial], encoding: _landscape.KnobEncoding,
-        speed_effects: np.ndarray, proposed_speed: float,
+        study: Study,
+        trial: FrozenTrial,
+        finished: list[FrozenTrial],
+        encoding: _landscape.KnobEncoding,
+        speed_effects: np.ndarray,
+        proposed_speed: float,
     ) -> None:
         """Record on the new trial the measured trial the drawn landscape ranks above every untaken
         config: the one a sampler free to repeat would have proposed (dashboard, ``best --all``)."""

@@ -1,7 +1,7 @@
 """Recording results: a trial's outcome, its memory constraint and its final state, written once.
 
 Only the orchestrator writes to the storage; trial children only send results. The objective is
-model TFLOPs (maximize); the memory constraint is ``peak - ceiling`` in GiB (:mod:`autotune.ceiling`).
+model TFLOPs (maximize); the memory constraint is ``peak - ceiling`` in GiB (:mod:`autotune.spec.ceiling`).
 An OOM is a COMPLETE trial with value 0 and a violated constraint, so samplers learn the region
 does not fit; crashes and timeouts are FAIL (they say nothing about the config).
 """
@@ -16,7 +16,6 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.result import (
     FAILED_STATUSES,
@@ -26,7 +25,7 @@ from autotune.result import (
     measured_constraint_gib,
     objective_value,
 )
-from autotune.storage import storage_failure
+from autotune.storage import schema, storage_failure
 from autotune.study._screening import screened_excess_gib, with_predicted_peaks
 
 # A result the storage could not record (a full disk at tell), kept in the trial's work dir.

@@ -1,7 +1,7 @@
 """What to search, and how the command line's options become it: checked once, before any trial.
 
 :func:`prepare_request` turns :class:`SearchOptions` (the ``search`` command's options as typed,
-with their defaults: :mod:`autotune.search_options`) into a :class:`SearchRequest` and its
+with their defaults: :mod:`autotune.plan._options`) into a :class:`SearchRequest` and its
 :class:`SearchBudget`: the model and device resolved, the space loaded and filtered, the user's
 data prepared, the calibrated peaks read, the CPU address-space budget of each child set.
 Every problem is an :class:`AutotuneError` here, so no trial is spent on a bad option.
@@ -16,17 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune import validate
-from autotune.ceiling import host_ceiling_bytes, parse_ceiling
-from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec, resolve_device
 from autotune.errors import AutotuneError
-from autotune.estimate import memory_prior, smallest_peak_bytes
-from autotune.measure import MeasureSettings
+from autotune.estimate import smallest_peak_bytes
+from autotune.levers import TrialConfig
+from autotune.plan import SearchOptions, seq_len_fits, worker_share
 from autotune.result import TrialResult
-from autotune.runner import Workload, child_address_space_budget, load_callback
-from autotune.search_options import SearchOptions
+from autotune.runner import Workload, child_address_space_budget, load_callback, trial_memory_prior
 from autotune.space import SearchSpace, load_space
+from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
+from autotune.spec.devices import DeviceSpec, resolve_device
+from autotune.spec.measure import MeasureSettings
 from autotune.study._screening import refuse_if_nothing_fits
 
 
@@ -144,51 +143,67 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         AutotuneError: An option is malformed or contradicts another, the model or the space cannot
             be read, the data is unusable.
     """
-    from autotune.calibrate import load_measured_peaks, peak_note
-    from autotune.base_args import load_base_args
-    from autotune.models import resolve_model
+    from autotune.plan import load_base_args
+    from autotune.spec.measured_peaks import load_measured_peaks, peak_note
+    from autotune.spec.models import resolve_model
 
     if not 0 <= options.prune_ratio < 1:
-        raise AutotuneError(f"--prune-ratio {options.prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1")
+        raise AutotuneError(
+            f"--prune-ratio {options.prune_ratio}: give a fraction from 0 (never prune) up to, not including, 1"
+        )
     devices = worker_devices(options.device, options.gpu, options.gpus, options.workers)
     groups = device_groups(devices, options.devices_per_trial)
     devices = [group[0] for group in groups]
     device = devices[0]
     ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
     model = resolve_model(options.model, options.task)
-    validate.seq_len_fits(options.seq_len, options.model, model.max_positions)
+    seq_len_fits(options.seq_len, options.model, model.max_positions)
     peft_notes: list[str] = []
     if options.peft is not None:
-        from autotune.peft import with_peft
+        from autotune.spec.peft import with_peft
 
         model = with_peft(model, options.peft, device, peft_notes)
     base_args = load_base_args(options.base_args) if options.base_args else {}
     space = load_space(
-        options.space, device, model=model, base_args=base_args,
-        global_batch=options.global_batch, max_global_batch=options.max_global_batch,
-        real_data=options.dataset is not None, packing=options.packing,
+        options.space,
+        device,
+        model=model,
+        base_args=base_args,
+        global_batch=options.global_batch,
+        max_global_batch=options.max_global_batch,
+        real_data=options.dataset is not None,
+        packing=options.packing,
         # The workload's memory prior (Workload.memory_prior reads the same allocator variables).
-        seq_len=options.seq_len, ceiling_bytes=ceiling, ranks=options.devices_per_trial,
-        memory_fit=dataclasses.replace(memory_prior(device, os.environ), ranks=options.devices_per_trial),
+        seq_len=options.seq_len,
+        ceiling_bytes=ceiling,
+        ranks=options.devices_per_trial,
+        memory_fit=trial_memory_prior(device, os.environ, options.devices_per_trial),
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
     notes = [*peft_notes, *space.notes]
     dataset = None
     if options.dataset is not None:
-        from autotune.data import prepare_dataset
+        from autotune.spec.dataset import prepare_dataset
 
         dataset = prepare_dataset(
-            options.dataset, model, options.seq_len, space.largest_global_batch,
-            options.warmup_steps + options.max_measure_steps, os.path.join(options.work_dir, "datasets"),
-            options.text_column, options.packing,
+            options.dataset,
+            model,
+            options.seq_len,
+            space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps,
+            os.path.join(options.work_dir, "datasets"),
+            options.text_column,
+            options.packing,
         )
     measured_peaks = load_measured_peaks(device.name)
     notes.append(peak_note(device, measured_peaks))
     address_space = None
     if device.kind == "cpu":
         # Every rank is a process of its own under the budget (RLIMIT_AS applies per process).
-        address_space = child_address_space_budget(ceiling, available_memory_bytes // (len(devices) * options.devices_per_trial))
+        address_space = child_address_space_budget(
+            ceiling, available_memory_bytes // (len(devices) * options.devices_per_trial)
+        )
     workload = Workload(
         model=model,
         device=device,
@@ -206,7 +221,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     )
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
-        validate.worker_share(len(devices), address_space, smallest)
+        worker_share(len(devices), address_space, smallest)
     if options.screen:
         refuse_if_nothing_fits(space.choices, workload)  # no trial spent proving it
     request = SearchRequest(
@@ -220,7 +235,12 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         prune_ratio=options.prune_ratio,
     )
     budget = SearchBudget(
-        options.trials, options.timeout, options.max_total_trials, options.patience, options.confirm_top, options.confirm_repeats
+        options.trials,
+        options.timeout,
+        options.max_total_trials,
+        options.patience,
+        options.confirm_top,
+        options.confirm_repeats,
     )
     return PreparedSearch(request=request, notes=tuple(notes), budget=budget)
 
@@ -244,7 +264,9 @@ def worker_devices(device: str | None, gpu: int | None, gpus: str | None, worker
         raise AutotuneError("--gpus gives one worker per GPU: leave out --gpu, --device and --workers")
     numbers = [part.strip() for part in gpus.split(",")]
     if not all(part.isdigit() for part in numbers) or len(set(numbers)) != len(numbers):
-        raise AutotuneError(f"--gpus {gpus!r}: give distinct CUDA device numbers separated by commas, e.g. --gpus 0,1,2,3")
+        raise AutotuneError(
+            f"--gpus {gpus!r}: give distinct CUDA device numbers separated by commas, e.g. --gpus 0,1,2,3"
+        )
     specs = [resolve_device(None, int(part)) for part in numbers]
     kinds = {(spec.name, spec.total_memory_bytes) for spec in specs}
     if len(kinds) > 1:
@@ -284,4 +306,3 @@ def default_study_name(model_name: str, device: DeviceSpec, seq_len: int) -> str
     """``<model>-<device>-s<seq len>``: rerunning ``search`` with the same three resumes the same study."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_name).name if os.path.isdir(model_name) else model_name)
     return f"{model}-{device.label.replace(':', '')}-s{seq_len}"
-

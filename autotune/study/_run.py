@@ -47,7 +47,7 @@ class SearchHooks:
             confirmation starts.
         on_confirm_run: After each re-run of the confirmation: (round, trial number, result).
         write_note: Writes the study's note at the end (the command line passes
-            ``autotune.dashboard.save_study_note``).
+            ``autotune.views.dashboard.save_study_note``).
     """
 
     progress: SearchProgress = dataclasses.field(default_factory=SearchProgress)
@@ -107,7 +107,10 @@ def search(
     hooks = hooks or SearchHooks()
     recorded = record_pending_results(study, request.work_root)  # first: recovery would re-queue these trials
     if recorded:
-        _note(hooks, f"trial(s) {_numbers(recorded)} measured while the storage was full: recorded now from {request.work_root}")
+        _note(
+            hooks,
+            f"trial(s) {_numbers(recorded)} measured while the storage was full: recorded now from {request.work_root}",
+        )
     requeued = recover_orphans(study)
     if requeued:
         _note(hooks, f"trial(s) {_numbers(requeued)} were left running by a run that died; queued again")

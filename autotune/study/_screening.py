@@ -18,9 +18,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune import schema
-from autotune.ceiling import excess_gib, fits
-from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
 from autotune.estimate import (
     UNCALIBRATED_MARGIN,
@@ -31,9 +28,12 @@ from autotune.estimate import (
     fit_memory,
     what_would_fit,
 )
-from autotune.models import ModelSpec
+from autotune.levers import TrialConfig
 from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, Status, TrialResult
 from autotune.runner import Workload
+from autotune.spec.ceiling import excess_gib, fits
+from autotune.spec.models import ModelSpec
+from autotune.storage import schema
 from autotune.units import format_bytes
 
 if TYPE_CHECKING:
@@ -127,15 +127,15 @@ def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredT
         return ScreenDecision(
             reason=f"screened: inferred, micro-batch {config.micro_batch} > {trial.config.micro_batch} of trial "
             f"#{trial.number}, which {what} (not run)",
-            inferred_min_peak_bytes=trial.result.peak_memory_bytes if trial.result.status == Status.OVER_CEILING else None,
+            inferred_min_peak_bytes=trial.result.peak_memory_bytes
+            if trial.result.status == Status.OVER_CEILING
+            else None,
             inferred_from=trial.number,
         )
     return None
 
 
-def predict_over_ceiling(
-    estimate: MemoryEstimate, ceiling_bytes: int, fit: MemoryFit
-) -> ScreenDecision | None:
+def predict_over_ceiling(estimate: MemoryEstimate, ceiling_bytes: int, fit: MemoryFit) -> ScreenDecision | None:
     """Screen when the fitted estimate is over ``ceiling * margin``."""
     margin = margin_for(fit)
     predicted = estimate.total_bytes
@@ -156,7 +156,9 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
         return inferred
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
     estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
-    return predict_over_ceiling(estimate, workload.ceiling_bytes, fit) or host_over_ceiling(estimate, workload.host_ceiling_bytes)
+    return predict_over_ceiling(estimate, workload.ceiling_bytes, fit) or host_over_ceiling(
+        estimate, workload.host_ceiling_bytes
+    )
 
 
 def host_over_ceiling(estimate: MemoryEstimate, host_ceiling_bytes: int | None) -> ScreenDecision | None:
@@ -174,7 +176,9 @@ def host_over_ceiling(estimate: MemoryEstimate, host_ceiling_bytes: int | None) 
     )
 
 
-def record_predicted_peak(trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]) -> None:
+def record_predicted_peak(
+    trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]
+) -> None:
     """Write the config's predicted peak into the trial when it is proposed, before it runs or is screened:
     the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and the
     memory model's prior. Every trial then compares a prediction with what it measured, not only the

@@ -8,7 +8,7 @@
   fits well under the ceiling).
 
 Both are queued with ``study.enqueue_trial`` when the study is created, marked with the user attr
-``seed`` (:mod:`autotune.schema`), so the sampler starts from them and the end of a search can compare against the default.
+``seed`` (:mod:`autotune.storage.schema`), so the sampler starts from them and the end of a search can compare against the default.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import schema
-from autotune.ceiling import fits
-from autotune.config import TrialConfig
 from autotune.estimate import estimate_peak
+from autotune.levers import TrialConfig
 from autotune.runner import Workload
 from autotune.space import SearchSpace
+from autotune.spec.ceiling import fits
+from autotune.storage import schema
 
 # The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
 # estimator is not calibrated yet when seeds are chosen.
@@ -69,7 +69,9 @@ def hf_default_config() -> TrialConfig:
         optim=str(getattr(optim, "value", optim)),
         dataloader_workers=int(defaults["dataloader_num_workers"]),
         pin_memory=bool(defaults["dataloader_pin_memory"]),
-        compile="off" if not defaults.get("torch_compile") else str(defaults.get("torch_compile_backend") or "inductor"),
+        compile="off"
+        if not defaults.get("torch_compile")
+        else str(defaults.get("torch_compile_backend") or "inductor"),
         attn_implementation=None,
     )
 
@@ -100,7 +102,11 @@ def snap_to_space(config: TrialConfig, space: SearchSpace, device_kind: str) -> 
 
 def nearest_choice(knob: str, value: Any, choices: Sequence[Any]) -> Any:
     """The choice closest to ``value``: numerically for numbers, by a stated preference for names."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and all(isinstance(c, (int, float)) for c in choices):
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and all(isinstance(c, (int, float)) for c in choices)
+    ):
         return min(choices, key=lambda c: (abs(c - value), c))
     if knob == "attn_implementation" and value is None and "sdpa" in choices:
         return "sdpa"  # transformers' default where the model supports it

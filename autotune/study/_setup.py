@@ -2,7 +2,7 @@
 
 Trials are comparable only when they trained the same model, task, sequence length, data and fixed
 arguments on the same kind of device, over the same space: the study's ``identity`` attr
-(:mod:`autotune.schema`) holds the first five, and :func:`check_identity` is the one check, used
+(:mod:`autotune.storage.schema`) holds the first five, and :func:`check_identity` is the one check, used
 by ``search`` when it resumes or joins a study and by ``estimate --storage`` when it calibrates on one.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 from optuna.storages import RDBStorage
 
-from autotune import schema
 from autotune.errors import AutotuneError
+from autotune.storage import schema
 from autotune.study._liveness import worker_identity
 from autotune.study._proposals import make_sampler
 from autotune.study._request import SearchRequest
@@ -83,7 +83,11 @@ def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable
     """
     stored = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
     names = list(keys) if keys is not None else list(expected)
-    differs = [f"{name} {stored.get(name)!r} there, {expected[name]!r} here" for name in names if stored.get(name) != expected[name]]
+    differs = [
+        f"{name} {stored.get(name)!r} there, {expected[name]!r} here"
+        for name in names
+        if stored.get(name) != expected[name]
+    ]
     if differs:
         raise AutotuneError(
             f"study {study.study_name!r} measured {stored.get('model')} at seq len {stored.get('seq_len')} on "

@@ -33,7 +33,7 @@ and ``--landscapes N`` compares the searches with random order on N reshuffled l
 grid's space (``reshuffled_grid``). Each run also prints the patience table (``--trials 20
 --patience K``: runs until the search stopped, seeds that missed the target).
 
-Modules: ``grid`` (measure, model or reshuffle a grid; the fit rule is ``autotune.ceiling.fits``),
+Modules: ``grid`` (measure, model or reshuffle a grid; the fit rule is ``autotune.spec.ceiling.fits``),
 ``strategies`` (the searches replayed on it), ``side_by_side`` (its trial children's callback:
 ``batch_recorder``), ``report`` (the tables), ``__main__``
 (the options). ``scripts/bench_search.py`` runs ``__main__``. Only public names of ``autotune`` are

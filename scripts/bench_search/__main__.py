@@ -9,12 +9,22 @@ from pathlib import Path
 import optuna
 from _bench_common import load_average
 
-from autotune.ceiling import parse_ceiling
-from autotune.devices import cpu_device
-from autotune.models import resolve_model
 from autotune.space import load_space
+from autotune.spec.ceiling import parse_ceiling
+from autotune.spec.devices import cpu_device
+from autotune.spec.models import resolve_model
 from bench_search.grid import Grid, measure_grid, modelled_grid
-from bench_search.report import NEW, NEW_NO_SEEDS, OLD, OLD_NO_SEEDS, RANDOM, landscapes_table, markdown, patience_table, summarize
+from bench_search.report import (
+    NEW,
+    NEW_NO_SEEDS,
+    OLD,
+    OLD_NO_SEEDS,
+    RANDOM,
+    landscapes_table,
+    markdown,
+    patience_table,
+    summarize,
+)
 from bench_search.side_by_side import side_by_side
 from bench_search.strategies import (
     RANDOM_ORDERS,
@@ -39,7 +49,10 @@ def main() -> None:
     parser.add_argument("--ceiling", default="1.25GiB", help="memory ceiling (peak RSS of the trial's process tree)")
     parser.add_argument("--grid", default=str(DEFAULT_GRID), help="the cached grid (measured if missing or incomplete)")
     parser.add_argument(
-        "--modelled", type=int, default=None, metavar="SEED",
+        "--modelled",
+        type=int,
+        default=None,
+        metavar="SEED",
         help="replay on a computed landscape (modelled_grid, this seed) instead of a measured grid; no side by side",
     )
     parser.add_argument(
@@ -50,13 +63,20 @@ def main() -> None:
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
     parser.add_argument(
-        "--landscapes", type=int, default=0, metavar="N",
+        "--landscapes",
+        type=int,
+        default=0,
+        metavar="N",
         help="only compare new and old search with random order on N reshuffled landscapes of the grid's space",
     )
     parser.add_argument("--effect-sigma", type=float, default=0.05, help="knob effects of the reshuffled landscapes")
-    parser.add_argument("--budget", type=int, default=20, help="--trials of the patience table (autotune search's default: 20)")
     parser.add_argument(
-        "--remeasure-above-load", type=float, default=None,
+        "--budget", type=int, default=20, help="--trials of the patience table (autotune search's default: 20)"
+    )
+    parser.add_argument(
+        "--remeasure-above-load",
+        type=float,
+        default=None,
         help="measure again the grid configs measured at a 1-minute load average above this (their own trial adds ~2)",
     )
     options = parser.parse_args()
@@ -80,7 +100,10 @@ def main() -> None:
     target = TARGET_FRACTION * best_samples_per_s
     max_asks = options.max_asks or 3 * len(grid.results)
     load = load_average()
-    print(f"oracle best: {best_config.short()} at {best_samples_per_s:.1f} samples/s; target {target:.1f}; {load}", flush=True)
+    print(
+        f"oracle best: {best_config.short()} at {best_samples_per_s:.1f} samples/s; target {target:.1f}; {load}",
+        flush=True,
+    )
 
     request = bench_request(grid, model, device, space, ceiling, options.prune_ratio)
     if options.landscapes:
@@ -99,9 +122,14 @@ def main() -> None:
     summaries = {
         NEW: summarize(autotune_stats),
         OLD: summarize([run_autotune(grid, request, seed, target, max_asks, old_sampler=True)[0] for seed in seeds]),
-        NEW_NO_SEEDS: summarize([run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in seeds]),
+        NEW_NO_SEEDS: summarize(
+            [run_autotune(grid, request, seed, target, max_asks, with_seeds=False)[0] for seed in seeds]
+        ),
         OLD_NO_SEEDS: summarize(
-            [run_autotune(grid, request, seed, target, max_asks, with_seeds=False, old_sampler=True)[0] for seed in seeds]
+            [
+                run_autotune(grid, request, seed, target, max_asks, with_seeds=False, old_sampler=True)[0]
+                for seed in seeds
+            ]
         ),
         "plain Optuna TPE": summarize([run_plain_tpe(grid, space, ceiling, seed, target, max_asks) for seed in seeds]),
         RANDOM: summarize([run_random(grid, ceiling, seed, target) for seed in range(RANDOM_ORDERS)]),
@@ -115,8 +143,12 @@ def main() -> None:
     winner = winners[0] or best_config
     sbs = None
     if options.rounds > 0:
-        sbs = side_by_side(model, device, options.seq_len, ceiling, winner, max(space.choices["micro_batch"]), options.rounds)
-    text = markdown(grid, ceiling, (best_config, best_samples_per_s), summaries, options.seeds, sbs, winner, command, load)
+        sbs = side_by_side(
+            model, device, options.seq_len, ceiling, winner, max(space.choices["micro_batch"]), options.rounds
+        )
+    text = markdown(
+        grid, ceiling, (best_config, best_samples_per_s), summaries, options.seeds, sbs, winner, command, load
+    )
     text += "\n" + patience_text
     print(text)
     if options.markdown:

@@ -15,5 +15,5 @@ class TrainBatchSizeRecorder(TrainerCallback):
     """Writes the Trainer's actual per-device batch size (``auto_find_batch_size`` shrinks it) to the
     trial's output dir."""
 
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_end(self, args, state, control, **kwargs):
         Path(args.output_dir, BATCH_FILE).write_text(str(state.train_batch_size))

@@ -19,14 +19,14 @@ from typing import Any
 
 from _bench_common import load_average
 
-from autotune.ceiling import fits
-from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
-from autotune.measure import MeasureSettings
-from autotune.models import ModelSpec
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
 from autotune.space import SearchSpace
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.models import ModelSpec
 from autotune.units import format_bytes
 
 # Short measurement: the grid is about ranking configs, and is measured once per config.
@@ -35,9 +35,13 @@ BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_se
 
 def fits_under(result: TrialResult, ceiling_bytes: int) -> bool:
     """Whether a grid config ran, with a measured peak, that fits ``ceiling_bytes`` (the one fit rule,
-    :func:`autotune.ceiling.fits`). The grid was measured at a generous limit, so a config over the
+    :func:`autotune.spec.ceiling.fits`). The grid was measured at a generous limit, so a config over the
     benchmark's ceiling still ran (``ok``) or is ``over_ceiling`` of that limit."""
-    return result.status in ("ok", "over_ceiling") and result.peak_memory_bytes > 0 and fits(result.peak_memory_bytes, ceiling_bytes)
+    return (
+        result.status in ("ok", "over_ceiling")
+        and result.peak_memory_bytes > 0
+        and fits(result.peak_memory_bytes, ceiling_bytes)
+    )
 
 
 @dataclasses.dataclass
@@ -56,7 +60,8 @@ class Grid:
 
     def save(self, path: Path) -> None:
         rows = [
-            {"params": c.to_params(), "load_1min": self.loads.get(c), "result": r.to_dict()} for c, r in self.results.items()
+            {"params": c.to_params(), "load_1min": self.loads.get(c), "result": r.to_dict()}
+            for c, r in self.results.items()
         ]
         path.write_text(json.dumps({"meta": self.meta, "results": rows}, indent=1) + "\n")
 
@@ -81,7 +86,12 @@ def space_configs(space: SearchSpace) -> list[TrialConfig]:
 
 
 def measure_grid(
-    path: Path, model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_len: int, ceiling: int,
+    path: Path,
+    model: ModelSpec,
+    device: DeviceSpec,
+    space: SearchSpace,
+    seq_len: int,
+    ceiling: int,
     remeasure_above_load: float | None = None,
 ) -> Grid:
     """Measure every config not in the cached grid yet; save after each one (resumable).
@@ -93,11 +103,16 @@ def measure_grid(
 
     grid = Grid.load(path) if path.exists() else Grid(meta={}, results={})
     grid.meta.update(
-        model=model.name, seq_len=seq_len, device=device.name, space=space.choices, ceiling_bytes=ceiling,
+        model=model.name,
+        seq_len=seq_len,
+        device=device.name,
+        space=space.choices,
+        ceiling_bytes=ceiling,
         measure=dataclasses.asdict(BENCH_MEASURE),
     )
     todo = [
-        c for c in space_configs(space)
+        c
+        for c in space_configs(space)
         if c not in grid.results
         or (remeasure_above_load is not None and grid.loads.get(c, float("inf")) > remeasure_above_load)
     ]
@@ -167,12 +182,22 @@ def modelled_grid(model: ModelSpec, device: DeviceSpec, space: SearchSpace, seq_
         peak = int(estimate_peak(model, config, seq_len, prior).total_bytes * 1.1 * rng.lognormvariate(0.0, 0.05))
         step_s = config.global_batch / samples_per_s
         results[config] = TrialResult(
-            status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 1000, peak_memory_bytes=peak,
-            step_time_median_s=step_s, step_time_cv=0.04, measured_steps=BENCH_MEASURE.max_steps,
+            status="ok",
+            samples_per_s=samples_per_s,
+            model_tflops=samples_per_s / 1000,
+            peak_memory_bytes=peak,
+            step_time_median_s=step_s,
+            step_time_cv=0.04,
+            measured_steps=BENCH_MEASURE.max_steps,
             wall_s=3.0 + (BENCH_MEASURE.warmup_steps + BENCH_MEASURE.max_steps) * step_s,
         )
-    meta = {"model": model.name, "seq_len": seq_len, "device": f"modelled ({device.name} estimator)", "space": space.choices,
-            "modelled_seed": seed}
+    meta = {
+        "model": model.name,
+        "seq_len": seq_len,
+        "device": f"modelled ({device.name} estimator)",
+        "space": space.choices,
+        "modelled_seed": seed,
+    }
     return Grid(meta=meta, results=results)
 
 

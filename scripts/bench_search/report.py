@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.study import SearchRequest
 from autotune.units import format_bytes
@@ -53,7 +53,9 @@ def patience_table(grid: Grid, request: SearchRequest, target: float, seeds: int
         row = [str(patience) if patience else "off (today)"]
         for with_seeds in (True, False):
             stats = [
-                run_autotune(grid, request, seed, target, max_asks, with_seeds=with_seeds, patience=patience, budget=budget)[0]
+                run_autotune(
+                    grid, request, seed, target, max_asks, with_seeds=with_seeds, patience=patience, budget=budget
+                )[0]
                 for seed in range(seeds)
             ]
             runs = [s.runs for s in stats]
@@ -63,8 +65,15 @@ def patience_table(grid: Grid, request: SearchRequest, target: float, seeds: int
 
 
 def markdown(
-    grid: Grid, ceiling: int, best: tuple[TrialConfig, float], summaries: dict[str, dict[str, float]], seeds: int,
-    sbs: dict[str, list[TrialResult]] | None, winner: TrialConfig, command: str, load: str,
+    grid: Grid,
+    ceiling: int,
+    best: tuple[TrialConfig, float],
+    summaries: dict[str, dict[str, float]],
+    seeds: int,
+    sbs: dict[str, list[TrialResult]] | None,
+    winner: TrialConfig,
+    command: str,
+    load: str,
 ) -> str:
     size = len(grid.results)
     feasible = sum(fits_under(r, ceiling) for r in grid.results.values())
@@ -72,7 +81,9 @@ def markdown(
     loads = [grid.loads[c] for c in grid.results if c in grid.loads]
     load_text = (
         f"1-minute load average at the end of each config, its own trial included: median {statistics.median(loads):.1f}, "
-        f"max {max(loads):.1f}, on {os.cpu_count()} cores" if loads else "load not recorded"
+        f"max {max(loads):.1f}, on {os.cpu_count()} cores"
+        if loads
+        else "load not recorded"
     )
     lines = [
         f"Command: `{command}`",
@@ -126,7 +137,9 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigma: float, seeds: int, max_asks: int) -> str:
+def landscapes_table(
+    base: Grid, request: SearchRequest, count: int, effect_sigma: float, seeds: int, max_asks: int
+) -> str:
     """New and old search (no seed trials) against random order on ``count`` reshuffled landscapes."""
     lines = [
         f"{count} reshuffled landscapes (reshuffled_grid, knob effects sigma {effect_sigma}), memory of {base.meta['model']}; "
@@ -142,11 +155,14 @@ def landscapes_table(base: Grid, request: SearchRequest, count: int, effect_sigm
         target = TARGET_FRACTION * grid.best(ceiling)[1]
 
         def median_runs(stats: list[RunStats]) -> float:
-            return statistics.median(s.runs if s.reached else len(grid.results) for s in stats)
+            return statistics.median(s.runs if s.reached else len(grid.results) for s in stats)  # noqa: B023 - called in this iteration
 
         new = median_runs([run_autotune(grid, request, s, target, max_asks, with_seeds=False)[0] for s in range(seeds)])
         old = median_runs(
-            [run_autotune(grid, request, s, target, max_asks, with_seeds=False, old_sampler=True)[0] for s in range(seeds)]
+            [
+                run_autotune(grid, request, s, target, max_asks, with_seeds=False, old_sampler=True)[0]
+                for s in range(seeds)
+            ]
         )
         rand = median_runs([run_random(grid, ceiling, s, target) for s in range(RANDOM_ORDERS)])
         reaching = sum(fits_under(r, ceiling) and r.samples_per_s >= target for r in grid.results.values())

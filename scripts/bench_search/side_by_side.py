@@ -12,18 +12,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
-from autotune.models import ModelSpec
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
 from autotune.study import hf_default_config
 from autotune.units import format_bytes
 from bench_search.batch_recorder import BATCH_FILE
 from bench_search.grid import BENCH_MEASURE
 
+
 def side_by_side(
-    model: ModelSpec, device: DeviceSpec, seq_len: int, ceiling: int, winner: TrialConfig, auto_find_start: int, rounds: int
+    model: ModelSpec,
+    device: DeviceSpec,
+    seq_len: int,
+    ceiling: int,
+    winner: TrialConfig,
+    auto_find_start: int,
+    rounds: int,
 ) -> dict[str, list[TrialResult]]:
     """Interleaved rounds: autotune's winner, HF default TrainingArguments, auto_find_batch_size=True."""
     import psutil
@@ -34,7 +41,8 @@ def side_by_side(
         "autotune winner": (winner, {}),
         "HF default TrainingArguments": (default, {}),
         f"HF auto_find_batch_size=True (from {auto_find_start})": (
-            dataclasses.replace(default, micro_batch=auto_find_start), {"auto_find_batch_size": True}
+            dataclasses.replace(default, micro_batch=auto_find_start),
+            {"auto_find_batch_size": True},
         ),
     }
     results: dict[str, list[TrialResult]] = {name: [] for name in contenders}

@@ -18,13 +18,13 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.ceiling import fits
-from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
-from autotune.models import ModelSpec
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult, came_back_counts
 from autotune.runner import TrialJob, Workload
 from autotune.space import SearchSpace
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
 from autotune.study import SearchBudget, SearchHooks, SearchProgress, SearchRequest, open_study, search
 from bench_search.grid import BENCH_MEASURE, Grid, fits_under
 
@@ -84,7 +84,9 @@ class GridRunner:
         return result
 
 
-def bench_request(grid: Grid, model: ModelSpec, device: DeviceSpec, space: SearchSpace, ceiling: int, prune_ratio: float) -> SearchRequest:
+def bench_request(
+    grid: Grid, model: ModelSpec, device: DeviceSpec, space: SearchSpace, ceiling: int, prune_ratio: float
+) -> SearchRequest:
     return SearchRequest(
         workload=Workload.for_model(
             model,
@@ -153,7 +155,12 @@ def run_autotune(
     while not done():
         trials = None if budget is None else budget - trials_run
         outcome = search(
-            study, request, SearchBudget(trials=trials, patience=patience, confirm_top=0), hooks, run_trial=runner, stop=stop
+            study,
+            request,
+            SearchBudget(trials=trials, patience=patience, confirm_top=0),
+            hooks,
+            run_trial=runner,
+            stop=stop,
         )
         if stop.is_set() or outcome.stop_reason is not None or (budget is not None and trials_run >= budget):
             break
@@ -164,7 +171,9 @@ def run_autotune(
     reused = sum("reused_from" in t.user_attrs for t in trials)
     screened = sum(t.user_attrs.get("status") == "screened" and "reused_from" not in t.user_attrs for t in trials)
     came_back = sum(came_back_counts(trials).values())
-    stats = RunStats(best >= target, runner.runs, len(trials), runner.cost_s + own_s, screened, reused, runner.pruned, came_back)
+    stats = RunStats(
+        best >= target, runner.runs, len(trials), runner.cost_s + own_s, screened, reused, runner.pruned, came_back
+    )
     return stats, winner
 
 

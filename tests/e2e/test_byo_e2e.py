@@ -33,9 +33,29 @@ def byo_run(tmp_path_factory):
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'study.db'}"
     search = run_cli(
-        "search", "--model", str(model_dir), "--dataset", "train.jsonl", "--base-args", "base.json",
-        "--global-batch", "16", "--space", "space.yaml", "--trials", "3", "--storage", storage,
-        "--work-dir", "runs", "--confirm-top", "0", *FAST_SEARCH_ARGS, "--prune-ratio", "0", cwd=root,
+        "search",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "train.jsonl",
+        "--base-args",
+        "base.json",
+        "--global-batch",
+        "16",
+        "--space",
+        "space.yaml",
+        "--trials",
+        "3",
+        "--storage",
+        storage,
+        "--work-dir",
+        "runs",
+        "--confirm-top",
+        "0",
+        *FAST_SEARCH_ARGS,
+        "--prune-ratio",
+        "0",
+        cwd=root,
     )
     export = run_cli("export", "--storage", storage, "--out", "best.json", cwd=root)
     return root, storage, search, export
@@ -52,7 +72,7 @@ def test_the_search_runs_on_the_users_model_and_data(byo_run):
 def test_every_trial_has_the_global_batch_and_the_base_args(byo_run):
     import optuna
 
-    from autotune.config import TrialConfig
+    from autotune.levers import TrialConfig
     from autotune.result import TrialResult
 
     _, storage, search, _ = byo_run
@@ -91,8 +111,21 @@ def test_a_dataset_shorter_than_one_global_batch_stops_before_any_trial(tmp_path
     write_jsonl(tmp_path / "tiny.jsonl", texts)
     (tmp_path / "space.yaml").write_text("micro_batch: [8, 16]\n")
     result = run_cli(
-        "search", "--model", str(model_dir), "--dataset", "tiny.jsonl", "--global-batch", "16", "--space", "space.yaml",
-        "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--work-dir", "runs", *FAST_SEARCH_ARGS, cwd=tmp_path,
+        "search",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "tiny.jsonl",
+        "--global-batch",
+        "16",
+        "--space",
+        "space.yaml",
+        "--storage",
+        f"sqlite:///{tmp_path / 'study.db'}",
+        "--work-dir",
+        "runs",
+        *FAST_SEARCH_ARGS,
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     assert result.stderr.strip() == (

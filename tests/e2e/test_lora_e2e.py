@@ -22,9 +22,24 @@ def lora_study(tmp_path_factory):
     (workdir / "space.yaml").write_text("micro_batch: [2, 4]\n")
     storage = f"sqlite:///{workdir / 'autotune.db'}"
     searched = run_cli(
-        "search", "--model", "gpt2-tiny", "--device", "cpu", "--space", "space.yaml", "--peft", "adapter.json",
-        "--storage", storage, "--trials", "2", "--callback", "tests.support.faults:RecordParameters", *FAST_SEARCH_ARGS,
-        cwd=workdir, env={"PYTHONPATH": str(REPO)},  # tests.support.faults importable for --callback
+        "search",
+        "--model",
+        "gpt2-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        "space.yaml",
+        "--peft",
+        "adapter.json",
+        "--storage",
+        storage,
+        "--trials",
+        "2",
+        "--callback",
+        "tests.support.faults:RecordParameters",
+        *FAST_SEARCH_ARGS,
+        cwd=workdir,
+        env={"PYTHONPATH": str(REPO)},  # tests.support.faults importable for --callback
     )
     assert searched.returncode == 0, searched.stderr
     return workdir, storage
@@ -32,10 +47,10 @@ def lora_study(tmp_path_factory):
 
 def test_every_trial_trained_the_adapters_and_its_tflops_use_the_lora_formula(lora_study):
     workdir, storage = lora_study
-    from autotune.flops import attention_flops_per_token
-    from autotune.models import resolve_model
-    from autotune.peft import with_peft
-    from autotune.devices import cpu_device
+    from autotune.spec.devices import cpu_device
+    from autotune.spec.flops import attention_flops_per_token
+    from autotune.spec.models import resolve_model
+    from autotune.spec.peft import with_peft
 
     spec = resolve_model("gpt2-tiny")
     adapters = with_peft(spec, str(workdir / "adapter.json"), cpu_device(), []).peft.adapter_params

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.dashboard import DASHBOARD_MISSING
+from autotune.views.dashboard import DASHBOARD_MISSING
 from tests.support.cli import FAST_SEARCH_ARGS, REPO
 from tests.support.offline import listed_projects, preinstalled_python
 
@@ -27,9 +27,28 @@ OPTIONAL_MODULES = ("optuna_dashboard", "plotly", "bitsandbytes", "liger_kernel"
 
 def one_trial_search(python: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [python, "-m", "autotune", "search", "--device", "cpu", "--model", "bert-tiny", "--trials", "1",
-         *FAST_SEARCH_ARGS, "--storage", f"sqlite:///{cwd / 'study.db'}", "--work-dir", str(cwd / "runs")],
-        cwd=cwd, capture_output=True, text=True, timeout=600, env={**env, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"},
+        [
+            python,
+            "-m",
+            "autotune",
+            "search",
+            "--device",
+            "cpu",
+            "--model",
+            "bert-tiny",
+            "--trials",
+            "1",
+            *FAST_SEARCH_ARGS,
+            "--storage",
+            f"sqlite:///{cwd / 'study.db'}",
+            "--work-dir",
+            str(cwd / "runs"),
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"},
     )
 
 
@@ -43,7 +62,10 @@ def test_the_wheelhouse_installs_with_the_index_disabled_and_a_search_runs_from_
     # The connected machine's step (PyPI), for this interpreter's Python and platform.
     build = subprocess.run(
         ["bash", str(REPO / "scripts" / "wheelhouse.sh"), "--out", str(wheels)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
     )
     assert build.returncode == 0, build.stderr[-3000:]
     names = sorted(w.name.split("-", 1)[0].lower() for w in wheels.glob("*.whl"))
@@ -60,13 +82,25 @@ def test_the_wheelhouse_installs_with_the_index_disabled_and_a_search_runs_from_
     # The GPU acceptance's own install step: `python -m pip install --no-index --find-links WHEELHOUSE autotune`.
     install = subprocess.run(
         ["bash", str(REPO / "scripts" / "gpu_acceptance.sh"), "install", str(tmp_path / "acceptance")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**env, "PYTHON": python, "WHEELHOUSE": str(wheels)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "PYTHON": python, "WHEELHOUSE": str(wheels)},
     )
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
     where = subprocess.run(
-        [python, "-c", "import autotune, torch; print(autotune.__file__); print(torch.__file__)\n"
-         "import importlib.util; print(importlib.util.find_spec('plotly'))"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, check=True,
+        [
+            python,
+            "-c",
+            "import autotune, torch; print(autotune.__file__); print(torch.__file__)\n"
+            "import importlib.util; print(importlib.util.find_spec('plotly'))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout.split()
     assert where[0].startswith(str(tmp_path / "machine" / "venv"))  # the wheel's autotune, not this checkout
     assert where[1].startswith(str(tmp_path / "machine" / "preinstalled"))  # the interpreter's own torch
@@ -84,8 +118,16 @@ def test_search_runs_without_the_optional_parts_and_says_how_to_get_the_dashboar
         "AUTOTUNE_TEST_ABSENT": ",".join(OPTIONAL_MODULES),
     }
     absent = subprocess.run(
-        [sys.executable, "-c", "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])", *OPTIONAL_MODULES],
-        capture_output=True, text=True, env=env, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])",
+            *OPTIONAL_MODULES,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     )
     assert absent.stdout.strip() == "[]"
     searched = one_trial_search(sys.executable, tmp_path, env)
@@ -93,8 +135,23 @@ def test_search_runs_without_the_optional_parts_and_says_how_to_get_the_dashboar
     assert "winner: #0" in searched.stdout
     assert DASHBOARD_MISSING in searched.stderr.splitlines()
     report = subprocess.run(
-        [sys.executable, "-m", "autotune", "report", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--out", "r.html"],
-        cwd=tmp_path, capture_output=True, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "report",
+            "--storage",
+            f"sqlite:///{tmp_path / 'study.db'}",
+            "--out",
+            "r.html",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert report.returncode == 2
-    assert report.stderr.strip() == "autotune: error: autotune report needs plotly: pip install 'autotune[report]' (or pip install plotly)"
+    assert (
+        report.stderr.strip()
+        == "autotune: error: autotune report needs plotly: pip install 'autotune[report]' (or pip install plotly)"
+    )

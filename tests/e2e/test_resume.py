@@ -31,11 +31,28 @@ def search_command(tmp_path: Path, fault: str, trials: int) -> list[str]:
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch: [8, 16]\n")
     return [
-        sys.executable, "-m", "autotune", "search", "--model", "bert-tiny", *FAST_SEARCH_ARGS,
-        "--space", str(space), "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study-name", STUDY,
-        "--work-dir", str(tmp_path / "runs"), "--trials", str(trials), "--callback", f"tests.support.faults:{fault}",
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "bert-tiny",
+        *FAST_SEARCH_ARGS,
+        "--space",
+        str(space),
+        "--storage",
+        f"sqlite:///{tmp_path / 'study.db'}",
+        "--study-name",
+        STUDY,
+        "--work-dir",
+        str(tmp_path / "runs"),
+        "--trials",
+        str(trials),
+        "--callback",
+        f"tests.support.faults:{fault}",
         # Resuming is what is tested: no early stop, so every re-run is measured to the end under any load.
-        "--prune-ratio", "0",
+        "--prune-ratio",
+        "0",
     ]
 
 
@@ -63,7 +80,9 @@ def wait_for_stall(process: subprocess.Popen, tmp_path: Path, name: str, timeout
     deadline = time.monotonic() + timeout_s
     while not (pid_file.exists() and pid_file.read_text()):
         if process.poll() is not None:
-            pytest.fail(f"search exited ({process.returncode}) before a trial stalled: {(tmp_path / f'{name}.err').read_text()}")
+            pytest.fail(
+                f"search exited ({process.returncode}) before a trial stalled: {(tmp_path / f'{name}.err').read_text()}"
+            )
         if time.monotonic() > deadline:
             process.kill()
             pytest.fail("no trial stalled in time")
@@ -116,7 +135,11 @@ def test_sigkill_mid_trial_then_rerun_keeps_completed_trials_and_reruns_the_kill
     assert reruns[0].state == TrialState.COMPLETE and reruns[0].params["micro_batch"] == 16
     assert TrialResult.from_trial(reruns[0]).status == "ok"
     # No config was measured twice: repeats of a measured config are marked as reused copies.
-    measured = [tuple(sorted(t.params.items())) for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    measured = [
+        tuple(sorted(t.params.items()))
+        for t in trials
+        if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs
+    ]
     assert len(measured) == len(set(measured)) == 2
 
 

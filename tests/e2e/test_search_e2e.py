@@ -23,14 +23,29 @@ def searched(searched_study, tmp_path_factory):
     shutil.copy(searched_study.workdir / "autotune.db", workdir / "autotune.db")
     storage = f"sqlite:///{workdir / 'autotune.db'}"
     resumed = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage,
-        "--memory-ceiling", CEILING, *FAST_SEARCH_ARGS, "--trials", "1", cwd=workdir,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        SPACE,
+        "--storage",
+        storage,
+        "--memory-ceiling",
+        CEILING,
+        *FAST_SEARCH_ARGS,
+        "--trials",
+        "1",
+        cwd=workdir,
     )
     return workdir, storage, searched_study, resumed
 
 
 def _finished(storage: str) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage).trials if t.state.is_finished()]
+    return [
+        t for t in optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage).trials if t.state.is_finished()
+    ]
 
 
 def test_search_records_every_trial_with_its_result(searched):
@@ -63,7 +78,7 @@ def test_best_ranks_feasible_trials_fastest_first(searched):
     assert shown.returncode == 0, shown.stderr
     assert "fastest first" in shown.stdout
     study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
-    from autotune.ranking import feasible_ranking
+    from autotune.views.ranking import feasible_ranking
 
     ranking = feasible_ranking(study.trials)
     speeds = [r.samples_per_s for r in ranking]
@@ -87,7 +102,7 @@ def test_export_round_trips_through_the_real_training_arguments(searched, export
 
     from transformers import HfArgumentParser, TrainingArguments
 
-    from autotune.export import winner
+    from autotune.views.export import winner
 
     study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
     best = winner(study)
@@ -105,14 +120,21 @@ def test_a_plain_trainer_trains_with_the_export(exported, tmp_path):
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from autotune.models import build_model, resolve_model
+    from autotune.spec.models import build_model, resolve_model
 
     spec = resolve_model("bert-tiny")
     model = build_model(spec.config, spec.task)
     ids = torch.randint(0, spec.vocab_size, (64, 32))
-    data = [{"input_ids": ids[i], "attention_mask": torch.ones(32, dtype=torch.long), "labels": torch.tensor(i % 2)}
-            for i in range(64)]
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=3, report_to="none", save_strategy="no",
-                             **json.loads(out.read_text()))
+    data = [
+        {"input_ids": ids[i], "attention_mask": torch.ones(32, dtype=torch.long), "labels": torch.tensor(i % 2)}
+        for i in range(64)
+    ]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        report_to="none",
+        save_strategy="no",
+        **json.loads(out.read_text()),
+    )
     state = Trainer(model=model, args=args, train_dataset=data).train()
     assert state.global_step == 3

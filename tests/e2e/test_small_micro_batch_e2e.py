@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.config import TrialConfig
 from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak, memory_prior
-from tests.support.cli import REPO, run_cli
+from autotune.levers import TrialConfig
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +35,28 @@ def test_auto_searches_small_micro_batches_where_8_does_not_fit(tmp_path, cpu, g
     space.write_text("micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\npin_memory: [false]\n")
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
     searched = run_cli(
-        "search", "--model", "gpt2-tiny", "--device", "cpu", "--seq-len", "256",
-        "--memory-ceiling", ceiling_between_2_and_8(cpu, gpt2_tiny),
-        "--space", str(space), "--storage", storage, "--trials", "3", "--warmup-steps", "1",
-        "--max-measure-steps", "3", "--confirm-top", "0", cwd=tmp_path,
+        "search",
+        "--model",
+        "gpt2-tiny",
+        "--device",
+        "cpu",
+        "--seq-len",
+        "256",
+        "--memory-ceiling",
+        ceiling_between_2_and_8(cpu, gpt2_tiny),
+        "--space",
+        str(space),
+        "--storage",
+        storage,
+        "--trials",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--max-measure-steps",
+        "3",
+        "--confirm-top",
+        "0",
+        cwd=tmp_path,
     )
     assert searched.returncode == 0, searched.stderr
     # 1 is not searched: 2 is predicted to fit with every setting.

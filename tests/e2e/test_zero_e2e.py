@@ -14,17 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.estimate import MASTER_BYTES, zero_state_bytes
+from autotune.estimate._zero import MASTER_BYTES, zero_state_bytes
+from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli
 from tests.support.zero_placement import offloaded_bytes, placement_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is the [deepspeed] extra"
-)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        __import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed is the [deepspeed] extra"
+    ),
+]
 
-def run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, zero: str) -> dict:  # noqa: ANN001 - fixtures
+
+def run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, zero: str) -> dict:
     job = TrialJob(
         workload=tiny_workload(gpt2_tiny, callbacks=("tests.support.zero_placement:RecordZeroPlacement",)),
         config=TrialConfig(micro_batch=4, dtype="bf16", pin_memory=False, zero=zero),
@@ -49,10 +53,14 @@ def test_a_zero_2_trial_trains_through_the_trainers_deepspeed_integration(tiny_w
     assert abs(predicted.optimizer_bytes - measured_optimizer) <= 0.02 * measured_optimizer
 
 
-def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimator_says(tiny_workload, gpt2_tiny, tmp_path):
+def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimator_says(
+    tiny_workload, gpt2_tiny, tmp_path
+):
     placed = run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, "3+offload")
     # DeepSpeed's own CPU Adam steps the offloaded fp32 partitions; parameters are offloaded too.
-    assert placed["zero_optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and placed["basic_optimizer"] == "DeepSpeedCPUAdam"
+    assert (
+        placed["zero_optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and placed["basic_optimizer"] == "DeepSpeedCPUAdam"
+    )
     assert placed["offload_optimizer"] is True and placed["offload_param"] is True
     config = TrialConfig(dtype="bf16", zero="3+offload")
     on_gpu = zero_state_bytes(gpt2_tiny, config, 1, "cuda")
@@ -76,8 +84,21 @@ def test_an_op_that_cannot_be_built_is_a_classified_trial_failure_in_one_line(tm
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
     env = {"CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
     searched = run_cli(
-        "search", "--model", "gpt2-tiny", "--device", "cpu", "--space", str(space), "--storage", storage,
-        "--trials", "1", *FAST_SEARCH_ARGS, cwd=tmp_path, env=env, timeout=540,
+        "search",
+        "--model",
+        "gpt2-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        str(space),
+        "--storage",
+        storage,
+        "--trials",
+        "1",
+        *FAST_SEARCH_ARGS,
+        cwd=tmp_path,
+        env=env,
+        timeout=540,
     )
     assert "Traceback" not in searched.stderr, searched.stderr
     (trial,) = optuna.load_study(study_name="gpt2-tiny-cpu-s32", storage=storage).trials

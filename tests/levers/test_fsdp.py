@@ -8,10 +8,9 @@ import dataclasses
 
 import pytest
 
-from autotune.config import TrialConfig, knob_values_from_base_args
 from autotune.estimate import MemoryFit, estimate_peak
-from autotune.levers import fsdp_or_zero
-from autotune.levers.fsdp import fsdp_training_args
+from autotune.levers import TrialConfig, knob_values_from_base_args
+from autotune.levers.fsdp import fsdp_or_zero, fsdp_training_args
 from autotune.space import load_space
 from autotune.units import GiB
 from tests.test_levers import FAKE_H100
@@ -40,7 +39,9 @@ def test_the_cpu_removes_it_with_one_note_and_a_cuda_device_keeps_it(tmp_path, c
     on_cpu = load_space(str(space), cpu, model=gpt2_tiny, seq_len=32, ceiling_bytes=16 * GiB, memory_fit=fit)
     assert on_cpu.choices["fsdp"] == ["off"]
     assert any("FSDP runs on CUDA only" in note for note in on_cpu.notes), on_cpu.notes
-    on_gpu = load_space(str(space), FAKE_H100, model=gpt2_tiny, seq_len=32, ceiling_bytes=16 * GiB, memory_fit=MemoryFit.prior("cuda"))
+    on_gpu = load_space(
+        str(space), FAKE_H100, model=gpt2_tiny, seq_len=32, ceiling_bytes=16 * GiB, memory_fit=MemoryFit.prior("cuda")
+    )
     assert on_gpu.choices["fsdp"] == ["off", "full_shard", "shard_grad_op"]
     assert not any("FSDP" in note for note in on_gpu.notes)
 
@@ -62,7 +63,10 @@ def test_on_cuda_the_states_shard_over_the_ranks_and_the_gathered_parameters_are
     config = TrialConfig(micro_batch=4, dtype="bf16")
     one, two = (dataclasses.replace(MemoryFit.prior("cuda"), ranks=ranks) for ranks in (1, 2))
     plain = estimate_peak(gpt2_tiny, config, 64, one)
-    sharded = {ranks: estimate_peak(gpt2_tiny, dataclasses.replace(config, fsdp=value), 64, fit) for ranks, fit in ((1, one), (2, two))}
+    sharded = {
+        ranks: estimate_peak(gpt2_tiny, dataclasses.replace(config, fsdp=value), 64, fit)
+        for ranks, fit in ((1, one), (2, two))
+    }
     block = gpt2_tiny.num_block_params // gpt2_tiny.num_layers
     gathered = 2 * (2 * block if value == "full_shard" else gpt2_tiny.num_params)
     assert sharded[1].weights_bytes == plain.weights_bytes + gathered
@@ -72,4 +76,7 @@ def test_on_cuda_the_states_shard_over_the_ranks_and_the_gathered_parameters_are
     assert sharded[2].activations_bytes == plain.activations_bytes
     # On the CPU the lever does not run: the estimate does not move.
     cpu = MemoryFit.prior("cpu")
-    assert estimate_peak(gpt2_tiny, dataclasses.replace(config, fsdp=value), 64, cpu).parts() == estimate_peak(gpt2_tiny, config, 64, cpu).parts()
+    assert (
+        estimate_peak(gpt2_tiny, dataclasses.replace(config, fsdp=value), 64, cpu).parts()
+        == estimate_peak(gpt2_tiny, config, 64, cpu).parts()
+    )

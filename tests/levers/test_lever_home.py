@@ -12,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrialConfig, knob_values_from_base_args, training_arguments_kwargs
 from autotune.estimate import MemoryFit, estimate_peak
-from autotune.levers import BATCH_LIMIT_KNOBS, LEVERS, MEMORY_PARTS, Lever
-from autotune.space import SpaceFile
+from autotune.levers import (
+    BATCH_LIMIT_KNOBS,
+    LEVERS,
+    Lever,
+    TrialConfig,
+    knob_values_from_base_args,
+    training_arguments_kwargs,
+)
+from autotune.levers._lever import MEMORY_PARTS
+from autotune.space._space_file import SpaceFile
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # pin_memory is forced off on every CPU config: a label would repeat on every row of a CPU study.
@@ -33,7 +40,9 @@ def other_values(lever: Lever) -> list:
 
 def test_trial_config_and_the_space_file_have_one_field_per_lever():
     assert [f.name for f in dataclasses.fields(TrialConfig)] == list(LEVERS)
-    assert {f.name: f.default for f in dataclasses.fields(TrialConfig)} == {n: lever.default for n, lever in LEVERS.items()}
+    assert {f.name: f.default for f in dataclasses.fields(TrialConfig)} == {
+        n: lever.default for n, lever in LEVERS.items()
+    }
     assert list(SpaceFile.model_fields) == [*LEVERS, *BATCH_LIMIT_KNOBS]
 
 

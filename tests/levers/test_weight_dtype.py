@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrialConfig
 from autotune.errors import AutotuneError
-from autotune.estimate import model_state_bytes, optimizer_state_bytes
-from autotune.levers import bf16_weights_need_bf16_autocast
-from autotune.numerics import judge_against_default
+from autotune.estimate._parts import model_state_bytes, optimizer_state_bytes
+from autotune.levers import TrialConfig
+from autotune.levers.precision import bf16_weights_need_bf16_autocast
+from autotune.result import judge_against_default
 from autotune.runner import TrialJob, Workload, run_isolated
 
 
@@ -41,7 +41,9 @@ def test_bf16_weights_fixed_narrow_dtype_to_bf16():
 
 def test_bf16_weights_searched_beside_fp32_autocast_are_removed_with_a_note():
     notes: list[str] = []
-    choices = bf16_weights_need_bf16_autocast({"weight_dtype": ["fp32", "bf16"], "dtype": ["fp32", "bf16"]}, notes, "s.yaml")
+    choices = bf16_weights_need_bf16_autocast(
+        {"weight_dtype": ["fp32", "bf16"], "dtype": ["fp32", "bf16"]}, notes, "s.yaml"
+    )
     assert choices == {"weight_dtype": ["fp32"], "dtype": ["fp32", "bf16"]}
     assert "weight_dtype bf16 removed" in notes[0]
     kept = bf16_weights_need_bf16_autocast({"weight_dtype": ["fp32", "bf16"], "dtype": ["bf16"]}, notes, "s.yaml")
@@ -53,7 +55,11 @@ def test_the_space_filters_apply_the_rule_before_flash_attention_s():
     from autotune.space._narrow import filter_combinations
 
     notes: list[str] = []
-    choices = {"weight_dtype": ["bf16"], "dtype": ["fp32", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}
+    choices = {
+        "weight_dtype": ["bf16"],
+        "dtype": ["fp32", "bf16"],
+        "attn_implementation": ["sdpa", "flash_attention_2"],
+    }
     narrowed = filter_combinations(choices, notes, "s.yaml")
     assert narrowed["dtype"] == ["bf16"] and narrowed["attn_implementation"] == ["sdpa", "flash_attention_2"]
 
@@ -67,25 +73,37 @@ def test_the_model_is_built_in_the_weight_dtype_whatever_its_config_says():
     """smollm2's published config says bfloat16: from_config alone would build it in bf16."""
     import torch
 
-    from autotune.models import build_model, catalog_entry, resolve_model
+    from autotune.spec.models import build_model, catalog_entry, resolve_model
 
     assert catalog_entry("smollm2-135m")["torch_dtype"] == "bfloat16"
     spec = resolve_model("smollm2-135m")
     published = {**spec.config, "dtype": "bfloat16"}
     with torch.device("meta"):
         assert next(build_model(published, spec.task).parameters()).dtype == torch.float32
-        assert next(build_model(published, spec.task, weight_dtype="bf16").parameters()).dtype == torch.bfloat16
+        assert next(build_model(published, spec.task, dtype="bfloat16").parameters()).dtype == torch.bfloat16
 
 
 @pytest.mark.slow
-def test_a_bf16_weight_trial_trains_in_bf16_on_the_cpu_and_is_not_judged_diverged(tmp_path, gpt2_tiny, cpu, fast_measure):
+def test_a_bf16_weight_trial_trains_in_bf16_on_the_cpu_and_is_not_judged_diverged(
+    tmp_path, gpt2_tiny, cpu, fast_measure
+):
     measure = dataclasses.replace(fast_measure, min_steps=6, max_steps=8)
     workload = Workload(
-        model=gpt2_tiny, device=cpu, seq_len=64, ceiling_bytes=8 * 1024**3, measure=measure,
+        model=gpt2_tiny,
+        device=cpu,
+        seq_len=64,
+        ceiling_bytes=8 * 1024**3,
+        measure=measure,
         callbacks=("tests.support.faults:RecordParameters",),
     )
-    default = run_isolated(TrialJob(workload, TrialConfig(micro_batch=4, pin_memory=False), str(tmp_path / "default")), timeout_s=180)
-    job = TrialJob(workload, TrialConfig(micro_batch=4, pin_memory=False, dtype="bf16", weight_dtype="bf16"), str(tmp_path / "bf16"))
+    default = run_isolated(
+        TrialJob(workload, TrialConfig(micro_batch=4, pin_memory=False), str(tmp_path / "default")), timeout_s=180
+    )
+    job = TrialJob(
+        workload,
+        TrialConfig(micro_batch=4, pin_memory=False, dtype="bf16", weight_dtype="bf16"),
+        str(tmp_path / "bf16"),
+    )
     result = run_isolated(job, timeout_s=180)
     assert default.status == "ok" and result.status == "ok", (default.error, result.error)
     recorded = json.loads(Path(job.work_dir, "parameters.json").read_text())

@@ -8,18 +8,11 @@ import json
 
 import pytest
 
-from autotune.config import TrialConfig, knob_values_from_base_args, training_arguments_kwargs
 from autotune.errors import AutotuneError
-from autotune.estimate import (
-    DEEPSPEED_CPU_PROCESS_BYTES,
-    MeasuredMemory,
-    MemoryFit,
-    deepspeed_buffer_elements,
-    estimate_peak,
-    fit_memory,
-    zero_state_bytes,
-)
-from autotune.levers import LEVERS, ZERO_CHOICES, deepspeed_config, zero_with_other_levers
+from autotune.estimate import MeasuredMemory, MemoryFit, estimate_peak, fit_memory
+from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, deepspeed_buffer_elements, zero_state_bytes
+from autotune.levers import LEVERS, TrialConfig, deepspeed_config, knob_values_from_base_args, training_arguments_kwargs
+from autotune.levers.distributed import ZERO_CHOICES, zero_with_other_levers
 from autotune.space import load_space
 from autotune.units import GiB
 
@@ -84,7 +77,9 @@ def test_zero_states_per_rank_follow_the_paper(gpt2_tiny):
     2 Psi + (2 + K) Psi / N_d = 16.6 GB, (2 + 2 + K) Psi / N_d = 1.9 GB per rank (printed rounded).
     autotune also counts DeepSpeed's fp32 gradient partition (4 Psi / N_d) and its buckets."""
     psi, ranks = 7_500_000_000, 64
-    big = dataclasses.replace(gpt2_tiny, num_params=psi, num_embedding_params=0, hidden_size=4096, intermediate_size=16384, num_layers=32)
+    big = dataclasses.replace(
+        gpt2_tiny, num_params=psi, num_embedding_params=0, hidden_size=4096, intermediate_size=16384, num_layers=32
+    )
     paper = {"1": 4 * psi + 12 * psi / ranks, "2": 2 * psi + 14 * psi / ranks, "3": 16 * psi / ranks}
     assert [round(v / 1e9, 1) for v in paper.values()] == [31.4, 16.6, 1.9]
     for value, expected in paper.items():
@@ -143,7 +138,9 @@ def test_the_fit_keeps_deepspeeds_term_out_of_the_base_context(gpt2_tiny):
     """A study calibrated on ZeRO trials predicts its trials without ZeRO without DeepSpeed's share."""
     prior = MemoryFit.prior("cpu")
     config = TrialConfig(dtype="bf16", zero="2")
-    fitted = fit_memory(gpt2_tiny, 32, [MeasuredMemory(config, estimate_peak(gpt2_tiny, config, 32, prior).total_bytes)], prior)
+    fitted = fit_memory(
+        gpt2_tiny, 32, [MeasuredMemory(config, estimate_peak(gpt2_tiny, config, 32, prior).total_bytes)], prior
+    )
     assert fitted.context_bytes == pytest.approx(prior.context_bytes, abs=1)  # not 32 MiB more
 
 
@@ -161,7 +158,7 @@ def test_combination_rules_say_why_and_keep_what_runs():
     assert choices == {"zero": ["1", "3"], "compile": ["off"]} and "compile inductor removed" in notes[0]
 
 
-def write_space(tmp_path, text: str) -> str:  # noqa: ANN001 - pytest's tmp_path
+def write_space(tmp_path, text: str) -> str:
     path = tmp_path / "space.yaml"
     path.write_text(text)
     return str(path)
@@ -179,7 +176,14 @@ def test_a_space_searches_zero_only_where_nothing_fits_without_it(tmp_path, cpu,
     # so every value is searched (and the search then says what would fit).
     tight = load_space(space, cpu, model=gpt2_tiny, seq_len=32, ceiling_bytes=min(without, offload) - 1, memory_fit=fit)
     assert "off" not in tight.choices["zero"] and any("zero" in note for note in tight.notes)
-    listed = load_space(write_space(tmp_path, "zero: [\"off\", \"2\"]\n"), cpu, model=gpt2_tiny, seq_len=32, ceiling_bytes=16 * GiB, memory_fit=fit)
+    listed = load_space(
+        write_space(tmp_path, 'zero: ["off", "2"]\n'),
+        cpu,
+        model=gpt2_tiny,
+        seq_len=32,
+        ceiling_bytes=16 * GiB,
+        memory_fit=fit,
+    )
     assert listed.choices["zero"] == ["off", "2"]
 
 

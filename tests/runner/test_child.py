@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainerCallback
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 
 pytestmark = pytest.mark.slow
@@ -21,23 +21,29 @@ SETUP_FILE = "child_setup.json"
 class RecordChildSetup(TrainerCallback):
     """Writes what the child's process looks like once training starts, and prints a line."""
 
-    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_train_begin(self, args, state, control, **kwargs):
         record = {
             "pid": os.getpid(),
             "sid": os.getsid(0),
             "pgid": os.getpgid(0),
-            "env": {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")},
+            "env": {
+                name: os.environ.get(name)
+                for name in ("CUDA_VISIBLE_DEVICES", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+            },
         }
         Path(args.output_dir, SETUP_FILE).write_text(json.dumps(record))
         print("printed by the trial child")
 
 
-def test_the_child_runs_in_its_own_session_with_its_devices_environment_and_logs_its_output(tmp_path, tiny_workload, monkeypatch):
+def test_the_child_runs_in_its_own_session_with_its_devices_environment_and_logs_its_output(
+    tmp_path, tiny_workload, monkeypatch
+):
     # What the orchestrator's environment holds is not what the child trains under: the workload's settings are.
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
     job = TrialJob(
         workload=tiny_workload(
-            allocator_env={"PYTORCH_ALLOC_CONF": "expandable_segments:False"}, callbacks=("tests.runner.test_child:RecordChildSetup",)
+            allocator_env={"PYTORCH_ALLOC_CONF": "expandable_segments:False"},
+            callbacks=("tests.runner.test_child:RecordChildSetup",),
         ),
         config=TrialConfig(micro_batch=8, pin_memory=False),
         work_dir=str(tmp_path / "trial"),
@@ -49,5 +55,9 @@ def test_the_child_runs_in_its_own_session_with_its_devices_environment_and_logs
     # Ctrl-C in the terminal reaches only the orchestrator.
     assert record["sid"] == record["pgid"] == record["pid"] != os.getpid()
     assert os.getsid(0) != record["sid"]
-    assert record["env"] == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_ALLOC_CONF": "expandable_segments:False", "PYTORCH_CUDA_ALLOC_CONF": None}
+    assert record["env"] == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False",
+        "PYTORCH_CUDA_ALLOC_CONF": None,
+    }
     assert "printed by the trial child" in Path(job.log_path).read_text()

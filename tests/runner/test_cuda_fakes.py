@@ -17,17 +17,12 @@ import types
 
 import pytest
 
-from autotune.ceiling import fits, parse_ceiling
-from autotune.devices import cuda_device, visible_device_id
 from autotune.errors import AutotuneError
-from autotune.runner import (
-    CudaReadings,
-    child_environment,
-    cuda_peaks,
-    is_oom_exception,
-)
-from autotune.runner._failures import memory_pressure
-from autotune.runner._memory import CudaMemoryProbe, failure_memory_pressure
+from autotune.runner import child_environment
+from autotune.runner._failures import is_oom_exception, memory_pressure
+from autotune.runner._memory_probe import CudaMemoryProbe, CudaReadings, cuda_peaks, failure_memory_pressure
+from autotune.spec.ceiling import fits, parse_ceiling
+from autotune.spec.devices import cuda_device, visible_device_id
 
 MiB = 1024**2
 GiB = 1024**3
@@ -45,7 +40,7 @@ class FakeNvmlProcess:
     """One entry of nvmlDeviceGetComputeRunningProcesses (pynvml's c_nvmlProcessInfo_t)."""
 
     pid: int
-    usedGpuMemory: int | None  # noqa: N815 - pynvml's field name
+    usedGpuMemory: int | None
 
 
 @dataclasses.dataclass
@@ -77,66 +72,68 @@ class FakeNvml(types.ModuleType):
         super().__init__("pynvml")
         self.devices = devices
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         pass
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeNvmlDevice:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeNvmlDevice:
         if index >= len(self.devices):
             raise FakeNvmlError("Invalid Argument")
         return self.devices[index]
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeNvmlDevice:  # noqa: N802
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeNvmlDevice:
         for device in self.devices:
             for candidate in [device, *device.mig_slices]:
                 if candidate.uuid == uuid:
                     return candidate
         raise FakeNvmlError("Not Found")
 
-    def nvmlDeviceGetName(self, handle: FakeNvmlDevice) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, handle: FakeNvmlDevice) -> str:
         return handle.name
 
-    def nvmlDeviceGetUUID(self, handle: FakeNvmlDevice) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, handle: FakeNvmlDevice) -> str:
         return handle.uuid
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeNvmlDevice, version: int | None = None):  # noqa: N802, ANN201
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeNvmlDevice, version: int | None = None):
         if version is None:  # v1: ``used`` includes the reserve
             return types.SimpleNamespace(total=handle.total, used=handle.used, free=handle.total - handle.used)
         if not handle.has_memory_info_v2:
             raise FakeNvmlError("Function Not Found")
         free = handle.total - handle.used
-        return types.SimpleNamespace(version=version, total=handle.total, reserved=handle.reserved, free=free, used=handle.used - handle.reserved)
+        return types.SimpleNamespace(
+            version=version, total=handle.total, reserved=handle.reserved, free=free, used=handle.used - handle.reserved
+        )
 
-    def nvmlDeviceGetCudaComputeCapability(self, handle: FakeNvmlDevice) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetCudaComputeCapability(self, handle: FakeNvmlDevice) -> tuple[int, int]:
         if handle.parent is not None:
             raise FakeNvmlError("Not Supported")  # asked of the parent, as autotune does
         return handle.compute_capability
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeNvmlDevice) -> list[FakeNvmlProcess]:  # noqa: N802
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeNvmlDevice) -> list[FakeNvmlProcess]:
         return list(handle.processes)
 
-    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeNvmlDevice) -> bool:  # noqa: N802
+    def nvmlDeviceIsMigDeviceHandle(self, handle: FakeNvmlDevice) -> bool:
         return handle.parent is not None
 
-    def nvmlDeviceGetMigMode(self, handle: FakeNvmlDevice) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, handle: FakeNvmlDevice) -> tuple[int, int]:
         mode = self.NVML_DEVICE_MIG_ENABLE if handle.mig_enabled else 0
         return mode, mode
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeNvmlDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeNvmlDevice) -> int:
         return 7 if handle.mig_enabled else 0
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeNvmlDevice, index: int) -> FakeNvmlDevice:  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeNvmlDevice, index: int) -> FakeNvmlDevice:
         if index >= len(handle.mig_slices):
             raise FakeNvmlError("Not Found")
         return handle.mig_slices[index]
 
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeNvmlDevice) -> FakeNvmlDevice:  # noqa: N802
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeNvmlDevice) -> FakeNvmlDevice:
         assert handle.parent is not None
         return handle.parent
 
-    def nvmlDeviceGetGpuInstanceId(self, handle: FakeNvmlDevice) -> int:  # noqa: N802
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeNvmlDevice) -> int:
         return handle.gpu_instance_id
 
 
@@ -145,8 +142,13 @@ def a100_split_in_mig_slices() -> FakeNvmlDevice:
     for gi, (profile, size) in enumerate([("3g.20gb", 20 * GiB), ("2g.10gb", 10 * GiB), ("1g.5gb", 5 * GiB)]):
         parent.mig_slices.append(
             FakeNvmlDevice(
-                f"NVIDIA A100-SXM4-40GB MIG {profile}", f"MIG-9d3e1b7c-000{gi}", size - 256 * MiB, 13 * MiB,
-                (8, 0), parent=parent, gpu_instance_id=gi + 1,
+                f"NVIDIA A100-SXM4-40GB MIG {profile}",
+                f"MIG-9d3e1b7c-000{gi}",
+                size - 256 * MiB,
+                13 * MiB,
+                (8, 0),
+                parent=parent,
+                gpu_instance_id=gi + 1,
             )
         )
     return parent
@@ -234,8 +236,13 @@ def test_nvml_per_process_figure_wins_where_it_sees_this_pid(fake_nvml):
 
 def readings(**overrides: int | None) -> CudaReadings:
     values = dict(
-        max_reserved=6 * GiB, max_allocated=5 * GiB, reserved_now=4 * GiB, cuda_device_used_now=9 * GiB,
-        nvml_device_used_before=4 * GiB, nvml_device_used_now=9 * GiB + 300 * MiB, nvml_process_used=4 * GiB + 700 * MiB,
+        max_reserved=6 * GiB,
+        max_allocated=5 * GiB,
+        reserved_now=4 * GiB,
+        cuda_device_used_now=9 * GiB,
+        nvml_device_used_before=4 * GiB,
+        nvml_device_used_now=9 * GiB + 300 * MiB,
+        nvml_process_used=4 * GiB + 700 * MiB,
     )
     values.update(overrides)
     return CudaReadings(**values)  # type: ignore[arg-type]
@@ -250,7 +257,9 @@ def test_an_nvml_per_process_value_below_what_the_allocator_holds_is_discarded()
 
 def test_no_part_is_ever_negative_and_the_last_resort_is_cudas_own_device_wide_use():
     # NVML unreadable; the allocator holds more than CUDA's device-wide figure says (a reading race).
-    peaks, source = cuda_peaks(readings(nvml_process_used=None, nvml_device_used_before=None, cuda_device_used_now=3 * GiB))
+    peaks, source = cuda_peaks(
+        readings(nvml_process_used=None, nvml_device_used_before=None, cuda_device_used_now=3 * GiB)
+    )
     assert source == "cuda_device_used"
     assert peaks["outside_allocator_bytes"] == 0
     assert peaks["peak_device_bytes"] == 6 * GiB
@@ -267,7 +276,9 @@ def test_no_part_is_ever_negative_and_the_last_resort_is_cudas_own_device_wide_u
 # torch's checks (aten/src/ATen/cudnn/Exceptions.h).
 DRIVER_OOM = "CUDA driver error: out of memory"
 TRITON_OOM = "Triton Error [CUDA]: out of memory"
-CUDNN_UNSUPPORTED = "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+CUDNN_UNSUPPORTED = (
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input."
+)
 
 
 @pytest.mark.parametrize("text", [DRIVER_OOM, TRITON_OOM])
@@ -291,7 +302,9 @@ def test_cudnn_not_supported_is_oom_only_under_memory_pressure(monkeypatch):
     # The child's reading, from torch.cuda at the failure (FakeCudaMemory in place of a GPU).
     import torch
 
-    fake = FakeCudaMemory(16 * GiB, device_used=int(15.5 * GiB), reserved=3 * GiB, max_reserved=15 * GiB, max_allocated=14 * GiB)
+    fake = FakeCudaMemory(
+        16 * GiB, device_used=int(15.5 * GiB), reserved=3 * GiB, max_reserved=15 * GiB, max_allocated=14 * GiB
+    )
     for name in ("is_initialized", "mem_get_info", "max_memory_reserved"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     assert failure_memory_pressure()  # the allocator let its cache go on the failure; its peak says 15 of 16 GiB

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.runner import classify_exit, is_oom_exception
+from autotune.runner._failures import classify_exit, is_oom_exception
 
 
 def real_exception(code: str) -> BaseException:
     """What running ``code`` really raises."""
     try:
-        exec(code)  # noqa: S102 - fixed test snippets
+        exec(code)
     except BaseException as exc:  # noqa: BLE001 - returned for inspection
         return exc
     raise AssertionError(f"{code!r} raised nothing")
@@ -26,7 +26,9 @@ def test_a_memory_error_and_torchs_out_of_memory_error_are_oom_by_type():
 
 
 def test_the_cpu_allocators_message_is_oom_even_wrapped_by_the_trainer():
-    allocator = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes")
+    allocator = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes"
+    )
     assert is_oom_exception(allocator)
     # Raised while handling it (implicit chaining, __context__), as a dataloader or callback would.
     with pytest.raises(ValueError) as chained:
@@ -60,7 +62,9 @@ def test_a_cycle_of_chained_exceptions_ends():
         (None, False, ("crash", "exited with code None without a result")),
     ],
 )
-def test_classify_exit_names_the_signal_and_counts_only_sigkill_near_the_limit_as_oom(exitcode, near_memory_limit, expected):
+def test_classify_exit_names_the_signal_and_counts_only_sigkill_near_the_limit_as_oom(
+    exitcode, near_memory_limit, expected
+):
     assert classify_exit(exitcode, near_memory_limit) == expected
 
 
@@ -83,16 +87,25 @@ def test_a_multi_rank_failure_is_blamed_on_the_rank_that_caused_it():
     peer_gone = TrialResult(status=Status.ERROR, error="DistBackendError: Connection closed by peer")
     # An OOM on any rank is the trial's OOM, whatever the other ranks said after it.
     assert classify_launch({"failures": {}, "error": ""}, {0: peer_gone, 1: oom}, 2, 29500, False) == (
-        Status.OOM, "rank 1 of 2: OutOfMemoryError: CUDA out of memory", 1,
+        Status.OOM,
+        "rank 1 of 2: OutOfMemoryError: CUDA out of memory",
+        1,
     )
     # A rank killed by a signal comes before the SIGTERM the launcher then sent the others.
     killed = {"0": {"exitcode": -15, "signal": "SIGTERM"}, "1": {"exitcode": -9, "signal": "SIGKILL"}}
-    assert classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, False)[:2] == (Status.CRASH, "rank 1 of 2 killed by SIGKILL")
-    assert classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, True)[0] == Status.OOM  # the kernel's OOM killer
+    assert classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, False)[:2] == (
+        Status.CRASH,
+        "rank 1 of 2 killed by SIGKILL",
+    )
+    assert (
+        classify_launch({"failures": killed, "error": ""}, {}, 2, 29500, True)[0] == Status.OOM
+    )  # the kernel's OOM killer
     in_use = {"failures": {}, "error": "DistNetworkError: ... address already in use (errno: 98)"}
     assert classify_launch(in_use, {}, 2, 29500, False)[:2] == (
-        Status.CRASH, "rendezvous port 29500 already in use: the 2 ranks could not meet",
+        Status.CRASH,
+        "rendezvous port 29500 already in use: the 2 ranks could not meet",
     )
     assert classify_launch({"failures": {}, "error": ""}, {0: peer_gone}, 2, 29500, False)[:2] == (
-        Status.ERROR, "rank 0 of 2: DistBackendError: Connection closed by peer",
+        Status.ERROR,
+        "rank 0 of 2: DistBackendError: Connection closed by peer",
     )

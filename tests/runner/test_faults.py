@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from tests.support.processes import wait_until_gone
 
@@ -59,8 +59,9 @@ def study_for(tmp_path, sqlite_url, tiny_workload):
     return make
 
 
-def run_trial(study: optuna.Study, request) -> optuna.trial.FrozenTrial:  # noqa: ANN001 - a SearchRequest
-    from autotune.study import SearchProgress, run_one_trial
+def run_trial(study: optuna.Study, request) -> optuna.trial.FrozenTrial:
+    from autotune.study import SearchProgress
+    from autotune.study._loop import run_one_trial
 
     run_one_trial(study, request, SearchProgress())
     return study.get_trials()[-1]
@@ -69,7 +70,7 @@ def run_trial(study: optuna.Study, request) -> optuna.trial.FrozenTrial:  # noqa
 def assert_consistent(study: optuna.Study) -> None:
     """No trial left RUNNING; every finished trial carries its result; states match statuses; the
     row the live table and `autotune best --all` show says the status and the reason."""
-    from autotune.display import trial_cells
+    from autotune.views.search_display import trial_cells
 
     for trial in study.get_trials():
         assert trial.state != TrialState.RUNNING, f"trial {trial.number} left RUNNING"
@@ -103,7 +104,7 @@ def test_allocator_oom_under_the_address_space_limit_is_complete_with_value_zero
     assert result.attempts == 1  # a property of the config: never retried
     assert trial.system_attrs["constraints"][0] > 0
     with pytest.raises(ValueError):
-        study.best_trial  # Optuna itself sees no feasible trial
+        _ = study.best_trial  # Optuna itself sees no feasible trial
     assert_consistent(study)
 
 

@@ -9,11 +9,11 @@ import types
 import pytest
 import torch
 
-from autotune.ceiling import parse_ceiling
-from autotune.devices import cuda_device, known_gpu
 from autotune.runner._failures import is_oom_exception, library_failure
 from autotune.runner._limits import allocator_read_back
 from autotune.runner._precision import align_legacy_tf32, cuda_matmul_precision
+from autotune.spec.ceiling import parse_ceiling
+from autotune.spec.devices import cuda_device, known_gpu
 from autotune.units import GiB, MiB
 from tests.runner.test_cuda_fakes import FakeNvml, FakeNvmlDevice
 
@@ -24,7 +24,11 @@ CUBLAS_INIT = "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCre
 @pytest.fixture
 def restored_fp32_precision():
     """torch's global precision settings as they were before the test."""
-    saved = (torch.backends.fp32_precision, torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+    saved = (
+        torch.backends.fp32_precision,
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.mkldnn.matmul.fp32_precision,
+    )
     yield
     torch.backends.fp32_precision = saved[0]
     torch.backends.cuda.matmul.fp32_precision = saved[1]
@@ -73,7 +77,9 @@ def fake_nvml(monkeypatch):
 def h100(**kwargs) -> FakeNvmlDevice:
     # nvidia-smi's total on an H100 80GB; CUDA's total is 79.11 GiB (docs/facts.md): the reserve is the rest.
     total = 81559 * MiB
-    return FakeNvmlDevice("NVIDIA H100 80GB HBM3", "GPU-h100", total, 600 * MiB, (9, 0), reserved=total - int(79.11 * GiB), **kwargs)
+    return FakeNvmlDevice(
+        "NVIDIA H100 80GB HBM3", "GPU-h100", total, 600 * MiB, (9, 0), reserved=total - int(79.11 * GiB), **kwargs
+    )
 
 
 def test_the_devices_total_is_what_cuda_can_allocate_not_nvmls_total(fake_nvml):

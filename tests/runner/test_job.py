@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.devices import known_gpu
 from autotune.errors import AutotuneError
-from autotune.measure import MeasureSettings
-from autotune.models import resolve_model
+from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, Workload
+from autotune.spec.devices import known_gpu
+from autotune.spec.measure import MeasureSettings
+from autotune.spec.models import resolve_model
 
 GiB = 1024**3
 
@@ -27,10 +27,22 @@ def test_for_model_takes_a_spec_a_device_and_any_other_field(bert_tiny):
     h100 = known_gpu("h100-sxm").device()
     measure = MeasureSettings(warmup_steps=1, max_steps=4)
     workload = Workload.for_model(
-        bert_tiny, device=h100, seq_len=32, ceiling_bytes=GiB, measure=measure, base_args={"seed": 7}, callbacks=("a.b:C",)
+        bert_tiny,
+        device=h100,
+        seq_len=32,
+        ceiling_bytes=GiB,
+        measure=measure,
+        base_args={"seed": 7},
+        callbacks=("a.b:C",),
     )
     assert workload == Workload(
-        model=bert_tiny, device=h100, seq_len=32, ceiling_bytes=GiB, measure=measure, base_args={"seed": 7}, callbacks=("a.b:C",)
+        model=bert_tiny,
+        device=h100,
+        seq_len=32,
+        ceiling_bytes=GiB,
+        measure=measure,
+        base_args={"seed": 7},
+        callbacks=("a.b:C",),
     )
 
 

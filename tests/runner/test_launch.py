@@ -16,8 +16,12 @@ def test_a_rank_whose_orchestrator_died_kills_its_group():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs: the orchestrator that was SIGKILLed
     rank = subprocess.Popen(
-        [sys.executable, "-c", "import time; from autotune.runner._launch import die_with_orchestrator; "
-         "die_with_orchestrator(); time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            "import time; from autotune.runner._launch import die_with_orchestrator; "
+            "die_with_orchestrator(); time.sleep(60)",
+        ],
         env={**os.environ, ORCHESTRATOR_PID_ENV: str(gone.pid)},
         start_new_session=True,  # as torch's launcher starts a rank: its group is its own
     )

@@ -15,7 +15,7 @@ GiB = 1024**3
 # A process that caps its own address space, then asks for more than the cap allows.
 OVER_THE_BUDGET = """
 import sys
-from autotune.runner import limit_address_space
+from autotune.runner._limits import limit_address_space
 limit_address_space(256 * 2**20)
 small = bytearray(64 * 2**20)  # within the budget: allocated
 try:
@@ -32,7 +32,7 @@ def test_a_cpu_child_sees_no_gpu(cpu):
 def test_a_multi_rank_trial_sees_its_own_gpus_or_its_share_of_the_cores(cpu, monkeypatch, tmp_path):
     import dataclasses
 
-    from autotune.devices import known_gpu
+    from autotune.spec.devices import known_gpu
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_gpu = dataclasses.replace(known_gpu("h100-sxm").device(), index=4)  # FakeGpu: no CUDA device here
@@ -51,7 +51,10 @@ def test_the_budget_is_generous_above_the_ceiling_but_never_past_90_percent_of_w
 
 def test_a_child_over_its_address_space_budget_gets_a_memory_error_not_the_oom_killer():
     completed = subprocess.run(
-        [sys.executable, "-c", OVER_THE_BUDGET], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", OVER_THE_BUDGET],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
@@ -59,10 +62,12 @@ def test_a_child_over_its_address_space_budget_gets_a_memory_error_not_the_oom_k
 
 
 def test_the_allocator_settings_are_read_from_the_environment_and_applied_exactly(monkeypatch):
-    assert allocator_settings({"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": "", "PATH": "/bin"}) == {
-        "PYTORCH_ALLOC_CONF": "expandable_segments:True"
-    }
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")  # what a forkserver may have inherited
+    assert allocator_settings(
+        {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": "", "PATH": "/bin"}
+    ) == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    monkeypatch.setenv(
+        "PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6"
+    )  # what a forkserver may have inherited
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     apply_allocator_env({"PYTORCH_ALLOC_CONF": "expandable_segments:True"})
     assert allocator_settings() == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}  # the inherited one is gone

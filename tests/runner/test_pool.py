@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 from autotune.runner._watch import oom_kill_count
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult, precision_note
 from autotune.runner._precision import (
     AutocastRecorder,
@@ -18,7 +18,6 @@ from autotune.runner._precision import (
     ran_dtype,
     utilisation_defect,
 )
-
 
 _READ_PRECISION = textwrap.dedent(
     """
@@ -45,7 +44,10 @@ _READ_PRECISION = textwrap.dedent(
 
 def test_transformers_switches_tf32_on_for_fp32_with_compile_and_the_reading_says_so(tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-c", _READ_PRECISION, str(tmp_path)], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", _READ_PRECISION, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
@@ -72,7 +74,7 @@ def test_the_autocast_dtype_is_read_inside_the_forward():
             super().__init__()
             self.layer = torch.nn.Linear(4, 4)
 
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return self.layer(x)
 
@@ -102,7 +104,7 @@ def test_mfu_above_100_percent_is_a_defect_and_the_label_says_what_ran():
     result = TrialResult(status="ok", peak_dtype="tf32", samples_per_s=10.0, defects=[defect])
     assert precision_note("fp32", result) == "ran tf32 matmuls"
     assert precision_note("bf16", dataclasses.replace(result, peak_dtype="bf16")) is None
-    from autotune.display import trial_cells
+    from autotune.views.search_display import trial_cells
 
     cells = trial_cells(3, TrialConfig(dtype="fp32", compile="inductor"), result)
     assert "ran tf32 matmuls" in cells[-1] and "impossible" in cells[-1]

@@ -13,11 +13,11 @@ import socket
 import psutil
 import pytest
 
-from autotune import schema
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.result import Status, TrialResult
 from autotune.runner import TrialJob, run_isolated
 from autotune.runner._ranks import combine_ranks, run_ranks
+from autotune.storage import schema
 
 GiB = 1024**3
 LATE_RANK_DIR = os.path.join(os.path.dirname(__file__), "..", "support", "late_rank")
@@ -67,7 +67,9 @@ def assert_no_process_left(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_train_as_one_trial_with_the_groups_throughput_and_the_largest_peak(two_rank_job, assert_no_process_left):
+def test_two_ranks_train_as_one_trial_with_the_groups_throughput_and_the_largest_peak(
+    two_rank_job, assert_no_process_left
+):
     job = two_rank_job()
     result = run_isolated(job, timeout_s=300)
     assert result.status == Status.OK, (result.error, result.stderr_tail)
@@ -107,13 +109,20 @@ def test_a_rank_that_never_joins_times_the_rendezvous_out(two_rank_job, monkeypa
     result = run_isolated(two_rank_job(), timeout_s=30)
     assert result.status == Status.TIMEOUT
     # Rank 1 is named; under a loaded machine rank 0 may still be importing at 30 s too, and is then named as well.
-    assert re.fullmatch(r"rendezvous of 2 ranks timed out: rank (0, )?1 never started; no result within the 30 s timeout; killed", result.error)
+    assert re.fullmatch(
+        r"rendezvous of 2 ranks timed out: rank (0, )?1 never started; no result within the 30 s timeout; killed",
+        result.error,
+    )
     assert_no_process_left()
 
 
 def test_ranks_combine_into_the_sum_of_throughputs_and_the_largest_peak_of_each_source():
-    first = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=5, memory_peaks={"a": 5, "b": 1})
-    second = TrialResult(status=Status.OK, samples_per_s=12.0, model_tflops=1.5, peak_memory_bytes=7, memory_peaks={"a": 7, "b": 0})
+    first = TrialResult(
+        status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=5, memory_peaks={"a": 5, "b": 1}
+    )
+    second = TrialResult(
+        status=Status.OK, samples_per_s=12.0, model_tflops=1.5, peak_memory_bytes=7, memory_peaks={"a": 7, "b": 0}
+    )
     combined = combine_ranks([first, second])
     assert (combined.samples_per_s, combined.model_tflops) == (22.0, 2.5)
     assert combined.peak_memory_bytes == 7
@@ -123,11 +132,14 @@ def test_ranks_combine_into_the_sum_of_throughputs_and_the_largest_peak_of_each_
 
 
 @pytest.mark.slow
-def test_a_search_records_a_killed_rank_as_that_trials_crash_and_goes_on(tmp_path, tiny_workload, assert_no_process_left):
+def test_a_search_records_a_killed_rank_as_that_trials_crash_and_goes_on(
+    tmp_path, tiny_workload, assert_no_process_left
+):
     """Issue 22: killing one rank mid-trial is that trial's failure, and the study goes on."""
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
-    from autotune.study import SearchBudget, SearchRequest, open_study, run_search
+    from autotune.study import SearchBudget, SearchRequest, open_study
+    from autotune.study._loop import run_search
 
     request = SearchRequest(
         workload=tiny_workload(devices_per_trial=2, callbacks=("tests.support.faults:SigkillRankOneAtMicroBatch8",)),

@@ -8,15 +8,15 @@ import dataclasses
 
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.devices import known_gpu
 from autotune.errors import AutotuneError
-from autotune.export import allocator_note, export_notes
-from autotune.ranking import RankedTrial
+from autotune.levers import TrialConfig
+from autotune.levers.attention import flash_attention_2_unavailable
 from autotune.result import TrialResult
-from autotune.levers import flash_attention_2_unavailable
 from autotune.runner import TrialJob, run_isolated
-from autotune.space import filter_combinations
+from autotune.space._narrow import filter_combinations
+from autotune.spec.devices import known_gpu
+from autotune.views.export import allocator_note, export_notes
+from autotune.views.ranking import RankedTrial
 
 
 def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, tiny_workload, monkeypatch):
@@ -39,7 +39,9 @@ def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(
 
 
 def ranked(runtime: dict[str, str]) -> RankedTrial:
-    return RankedTrial(number=4, state="COMPLETE", config=TrialConfig(), result=TrialResult(status="ok", runtime=runtime))
+    return RankedTrial(
+        number=4, state="COMPLETE", config=TrialConfig(), result=TrialResult(status="ok", runtime=runtime)
+    )
 
 
 def test_the_export_names_the_allocator_settings_the_winner_was_measured_under():
@@ -70,9 +72,11 @@ def test_flash_attention_2_is_never_searched_beside_fp32_or_tf32():
 
 
 def test_export_writes_tf32_where_the_winner_ran_tf32_without_asking():
-    from autotune.export import with_precision_that_ran
+    from autotune.views.export import with_precision_that_ran
 
     result = TrialResult(status="ok", peak_dtype="tf32")
     assert with_precision_that_ran({"torch_compile": True}, result)["tf32"] is True
-    assert "tf32" not in with_precision_that_ran({"torch_compile": True}, dataclasses.replace(result, peak_dtype="fp32"))
+    assert "tf32" not in with_precision_that_ran(
+        {"torch_compile": True}, dataclasses.replace(result, peak_dtype="fp32")
+    )
     assert with_precision_that_ran({"tf32": False}, result) == {"tf32": False}  # the user's choice stands

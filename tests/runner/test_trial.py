@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune.config import TrialConfig
+from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.runner import classify_exit
+from autotune.runner._failures import classify_exit
 from autotune.runner._watch import ChildWatch, killed_for_memory, oom_kill_count
 
 GiB = 1024**3

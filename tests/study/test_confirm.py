@@ -9,10 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from autotune.errors import AutotuneError
-from autotune.ranking import describe_winner, feasible_ranking, study_ranking
 from autotune.result import TrialResult
-from autotune.schema import STUDY_CONFIRMATION as CONFIRMATION_ATTR
 from autotune.space import SearchSpace
+from autotune.storage.schema import STUDY_CONFIRMATION as CONFIRMATION_ATTR
 from autotune.study import SearchRequest
 from autotune.study._confirm import (
     confirm_top,
@@ -20,14 +19,20 @@ from autotune.study._confirm import (
     mark_ties,
     summarise,
 )
+from autotune.views.ranking import describe_winner, feasible_ranking, study_ranking
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 GiB = 1024**3
 
 
 def ok(samples_per_s: float, peak: int = GiB) -> TrialResult:
-    return TrialResult(status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 100,
-                       peak_memory_bytes=peak, ceiling_bytes=4 * GiB)
+    return TrialResult(
+        status="ok",
+        samples_per_s=samples_per_s,
+        model_tflops=samples_per_s / 100,
+        peak_memory_bytes=peak,
+        ceiling_bytes=4 * GiB,
+    )
 
 
 def test_summary_is_the_median_of_finished_reruns_and_ignores_transient_failures():
@@ -101,8 +106,10 @@ def test_ranking_puts_confirmed_first_and_orders_a_tie_by_memory():
     # search figure, so it is ignored until the next one.
     study.add_trial(
         optuna.trial.create_trial(
-            params={"micro_batch": 8}, distributions={"micro_batch": CategoricalDistribution([8, 16, 32, 64])},
-            value=1.5, user_attrs={"result": ok(150.0).to_dict()},
+            params={"micro_batch": 8},
+            distributions={"micro_batch": CategoricalDistribution([8, 16, 32, 64])},
+            value=1.5,
+            user_attrs={"result": ok(150.0).to_dict()},
         )
     )
     stale = study_ranking(study)
@@ -128,10 +135,22 @@ def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
     study = _study_with({8: ok(100.0), 16: ok(120.0), 32: ok(90.0)})
     over = TrialResult(status="over_ceiling", samples_per_s=200.0, peak_memory_bytes=5 * GiB, ceiling_bytes=4 * GiB)
     distribution = CategoricalDistribution([8, 16, 32, 64])
-    study.add_trial(optuna.trial.create_trial(params={"micro_batch": 64}, distributions={"micro_batch": distribution},
-                                              value=0.0, user_attrs={"result": over.to_dict()}))
-    study.add_trial(optuna.trial.create_trial(params={"micro_batch": 16}, distributions={"micro_batch": distribution},
-                                              value=1.2, user_attrs={"result": ok(120.0).to_dict(), "reused_from": 1}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"micro_batch": 64},
+            distributions={"micro_batch": distribution},
+            value=0.0,
+            user_attrs={"result": over.to_dict()},
+        )
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"micro_batch": 16},
+            distributions={"micro_batch": distribution},
+            value=1.2,
+            user_attrs={"result": ok(120.0).to_dict(), "reused_from": 1},
+        )
+    )
     study.set_user_attr(CONFIRMATION_ATTR, _confirmation_attr(t2={"samples_per_s": 500.0, "feasible": True}))
     # Earlier confirmations are ignored; the over-ceiling and the reused trial are not candidates.
     assert [number for number, _ in confirmation_candidates(study, 2)] == [1, 0]
@@ -142,9 +161,23 @@ def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
 def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     searched = run_cli(
-        "search", "--model", "bert-tiny", "--space", str(REPO / "search_spaces" / "tiny-test.yaml"),
-        "--storage", storage, "--trials", "2", "--work-dir", str(tmp_path / "runs"), *FAST_SEARCH_ARGS,
-        "--confirm-top", "2", "--confirm-repeats", "2", cwd=tmp_path,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--space",
+        str(REPO / "search_spaces" / "tiny-test.yaml"),
+        "--storage",
+        storage,
+        "--trials",
+        "2",
+        "--work-dir",
+        str(tmp_path / "runs"),
+        *FAST_SEARCH_ARGS,
+        "--confirm-top",
+        "2",
+        "--confirm-repeats",
+        "2",
+        cwd=tmp_path,
     )
     assert searched.returncode == 0, searched.stderr
     assert "confirming: re-running the top 2 feasible configs 2 times each, interleaved" in searched.stdout

@@ -15,7 +15,8 @@ import pytest
 from autotune.result import TrialResult
 from autotune.space import SearchSpace
 from autotune.storage import open_storage
-from autotune.study import SearchProgress, SearchRequest, ask_trial, open_study, run_one_trial
+from autotune.study import SearchProgress, SearchRequest, open_study
+from autotune.study._loop import ask_trial, run_one_trial
 from tests.support.cli import run_cli
 
 GiB = 1024**3
@@ -27,13 +28,20 @@ RUNAWAY_LOSSES = [2.0, 3.0, 5.0, 8.0, 12.0, 20.0]
 def measured(losses: list[float], samples_per_s: float) -> TrialResult:
     """An ``ok`` result that fits the 8 GiB ceiling, with its loss curve."""
     return TrialResult(
-        status="ok", samples_per_s=samples_per_s, model_tflops=samples_per_s / 1000, peak_memory_bytes=GiB,
-        memory_source="peak_rss_tree_bytes", ceiling_bytes=8 * GiB, loss_curve=list(losses), loss_measured_from=2,
-        measured_steps=5, steady=True,
+        status="ok",
+        samples_per_s=samples_per_s,
+        model_tflops=samples_per_s / 1000,
+        peak_memory_bytes=GiB,
+        memory_source="peak_rss_tree_bytes",
+        ceiling_bytes=8 * GiB,
+        loss_curve=list(losses),
+        loss_measured_from=2,
+        measured_steps=5,
+        steady=True,
     )
 
 
-def prepared(job, timeout_s, on_tick=None) -> TrialResult:  # noqa: ANN001 - run_isolated's signature
+def prepared(job, timeout_s, on_tick=None) -> TrialResult:
     """The run_trial seam: micro-batch 8 trains like the HF default, 16 twice as fast but runs away."""
     if job.config.micro_batch == 8:
         return measured(DEFAULT_LOSSES, samples_per_s=10.0)
@@ -66,12 +74,12 @@ def test_the_runaway_was_stored_unjudged(told_before_the_default):
 
 
 def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, tmp_path):
-    from autotune.dashboard import dashboard_app, open_dashboard_storage, study_note
-    from autotune.export import export_winner
-    from autotune.numerics import diverged_trials
-    from autotune.ranking import all_trials, describe_standing, speedup_over_default, study_ranking
-    from autotune.report import trial_rows
+    from autotune.result import diverged_trials
     from autotune.study._confirm import confirmation_candidates
+    from autotune.views.dashboard import dashboard_app, open_dashboard_storage, study_note
+    from autotune.views.export import export_winner
+    from autotune.views.ranking import all_trials, describe_standing, speedup_over_default, study_ranking
+    from autotune.views.report import trial_rows
     from tests.test_dashboard import call_wsgi, user_attr
 
     study, url, default, runaway = told_before_the_default
@@ -84,7 +92,9 @@ def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, t
     assert f"best so far #{default} at 10.0 samples/s" in describe_standing(study)
     # `autotune best --all` and the report list it as diverged, with the reason.
     listed = {row.number: row.result for row in all_trials(trials)}
-    assert listed[runaway].status == "diverged" and listed[runaway].error.startswith("diverged: training loss 2 at step 1")
+    assert listed[runaway].status == "diverged" and listed[runaway].error.startswith(
+        "diverged: training loss 2 at step 1"
+    )
     assert {row.number: row.status for row in trial_rows(trials)} == {default: "ok", runaway: "diverged"}
     # The dashboard: its own feasibility rule on what its API serves, and its Best-trial card.
     app = dashboard_app(open_dashboard_storage(url))
@@ -109,7 +119,7 @@ def test_autotune_best_names_the_hf_default(told_before_the_default):
 
 
 def test_judging_twice_changes_nothing(told_before_the_default):
-    from autotune.numerics import judged_trials
+    from autotune.result import judged_trials
 
     study, _, _, _ = told_before_the_default
     once = judged_trials(study.get_trials())

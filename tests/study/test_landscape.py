@@ -15,11 +15,11 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
 from autotune.estimate import MemoryFit, estimate_peak
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.runner import TrialJob
-from autotune.study import SearchBudget, open_study, run_search
+from autotune.study import SearchBudget, open_study
 from autotune.study._landscape import (
     MIN_THROUGHPUT_NOISE,
     OOM_EXCESS,
@@ -30,6 +30,7 @@ from autotune.study._landscape import (
     observations,
     throughput_posterior,
 )
+from autotune.study._loop import run_search
 from tests.study.test_proposals import FORTY_EIGHT_CONFIGS, LookupRunner, make_request
 
 GiB = 1024**3
@@ -39,8 +40,15 @@ SPACE = {
     "optim": CategoricalDistribution(["adamw_torch", "adafactor"]),
 }
 # A log-additive landscape: the shape the throughput model assumes.
-EFFECTS = {("micro_batch", 8): 0.0, ("micro_batch", 16): 0.3, ("micro_batch", 32): 0.45, ("dtype", "fp32"): 0.0,
-           ("dtype", "bf16"): 0.25, ("optim", "adamw_torch"): 0.0, ("optim", "adafactor"): -0.1}
+EFFECTS = {
+    ("micro_batch", 8): 0.0,
+    ("micro_batch", 16): 0.3,
+    ("micro_batch", 32): 0.45,
+    ("dtype", "fp32"): 0.0,
+    ("dtype", "bf16"): 0.25,
+    ("optim", "adamw_torch"): 0.0,
+    ("optim", "adafactor"): -0.1,
+}
 
 
 def all_configs(space: dict[str, CategoricalDistribution]) -> list[dict]:
@@ -76,7 +84,9 @@ def test_an_unmeasured_knob_value_keeps_its_wide_prior_and_a_measured_one_narrow
     measured = [p for p in all_configs(SPACE) if p["micro_batch"] != 32]
     posterior = throughput_posterior(encoding, Observations(measured, [log_speed(p) for p in measured], [], []), 0.02)
     batch_8 = ("micro_batch", 8)
-    assert contrast_sd(encoding, posterior, ("micro_batch", 32), batch_8) > 20 * contrast_sd(encoding, posterior, ("micro_batch", 16), batch_8)
+    assert contrast_sd(encoding, posterior, ("micro_batch", 32), batch_8) > 20 * contrast_sd(
+        encoding, posterior, ("micro_batch", 16), batch_8
+    )
 
 
 def test_a_landscape_the_additive_model_misfits_widens_the_posterior():
@@ -114,8 +124,13 @@ def test_observations_read_each_measured_config_once_and_an_oom_as_over_the_ceil
     distributions = {name: d for name, d in SPACE.items()}
 
     def trial(number: int, params: dict, status: str, tflops: float, peak: int, reused: bool = False):
-        result = TrialResult(status=status, model_tflops=tflops, samples_per_s=tflops * 100, peak_memory_bytes=peak,
-                             ceiling_bytes=ceiling)
+        result = TrialResult(
+            status=status,
+            model_tflops=tflops,
+            samples_per_s=tflops * 100,
+            peak_memory_bytes=peak,
+            ceiling_bytes=ceiling,
+        )
         attrs = {"result": result.to_dict(), "status": status}
         if reused:
             attrs["reused_from"] = 0
@@ -146,7 +161,9 @@ class PeakRunner(LookupRunner):
 
     def __call__(self, job: TrialJob, timeout_s: float, on_tick: Callable[[], None] | None = None) -> TrialResult:
         result = super().__call__(job, timeout_s, on_tick)
-        result.peak_memory_bytes = estimate_peak(self.model, job.config, self.seq_len, MemoryFit.prior("cpu")).total_bytes
+        result.peak_memory_bytes = estimate_peak(
+            self.model, job.config, self.seq_len, MemoryFit.prior("cpu")
+        ).total_bytes
         if result.peak_memory_bytes > job.workload.ceiling_bytes:
             result.status = "over_ceiling"
         return result

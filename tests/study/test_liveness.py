@@ -13,11 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import schema
 from autotune.result import TrialResult
-from autotune.storage import open_storage
-from autotune.study import recover_orphans
-from autotune.study._liveness import Heartbeat, interrupt_own_running, mark_owner, worker_identity
+from autotune.storage import open_storage, schema
+from autotune.study._liveness import Heartbeat, interrupt_own_running, mark_owner, recover_orphans, worker_identity
 
 DISTRIBUTIONS = {"micro_batch": optuna.distributions.CategoricalDistribution([8, 16])}
 
@@ -42,7 +40,7 @@ def asked_by(study: optuna.Study, owner: dict) -> optuna.Trial:
     return trial
 
 
-def trials_with_a_heartbeat(tmp_path) -> set[int]:  # noqa: ANN001 - the fixture's directory
+def trials_with_a_heartbeat(tmp_path) -> set[int]:
     """Trial ids in Optuna's heartbeat table of the study's database."""
     with sqlite3.connect(tmp_path / "study.db") as connection:
         return {row[0] for row in connection.execute("SELECT trial_id FROM trial_heartbeats")}
@@ -75,11 +73,15 @@ def test_recover_orphans_fails_a_dead_workers_trial_and_queues_its_config_once(s
 def test_recover_orphans_leaves_live_and_unseeable_workers_trials_alone(study, dead_worker):
     mine = study.ask(DISTRIBUTIONS)
     mark_owner(study, mine)  # this process: alive
-    elsewhere = asked_by(study, {**dead_worker, "host": f"not-{socket.gethostname()}"})  # its PID cannot be checked here
+    elsewhere = asked_by(
+        study, {**dead_worker, "host": f"not-{socket.gethostname()}"}
+    )  # its PID cannot be checked here
     other_namespace = asked_by(study, {**dead_worker, "pid_ns": -1})  # another container on this host
     reused_pid = asked_by(study, {**worker_identity(), "started": worker_identity()["started"] - 3600})  # PID reused
     copy = study.ask(DISTRIBUTIONS)  # a re-queued copy still carrying its dead original's owner
-    study._storage.set_trial_system_attr(copy._trial_id, schema.TRIAL_OWNER, {**dead_worker, "trial": copy.number + 100})
+    study._storage.set_trial_system_attr(
+        copy._trial_id, schema.TRIAL_OWNER, {**dead_worker, "trial": copy.number + 100}
+    )
     assert recover_orphans(study) == [reused_pid.number]  # a new process under the old PID is not the owner
     running = {t.number for t in study.get_trials(states=(TrialState.RUNNING,))}
     assert running == {mine.number, elsewhere.number, other_namespace.number, copy.number}
@@ -107,6 +109,6 @@ def test_a_heartbeat_is_recorded_at_most_once_per_interval(study, tmp_path):
     assert heartbeat_times(tmp_path) == first  # not written again
 
 
-def heartbeat_times(tmp_path) -> list[str]:  # noqa: ANN001
+def heartbeat_times(tmp_path) -> list[str]:
     with sqlite3.connect(tmp_path / "study.db") as connection:
         return [row[0] for row in connection.execute("SELECT heartbeat FROM trial_heartbeats")]

@@ -63,8 +63,21 @@ def storage_url(request, tmp_path) -> str:
 
 def _search_args(storage: str, runs: Path, *extra: str) -> list[str]:
     return [
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", TINY_SPACE, "--storage", storage,
-        "--study-name", "workers", "--work-dir", str(runs), *FAST_SEARCH_ARGS, *extra,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        TINY_SPACE,
+        "--storage",
+        storage,
+        "--study-name",
+        "workers",
+        "--work-dir",
+        str(runs),
+        *FAST_SEARCH_ARGS,
+        *extra,
     ]
 
 
@@ -72,7 +85,9 @@ def _search_args(storage: str, runs: Path, *extra: str) -> list[str]:
 def test_cpu_workers_run_trials_at_once_up_to_the_study_wide_cap(storage_url, tmp_path):
     runs = tmp_path / "runs"
     # A cap of 2 for 2 workers: both start at once below it, and the first to finish must not start a third.
-    completed = run_cli(*_search_args(storage_url, runs, "--workers", "2", "--trials", "10", "--max-total-trials", "2"), cwd=tmp_path)
+    completed = run_cli(
+        *_search_args(storage_url, runs, "--workers", "2", "--trials", "10", "--max-total-trials", "2"), cwd=tmp_path
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
 
     from autotune.storage import open_storage
@@ -89,7 +104,8 @@ def test_cpu_workers_run_trials_at_once_up_to_the_study_wide_cap(storage_url, tm
     # Two workers: some two trials were running at the same time.
     assert any(
         a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete
-        for i, a in enumerate(measured) for b in measured[i + 1 :]
+        for i, a in enumerate(measured)
+        for b in measured[i + 1 :]
     ), [(t.number, t.datetime_start, t.datetime_complete) for t in measured]
 
 
@@ -110,7 +126,11 @@ def test_ctrl_c_stops_every_worker_and_records_its_trial_as_interrupted(tmp_path
     args[args.index("--warmup-steps") + 1] = "100000"
     process = subprocess.Popen(
         [sys.executable, "-m", "autotune", *args],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "COLUMNS": "200"},
     )
     try:
@@ -130,9 +150,15 @@ def test_ctrl_c_stops_every_worker_and_records_its_trial_as_interrupted(tmp_path
     from autotune.storage import open_storage
 
     trials = optuna.load_study(study_name="workers", storage=open_storage(storage)).get_trials()
-    summary = [(t.number, t.state.name, t.user_attrs.get("result", {}).get("status"), t.system_attrs.get("failed_trial")) for t in trials]
+    summary = [
+        (t.number, t.state.name, t.user_attrs.get("result", {}).get("status"), t.system_attrs.get("failed_trial"))
+        for t in trials
+    ]
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert [t.user_attrs["result"]["status"] for t in failed] == ["interrupted", "interrupted"], (summary, stderr[-3000:])
+    assert [t.user_attrs["result"]["status"] for t in failed] == ["interrupted", "interrupted"], (
+        summary,
+        stderr[-3000:],
+    )
     # Nothing is left RUNNING; each stopped config waits to run again on resume.
     assert [t.state for t in trials if t not in failed] == [TrialState.WAITING] * 2, (summary, stderr[-3000:])
     # The children (own sessions, not reached by the terminal's SIGINT) were killed too.

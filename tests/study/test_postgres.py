@@ -45,7 +45,9 @@ def test_concurrent_workers_lose_and_duplicate_no_trial(postgres_server, postgre
     assert cap <= len(counted) <= cap + workers - 1
     assert sorted(t.number for t in trials) == list(range(len(trials)))
     # The three started together, yet one of them set the study up: its seed configs were queued once.
-    seed_labels = [t.user_attrs["seed"] for t in trials if "seed" in t.user_attrs and "failed_trial" not in t.system_attrs]
+    seed_labels = [
+        t.user_attrs["seed"] for t in trials if "seed" in t.user_attrs and "failed_trial" not in t.system_attrs
+    ]
     assert seed_labels and len(seed_labels) == len(set(seed_labels)), seed_labels
     ran = runs_by_trial(runs)
     assert all(len(pids) == 1 for pids in ran.values()), ran  # no trial was run twice
@@ -103,7 +105,17 @@ def test_a_password_in_the_url_is_never_printed_even_when_the_connection_fails(p
     wrong_password = "wrong-" + postgres_server.password[::-1]
     url = postgres_server.url("postgres", password=wrong_password)
     completed = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--storage", url, "--trials", "1", cwd=tmp_path, timeout=120
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--storage",
+        url,
+        "--trials",
+        "1",
+        cwd=tmp_path,
+        timeout=120,
     )
     assert completed.returncode == 2
     assert "cannot open it" in completed.stderr

@@ -52,7 +52,10 @@ def test_trial_of_a_killed_worker_is_failed_and_rerun_once_by_another(postgres_u
                 continue  # the study is not created yet
             for trial in running:
                 owner = trial.system_attrs.get("autotune_owner", {})
-                if owner.get("pid") == victim.pid and (runs / f"trial-{trial.number}-{victim.pid}" / "child.log").exists():
+                if (
+                    owner.get("pid") == victim.pid
+                    and (runs / f"trial-{trial.number}-{victim.pid}" / "child.log").exists()
+                ):
                     killed = trial  # its child is training: mid-trial
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=60)

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import schema
-from autotune.config import TrialConfig
-from autotune.display import trial_cells
 from autotune.estimate import estimate_peak
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
+from autotune.storage import schema
 from autotune.units import format_bytes
+from autotune.views.search_display import trial_cells
 
 pytestmark = pytest.mark.slow
 
 
-def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_beside_its_peak(tmp_path, sqlite_url, tiny_workload):
+def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_beside_its_peak(
+    tmp_path, sqlite_url, tiny_workload
+):
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
-    from autotune.study import SearchProgress, SearchRequest, open_study, run_one_trial
+    from autotune.study import SearchProgress, SearchRequest, open_study
+    from autotune.study._loop import run_one_trial
 
     workload = tiny_workload()
     request = SearchRequest(

@@ -16,20 +16,20 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
-from autotune.ranking import describe_distinct
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult, came_back_counts
 from autotune.runner import TrialJob, Workload
-from autotune.schema import TRIAL_PROPOSED_AGAIN as CAME_BACK_ATTR
 from autotune.space import load_space
 from autotune.storage import open_storage
-from autotune.study import SearchBudget, SearchRequest, open_study, run_search
-from autotune.study._loop import START, cap_decision
+from autotune.storage.schema import TRIAL_PROPOSED_AGAIN as CAME_BACK_ATTR
+from autotune.study import SearchBudget, SearchRequest, open_study
+from autotune.study._loop import START, cap_decision, run_search
 from autotune.study._proposals import (
     noise_fraction,
     stop_reason,
     trials_since_improvement,
 )
+from autotune.views.ranking import describe_distinct
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli
 
 GiB = 1024**3
@@ -53,12 +53,17 @@ class LookupRunner:
         self.ran.append(job.config)
         speed = self.samples_per_s(job.config)
         return TrialResult(
-            status="ok", samples_per_s=speed, model_tflops=speed / 100, peak_memory_bytes=GiB // 2,
-            ceiling_bytes=job.workload.ceiling_bytes, step_time_cv=self.step_time_cv, measured_steps=4,
+            status="ok",
+            samples_per_s=speed,
+            model_tflops=speed / 100,
+            peak_memory_bytes=GiB // 2,
+            ceiling_bytes=job.workload.ceiling_bytes,
+            step_time_cv=self.step_time_cv,
+            measured_steps=4,
         )
 
 
-def make_request(tmp_path: Path, cpu, bert_tiny, space_text: str) -> SearchRequest:  # noqa: ANN001 - fixtures
+def make_request(tmp_path: Path, cpu, bert_tiny, space_text: str) -> SearchRequest:
     space_file = tmp_path / "space.yaml"
     space_file.write_text(space_text)
     space = load_space(str(space_file), cpu)
@@ -74,7 +79,13 @@ def make_request(tmp_path: Path, cpu, bert_tiny, space_text: str) -> SearchReque
 
 def speed_of(config: TrialConfig) -> float:
     """A structured landscape: bf16, adafactor and bigger batches are faster."""
-    return 10.0 * config.micro_batch ** 0.5 * (1.3 if config.dtype == "bf16" else 1.0) * (1.1 if config.optim == "adafactor" else 1.0) / config.grad_accum ** 0.1
+    return (
+        10.0
+        * config.micro_batch**0.5
+        * (1.3 if config.dtype == "bf16" else 1.0)
+        * (1.1 if config.optim == "adafactor" else 1.0)
+        / config.grad_accum**0.1
+    )
 
 
 def test_four_configs_four_trials_measure_all_four(tmp_path, cpu, bert_tiny):
@@ -85,7 +96,12 @@ def test_four_configs_four_trials_measure_all_four(tmp_path, cpu, bert_tiny):
     done = run_search(study, request, SearchBudget(trials=4), run_trial=runner)
     assert done == 4
     assert len(set(runner.ran)) == 4  # bf16 with inductor included: every config of the space
-    assert {(c.dtype, c.compile) for c in runner.ran} == {("bf16", "off"), ("bf16", "inductor"), ("fp32", "off"), ("fp32", "inductor")}
+    assert {(c.dtype, c.compile) for c in runner.ran} == {
+        ("bf16", "off"),
+        ("bf16", "inductor"),
+        ("fp32", "off"),
+        ("fp32", "inductor"),
+    }
     reason = stop_reason(study, request.space.size, None)
     assert reason is not None and "every config of the space has been measured or screened (4 of 4)" in reason
     # Asked for more, the search says it is done and runs nothing.
@@ -114,7 +130,10 @@ def test_every_proposal_is_a_new_config_until_the_space_is_done(tmp_path, cpu, b
 def test_the_model_finds_the_best_config_before_random_order_would(tmp_path, cpu, bert_tiny):
     """On a structured landscape the model's proposals reach the best config early, not by chance."""
     request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
-    best = max((TrialConfig.from_params(dict(zip(request.space.choices, v))) for v in _product(request.space.choices)), key=speed_of)
+    best = max(
+        (TrialConfig.from_params(dict(zip(request.space.choices, v))) for v in _product(request.space.choices)),
+        key=speed_of,
+    )
     positions = []
     for seed in range(3):
         study = open_study(optuna.storages.InMemoryStorage(), f"s{seed}", request, sampler_seed=seed)
@@ -170,12 +189,18 @@ def test_sampler_records_when_it_came_back_to_a_measured_config(tmp_path, cpu, b
 
 def frozen(number: int, tflops: float | None, cv: float = 0.02, status: str = "ok") -> optuna.trial.FrozenTrial:
     result = TrialResult(
-        status=status, samples_per_s=(tflops or 0.0) * 100, model_tflops=tflops or 0.0, step_time_cv=cv,
-        peak_memory_bytes=GiB, ceiling_bytes=2 * GiB,
+        status=status,
+        samples_per_s=(tflops or 0.0) * 100,
+        model_tflops=tflops or 0.0,
+        step_time_cv=cv,
+        peak_memory_bytes=GiB,
+        ceiling_bytes=2 * GiB,
     )
     trial = optuna.trial.create_trial(
-        params={"micro_batch": 8 + number}, distributions={"micro_batch": optuna.distributions.IntDistribution(1, 1000)},
-        value=tflops or 0.0, user_attrs={"result": result.to_dict(), "status": status},
+        params={"micro_batch": 8 + number},
+        distributions={"micro_batch": optuna.distributions.IntDistribution(1, 1000)},
+        value=tflops or 0.0,
+        user_attrs={"result": result.to_dict(), "status": status},
     )
     trial.number = number
     return trial
@@ -223,11 +248,26 @@ def test_exhaust_cli(tmp_path):
     """A real search (real children) of a 4-config space with --trials 5: the 4 configs are
     measured once each, and the search says it is done."""
     space = tmp_path / "four.yaml"
-    space.write_text("micro_batch: [8]\ngrad_accum: [1]\ncheckpointing: [false]\ndtype: [bf16, fp32]\noptim: [adamw_torch, adafactor]\npin_memory: [false]\n")
+    space.write_text(
+        "micro_batch: [8]\ngrad_accum: [1]\ncheckpointing: [false]\ndtype: [bf16, fp32]\noptim: [adamw_torch, adafactor]\npin_memory: [false]\n"
+    )
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
     result = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", str(space), "--storage", storage,
-        *FAST_SEARCH_ARGS, "--trials", "5", "--prune-ratio", "0", cwd=tmp_path,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        str(space),
+        "--storage",
+        storage,
+        *FAST_SEARCH_ARGS,
+        "--trials",
+        "5",
+        "--prune-ratio",
+        "0",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)
@@ -241,7 +281,8 @@ def test_exhaust_cli(tmp_path):
 
 def test_workers_start_no_trial_once_patience_is_spent(tmp_path, cpu, bert_tiny):
     """The stop rule is the ask's (autotune.study.ask_trial), the one place every worker passes."""
-    from autotune.study import SearchFinished, ask_trial
+    from autotune.study._loop import ask_trial
+    from autotune.study._proposals import SearchFinished
 
     request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
     study = open_study(optuna.storages.InMemoryStorage(), "pool", request, sampler_seed=0)
@@ -254,7 +295,7 @@ def test_workers_start_no_trial_once_patience_is_spent(tmp_path, cpu, bert_tiny)
 
 
 def test_dashboard_note_says_how_often_the_sampler_came_back(tmp_path, cpu, bert_tiny):
-    from autotune.dashboard import study_note
+    from autotune.views.dashboard import study_note
 
     request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
     study = open_study(optuna.storages.InMemoryStorage(), "note", request, sampler_seed=0)
@@ -272,9 +313,13 @@ def test_every_trial_the_sampler_proposes_has_the_global_batch(tmp_path, cpu, ti
     import random
 
     space_file = tmp_path / "space.yaml"
-    space_file.write_text("micro_batch: [4, 8, 16, 24, 32, 64, 128]\ngrad_accum: [1, 2]\ndtype: [fp32, bf16]\ncheckpointing: [false, true]\n")
+    space_file.write_text(
+        "micro_batch: [4, 8, 16, 24, 32, 64, 128]\ngrad_accum: [1, 2]\ndtype: [fp32, bf16]\ncheckpointing: [false, true]\n"
+    )
     space = load_space(str(space_file), cpu, global_batch=48)
-    study = open_study(open_storage(sqlite_url), "gb", SearchRequest(workload=tiny_workload(ceiling_bytes=2**30), space=space))
+    study = open_study(
+        open_storage(sqlite_url), "gb", SearchRequest(workload=tiny_workload(ceiling_bytes=2**30), space=space)
+    )
     rng = random.Random(0)
     products = set()
     for _ in range(20):

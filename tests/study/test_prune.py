@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
-from autotune.measure import MeasureSettings
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
+from autotune.spec.measure import MeasureSettings
 from tests.support.cli import REPO, run_cli
 
 GiB = 1024**3
@@ -22,9 +22,11 @@ def study_and_request(sqlite_url, tiny_workload, tmp_path):
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=tiny_workload(measure=MeasureSettings(
-            warmup_steps=1, min_steps=4, max_steps=6, max_seconds=60.0, cv_target=0.0, prune_after_steps=2
-        )),
+        workload=tiny_workload(
+            measure=MeasureSettings(
+                warmup_steps=1, min_steps=4, max_steps=6, max_seconds=60.0, cv_target=0.0, prune_after_steps=2
+            )
+        ),
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
         work_root=str(tmp_path / "runs"),
         prune_ratio=0.5,
@@ -34,17 +36,26 @@ def study_and_request(sqlite_url, tiny_workload, tmp_path):
     return study, request
 
 
-def tell_measured(study, request, status: str, samples_per_s: float) -> None:  # noqa: ANN001
+def tell_measured(study, request, status: str, samples_per_s: float) -> None:
     """Record the next queued trial as finished with this result, as the search would."""
-    from autotune.study import tell
+    from autotune.study._record import tell
 
     trial = study.ask(request.space.distributions())
-    tell(study, trial, TrialResult(status=status, samples_per_s=samples_per_s, model_tflops=samples_per_s * 1e-4,
-                                   peak_memory_bytes=GiB, ceiling_bytes=8 * GiB if status == "ok" else GiB // 2))
+    tell(
+        study,
+        trial,
+        TrialResult(
+            status=status,
+            samples_per_s=samples_per_s,
+            model_tflops=samples_per_s * 1e-4,
+            peak_memory_bytes=GiB,
+            ceiling_bytes=8 * GiB if status == "ok" else GiB // 2,
+        ),
+    )
 
 
 def test_the_threshold_is_the_best_feasible_throughput_times_the_ratio(study_and_request):
-    from autotune.study import make_job, prune_threshold
+    from autotune.study._loop import make_job, prune_threshold
 
     study, request = study_and_request
     assert prune_threshold(study, 0.5) is None  # nothing feasible yet: never prune
@@ -58,7 +69,8 @@ def test_the_threshold_is_the_best_feasible_throughput_times_the_ratio(study_and
 
 @pytest.mark.slow
 def test_a_trial_clearly_slower_than_the_best_is_stopped_and_recorded_as_pruned(study_and_request):
-    from autotune.study import SearchProgress, run_one_trial
+    from autotune.study import SearchProgress
+    from autotune.study._loop import run_one_trial
 
     study, request = study_and_request
     # A recorded best no bert-tiny trial on this CPU comes near: every new trial is clearly slower.
@@ -74,7 +86,8 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_and_recorded_as_pruned(
 
 @pytest.mark.slow
 def test_with_ratio_zero_the_same_trial_runs_to_the_end(study_and_request):
-    from autotune.study import SearchProgress, run_one_trial
+    from autotune.study import SearchProgress
+    from autotune.study._loop import run_one_trial
 
     study, request = study_and_request
     tell_measured(study, request, "ok", 1e9)
@@ -84,8 +97,18 @@ def test_with_ratio_zero_the_same_trial_runs_to_the_end(study_and_request):
 
 def test_the_cli_refuses_a_ratio_outside_0_to_1(tmp_path):
     out = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", str(REPO / "search_spaces" / "tiny-test.yaml"),
-        "--storage", f"sqlite:///{tmp_path / 'a.db'}", "--prune-ratio", "1.5", cwd=tmp_path,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        str(REPO / "search_spaces" / "tiny-test.yaml"),
+        "--storage",
+        f"sqlite:///{tmp_path / 'a.db'}",
+        "--prune-ratio",
+        "1.5",
+        cwd=tmp_path,
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [

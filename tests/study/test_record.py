@@ -13,25 +13,39 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.result import TrialResult
-from autotune.study import memory_constraint_gib, record_pending_results, tell
-from autotune.study._record import PENDING_RESULT_FILE, UNKNOWN_EXCESS_GIB, tell_or_keep, trial_work_dir
+from autotune.storage import schema
+from autotune.study._record import (
+    PENDING_RESULT_FILE,
+    UNKNOWN_EXCESS_GIB,
+    memory_constraint_gib,
+    record_pending_results,
+    tell,
+    tell_or_keep,
+    trial_work_dir,
+)
 
 GiB = 1024**3
 DISTRIBUTIONS = {"micro_batch": optuna.distributions.CategoricalDistribution([8, 16])}
 
 
 def measured(status: str, peak_gib: float, ceiling_gib: float = 2.0, tflops: float = 0.5) -> TrialResult:
-    return TrialResult(status=status, samples_per_s=100.0, model_tflops=tflops, peak_memory_bytes=int(peak_gib * GiB),
-                       ceiling_bytes=int(ceiling_gib * GiB))
+    return TrialResult(
+        status=status,
+        samples_per_s=100.0,
+        model_tflops=tflops,
+        peak_memory_bytes=int(peak_gib * GiB),
+        ceiling_bytes=int(ceiling_gib * GiB),
+    )
 
 
 @pytest.fixture
 def storage(tmp_path) -> optuna.storages.RDBStorage:
     """A real SQLite storage that gives up on a locked database after 0.2 s (autotune's waits 120 s)."""
-    return optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", engine_kwargs={"connect_args": {"timeout": 0.2}})
+    return optuna.storages.RDBStorage(
+        f"sqlite:///{tmp_path / 'study.db'}", engine_kwargs={"connect_args": {"timeout": 0.2}}
+    )
 
 
 def reloaded(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

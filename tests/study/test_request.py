@@ -8,28 +8,42 @@ import re
 
 import pytest
 
-from autotune.devices import known_gpu
 from autotune.errors import AutotuneError
+from autotune.plan import SearchOptions
 from autotune.space import SearchSpace
-from autotune.study import SearchOptions, SearchRequest, default_study_name, prepare_request, worker_devices
-from autotune.study._request import device_groups, rank_device_numbers
+from autotune.spec.devices import known_gpu
+from autotune.study import SearchRequest, default_study_name, prepare_request
+from autotune.study._request import device_groups, rank_device_numbers, worker_devices
 from tests.support.cli import REPO
 
 GiB = 1024**3
 TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 
 
-def options(tmp_path, **changes) -> SearchOptions:  # noqa: ANN001 - a fixture
+def options(tmp_path, **changes) -> SearchOptions:
     """The options of ``autotune search --model bert-tiny --device cpu --seq-len 32 --space tiny-test.yaml``."""
-    settings = {"model": "bert-tiny", "device": "cpu", "seq_len": 32, "space": TINY_SPACE, "memory_ceiling": "1GiB",
-                "work_dir": str(tmp_path / "runs")}
+    settings = {
+        "model": "bert-tiny",
+        "device": "cpu",
+        "seq_len": 32,
+        "space": TINY_SPACE,
+        "memory_ceiling": "1GiB",
+        "work_dir": str(tmp_path / "runs"),
+    }
     return SearchOptions(**{**settings, **changes})
 
 
 def test_prepare_request_builds_the_workload_every_trial_shares(tmp_path):
     prepared = prepare_request(
-        options(tmp_path, warmup_steps=2, max_measure_steps=7, trial_timeout=60.0, prune_ratio=0.3, screen=False,
-                callbacks=("tests.support.faults:RecordCollectorState",)),
+        options(
+            tmp_path,
+            warmup_steps=2,
+            max_measure_steps=7,
+            trial_timeout=60.0,
+            prune_ratio=0.3,
+            screen=False,
+            callbacks=("tests.support.faults:RecordCollectorState",),
+        ),
         available_memory_bytes=64 * GiB,
     )
     request = prepared.request
@@ -41,9 +55,16 @@ def test_prepare_request_builds_the_workload_every_trial_shares(tmp_path):
     # A CPU child may grow past the ceiling (to be measured over it), within the host's memory.
     assert GiB < workload.address_space_bytes < 64 * GiB
     assert request.worker_devices == (workload.device,)
-    assert (request.trial_timeout_s, request.work_root, request.prune_ratio, request.screen) == (60.0, str(tmp_path / "runs"), 0.3, False)
+    assert (request.trial_timeout_s, request.work_root, request.prune_ratio, request.screen) == (
+        60.0,
+        str(tmp_path / "runs"),
+        0.3,
+        False,
+    )
     assert set(request.space.choices) >= {"micro_batch", "grad_accum", "checkpointing", "dtype", "optim"}
-    assert any(note.startswith("no datasheet peak for a CPU") for note in prepared.notes)  # what MFU is measured against
+    assert any(
+        note.startswith("no datasheet peak for a CPU") for note in prepared.notes
+    )  # what MFU is measured against
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
@@ -60,7 +81,10 @@ def test_prepare_request_gives_each_cpu_worker_its_share_of_the_memory(tmp_path)
     [
         ({"prune_ratio": 1.0}, "--prune-ratio 1.0: give a fraction from 0 (never prune) up to, not including, 1"),
         ({"seq_len": 4096}, "--seq-len 4096 is longer than bert-tiny allows (512 positions)"),
-        ({"callbacks": ("tests.support.faults:NoSuchCallback",)}, "--callback 'tests.support.faults:NoSuchCallback': tests.support.faults has no TrainerCallback class named NoSuchCallback"),
+        (
+            {"callbacks": ("tests.support.faults:NoSuchCallback",)},
+            "--callback 'tests.support.faults:NoSuchCallback': tests.support.faults has no TrainerCallback class named NoSuchCallback",
+        ),
         ({"device": "cpu", "workers": 0}, "--workers must be 1 or more"),
     ],
 )
@@ -71,14 +95,21 @@ def test_prepare_request_refuses_a_bad_option_before_any_trial(tmp_path, changes
 
 
 def test_a_request_for_another_device_keeps_the_search_and_its_identity_names_the_setup(tiny_workload):
-    request = SearchRequest(workload=tiny_workload(base_args={"seed": 7}), space=SearchSpace(choices={"micro_batch": [8]}))
+    request = SearchRequest(
+        workload=tiny_workload(base_args={"seed": 7}), space=SearchSpace(choices={"micro_batch": [8]})
+    )
     h100 = known_gpu("h100-sxm").device()
     moved = request.for_device(h100)
     assert moved.workload.device == h100 and moved.workload == dataclasses.replace(request.workload, device=h100)
     assert request.workload.device.kind == "cpu"  # the request it came from is unchanged
     assert request.identity() == {
-        "model": "bert-tiny", "task": request.workload.model.task, "seq_len": 32, "device": request.workload.device.name,
-        "dataset": "synthetic tokens", "base_args": {"seed": 7}, "peft": None,
+        "model": "bert-tiny",
+        "task": request.workload.model.task,
+        "seq_len": 32,
+        "device": request.workload.device.name,
+        "dataset": "synthetic tokens",
+        "base_args": {"seed": 7},
+        "peft": None,
     }
     assert moved.identity()["device"] == h100.name
 
@@ -91,8 +122,10 @@ def fake_gpus(count: int) -> list:
 def test_gpus_split_into_groups_of_devices_per_trial_one_worker_each(tiny_workload):
     groups = device_groups(fake_gpus(8), 4)
     request = SearchRequest(
-        workload=tiny_workload(devices_per_trial=4), space=SearchSpace(choices={"micro_batch": [8]}),
-        worker_devices=tuple(group[0] for group in groups), worker_rank_devices=rank_device_numbers(groups),
+        workload=tiny_workload(devices_per_trial=4),
+        space=SearchSpace(choices={"micro_batch": [8]}),
+        worker_devices=tuple(group[0] for group in groups),
+        worker_rank_devices=rank_device_numbers(groups),
     )
     workers = request.worker_requests()
     assert [w.workload.device.index for w in workers] == [0, 4]

@@ -12,21 +12,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import schema
 from autotune.result import TrialResult
 from autotune.space import SearchSpace
-from autotune.storage import open_storage
-from autotune.study import (
-    SearchBudget,
-    SearchHooks,
-    SearchProgress,
-    SearchRequest,
-    open_study,
-    run_search,
-    search,
-)
-from autotune.study import _loop
+from autotune.storage import open_storage, schema
+from autotune.study import SearchBudget, SearchHooks, SearchProgress, SearchRequest, _loop, open_study, search
 from autotune.study._liveness import worker_identity
+from autotune.study._loop import run_search
 from autotune.study._record import PENDING_RESULT_FILE, trial_work_dir
 from tests.study.test_proposals import FORTY_EIGHT_CONFIGS, LookupRunner, make_request, speed_of
 
@@ -38,7 +29,7 @@ def counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[
     calls: list[int] = []
     real = getattr(module, name)
 
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the real function's own signature
+    def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
@@ -80,20 +71,27 @@ class RecordedView:
 
 def dead_pid() -> int:
     """The PID of a process that has exited (a run that died)."""
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(finished.stdout)
 
 
 @pytest.mark.slow
-def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that_order(tmp_path, sqlite_url, tiny_workload):
+def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that_order(
+    tmp_path, sqlite_url, tiny_workload
+):
     """A study left by two runs: one kept its measured result in a file (the storage was full), one
     died with its trial running. One call records the first, re-queues the second, runs it for real
     (a child), says the two-config space is done, confirms the leader (two real re-runs) and writes
     the note last."""
     work_root = tmp_path / "runs"
     request = SearchRequest(
-        workload=tiny_workload(), space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
-        work_root=str(work_root), screen=False, prune_ratio=0.0,
+        workload=tiny_workload(),
+        space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
+        work_root=str(work_root),
+        screen=False,
+        prune_ratio=0.0,
     )
     study = open_study(open_storage(sqlite_url), "run", request)
     # The two seed trials, left RUNNING by the runs before.
@@ -123,14 +121,24 @@ def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that
 
     assert outcome.recorded == (kept.number,) and outcome.requeued == (orphan.number,)
     assert outcome.finished == 1  # the re-queued trial; then both configs are measured
-    assert outcome.stop_reason is not None and outcome.stop_reason.startswith("every config of the space has been measured")
+    assert outcome.stop_reason is not None and outcome.stop_reason.startswith(
+        "every config of the space has been measured"
+    )
     rerun = max(t.number for t in study.trials)
     assert study.trials[rerun].params == study.trials[orphan.number].params != study.trials[kept.number].params
     assert [c.trial_number for c in outcome.confirmations] == [kept.number]  # the fastest feasible: the kept result
     assert not outcome.confirmation_interrupted
     assert [event[0] for event in events] == [
-        "note", "note", "view entered", "trial started", "trial ended", "view left", "loop ended",
-        "confirm run", "confirm run", "note written",
+        "note",
+        "note",
+        "view entered",
+        "trial started",
+        "trial ended",
+        "view left",
+        "loop ended",
+        "confirm run",
+        "confirm run",
+        "note written",
     ]
     assert "recorded now" in events[0][1] and f"trial(s) {kept.number} " in events[0][1]
     assert "queued again" in events[1][1] and f"trial(s) {orphan.number} " in events[1][1]

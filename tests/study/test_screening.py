@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
 from autotune.estimate import MemoryFit, estimate_peak
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.study._screening import (
     UNCALIBRATED_MARGIN,
     MeasuredTrial,
-    memory_fit_from_trials,
     infer_from_memory_failures,
     margin_for,
+    memory_fit_from_trials,
     predict_over_ceiling,
     screened_excess_gib,
 )
@@ -128,9 +128,10 @@ def loop(tmp_path, sqlite_url, tiny_workload):
 
 def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
     from autotune.errors import AutotuneError
-    from autotune.export import winner
-    from autotune.ranking import feasible_ranking
-    from autotune.study import SearchBudget, run_search
+    from autotune.study import SearchBudget
+    from autotune.study._loop import run_search
+    from autotune.views.export import winner
+    from autotune.views.ranking import feasible_ranking
 
     make, runs = loop
     ceiling = 200 * MiB  # below the CPU process baseline alone: nothing can fit
@@ -150,13 +151,14 @@ def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
     with pytest.raises(AutotuneError, match="no feasible trial"):
         winner(study)
     with pytest.raises(ValueError):
-        study.best_trial  # Optuna agrees: nothing feasible
+        _ = study.best_trial  # Optuna agrees: nothing feasible
 
 
 def test_with_screening_off_every_config_runs(loop):
     import dataclasses
 
-    from autotune.study import SearchProgress, run_one_trial
+    from autotune.study import SearchProgress
+    from autotune.study._loop import run_one_trial
 
     make, runs = loop
     study, request = make(200 * MiB, [8], name="unscreened")
@@ -166,7 +168,8 @@ def test_with_screening_off_every_config_runs(loop):
 
 
 def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
-    from autotune.study import SearchBudget, run_search
+    from autotune.study import SearchBudget
+    from autotune.study._loop import run_search
 
     make, runs = loop
     # 64 MiB of address space: the child's allocator fails at once (a real OOM); the ceiling itself
@@ -183,7 +186,8 @@ def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
 
 
 def test_a_config_proposed_again_reuses_the_recorded_result_and_asks_again(loop):
-    from autotune.study import SearchProgress, measured_trials, run_one_trial
+    from autotune.study import SearchProgress, measured_trials
+    from autotune.study._loop import run_one_trial
     from autotune.study._proposals import SearchFinished
 
     make, runs = loop
@@ -217,8 +221,8 @@ def test_an_offload_config_whose_host_memory_is_over_the_host_ceiling_is_screene
 
 
 def test_the_host_memory_ceiling_defaults_to_the_available_ram_and_reads_like_the_memory_ceiling():
-    from autotune.ceiling import host_ceiling_bytes
     from autotune.errors import AutotuneError
+    from autotune.spec.ceiling import host_ceiling_bytes
 
     assert host_ceiling_bytes(None, 8 * 2**30) == 8 * 2**30
     assert host_ceiling_bytes("0.5", 8 * 2**30) == 4 * 2**30

@@ -8,21 +8,23 @@ import dataclasses
 import optuna
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.devices import DeviceSpec
 from autotune.estimate import estimate_peak, memory_prior
-from autotune.runner import Workload
-from autotune.ranking import speedup_over_default
+from autotune.levers import TrialConfig
 from autotune.result import TrialResult
-from autotune.schema import SEED_BEST_PRACTICE as BEST_PRACTICE
-from autotune.schema import SEED_HF_DEFAULT as HF_DEFAULT
-from autotune.space import SearchSpace, SpaceFile, filter_for_device
+from autotune.runner import Workload
+from autotune.space import SearchSpace
+from autotune.space._narrow import filter_for_device
+from autotune.space._space_file import SpaceFile
+from autotune.spec.devices import DeviceSpec
+from autotune.storage.schema import SEED_BEST_PRACTICE as BEST_PRACTICE
+from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
 from autotune.study._seeds import (
     SEED_FILL_FRACTION,
     best_practice_config,
     hf_default_config,
     snap_to_space,
 )
+from autotune.views.ranking import speedup_over_default
 from tests.support.cli import REPO
 
 GiB = 1024**3
@@ -30,8 +32,12 @@ GiB = 1024**3
 # A description of a GPU this machine does not have (no CUDA here): a V100, which runs fp16 but
 # neither bf16 nor tf32. Only the seed logic reads it; nothing runs on it.
 FAKE_V100 = DeviceSpec(
-    kind="cuda", index=0, name="Tesla V100-SXM2-16GB (fake: described, never run)",
-    total_memory_bytes=16 * GiB, supported_dtypes=("fp32", "fp16"), compute_capability=(7, 0),
+    kind="cuda",
+    index=0,
+    name="Tesla V100-SXM2-16GB (fake: described, never run)",
+    total_memory_bytes=16 * GiB,
+    supported_dtypes=("fp32", "fp16"),
+    compute_capability=(7, 0),
 )
 
 
@@ -48,9 +54,14 @@ def test_the_hf_default_is_read_from_the_installed_training_arguments():
 
 
 def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_note(cpu):
-    space = SearchSpace(choices={
-        "micro_batch": [4, 16, 32], "dtype": ["bf16"], "optim": ["adafactor", "adamw_torch"], "pin_memory": [False],
-    })
+    space = SearchSpace(
+        choices={
+            "micro_batch": [4, 16, 32],
+            "dtype": ["bf16"],
+            "optim": ["adafactor", "adamw_torch"],
+            "pin_memory": [False],
+        }
+    )
     params, notes = snap_to_space(hf_default_config(), space, "cpu")
     assert params == {"micro_batch": 4, "dtype": "bf16", "optim": "adamw_torch", "pin_memory": False}
     assert len(notes) == 3  # micro_batch, dtype, optim; pin_memory on the CPU was explained by the space filter
@@ -58,19 +69,38 @@ def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_not
 
 
 def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that_fits(cpu, bert_tiny):
-    space = filter_for_device(SpaceFile.model_validate({
-        "micro_batch": [8, 16, 32, 64], "checkpointing": [False, True], "dtype": ["fp32", "bf16"],
-        "optim": ["adamw_torch", "adamw_torch_fused"], "dataloader_workers": [0, 2],
-    }), cpu)
+    space = filter_for_device(
+        SpaceFile.model_validate(
+            {
+                "micro_batch": [8, 16, 32, 64],
+                "checkpointing": [False, True],
+                "dtype": ["fp32", "bf16"],
+                "optim": ["adamw_torch", "adamw_torch_fused"],
+                "dataloader_workers": [0, 2],
+            }
+        ),
+        cpu,
+    )
 
     def predicted(micro_batch: int, checkpointing: bool = False) -> int:
-        config = TrialConfig(micro_batch=micro_batch, checkpointing=checkpointing, dtype="bf16", optim="adamw_torch_fused", pin_memory=False)
+        config = TrialConfig(
+            micro_batch=micro_batch,
+            checkpointing=checkpointing,
+            dtype="bf16",
+            optim="adamw_torch_fused",
+            pin_memory=False,
+        )
         return estimate_peak(bert_tiny, config, 128, memory_prior(cpu, {})).total_bytes  # the seeds' prior
 
     # A ceiling between the predictions of micro-batch 32 and 64.
     ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
     best = best_practice_config(space, Workload.for_model(bert_tiny, device=cpu, seq_len=128, ceiling_bytes=ceiling))
-    assert (best.dtype, best.optim, best.checkpointing, best.dataloader_workers) == ("bf16", "adamw_torch_fused", False, 0)
+    assert (best.dtype, best.optim, best.checkpointing, best.dataloader_workers) == (
+        "bf16",
+        "adamw_torch_fused",
+        False,
+        0,
+    )
     assert best.micro_batch == 32
     # A ceiling only checkpointing fits under: checkpointing on.
     ceiling = int(predicted(8, checkpointing=True) / SEED_FILL_FRACTION) + 1
@@ -80,11 +110,20 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
 
 
 def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory(bert_tiny):
-    space = filter_for_device(SpaceFile.model_validate({
-        "micro_batch": [8, 64], "dtype": ["fp32", "fp16", "bf16"], "dataloader_workers": [0, 2, 4],
-        "pin_memory": [True, False],
-    }), FAKE_V100)
-    best = best_practice_config(space, Workload.for_model(bert_tiny, device=FAKE_V100, seq_len=128, ceiling_bytes=12 * GiB))
+    space = filter_for_device(
+        SpaceFile.model_validate(
+            {
+                "micro_batch": [8, 64],
+                "dtype": ["fp32", "fp16", "bf16"],
+                "dataloader_workers": [0, 2, 4],
+                "pin_memory": [True, False],
+            }
+        ),
+        FAKE_V100,
+    )
+    best = best_practice_config(
+        space, Workload.for_model(bert_tiny, device=FAKE_V100, seq_len=128, ceiling_bytes=12 * GiB)
+    )
     assert (best.dtype, best.dataloader_workers, best.pin_memory, best.micro_batch) == ("fp16", 2, True, 64)
 
 
@@ -117,11 +156,20 @@ def test_a_new_study_queues_the_two_seeds_once(new_study):
 
 
 def tell_seed(study: optuna.Study, status: str, samples_per_s: float) -> None:
-    from autotune.study import tell
+    from autotune.study._record import tell
 
     trial = study.ask()
-    tell(study, trial, TrialResult(status=status, samples_per_s=samples_per_s, model_tflops=samples_per_s * 1e-3,
-                                   peak_memory_bytes=GiB if status == "ok" else 0, ceiling_bytes=4 * GiB))
+    tell(
+        study,
+        trial,
+        TrialResult(
+            status=status,
+            samples_per_s=samples_per_s,
+            model_tflops=samples_per_s * 1e-3,
+            peak_memory_bytes=GiB if status == "ok" else 0,
+            ceiling_bytes=4 * GiB,
+        ),
+    )
 
 
 def test_speedup_over_the_default_compares_the_best_feasible_trial_with_the_hf_default(new_study):

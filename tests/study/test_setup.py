@@ -9,17 +9,16 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune import schema
 from autotune.errors import AutotuneError
 from autotune.space import SearchSpace, load_space
-from autotune.storage import open_storage
+from autotune.storage import open_storage, schema
 from autotune.study import SearchRequest, check_identity, open_study
 
 GiB = 1024**3
 SPACE = SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]})
 
 
-def request_of(workload, space: SearchSpace = SPACE) -> SearchRequest:  # noqa: ANN001 - a Workload
+def request_of(workload, space: SearchSpace = SPACE) -> SearchRequest:
     return SearchRequest(workload=workload, space=space)
 
 
@@ -62,9 +61,13 @@ def test_open_study_refuses_another_setup_and_another_ceiling(sqlite_url, tiny_w
     open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(ceiling_bytes=2 * GiB)))
     with pytest.raises(AutotuneError, match=re.escape("another setup (seq_len 32 there, 64 here)")):
         open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(seq_len=64, ceiling_bytes=2 * GiB)))
-    with pytest.raises(AutotuneError, match=re.escape("was searched under a memory ceiling of 2.00 GiB, this run asks 4.00 GiB")):
+    with pytest.raises(
+        AutotuneError, match=re.escape("was searched under a memory ceiling of 2.00 GiB, this run asks 4.00 GiB")
+    ):
         open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(ceiling_bytes=4 * GiB)))
-    assert len(optuna.load_study(study_name="resumed", storage=sqlite_url).trials) == 2  # nothing added by a refused run
+    assert (
+        len(optuna.load_study(study_name="resumed", storage=sqlite_url).trials) == 2
+    )  # nothing added by a refused run
 
 
 def test_a_study_made_outside_autotune_is_set_up_when_autotune_first_opens_it(sqlite_url, tiny_workload):
@@ -79,8 +82,20 @@ def test_a_study_made_outside_autotune_is_set_up_when_autotune_first_opens_it(sq
 def test_a_study_resumed_with_another_global_batch_is_refused(tmp_path, cpu, tiny_workload, sqlite_url):
     path = tmp_path / "space.yaml"
     path.write_text("micro_batch: [4, 8, 16, 24, 32, 64, 128]\ngrad_accum: [1, 2]\ndtype: [fp32, bf16]\n")
-    open_study(open_storage(sqlite_url), "gb", request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=64)))
-    same = open_study(open_storage(sqlite_url), "gb", request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=64)))
+    open_study(
+        open_storage(sqlite_url),
+        "gb",
+        request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=64)),
+    )
+    same = open_study(
+        open_storage(sqlite_url),
+        "gb",
+        request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=64)),
+    )
     assert same.study_name == "gb"
     with pytest.raises(AutotuneError, match="was searched over another space"):
-        open_study(open_storage(sqlite_url), "gb", request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=32)))
+        open_study(
+            open_storage(sqlite_url),
+            "gb",
+            request_of(tiny_workload(ceiling_bytes=2**30), load_space(str(path), cpu, global_batch=32)),
+        )

@@ -33,11 +33,33 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         seeded.enqueue_trial({"micro_batch": micro_batch})
 
     search = run_cli(
-        "search", "--model", "bert-tiny", "--seq-len", "512", "--memory-ceiling", "1.2GiB", "--space", str(space),
-        "--storage", url, "--study-name", STUDY, "--trials", "3", "--work-dir", str(tmp_path / "runs"),
-        "--warmup-steps", "1", "--max-measure-steps", "4", "--confirm-top", "0",
-        "--callback", "tests.support.faults:RecordAddressSpaceLimit",
-        cwd=tmp_path, env={"PYTHONPATH": str(REPO)},
+        "search",
+        "--model",
+        "bert-tiny",
+        "--seq-len",
+        "512",
+        "--memory-ceiling",
+        "1.2GiB",
+        "--space",
+        str(space),
+        "--storage",
+        url,
+        "--study-name",
+        STUDY,
+        "--trials",
+        "3",
+        "--work-dir",
+        str(tmp_path / "runs"),
+        "--warmup-steps",
+        "1",
+        "--max-measure-steps",
+        "4",
+        "--confirm-top",
+        "0",
+        "--callback",
+        "tests.support.faults:RecordAddressSpaceLimit",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
     )
     assert search.returncode == 0, search.stderr
     assert "Traceback" not in search.stdout + search.stderr
@@ -68,7 +90,9 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         status = TrialResult.from_trial(by_batch[micro_batch]).status
         assert any(f"mb={micro_batch}" in line and status in line for line in listing.stdout.splitlines())
 
-    exported = run_cli("export", "--storage", url, "--study-name", STUDY, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
+    exported = run_cli(
+        "export", "--storage", url, "--study-name", STUDY, "--out", str(tmp_path / "best.json"), cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     arguments = json.loads((tmp_path / "best.json").read_text())
     assert arguments["per_device_train_batch_size"] == 8

@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parent.parent.parent
 FAST_SEARCH_ARGS = ["--warmup-steps", "1", "--max-measure-steps", "4", "--seq-len", "32", "--confirm-top", "0"]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run the real ``autotune`` command line in a subprocess, as a user would."""
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args],

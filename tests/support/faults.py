@@ -29,26 +29,26 @@ class FaultAtStep(TrainerCallback):
 
     at_step = 2
 
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step + 1 == self.at_step:
             self.fire(args, kwargs)
         return control
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         raise NotImplementedError
 
 
 class SigkillAtStep(FaultAtStep):
     """The child is killed by SIGKILL (as by the kernel or a user), no Python cleanup."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 class SegfaultAtStep(FaultAtStep):
     """A real segmentation fault: ctypes reads address 0."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         ctypes.string_at(0)
 
 
@@ -58,7 +58,7 @@ class HangAtStep(FaultAtStep):
     Writes its PID to ``<output_dir>/hung.pid`` first, so a test can check that it was killed.
     """
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         (Path(args.output_dir) / "hung.pid").write_text(str(os.getpid()))
         while True:
             time.sleep(60)
@@ -67,7 +67,7 @@ class HangAtStep(FaultAtStep):
 class ExitNonZeroAtStep(FaultAtStep):
     """A library calls ``_exit(3)`` under the Trainer: the child dies without a result or a signal."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         os._exit(3)
 
 
@@ -75,7 +75,7 @@ class MemoryErrorAtStep(FaultAtStep):
     """Python's allocator fails: a 4 GiB buffer, which only the child's address-space limit forbids
     (the test machines have far more RAM than that)."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         buffer = bytearray(4 * GiB)
         buffer[-1] = 1
 
@@ -86,7 +86,7 @@ class OneDnnOutOfAddressSpaceAtStep(FaultAtStep):
     as "could not create a primitive". The limit is put back before the error propagates, as freeing
     the failed step's tensors would, so the child can still report."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         import resource
 
         import psutil
@@ -105,11 +105,11 @@ class RaiseDeepInForward(FaultAtStep):
     """An exception deep inside the Trainer: a forward hook on the model's innermost last module raises
     during the forward pass of step ``at_step``, under Trainer.train -> training_step -> model."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         model = kwargs["model"]
         innermost = [module for module in model.modules() if not list(module.children())][-1]
 
-        def explode(module, inputs, output):  # noqa: ANN001, ANN202 - torch's hook signature
+        def explode(module, inputs, output):
             raise ValueError(f"injected fault in the forward of {type(module).__name__}")
 
         innermost.register_forward_hook(explode)
@@ -121,7 +121,7 @@ class GrabMemoryThenSigkill(FaultAtStep):
 
     held_bytes = 300 * 1024**2
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         buffer = bytearray(self.held_bytes)
         for offset in range(0, len(buffer), 4096):
             buffer[offset] = 1  # resident, not just reserved
@@ -132,7 +132,7 @@ class GrabMemoryThenSigkill(FaultAtStep):
 class SigkillOnFirstAttempt(FaultAtStep):
     """A transient crash: SIGKILL the first time it runs in a trial directory, train normally after."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         marker = Path(args.output_dir) / "fault-fired"
         if not marker.exists():
             marker.write_text(str(os.getpid()))
@@ -148,7 +148,7 @@ class StallSecondTrial(FaultAtStep):
 
     at_step = 1
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         work_root = Path(args.output_dir).parent
         with open(work_root / "starts.log", "a") as log:
             log.write(f"{os.getpid()}\n")
@@ -162,7 +162,7 @@ class StallSecondTrial(FaultAtStep):
 class StallFirstTrial(StallSecondTrial):
     """The first trial child of a search stalls at step 1 (writes ``<work-dir>/stalled.pid``)."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         work_root = Path(args.output_dir).parent
         if not (work_root / "stalled.pid").exists():
             (work_root / "stalled.pid").write_text(str(os.getpid()))
@@ -176,14 +176,16 @@ class RecordAddressSpaceLimit(FaultAtStep):
 
     at_step = 1
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         import resource
 
         import psutil
 
         soft_limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-        record = {"limit_bytes": None if soft_limit == resource.RLIM_INFINITY else soft_limit,
-                  "vms_bytes": psutil.Process().memory_info().vms}
+        record = {
+            "limit_bytes": None if soft_limit == resource.RLIM_INFINITY else soft_limit,
+            "vms_bytes": psutil.Process().memory_info().vms,
+        }
         (Path(args.output_dir) / "address_space.json").write_text(json.dumps(record))
 
 
@@ -200,11 +202,13 @@ class RecordCollectorState(TrainerCallback):
         if phase == "start" and info["generation"] == 2:
             self._frozen_at_full_collections.append(gc.get_freeze_count())
 
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step == 0:
             gc.callbacks.remove(self._on_collection)
-            record = {"frozen_at_full_collections": self._frozen_at_full_collections,
-                      "frozen_at_first_step": gc.get_freeze_count()}
+            record = {
+                "frozen_at_full_collections": self._frozen_at_full_collections,
+                "frozen_at_first_step": gc.get_freeze_count(),
+            }
             (Path(args.output_dir) / "collector.json").write_text(json.dumps(record))
         return control
 
@@ -214,7 +218,7 @@ class RecordParameters(TrainerCallback):
     the parameters' dtypes (trainable and frozen counts) and the optimizer states' dtypes, as the
     trial child built and trained them."""
 
-    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         if state.global_step != 1:
             return control
         params = list(model.parameters())
@@ -252,7 +256,7 @@ class FillDiskAtTrainEnd(TrainerCallback):
     """Fills the file system of ``$AUTOTUNE_FAULT_FILL_DIR`` once training ends: the trial is measured,
     and the parent's tell of it meets a full disk."""
 
-    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_train_end(self, args, state, control, **kwargs):
         fill_file_system(os.environ["AUTOTUNE_FAULT_FILL_DIR"])
         return control
 
@@ -264,7 +268,7 @@ class PoisonWeightsAtStep(FaultAtStep):
 
     at_step = 3
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         import torch
 
         norm = next(m for m in kwargs["model"].modules() if isinstance(m, torch.nn.LayerNorm))
@@ -279,7 +283,7 @@ class HugeLearningRateUnlessMicroBatch8(TrainerCallback):
 
     factor = 1e6
 
-    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_train_begin(self, args, state, control, **kwargs):
         if args.per_device_train_batch_size == 8:
             return control
         scheduler, optimizer = kwargs["lr_scheduler"], kwargs["optimizer"]
@@ -299,7 +303,7 @@ class CpuGradScalerOverflow(TrainerCallback):
 
     overflow_steps: tuple[int, ...] | None = (5, 6)
 
-    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_train_begin(self, args, state, control, **kwargs):
         import torch
         from accelerate.optimizer import patch_optimizer_step
 
@@ -312,7 +316,7 @@ class CpuGradScalerOverflow(TrainerCallback):
         optimizer._optimizer_patched_step_method = patch_optimizer_step(optimizer, optimizer.optimizer.step)
         return control
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):  # noqa: ANN001
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
         step = state.global_step + 1
         if self.overflow_steps is None or step in self.overflow_steps:
             grads = [p.grad for p in kwargs["model"].parameters() if p.grad is not None]
@@ -330,7 +334,7 @@ class SigkillRankOneAtStep(FaultAtStep):
     """Rank 1 of a multi-rank trial kills itself with SIGKILL (the other ranks go on until torch's
     launcher stops them): a rank that dies mid-trial."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         if os.environ.get("RANK") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -339,6 +343,6 @@ class SigkillRankOneAtMicroBatch8(SigkillRankOneAtStep):
     """Rank 1 kills itself in the trials of micro-batch 8 only: the study's other configs train, so a
     search shows a rank killed mid-trial ending that trial alone."""
 
-    def fire(self, args, kwargs) -> None:  # noqa: ANN001
+    def fire(self, args, kwargs) -> None:
         if args.per_device_train_batch_size == 8:
             super().fire(args, kwargs)

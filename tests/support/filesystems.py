@@ -18,7 +18,9 @@ import pytest
 def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of ``size`` mounted on ``directory``; skips the test where mounting is not allowed."""
     directory.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
     try:

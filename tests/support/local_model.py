@@ -45,15 +45,25 @@ def make_local_model(directory: Path, texts: list[str], family: str = "bert") ->
     tokenizer.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=specials))
     if family == "bert":
         tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))]
+            single="[CLS] $A [SEP]",
+            special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))],
         )
         fast = PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+            tokenizer_object=tokenizer,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
             mask_token="[MASK]",
         )
         config = BertConfig(
-            vocab_size=len(fast), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=128, pad_token_id=fast.pad_token_id,
+            vocab_size=len(fast),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            pad_token_id=fast.pad_token_id,
         )
     else:
         fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", eos_token="<|endoftext|>")

@@ -64,7 +64,10 @@ def preinstalled_python(root: Path, preinstalled: list[str]) -> Path:
     # Python 3.11's ensurepip adds an old setuptools, which would shadow the one torch requires.
     subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True, capture_output=True)
     purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True, text=True
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     (Path(purelib) / "preinstalled.pth").write_text(f"{linked_site(preinstalled, root / 'preinstalled')}\n")
     return python

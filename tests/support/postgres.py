@@ -104,7 +104,9 @@ class _ServerProcess:
         )
         if completed.returncode != 0:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-            raise RuntimeError(f"{' '.join(args[:2])} failed ({completed.returncode}): {completed.stderr[-2000:]}\n{log}")
+            raise RuntimeError(
+                f"{' '.join(args[:2])} failed ({completed.returncode}): {completed.stderr[-2000:]}\n{log}"
+            )
         return completed
 
     def start(self, user: str, password: str) -> int:
@@ -112,8 +114,17 @@ class _ServerProcess:
         password_file.write_text(password + "\n")
         os.chown(password_file, self.uid, self.gid)
         self.run(
-            "initdb", "-D", str(self.data), "-U", user, f"--pwfile={password_file}",
-            "--auth-local=trust", "--auth-host=scram-sha-256", "--no-locale", "--encoding=UTF8", "--no-sync",
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            user,
+            f"--pwfile={password_file}",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--no-locale",
+            "--encoding=UTF8",
+            "--no-sync",
         )
         password_file.unlink()
         last_error: RuntimeError | None = None
@@ -163,8 +174,11 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 
     database = "test_" + secrets.token_hex(6)
     connection = psycopg2.connect(
-        host=postgres_server.host, port=postgres_server.port, user=postgres_server.user,
-        password=postgres_server.password, dbname="postgres",
+        host=postgres_server.host,
+        port=postgres_server.port,
+        user=postgres_server.user,
+        password=postgres_server.password,
+        dbname="postgres",
     )
     connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
     try:

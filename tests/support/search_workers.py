@@ -21,14 +21,34 @@ FAST_HEARTBEATS = {"AUTOTUNE_HEARTBEAT_INTERVAL_S": "1", "AUTOTUNE_HEARTBEAT_GRA
 
 def search_command(storage: str, runs: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "autotune", "search", "--model", "bert-tiny", "--device", "cpu", "--space", TINY_SPACE,
-        "--storage", storage, "--study-name", STUDY, "--work-dir", str(runs), *FAST_SEARCH_ARGS, *extra,
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        TINY_SPACE,
+        "--storage",
+        storage,
+        "--study-name",
+        STUDY,
+        "--work-dir",
+        str(runs),
+        *FAST_SEARCH_ARGS,
+        *extra,
     ]
 
 
 def start(command: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "COLUMNS": "200", **FAST_HEARTBEATS},
     )
 

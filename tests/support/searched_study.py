@@ -60,8 +60,22 @@ def shared_searched_study(root: Path) -> SearchedStudy:
 def make_searched_study(workdir: Path) -> SearchedStudy:
     storage = f"sqlite:///{workdir / 'autotune.db'}"
     search = run_cli(
-        "search", "--model", "bert-tiny", "--device", "cpu", "--space", SPACE, "--storage", storage,
-        "--memory-ceiling", CEILING, "--trials", str(SEARCH_TRIALS), "--confirm-top", "0", *FAST_SEARCH_ARGS,
+        "search",
+        "--model",
+        "bert-tiny",
+        "--device",
+        "cpu",
+        "--space",
+        SPACE,
+        "--storage",
+        storage,
+        "--memory-ceiling",
+        CEILING,
+        "--trials",
+        str(SEARCH_TRIALS),
+        "--confirm-top",
+        "0",
+        *FAST_SEARCH_ARGS,
         cwd=workdir,
     )
     assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
@@ -71,14 +85,15 @@ def make_searched_study(workdir: Path) -> SearchedStudy:
 
 def _record_real_oom(storage: str, workdir: Path) -> int:
     """Run one trial of the study through the real loop with a tiny address-space budget: a real OOM."""
-    from autotune.ceiling import parse_ceiling
-    from autotune.devices import cpu_device
-    from autotune.measure import MeasureSettings
     from autotune.result import TrialResult
     from autotune.runner import Workload
     from autotune.space import load_space
+    from autotune.spec.ceiling import parse_ceiling
+    from autotune.spec.devices import cpu_device
+    from autotune.spec.measure import MeasureSettings
     from autotune.storage import open_storage
-    from autotune.study import SearchBudget, SearchRequest, open_study, run_search
+    from autotune.study import SearchBudget, SearchRequest, open_study
+    from autotune.study._loop import run_search
 
     device = cpu_device()
     request = SearchRequest(
@@ -98,7 +113,8 @@ def _record_real_oom(storage: str, workdir: Path) -> int:
     measured = [t.params for t in study.trials]
     names = list(request.space.choices)
     unmeasured = next(
-        params for values in itertools.product(*request.space.choices.values())
+        params
+        for values in itertools.product(*request.space.choices.values())
         if (params := dict(zip(names, values))) not in measured
     )
     study.enqueue_trial(unmeasured)  # a config measured before would be copied, not run

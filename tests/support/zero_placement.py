@@ -20,7 +20,7 @@ def placement_file(work_dir: str, rank: int = 0) -> Path:
     return Path(work_dir, f"zero_placement.rank{rank}.json")
 
 
-def _numel_bytes(tensors) -> tuple[int, int]:  # noqa: ANN001 - tensors of any kind
+def _numel_bytes(tensors) -> tuple[int, int]:
     tensors = list(tensors)
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
 
@@ -28,10 +28,12 @@ def _numel_bytes(tensors) -> tuple[int, int]:  # noqa: ANN001 - tensors of any k
 class RecordZeroPlacement(TrainerCallback):
     """Writes what DeepSpeed built and where it says each state lives, once training ends."""
 
-    def on_train_end(self, args, state, control, optimizer=None, **kwargs):  # noqa: ANN001 - Trainer's signature
+    def on_train_end(self, args, state, control, optimizer=None, **kwargs):
         zero = optimizer.optimizer  # accelerate's DeepSpeedOptimizerWrapper -> DeepSpeed's ZeRO optimizer
         basic = zero.optimizer  # the optimizer that steps the fp32 partitions
-        states = [t for per_param in basic.state.values() for t in per_param.values() if hasattr(t, "numel") and t.dim() > 0]
+        states = [
+            t for per_param in basic.state.values() for t in per_param.values() if hasattr(t, "numel") and t.dim() > 0
+        ]
         record = {
             "zero_optimizer": type(zero).__name__,
             "basic_optimizer": type(basic).__name__,
@@ -47,7 +49,9 @@ class RecordZeroPlacement(TrainerCallback):
             )
         else:  # stages 1 and 2
             numel, master = _numel_bytes(zero.single_partition_of_fp32_groups)
-            record.update(offload_optimizer=zero.cpu_offload, offload_param=False, master_bytes=master, master_numel=numel)
+            record.update(
+                offload_optimizer=zero.cpu_offload, offload_param=False, master_bytes=master, master_numel=numel
+            )
         placement_file(args.output_dir, int(os.environ["RANK"])).write_text(json.dumps(record))
 
 
@@ -57,4 +61,8 @@ def offloaded_bytes(placed: dict) -> int:
     the 16-bit parameter partition; 0 without offload."""
     if not placed["offload_optimizer"]:
         return 0
-    return placed["master_bytes"] * 2 + placed["state_bytes"] + placed.get("param_partition_bytes", 0) * placed["offload_param"]
+    return (
+        placed["master_bytes"] * 2
+        + placed["state_bytes"]
+        + placed.get("param_partition_bytes", 0) * placed["offload_param"]
+    )

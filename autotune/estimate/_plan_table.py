@@ -1,0 +1,248 @@
+"""The planner's table (``autotune estimate``): every memory-distinct config of a space against the
+ceiling, and what would fit when none does (:func:`what_would_fit`, also the search's answer before
+its first trial)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.estimate._parts import MemoryEstimate, estimate_peak
+from autotune.estimate._prior import MemoryFit
+from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
+from autotune.units import format_bytes
+
+
+def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> list[TrialConfig]:
+    """One config per combination of the levers the estimate depends on on this device kind (each
+    lever's ``memory_parts``); other levers at their first choice.
+
+    Micro-batch varies fastest, so the rows of one setting read as a growing batch.
+    """
+    memory = [name for name, lever in LEVERS.items() if name in choices and lever.changes_memory_on(device_kind)]
+    knobs = [name for name in memory if name != "micro_batch"] + ["micro_batch"]
+    base = {name: values[0] for name, values in choices.items()}
+    configs = []
+    for combination in itertools.product(*(choices[k] for k in knobs)):
+        configs.append(TrialConfig.from_params({**base, **dict(zip(knobs, combination))}))
+    return configs
+
+
+def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
+    """The estimate of the space's least memory-hungry config: what any trial needs at least."""
+    configs = memory_distinct_configs(choices, fit.device_kind)
+    return min(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
+
+
+def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
+    """The estimate of the space's most memory-hungry config."""
+    configs = memory_distinct_configs(choices, fit.device_kind)
+    return max(estimate_peak(model, config, seq_len, fit).total_bytes for config in configs)
+
+
+def plan_rows(
+    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int
+) -> list[EstimateRow]:
+    """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged."""
+    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRow:
+    """One config's prediction against the ceiling (``autotune estimate``)."""
+
+    config: TrialConfig
+    estimate: MemoryEstimate
+    fits: bool
+
+
+def estimate_rows(
+    model: ModelSpec,
+    configs: Sequence[TrialConfig],
+    seq_len: int,
+    fit: MemoryFit,
+    ceiling_bytes: int,
+) -> list[EstimateRow]:
+    """Predict every config's peak and judge it against the ceiling (:func:`autotune.spec.ceiling.fits`)."""
+    rows = []
+    for config in configs:
+        estimate = estimate_peak(model, config, seq_len, fit)
+        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
+    return rows
+
+
+def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool]]:
+    """For each setting of the other memory knobs (dtype x checkpointing x optimizer, ...), the row of
+    the largest micro-batch predicted to fit; where none fits, the smallest, marked ``False``.
+
+    Returns:
+        (row, whether any micro-batch of that setting fits), in the order the settings first appear.
+    """
+    groups: dict[TrialConfig, list[EstimateRow]] = {}
+    for row in rows:
+        # Accumulation changes no predicted byte, and a fixed global batch ties it to the micro-batch.
+        groups.setdefault(dataclasses.replace(row.config, micro_batch=1, grad_accum=1), []).append(row)
+    chosen = []
+    for members in groups.values():
+        fitting = [row for row in members if row.fits]
+        if fitting:
+            chosen.append((max(fitting, key=lambda row: row.config.micro_batch), True))
+        else:
+            chosen.append((min(members, key=lambda row: row.config.micro_batch), False))
+    return chosen
+
+
+def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
+    """Every row as JSON for scripts: the config's knobs, each part in bytes, the total, whether it fits."""
+    document = {
+        **header,
+        "rows": [
+            {
+                "config": row.config.to_params(),
+                "parts_bytes": row.estimate.parts(),
+                "total_bytes": row.estimate.total_bytes,
+                "host_bytes": row.estimate.host_bytes,
+                "fits": row.fits,
+            }
+            for row in rows
+        ],
+    }
+    return json.dumps(document, indent=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeverChange:
+    """The space's least memory-hungry config with one lever set to another value, predicted."""
+
+    lever: str
+    value: Any
+    estimate: MemoryEstimate
+    fits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FitAdvice:
+    """What the estimate says when no config of a space fits (:func:`what_would_fit`).
+
+    Attributes:
+        smallest: The space's config with the smallest predicted peak.
+        changes: Each memory lever's other values that lower that peak, one lever at a time, in
+            :data:`LEVERS` order (those that bring it under the ceiling have ``fits``).
+        leanest: Every lever at the value that lowered the peak most, all together.
+        ceiling_bytes: The ceiling they were judged against.
+    """
+
+    smallest: EstimateRow
+    changes: tuple[LeverChange, ...]
+    leanest: EstimateRow
+    ceiling_bytes: int
+
+    def advice(self) -> str:
+        """What would bring a config under the ceiling, in one clause."""
+        fixes: dict[str, list[str]] = {}
+        for change in self.changes:
+            if change.fits:
+                fixes.setdefault(change.lever, []).append(_word(change.value))
+        if fixes:
+            return "predicted to fit with one change: " + ", ".join(
+                f"{lever} {' or '.join(v)}" for lever, v in fixes.items()
+            )
+        together = f"{self.leanest.config.short()} predicted {format_bytes(self.leanest.estimate.total_bytes)}"
+        if self.leanest.fits:
+            return f"no single lever brings it under, all of them together do ({together})"
+        return (
+            f"even with every lever at its leanest ({together}) nothing fits: a smaller model, a shorter --seq-len "
+            "or more memory"
+        )
+
+    def sentence(self) -> str:
+        """The whole answer in one line: the smallest predicted peak, and what would fit."""
+        smallest = self.smallest
+        return (
+            f"nothing in the space is predicted to fit under the ceiling {format_bytes(self.ceiling_bytes)}: the smallest "
+            f"predicted peak is {format_bytes(smallest.estimate.total_bytes)} ({smallest.config.short()}); {self.advice()}"
+        )
+
+
+def what_would_fit(
+    model: ModelSpec,
+    choices: dict[str, list[Any]],
+    seq_len: int,
+    fit: MemoryFit,
+    ceiling_bytes: int,
+    device: DeviceSpec,
+) -> FitAdvice | None:
+    """``None`` where some config of the space is predicted to fit; else the smallest predicted peak
+    and which lever values, outside the space, would bring it under the ceiling.
+
+    Generic over :data:`LEVERS`: every lever with memory parts on this device tries each of its other
+    allowed values (its choices, its ``auto`` list, both booleans, its least integer) that the device,
+    the model and the levers' combination rules allow, on the space's least memory-hungry config. A
+    lever added later is covered without a change here. Levers that only act on data of different
+    lengths (padding) are left out: the worst batch is full length (``autotune.runner`` measures it).
+    """
+    rows = plan_rows(model, choices, seq_len, fit, ceiling_bytes)
+    if any(row.fits for row in rows):
+        return None
+    smallest = min(rows, key=lambda row: row.estimate.total_bytes)
+    changes = []
+    leanest = smallest.config.to_params()
+    for lever in LEVERS.values():
+        if not lever.changes_memory_on(fit.device_kind) or lever.needs_real_data:
+            continue
+        current = getattr(smallest.config, lever.name)
+        found = []
+        for value in _allowed_values(lever, device, model, choices):
+            params = {**smallest.config.to_params(), lever.name: value}
+            if value == current or not _runs_together(params):
+                continue
+            estimate = estimate_peak(model, TrialConfig.from_params(params), seq_len, fit)
+            if estimate.total_bytes < smallest.estimate.total_bytes:
+                found.append(LeverChange(lever.name, value, estimate, fits(estimate.total_bytes, ceiling_bytes)))
+        changes += found
+        if found:
+            leanest[lever.name] = min(found, key=lambda change: change.estimate.total_bytes).value
+    together = estimate_rows(model, [TrialConfig.from_params(leanest)], seq_len, fit, ceiling_bytes)[0]
+    return FitAdvice(smallest=smallest, changes=tuple(changes), leanest=together, ceiling_bytes=ceiling_bytes)
+
+
+def _allowed_values(lever: Lever, device: DeviceSpec, model: ModelSpec, choices: dict[str, list[Any]]) -> list[Any]:
+    """A lever's values outside any space: its choices, its ``auto`` list, both booleans, or its least
+    integer; without those the device, or the model cannot run."""
+    if lever.choices is not None:
+        values = list(lever.choices)
+    elif lever.auto_choices is not None:
+        values = lever.auto_choices(device)
+    elif lever.value_type is bool:
+        values = [False, True]
+    else:
+        values = [lever.least] if lever.least is not None else []
+    return [
+        v
+        for v in values
+        if not lever.unavailable_on(v, device)
+        and not lever.no_effect_on(v, device)
+        and (lever.unavailable_for_model is None or not lever.unavailable_for_model(v, model, choices))
+    ]
+
+
+def _runs_together(params: dict[str, Any]) -> bool:
+    """Whether the levers' combination rules keep this one config (flash attention needs 16-bit, ...)."""
+    single = {name: [value] for name, value in params.items()}
+    try:
+        for rule in COMBINATION_RULES:
+            single = rule(single, [], "")
+    except AutotuneError:
+        return False
+    return all(single.get(name) == [value] for name, value in params.items() if name in single)
+
+
+def _word(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,59 @@
+"""The registry: every lever in ``TrialConfig`` field order, and the rules between two levers."""
+
+from __future__ import annotations
+
+from autotune.levers._lever import Lever
+from autotune.levers.attention import (
+    ATTN_IMPLEMENTATION,
+    flash_needs_half_precision,
+)
+from autotune.levers.batch import (
+    GRAD_ACCUM,
+    MICRO_BATCH,
+)
+from autotune.levers.batching import PADDING, SAMPLING
+from autotune.levers.compile import (
+    COMPILE,
+)
+from autotune.levers.dataloader import DATALOADER_WORKERS, PIN_MEMORY
+from autotune.levers.distributed import (
+    ZERO,
+    zero_with_other_levers,
+)
+from autotune.levers.fsdp import FSDP, fsdp_or_zero
+from autotune.levers.kernels import LIGER
+from autotune.levers.memory_savers import CHECKPOINTING, EMPTY_CACHE_STEPS
+from autotune.levers.optimizer import OPTIM
+from autotune.levers.precision import (
+    DTYPE,
+    WEIGHT_DTYPE,
+    bf16_weights_need_bf16_autocast,
+)
+
+# In the order of TrialConfig's fields and of a space's knobs (the order the sampler walks them).
+LEVERS: dict[str, Lever] = {
+    lever.name: lever
+    for lever in (
+        MICRO_BATCH,
+        GRAD_ACCUM,
+        CHECKPOINTING,
+        DTYPE,
+        OPTIM,
+        DATALOADER_WORKERS,
+        PIN_MEMORY,
+        COMPILE,
+        ATTN_IMPLEMENTATION,
+        LIGER,
+        PADDING,
+        SAMPLING,
+        EMPTY_CACHE_STEPS,
+        WEIGHT_DTYPE,
+        ZERO,
+        FSDP,
+    )
+}
+
+# Rules between two levers' choices, applied to a space once every lever's own filters ran.
+# bf16 weights first: narrowing dtype to bf16 can keep flash attention in the space. ZeRO's rules
+# before them: a ZeRO space drops bf16 weights before they narrow dtype.
+COMBINATION_RULES = (zero_with_other_levers, fsdp_or_zero, bf16_weights_need_bf16_autocast, flash_needs_half_precision)

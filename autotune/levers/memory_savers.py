@@ -1,0 +1,63 @@
+"""Levers that trade time for memory: activation checkpointing, emptying the allocator's cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.levers._lever import Lever
+
+if TYPE_CHECKING:
+    from autotune.spec.devices import DeviceSpec
+
+
+def checkpointing_field() -> str:
+    """``activation_checkpointing`` in transformers 5 (``gradient_checkpointing`` is its deprecated alias)."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def _checkpointing_from_training_args(args: Mapping[str, Any]) -> bool:
+    return any(bool(args[field]) for field in CHECKPOINTING.fields if field in args)
+
+
+CHECKPOINTING = Lever(
+    name="checkpointing",
+    value_type=bool,
+    default=False,
+    doc="activation (gradient) checkpointing",
+    fields=("activation_checkpointing", "gradient_checkpointing"),
+    to_training_args=lambda value: {checkpointing_field(): value},
+    from_training_args=_checkpointing_from_training_args,
+    label=lambda value: "ckpt" if value else "",
+    memory_parts=("activations",),
+)
+
+
+def _empty_cache_unavailable_on(value: int, device: DeviceSpec) -> str:
+    if value and device.kind == "cpu":
+        # transformers/trainer.py calls accelerate/utils/memory.py: clear_device_cache, which empties
+        # accelerator caches only: on the CPU the trial would measure 0 under another name.
+        return "emptying the cache frees accelerator memory only"
+    return ""
+
+
+EMPTY_CACHE_STEPS = Lever(
+    name="empty_cache_steps",
+    value_type=int,
+    default=0,
+    doc="torch_empty_cache_steps: empty the allocator's cache every N optimizer steps (0: never)",
+    least=0,
+    in_every_space=False,
+    fields=("torch_empty_cache_steps",),
+    # transformers/trainer.py (training_step) -> accelerate/utils/memory.py: clear_device_cache.
+    to_training_args=lambda value: {"torch_empty_cache_steps": value} if value else {},
+    from_training_args=lambda args: int(args["torch_empty_cache_steps"] or 0),
+    label=lambda value: f"empty_cache={value}" if value else "",
+    unavailable_on=_empty_cache_unavailable_on,
+    # It returns cached blocks to the device between steps: it does not change the tensors alive at
+    # the peak, which is what the estimate counts.
+)

@@ -1,0 +1,75 @@
+"""The outcome of a trial, and whether it trained.
+
+``_trial_result``: :class:`TrialResult`, the JSON record of one trial (status, throughput, FLOPs, memory by
+source), stored in the trial's user attrs, and :class:`Status`, the one vocabulary of how a trial ended and its
+groups. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
+loss (:func:`judge_against_default`, :func:`judged_trials`).
+"""
+
+from __future__ import annotations
+
+from autotune.result._loss import (
+    diverged_trials,
+    judge_against_default,
+    judged_trials,
+    loss_record,
+    loss_reference,
+    nonfinite_reason,
+    skipped_among,
+    trained_fraction,
+    winner_loss,
+)
+from autotune.result._trial_result import (
+    FAILED_STATUSES,
+    INFEASIBLE_STATUSES,
+    MEMORY_EXCEEDED_STATUSES,
+    PEAK_MEASURED_STATUSES,
+    RAN_NORMALLY_STATUSES,
+    RETRIED_STATUSES,
+    UNFINISHED_LABELS,
+    UNKNOWN_EXCESS_GIB,
+    ParamsKey,
+    Status,
+    TrialResult,
+    came_back_counts,
+    feasible_by_speed,
+    in_order,
+    is_budget_trial,
+    measured_constraint_gib,
+    memory_source_description,
+    objective_value,
+    params_key,
+    precision_note,
+)
+
+__all__ = [
+    "FAILED_STATUSES",
+    "INFEASIBLE_STATUSES",
+    "MEMORY_EXCEEDED_STATUSES",
+    "PEAK_MEASURED_STATUSES",
+    "ParamsKey",
+    "RAN_NORMALLY_STATUSES",
+    "RETRIED_STATUSES",
+    "Status",
+    "TrialResult",
+    "UNFINISHED_LABELS",
+    "UNKNOWN_EXCESS_GIB",
+    "came_back_counts",
+    "diverged_trials",
+    "feasible_by_speed",
+    "in_order",
+    "is_budget_trial",
+    "judge_against_default",
+    "judged_trials",
+    "loss_record",
+    "loss_reference",
+    "measured_constraint_gib",
+    "memory_source_description",
+    "nonfinite_reason",
+    "objective_value",
+    "params_key",
+    "precision_note",
+    "skipped_among",
+    "trained_fraction",
+    "winner_loss",
+]

@@ -1,0 +1,101 @@
+"""Measuring a device's achievable matmul peak per dtype (``autotune devices --calibrate``).
+
+The measured peaks are stored and read by :mod:`autotune.spec.measured_peaks`; this module runs the
+matmuls, on the CPU in this process, on a GPU in a fresh process pinned to it as trial children are.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import statistics
+import time
+
+from autotune.errors import AutotuneError
+from autotune.runner._limits import child_environment
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.measured_peaks import MeasuredMatmulPeak
+
+# Square matmul sizes: large enough to saturate the units, small enough to time in a second.
+DEFAULT_MATRIX_SIZE = {"cpu": 2048, "cuda": 8192}
+_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def measure_matmul_peak(
+    device_kind: str, dtype: str, matrix_size: int | None = None, seconds: float = 1.0, min_iterations: int = 3
+) -> MeasuredMatmulPeak:
+    """Time ``n x n @ n x n`` matmuls in ``dtype`` in this process and return the achievable rate.
+
+    Each matmul is timed alone, after synchronising the device, so the best one shows what the
+    device can sustain when nothing interferes. Two untimed matmuls come first (library
+    initialisation, kernel selection, clock ramp-up).
+
+    Args:
+        device_kind: ``cpu``, or ``cuda`` (the current CUDA device).
+        dtype: ``fp32``, ``tf32`` (fp32 tensors with TF32 matmuls), ``fp16`` or ``bf16``.
+        matrix_size: n; default :data:`DEFAULT_MATRIX_SIZE` for the device kind.
+        seconds: Keep timing until this much time was spent (after ``min_iterations``).
+        min_iterations: Timed matmuls at least.
+    """
+    import torch
+
+    if dtype not in _TORCH_DTYPES:
+        raise AutotuneError(f"unknown dtype {dtype!r}: choose one of {', '.join(_TORCH_DTYPES)}")
+    n = matrix_size or DEFAULT_MATRIX_SIZE[device_kind]
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    synchronize = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
+    if device_kind == "cuda":
+        # PyTorch keeps TF32 off for fp32 matmuls by default: switch it on only to measure tf32.
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=torch_dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype, generator=generator)
+    flops = 2 * n**3  # n*n outputs, each n multiply-adds of 2 FLOPs
+    with torch.no_grad():
+        for _ in range(2):
+            a @ b
+        synchronize()
+        rates: list[float] = []
+        started = time.perf_counter()
+        while len(rates) < min_iterations or time.perf_counter() - started < seconds:
+            t0 = time.perf_counter()
+            a @ b
+            synchronize()
+            rates.append(flops / (time.perf_counter() - t0) / 1e12)
+    return MeasuredMatmulPeak(
+        dtype=dtype, tflops=max(rates), median_tflops=statistics.median(rates), matrix_size=n, iterations=len(rates)
+    )
+
+
+def calibrate_device(
+    device: DeviceSpec, dtypes: tuple[str, ...] | None = None, matrix_size: int | None = None, seconds: float = 1.0
+) -> list[MeasuredMatmulPeak]:
+    """Measure the achievable matmul peak of every dtype ``device`` supports (or of ``dtypes``).
+
+    The CPU is measured in this process, with the thread count trials get too. A GPU is measured in
+    a fresh process pinned to it the way trial children are (``CUDA_VISIBLE_DEVICES`` set before
+    CUDA starts), so this process never creates a CUDA context.
+
+    Raises:
+        AutotuneError: A requested dtype the device cannot run.
+    """
+    wanted = dtypes or device.supported_dtypes
+    unsupported = [d for d in wanted if d not in device.supported_dtypes]
+    if unsupported:
+        raise AutotuneError(
+            f"{device.label} ({device.name}) cannot run {', '.join(unsupported)}; it supports {', '.join(device.supported_dtypes)}"
+        )
+    if device.kind == "cpu":
+        return [measure_matmul_peak("cpu", dtype, matrix_size, seconds) for dtype in wanted]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(_measure_pinned, (child_environment(device), tuple(wanted), matrix_size, seconds))
+
+
+def _measure_pinned(
+    environment: dict[str, str], dtypes: tuple[str, ...], matrix_size: int | None, seconds: float
+) -> list[MeasuredMatmulPeak]:
+    """Runs in a spawned process: pin to one GPU, then measure each dtype on it."""
+    os.environ.update(environment)
+    return [measure_matmul_peak("cuda", dtype, matrix_size, seconds) for dtype in dtypes]

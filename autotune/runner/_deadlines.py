@@ -1,0 +1,93 @@
+"""A trial's budgets and the parent's last word on it, for one process (``_pool``) and for several
+ranks (``_ranks``) alike: when the child is killed (:class:`TrialDeadlines`), and what the parent adds
+to any result (:func:`finished`: what it watched from outside, the wall time, the log's tail, the ceiling).
+"""
+
+from __future__ import annotations
+
+from autotune.result import FAILED_STATUSES, Status, TrialResult
+from autotune.runner._job import TrialJob
+from autotune.runner._watch import ChildWatch
+from autotune.spec.ceiling import fits
+
+# How often the parent polls a running trial (its result pipe, its budgets, the heartbeat).
+POLL_S = 0.2
+
+
+class TrialDeadlines:
+    """When a trial child is killed: the compile budget, then the trial timeout.
+
+    With ``compile_timeout_s`` (torch.compile on and ``--compile-timeout`` given), the child has that
+    long to end its first optimizer step, where dynamo and inductor compile (inductor's max-autotune
+    on a large model: many minutes), and ``timeout_s`` from then on; otherwise ``timeout_s`` from its
+    start. ``expired`` names the budget that ran out.
+    """
+
+    def __init__(self, started: float, timeout_s: float, compile_timeout_s: float | None) -> None:
+        self.started = started
+        self.timeout_s = timeout_s
+        self.compile_timeout_s = compile_timeout_s
+        self.first_step_at: float | None = None  # when the child said its first step ended
+        self.compile_s = 0.0  # dynamo's compile seconds by then, as the child read them
+        self.expired: Status | None = None  # TIMEOUT or COMPILE_TIMEOUT
+        self.expired_after_s = 0.0
+
+    def first_step_ended(self, now: float, compile_s: float) -> None:
+        self.first_step_at, self.compile_s = now, compile_s
+
+    def check(self, now: float) -> bool:
+        """Whether a budget ran out at ``now`` (then ``expired`` says which)."""
+        if self.compile_timeout_s is not None and self.first_step_at is None:
+            if now - self.started > self.compile_timeout_s:
+                self.expired = Status.COMPILE_TIMEOUT
+        elif now - (self.first_step_at if self.compile_timeout_s is not None else self.started) > self.timeout_s:
+            self.expired = Status.TIMEOUT
+        if self.expired is not None:
+            self.expired_after_s = now - self.started
+        return self.expired is not None
+
+    def result(self, compile_mode: str) -> TrialResult:
+        """The killed trial's record: which budget, and what the trial cost until then."""
+        if self.expired == Status.COMPILE_TIMEOUT:
+            return TrialResult(
+                status=Status.COMPILE_TIMEOUT,
+                error=f"torch.compile ({compile_mode}) still compiling after the {self.compile_timeout_s:g} s compile "
+                f"timeout (--compile-timeout): killed after {self.expired_after_s:.0f} s",
+                compile_s=self.expired_after_s,
+            )
+        after_compile = ""
+        if self.first_step_at is not None and self.compile_timeout_s is not None:
+            after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
+        return TrialResult(
+            status=Status.TIMEOUT,
+            error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",
+            compile_s=self.compile_s,
+        )
+
+
+def finished(
+    result: TrialResult, job: TrialJob, wall_s: float, watch: ChildWatch, measured_itself: bool, log_path: str
+) -> TrialResult:
+    """The parent's last word on a trial, one process or several ranks: what it watched from outside
+    where the trial measured nothing, the wall time, the log's tail of a failure, the ceiling."""
+    if not measured_itself and watch.peak_rss_tree_bytes:
+        # The child measured nothing itself: keep what the orchestrator saw from outside.
+        result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] = watch.peak_rss_tree_bytes
+    result.wall_s = wall_s
+    result.ceiling_bytes = job.workload.ceiling_bytes
+    if result.status == Status.OOM or result.status in FAILED_STATUSES:
+        result.stderr_tail = tail(log_path)
+    if result.status == Status.OK and not fits(result.peak_memory_bytes, result.ceiling_bytes):
+        result.status = Status.OVER_CEILING
+    return result
+
+
+def tail(path: str, lines: int = 40, line_chars: int = 300) -> str:
+    """The last lines of the child's log, each cut to ``line_chars`` (one huge line, such as the
+    list of extension modules after a segfault, must not push the stack out of the tail)."""
+    try:
+        with open(path, errors="replace") as f:
+            last = f.readlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(line if len(line) <= line_chars else line[:line_chars] + " [...]\n" for line in last)

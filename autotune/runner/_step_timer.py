@@ -1,0 +1,141 @@
+"""The step timer inside a trial: a Trainer callback that times whole optimizer steps.
+
+What is timed is a whole optimizer step: every gradient-accumulation micro-batch, the data loading
+between steps, the optimizer update. Clocks are read after the device is synchronised, so queued
+GPU work lands in the step that queued it. Warm-up steps (allocator growth, autotuning, the first
+compilation) and any later step during which ``torch.compile`` compiled are excluded from the
+statistics (:class:`autotune.spec.measure.StepStats`) and recorded separately.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from autotune.spec.measure import MeasureSettings, StepStats, coefficient_of_variation
+
+
+def dynamo_compile_seconds() -> float:
+    """Seconds ``torch.compile`` (dynamo + its backend, forward and backward) has spent in this process.
+
+    Read from dynamo's own timers; 0 where dynamo was never imported (no compile, nothing to count).
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0.0
+    try:
+        return float(utils.calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # noqa: BLE001 - a private API; losing it must not fail a trial
+        return 0.0
+
+
+def _tokens_seen(state: object) -> int:
+    """The Trainer's running count of input tokens (``include_num_input_tokens_seen``); 0 if it keeps none."""
+    return int(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+
+class StepTimer(TrainerCallback):
+    """Times whole optimizer steps (data loading and every accumulation micro-batch included).
+
+    Each step's time runs from the end of the previous optimizer step to the end of this one, read
+    after ``synchronize`` so that queued device work is counted. The first step's time starts at its
+    ``on_step_begin``. Training stops once the steady state is measured (see :class:`MeasureSettings`).
+    """
+
+    def __init__(
+        self,
+        settings: MeasureSettings,
+        synchronize: Callable[[], None],
+        on_measured_step: Callable[[StepTimer], bool] | None = None,
+        compile_clock: Callable[[], float] = dynamo_compile_seconds,
+    ) -> None:
+        """
+        Args:
+            settings: When to stop measuring.
+            synchronize: Waits for queued device work (``torch.cuda.synchronize`` or a no-op).
+            on_measured_step: Called after every measured step; returning True stops training early
+                (used to prune a trial that is clearly slower than the best).
+            compile_clock: Cumulative compilation seconds in this process; a step during which it
+                advanced compiled something and is treated as warm-up.
+        """
+        self.settings = settings
+        self._synchronize = synchronize
+        self._on_measured_step = on_measured_step
+        self._compile_clock = compile_clock
+        self._compile_at_start = compile_clock()
+        self._compile_at_last_step = self._compile_at_start
+        self.first_step_started_at: float | None = None
+        self._last_step_end: float | None = None
+        self.warmup_times: list[float] = []
+        self.step_times: list[float] = []
+        self.measured_step_numbers: list[int] = []  # the Trainer's global step of each measured step
+        self.step_tokens: list[int] = []  # input tokens of each measured step (Trainer's count)
+        self._tokens_at_last_step = 0
+        self.stopped_early = False
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self._last_step_end is None:
+            self._synchronize()
+            self._last_step_end = self.first_step_started_at = time.perf_counter()
+            self._tokens_at_last_step = _tokens_seen(state)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        self._synchronize()
+        now = time.perf_counter()
+        assert self._last_step_end is not None
+        elapsed, self._last_step_end = now - self._last_step_end, now
+        compiled_now = self._compile_clock()
+        compiled_during_step = compiled_now > self._compile_at_last_step
+        self._compile_at_last_step = compiled_now
+        tokens, self._tokens_at_last_step = _tokens_seen(state) - self._tokens_at_last_step, _tokens_seen(state)
+        if len(self.warmup_times) < self.settings.warmup_steps or compiled_during_step:
+            # A recompilation after warm-up (a new shape, a guard failure) is not steady-state work.
+            self.warmup_times.append(elapsed)
+            return control
+        self.step_times.append(elapsed)
+        self.measured_step_numbers.append(state.global_step)
+        self.step_tokens.append(int(tokens))
+        if self._done():
+            control.should_training_stop = True
+        elif self._on_measured_step is not None and self._on_measured_step(self):
+            self.stopped_early = True
+            control.should_training_stop = True
+        return control
+
+    def _window(self) -> list[float]:
+        return self.step_times[-self.settings.min_steps :]
+
+    def _converged(self) -> bool:
+        return len(self.step_times) >= self.settings.min_steps and (
+            coefficient_of_variation(self._window()) <= self.settings.cv_target
+        )
+
+    def _done(self) -> bool:
+        s = self.settings
+        if len(self.step_times) >= s.max_steps or sum(self.step_times) >= s.max_seconds:
+            return True
+        return self._converged()
+
+    def stats(self) -> StepStats:
+        """Median and CV over the steady-state window (the last ``min_steps`` steps, or all if fewer)."""
+        window = self._window()
+        return StepStats(
+            median_s=statistics.median(window) if window else 0.0,
+            cv=coefficient_of_variation(window),
+            measured_steps=len(self.step_times),
+            warmup_steps=len(self.warmup_times),
+            warmup_s=sum(self.warmup_times),
+            compile_s=max(self._compile_clock() - self._compile_at_start, 0.0),
+            converged=self._converged(),
+            measured_s=sum(self.step_times),
+            measured_tokens=sum(self.step_tokens),
+        )

@@ -1,0 +1,391 @@
+"""The user's own training data (``--dataset``): read and checked once in the parent, loaded by each trial.
+
+Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
+
+* The orchestrator calls :func:`prepare_dataset` once, before any trial: it reads the data (a
+  directory written by ``datasets.save_to_disk``, or JSON lines / JSON / CSV / Parquet / text
+  files), finds the text column (or ``input_ids``), checks it holds at least one global batch of
+  samples, and writes what the trials read as an Arrow dataset under the work directory: a random
+  sample of as many rows as a trial can consume (the whole data if smaller), so preparing a large
+  corpus costs one read, not a copy of it. A later run with the same source, tokenizer and space
+  reuses it without reading the source again. Every problem is an :class:`AutotuneError` there.
+* Each trial child calls :func:`autotune.runner.load_training_dataset`: it memory-maps that copy (milliseconds)
+  and tokenizes every sample on the fly with the model's tokenizer, truncated and padded to
+  ``--seq-len``, as the DataLoader fetches it. Tokenization is part of the measured step, as in a
+  pipeline that tokenizes as it trains, so ``dataloader_workers`` has real work to share.
+* With ``packing``, documents are tokenized in the parent, concatenated and cut into blocks of
+  exactly ``--seq-len`` tokens (no padding); the child only reads the blocks.
+
+The ``padding`` lever shapes a batch (:func:`autotune.runner.training_collator`): ``max_length`` pads every sample to
+``--seq-len`` (the padding is paid for in every matmul), ``longest`` pads to the batch's longest
+sample, ``padding_free`` flattens the batch into one row. Trials count the real (non-padding)
+tokens they train (``runner/_trial.py``), and the model FLOPs that rank them count those tokens
+only (``flops.py``). Labels: the input ids (pads
+ignored with -100) for language models; for sequence classification, two alternating classes as in
+the synthetic data (the label values do not change the cost of a step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.spec.models import ModelSpec
+
+# File suffix -> the ``datasets`` builder that reads it; anything else is read as text, one sample a line.
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# Documents tokenized per batch when packing (the batch size of HF's run_clm example).
+_PACKING_BATCH = 1000
+# What prepare_dataset learned about a prepared copy, saved next to it.
+_META_FILE = "autotune_dataset.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedDataset:
+    """The user's data as :func:`prepare_dataset` left it for the trials.
+
+    Attributes:
+        label: What the study's identity and the tables call it (source, column, shape).
+        source: The path the user gave, resolved.
+        prepared_dir: The Arrow copy the trials memory-map.
+        column: The column the trials read (text, or token ids when packed).
+        tokenizer_dir: Where the child loads the tokenizer from (``None``: already tokenized).
+        pad_token_id: The id padding uses.
+        num_samples: Samples in the prepared copy.
+        length: Samples a trial's dataset cycles up to (one epoch never ends within a trial).
+        packing: Documents were packed into full ``seq_len`` blocks instead of padded.
+    """
+
+    label: str
+    source: str
+    prepared_dir: str
+    column: str
+    tokenizer_dir: str | None
+    pad_token_id: int
+    num_samples: int
+    length: int
+    packing: bool
+
+
+def prepare_dataset(
+    path: str,
+    model: ModelSpec,
+    seq_len: int,
+    global_batch: int,
+    steps: int,
+    cache_root: str,
+    text_column: str | None = None,
+    packing: bool = False,
+) -> PreparedDataset:
+    """Read and check the user's dataset once, and write what the trials load.
+
+    Args:
+        path: A ``save_to_disk`` directory, or a JSON lines / JSON / CSV / Parquet / text file.
+        model: The model being tuned; its local directory (or Hugging Face cache entry) holds the tokenizer.
+        seq_len: Tokens per sample.
+        global_batch: Samples one optimizer step of the space's largest config takes: the data
+            must hold at least that many.
+        steps: Optimizer steps a trial runs at most. The trials' dataset cycles the data up to
+            ``global_batch * (steps + 1)`` samples, so a measurement never crosses an epoch boundary
+            (a real epoch is far longer than a trial; so does the synthetic data).
+        cache_root: Directory for the prepared copy (under the work directory).
+        text_column: The column to train on; found by itself when ``None``.
+        packing: Concatenate documents and cut blocks of ``seq_len`` tokens instead of padding.
+
+    Returns:
+        What the trials load (:class:`autotune.runner.Workload` ``dataset``).
+
+    Raises:
+        AutotuneError: Unreadable data, no usable column, no tokenizer, token ids outside the
+            model's vocabulary, or fewer samples than one global batch.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise AutotuneError(
+            f"--dataset {path}: reading your data needs the datasets package: pip install 'autotune[data]'"
+        ) from None
+
+    datasets.disable_progress_bars()
+    source = Path(path).expanduser().resolve()
+    if not source.exists():
+        raise AutotuneError(f"--dataset {path}: no such file or directory")
+    length = global_batch * (steps + 1)
+    tokenizer_dir = _tokenizer_dir(model)
+    key = _fingerprint(source, tokenizer_dir, text_column, packing, seq_len, model.vocab_size, length)
+    prepared_dir = Path(cache_root) / f"dataset-{key}"
+    if not (prepared_dir / _META_FILE).is_file():
+        with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:  # datasets' own cache, not kept
+            rows = _read(source, path, scratch)
+            column = _pick_column(rows, text_column, path)
+            holds_text = _holds_text(rows, column, path)
+            tokenizer = _load_tokenizer(tokenizer_dir, model, path) if holds_text else None
+            prepared, meta = _prepare_rows(
+                rows, column, holds_text, tokenizer, seq_len, packing, length, model, path, longest=global_batch
+            )
+            meta.update(
+                column_read=column,
+                tokenizer_dir=tokenizer_dir if holds_text and not packing else None,
+                pad_token_id=_pad_token_id(tokenizer, model),
+            )
+            _save_atomically(prepared, meta, prepared_dir)
+    meta = json.loads((prepared_dir / _META_FILE).read_text())
+    shape = f"packed into blocks of {seq_len} tokens" if packing else f"truncated/padded to {seq_len} tokens"
+    if meta["num_samples"] < global_batch:
+        raise AutotuneError(
+            f"--dataset {path}: {meta['num_samples']} samples ({shape}) is less than one global batch of the search "
+            f"space ({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
+        )
+    return PreparedDataset(
+        label=f"{source} ({meta['column_read']!r} {shape})",
+        source=str(source),
+        prepared_dir=str(prepared_dir.resolve()),
+        column=meta["column"],
+        tokenizer_dir=meta["tokenizer_dir"],
+        pad_token_id=int(meta["pad_token_id"]),
+        num_samples=int(meta["num_samples"]),
+        length=length,
+        packing=packing,
+    )
+
+
+def _read(source: Path, path: str, cache_dir: str) -> Any:
+    """The user's data as one ``datasets.Dataset`` (the ``train`` split of a saved DatasetDict)."""
+    import datasets
+
+    if source.is_file() and source.stat().st_size == 0:
+        # The datasets readers infer no schema from an empty file (a bare StopIteration).
+        raise AutotuneError(f"--dataset {path}: the file is empty; it holds no samples")
+    try:
+        if source.is_dir():
+            loaded = datasets.load_from_disk(str(source))
+        else:
+            builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
+            loaded = datasets.load_dataset(builder, data_files=str(source), split="train", cache_dir=cache_dir)
+    except FileNotFoundError:
+        raise AutotuneError(
+            f"--dataset {path}: a directory must hold a dataset written by datasets.save_to_disk"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
+        raise AutotuneError(f"--dataset {path}: cannot read it ({_root_cause(exc)})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if "train" not in loaded and len(loaded) != 1:
+            raise AutotuneError(f"--dataset {path}: no 'train' split among {', '.join(loaded)}; save one split")
+        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+    if loaded.num_rows == 0:
+        raise AutotuneError(f"--dataset {path}: it holds no samples")
+    return loaded
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _pick_column(rows: Any, text_column: str | None, path: str) -> str:
+    columns = list(rows.column_names)
+    if text_column is not None:
+        if text_column not in columns:
+            raise AutotuneError(
+                f"--text-column {text_column}: {path} has no such column (columns: {', '.join(columns)})"
+            )
+        return text_column
+    for preferred in ("input_ids", "text"):
+        if preferred in columns:
+            return preferred
+    strings = [name for name in columns if getattr(rows.features[name], "dtype", None) in ("string", "large_string")]
+    if len(strings) == 1:
+        return strings[0]
+    raise AutotuneError(
+        f"--dataset {path}: no text column (columns: {', '.join(columns)}); name the one to train on with --text-column"
+    )
+
+
+def _holds_text(rows: Any, column: str, path: str) -> bool:
+    """True for a column of strings, False for one of token-id lists."""
+    feature = rows.features[column]
+    if getattr(feature, "dtype", None) in ("string", "large_string"):
+        return True
+    if str(getattr(getattr(feature, "feature", None), "dtype", "")).startswith(("int", "uint")):
+        return False
+    raise AutotuneError(f"--dataset {path}: column {column!r} holds {feature}, neither text nor token ids")
+
+
+def _tokenizer_dir(model: ModelSpec) -> str | None:
+    """Where the model's tokenizer lives: its local directory, or its Hugging Face cache entry."""
+    if model.local_dir and any(
+        (Path(model.local_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+    ):
+        return model.local_dir
+    if model.source == "hf-cache":
+        return model.name
+    return None
+
+
+def _load_tokenizer(tokenizer_dir: str | None, model: ModelSpec, path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    if tokenizer_dir is None:
+        raise AutotuneError(
+            f"--dataset {path} holds text, and {model.name} has no tokenizer to turn it into tokens: pass --model as a "
+            "local model directory that holds one (tokenizer.json / tokenizer_config.json), or a dataset of input_ids"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any loader failure means "no usable tokenizer"
+        raise AutotuneError(
+            f"--dataset {path}: cannot load the tokenizer of {model.name} ({_root_cause(exc)})"
+        ) from None
+    if len(tokenizer) > model.vocab_size:
+        raise AutotuneError(
+            f"--dataset {path}: the tokenizer of {model.name} has {len(tokenizer)} tokens, more than the model's "
+            f"vocab_size {model.vocab_size}; fix the config's vocab_size"
+        )
+    return tokenizer
+
+
+def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
+    """The tokenizer's pad token, else its end-of-sequence token (GPT-2 has no pad), else the config's."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if candidate is not None:
+            return int(candidate)
+    return int(model.config.get("pad_token_id") or 0)
+
+
+def _prepare_rows(
+    rows: Any,
+    column: str,
+    holds_text: bool,
+    tokenizer: Any,
+    seq_len: int,
+    packing: bool,
+    length: int,
+    model: ModelSpec,
+    path: str,
+    longest: int = 0,
+) -> tuple[Any, dict[str, Any]]:
+    """What the trials read, and what to know about it.
+
+    Args:
+        longest: Where the data holds more than ``length`` samples, the sample keeps the data's
+            ``longest`` longest ones (by characters for text, a proxy for tokens; by tokens for ids):
+            every trial also runs the fullest batch its data can produce (``autotune.runner``,
+            worst-case batch), which a real run over the whole data meets.
+
+    Returns:
+        (rows, meta): at most ``length`` rows of one column, a random sample when there are more
+        (``text``, ``input_ids``, or packed ``input_ids`` blocks); and ``column`` and
+        ``num_samples`` (every usable sample of the data; for packing, the blocks prepared).
+    """
+    import datasets
+    import pyarrow
+    import pyarrow.compute
+
+    values = rows.data.column(column)
+    if holds_text:
+        usable = pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
+    else:
+        usable = pyarrow.compute.greater(pyarrow.compute.list_value_length(values), 0)
+        largest = pyarrow.compute.max(pyarrow.compute.list_flatten(values)).as_py() or 0
+        if largest >= model.vocab_size:
+            raise AutotuneError(
+                f"--dataset {path}: token id {largest} is outside the model's vocabulary (vocab_size {model.vocab_size})"
+            )
+    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
+    if len(indices) == 0:
+        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty")
+    rows = rows.select_columns([column])
+    if len(indices) < rows.num_rows:
+        rows = rows.select(indices)
+    chosen: Any = range(min(length, rows.num_rows))
+    if rows.num_rows > length and not packing:
+        sizes = (pyarrow.compute.utf8_length if holds_text else pyarrow.compute.list_value_length)(values)
+        chosen = _sample_with_the_longest(sizes.take(pyarrow.array(indices)).to_numpy(), length, longest)
+    elif rows.num_rows > length:
+        rows = rows.shuffle(seed=0)  # a random sample: text lengths (tokenization cost) as in the whole data
+    if not packing:
+        output = "text" if holds_text else "input_ids"
+        sample = rows.select(chosen)
+        if column != output:
+            sample = sample.rename_column(column, output)
+        return sample, {"column": output, "num_samples": rows.num_rows}
+    blocks: list[list[int]] = []
+    for batch in rows.iter(batch_size=_PACKING_BATCH):
+        documents = tokenizer(batch[column])["input_ids"] if holds_text else batch[column]
+        blocks += _pack(documents, seq_len)
+        if len(blocks) >= length:
+            break
+    return datasets.Dataset.from_dict({"input_ids": blocks[:length]}), {
+        "column": "input_ids",
+        "num_samples": len(blocks),
+    }
+
+
+def _sample_with_the_longest(sizes: Any, length: int, longest: int) -> list[int]:
+    """``length`` positions: the ``longest`` largest ``sizes``, then a random sample (seed 0) of the
+    rest, so text lengths (tokenization cost) stay as in the whole data."""
+    import numpy
+
+    top = numpy.argsort(-sizes, kind="stable")[: min(longest, length)]
+    others = numpy.setdiff1d(numpy.arange(len(sizes)), top)
+    rest = numpy.random.default_rng(0).permutation(others)[: length - len(top)]
+    return [int(i) for i in numpy.concatenate([rest, top])]
+
+
+def _pack(documents: list[list[int]], seq_len: int) -> list[list[int]]:
+    """Concatenate token lists and cut blocks of ``seq_len``; the remainder of the batch is dropped
+    (as HF's run_clm example does)."""
+    stream = [token for document in documents for token in document]
+    return [stream[start : start + seq_len] for start in range(0, len(stream) - seq_len + 1, seq_len)]
+
+
+def _fingerprint(
+    source: Path,
+    tokenizer_dir: str | None,
+    text_column: str | None,
+    packing: bool,
+    seq_len: int,
+    vocab_size: int,
+    length: int,
+) -> str:
+    """Identifies a prepared copy: the source and tokenizer files (path, size, mtime) and every
+    option that shapes what is prepared."""
+    # "longest-kept": the sample keeps the data's longest samples (see _prepare_rows).
+    digest = hashlib.sha256(
+        f"{source}|{text_column}|{packing}|{seq_len if packing else ''}|{vocab_size}|{length}|longest-kept".encode()
+    )
+    paths = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        paths += sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file())
+    elif tokenizer_dir:
+        digest.update(tokenizer_dir.encode())
+    for file in paths:
+        stat = file.stat()
+        digest.update(f"{file}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _made(directory: str) -> str:
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _save_atomically(rows: Any, meta: dict[str, Any], target: Path) -> None:
+    """Write to a scratch directory then rename, so a killed run never leaves a half-written copy."""
+    scratch = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    rows.flatten_indices().save_to_disk(str(scratch))
+    (scratch / _META_FILE).write_text(json.dumps(meta))
+    try:
+        os.replace(scratch, target)
+    except OSError:  # another worker wrote the same copy first
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,98 @@
+"""The files a user names on the command line, read once with one-line errors; and what a command writes
+(``export``, ``report``), never left half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from autotune.errors import AutotuneError
+
+
+def write_output(out: str, text: str) -> None:
+    """Write ``text`` to ``out``: ``-`` is standard output; a file is replaced whole or not at all.
+
+    A regular file is written to a temporary file beside it, flushed to disk, then renamed over it
+    (``os.replace``, atomic on POSIX within one file system): on a full disk the previous file stays
+    as it was instead of being truncated. A device or a pipe (``/dev/stdout``, a FIFO) is written
+    in place: renaming over it would replace the device node with a regular file.
+
+    Raises:
+        AutotuneError: ``out`` cannot be written (full disk, no such directory, no permission).
+    """
+    if out == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    path = Path(out)
+    try:
+        if path.exists() and not path.is_file():
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        _replace_atomically(path, text)
+    except OSError as exc:
+        raise AutotuneError(
+            f"--out {out}: cannot write it ({exc.strerror or exc}); an existing file there is left unchanged"
+        ) from None
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    """Temporary file in the target's directory, fsync, rename; the temporary file never stays behind."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, _mode_for(path))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _mode_for(path: Path) -> int:
+    """The existing file's permissions, or what ``open()`` would give a new file (0666 less the umask)."""
+    if path.exists():
+        return stat.S_IMODE(path.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def read_user_file(path: str, option: str, expected: str, max_bytes: int | None = None, size_hint: str = "") -> str:
+    """The text of a file the user named on the command line (``--space``, ``--base-args``, ``--peft``).
+
+    The one ladder of what can go wrong before parsing, each a one-line error naming the option:
+    the file cannot be read, is larger than ``max_bytes``, or is not UTF-8 text. Parsing (YAML,
+    JSON) and its errors belong to the caller, which knows the format.
+
+    Args:
+        path: The file.
+        option: The command-line option that named it, for the message.
+        expected: What it should hold, for the message (``"UTF-8 YAML"``).
+        max_bytes: Refuse a larger file (``None``: no limit).
+        size_hint: What a file of the right size looks like, for the message.
+
+    Raises:
+        AutotuneError: Unreadable, too large, or not UTF-8 text.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    except OSError as exc:
+        raise AutotuneError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise AutotuneError(
+            f"{option} {path}: larger than {max_bytes // 1024} KiB" + (f"; {size_hint}" if size_hint else "")
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AutotuneError(f"{option} {path}: not a text file ({expected} expected)") from None

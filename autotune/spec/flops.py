@@ -1,0 +1,136 @@
+"""FLOPs per training sample: model FLOPs (useful work) and hardware FLOPs (work actually done).
+
+Model FLOPs rank configurations; hardware FLOPs add the forward pass that activation
+checkpointing recomputes, so recomputation can never make a configuration look better.
+The vocabulary follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", section 6: model FLOPs utilisation (MFU) counts only the work the model
+needs; hardware FLOPs utilisation (HFU) counts the recomputation too.
+
+One formula serves both families, because both run the same blocks over every token:
+
+* encoder (BERT, RoBERTa): bidirectional attention over the full sequence; a masked-LM head
+  multiplies every token by the (tied) ``h x V`` output matrix;
+* decoder (GPT-2, Llama): causal attention, counted unhalved (see below); the LM head, tied or
+  not, multiplies every token by ``h x V``.
+
+Heads that only see one token per sequence (BERT's pooler and classifier) are counted per token
+like every other non-embedding parameter, as PaLM and Hugging Face count them: that overstates
+bert-base's FLOPs by under 1 % and does not change any ranking (the factor is the same for
+every configuration of one model and sequence length).
+"""
+
+from __future__ import annotations
+
+from autotune.spec.models import ModelSpec
+
+
+def attention_width(spec: ModelSpec) -> int:
+    """Query heads times head dimension: the width of the QK^T and AV matmuls.
+
+    Equal to the hidden size for BERT, GPT-2 and Llama; some configs (Gemma) set ``head_dim``
+    explicitly. Grouped-query attention shares K and V between heads, but every query head still
+    multiplies its own scores, so the query head count is the one that matters.
+    """
+    head_dim = spec.config.get("head_dim") or spec.head_dim
+    return spec.num_heads * int(head_dim)
+
+
+def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """Training FLOPs per token of the attention score and value matmuls (QK^T and AV).
+
+    PaLM (Chowdhery et al. 2022), appendix B: ``12 * L * H * Q * T``. Per layer and token the
+    forward does ``T * H * Q`` multiply-adds for QK^T and as many for AV, ``4 * T * H * Q`` FLOPs;
+    the backward costs twice the forward. Causal masking is not halved, as in PaLM and Megatron,
+    so decoder figures compare with published MFU numbers.
+    """
+    return 12 * spec.num_layers * attention_width(spec) * seq_len
+
+
+def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """Useful training FLOPs per token: forward + backward, no recomputation.
+
+    PaLM (Chowdhery et al. 2022), appendix B: ``6N + 12 * L * H * Q * T`` per token, where N is the
+    number of non-embedding parameters, L layers, H heads, Q head dim and T the sequence length.
+    ``6N`` is 2 FLOPs per multiply-add for the forward and twice that for the backward (Kaplan et
+    al. 2020, section 2.1).
+
+    N here includes a language-model head tied to the token embedding (``6 * h * V`` per token):
+    that matrix multiplies every token even though its weight is shared with a lookup table.
+    Hugging Face's ``Trainer.floating_point_ops`` (``6 * tokens * num_parameters(exclude_embeddings=
+    True)``) leaves out exactly two terms: the attention term and the tied head.
+    """
+    return weight_flops_per_token(spec) + attention_flops_per_token(spec, seq_len)
+
+
+def weight_flops_per_token(spec: ModelSpec) -> int:
+    """Training FLOPs per token of the weight matmuls: ``6N``, or under PEFT ``4N + 6 N_adapter``.
+
+    A frozen weight still costs its forward (``2N``) and the backward's input gradient (``2N``: the
+    gradient must flow through it to the adapters below), but no weight gradient (the other
+    ``2N``); the adapters cost the full ``6 N_adapter``. So LoRA costs about 2/3 of full fine-tuning's
+    weight FLOPs (docs/facts.md, "LoRA"; the LoRA paper, Hu et al. 2021, section 4.2, measured a 25 %
+    training speed-up on GPT-3 175B from it). The attention term is unchanged: its matmuls have
+    no weights. With a 4-bit base (QLoRA) the same matmuls run after dequantization: same count.
+    """
+    if spec.peft is None:
+        return 6 * spec.num_non_embedding_params
+    return 4 * spec.num_non_embedding_params + 6 * spec.peft.adapter_params
+
+
+def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+    """FLOPs that full activation checkpointing adds per token: one more forward of every block.
+
+    Forward cost is a third of training cost (2N of 6N; ``4 * L * H * Q * T`` of the attention
+    term): Narayanan et al. 2021, eq. 3 (96 instead of 72 with full recomputation), and the ML
+    Engineering book's 8N-vs-6N rule. Hugging Face checkpoints each transformer block, so the
+    blocks are recomputed and the embedding and head are not.
+    """
+    adapters = spec.peft.adapter_params if spec.peft is not None else 0  # recomputed with their blocks
+    return 2 * (spec.num_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
+
+
+def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> int:
+    """Useful training FLOPs for one sequence of ``seq_len`` tokens (the ranking metric's numerator)."""
+    return model_flops_per_token(spec, seq_len) * seq_len
+
+
+def hardware_flops_per_sample(spec: ModelSpec, seq_len: int, checkpointing: bool) -> int:
+    """FLOPs the device executes for one sequence, counting recomputation under checkpointing."""
+    flops = model_flops_per_token(spec, seq_len)
+    if checkpointing:
+        flops += recompute_flops_per_token(spec, seq_len)
+    return flops * seq_len
+
+
+def utilisation(achieved_tflops: float, peak_tflops: float | None) -> float | None:
+    """Achieved over peak TFLOPs (MFU for model TFLOPs, HFU for hardware TFLOPs).
+
+    ``None`` where the peak is unknown: an unknown device gets no utilisation, never an invented one.
+    """
+    if not peak_tflops or peak_tflops <= 0:
+        return None
+    return achieved_tflops / peak_tflops
+
+
+def model_tflops(spec: ModelSpec, seq_len: int, samples_per_s: float, real_tokens_per_s: float | None = None) -> float:
+    """Useful TFLOPs per second: the ranking's figure.
+
+    With synthetic tokens every token is real: ``samples/s x model_flops_per_sample``. With the
+    user's data (``real_tokens_per_s`` given) padding is not useful work: only the real tokens
+    count, each at :func:`model_flops_per_token` for ``seq_len``. Its attention term assumes a
+    ``seq_len`` context, an upper bound for shorter samples; it is the same for every
+    configuration of one study, so the ranking follows real tokens/s.
+    """
+    if real_tokens_per_s is None:
+        return samples_per_s * model_flops_per_sample(spec, seq_len) / 1e12
+    return real_tokens_per_s * model_flops_per_token(spec, seq_len) / 1e12
+
+
+def hardware_tflops(
+    spec: ModelSpec, seq_len: int, samples_per_s: float, checkpointing: bool, real_tokens_per_s: float | None = None
+) -> float:
+    """TFLOPs per second the device executed, recomputation included; with the user's data, on
+    real tokens (the work spent on padding is not counted: a lower bound)."""
+    if real_tokens_per_s is None:
+        return samples_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / 1e12
+    return real_tokens_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / seq_len / 1e12

@@ -1,0 +1,87 @@
+"""How a trial is measured: when the steady-state measurement stops, and its statistics.
+
+What is timed is a whole optimizer step: every gradient-accumulation micro-batch, the data loading
+between steps, the optimizer update. Clocks are read after the device is synchronised, so queued
+GPU work lands in the step that queued it. Warm-up steps (allocator growth, autotuning, the first
+compilation) and any later step during which ``torch.compile`` compiled are excluded from the
+statistics and recorded separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSettings:
+    """How long a trial measures.
+
+    Measurement stops at the first of: the CV of the last ``min_steps`` step times is at most
+    ``cv_target`` (steady), ``max_steps`` steps were measured, or ``max_seconds`` were spent measuring.
+
+    Attributes:
+        warmup_steps: Optimizer steps excluded from throughput (allocator growth, compilation).
+        min_steps: Measured steps before the CV target may stop measurement; also the size of the
+            window the median and CV are taken over.
+        max_steps: Measured steps at most.
+        max_seconds: Measured seconds at most (after warm-up).
+        cv_target: Stop once the coefficient of variation of the last ``min_steps`` steps is below.
+        prune_after_steps: Measured steps after which early stop may judge a trial (the median of
+            what was measured so far against the pruning threshold). A trial pruned for being at
+            less than half the best's speed (the default ratio) is told apart by three steps: step
+            times move by a few percent, not by 2x, once warm-up is over.
+    """
+
+    warmup_steps: int = 3
+    min_steps: int = 8
+    max_steps: int = 40
+    max_seconds: float = 30.0
+    cv_target: float = 0.05
+    prune_after_steps: int = 3
+
+    @property
+    def total_steps_cap(self) -> int:
+        """Optimizer steps the Trainer is allowed (warm-up plus the measurement budget)."""
+        return self.warmup_steps + self.max_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """The steady-state figures of one trial.
+
+    Attributes:
+        median_s: Median optimizer-step time over the steady window.
+        cv: Coefficient of variation (stdev / mean) of the step times in that window.
+        measured_steps: Steps measured after warm-up (the window is the last ``min_steps`` of them).
+        warmup_steps: Steps excluded: the configured warm-up plus any step that compiled.
+        warmup_s: Wall time of the excluded steps (compilation included).
+        compile_s: Time ``torch.compile`` reported spending in compilation (0 without compile).
+        converged: The CV target was met; False when the step or time budget ran out first.
+        measured_s: Wall time of every measured step (not only the window).
+        measured_tokens: Input tokens those steps trained, as the Trainer counted them
+            (``state.num_input_tokens_seen``; 0 where it does not count).
+    """
+
+    median_s: float
+    cv: float
+    measured_steps: int
+    warmup_steps: int
+    warmup_s: float
+    compile_s: float = 0.0
+    converged: bool = False
+    measured_s: float = 0.0
+    measured_tokens: int = 0
+
+    @property
+    def mean_s(self) -> float:
+        """Mean time of a measured step: the throughput's figure when batches differ in content."""
+        return self.measured_s / self.measured_steps if self.measured_steps else 0.0
+
+
+def coefficient_of_variation(values: list[float]) -> float:
+    """Sample standard deviation over the mean; 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean > 0 else 0.0

@@ -1,0 +1,118 @@
+"""Measured matmul peaks: what a device actually achieves per dtype, the honest MFU denominator.
+
+No API reports peak FLOPS and datasheets know only GPUs (and quote clocks a device may not hold),
+so ``autotune devices --calibrate`` times large square matmuls per dtype and stores the best rate
+seen, keyed by device name, in ``$XDG_CACHE_HOME/autotune/peaks.json`` (``AUTOTUNE_PEAKS_FILE``
+overrides the path). A search then reports MFU against that measured peak too. Achievable matmul
+peaks are typically 80-87 % of datasheet figures on GPUs (docs/facts.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.spec.devices import DeviceSpec
+
+PEAKS_FILE_ENV = "AUTOTUNE_PEAKS_FILE"
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredMatmulPeak:
+    """The achievable matmul rate of one dtype on one device.
+
+    Attributes:
+        dtype: ``fp32``, ``tf32``, ``fp16`` or ``bf16``.
+        tflops: The best rate seen over the timed matmuls: the achievable peak.
+        median_tflops: The median rate (how steady the device was while measuring).
+        matrix_size: n of the n x n by n x n matmuls (``2 * n**3`` FLOPs each).
+        iterations: Timed matmuls.
+    """
+
+    dtype: str
+    tflops: float
+    median_tflops: float
+    matrix_size: int
+    iterations: int
+
+
+def peaks_file() -> Path:
+    """Where measured peaks are stored: ``AUTOTUNE_PEAKS_FILE``, else the user's cache directory."""
+    override = os.environ.get(PEAKS_FILE_ENV)
+    if override:
+        return Path(override).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "autotune" / "peaks.json"
+
+
+def _read_store(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        store = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AutotuneError(
+            f"measured peaks file {path} cannot be read ({exc}); delete it and run `autotune devices --calibrate` again"
+        ) from None
+    if not isinstance(store, dict):
+        raise AutotuneError(f"measured peaks file {path} is not a JSON object; delete it and calibrate again")
+    return store
+
+
+def load_calibration(device_name: str) -> dict[str, Any] | None:
+    """The stored calibration record of ``device_name`` (peaks, when, with what), or ``None``."""
+    record = _read_store(peaks_file()).get(device_name)
+    return record if isinstance(record, dict) else None
+
+
+def load_measured_peaks(device_name: str) -> dict[str, float]:
+    """Measured peak TFLOPs by dtype for ``device_name``; empty if it was never calibrated."""
+    record = load_calibration(device_name) or {}
+    peaks = record.get("peaks_tflops") or {}
+    return {dtype: float(value) for dtype, value in peaks.items() if isinstance(value, (int, float)) and value > 0}
+
+
+def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak]) -> Path:
+    """Store ``peaks`` under ``device.name``, keeping other devices' records; returns the file."""
+    import torch
+
+    path = peaks_file()
+    store = _read_store(path)
+    previous = store.get(device.name) if isinstance(store.get(device.name), dict) else {}
+    record = {
+        "peaks_tflops": {**previous.get("peaks_tflops", {}), **{p.dtype: p.tflops for p in peaks}},
+        "median_tflops": {**previous.get("median_tflops", {}), **{p.dtype: p.median_tflops for p in peaks}},
+        "matrix_size": {**previous.get("matrix_size", {}), **{p.dtype: p.matrix_size for p in peaks}},
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+    }
+    if device.kind == "cpu":
+        record["threads"] = torch.get_num_threads()  # a CPU's rate depends on how many cores torch uses
+    store[device.name] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(store, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    return path
+
+
+def peak_note(device: DeviceSpec, measured_peaks: dict[str, float]) -> str:
+    """What MFU will be measured against on ``device``, in one line for the user."""
+    entry = device.datasheet_entry()
+    if entry is not None:
+        datasheet = f"MFU against the {entry.label} datasheet peaks ({entry.source})"
+    elif device.kind == "cpu":
+        datasheet = "no datasheet peak for a CPU, so no MFU against one"
+    else:
+        datasheet = (
+            f"{device.name} is not in the datasheet table, so MFU against a datasheet peak is omitted (never invented)"
+        )
+    if measured_peaks:
+        figures = ", ".join(f"{dtype} {value:.3g}" for dtype, value in sorted(measured_peaks.items()))
+        return f"{datasheet}; MFU* against the measured peaks ({figures} TFLOPS, from {peaks_file()})"
+    return f"{datasheet}; `autotune devices --calibrate` measures an achievable peak to report MFU* against"

@@ -1,0 +1,390 @@
+"""Resolve ``--model`` to a Hugging Face config, offline, and describe the model's shape.
+
+Resolution order: a local directory with ``config.json``; the Hugging Face cache (no network);
+the catalog of configs shipped in ``autotune/catalog`` (by file name or by the Hub id stored in the
+entry, either in any case); the Hub, unless ``HF_HUB_OFFLINE=1``.
+Only the config is needed: models are built with ``from_config`` (random weights), because
+throughput and memory do not depend on the weights' values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError
+
+# Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
+# decoders get causal LM. ``--task`` overrides.
+TASKS = ("sequence-classification", "causal-lm", "masked-lm")
+
+_DECODER_MODEL_TYPES = {
+    "gpt2",
+    "gpt_neo",
+    "gpt_neox",
+    "gptj",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen3",
+    "phi",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "opt",
+    "bloom",
+    "falcon",
+    "olmo",
+    "olmo2",
+    "smollm3",
+    "starcoder2",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftSpec:
+    """The adapters of a study and what they change (``--peft``: :mod:`autotune.spec.peft` reads, counts and applies them).
+
+    Attributes:
+        adapter_config: ``LoraConfig`` keyword arguments (JSON values): what the export writes.
+        quantize: ``4bit``: the base is loaded 4-bit (NF4, bitsandbytes); ``None``: in its dtype.
+        adapter_params: Trainable parameters with the adapters on (LoRA matrices, and a
+            classification head peft keeps trainable), counted by ``peft`` on the meta device.
+        quantized_params: Base parameters stored 4-bit: the linear layers' weights but the output head.
+    """
+
+    adapter_config: dict[str, Any]
+    quantize: str | None
+    adapter_params: int
+    quantized_params: int = 0
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed study must match, stored with it: the adapters and the quantization (the
+        export reads them back from there)."""
+        return {"adapter_config": self.adapter_config, "quantize": self.quantize}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the tuner needs to know about a model: its config and its shape.
+
+    Attributes:
+        name: The name or path the user gave.
+        source: Where the config came from: ``local``, ``hf-cache``, ``catalog`` or ``hub``.
+        config: The Hugging Face config as a plain dict (``PretrainedConfig.to_dict()``).
+        family: ``encoder`` (bidirectional attention) or ``decoder`` (causal attention).
+        task: The training head: one of :data:`TASKS`.
+        num_layers: Transformer blocks.
+        hidden_size: Model width h.
+        num_heads: Attention heads a.
+        num_kv_heads: Key/value heads (fewer than ``num_heads`` under grouped-query attention).
+        intermediate_size: FFN width f.
+        vocab_size: Vocabulary V.
+        max_positions: Longest sequence the position embeddings allow (0 if unbounded, e.g. RoPE).
+        num_params: All trainable parameters of the model with its task head.
+        num_embedding_params: Parameters used only as lookup tables (token, position, type
+            embeddings). A language-model head tied to the token embedding multiplies every token
+            by that matrix, so it counts as compute, not as embedding.
+        num_block_params: Parameters inside the transformer blocks (what checkpointing recomputes).
+        local_dir: The local directory the config came from, if any (tokenizer lives there too).
+        peft: The adapters every trial trains instead of the whole model (``--peft``), with their
+            counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
+    """
+
+    name: str
+    source: str
+    config: dict[str, Any]
+    family: str
+    task: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int
+    num_params: int
+    num_embedding_params: int
+    num_block_params: int
+    local_dir: str | None = None
+    peft: PeftSpec | None = None
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config["model_type"])
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer states: the adapters under PEFT, else all."""
+        return self.peft.adapter_params if self.peft is not None else self.num_params
+
+    @property
+    def num_non_embedding_params(self) -> int:
+        return self.num_params - self.num_embedding_params
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def catalog_names() -> list[str]:
+    """Names of the configs shipped in the catalog."""
+    files = resources.files("autotune.catalog").iterdir()
+    return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
+
+
+def catalog_entry(catalog_name: str) -> dict[str, Any]:
+    """A catalog file as stored: the published config plus its ``_autotune_*`` keys (hub id, source, published size)."""
+    text = resources.files("autotune.catalog").joinpath(f"{catalog_name}.json").read_text()
+    return dict(json.loads(text))
+
+
+@functools.cache
+def _catalog_index() -> dict[str, str]:
+    """Every name a catalog entry answers to, lower-cased: its file name and the Hub id stored in it.
+
+    Lower-cased so that a short name typed as on the model card (``Qwen2.5-7B``) and a Hub id typed
+    in lower case (``meta-llama/llama-3.1-8b``) reach the same entry.
+    """
+    index: dict[str, str] = {}
+    for catalog_name in catalog_names():
+        index[catalog_name.lower()] = catalog_name
+        hub_id = catalog_entry(catalog_name).get("_autotune_hub_id")
+        if hub_id:
+            index[str(hub_id).lower()] = catalog_name
+    return index
+
+
+def resolve_model(name: str, task: str | None = None) -> ModelSpec:
+    """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
+
+    Args:
+        name: A local directory holding ``config.json``, a Hugging Face id, or a catalog name.
+        task: One of :data:`TASKS`; ``None`` picks the family's default head.
+
+    Raises:
+        AutotuneError: The name resolves nowhere, or the task is unknown.
+    """
+    if task is not None and task not in TASKS:
+        raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
+    from transformers.utils import logging as hf_logging
+
+    # A config autotune refuses below would first draw transformers' own warnings about it (a
+    # pad_token_id outside a vocabulary of 0, ...): the user gets autotune's one line instead.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        config, source, local_dir = _load_config(name)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    try:
+        return spec_from_config(name, config, source, task, local_dir)
+    except AutotuneError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
+        # Building the model on the meta device runs the architecture's own shape checks (BERT's
+        # "hidden size is not a multiple of the number of attention heads", ...): what they reject
+        # would fail every trial, so it is the user's config to fix, said in one line.
+        raise AutotuneError(
+            f"--model {name}: transformers cannot build a model from its config ({_first_line(exc)})"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _load_config(name: str) -> tuple[Any, str, str | None]:
+    from transformers import AutoConfig
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
+        try:
+            return AutoConfig.from_pretrained(str(path)), "local", str(path.resolve())
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+            # Invalid JSON, a list, no or an unknown model_type: transformers' own message says which.
+            raise AutotuneError(
+                f"--model {name}: transformers cannot read its config.json ({_first_line(exc)})"
+            ) from None
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True), "hf-cache", None
+    except (OSError, ValueError):
+        pass
+    catalog_name = _catalog_index().get(name.lower())
+    if catalog_name is not None:
+        return _catalog_config(catalog_name), "catalog", None
+    if os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable():
+        try:
+            return AutoConfig.from_pretrained(name), "hub", None
+        except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
+            pass
+    raise AutotuneError(
+        f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
+        f"cache, or a catalog name ({', '.join(catalog_names())})"
+    )
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    """One quick TCP connect: without it, an offline machine spends ~25 s in the hub client's retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    endpoint = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def _catalog_config(catalog_name: str) -> Any:
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in catalog_entry(catalog_name).items() if not k.startswith("_autotune")}
+    return AutoConfig.for_model(**values)
+
+
+def spec_from_config(name: str, config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
+    """Describe a config's shape and count its parameters on the meta device (no memory used)."""
+    model_type = config.model_type
+    family = "decoder" if model_type in _DECODER_MODEL_TYPES or _has_causal_head(config) else "encoder"
+    task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
+    if task == "causal-lm" and family == "encoder":
+        raise AutotuneError(
+            f"--task causal-lm: {name} is an encoder ({model_type}); use sequence-classification or masked-lm"
+        )
+
+    hidden = _first_attr(config, "hidden_size", "n_embd", "dim", "d_model")
+    heads = _first_attr(config, "num_attention_heads", "n_head", "n_heads")
+    layers = _first_attr(config, "num_hidden_layers", "n_layer", "n_layers")
+    ffn = _first_attr(config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
+    kv_heads = _first_attr(config, "num_key_value_heads", default=heads)
+    declared_positions = _first_attr(config, "max_position_embeddings", "n_positions", default=0)
+    _check_positive(
+        name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=ffn,
+        vocab_size=config.vocab_size,
+    )
+    if "max_position_embeddings" in config.to_dict() or "n_positions" in config.to_dict():
+        _check_positive(name, max_position_embeddings=declared_positions)
+    max_positions = declared_positions
+    if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
+        max_positions = 0  # RoPE: no learned position table limits the length
+    num_params, num_embedding_params, num_block_params = _count_params(config, task)
+    return ModelSpec(
+        name=name,
+        source=source,
+        config=config.to_dict(),
+        family=family,
+        task=task,
+        num_layers=int(layers),
+        hidden_size=int(hidden),
+        num_heads=int(heads),
+        num_kv_heads=int(kv_heads),
+        intermediate_size=int(ffn),
+        vocab_size=int(config.vocab_size),
+        max_positions=int(max_positions),
+        num_params=num_params,
+        num_embedding_params=num_embedding_params,
+        num_block_params=num_block_params,
+        local_dir=local_dir,
+    )
+
+
+def _check_positive(name: str, **sizes: Any) -> None:
+    """Every size of the model's shape is a positive integer (0 positions would also skip the --seq-len check)."""
+    for field, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise AutotuneError(
+                f"--model {name}: its config gives {field} {value!r}; every size must be a positive integer"
+            )
+
+
+def _has_causal_head(config: Any) -> bool:
+    architectures = getattr(config, "architectures", None) or []
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+
+
+def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
+    for attr in names:
+        value = getattr(config, attr, None)
+        if value is not None:
+            return value
+    if default is None:
+        raise AutotuneError(f"config of type {config.model_type!r} has none of {names}; autotune cannot size it")
+    return default
+
+
+def _count_params(config: Any, task: str) -> tuple[int, int, int]:
+    """Exact parameter counts from the model built on the meta device (no weights allocated).
+
+    Returns:
+        (all parameters, lookup-only embedding parameters, transformer-block parameters).
+    """
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(config, task)
+    num_params = sum(p.numel() for p in model.parameters())
+    output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = getattr(output_embeddings, "weight", None)
+    num_embedding_params = sum(
+        m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.weight is not head_weight
+    )
+    # The blocks are the model's longest ModuleList (encoder.layer, h, layers, ...).
+    block_lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    blocks = max(block_lists, key=len, default=None)
+    num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
+    return num_params, num_embedding_params, num_block_params
+
+
+def build_model(config: Any, task: str, attn_implementation: str | None = None, dtype: str = "float32") -> Any:
+    """Build the model for ``task`` from a config, with random weights.
+
+    Args:
+        config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
+        task: One of :data:`TASKS`.
+        attn_implementation: ``eager``, ``sdpa``, ``flash_attention_2`` or ``None`` for the default.
+        dtype: The weights' torch dtype by name (``float32``, ``bfloat16``: the ``weight_dtype`` lever's
+            ``WEIGHT_TORCH_DTYPES``). Always passed: without it
+            ``from_config`` builds in the config's own ``dtype`` (transformers/modeling_utils.py,
+            ``_from_config``: ``dtype = kwargs.pop("dtype", config.dtype)``), and most published
+            decoder configs say bfloat16.
+    """
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+    )
+
+    if isinstance(config, dict):
+        values = dict(config)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if task == "causal-lm":
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    if task == "masked-lm":
+        return AutoModelForMaskedLM.from_config(config, **kwargs)
+    config.num_labels = 2
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # decoders need one to classify a batch
+    return AutoModelForSequenceClassification.from_config(config, **kwargs)

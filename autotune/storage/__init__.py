@@ -1,0 +1,28 @@
+"""Where studies live: open an Optuna storage (SQLite or PostgreSQL, heartbeats, busy timeouts), load a
+study for reading, keep credentials out of messages (``_open``); every key autotune writes into a study
+(:mod:`autotune.storage.schema`). Everything that touches a study opens it here.
+"""
+
+from __future__ import annotations
+
+from autotune.storage import schema
+from autotune.storage._open import (
+    DEFAULT_STORAGE,
+    heartbeat_settings,
+    load_study,
+    open_storage,
+    redact,
+    require_sqlite_file,
+    storage_failure,
+)
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "heartbeat_settings",
+    "load_study",
+    "open_storage",
+    "redact",
+    "require_sqlite_file",
+    "schema",
+    "storage_failure",
+]

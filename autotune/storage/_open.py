@@ -1,0 +1,193 @@
+"""Optuna storages: open one (SQLite or PostgreSQL, with heartbeats), load a study, keep passwords out of messages.
+
+Everything that reads or writes a study opens it here: the search, ``best``, ``export``, ``report``,
+``estimate`` and the dashboard.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.exc
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+from autotune.errors import AutotuneError
+
+# autotune drives heartbeats itself around ask/tell (Optuna only does so inside optimize), and
+# relies on the long-stable stale-trial helpers that Optuna still labels experimental.
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+DEFAULT_STORAGE = "sqlite:///autotune.db"
+SQLITE_BUSY_TIMEOUT_S = 120
+# Every running trial records a heartbeat this often; one silent for the grace period is taken for
+# the trial of a dead worker: another worker fails it and queues it again (see heartbeat_settings).
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 60
+TABLE_CREATION_ATTEMPTS = 4
+
+
+def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, existing: bool = False) -> RDBStorage:
+    """Open an Optuna RDB storage with heartbeats, or explain in one line why it cannot be opened.
+
+    ``storage_class`` lets the dashboard serve a subclass (see ``autotune.views.dashboard``).
+    ``existing``: the storage is only read (``best``, ``export``, ``report``, ``estimate``): a SQLite
+    file must exist (a misspelled path would otherwise become a new, empty database) and need not be
+    writable (only ``search`` writes).
+    """
+    if "://" not in url:
+        raise AutotuneError(
+            f"--storage {url!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
+        )
+    if url.startswith("sqlite:///"):
+        if existing:
+            require_sqlite_file(url)
+        else:
+            _check_sqlite_writable(url.removeprefix("sqlite:///"))
+    heartbeat_interval_s, grace_s = heartbeat_settings()
+    driver_url = with_postgres_driver(url)
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("sqlite:"):
+        # Worker threads write at once (--workers); sqlite3 gives up on a lock after 5 s, which a
+        # loaded machine exceeds: a lost tell would leave a trial RUNNING. Wait longer instead.
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    try:
+        for attempt in range(1, TABLE_CREATION_ATTEMPTS + 1):
+            try:
+                return storage_class(
+                    driver_url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=heartbeat_interval_s,
+                    grace_period=grace_s,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+                )
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                # Workers starting together on an empty database all create Optuna's tables; on
+                # PostgreSQL the losers fail ("duplicate key ... pg_type"). Once they exist, it opens.
+                if attempt == TABLE_CREATION_ATTEMPTS:
+                    raise
+                time.sleep(attempt * random.uniform(0.5, 1.5))
+        raise AssertionError("unreachable")
+    except Exception as exc:  # noqa: BLE001 - any driver error means "cannot open" to the user
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AutotuneError(f"--storage {redact(url)}: cannot open it ({scrub_password(reason, url)[:200]})") from None
+
+
+def with_postgres_driver(url: str) -> str:
+    """``postgresql://...`` with an installed driver named: SQLAlchemy's default changed with 2.1.
+
+    SQLAlchemy 2.0 takes a bare ``postgresql://`` to mean psycopg2, 2.1 psycopg 3; users have
+    whichever ``autotune[postgres]`` or their image brought. Other URLs pass unchanged.
+    """
+    scheme, separator, rest = url.partition("://")
+    if scheme not in ("postgresql", "postgres"):
+        return url
+    import importlib.util
+
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{driver}{separator}{rest}"
+    raise AutotuneError("--storage postgresql://...: no PostgreSQL driver installed; pip install 'autotune[postgres]'")
+
+
+def heartbeat_settings() -> tuple[int, int]:
+    """Heartbeat interval and grace period in whole seconds (Optuna takes integers).
+
+    ``AUTOTUNE_HEARTBEAT_INTERVAL_S`` and ``AUTOTUNE_HEARTBEAT_GRACE_S`` override the defaults: a
+    shorter grace re-runs a dead worker's trial sooner; it must exceed the interval, or live trials
+    would be taken for dead ones.
+
+    Raises:
+        AutotuneError: A value is not a positive integer, or the grace is not above the interval.
+    """
+    values = []
+    for name, default in (
+        ("AUTOTUNE_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S),
+        ("AUTOTUNE_HEARTBEAT_GRACE_S", HEARTBEAT_GRACE_S),
+    ):
+        text = os.environ.get(name, str(default)).strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise AutotuneError(f"{name}={text!r}: give a whole number of seconds above 0")
+        values.append(int(text))
+    interval_s, grace_s = values
+    if grace_s <= interval_s:
+        raise AutotuneError(
+            f"AUTOTUNE_HEARTBEAT_GRACE_S={grace_s} must be above AUTOTUNE_HEARTBEAT_INTERVAL_S={interval_s} (e.g. twice it)"
+        )
+    return interval_s, grace_s
+
+
+def require_sqlite_file(storage_url: str) -> None:
+    """A ``sqlite:///`` storage that is read must name an existing file: SQLite creates a missing one.
+
+    Raises:
+        AutotuneError: No such file (a typo would otherwise read, or serve, a new, empty database).
+    """
+    path = Path(storage_url.removeprefix("sqlite:///"))
+    if not path.is_file():
+        raise AutotuneError(
+            f"--storage {storage_url}: no such database file; run `autotune search` first, or pass the --storage it used"
+        )
+
+
+def _check_sqlite_writable(path: str) -> None:
+    if path in ("", ":memory:"):
+        return
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise AutotuneError(f"--storage: {target} is not writable; choose another path")
+    if not target.exists() and not (directory.is_dir() and os.access(directory, os.W_OK)):
+        raise AutotuneError(f"--storage: cannot create {target} (is {directory} an existing, writable directory?)")
+    # os.access answers yes to root for any mode, and knows nothing of read-only or special file
+    # systems (/proc): only opening the file tells. Append mode changes nothing in an existing
+    # file; a new, empty file is a valid empty SQLite database.
+    try:
+        with open(target, "ab"):
+            pass
+    except OSError as exc:
+        raise AutotuneError(f"--storage: cannot write {target} ({exc.strerror}); choose a writable path") from None
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+
+
+def scrub_password(text: str, url: str) -> str:
+    """``text`` (a driver's error message, say) with the password of ``url`` and any URL in it redacted."""
+    found = re.search(r"://[^:/@]+:([^@/]+)@", url)
+    if found:
+        text = text.replace(found.group(1), "***")
+    return re.sub(r"[a-z0-9+]+://\S+", lambda m: redact(m.group(0)), text)
+
+
+def load_study(storage_url: str, study_name: str | None) -> optuna.Study:
+    """Load an existing study for reading; the only one in the storage if no name is given."""
+    storage = open_storage(storage_url, existing=True)
+    names = [s.study_name for s in storage.get_all_studies()]
+    if study_name is None:
+        if len(names) != 1:
+            found = ", ".join(names) if names else "none"
+            raise AutotuneError(
+                f"{redact(storage_url)} holds {len(names)} studies ({found}); name one with --study-name"
+            )
+        study_name = names[0]
+    if study_name not in names:
+        raise AutotuneError(f"no study {study_name!r} in {redact(storage_url)} (studies: {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def storage_failure(exc: BaseException) -> str:
+    """The database's own reason under Optuna's generic ``StorageInternalError`` ("database or disk is full")."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -1,0 +1,333 @@
+"""Export the winner's TrainingArguments: exactly the arguments its trial trained with.
+
+Every format derives from one dict, :func:`winner_arguments` (the single mapping
+:func:`autotune.levers._trial_config.training_arguments_kwargs`): ``json`` for ``TrainingArguments(**json.load(f))``,
+``cli`` for the flags HF example scripts parse with ``HfArgumentParser``, ``python`` for a
+``TrainingArguments(...)`` snippet, ``accelerate`` for the part an accelerate config can carry
+(mixed precision, CPU, torch.compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from typing import Any
+
+import optuna
+import yaml
+
+from autotune.errors import AutotuneError
+from autotune.levers import LEVERS, training_arguments_kwargs
+from autotune.result import TrialResult
+from autotune.spec.files import write_output
+from autotune.spec.peft import adapter_config_json, adapter_config_path
+from autotune.spec.peft import export_note as peft_export_note
+from autotune.storage import schema
+from autotune.units import format_bytes
+from autotune.views.ranking import RankedTrial, study_ranking, winner_summary
+
+
+def winner(study: optuna.Study) -> RankedTrial:
+    ranking = study_ranking(study)  # the confirmed winner, where the search confirmed one
+    if not ranking:
+        raise AutotuneError(
+            f"study {study.study_name!r} has no feasible trial to export (every trial failed, ran out of memory "
+            "or went over the ceiling): run more trials, or raise --memory-ceiling"
+        )
+    return ranking[0]
+
+
+def winner_arguments(study: optuna.Study) -> dict[str, Any]:
+    """The TrainingArguments keyword arguments of the study's best feasible trial."""
+    best = winner(study)
+    device_kind = study.user_attrs.get(schema.STUDY_DEVICE_KIND, "cpu")
+    arguments = training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
+    return with_precision_that_ran(arguments, best.result)
+
+
+def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
+    """Write down the TF32 matmuls a trial ran in although its arguments did not ask for them.
+
+    An fp32 + ``torch_compile`` trial runs TF32 because transformers switches it on when ``tf32`` is
+    unset (transformers/training_args.py, "── 9. TF32 ──"). The exported ``tf32: true`` makes the same
+    precision explicit, so the user reads what was measured and a later transformers that stopped
+    switching it on still reproduces it. Nothing changes where the user fixed ``tf32`` themselves.
+    """
+    if result is None or result.peak_dtype != "tf32" or "tf32" in arguments:
+        return arguments
+    return {**arguments, "tf32": True}
+
+
+def write_json(arguments: dict[str, Any], out: str) -> None:
+    """JSON that both ``TrainingArguments(output_dir=..., **json.load(f))`` and
+    ``HfArgumentParser(TrainingArguments).parse_json_file(f)`` accept (the parser needs an output_dir
+    only when none is given, so one is not written: the user chooses where to save)."""
+    write_output(out, json_text(arguments))
+
+
+FORMATS = ("json", "cli", "python", "accelerate")
+DEFAULT_OUT = {
+    "json": "best_args.json",
+    "cli": "best_args.txt",
+    "python": "best_args.py",
+    "accelerate": "accelerate_config.yaml",
+}
+
+
+def json_text(arguments: dict[str, Any]) -> str:
+    """The ``json`` format (see :func:`write_json`)."""
+    return json.dumps(arguments, indent=2, sort_keys=True) + "\n"
+
+
+def cli_flags(arguments: dict[str, Any]) -> str:
+    """The ``cli`` format: one shell-quoted line of ``--field value`` flags for ``HfArgumentParser``.
+
+    Booleans that are on become a bare ``--flag`` where the parser reads that as True, else
+    ``--flag True``; off ones are spelled ``--flag False``. Lists become several values where the parser takes several
+    (``nargs="+"``), one value where it takes one (``report_to``: ``str | list[str]``); dicts
+    become JSON, which ``TrainingArguments`` parses for its dict fields. ``None`` and empty lists
+    mean "the default" and are left out.
+
+    Raises:
+        AutotuneError: A list of several values for a field the parser takes one value of.
+    """
+    nargs = _parser_nargs()
+    tokens: list[str] = []
+    for name, value in arguments.items():
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            continue
+        if value is True:
+            tokens += [f"--{name}"] if nargs.get(name) == "?" else [f"--{name}", "True"]
+        elif value is False:
+            tokens += [f"--{name}", "False"]
+        elif isinstance(value, (list, tuple)):
+            if len(value) > 1 and nargs.get(name) not in ("+", "*"):
+                raise AutotuneError(
+                    f"--format cli cannot carry {name}={list(value)!r}: script parsers take one value for it; "
+                    "use --format json or python"
+                )
+            tokens += [f"--{name}", *(str(item) for item in value)]
+        elif isinstance(value, dict):
+            tokens += [f"--{name}", json.dumps(value, sort_keys=True)]
+        else:
+            tokens += [f"--{name}", str(value)]
+    return " ".join(shlex.quote(token) for token in tokens) + "\n"
+
+
+def _parser_nargs() -> dict[str, Any]:
+    """How many values ``HfArgumentParser`` reads for each TrainingArguments flag (``--name`` only)."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser(TrainingArguments)
+    return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
+
+
+def python_snippet(arguments: dict[str, Any], provenance: str = "") -> str:
+    """The ``python`` format: a ``TrainingArguments(...)`` call with every argument as a literal."""
+    lines = [f"# {line}" for line in provenance.splitlines()]
+    lines += [
+        "from transformers import TrainingArguments",
+        "",
+        "# Add output_dir=... to choose where checkpoints go.",
+        "training_args = TrainingArguments(",
+    ]
+    lines += [f"    {name}={value!r}," for name, value in arguments.items()]
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: int = 1) -> str:
+    """The ``accelerate`` format: an ``accelerate launch --config_file`` YAML, for scripts that build
+    their own ``Accelerator()``.
+
+    An accelerate config carries mixed precision, CPU use, torch.compile (dynamo) and the processes
+    of a winner measured on ``ranks`` ranks (``num_processes``, data parallel: ``MULTI_GPU``, or
+    ``MULTI_CPU`` with ``use_cpu``; accelerate.utils.DistributedType); the comment at its top lists
+    the winner's other arguments, which belong in the script.
+    """
+    if arguments.get("bf16"):
+        mixed_precision = "bf16"
+    elif arguments.get("fp16"):
+        mixed_precision = "fp16"
+    else:
+        mixed_precision = "no"
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "NO" if ranks == 1 else "MULTI_CPU" if arguments.get("use_cpu") else "MULTI_GPU",
+        "num_machines": 1,
+        "num_processes": ranks,
+        "machine_rank": 0,
+        "mixed_precision": mixed_precision,
+        "use_cpu": bool(arguments.get("use_cpu", False)),
+        "debug": False,
+    }
+    if arguments.get("torch_compile"):
+        config["dynamo_config"] = {
+            # accelerate names backends in upper case (accelerate.utils.DynamoBackend).
+            "dynamo_backend": str(arguments.get("torch_compile_backend") or "inductor").upper(),
+            "dynamo_mode": str(arguments.get("torch_compile_mode") or "default"),
+        }
+    carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode"}
+    rest = {name: value for name, value in arguments.items() if name not in carried}
+    header = [f"# {line}" for line in provenance.splitlines()]
+    header += [
+        "# accelerate launch --config_file <this file> train.py",
+        "# accelerate has no config field for these; set them in your script:",
+    ]
+    header += [f"#   {name} = {value!r}" for name, value in rest.items()]
+    if arguments.get("tf32"):
+        header.append("#   (tf32: torch.backends.cuda.matmul.allow_tf32 = True before training)")
+    if "gradient_accumulation_steps" in rest:
+        header.append(
+            f"#   (accumulation: Accelerator(gradient_accumulation_steps={rest['gradient_accumulation_steps']!r}))"
+        )
+    return "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+
+
+def launch_note(ranks: int) -> str | None:
+    """How to launch a winner measured on ``ranks`` ranks: torch's launcher, one process per device
+    (the trials ran exactly so: autotune/runner/_launch.py), the global batch shared by all."""
+    if ranks == 1:
+        return None
+    return (
+        f"the winner was measured on {ranks} ranks: launch `torchrun --nproc-per-node {ranks} your_script.py` "
+        f"(or `accelerate launch --num_processes {ranks}`); the global batch is per_device_train_batch_size "
+        f"x gradient_accumulation_steps x {ranks}"
+    )
+
+
+def ranks_of(study: optuna.Study | None) -> int:
+    """The ranks each trial of ``study`` spanned (``--devices-per-trial``, kept in its identity)."""
+    if study is None:
+        return 1
+    return int((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("devices_per_trial", 1))
+
+
+def model_loading_note(best: RankedTrial) -> str | None:
+    """What the winner set outside TrainingArguments (the model build, the data collator): each such
+    lever's own note (``autotune.levers``)."""
+    notes = [
+        lever.export_note(getattr(best.config, lever.name))
+        for lever in LEVERS.values()
+        if lever.acts_on != "training_args"
+    ]
+    return "; ".join(note for note in notes if note) or None
+
+
+def allocator_note(best: RankedTrial) -> str | None:
+    """The allocator settings the winner was measured under, which its peak memory depends on.
+
+    ``expandable_segments:True`` (the Docker image sets it) leaves less reserved-over-allocated
+    memory than the default segments, and other settings (``max_split_size_mb``,
+    ``garbage_collection_threshold``) change it too: a run without them may need more memory than
+    the study measured. TrainingArguments cannot carry an environment variable, so it is said here.
+    """
+    settings = {k: v for k, v in (best.result.runtime if best.result else {}).items() if k.endswith("ALLOC_CONF")}
+    if not settings:
+        return None
+    exports = " ".join(f"{name}={value}" for name, value in sorted(settings.items()))
+    return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
+
+
+def peak_batch_note(best: RankedTrial) -> str | None:
+    """Which batch set the winner's peak memory (``--dataset`` with dynamic padding: the worst case
+    the data can produce, run once by every trial, or the timed steps)."""
+    if best.result is None or not best.result.peak_batch:
+        return None
+    return (
+        f"the winner's peak memory ({format_bytes(best.result.peak_memory_bytes)}) was set by {best.result.peak_batch}"
+    )
+
+
+def deepspeed_config_path(out: str) -> str:
+    """Where the export writes the winner's DeepSpeed config beside ``out``:
+    ``best_args.json`` -> ``best_args.deepspeed.json``."""
+    if out == "-":
+        return "deepspeed_config.json"
+    return f"{os.path.splitext(out)[0]}.deepspeed.json"
+
+
+def with_deepspeed_config_path(arguments: dict[str, Any], out: str) -> dict[str, Any]:
+    """The arguments naming the DeepSpeed config file by path (``TrainingArguments(deepspeed=path)``),
+    as scripts and launchers pass it; unchanged without ZeRO."""
+    if not isinstance(arguments.get("deepspeed"), dict):
+        return arguments
+    return {**arguments, "deepspeed": deepspeed_config_path(out)}
+
+
+def deepspeed_note(best: RankedTrial, out: str) -> str | None:
+    """Where the winner's DeepSpeed config is, and for offload the host memory it needs."""
+    if best.config.zero == "off":
+        return None
+    note = f"the winner trains with DeepSpeed ZeRO {best.config.zero}: its config is {deepspeed_config_path(out)}, which the arguments name"
+    host = (best.result.memory_peaks if best.result else {}).get(schema.TRIAL_PREDICTED_HOST_BYTES)
+    if host:
+        note += f"; offload keeps {format_bytes(host)} per rank in host RAM (estimate)"
+    return note
+
+
+def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
+    """What the winner depends on outside TrainingArguments: the model build, the allocator, the
+    study's PEFT adapters (written beside ``out``), its DeepSpeed config; and which batch set its peak."""
+    found = (
+        launch_note(ranks_of(study)),
+        model_loading_note(best),
+        allocator_note(best),
+        peak_batch_note(best),
+        deepspeed_note(best, out),
+    )
+    notes = [note for note in found if note is not None]
+    peft_identity = _peft_identity(study)
+    if peft_identity is not None:
+        notes.append(peft_export_note(peft_identity, adapter_config_path(out)))
+    return notes
+
+
+def _peft_identity(study: optuna.Study | None) -> dict[str, Any] | None:
+    if study is None:
+        return None
+    return (study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("peft")
+
+
+def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT["json"]) -> str:
+    """Where an export comes from, in lines for the comments of the formats that take them."""
+    lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
+    lines += [f"note: {note}" for note in export_notes(best, study, out)]
+    return "\n".join(lines)
+
+
+def render(arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1) -> str:
+    """The text of ``arguments`` in one of :data:`FORMATS`.
+
+    Raises:
+        AutotuneError: An unknown format.
+    """
+    if fmt == "json":
+        return json_text(arguments)
+    if fmt == "cli":
+        return cli_flags(arguments)
+    if fmt == "python":
+        return python_snippet(arguments, provenance)
+    if fmt == "accelerate":
+        return accelerate_config(arguments, provenance, ranks)
+    raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
+
+
+def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
+    """Write the winner's arguments in ``fmt`` to ``out`` (``-``: standard output).
+
+    Returns:
+        The trial that was exported.
+    """
+    best = winner(study)
+    arguments = winner_arguments(study)
+    if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
+        write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
+    text = render(with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out), ranks_of(study))
+    write_output(out, text)
+    peft_identity = _peft_identity(study)
+    if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments
+        task = str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("task", ""))
+        write_output(adapter_config_path(out), adapter_config_json(peft_identity, task))
+    return best

@@ -1,0 +1,246 @@
+"""What the commands that train nothing print: ``autotune estimate`` (the planner's tables) and
+``autotune devices`` (what each device is, its datasheet and measured peaks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate
+from autotune.levers import LEVERS, TrialConfig
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
+from autotune.units import format_bytes
+from autotune.views.search_display import format_tflops
+
+HOST_COLUMN = "host RAM (offload)"
+
+
+def shows_host_memory(estimates: Sequence[MemoryEstimate]) -> bool:
+    """Whether a table needs the host column: some config offloads with ZeRO."""
+    return any(estimate.host_bytes for estimate in estimates)
+
+
+def host_memory_note(device_kind: str) -> str:
+    """What the host column means where it is shown (``autotune estimate``)."""
+    if device_kind == "cpu":
+        return (
+            "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory; on the CPU the host is the "
+            "device, so the predicted peak already holds it"
+        )
+    return "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory per rank, beside the device's peak"
+
+
+def estimate_table(
+    title: str, rows: Sequence[tuple[TrialConfig, MemoryEstimate]], ceiling_bytes: int, screen_margin: float
+) -> Table:
+    """Predicted peak memory per config, by part, against the ceiling (``autotune estimate``)."""
+    table = Table(
+        title=title,
+        caption=(
+            "weights: fp32 parameters (+ 16-bit copies under fp16/bf16 autocast); gradients: fp32; optimizer "
+            "states: per optimizer; activations: Korthikanti et al. 2022 per layer, calibrated scale; logits: "
+            "three fp32 b·s·V tensors of the LM loss; allocator: CUDA caching allocator's workspaces and "
+            "fragmentation (0 on the CPU); context: CUDA context, or on the CPU the process baseline "
+            f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "
+            "a search would not run it."
+        ),
+        caption_justify="left",
+    )
+    parts = list(rows[0][1].parts()) if rows else []
+    host = shows_host_memory([estimate for _, estimate in rows])
+    headers = ["config", *parts, "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling"]
+    for header in headers:
+        table.add_column(header, justify="left" if header == "config" else "right")
+    for config, estimate in rows:
+        total = estimate.total_bytes
+        if fits(total, ceiling_bytes):
+            verdict = "[green]fits[/]"
+        elif fits(total, ceiling_bytes * screen_margin):
+            verdict = "[yellow]over (would run)[/]"
+        else:
+            verdict = "[magenta]screened[/]"
+        host_cell = [format_bytes(estimate.host_bytes)] if host else []
+        table.add_row(
+            config.short(),
+            *(format_bytes(v) for v in estimate.parts().values()),
+            format_bytes(total),
+            *host_cell,
+            verdict,
+        )
+    return table
+
+
+# The levers the short table gives a column of its own (the micro-batch is the one it solves for,
+# accumulation follows from it); every other lever is shown under "other knobs".
+_SHORT_TABLE_COLUMNS = ("micro_batch", "grad_accum", "dtype", "checkpointing", "optim")
+
+
+def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int) -> Table:
+    """``autotune estimate``'s default: per setting of the other memory knobs, the largest micro-batch
+    predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`)."""
+    table = Table(
+        title=title,
+        caption="largest micro-batch: of the space's micro-batches, the largest whose predicted peak is at most the "
+        "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts).",
+        caption_justify="left",
+    )
+    host = shows_host_memory([row.estimate for row, _ in chosen])
+    headers = (
+        "dtype",
+        "checkpointing",
+        "optimizer",
+        "other knobs",
+        "largest micro-batch",
+        "predicted peak",
+        *([HOST_COLUMN] if host else []),
+        "vs ceiling",
+    )
+    for header in headers:
+        table.add_column(
+            header, justify="right" if header in ("largest micro-batch", "predicted peak", HOST_COLUMN) else "left"
+        )
+    for row, any_fits in chosen:
+        config = row.config
+        # Every other lever away from its default, as the config's own label says it (weights=bf16, zero=2, ...).
+        others = " ".join(
+            lever.label(getattr(config, lever.name))
+            for lever in LEVERS.values()
+            if lever.name not in _SHORT_TABLE_COLUMNS and getattr(config, lever.name) != lever.default
+        )
+        batch = str(config.micro_batch) if any_fits else f"none (smallest {config.micro_batch})"
+        verdict = (
+            "[green]fits[/]"
+            if any_fits
+            else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"
+        )
+        table.add_row(
+            config.dtype,
+            "on" if config.checkpointing else "off",
+            config.optim,
+            others or "-",
+            batch,
+            format_bytes(row.estimate.total_bytes),
+            *([format_bytes(row.estimate.host_bytes)] if host else []),
+            verdict,
+        )
+    return table
+
+
+def what_would_fit_table(advice: FitAdvice) -> Table:
+    """``autotune estimate`` when no config of the space fits: the smallest config with one lever
+    changed at a time, predicted (:func:`autotune.estimate.what_would_fit`, the search's answer too)."""
+    smallest = advice.smallest
+    table = Table(
+        title=f"Nothing in the space fits: the smallest predicted peak is {format_bytes(smallest.estimate.total_bytes)} "
+        f"({smallest.config.short()}); one lever changed at a time",
+        caption=advice.advice(),
+        caption_justify="left",
+    )
+    for header in ("lever", "value", "predicted peak", "vs ceiling"):
+        table.add_column(header, justify="right" if header == "predicted peak" else "left")
+
+    def verdict(total: int) -> str:
+        return (
+            "[green]fits[/]"
+            if fits(total, advice.ceiling_bytes)
+            else f"[magenta]over by {format_bytes(total - advice.ceiling_bytes)}[/]"
+        )
+
+    for change in advice.changes:
+        value = str(change.value).lower() if isinstance(change.value, bool) else str(change.value)
+        table.add_row(
+            change.lever, value, format_bytes(change.estimate.total_bytes), verdict(change.estimate.total_bytes)
+        )
+    leanest = advice.leanest
+    if advice.changes:
+        table.add_row(
+            "all of them",
+            leanest.config.short(),
+            format_bytes(leanest.estimate.total_bytes),
+            verdict(leanest.estimate.total_bytes),
+        )
+    return table
+
+
+def known_gpus_table() -> Table:
+    """``autotune devices --known``: the GPUs ``autotune estimate --gpu-type`` plans for."""
+    from autotune.spec.devices import KNOWN_GPUS
+
+    table = Table(title="GPUs to plan for without having them (autotune estimate --gpu-type NAME)")
+    for header in (
+        "name",
+        "GPU (as NVML names it)",
+        "memory",
+        "compute capability",
+        "dtypes",
+        "datasheet peaks (TFLOPS)",
+        "memory figure from",
+    ):
+        table.add_column(header)
+    for gpu in KNOWN_GPUS:
+        device = gpu.device()
+        entry = device.datasheet_entry()
+        peaks = ", ".join(f"{d} {v:g}" for d, v in entry.peaks_tflops.items()) if entry else "-"
+        table.add_row(
+            gpu.key,
+            gpu.nvml_name,
+            format_bytes(gpu.memory_bytes),
+            f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
+            ", ".join(device.supported_dtypes),
+            peaks,
+            gpu.memory_source,
+        )
+    return table
+
+
+def calibrated_peaks_text(spec: DeviceSpec, peaks: Sequence[Any], path: object) -> str:
+    """``autotune devices --calibrate``'s lines for one device: each measured peak (a
+    ``calibrate.MeasuredMatmulPeak``), then where they were stored."""
+    lines = [
+        f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
+        f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
+        for peak in peaks
+    ]
+    return "\n".join([*lines, f"  stored in {path}"])
+
+
+def devices_table(
+    devices: Sequence[DeviceSpec], measured_peaks: dict[str, dict[str, float]]
+) -> tuple[Table, list[str]]:
+    """``autotune devices``: each device's memory and peak TFLOPS per dtype, datasheet / measured, and a
+    note per device saying what MFU is measured against.
+
+    Args:
+        devices: The devices found.
+        measured_peaks: Peaks measured by ``autotune devices --calibrate``, by device name and dtype.
+    """
+    from autotune.levers import DTYPES
+    from autotune.spec.measured_peaks import peak_note
+
+    table = Table(
+        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"
+    )
+    for header in ["device", "name", "memory", "datasheet", *DTYPES]:
+        table.add_column(header)
+    notes = []
+    for spec in devices:
+        measured = measured_peaks.get(spec.name, {})
+        cells = []
+        for dtype in DTYPES:
+            if dtype not in spec.supported_dtypes:
+                cells.append("n/a")
+                continue
+            datasheet = spec.datasheet_peak_tflops(dtype)
+            cells.append(
+                f"{'-' if datasheet is None else format_tflops(datasheet)} / "
+                f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
+            )
+        entry = spec.datasheet_entry()
+        table.add_row(
+            spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells
+        )
+        notes.append(f"{spec.label}: {peak_note(spec, measured)}")
+    return table, notes

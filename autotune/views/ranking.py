@@ -1,0 +1,361 @@
+"""Rank a study's trials: feasible ones by throughput, confirmed leaders first, ties broken by memory."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.levers import TrialConfig
+from autotune.result import (
+    INFEASIBLE_STATUSES,
+    RAN_NORMALLY_STATUSES,
+    Status,
+    TrialResult,
+    came_back_counts,
+    feasible_by_speed,
+    is_budget_trial,
+    judged_trials,
+    params_key,
+)
+from autotune.storage import schema
+from autotune.units import format_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedTrial:
+    """A trial with its config and result, as the tables and the exporter see it.
+
+    Attributes:
+        number: The Optuna trial number.
+        state: The Optuna trial state name (COMPLETE, FAIL, PRUNED, RUNNING, WAITING).
+        config: The knobs it ran with.
+        result: What it measured (``None`` for trials still running).
+        confirmed_samples_per_s: Median of the end-of-search re-measurement, if it was confirmed.
+        ties_with_leader: Within noise of the top trial after confirmation.
+        confirmation: The whole confirmation record (re-runs, their CV, peak memory), if any.
+    """
+
+    number: int
+    state: str
+    config: TrialConfig
+    result: TrialResult | None
+    confirmed_samples_per_s: float | None = None
+    ties_with_leader: bool = False
+    confirmation: dict[str, Any] | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        """The figure the ranking uses: the confirmed median where there is one."""
+        if self.confirmed_samples_per_s is not None:
+            return self.confirmed_samples_per_s
+        return self.result.samples_per_s if self.result else 0.0
+
+    @property
+    def useful_tflops(self) -> float:
+        """Model TFLOPs, the useful work per second (real tokens only with ``--dataset``, see
+        autotune/spec/flops.py: model_tflops); the confirmed figure where there is one."""
+        confirmed = ((self.confirmation or {}).get("figures") or {}).get("model_tflops")
+        if confirmed is not None:
+            return float(confirmed)
+        if self.result is None or self.result.samples_per_s <= 0:
+            return 0.0
+        # A confirmation that kept only samples/s: the search's useful work per sample, at that rate.
+        return self.result.model_tflops * self.samples_per_s / self.result.samples_per_s
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation is not None
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        """Peak memory for tie-breaking: the largest seen, at search or confirmation."""
+        search_peak = self.result.peak_memory_bytes if self.result else 0
+        return max(search_peak, int((self.confirmation or {}).get("peak_memory_bytes") or 0))
+
+
+def confirmations_of(study: optuna.Study) -> dict[int, dict[str, Any]]:
+    """The last confirmation's records by trial number, while they still confirm the leaders.
+
+    A confirmation re-measured the top-k trials by search-time figure. Once later trials change
+    that top-k (a resumed search found a new contender), it no longer says who wins: it is ignored,
+    and the ranking falls back to search-time figures until the next confirmation.
+
+    Returns:
+        Trial number -> confirmation record; empty if never confirmed, or stale.
+    """
+    record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
+    confirmed = {int(number): values for number, values in (record.get("trials") or {}).items()}
+    if not confirmed:
+        return {}
+    top_k = int(record.get("top_k") or len(confirmed))
+    leaders = {r.number for r in feasible_ranking(study.get_trials(deepcopy=False), confirmations={})[:top_k]}
+    return confirmed if leaders == set(confirmed) else {}
+
+
+def to_ranked(trial: FrozenTrial, confirmation: dict[str, Any] | None = None) -> RankedTrial:
+    """A trial as the tables see it, with its confirmation record if it has one."""
+    return RankedTrial(
+        number=trial.number,
+        state=trial.state.name,
+        config=TrialConfig.from_params(trial.params),
+        # A queued re-run carries its failed original's attrs (Optuna's retry copies them): it has no result of its own yet.
+        result=TrialResult.from_trial(trial) if trial.state.is_finished() else None,
+        confirmed_samples_per_s=(confirmation or {}).get("samples_per_s"),
+        ties_with_leader=bool((confirmation or {}).get("ties_with_leader", False)),
+        confirmation=confirmation,
+    )
+
+
+def feasible_ranking(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> list[RankedTrial]:
+    """Trials that ran and fit under the ceiling, fastest first (each config once).
+
+    Ranked by model TFLOPs, the useful work (then samples/s): recomputation (hardware FLOPs) never
+    raises a rank, and with ``--dataset`` padding is not useful work (only real tokens count), so a
+    config that pads less ranks higher for the same samples/s. With synthetic tokens model TFLOPs
+    is proportional to samples/s for one model and sequence length.
+
+    Order: confirmed trials first, by their confirmed median, with the leader and every trial
+    tied with it (within noise) ordered by peak memory, smaller first; then unconfirmed trials by
+    their search-time figure (a single measurement does not outrank a confirmed one). A trial
+    whose confirmation found it infeasible (a re-run ran out of memory or went over the ceiling)
+    is left out.
+
+    Args:
+        trials: The study's trials.
+        confirmations: Confirmation records by trial number (:func:`confirmations_of`); ``{}``
+            ranks by search-time figures only.
+    """
+    confirmations = confirmations or {}
+    # Judged as every reader judges them (a trial told before the HF default's loss existed included).
+    ranked = [
+        to_ranked(trial, confirmations.get(trial.number)) for trial, _ in feasible_by_speed(judged_trials(trials))
+    ]
+    ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
+    confirmed = sorted((r for r in ranked if r.confirmed), key=_useful_work_first)
+    unconfirmed = sorted((r for r in ranked if not r.confirmed), key=_useful_work_first)
+    tied = [r for r in confirmed if r.ties_with_leader]
+    if tied:
+        tied.sort(key=lambda r: (r.peak_memory_bytes, -r.samples_per_s))
+        confirmed = tied + [r for r in confirmed if not r.ties_with_leader]
+    return confirmed + unconfirmed
+
+
+def _useful_work_first(row: RankedTrial) -> tuple[float, float]:
+    return (-row.useful_tflops, -row.samples_per_s)
+
+
+def study_ranking(study: optuna.Study) -> list[RankedTrial]:
+    """:func:`feasible_ranking` of a study, with its last confirmation applied."""
+    return feasible_ranking(study.get_trials(deepcopy=False), confirmations_of(study))
+
+
+def all_trials(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> list[RankedTrial]:
+    """Every trial in number order, whatever its status (as judged: :func:`autotune.result._loss.judged_trials`)."""
+    confirmations = confirmations or {}
+    return [to_ranked(t, confirmations.get(t.number)) for t in sorted(judged_trials(trials), key=lambda t: t.number)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupOverDefault:
+    """The best feasible trial against the HF-default seed trial, both measured in this study.
+
+    Attributes:
+        default_trial: Number of the ``hf-default`` trial.
+        default_status: Its status (``ok``, ``oom``, ``screened``, ...).
+        default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
+        best_trial: Number of the best feasible trial.
+        best_samples_per_s: Its throughput (the confirmed median where there is one).
+        best_config: Its knobs.
+    """
+
+    default_trial: int
+    default_status: Status
+    default_samples_per_s: float
+    best_trial: int
+    best_samples_per_s: float
+    best_config: TrialConfig
+
+    @property
+    def ratio(self) -> float | None:
+        """Best samples/s over default samples/s; ``None`` if the default did not run and fit.
+
+        A pruned default counts: it was stopped for being slow, and its median is measured.
+        """
+        ran_and_fit = self.default_status in RAN_NORMALLY_STATUSES and self.default_status not in INFEASIBLE_STATUSES
+        if not ran_and_fit or self.default_samples_per_s <= 0:
+            return None
+        return self.best_samples_per_s / self.default_samples_per_s
+
+
+def speedup_over_default(
+    trials: Sequence[FrozenTrial], confirmations: Mapping[int, dict[str, Any]] | None = None
+) -> SpeedupOverDefault | None:
+    """Compare the winner with the ``hf-default`` seed; ``None`` if either is missing.
+
+    Args:
+        trials: The study's trials.
+        confirmations: The study's confirmation records (``ranking.confirmations_of``), so the
+            winner is the one the ranking and the export name, at its confirmed median.
+    """
+    default = next(
+        (
+            t
+            for t in sorted(trials, key=lambda t: t.number)
+            if t.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        ),
+        None,
+    )
+    ranking = feasible_ranking(trials, confirmations)
+    if default is None or not ranking:
+        return None
+    result = TrialResult.from_trial(default) or TrialResult(status=Status.ERROR)
+    # Compare like with like: where the default was re-measured too, its confirmed median.
+    default_confirmed = ((confirmations or {}).get(default.number) or {}).get("samples_per_s")
+    return SpeedupOverDefault(
+        default_trial=default.number,
+        default_status=result.status,
+        default_samples_per_s=default_confirmed or result.samples_per_s,
+        best_trial=ranking[0].number,
+        best_samples_per_s=ranking[0].samples_per_s,
+        best_config=ranking[0].config,
+    )
+
+
+def describe_standing(study: optuna.Study) -> str:
+    """Where a study stands, in one line: trials by outcome, queued re-runs, the best feasible so far."""
+    trials = judged_trials(study.get_trials(deepcopy=False))
+    by_status: dict[str, int] = {}
+    best: tuple[float, int] | None = None
+    for trial in trials:
+        if trial.state in (TrialState.WAITING, TrialState.RUNNING):
+            by_status[trial.state.name.lower()] = by_status.get(trial.state.name.lower(), 0) + 1
+            continue
+        result = TrialResult.from_trial(trial)
+        status = result.status if result else trial.state.name.lower()
+        by_status[status] = by_status.get(status, 0) + 1
+        if (
+            result
+            and trial.state == TrialState.COMPLETE
+            and result.feasible
+            and schema.TRIAL_REUSED_FROM not in trial.user_attrs
+        ):
+            best = max(best or (0.0, -1), (result.samples_per_s, trial.number))
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())) or "none"
+    best_text = f"best so far #{best[1]} at {best[0]:.1f} samples/s" if best else "no feasible trial yet"
+    return f"study {study.study_name!r}: {len(trials)} trials ({counts}); {best_text}"
+
+
+def describe_winner(ranking: list[RankedTrial]) -> str:
+    """One sentence about the winner of a ranked study: confirmed or not, and any tie."""
+    if not ranking:
+        return "no feasible configuration"
+    leader = ranking[0]
+    if leader.confirmation is None:
+        return f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s (single measurement, not confirmed)"
+    sentence = (
+        f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, the median of "
+        f"{leader.confirmation.get('repeats', 0)} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
+    )
+    tied = [r for r in ranking[1:] if r.ties_with_leader]
+    if leader.ties_with_leader and tied:
+        others = ", ".join(
+            f"#{r.number} ({r.samples_per_s:.1f} samples/s, {format_bytes(r.peak_memory_bytes)})" for r in tied
+        )
+        sentence += (
+            f"; it ties within noise with {others}, and is preferred for its smaller peak memory "
+            f"({format_bytes(leader.peak_memory_bytes)})"
+        )
+    return sentence
+
+
+def ranked_result(row: RankedTrial) -> TrialResult | None:
+    """A ranked trial's figures as ranked: at the confirmed median where the search confirmed it
+    (model/hardware TFLOPs, MFU scale with samples/s), with the larger peak of search and re-runs."""
+    if row.result is None:
+        return None
+    figures = dict((row.confirmation or {}).get("figures") or {})
+    if row.confirmed_samples_per_s is not None:
+        figures["samples_per_s"] = row.confirmed_samples_per_s
+    known = {field.name for field in dataclasses.fields(TrialResult)}
+    return dataclasses.replace(
+        row.result, **{k: v for k, v in figures.items() if k in known}, peak_memory_bytes=row.peak_memory_bytes
+    )
+
+
+def confirmation_label(row: RankedTrial) -> str:
+    """How a ranked trial's samples/s was measured, for tables: empty for a single measurement."""
+    if not row.confirmed:
+        return ""
+    return " (confirmed, ties with the leader)" if row.ties_with_leader else " (confirmed)"
+
+
+def winner_summary(best: RankedTrial) -> str:
+    """``#3 (mb=16 ...), 8.3 samples/s (...), ... model TFLOPs, peak memory ... under the ... ceiling``."""
+    result = ranked_result(best)
+    measured = ""
+    if result is not None:
+        how = " (median of confirming re-runs)" if best.confirmed else " (one measurement)"
+        measured = (
+            f", {result.samples_per_s:.1f} samples/s{how}, {result.model_tflops:.4g} model TFLOPs, "
+            f"peak memory {format_bytes(result.peak_memory_bytes)} ({result.memory_source}) under the "
+            f"{format_bytes(result.ceiling_bytes)} ceiling"
+        )
+    return f"#{best.number} ({best.config.short()}){measured}"
+
+
+def describe_ranking_basis(study: optuna.Study) -> str:
+    """What the study's ranking rests on now: an earlier run's confirmation, or single measurements.
+
+    Said when a confirmation is interrupted: nothing of it is recorded, and the ranking then uses
+    the last recorded confirmation while it still covers the leaders (:func:`confirmations_of`).
+    """
+    confirmed = confirmations_of(study)
+    if not confirmed:
+        return "the ranking below rests on single search measurements"
+    record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
+    numbers = ", ".join(f"#{n}" for n in sorted(confirmed))
+    return (
+        f"the ranking below rests on the confirmation recorded at {record.get('measured_at', 'an unknown time')} "
+        f"by an earlier run ({numbers} re-run {record.get('repeats', '?')} times), which still covers the leading configs"
+    )
+
+
+def describe_distinct(trials: Sequence[FrozenTrial]) -> str:
+    """One line: how many distinct configs the study's trials measured, and how often the sampler
+    came back to a measured one (not counted as trials)."""
+    budget = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
+    distinct = len({params_key(t.params) for t in budget})
+    counts = came_back_counts(trials)
+    text = f"{len(budget)} trials measured or screened {distinct} distinct configs"
+    if not counts:
+        return text + "; the sampler never came back to a measured config"
+    detail = ", ".join(f"#{number} x{times}" for number, times in sorted(counts.items()))
+    return (
+        f"{text}; the sampler came back to a measured config {_times(sum(counts.values()))} ({detail}): "
+        "answered from the record or turned to an untaken config, not counted as trials"
+    )
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """The (memory, speed, trial) points no other point beats on both: less memory and more speed.
+
+    Sorted by memory; each point on the front is faster than every point that uses less memory.
+    """
+    front: list[tuple[float, float, int]] = []
+    for memory, speed, number in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or speed > front[-1][1]:
+            front.append((memory, speed, number))
+    return front

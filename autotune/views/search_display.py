@@ -1,0 +1,378 @@
+"""What the user watches and reads: the live search view, what a search prints, the trial tables (Rich)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from autotune.levers import TrialConfig
+from autotune.result import (
+    UNFINISHED_LABELS,
+    Status,
+    TrialResult,
+    diverged_trials,
+    memory_source_description,
+    precision_note,
+    winner_loss,
+)
+from autotune.storage import schema
+from autotune.units import format_bytes
+from autotune.views.ranking import (
+    RankedTrial,
+    confirmations_of,
+    describe_distinct,
+    describe_ranking_basis,
+    describe_standing,
+    describe_winner,
+    speedup_over_default,
+    study_ranking,
+)
+
+# The terminal style of each status (a test checks it covers exactly autotune.result.Status).
+STATUS_STYLE: dict[str, str] = {
+    Status.OK: "green",
+    Status.OVER_CEILING: "yellow",
+    Status.OOM: "red",
+    Status.SCREENED: "magenta",
+    Status.PRUNED: "cyan",
+    Status.DIVERGED: "red",
+    Status.TIMEOUT: "red",
+    Status.CRASH: "red",
+    Status.ERROR: "red",
+    Status.INTERRUPTED: "yellow",
+    Status.COMPILE_TIMEOUT: "red",
+}
+
+LEGEND = (
+    "samples/s: steady-state median over whole optimizer steps (warm-up and compilation excluded); "
+    "✓ = median of the end-of-search re-runs. model TFLOPs: useful work per second (6N + 12·L·h·s per "
+    "token, PaLM; 4N + 6N_adapter + 12·L·h·s under --peft), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
+    "matmuls ran in; * = over the peak measured by `autotune devices --calibrate`; - = no peak known "
+    "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
+    "over the same peak. peak mem: the figure the ceiling is compared with ({source}); pred: the calibrated "
+    "estimate when the config was proposed. "
+    "CV: step-time coefficient of variation over the steady window."
+)
+
+
+def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def format_tflops(value: float) -> str:
+    """Three significant figures at any scale (a tiny CPU model and an H100 both read well)."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
+    """``41.2%`` against the datasheet, ``48.0%*`` against the measured peak, both when both exist."""
+    parts = []
+    if datasheet is not None:
+        parts.append(f"{datasheet:.1%}")
+    if measured is not None:
+        parts.append(f"{measured:.1%}*")
+    return " / ".join(parts) if parts else "-"
+
+
+def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
+    """One row per trial: its status, knobs and every measured figure with its unit."""
+    source = memory_source_description(memory_source) or "see each trial's memory_source"
+    table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
+    for header, justify in [
+        ("#", "right"),
+        ("status", "left"),
+        ("config", "left"),
+        ("samples/s", "right"),
+        ("model TFLOPs", "right"),
+        ("MFU", "right"),
+        ("HFU", "right"),
+        ("peak mem", "right"),
+        ("CV", "right"),
+        ("time", "right"),
+        ("note", "left"),
+    ]:
+        table.add_column(header, justify=justify, overflow="fold")
+    for row in rows:
+        table.add_row(
+            *trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s, row.confirmation, row.state)
+        )
+    return table
+
+
+def trial_cells(
+    number: int,
+    config: TrialConfig,
+    result: TrialResult | None,
+    confirmed: float | None = None,
+    confirmation: dict | None = None,
+    state: str = "RUNNING",
+) -> list[str]:
+    """The cells of one table row; ``-`` where a trial measured nothing."""
+    if result is None:
+        label = UNFINISHED_LABELS.get(state, state.lower())
+        return [str(number), label, config.short()] + ["-"] * 8
+    status = f"[{STATUS_STYLE.get(result.status, '')}]{result.status}[/]"
+    ran = result.samples_per_s > 0
+    samples = "-"
+    if ran:
+        samples = f"{confirmed:.1f} ✓" if confirmed is not None else f"{result.samples_per_s:.1f}"
+    if confirmation and confirmation.get("figures"):
+        # Show the figures at the confirmed median, the one the row is ranked by.
+        result = dataclasses.replace(result, **confirmation["figures"])
+    mfu = utilisation_cell(result.mfu, result.mfu_measured)
+    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
+    notes = [result.error] if result.error else []
+    if result.skipped_measured_steps:
+        notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
+    notes += [note for note in [precision_note(config.dtype, result)] if note]
+    notes += result.defects
+    if result.attempts > 1:
+        notes.append(f"attempt {result.attempts}")
+    if confirmation:
+        runs = confirmation.get("repeats", 0)
+        notes.append(f"confirmed: {runs} re-runs, CV {confirmation.get('cv', 0.0):.1%}")
+        if confirmation.get("ties_with_leader"):
+            notes.append("ties with the leader (within noise)")
+        if not confirmation.get("feasible", True):
+            notes.append(f"re-runs: {', '.join(confirmation.get('statuses', []))}")
+    if ran and not result.steady and result.feasible:
+        notes.append("CV target not met")
+    return [
+        str(number),
+        status,
+        config.short(),
+        samples,
+        format_tflops(result.model_tflops) if ran else "-",
+        mfu if ran else "-",
+        hfu if ran else "-",
+        peak_cell(result),
+        _fmt(result.step_time_cv, ".1%") if ran else "-",
+        f"{result.wall_s:.0f}s",
+        "; ".join(notes)[:90],
+    ]
+
+
+def peak_cell(result: TrialResult) -> str:
+    """The measured peak, and the prediction made when the config was proposed (study._screening)."""
+    predicted = result.memory_peaks.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
+    measured = format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-"
+    return measured if predicted is None else f"{measured} (pred {format_bytes(predicted)})"
+
+
+class SearchView:
+    """A live progress bar over a growing table of finished trials."""
+
+    def __init__(self, console: Console, n_trials: int | None, ceiling_bytes: int, memory_source: str) -> None:
+        self._console = console
+        self._rows: list[RankedTrial] = []
+        self._memory_source = memory_source
+        self._ceiling = ceiling_bytes
+        self._progress = Progress(
+            TextColumn("[bold]trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+        )
+        self._task = self._progress.add_task("starting", total=n_trials)
+        self._live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+        self._trial_started = 0.0
+        self._running: dict[int, TrialConfig] = {}
+        # Several workers (threads) report trials; one at a time changes the rows and the bar.
+        self._lock = threading.Lock()
+
+    def _render(self) -> Group:
+        title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source})"
+        return Group(trial_table(title, self._rows[-30:], self._memory_source), self._progress)
+
+    def __enter__(self) -> SearchView:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._live.update(self._render())
+        self._live.__exit__(*exc)  # type: ignore[arg-type]
+        if not self._console.is_terminal:
+            # Rich ends the last render with a newline only on a terminal (rich/live.py: Live.stop);
+            # in a log or a pipe the next line would run on from the progress bar.
+            self._console.line()
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        with self._lock:
+            self._trial_started = time.monotonic()
+            self._running[number] = config
+            self._progress.update(self._task, description=self._running_description())
+
+    def trial_finished(self, number: int, config: TrialConfig, result: TrialResult) -> None:
+        with self._lock:
+            self._running.pop(number, None)
+            self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
+            self._progress.update(self._task, advance=1, description=self._running_description())
+            self._live.update(self._render())
+
+    def _running_description(self) -> str:
+        if len(self._running) == 1:
+            number, config = next(iter(self._running.items()))
+            return f"running #{number}: {config.short()}"
+        return f"running {', '.join(f'#{n}' for n in sorted(self._running))}" if self._running else ""
+
+
+class SearchPrinter:
+    """What ``autotune search`` prints around its live view: what was prepared, the study, the notes
+    before the loop, why the loop stopped, each confirmation re-run (the hooks of
+    ``autotune.study.search``), and the results.
+
+    Args:
+        console: Standard output; ``err_console``: where interruptions are told.
+        n_trials: Trials this invocation may run (the progress bar's total).
+        confirm_top, confirm_repeats: The confirmation asked for (0 leaders: none).
+    """
+
+    def __init__(
+        self, console: Console, err_console: Console, n_trials: int, confirm_top: int, confirm_repeats: int
+    ) -> None:
+        self._console = console
+        self._err_console = err_console
+        self._n_trials = n_trials
+        self._confirm_top = confirm_top
+        self._confirm_repeats = confirm_repeats
+        self._study: Any = None
+
+    def prepared(self, notes: Sequence[str], dataset: Any) -> None:
+        """The request's notes (what the space filtered out; last, what MFU is measured against) and
+        the user's data (a ``data.PreparedDataset``, or ``None`` for synthetic tokens)."""
+        for note in notes[:-1]:
+            self._console.print(f"[dim]note: {note}[/]")
+        if dataset is not None:
+            self._console.print(f"dataset {dataset.label}: {dataset.num_samples} samples")
+        self._console.print(f"[dim]note: {notes[-1]}[/]")
+
+    def study_opened(self, study: Any, storage_label: str, request: Any) -> SearchView:
+        """The study (an ``optuna.Study``) and what it searches (a ``SearchRequest``), in one line; how
+        a new study's seeds were fitted; the live view of its trials, to run the loop in."""
+        self._study = study
+        workload = request.workload
+        if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
+            for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
+                self._console.print(f"[dim]note: {note}[/]")
+        self._console.print(
+            f"study [bold]{study.study_name}[/] in {storage_label}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
+            f"params, {workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), "
+            f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, "
+            f"{len(study.trials)} trials so far"
+        )
+        cpu = workload.device.kind == "cpu"
+        probe_source = (
+            "peak RSS of the trial's process tree" if cpu else "peak reserved + outside-allocator device memory"
+        )
+        return SearchView(self._console, self._n_trials, workload.ceiling_bytes, probe_source)
+
+    def note(self, line: str) -> None:
+        self._console.print(f"note: {line}")
+
+    def loop_ended(self, reason: str | None) -> None:
+        """Why the search stopped early, if it did, how many distinct configs it measured, the confirmation to come."""
+        if reason:
+            self._console.print(f"search done: {reason}", markup=False, highlight=False)
+        self._console.print(describe_distinct(self._study.get_trials(deepcopy=False)), markup=False, highlight=False)
+        if self._confirm_top > 0:
+            self._console.print(
+                f"confirming: re-running the top {self._confirm_top} feasible configs {self._confirm_repeats} times each, interleaved"
+            )
+
+    def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
+        figure = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else result.error[:60]
+        self._console.print(f"  round {round_index + 1}/{self._confirm_repeats}: #{number} {result.status}, {figure}")
+
+    def interrupted(self) -> None:
+        self._err_console.print(
+            f"interrupted: running trials were stopped, recorded as interrupted and queued to run again. "
+            f"{describe_standing(self._study)}. To resume, run the same command again.",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def confirmation_interrupted(self) -> None:
+        self._err_console.print(
+            f"confirmation interrupted: none of its re-runs is recorded; {describe_ranking_basis(self._study)}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def results(self) -> None:
+        """The ranking, the speedup over the HF default, whether the winner trains as the default does."""
+        print_ranking(self._console, self._study, top=5)
+        print_speedup(self._console, self._study)
+        print_winner_loss(self._console, self._study)
+
+
+def print_ranking(console: Console, study: Any, top: int) -> None:
+    """The feasible trials of a study (an ``optuna.Study``), fastest first, and the winner in words."""
+    ranking = study_ranking(study)
+    if not ranking:
+        console.print(f"study {study.study_name!r}: no feasible trial yet (see `autotune best --all`)")
+        return
+    source = ranking[0].result.memory_source if ranking[0].result else ""
+    console.print(trial_table(f"Feasible configurations of {study.study_name}, fastest first", ranking[:top], source))
+    console.print(describe_winner(ranking))
+
+
+def print_speedup(console: Console, study: Any) -> None:
+    """The winner's speedup over the HF default ``TrainingArguments`` trial, or why there is none."""
+    speedup = speedup_over_default(study.get_trials(deepcopy=False), confirmations_of(study))
+    if speedup is None:
+        return
+    best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
+    default = f"HF default TrainingArguments (#{speedup.default_trial})"
+    if speedup.ratio is None:
+        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
+        return
+    console.print(
+        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
+        f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
+    )
+
+
+def print_winner_loss(console: Console, study: Any) -> None:
+    """Whether the winner trains as the HF default does: their losses over the same steps, in words."""
+    ranking = study_ranking(study)
+    if not ranking or ranking[0].result is None:
+        return
+    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result)
+    console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
+    curve = loss.curve_text()
+    if curve is not None:
+        console.print(curve, markup=False, highlight=False, soft_wrap=True)
+    faster = [
+        (n, r)
+        for n, r in diverged_trials(study.get_trials(deepcopy=False))
+        if r.samples_per_s > ranking[0].samples_per_s
+    ]
+    for number, result in faster:
+        console.print(
+            f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
+            f"({result.error or 'loss far above the HF default'})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -1,0 +1,20 @@
+"""Measuring a device's matmul peak (``autotune devices --calibrate``): on the CPU for real."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.runner import calibrate_device, measure_matmul_peak
+
+
+def test_measure_matmul_peak_on_the_cpu():
+    peak = measure_matmul_peak("cpu", "fp32", matrix_size=128, seconds=0.05)
+    assert peak.dtype == "fp32" and peak.matrix_size == 128
+    assert peak.iterations >= 3
+    assert 0 < peak.median_tflops <= peak.tflops
+
+
+def test_calibrate_refuses_a_dtype_the_device_cannot_run(cpu):
+    with pytest.raises(AutotuneError, match="cannot run fp16"):
+        calibrate_device(cpu, dtypes=("fp16",))

@@ -1,0 +1,140 @@
+"""Steady-state step timing: what is excluded, when measurement stops, what is recorded.
+
+No assertion here depends on how fast anything runs: the tests count steps and check rules.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+
+from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
+from autotune.spec.measure import MeasureSettings, coefficient_of_variation
+from autotune.spec.models import build_model
+
+
+class ScriptedCompileClock:
+    """A compile clock that advances at the steps the test names (a real one needs real compiles)."""
+
+    def __init__(self, compile_at_calls: set[int]) -> None:
+        self._calls = 0
+        self._seconds = 0.0
+        self._compile_at = compile_at_calls
+
+    def __call__(self) -> float:
+        if self._calls in self._compile_at:
+            self._seconds += 2.0
+        self._calls += 1
+        return self._seconds
+
+
+def drive(timer: StepTimer, steps: int) -> int:
+    """Call the timer as the Trainer does for ``steps`` optimizer steps; return the steps run."""
+    control = TrainerControl()
+    state = TrainerState()
+    for step in range(steps):
+        timer.on_step_begin(None, state, control)
+        state.global_step += 1  # the Trainer counts the step before on_step_end
+        control = timer.on_step_end(None, state, control)
+        if control.should_training_stop:
+            return step + 1
+    return steps
+
+
+def test_coefficient_of_variation():
+    assert coefficient_of_variation([]) == 0.0
+    assert coefficient_of_variation([2.0]) == 0.0
+    values = [1.0, 2.0, 3.0]
+    assert coefficient_of_variation(values) == pytest.approx(statistics.stdev(values) / 2.0)
+
+
+def test_warmup_steps_are_excluded_and_a_met_cv_target_stops_at_min_steps():
+    settings = MeasureSettings(warmup_steps=2, min_steps=5, max_steps=50, max_seconds=1e9, cv_target=10.0)
+    timer = StepTimer(settings, synchronize=lambda: None)
+    ran = drive(timer, 100)
+    stats = timer.stats()
+    assert ran == 2 + 5
+    assert stats.warmup_steps == 2 and len(timer.warmup_times) == 2
+    assert stats.measured_steps == 5
+    assert stats.converged
+    assert stats.median_s == statistics.median(timer.step_times[-5:])
+
+
+def test_an_unmet_cv_target_measures_until_the_step_budget():
+    settings = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=6, max_seconds=1e9, cv_target=-1.0)
+    timer = StepTimer(settings, synchronize=lambda: None)
+    assert drive(timer, 100) == 1 + 6
+    stats = timer.stats()
+    assert stats.measured_steps == 6 and not stats.converged
+    assert stats.cv == pytest.approx(coefficient_of_variation(timer.step_times[-3:]))
+
+
+def test_the_time_budget_stops_measurement():
+    settings = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=100, max_seconds=0.0, cv_target=-1.0)
+    timer = StepTimer(settings, synchronize=lambda: None)
+    assert drive(timer, 100) == 2  # one warm-up, then the first measured step spends the budget
+
+
+def test_every_step_is_timed_after_synchronising():
+    calls = []
+    timer = StepTimer(MeasureSettings(warmup_steps=1, min_steps=2, max_steps=2), synchronize=lambda: calls.append(1))
+    drive(timer, 10)
+    # One synchronise before the first step starts the clock, then one at the end of each step.
+    assert len(calls) == 1 + 3
+
+
+def test_a_step_that_compiled_is_warmup_not_steady_state():
+    # The clock is read once at construction, then once per step end: compile during step 4 (call 4).
+    clock = ScriptedCompileClock(compile_at_calls={4})
+    settings = MeasureSettings(warmup_steps=1, min_steps=5, max_steps=5, max_seconds=1e9, cv_target=-1.0)
+    timer = StepTimer(settings, synchronize=lambda: None, compile_clock=clock)
+    ran = drive(timer, 100)
+    stats = timer.stats()
+    assert stats.warmup_steps == 2  # the configured warm-up and the recompiling step
+    assert stats.measured_steps == 5
+    assert ran == 7
+    assert stats.compile_s == 2.0
+    assert timer.measured_step_numbers == [2, 3, 5, 6, 7]  # the Trainer's step numbers, warm-up and step 4 left out
+
+
+def test_dynamo_compile_clock_advances_on_a_real_compile():
+    before = dynamo_compile_seconds()
+    compiled = torch.compile(lambda x: x.sin() + 1, backend="eager")  # dynamo only: fast, no C++ build
+    compiled(torch.ones(3))
+    after_first = dynamo_compile_seconds()
+    compiled(torch.ones(3))
+    assert after_first > before
+    assert dynamo_compile_seconds() == after_first  # a cached graph compiles nothing
+
+
+def test_timer_in_a_real_trainer_counts_optimizer_steps_not_micro_batches(bert_tiny, tmp_path):
+    """With gradient accumulation 2, a Trainer of 2 + 3 optimizer steps gives the timer 5 steps."""
+    settings = MeasureSettings(warmup_steps=2, min_steps=3, max_steps=3, max_seconds=1e9, cv_target=-1.0)
+    timer = StepTimer(settings, synchronize=lambda: None)
+    model = build_model(bert_tiny.config, bert_tiny.task)
+    ids = torch.randint(0, bert_tiny.vocab_size, (40, 16), generator=torch.Generator().manual_seed(0))
+    data = [
+        {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": torch.tensor(i % 2)}
+        for i, row in enumerate(ids)
+    ]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=settings.total_steps_cap + 5,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[timer])
+    trainer.train()
+    assert isinstance(trainer.state, TrainerState)
+    assert trainer.state.global_step == 2 + 3  # the timer stopped training once its budget was spent
+    assert len(timer.warmup_times) == 2 and len(timer.step_times) == 3
+    assert timer.first_step_started_at is not None
+    assert all(t > 0 for t in timer.step_times)

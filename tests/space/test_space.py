@@ -1,0 +1,322 @@
+"""The search-space module: YAML validation, device and model filters, the notes they leave."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.space import default_space_path, load_space
+from autotune.spec.devices import DeviceSpec
+
+GiB = 1024**3
+
+# A fake for what cannot exist here: a CUDA device without bf16 (a V100), as NVML would describe it.
+FAKE_V100 = DeviceSpec(
+    kind="cuda",
+    index=0,
+    name="Tesla V100-SXM2-16GB",
+    total_memory_bytes=16 * GiB,
+    supported_dtypes=("fp32", "fp16"),
+    compute_capability=(7, 0),
+)
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("micro_batch: [8]\nlearning_rate: [0.1]\n", "learning_rate: unknown knob (see search_spaces/README.md)"),
+        ("optim: []\n", "optim: needs at least one choice"),
+        ("micro_batch: [8, 0]\n", "micro_batch: needs at least one choice, each a positive integer"),
+        ("grad_accum: [-1]\n", "grad_accum: needs at least one choice, each a positive integer"),
+        ("micro_batch: big\n", "micro_batch: must be a list of choices or 'auto'"),
+        ("dtype: [fp8]\n", "dtype: unknown choice 'fp8'; choose from fp32, tf32, fp16, bf16"),
+        ("dataloader_workers: [-2]\n", "dataloader_workers: needs at least one choice, each >= 0"),
+        ("global_batch: 0\n", "global_batch: must be a positive integer"),
+        ("global_batch: 64\nmax_global_batch: 64\n", "give global_batch or max_global_batch, not both"),
+        ("- micro_batch\n", "expected a mapping of knob -> list of choices"),
+        ("micro_batch: [8\n", "not valid YAML"),
+    ],
+)
+def test_invalid_spaces_are_refused_with_the_knob_named(tmp_path, cpu, yaml_text, message):
+    with pytest.raises(AutotuneError) as error:
+        load_space(write(tmp_path, yaml_text), cpu)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_wrong_type_names_the_knob_and_the_choice(tmp_path, cpu):
+    path = write(tmp_path, "checkpointing: [maybe]\n")
+    with pytest.raises(AutotuneError) as error:
+        load_space(path, cpu)
+    assert str(error.value).startswith(f"--space {path}: checkpointing: ")
+    assert "'maybe'" in str(error.value)
+
+
+def test_missing_file_is_one_line(cpu, tmp_path):
+    with pytest.raises(AutotuneError, match="cannot read it"):
+        load_space(str(tmp_path / "absent.yaml"), cpu)
+
+
+def test_cpu_filter_removes_what_a_cpu_cannot_run_and_says_why(cpu):
+    space = load_space(default_space_path(), cpu)
+    assert space.choices["dtype"] == ["fp32", "bf16"]
+    assert space.choices["pin_memory"] == [False]
+    assert "cudagraphs" not in space.choices["compile"]
+    assert any(note.startswith("dtype tf32 removed: cpu") for note in space.notes)
+    assert any(note.startswith("dtype fp16 removed: cpu") for note in space.notes)
+    assert any("pin_memory true removed" in note for note in space.notes)
+
+
+def test_a_gpu_without_bf16_loses_bf16_with_a_note(tmp_path):
+    space = load_space(write(tmp_path, "dtype: [fp16, bf16]\n"), FAKE_V100)
+    assert space.choices["dtype"] == ["fp16"]
+    assert "dtype bf16 removed: cuda:0 (Tesla V100-SXM2-16GB) does not support it" in space.notes
+
+
+def test_a_knob_left_empty_by_the_device_is_an_error(tmp_path, cpu):
+    with pytest.raises(AutotuneError, match="no choice of dtype runs on cpu"):
+        load_space(write(tmp_path, "dtype: [fp16, tf32]\n"), cpu)
+
+
+def test_auto_micro_batches_are_1_2_4_then_multiples_of_8(tmp_path, cpu):
+    space = load_space(write(tmp_path, "micro_batch: auto\n"), cpu)
+    micro = space.choices["micro_batch"]
+    assert micro[:3] == [1, 2, 4]  # without the memory context (model, seq len, ceiling, prior) all stay
+    assert all(m % 8 == 0 for m in micro[3:])
+
+
+def test_tensor_core_note_names_tokens_not_samples_and_only_on_cuda(tmp_path, cpu):
+    path = write(tmp_path, "micro_batch: [1, 2, 4, 8]\ndtype: [fp16]\n")
+    # A micro-batch of 1 at seq len 2048 is 2048 rows: aligned, nothing to say.
+    assert not any("tensor cores" in note for note in load_space(path, FAKE_V100, seq_len=2048).notes)
+    odd = load_space(path, FAKE_V100, seq_len=99)  # 99, 198 and 396 tokens are not multiples of 8; 792 is
+    assert "micro_batch 1, 2, 4 x seq len 99 is not a multiple of 8 tokens: tensor cores may run it slower" in odd.notes
+    cpu_space = load_space(write(tmp_path, "micro_batch: [1, 8]\n"), cpu, seq_len=100)
+    assert not any("tensor cores" in note for note in cpu_space.notes)  # no tensor cores on the CPU
+
+
+def _memory_context(gpt2_tiny, cpu, ceiling_gib: float):
+    from autotune.estimate import memory_prior
+
+    return dict(model=gpt2_tiny, seq_len=256, ceiling_bytes=int(ceiling_gib * GiB), memory_fit=memory_prior(cpu, {}))
+
+
+def test_auto_keeps_small_micro_batches_only_where_a_larger_one_may_not_fit(tmp_path, cpu, gpt2_tiny):
+    from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak, memory_prior
+    from autotune.levers import TrialConfig
+
+    path = write(tmp_path, "micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\n")
+    roomy = load_space(path, cpu, **_memory_context(gpt2_tiny, cpu, 16))
+    assert min(roomy.choices["micro_batch"]) == 8
+    assert any(n.startswith("micro_batch 1, 2, 4 removed: micro-batch 8 is predicted to fit") for n in roomy.notes)
+    # The rule, checked against the estimate itself: 2 stays because 4 may not fit, 1 goes because 2 does.
+    # The ceiling sits between the two (about 1.3 GiB; the prior's process baseline is this installation's).
+    prior = memory_prior(cpu, {})
+    peak = {
+        m: estimate_peak(gpt2_tiny, TrialConfig(micro_batch=m, pin_memory=False), 256, prior).total_bytes
+        for m in (2, 4)
+    }
+    ceiling_gib = (peak[2] + peak[4]) / 2 * UNCALIBRATED_MARGIN / GiB
+    tight = load_space(path, cpu, **_memory_context(gpt2_tiny, cpu, ceiling_gib))
+    assert peak[4] * UNCALIBRATED_MARGIN > ceiling_gib * GiB >= peak[2] * UNCALIBRATED_MARGIN
+    assert tight.choices["micro_batch"][:2] == [2, 4]
+    # A space that lists its micro-batches measures them, whatever the estimate says.
+    listed = load_space(write(tmp_path, "micro_batch: [1, 2, 8]\n"), cpu, **_memory_context(gpt2_tiny, cpu, 16))
+    assert listed.choices["micro_batch"] == [1, 2, 8]
+
+
+def test_global_batch_keeps_its_size_at_micro_batches_1_2_4(tmp_path, cpu, gpt2_tiny):
+    from autotune.levers import TrialConfig
+
+    space = load_space(
+        write(tmp_path, "micro_batch: auto\n"), cpu, global_batch=16, **_memory_context(gpt2_tiny, cpu, 0.9)
+    )
+    assert space.choices["micro_batch"][:3] == [1, 2, 4]
+    for micro in (1, 2, 4):
+        config = TrialConfig.from_params({"micro_batch": micro, "global_batch": 16})
+        assert config.grad_accum * config.micro_batch == 16
+
+
+def test_flash_attention_needs_cuda_and_flash_attn(tmp_path, cpu, bert_tiny):
+    space = load_space(write(tmp_path, "attn_implementation: [eager, sdpa, flash_attention_2]\n"), cpu, model=bert_tiny)
+    assert space.choices["attn_implementation"] == ["eager", "sdpa"]
+    assert any(
+        n.startswith("attn_implementation flash_attention_2 removed: it needs a CUDA device") for n in space.notes
+    )
+
+
+def test_attention_the_architecture_lacks_is_removed(tmp_path, cpu):
+    from transformers import MPNetConfig
+
+    from autotune.spec.models import resolve_model
+
+    # MPNet has no SDPA attention in transformers: asking for it would fail in every trial.
+    MPNetConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    ).save_pretrained(tmp_path / "mpnet")
+    model = resolve_model(str(tmp_path / "mpnet"))
+    space = load_space(write(tmp_path, "attn_implementation: [eager, sdpa]\n"), cpu, model=model)
+    assert space.choices["attn_implementation"] == ["eager"]
+    assert any(note.startswith("attn_implementation sdpa removed: MPNet") for note in space.notes)
+    with pytest.raises(AutotuneError, match="supports none of attn_implementation"):
+        load_space(write(tmp_path, "attn_implementation: [sdpa]\n"), cpu, model=model)
+
+
+def test_attention_left_out_keeps_the_model_default(tmp_path, cpu, bert_tiny):
+    space = load_space(write(tmp_path, "micro_batch: [8]\n"), cpu, model=bert_tiny)
+    assert "attn_implementation" not in space.choices
+
+
+def test_a_single_choice_is_fixed_and_the_size_counts_the_rest(tmp_path, cpu):
+    space = load_space(write(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [1, 2, 4]\noptim: [sgd]\n"), cpu)
+    assert space.fixed()["optim"] == "sgd"
+    assert space.size == 2 * 3  # every knob the YAML leaves out keeps one default choice
+    assert space.largest_global_batch == 16 * 4
+
+
+@pytest.mark.parametrize(
+    "name", ["default.yaml", "quick.yaml", "memory-tight.yaml", "speed-only.yaml", "fixed-global-batch.yaml"]
+)
+def test_shipped_spaces_load_on_the_cpu(cpu, name):
+    from importlib import resources
+
+    path = str(resources.files("autotune.spaces").joinpath(name))
+    space = load_space(path, cpu)
+    assert space.size >= 1
+
+
+# --- constrain_global_batch: a fixed or capped global batch, which (micro-batch, accumulation) pairs are searched
+
+
+def test_constrain_global_batch_leaves_an_unconstrained_space_alone_and_keeps_the_other_knobs():
+    from autotune.space import SearchSpace
+    from autotune.space._narrow import constrain_global_batch
+
+    space = SearchSpace(
+        choices={"micro_batch": [8, 12, 16], "grad_accum": [1, 2], "dtype": ["fp32", "bf16"]},
+        notes=("an earlier note",),
+        source="mine.yaml",
+    )
+    assert constrain_global_batch(space) is space
+    constrained = constrain_global_batch(space, global_batch=32)
+    assert constrained.choices == {"micro_batch": [8, 16], "dtype": ["fp32", "bf16"], "global_batch": [32]}
+    assert constrained.notes == (
+        "an earlier note",
+        "global batch 32: grad_accum = 32 / micro_batch, not searched; micro_batch 12 removed (they do not divide 32)",
+    )
+    assert constrained.source == "mine.yaml"
+    assert space.choices["grad_accum"] == [1, 2]  # the space it was given is unchanged
+
+
+BATCH_SPACE = "micro_batch: [4, 8, 16, 24, 32, 64, 128]\ngrad_accum: [1, 2]\ndtype: [fp32, bf16]\n"
+
+
+def pairs(space) -> list[tuple[int, int]]:
+    """The (micro-batch, accumulation) pairs the space's trials can have."""
+    from autotune.levers import TrialConfig
+
+    fixed = {name: values[0] for name, values in space.choices.items() if len(values) == 1}
+    configs = [
+        TrialConfig.from_params({**fixed, "micro_batch": m, "grad_accum": a})
+        for m in space.choices["micro_batch"]
+        for a in space.choices.get("grad_accum", [1])
+    ]
+    return [(c.micro_batch, c.grad_accum) for c in configs]
+
+
+def test_global_batch_searches_divisors_and_derives_accumulation(tmp_path, cpu):
+    space = load_space(write(tmp_path, BATCH_SPACE), cpu, global_batch=64)
+    assert space.choices["micro_batch"] == [4, 8, 16, 32, 64]
+    assert space.choices["global_batch"] == [64]  # fixed: recorded with every trial, not searched
+    assert "grad_accum" not in space.choices
+    assert pairs(space) == [(4, 16), (8, 8), (16, 4), (32, 2), (64, 1)]  # accumulation beyond the space's [1, 2]
+    assert (
+        "global batch 64: grad_accum = 64 / micro_batch, not searched; micro_batch 24, 128 removed (they do not divide 64)"
+        in space.notes
+    )
+    assert space.largest_global_batch == 64
+    assert space.size == 5 * 2
+
+
+def test_a_global_batch_over_ranks_keeps_micro_batch_x_accumulation_x_ranks_at_it(tmp_path, cpu):
+    space = load_space(write(tmp_path, BATCH_SPACE), cpu, global_batch=64, ranks=4)
+    assert space.choices["global_batch"] == [16]  # each rank's share: the knob counts one device's samples
+    assert [(m * a * 4) for m, a in pairs(space)] == [64] * len(pairs(space))
+    assert space.notes[-1].startswith(
+        "global batch 64 over 4 ranks: 16 per rank; global batch 16: grad_accum = 16 / micro_batch"
+    )
+    with pytest.raises(AutotuneError) as error:
+        load_space(write(tmp_path, BATCH_SPACE), cpu, global_batch=66, ranks=4)
+    assert str(error.value) == "global batch 66 cannot be shared by 4 ranks (--devices-per-trial): give a multiple of 4"
+    capped = load_space(write(tmp_path, BATCH_SPACE), cpu, max_global_batch=64, ranks=2)
+    assert capped.choices["micro_batch"] == [4, 8, 16, 24, 32]
+
+
+def test_a_global_batch_no_micro_batch_divides_is_refused(tmp_path, cpu):
+    with pytest.raises(AutotuneError) as error:
+        load_space(write(tmp_path, "micro_batch: [8, 16]\n"), cpu, global_batch=12)
+    assert str(error.value) == (
+        "global batch 12: no micro_batch 8, 16 divides it into whole accumulation steps; "
+        "use micro-batches among its divisors 1, 2, 3, 4, 6, 12"
+    )
+
+
+def test_max_global_batch_accumulates_the_most_that_fits(tmp_path, cpu):
+    space = load_space(
+        write(tmp_path, "micro_batch: [8, 24, 32, 64]\ngrad_accum: [1, 2, 4]\n"), cpu, max_global_batch=48
+    )
+    assert space.choices["micro_batch"] == [8, 24, 32] and space.choices["max_global_batch"] == [48]
+    assert pairs(space) == [(8, 6), (24, 2), (32, 1)]
+    assert space.largest_global_batch == 48
+    assert (
+        "max global batch 48: grad_accum = 48 // micro_batch (the most that fits), not searched; micro_batch 64 removed"
+        in space.notes
+    )
+    # The derived accumulation ignores the space's choices: 16 fits a cap of 16 once, not twice.
+    assert pairs(
+        load_space(write(tmp_path, "micro_batch: [8, 16]\ngrad_accum: [2, 4]\n"), cpu, max_global_batch=16)
+    ) == [(8, 2), (16, 1)]
+    with pytest.raises(AutotuneError, match="max global batch 4: even micro_batch 8 x grad_accum 1 is over it"):
+        load_space(write(tmp_path, "micro_batch: [8, 16]\n"), cpu, max_global_batch=4)
+
+
+def test_a_cap_without_searched_accumulation_only_removes_micro_batches(tmp_path, cpu):
+    space = load_space(write(tmp_path, "micro_batch: [8, 16, 32]\ngrad_accum: [2]\n"), cpu, max_global_batch=32)
+    assert space.choices["micro_batch"] == [8, 16] and space.choices["grad_accum"] == [2]
+    assert "max_global_batch" not in space.choices
+    assert pairs(space) == [(8, 2), (16, 2)]
+
+
+def test_the_yaml_can_fix_the_global_batch_and_the_command_line_overrides_it(tmp_path, cpu):
+    path = write(tmp_path, "global_batch: 32\nmicro_batch: [8, 16, 32]\ngrad_accum: [1, 2]\n")
+    assert pairs(load_space(path, cpu)) == [(8, 4), (16, 2), (32, 1)]
+    assert pairs(load_space(path, cpu, global_batch=16)) == [(8, 2), (16, 1)]
+    assert pairs(load_space(path, cpu, max_global_batch=24)) == [(8, 3), (16, 1)]
+    with pytest.raises(AutotuneError, match="give --global-batch or --max-global-batch, not both"):
+        load_space(path, cpu, global_batch=16, max_global_batch=16)
+    with pytest.raises(AutotuneError, match="must be positive integers"):
+        load_space(path, cpu, global_batch=0)
+
+
+def test_a_micro_batch_fixed_by_base_args_leaves_one_pair(tmp_path, cpu):
+    path = write(tmp_path, "micro_batch: [8, 16, 32]\n")
+    space = load_space(path, cpu, global_batch=64, base_args={"per_device_train_batch_size": 16})
+    assert pairs(space) == [(16, 4)]
+    # A fixed accumulation derives the micro-batch, even one the space does not list.
+    space = load_space(path, cpu, global_batch=64, base_args={"gradient_accumulation_steps": 16})
+    assert pairs(space) == [(4, 16)]
+    with pytest.raises(AutotuneError, match=r"global batch 64: no micro_batch \(fixed by --base-args\) 24 divides it"):
+        load_space(path, cpu, global_batch=64, base_args={"per_device_train_batch_size": 24})
+
+
+def test_a_cap_with_base_args_keeps_what_the_user_fixed(tmp_path, cpu):
+    path = write(tmp_path, "micro_batch: [8, 16, 32, 64]\ngrad_accum: [1, 2, 4]\n")
+    assert pairs(load_space(path, cpu, max_global_batch=64, base_args={"per_device_train_batch_size": 16})) == [(16, 4)]
+    fixed_accum = load_space(path, cpu, max_global_batch=64, base_args={"gradient_accumulation_steps": 2})
+    assert pairs(fixed_accum) == [(8, 2), (16, 2), (32, 2)]

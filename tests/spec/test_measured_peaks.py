@@ -1,0 +1,104 @@
+"""Measured matmul peaks: measuring on the CPU, storing by device name, and MFU against them."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.spec.measured_peaks import (
+    MeasuredMatmulPeak,
+    load_calibration,
+    load_measured_peaks,
+    peak_note,
+    peaks_file,
+    save_calibration,
+)
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+
+
+@pytest.fixture
+def peaks_path(tmp_path, monkeypatch):
+    path = tmp_path / "peaks.json"
+    monkeypatch.setenv("AUTOTUNE_PEAKS_FILE", str(path))
+    return path
+
+
+def test_peaks_are_stored_by_device_name_and_merged(cpu, peaks_path):
+    assert load_measured_peaks(cpu.name) == {}
+    save_calibration(cpu, [MeasuredMatmulPeak("fp32", 0.5, 0.4, 256, 5)])
+    save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 256, 5)])
+    assert load_measured_peaks(cpu.name) == {"fp32": 0.5, "bf16": 1.5}
+    assert load_calibration(cpu.name)["threads"] >= 1
+    assert load_measured_peaks("some other device") == {}
+    stored = json.loads(peaks_path.read_text())
+    assert set(stored) == {cpu.name}
+
+
+def test_peaks_file_defaults_to_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("AUTOTUNE_PEAKS_FILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert peaks_file() == tmp_path / "cache" / "autotune" / "peaks.json"
+
+
+def test_a_corrupt_peaks_file_is_a_user_error(cpu, peaks_path):
+    peaks_path.write_text("{not json")
+    with pytest.raises(AutotuneError, match="delete it"):
+        load_measured_peaks(cpu.name)
+
+
+def test_peak_note_says_what_mfu_is_against(cpu):
+    assert "no datasheet peak for a CPU" in peak_note(cpu, {})
+    assert "--calibrate" in peak_note(cpu, {})
+    assert "measured peaks (fp32 0.5 TFLOPS" in peak_note(cpu, {"fp32": 0.5})
+
+
+@pytest.mark.slow
+def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, peaks_path):
+    calibrated = run_cli(
+        "devices",
+        "--calibrate",
+        "--device",
+        "cpu",
+        "--seconds",
+        "0.1",
+        "--matrix-size",
+        "256",
+        env={"AUTOTUNE_PEAKS_FILE": str(peaks_path)},
+    )
+    assert calibrated.returncode == 0, calibrated.stderr
+    assert "measured peak cpu fp32:" in calibrated.stdout and "measured peak cpu bf16:" in calibrated.stdout
+    stored = json.loads(peaks_path.read_text())
+    (record,) = stored.values()
+    assert record["peaks_tflops"]["fp32"] > 0 and record["peaks_tflops"]["bf16"] > 0
+    assert "*" in calibrated.stdout.split("Devices")[-1]  # the table shows the measured peaks
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    searched = run_cli(
+        "search",
+        "--model",
+        "bert-tiny",
+        "--space",
+        str(REPO / "search_spaces" / "tiny-test.yaml"),
+        "--storage",
+        storage,
+        "--trials",
+        "1",
+        "--work-dir",
+        str(tmp_path / "runs"),
+        *FAST_SEARCH_ARGS,
+        cwd=tmp_path,
+        env={"AUTOTUNE_PEAKS_FILE": str(peaks_path)},
+    )
+    assert searched.returncode == 0, searched.stderr
+    assert "MFU* against the measured peaks" in searched.stdout
+    assert "%*" in searched.stdout  # the MFU cell against the measured peak
+    # The study also holds queued seed trials (HF default, best practice): look at the one that ran.
+    (trial,) = [t for t in optuna.load_study(study_name=None, storage=storage).trials if t.state.is_finished()]
+    result = trial.user_attrs["result"]
+    assert result["status"] == "ok"
+    assert result["measured_peak_tflops"] == record["peaks_tflops"][result["peak_dtype"]]
+    assert result["mfu_measured"] == pytest.approx(result["model_tflops"] / result["measured_peak_tflops"])
+    assert result["mfu"] is None  # a CPU has no datasheet peak

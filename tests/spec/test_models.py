@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.errors import AutotuneError
+from autotune.spec.models import build_model, catalog_entry, catalog_names, resolve_model
+
+# Today's decoders (issue 21): short name -> the Hub id whose published config.json the entry holds
+# (docs/catalog.md says where each was read and cross-checked).
+DECODERS = {
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "mistral-7b-v0.3": "mistralai/Mistral-7B-v0.3",
+    "gemma-2-2b": "google/gemma-2-2b",
+    "phi-3.5-mini": "microsoft/Phi-3.5-mini-instruct",
+    "tinyllama-1.1b": "TinyLlama/TinyLlama_v1.1",
+}
+
+REQUIRED_CATALOG = [
+    "bert-base-uncased",
+    "bert-large-uncased",
+    "roberta-base",
+    "roberta-large",
+    "distilbert-base-uncased",
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "bert-tiny",
+    "gpt2-tiny",
+    *DECODERS,
+]
+
+
+def test_catalog_has_the_promised_architectures():
+    assert set(REQUIRED_CATALOG) <= set(catalog_names())
+
+
+@pytest.mark.parametrize(
+    "name, family, task, layers, hidden, params_millions",
+    [
+        # Published sizes: BERT-base 110M, BERT-large 340M (with the classification head: + pooler/classifier),
+        # GPT-2 124M, TinyLlama 1.1B.
+        ("bert-base-uncased", "encoder", "sequence-classification", 12, 768, 109.5),
+        ("bert-large-uncased", "encoder", "sequence-classification", 24, 1024, 335.1),
+        ("gpt2", "decoder", "causal-lm", 12, 768, 124.4),
+        ("tinyllama-1.1b", "decoder", "causal-lm", 22, 2048, 1100.0),
+    ],
+)
+def test_catalog_models_have_their_published_shape(name, family, task, layers, hidden, params_millions):
+    spec = resolve_model(name)
+    assert spec.source == "catalog"
+    assert (spec.family, spec.task, spec.num_layers, spec.hidden_size) == (family, task, layers, hidden)
+    assert spec.num_params / 1e6 == pytest.approx(params_millions, rel=0.01)
+
+
+def test_hub_ids_resolve_to_the_catalog_offline():
+    assert resolve_model("google-bert/bert-large-uncased").num_layers == 24
+
+
+@pytest.mark.parametrize("short_name, hub_id", DECODERS.items())
+def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_published_size(short_name, hub_id):
+    import torch
+
+    entry = catalog_entry(short_name)
+    assert entry["_autotune_hub_id"] == hub_id
+    by_hub_id = resolve_model(hub_id)
+    assert (by_hub_id.source, by_hub_id.family, by_hub_id.task) == ("catalog", "decoder", "causal-lm")
+    assert by_hub_id.model_type == entry["model_type"] in {"llama", "qwen2", "mistral", "gemma2", "phi3"}
+    # Within 1 % of the size the model's Hub page / card publishes (the counts differ only by rounding).
+    assert by_hub_id.num_params == pytest.approx(entry["_autotune_published_params"], rel=0.01)
+    for spelling in (short_name, short_name.upper(), hub_id.lower()):
+        assert resolve_model(spelling).config == by_hub_id.config, spelling
+    # The trial child builds from the spec's config dict, not from the catalog file: the round trip
+    # must give the same model.
+    with torch.device("meta"):
+        model = build_model(by_hub_id.config, by_hub_id.task)
+    assert sum(p.numel() for p in model.parameters()) == by_hub_id.num_params
+
+
+def test_every_catalog_entry_names_its_hub_id_and_answers_to_it():
+    for name in catalog_names():
+        hub_id = catalog_entry(name).get("_autotune_hub_id")
+        if hub_id is None:
+            assert name in ("gpt2-tiny", "llama-tiny")  # the made-up test models
+            continue
+        assert resolve_model(hub_id).config == resolve_model(name).config
+
+
+def test_estimate_plans_a_catalog_decoder_by_its_hub_id(tmp_path):
+    import json
+
+    from tests.support.cli import run_cli
+
+    args = ("estimate", "--model", "meta-llama/Llama-3.2-1B", "--seq-len", "2048", "--gpu-type", "h100-sxm")
+    table = run_cli(*args, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert [line for line in table.stdout.splitlines() if line.startswith("│")]
+    document = json.loads(run_cli(*args, "--json", cwd=tmp_path).stdout)
+    assert document["rows"]
+    fp32 = next(row for row in document["rows"] if row["config"]["dtype"] == "fp32")
+    assert fp32["parts_bytes"]["weights"] == 4 * resolve_model("llama-3.2-1b").num_params  # the catalog's model
+
+
+def test_tied_lm_head_counts_as_compute_not_embedding(gpt2_tiny):
+    # GPT-2 ties lm_head to wte: the lookup-only embeddings are wpe alone... plus wte's lookup, which is the head.
+    n_positions, hidden = 1024, 128
+    assert gpt2_tiny.num_embedding_params == n_positions * hidden
+    assert gpt2_tiny.num_block_params > 0
+
+
+def test_local_directory_wins(tmp_path):
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=2, intermediate_size=128).save_pretrained(
+        tmp_path
+    )
+    spec = resolve_model(str(tmp_path))
+    assert (spec.source, spec.num_layers, spec.hidden_size, spec.local_dir) == ("local", 3, 64, str(tmp_path.resolve()))
+
+
+def test_directory_without_config_is_explained(tmp_path):
+    with pytest.raises(AutotuneError, match="no config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_hf_cache_is_read_offline(tmp_path, monkeypatch):
+    # The real cache layout: hub/models--org--name/{refs/main, snapshots/<rev>/config.json}.
+    repo = tmp_path / "hub" / "models--acme--tiny-encoder"
+    snapshot = repo / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+    config = {
+        "model_type": "bert",
+        "hidden_size": 96,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 3,
+        "intermediate_size": 192,
+        "vocab_size": 1000,
+    }
+    (snapshot / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    spec = resolve_model("acme/tiny-encoder")
+    assert (spec.source, spec.num_layers, spec.hidden_size, spec.vocab_size) == ("hf-cache", 5, 96, 1000)
+
+
+def test_unknown_name_says_how_to_fix_it():
+    with pytest.raises(AutotuneError) as info:
+        resolve_model("no-such-model-anywhere")
+    message = str(info.value)
+    assert "local directory" in message and "cache" in message and "bert-tiny" in message
+
+
+def test_task_override_and_bad_task():
+    assert resolve_model("bert-tiny", task="masked-lm").task == "masked-lm"
+    assert resolve_model("gpt2-tiny", task="sequence-classification").task == "sequence-classification"
+    with pytest.raises(AutotuneError, match="encoder"):
+        resolve_model("bert-tiny", task="causal-lm")
+    with pytest.raises(AutotuneError, match="unknown --task"):
+        resolve_model("bert-tiny", task="translation")

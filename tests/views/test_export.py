@@ -1,0 +1,233 @@
+"""`autotune export --format json|cli|python|accelerate`: each read back by the library that consumes it."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+
+import pytest
+from transformers import HfArgumentParser, TrainingArguments
+
+from autotune.levers import TrialConfig, training_arguments_kwargs
+from autotune.views.export import render
+from tests.support.cli import run_cli
+
+# Arguments a user fixes with --base-args, of every value kind the formats must carry.
+BASE_ARGS = {
+    "learning_rate": 3e-5,
+    "report_to": ["none"],
+    "label_names": ["labels", "start_positions"],
+    "lr_scheduler_kwargs": {"power": 2.0},
+    "seed": 7,
+}
+CONFIGS = [
+    (TrialConfig(), "cpu"),
+    (
+        TrialConfig(
+            micro_batch=32,
+            grad_accum=4,
+            checkpointing=True,
+            dtype="bf16",
+            optim="adamw_torch_fused",
+            dataloader_workers=2,
+            pin_memory=False,
+        ),
+        "cpu",
+    ),
+    (TrialConfig(micro_batch=16, dtype="bf16", compile="inductor"), "cpu"),
+    (TrialConfig(micro_batch=64, dtype="fp16", optim="adafactor", compile="aot_eager"), "cuda"),
+    (TrialConfig(micro_batch=8, dtype="tf32", checkpointing=True), "cuda"),
+    (TrialConfig(micro_batch=24, dtype="bf16", optim="adamw_bnb_8bit"), "cuda"),
+]
+IDS = [f"{config.short()}-{kind}" for config, kind in CONFIGS]
+
+
+def constructible_here(kwargs: dict) -> bool:
+    """TrainingArguments checks the hardware: tf32 needs an Ampere GPU, bf16 without use_cpu a bf16 GPU."""
+    return not kwargs.get("tf32") and (kwargs.get("use_cpu") or not kwargs.get("bf16"))
+
+
+def assert_parsed_as(parsed: object, kwargs: dict) -> None:
+    """The parser's namespace holds every argument (before TrainingArguments normalises them)."""
+    for name, value in kwargs.items():
+        got = getattr(parsed, name)
+        if isinstance(value, dict) and isinstance(got, str):
+            got = json.loads(got)  # TrainingArguments takes its dict fields as JSON on a command line
+        if isinstance(value, list) and isinstance(got, str):
+            got = [got]  # a one-value field: report_to is str | list[str], and the parser takes a str
+        assert got == value, (name, got, value)
+
+
+def assert_same_training_arguments(args: TrainingArguments, kwargs: dict, output_dir: str) -> None:
+    assert isinstance(args, TrainingArguments)
+    assert args.to_dict() == TrainingArguments(output_dir=output_dir, **kwargs).to_dict()
+
+
+@pytest.mark.parametrize(("config", "device_kind"), CONFIGS, ids=IDS)
+def test_cli_flags_parse_back_to_the_same_arguments(config, device_kind, tmp_path):
+    kwargs = training_arguments_kwargs(config, device_kind, BASE_ARGS)
+    tokens = shlex.split(render(kwargs, "cli"))
+    parser = HfArgumentParser(TrainingArguments)
+    assert_parsed_as(parser.parse_args(tokens), kwargs)  # what HF example scripts' parsers read
+    if constructible_here(kwargs):
+        (args,) = parser.parse_args_into_dataclasses(args=[*tokens, "--output_dir", str(tmp_path)])
+        assert_same_training_arguments(args, kwargs, str(tmp_path))
+
+
+def test_cli_flags_refuse_several_values_for_a_one_value_field():
+    from autotune.errors import AutotuneError
+
+    with pytest.raises(AutotuneError, match="report_to"):
+        render({"report_to": ["wandb", "tensorboard"]}, "cli")
+
+
+@pytest.mark.parametrize(("config", "device_kind"), CONFIGS, ids=IDS)
+def test_python_snippet_builds_the_same_training_arguments(config, device_kind):
+    kwargs = training_arguments_kwargs(config, device_kind, BASE_ARGS)
+    snippet = render(kwargs, "python", "the winner of study 'x': trial #3\nsecond line")
+    call = next(node for node in ast.walk(ast.parse(snippet)) if isinstance(node, ast.Call))
+    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords} == kwargs
+    if constructible_here(kwargs):
+        namespace: dict = {}
+        exec(compile(snippet, "best_args.py", "exec"), namespace)
+        assert_same_training_arguments(namespace["training_args"], kwargs, namespace["training_args"].output_dir)
+
+
+@pytest.mark.parametrize(("config", "device_kind"), CONFIGS, ids=IDS)
+def test_accelerate_config_loads_and_launches_with_the_same_precision_and_compile(config, device_kind, tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import (
+        _validate_launch_command,
+        launch_command_parser,
+    )
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    kwargs = training_arguments_kwargs(config, device_kind, BASE_ARGS)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(render(kwargs, "accelerate", "provenance"))
+    loaded = load_config_from_file(str(path))
+    expected_precision = {"bf16": "bf16", "fp16": "fp16"}.get(config.dtype, "no")
+    assert loaded.mixed_precision == expected_precision
+    assert loaded.use_cpu == (device_kind == "cpu")
+    expected_backend = "NO" if config.compile == "off" else config.compile.upper()
+    assert loaded.dynamo_config.get("dynamo_backend", "NO") == expected_backend
+    # What `accelerate launch --config_file it train.py` hands the training process.
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    _validate_launch_command(args)
+    _, env = prepare_simple_launcher_cmd_env(args)
+    assert env["ACCELERATE_MIXED_PRECISION"] == expected_precision
+    assert env["ACCELERATE_USE_CPU"] == str(device_kind == "cpu")
+    assert env.get("ACCELERATE_DYNAMO_BACKEND", "NO") == expected_backend
+    # What accelerate cannot carry is listed for the script, not silently dropped.
+    header = path.read_text().split("compute_environment")[0]
+    assert f"per_device_train_batch_size = {config.micro_batch}" in header and "optim = " in header
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["json", "cli", "python", "accelerate"])
+def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_study, tmp_path):
+    from autotune.storage import load_study
+    from autotune.views.export import DEFAULT_OUT, winner_arguments
+
+    out = tmp_path / DEFAULT_OUT[fmt]
+    shown = run_cli(
+        "export", "--format", fmt, "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"wrote {out} ({fmt}): trial #" in shown.stdout
+    kwargs = winner_arguments(load_study(searched_study.storage, None))
+    text = out.read_text()
+    if fmt == "json":
+        assert (
+            TrainingArguments(output_dir=str(tmp_path / "run"), **json.loads(text)).per_device_train_batch_size
+            == kwargs["per_device_train_batch_size"]
+        )
+        assert json.loads(text) == kwargs
+    elif fmt == "cli":
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+            args=[*shlex.split(text), "--output_dir", str(tmp_path / "run")]
+        )
+        assert_same_training_arguments(args, kwargs, str(tmp_path / "run"))
+    elif fmt == "python":
+        namespace: dict = {}
+        exec(compile(text, str(out), "exec"), namespace)
+        assert_same_training_arguments(namespace["training_args"], kwargs, namespace["training_args"].output_dir)
+        assert f"study '{searched_study.study_name}'" in text
+    else:
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        loaded = load_config_from_file(str(out))  # accelerate_config.yaml: it picks its parser by the extension
+        assert loaded.use_cpu is True
+        assert loaded.mixed_precision == ("bf16" if kwargs.get("bf16") else "no")
+
+
+@pytest.mark.slow
+def test_export_to_standard_output_and_an_unknown_format(searched_study):
+    shown = run_cli(
+        "export", "--format", "cli", "--out", "-", "--storage", searched_study.storage, cwd=searched_study.workdir
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("--") and shown.stdout.count("\n") == 1  # nothing but the flags
+    wrong = run_cli("export", "--format", "yaml", "--storage", searched_study.storage, cwd=searched_study.workdir)
+    assert wrong.returncode == 2
+    assert wrong.stderr.count("\n") == 1 and "choose one of json, cli, python, accelerate" in wrong.stderr
+
+
+def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_name_it(tmp_path):
+    """The DeepSpeed config the trial trained with, as JSON beside the arguments; the note says the
+    host RAM offload needs (the prediction recorded with the trial)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.levers import deepspeed_config
+    from autotune.result import Status, TrialResult
+    from autotune.storage import schema
+    from autotune.views.export import deepspeed_config_path, export_notes, export_winner
+    from autotune.views.ranking import study_ranking
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+    result = TrialResult(
+        status=Status.OK,
+        samples_per_s=10.0,
+        model_tflops=1.0,
+        peak_memory_bytes=2**30,
+        memory_peaks={schema.TRIAL_PREDICTED_HOST_BYTES: 3 * 2**30},
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"zero": "2+offload", "dtype": "bf16"},
+            distributions={
+                "zero": CategoricalDistribution(["off", "2+offload"]),
+                "dtype": CategoricalDistribution(["bf16"]),
+            },
+            value=1.0,
+            user_attrs={schema.TRIAL_RESULT: result.to_dict()},
+            system_attrs={"constraints": [-1.0]},
+        )
+    )
+    out = str(tmp_path / "best_args.json")
+    export_winner(study, "json", out)
+    arguments = json.loads((tmp_path / "best_args.json").read_text())
+    assert arguments["deepspeed"] == deepspeed_config_path(out) == str(tmp_path / "best_args.deepspeed.json")
+    assert json.loads((tmp_path / "best_args.deepspeed.json").read_text()) == deepspeed_config("2+offload")
+    assert arguments["bf16"] is True and arguments["use_cpu"] is True
+    note = " ".join(export_notes(study_ranking(study)[0], study, out))
+    assert "ZeRO 2+offload" in note and "3.00 GiB" in note and "host RAM" in note
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
+def test_a_winner_measured_on_several_ranks_exports_their_launch(device_kind, tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from autotune.views.export import launch_note
+
+    kwargs = training_arguments_kwargs(TrialConfig(micro_batch=8, grad_accum=2), device_kind, BASE_ARGS)
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(render(kwargs, "accelerate", "provenance", ranks=4))
+    loaded = load_config_from_file(str(path))
+    assert loaded.num_processes == 4
+    assert loaded.distributed_type.value == ("MULTI_CPU" if device_kind == "cpu" else "MULTI_GPU")
+    assert "`torchrun --nproc-per-node 4 your_script.py`" in launch_note(4)
+    assert launch_note(1) is None  # one process: nothing to launch
