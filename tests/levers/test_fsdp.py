@@ -13,7 +13,7 @@ from autotune.levers import TrialConfig, knob_values_from_base_args
 from autotune.levers.fsdp import fsdp_or_zero, fsdp_training_args
 from autotune.space import load_space
 from autotune.units import GiB
-from tests.test_levers import FAKE_H100
+from tests.levers.test_levers import FAKE_H100
 
 
 def test_each_value_is_what_transformers_reads_and_base_args_read_back(tmp_path):

@@ -41,7 +41,7 @@ from autotune.spec.models import resolve_model
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 GiB = 1024**3
-SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES = Path(__file__).resolve().parent.parent.parent / "search_spaces"
 FAKE_H100 = DeviceSpec(
     kind="cuda",
     index=0,
@@ -322,7 +322,7 @@ def levers_of(job: TrialJob) -> dict:
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_a_real_trial_builds_the_model_with_the_attention_searched(tmp_path, tiny_workload, attn):
     job = TrialJob(
-        workload=tiny_workload(callbacks=("tests.test_levers:RecordLevers",)),
+        workload=tiny_workload(callbacks=("tests.levers.test_levers:RecordLevers",)),
         config=TrialConfig(micro_batch=8, pin_memory=False, attn_implementation=attn),
         work_dir=str(tmp_path / attn),
     )
@@ -363,7 +363,7 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
     )
     job = TrialJob(
         workload=tiny_workload(
-            model, seq_len=64, measure=measure, dataset=description, callbacks=("tests.test_levers:RecordLevers",)
+            model, seq_len=64, measure=measure, dataset=description, callbacks=("tests.levers.test_levers:RecordLevers",)
         ),
         config=config,
         work_dir=str(tmp_path / padding),

@@ -142,7 +142,7 @@ def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_wor
         workload=tiny_workload(
             ceiling_bytes=cpu.total_memory_bytes // 2,
             base_args=base,
-            callbacks=("tests.test_base_args:RecordTrainingArguments",),
+            callbacks=("tests.plan.test_base_args:RecordTrainingArguments",),
         ),
         space=space,
         work_root=str(tmp_path / "runs"),

@@ -23,7 +23,7 @@ from autotune.result import (
 )
 from autotune.result._trial_result import FEASIBLE_STATUSES
 
-PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
+PACKAGE = Path(__file__).resolve().parent.parent.parent / "autotune"
 # The strings studies have always stored (autotune/result/_trial_result.py before the Status type).
 STORED = [
     "ok",

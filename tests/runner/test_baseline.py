@@ -11,7 +11,7 @@ import json
 import pytest
 
 from autotune.estimate import FALLBACK_CPU_PROCESS_BASELINE_BYTES, memory_prior
-from autotune.runner import _baseline
+from autotune.runner import _baseline, trial_memory_prior
 
 MiB = 1024**2
 
@@ -31,7 +31,7 @@ def test_the_baseline_is_measured_once_and_read_back_from_the_cache(light_cache,
     stored = json.loads(light_cache.read_text())[_baseline.installation_key()]
     assert measured == stored["VmRSS"] == stored["RssAnon"] + stored["RssFile"] + stored["RssShmem"]
     assert 4 * MiB < measured < FALLBACK_CPU_PROCESS_BASELINE_BYTES  # an interpreter with json, not torch
-    assert memory_prior(cpu, {}).context_bytes == measured  # the planner's and the search's prior
+    assert trial_memory_prior(cpu, {}, 1).context_bytes == measured  # the planner's and the search's prior
 
     def no_second_measurement() -> None:
         raise AssertionError("measured again")

@@ -80,7 +80,7 @@ def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, t
     from autotune.views.export import export_winner
     from autotune.views.ranking import all_trials, describe_standing, speedup_over_default, study_ranking
     from autotune.views.report import trial_rows
-    from tests.test_dashboard import call_wsgi, user_attr
+    from tests.views.test_dashboard import call_wsgi, user_attr
 
     study, url, default, runaway = told_before_the_default
     trials = study.get_trials()
