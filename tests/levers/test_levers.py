@@ -363,7 +363,11 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
     )
     job = TrialJob(
         workload=tiny_workload(
-            model, seq_len=64, measure=measure, dataset=description, callbacks=("tests.levers.test_levers:RecordLevers",)
+            model,
+            seq_len=64,
+            measure=measure,
+            dataset=description,
+            callbacks=("tests.levers.test_levers:RecordLevers",),
         ),
         config=config,
         work_dir=str(tmp_path / padding),
