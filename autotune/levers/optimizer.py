@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from autotune.levers._lever import Lever
 
@@ -52,6 +54,12 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""  # adamw_torch_fused: torch >= 2.4 has a fused CPU AdamW too
 
 
+def _from_training_args(args: Mapping[str, Any]) -> str:
+    # TrainingArguments keeps its default as an OptimizerNames member (a str enum): its value is the name.
+    optim = args["optim"]
+    return str(getattr(optim, "value", optim))
+
+
 OPTIM = Lever(
     name="optim",
     value_type=str,
@@ -60,8 +68,12 @@ OPTIM = Lever(
     choices=OPTIMIZERS,
     fields=("optim",),
     to_training_args=lambda value: {"optim": value},
-    from_training_args=lambda args: str(args["optim"]),
+    from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
     memory_parts=("optimizer states",),
+    memory=lambda value, traits: dataclasses.replace(traits, optimizer=value),
+    best_practice=lambda device, choices: ["adamw_torch_fused", "adamw_torch"],
+    nearest={"adamw_torch_fused": ("adamw_torch",), "adamw_torch": ("adamw_torch_fused",)},
+    planner_column="optimizer",
 )

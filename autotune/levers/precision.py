@@ -3,7 +3,8 @@ weights), and ``weight_dtype``, the dtype the model's weights are built in."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
@@ -16,6 +17,10 @@ if TYPE_CHECKING:
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 HALF_DTYPES = ("fp16", "bf16")
 _FIELDS = ("bf16", "fp16", "tf32")
+# The precision fields TrainingArguments judges against the device of the process that builds it
+# (``__post_init__``: bf16 needs a GPU or CPU that runs it, tf32 an Ampere GPU): autotune judges them
+# against the trials' device instead (``unavailable_on``), so the parent's check of --base-args skips them.
+DEVICE_JUDGED_FIELDS = _FIELDS
 
 
 def _to_training_args(value: str) -> dict[str, Any]:
@@ -34,6 +39,11 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
+def _dtype_best_practice(device: DeviceSpec, choices: Sequence[str]) -> list[str]:
+    """bf16 where the device runs it, else fp16 on CUDA (a performance guide's first try)."""
+    return ["bf16", "fp16", "tf32", "fp32"] if device.kind == "cuda" else ["bf16", "fp32"]
+
+
 DTYPE = Lever(
     name="dtype",
     value_type=str,
@@ -46,6 +56,10 @@ DTYPE = Lever(
     label=lambda value: value,
     unavailable_on=_unavailable_on,
     memory_parts=("weights", "activations"),
+    memory=lambda value, traits: dataclasses.replace(traits, half_autocast=value in HALF_DTYPES),
+    best_practice=_dtype_best_practice,
+    nearest={"fp32": ("tf32", "bf16", "fp16")},
+    planner_column="dtype",
 )
 
 
@@ -57,6 +71,8 @@ WEIGHT_DTYPES = ("fp32", "bf16")
 # What the export tells the user to pass to from_pretrained / from_config (transformers 5 names the
 # argument ``dtype``; ``torch_dtype`` is its deprecated alias, modeling_utils.py ``_from_config``).
 WEIGHT_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# Bytes per weight (its gradient and parameter-dtype optimizer states alike).
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def _weight_dtype_unavailable_on(value: str, device: DeviceSpec) -> str:
@@ -105,6 +121,8 @@ WEIGHT_DTYPE = Lever(
     doc="the dtype the model is built in: fp32 master weights, or bf16 weights, gradients and optimizer states",
     choices=WEIGHT_DTYPES,
     acts_on="model",
+    # Always passed: without it from_config builds in the config's own dtype (autotune.spec.models.build_model).
+    to_model_build=lambda value: {"dtype": WEIGHT_TORCH_DTYPES[value]},
     label=lambda value: "" if value == "fp32" else f"weights={value}",
     export_note=lambda value: (
         ""
@@ -117,4 +135,5 @@ WEIGHT_DTYPE = Lever(
     ),
     unavailable_on=_weight_dtype_unavailable_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),
+    memory=lambda value, traits: dataclasses.replace(traits, weight_bytes=WEIGHT_BYTES[value]),
 )

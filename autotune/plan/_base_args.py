@@ -9,7 +9,7 @@ import tempfile
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS
+from autotune.levers import DEVICE_JUDGED_FIELDS, LEVERS
 from autotune.spec.files import read_user_file
 
 # Fields autotune decides itself; a --base-args file may not set them.
@@ -52,9 +52,9 @@ def load_base_args(path: str) -> dict[str, Any]:
             raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
     check_base_arg_types(path, base_args)
     check_base_arg_knobs(path, base_args)
-    # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
+    # The precision fields are a lever's the device filter checks; TrainingArguments would judge them
     # against this (CPU) process rather than the device the trials run on.
-    checked = {k: v for k, v in base_args.items() if k not in LEVERS["dtype"].fields}
+    checked = {k: v for k, v in base_args.items() if k not in DEVICE_JUDGED_FIELDS}
     with tempfile.TemporaryDirectory() as scratch:
         try:
             TrainingArguments(output_dir=scratch, use_cpu=True, **checked)

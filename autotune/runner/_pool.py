@@ -96,9 +96,7 @@ def run_isolated(
     assert process.pid is not None
     watch = ChildWatch(process.pid)
     payload: dict | None = None
-    deadlines = TrialDeadlines(
-        started, timeout_s, job.workload.compile_timeout_s if job.config.compile != "off" else None
-    )
+    deadlines = TrialDeadlines(started, timeout_s, job.workload.compile_timeout_s if job.config.compiled_as else None)
     try:
         payload = _await_result(receiver, process, watch, deadlines, on_tick)
         if payload is not None:
@@ -113,7 +111,7 @@ def run_isolated(
     if payload is not None:
         result = TrialResult.from_dict(payload)
     elif deadlines.expired is not None:
-        result = deadlines.result(job.config.compile)
+        result = deadlines.result(job.config.compiled_as or "")
     else:
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)

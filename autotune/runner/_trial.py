@@ -1,11 +1,13 @@
 """The body of a trial: build the model, train through the real Trainer, measure.
 
 Imported by the forkserver before any child starts, so torch and transformers are loaded once.
-Nothing here touches CUDA at import time.
+Nothing here touches CUDA at import time. The trial's levers act through their hooks (the model
+build, the batches, the trainer and its arguments: ``autotune.levers``); nothing here names a lever.
 """
 
 from __future__ import annotations
 
+import importlib
 import platform
 import time
 from collections.abc import Callable
@@ -15,7 +17,13 @@ import torch
 import transformers
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.levers import WEIGHT_TORCH_DTYPES, training_arguments_kwargs
+from autotune.levers import (
+    Batching,
+    model_build_kwargs,
+    trainer_parts,
+    training_arguments_kwargs,
+    trial_batching,
+)
 from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
@@ -65,10 +73,10 @@ class SyntheticTokens(torch.utils.data.Dataset):
         return sample
 
 
-def harness_arguments(job: TrialJob) -> dict[str, Any]:
+def harness_arguments(job: TrialJob, batching: Batching) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs; never exported."""
     return dict(
-        include_num_input_tokens_seen=tokens_counted(job),
+        include_num_input_tokens_seen=tokens_counted(job, batching),
         output_dir=job.work_dir,
         max_steps=job.workload.measure.total_steps_cap,
         report_to="none",
@@ -80,12 +88,12 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
     )
 
 
-def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
+def build_dataset(job: TrialJob, batching: Batching) -> torch.utils.data.Dataset:
     workload = job.workload
     if workload.dataset is not None:
         from autotune.runner._loader import load_training_dataset
 
-        return load_training_dataset(workload.dataset, workload.model, workload.seq_len, job.config.padding)
+        return load_training_dataset(workload.dataset, workload.model, workload.seq_len, batching.pads_samples)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
@@ -122,44 +130,43 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(
-            workload.model.config,
-            workload.model.task,
-            job.config.attn_implementation,
-            WEIGHT_TORCH_DTYPES[job.config.weight_dtype],
-        )
+        model = build_model(workload.model.hf_config, workload.model.task, **model_build_kwargs(job.config))
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
         autocast = AutocastRecorder(torch, workload.device.kind)
-        if job.config.compile == "off":
+        if job.config.compiled_as is None:
             # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
             # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
             autocast.attach(model)
+        batching = trial_batching(job.config)
+        trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
-        args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
+        args = arguments_class(**{**kwargs, **harness_arguments(job, batching)})
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
         # this step was skipped; its scalar read waits for work the timer's synchronize waits for anyway.
         recorder = LossRecorder()
         timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder))
-        trainer = Trainer(
+        trainer = trainer_class(
             model=model,
             args=args,
-            train_dataset=build_dataset(job),
-            data_collator=build_collator(job),
+            train_dataset=build_dataset(job, batching),
+            data_collator=build_collator(job, batching),
             callbacks=[
                 recorder,
                 timer,
                 *(load_callback(name)() for name in workload.callbacks),
                 *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
             ],
+            **trainer_kwargs,
         )
         recorder.attach(trainer)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
-        if workload.dataset is not None and job.config.padding != "max_length":
-            peaks, peak_batch = worst_case_peaks(trainer, job, probe, peaks)
+        varying = workload.dataset is not None and batching.varies
+        if varying:
+            peaks, peak_batch = worst_case_peaks(trainer, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
@@ -173,14 +180,13 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     trained = trained_fraction(stats.measured_steps, record.skipped_measured)
     # Batches of different lengths (padding longest / padding_free) differ in cost by design: their
     # throughput is the mean over the measured steps, not the median of a window.
-    varying = workload.dataset is not None and job.config.padding != "max_length"
     samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
     model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s)
     hardware_tflops = hardware_tflops_of(
-        workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s
+        workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s
     )
-    # The peak of the precision that ran (read back from torch), not of the knob's name.
+    # The peak of the precision that ran (read back from torch), not of the lever's name.
     peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
     measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
@@ -228,7 +234,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
 
 
 def worst_case_peaks(
-    trainer: Trainer, job: TrialJob, probe: MemoryProbe, measured: dict[str, int]
+    trainer: Trainer, batching: Batching, probe: MemoryProbe, measured: dict[str, int]
 ) -> tuple[dict[str, int], str]:
     """One more optimizer step, after the timed ones, on the fullest batch the data can produce
     (:func:`autotune.runner._loader.worst_case_batch`), through the Trainer's own ``training_step``
@@ -242,7 +248,7 @@ def worst_case_peaks(
     from autotune.runner._loader import worst_case_batch
 
     batch, words = worst_case_batch(
-        trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator
+        trainer.train_dataset, trainer.args.per_device_train_batch_size, batching, trainer.data_collator
     )
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
@@ -275,24 +281,35 @@ def runtime_readings(
     return found
 
 
-def build_collator(job: TrialJob) -> Any:
-    """The Trainer's ``data_collator`` for the trial's ``padding`` (``None``: the Trainer's default)."""
+def build_collator(job: TrialJob, batching: Batching) -> Any:
+    """The Trainer's ``data_collator`` of the trial's batching (``None``: the Trainer's default)."""
     dataset = job.workload.dataset
     if dataset is None:
         return None
-    from autotune.runner._loader import training_collator
-
-    return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
+    return batching.collator(dataset.pad_token_id, job.workload.model.model_type)
 
 
-def tokens_counted(job: TrialJob) -> str:
+def trainer_of(job: TrialJob) -> tuple[type, type, dict[str, Any]]:
+    """The trainer class, its arguments class and the trainer's keyword arguments the trial's levers
+    choose (:func:`autotune.levers.trainer_parts`; ``transformers``' ``Trainer`` otherwise)."""
+    parts = trainer_parts(job.config)
+    return _class_named(parts.trainer), _class_named(parts.arguments), parts.kwargs
+
+
+def _class_named(name: str) -> type:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def tokens_counted(job: TrialJob, batching: Batching) -> str:
     """What the Trainer counts in ``state.num_input_tokens_seen`` (transformers/trainer.py:
-    ``_track_num_input_tokens``): the attention mask's ones with the user's data (a flattened batch
-    has no mask and no padding: all its tokens); nothing with synthetic tokens, which are all real.
+    ``_track_num_input_tokens``): with the user's data what the batching says (the attention mask's
+    ones; all of a flattened batch's tokens, which has no mask and no padding); nothing with
+    synthetic tokens, which are all real.
     """
     if job.workload.dataset is None:
         return "no"
-    return "all" if job.config.padding == "padding_free" else "non_padding"
+    return batching.counts_tokens
 
 
 def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns StepTimer's callback type

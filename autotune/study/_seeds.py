@@ -14,6 +14,7 @@ Both are queued with ``study.enqueue_trial`` when the study is created, marked w
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,21 +22,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import TrialConfig
+from autotune.levers import LEVERS, Lever, TrialConfig, lever_values_from_base_args
 from autotune.runner import Workload
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
 from autotune.storage import schema
 
 # The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
 # estimator is not calibrated yet when seeds are chosen.
 SEED_FILL_FRACTION = 0.8
-
-# Where a default value is not among the space's choices: the choices closest in effect, in order.
-_NEAREST_STRINGS = {
-    "dtype": {"fp32": ["tf32", "bf16", "fp16"]},
-    "optim": {"adamw_torch_fused": ["adamw_torch"], "adamw_torch": ["adamw_torch_fused"]},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,116 +50,94 @@ class Seed:
 
 
 def hf_default_config() -> TrialConfig:
-    """The knobs as ``TrainingArguments()`` sets them by default in the installed transformers."""
+    """The lever values that reproduce ``TrainingArguments()``'s defaults in the installed transformers:
+    the inverse of the mapping (:func:`autotune.levers.lever_values_from_base_args`) applied to them.
+    Levers that act outside ``TrainingArguments`` keep their own default (the model's attention, ...)."""
     from transformers import TrainingArguments
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    optim = defaults["optim"]
-    dtype = "bf16" if defaults.get("bf16") else "fp16" if defaults.get("fp16") else "fp32"
-    checkpointing = defaults.get("activation_checkpointing", defaults.get("gradient_checkpointing"))
-    return TrialConfig(
-        micro_batch=int(defaults["per_device_train_batch_size"]),
-        grad_accum=int(defaults["gradient_accumulation_steps"]),
-        checkpointing=bool(checkpointing),
-        dtype=dtype,
-        optim=str(getattr(optim, "value", optim)),
-        dataloader_workers=int(defaults["dataloader_num_workers"]),
-        pin_memory=bool(defaults["dataloader_pin_memory"]),
-        compile="off"
-        if not defaults.get("torch_compile")
-        else str(defaults.get("torch_compile_backend") or "inductor"),
-        attn_implementation=None,
-    )
+    defaults = {
+        field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        for field in dataclasses.fields(TrainingArguments)
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    }
+    return TrialConfig(**lever_values_from_base_args(defaults))
 
 
-def snap_to_space(config: TrialConfig, space: SearchSpace, device_kind: str) -> tuple[dict[str, Any], list[str]]:
-    """Params for ``config`` within the space: each knob's value if it is a choice, else the nearest.
+def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -> tuple[dict[str, Any], list[str]]:
+    """Params for ``config`` within the space: each lever's value if it is a choice, else the nearest.
 
     Returns:
-        (params, notes): a note for every knob that had to change (pin_memory on the CPU, which the
-        space filter drops for a reason it already printed, is not repeated).
+        (params, notes): a note for every lever that had to change (a value that changes nothing on
+        the device, such as pin_memory on the CPU, was removed by the space filter with its own note,
+        which is not repeated).
     """
     wanted = config.to_params()
     params: dict[str, Any] = {}
     notes: list[str] = []
-    for knob, choices in space.choices.items():
-        if knob not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
-            params[knob] = choices[0]
+    for name, choices in space.choices.items():
+        if name not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
+            params[name] = choices[0]
             continue
-        value = wanted[knob]
+        value = wanted[name]
         if value in choices:
-            params[knob] = value
+            params[name] = value
             continue
-        params[knob] = nearest_choice(knob, value, choices)
-        if not (knob == "pin_memory" and device_kind == "cpu"):
-            notes.append(f"{knob} {value} is not in the search space: seeded with the nearest choice, {params[knob]}")
+        params[name] = nearest_choice(LEVERS[name], value, choices)
+        if not LEVERS[name].no_effect_on(value, device):
+            notes.append(f"{name} {value} is not in the search space: seeded with the nearest choice, {params[name]}")
     return params, notes
 
 
-def nearest_choice(knob: str, value: Any, choices: Sequence[Any]) -> Any:
-    """The choice closest to ``value``: numerically for numbers, by a stated preference for names."""
+def nearest_choice(lever: Lever, value: Any, choices: Sequence[Any]) -> Any:
+    """The choice closest to ``value``: numerically for numbers, by the lever's stated preference
+    (``Lever.nearest``) for names."""
     if (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and all(isinstance(c, (int, float)) for c in choices)
     ):
         return min(choices, key=lambda c: (abs(c - value), c))
-    if knob == "attn_implementation" and value is None and "sdpa" in choices:
-        return "sdpa"  # transformers' default where the model supports it
-    for preferred in _NEAREST_STRINGS.get(knob, {}).get(value, []):
+    for preferred in lever.nearest.get(value, ()):
         if preferred in choices:
             return preferred
     return choices[0]
 
 
 def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
-    """What a performance guide tries first on this device, within the space's choices: the largest
-    micro-batch the workload's memory prior puts under the fill fraction of the ceiling.
+    """What a performance guide tries first on this device, within the space's choices: each lever's
+    first preferred value (``Lever.best_practice``), then the largest micro-batch (the levers whose
+    memory grows with their value) the workload's memory prior puts under the fill fraction of the
+    ceiling; a last-resort lever (checkpointing) turned on only where none fits without it.
 
-    A knob the space does not search keeps its :class:`TrialConfig` default.
+    A lever the space does not search, or without a preference, keeps its :class:`TrialConfig` default.
     """
-    device = workload.device
     choices = space.choices
-    defaults = TrialConfig()
-
-    def pick(knob: str, preferred: Sequence[Any]) -> Any:
-        if knob not in choices:
-            return getattr(defaults, knob)
-        return next((v for v in preferred if v in choices[knob]), choices[knob][0])
-
-    workers = sorted(choices.get("dataloader_workers", [defaults.dataloader_workers]))
-    # On a GPU, workers and pinned memory overlap data loading with compute; on the CPU, workers
-    # compete with training for the same cores.
-    wanted_workers = [w for w in workers if w > 0] if device.kind == "cuda" else [0]
-    base = TrialConfig(
-        micro_batch=min(choices.get("micro_batch", [defaults.micro_batch])),
-        grad_accum=min(choices.get("grad_accum", [defaults.grad_accum])),
-        checkpointing=pick("checkpointing", [False]),
-        dtype=pick("dtype", ["bf16", "fp16", "tf32", "fp32"] if device.kind == "cuda" else ["bf16", "fp32"]),
-        optim=pick("optim", ["adamw_torch_fused", "adamw_torch"]),
-        dataloader_workers=pick("dataloader_workers", wanted_workers),
-        pin_memory=pick("pin_memory", [device.kind == "cuda"]),
-        # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
-        compile=pick("compile", ["off"]),
-        attn_implementation=pick("attn_implementation", ["flash_attention_2", "sdpa"]),
-    )
-    checkpointing_options = [base.checkpointing]
-    if not base.checkpointing and True in choices.get("checkpointing", []):
-        checkpointing_options.append(True)  # only if nothing fits without
-    for checkpointing in checkpointing_options:
-        for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
-            candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
+    base: dict[str, Any] = {}
+    for lever in LEVERS.values():
+        preferred = lever.best_practice(workload.device, choices[lever.name]) if lever.name in choices else ()
+        if preferred:
+            base[lever.name] = next((v for v in preferred if v in choices[lever.name]), choices[lever.name][0])
+    settings = [base]  # then each last resort's other values, one at a time
+    for lever in LEVERS.values():
+        current = base.get(lever.name, lever.default)
+        if lever.last_resort and lever.name in choices:
+            settings += [{**base, lever.name: value} for value in choices[lever.name] if value != current]
+    growing = [lever for lever in LEVERS.values() if lever.grows_memory and lever.name in choices]
+    sizes = sorted(itertools.product(*(choices[lever.name] for lever in growing)), reverse=True)
+    for setting in settings:
+        for size in sizes:
+            candidate = TrialConfig(**{**setting, **{lever.name: v for lever, v in zip(growing, size)}})
             predicted = estimate_peak(workload.model, candidate, workload.seq_len, workload.memory_prior).total_bytes
             if fits(predicted, SEED_FILL_FRACTION * workload.ceiling_bytes):
                 return candidate
-    return base
+    return TrialConfig(**base)
 
 
 def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(hf_default_config(), space, workload.device.kind)
+    default_params, default_notes = snap_to_space(hf_default_config(), space, workload.device)
     best = best_practice_config(space, workload)
-    best_params, _ = snap_to_space(best, space, workload.device.kind)
+    best_params, _ = snap_to_space(best, space, workload.device)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
         seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params))

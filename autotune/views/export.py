@@ -257,10 +257,13 @@ def with_deepspeed_config_path(arguments: dict[str, Any], out: str) -> dict[str,
 
 
 def deepspeed_note(best: RankedTrial, out: str) -> str | None:
-    """Where the winner's DeepSpeed config is, and for offload the host memory it needs."""
-    if best.config.zero == "off":
+    """Where the winner's DeepSpeed config is (its arguments carry one), and for offload the host memory it needs."""
+    deepspeed = training_arguments_kwargs(best.config, "cuda").get("deepspeed")
+    if not isinstance(deepspeed, dict):
         return None
-    note = f"the winner trains with DeepSpeed ZeRO {best.config.zero}: its config is {deepspeed_config_path(out)}, which the arguments name"
+    zero = deepspeed.get("zero_optimization", {})
+    stage = f"stage {zero.get('stage')}" + (" with offload" if "offload_optimizer" in zero else "")
+    note = f"the winner trains with DeepSpeed ZeRO {stage}: its config is {deepspeed_config_path(out)}, which the arguments name"
     host = (best.result.memory_peaks if best.result else {}).get(schema.TRIAL_PREDICTED_HOST_BYTES)
     if host:
         note += f"; offload keeps {format_bytes(host)} per rank in host RAM (estimate)"

@@ -136,11 +136,11 @@ def trial_cells(
         # Show the figures at the confirmed median, the one the row is ranked by.
         result = dataclasses.replace(result, **confirmation["figures"])
     mfu = utilisation_cell(result.mfu, result.mfu_measured)
-    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
+    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.recomputes_forward else ""
     notes = [result.error] if result.error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
-    notes += [note for note in [precision_note(config.dtype, result)] if note]
+    notes += [note for note in [precision_note(config.precision, result)] if note]
     notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")

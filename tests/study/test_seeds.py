@@ -62,7 +62,7 @@ def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_not
             "pin_memory": [False],
         }
     )
-    params, notes = snap_to_space(hf_default_config(), space, "cpu")
+    params, notes = snap_to_space(hf_default_config(), space, cpu)
     assert params == {"micro_batch": 4, "dtype": "bf16", "optim": "adamw_torch", "pin_memory": False}
     assert len(notes) == 3  # micro_batch, dtype, optim; pin_memory on the CPU was explained by the space filter
     assert any("micro_batch 8 is not in the search space" in n and "4" in n for n in notes)
