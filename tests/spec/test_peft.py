@@ -249,6 +249,6 @@ def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dt
         assert lora_rows[key]["total_bytes"] < row["total_bytes"], key
     table = run_cli_in_process(*plan, "--peft", "lora", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    rows = [line for line in table.stdout.splitlines() if line.startswith("│ bf16")]
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│") and "│ bf16 " in line]
     assert len(rows) == 2, table.stdout  # one per weight dtype: accumulation does not split a setting
     assert sum("weights=" in line for line in rows) == 1, table.stdout  # "weights=bf16", cut short in a narrow console

@@ -214,7 +214,7 @@ def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_n
     assert json.loads((tmp_path / "best_args.deepspeed.json").read_text()) == deepspeed_config("2+offload")
     assert arguments["bf16"] is True and arguments["use_cpu"] is True
     note = " ".join(export_notes(study_ranking(study)[0], study, out))
-    assert "ZeRO 2+offload" in note and "3.00 GiB" in note and "host RAM" in note
+    assert "ZeRO stage 2 with offload" in note and "3.00 GiB" in note and "host RAM" in note
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
