@@ -387,7 +387,7 @@ def report(
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
-    """Write one self-contained HTML page of plotly figures: speed vs memory, history, knob effects, timeline, ranking."""
+    """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
     from autotune.storage import load_study
     from autotune.views.report import write_report
 

@@ -116,7 +116,7 @@ def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool
 
 
 def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
-    """Every row as JSON for scripts: the config's knobs, each part in bytes, the total, whether it fits."""
+    """Every row as JSON for scripts: the config's lever values, each part in bytes, the total, whether it fits."""
     document = {
         **header,
         "rows": [

@@ -59,6 +59,11 @@ class Batching:
     counts_tokens = "non_padding"
     words = "padded to --seq-len"
 
+    def prepare(self, samples: Any) -> Any:
+        """The trial's dataset made of the loaded samples (packing would join them into blocks here);
+        the samples themselves by default."""
+        return samples
+
     def collator(self, pad_token_id: int, model_type: str) -> Any:
         """The Trainer's ``data_collator`` (``None``: the Trainer's default, which stacks padded samples)."""
         return None

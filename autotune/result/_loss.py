@@ -1,6 +1,6 @@
 """Does a trial train? Its training loss over the measured steps, skipped optimizer steps, divergence.
 
-Speed knobs change numerics: fp16 without a working loss scale overflows and its grad scaler skips
+Speed levers change numerics: fp16 without a working loss scale overflows and its grad scaler skips
 optimizer steps (a skipped step is cheaper, so the trial would look faster than it is); 8-bit and
 factored optimizers and compilation can change what training does. A fast config that does not
 train is not a winner. Each trial child records:

@@ -197,7 +197,7 @@ def objective_value(result: TrialResult) -> float:
 
 
 def precision_note(config_dtype: str, result: TrialResult) -> str | None:
-    """``ran tf32 matmuls`` where what the child read back differs from the knob's name, else ``None``.
+    """``ran tf32 matmuls`` where what the child read back differs from the lever's name, else ``None``.
 
     An fp32 trial with ``torch.compile`` on CUDA runs TF32 matmuls (transformers and accelerate switch
     them on, see :mod:`autotune.runner._precision`): tables say so rather than print a bare fp32.

@@ -124,7 +124,7 @@ class TrialJob:
 
     Attributes:
         workload: What is trained and where (shared by every trial of the search).
-        config: The knobs under test.
+        config: The lever values under test.
         work_dir: A directory of this trial's own (Trainer output_dir, the child's log).
         prune_below_samples_per_s: Stop early (status ``pruned``) once the measured throughput is
             clearly below this; ``None`` never prunes.

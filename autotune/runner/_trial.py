@@ -93,7 +93,8 @@ def build_dataset(job: TrialJob, batching: Batching) -> torch.utils.data.Dataset
     if workload.dataset is not None:
         from autotune.runner._loader import load_training_dataset
 
-        return load_training_dataset(workload.dataset, workload.model, workload.seq_len, batching.pads_samples)
+        samples = load_training_dataset(workload.dataset, workload.model, workload.seq_len, batching.pads_samples)
+        return batching.prepare(samples)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 

@@ -40,7 +40,7 @@ class Seed:
 
     Attributes:
         label: ``hf-default`` or ``best-practice`` (the trial's ``seed`` user attr).
-        params: Optuna params: every knob of the space, each one of its choices.
+        params: Optuna params: every lever of the space, each one of its choices.
         notes: What had to change to fit the space, one line each.
     """
 

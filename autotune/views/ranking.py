@@ -32,7 +32,7 @@ class RankedTrial:
     Attributes:
         number: The Optuna trial number.
         state: The Optuna trial state name (COMPLETE, FAIL, PRUNED, RUNNING, WAITING).
-        config: The knobs it ran with.
+        config: The lever values it ran with.
         result: What it measured (``None`` for trials still running).
         confirmed_samples_per_s: Median of the end-of-search re-measurement, if it was confirmed.
         ties_with_leader: Within noise of the top trial after confirmation.
@@ -173,7 +173,7 @@ class SpeedupOverDefault:
         default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
         best_trial: Number of the best feasible trial.
         best_samples_per_s: Its throughput (the confirmed median where there is one).
-        best_config: Its knobs.
+        best_config: Its lever values.
     """
 
     default_trial: int

@@ -91,7 +91,7 @@ def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
 
 
 def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
-    """One row per trial: its status, knobs and every measured figure with its unit."""
+    """One row per trial: its status, lever values and every measured figure with its unit."""
     source = memory_source_description(memory_source) or "see each trial's memory_source"
     table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
     for header, justify in [
