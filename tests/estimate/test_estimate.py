@@ -12,6 +12,7 @@ from autotune.estimate._fit import SCALE_BOUNDS
 from autotune.estimate._parts import activation_bytes, layer_activation_bytes, logits_bytes
 from autotune.estimate._plan_table import memory_distinct_configs
 from autotune.levers import TrialConfig
+from autotune.runner import trial_memory_prior
 
 MiB = 1024**2
 GiB = 1024**3
@@ -250,10 +251,9 @@ def measured_peaks(tmp_path_factory):
 
 @pytest.mark.slow
 def test_uncalibrated_estimates_are_within_the_documented_bound(measured_peaks, cpu):
-    from autotune.estimate import memory_prior
     from autotune.spec.models import resolve_model
 
-    prior = memory_prior(cpu, {})  # the planner's and the search's: this installation's process baseline
+    prior = trial_memory_prior(cpu, {}, 1)  # the planner's and the search's: this installation's process baseline
     errors = {}
     for (name, config), peak in measured_peaks.items():
         seq_len = REAL_CONFIGS[name][0]
@@ -289,7 +289,6 @@ def bert_mini_spec():
 
 
 def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_path, cpu, bert_tiny):
-    from autotune.estimate import memory_prior
     from autotune.space import load_space
     from tests.support.cli import REPO, run_cli
 
@@ -297,7 +296,7 @@ def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_pat
     # Between the space's smallest and largest predicted peak, so some rows fit and some do not: the
     # prior's process baseline is this installation's (estimate.cpu_process_baseline_bytes), as the command's.
     predicted = [
-        estimate_peak(bert_tiny, config, 64, memory_prior(cpu, {})).total_bytes
+        estimate_peak(bert_tiny, config, 64, trial_memory_prior(cpu, {}, 1)).total_bytes
         for config in memory_distinct_configs(load_space(space, cpu, model=bert_tiny).choices, "cpu")
     ]
     ceiling_mib = (min(predicted) + max(predicted)) // 2 // MiB
