@@ -160,3 +160,45 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
 
 def test_every_case_is_checked(tmp_path):
     assert CASE_IDS == list(_cases(tmp_path))
+
+
+def _model_with_its_own_code(root: Path, marker: Path) -> str:
+    """A model directory whose config.json names code of its own (``auto_map``) for a model type
+    transformers does not know: importing that code writes ``marker``."""
+    directory = root / "custom-code-model"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({
+        "model_type": "shipped-net",
+        "auto_map": {"AutoConfig": "shipped_code.ShippedConfig", "AutoModel": "shipped_code.ShippedModel"},
+        "hidden_size": 128, "num_attention_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000,
+    }))
+    (directory / "shipped_code.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('the model directory ran its own code')\n"
+        "from transformers import PretrainedConfig, PreTrainedModel\n"
+        "class ShippedConfig(PretrainedConfig):\n    model_type = 'shipped-net'\n"
+        "class ShippedModel(PreTrainedModel):\n    config_class = ShippedConfig\n"
+    )
+    return str(directory)
+
+
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_a_models_own_code_never_runs_even_when_the_terminal_answers_yes(tmp_path, command):
+    """transformers asks "Do you wish to run the custom code? [y/N]" on a terminal unless told
+    ``trust_remote_code``; autotune tells it False everywhere, so no question, no code, one line."""
+    from tests.support.cli import run_cli_in_terminal
+
+    marker = tmp_path / "ran.txt"
+    model = _model_with_its_own_code(tmp_path, marker)
+    args = [*SEARCH, "--storage", f"sqlite:///{tmp_path / 'study.db'}"] if command == "search" else ["estimate"]
+    status, output = run_cli_in_terminal(*args, "--model", model, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+
+    assert not marker.exists()  # the directory's Python never ran
+    assert "[y/N]" not in output and "custom code" not in output  # and nobody was asked
+    assert "hf.co" not in output  # a local directory is not a Hub repository
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert status == 2, output
+    assert len(lines) == 1, output
+    assert lines[0].startswith("autotune: error: --model ")
+    assert "'shipped-net' is not one of transformers' own architectures" in lines[0]
+    assert "autotune trains only those" in lines[0]
+    assert not (tmp_path / "study.db").exists()  # refused before the study was opened
