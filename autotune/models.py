@@ -213,6 +213,8 @@ def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:
         values, _ = PretrainedConfig.get_config_dict(location, **load_kwargs)
     except Exception:  # noqa: BLE001 - unreadable: the caller says why in its own words
         return
+    if not isinstance(values, dict):  # a JSON list: the caller says so
+        return
     model_type = values.get("model_type")
     if values.get("auto_map") and model_type not in CONFIG_MAPPING:
         raise AutotuneError(
