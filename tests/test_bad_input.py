@@ -104,6 +104,23 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "base-args: batch 0": (
             [*tiny, "--base-args", _file(root, "zero.json", '{"per_device_train_batch_size": 0}')], "per_device_train_batch_size 0: give 1"
         ),
+        "base-args: learning_rate NaN": (
+            [*tiny, "--base-args", _file(root, "nan.json", '{"learning_rate": NaN}')], "learning_rate nan: not a finite number"
+        ),
+        "base-args: learning_rate 1e400": (
+            [*tiny, "--base-args", _file(root, "huge.json", '{"learning_rate": 1e400}')], "learning_rate inf: not a finite number"
+        ),
+        "base-args: hub_token": (
+            [*tiny, "--base-args", _file(root, "token.json", '{"hub_token": "hf_planted"}')], "set the HF_TOKEN environment variable"
+        ),
+        "base-args: torch_compile_backend os.system": (
+            [*tiny, "--base-args", _file(root, "backend.json", '{"torch_compile_backend": "os.system"}')],
+            "torch_compile_backend 'os.system' is not a torch.compile backend",
+        ),
+        "base-args: deepspeed unreadable": (
+            [*tiny, "--base-args", _file(root, "ds-missing.json", json.dumps({"deepspeed": str(root / "absent-ds.json")}))],
+            "deepspeed " + str(root / "absent-ds.json") + ": cannot read it",
+        ),
         # 2 and 3. options that would fail every trial or be ignored
         "--trial-timeout 0": ([*tiny, "--trial-timeout", "0"], "--trial-timeout 0.0: give a number of seconds above 0"),
         "--trial-timeout -1": ([*tiny, "--trial-timeout", "-1"], "--trial-timeout -1.0"),
@@ -140,7 +157,8 @@ CASE_IDS = [
     "model: hidden not divisible by heads", "model: vocab_size 0", "model: 0 positions", "model: negative heads",
     "estimate: hidden not divisible by heads", "space: binary", "space: micro_batch [true]", "space: checkpointing [1]",
     "space: 700k choices", "space: 300 choices", "base-args: binary", "base-args: batch 'big'", "base-args: learning_rate 'fast'",
-    "base-args: bf16 and fp16", "base-args: batch 0", "--trial-timeout 0", "--trial-timeout -1", "--timeout -5",
+    "base-args: bf16 and fp16", "base-args: batch 0", "base-args: learning_rate NaN", "base-args: learning_rate 1e400",
+    "base-args: hub_token", "base-args: torch_compile_backend os.system", "base-args: deepspeed unreadable", "--trial-timeout 0", "--trial-timeout -1", "--timeout -5",
     "--warmup-steps -1", "--max-measure-steps 0", "--trials 0 names the option", "--text-column without --dataset",
     "--packing without --dataset", "--workers 1000", "empty --dataset", "estimate --seq-len 100000", "dashboard --port -1",
     "dashboard --port 70000", "best --top -5", "devices --seconds 0", "best: misspelled storage", "export: misspelled storage",

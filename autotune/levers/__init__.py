@@ -43,6 +43,7 @@ from autotune.levers.distributed import (
     ZERO_CHOICES,
     deepspeed_config,
     deepspeed_missing,
+    read_deepspeed_config,
     zero_offloads,
     zero_stage,
     zero_with_other_levers,
@@ -82,6 +83,6 @@ __all__ = [
     "SMALL_AUTO_MICRO_BATCHES", "STATE_BYTES_PER_PARAM", "STATES_IN_PARAM_DTYPE", "WEIGHT_DTYPES", "WEIGHT_TORCH_DTYPES", "Lever", "bf16_weights_need_bf16_autocast", "auto_micro_batches", "checkpointing_field", "flash_attention_2_unavailable",
     "liger_unsupported", "padding_free_unsupported", "split_compile",
     "FSDP", "FSDP_CHOICES", "RESHARD_AFTER_FORWARD", "fsdp_or_zero",
-    "OFFLOAD_OPTIM", "ZERO_CHOICES", "deepspeed_config", "deepspeed_missing", "zero_offloads", "zero_stage",
+    "OFFLOAD_OPTIM", "ZERO_CHOICES", "deepspeed_config", "deepspeed_missing", "read_deepspeed_config", "zero_offloads", "zero_stage",
     "zero_with_other_levers",
 ]

@@ -145,7 +145,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
             be read, the data is unusable.
     """
     from autotune.calibrate import load_measured_peaks, peak_note
-    from autotune.base_args import load_base_args
+    from autotune.base_args import load_base_args, trial_overrides_note
     from autotune.models import resolve_model
 
     if not 0 <= options.prune_ratio < 1:
@@ -174,6 +174,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
     notes = [*peft_notes, *space.notes]
+    if (overridden := trial_overrides_note(base_args)) is not None:
+        notes.append(overridden)
     dataset = None
     if options.dataset is not None:
         from autotune.data import prepare_dataset
