@@ -1,0 +1,1 @@
+"""What a trial trains: the workload's data and the pieces it is made of."""
