@@ -33,15 +33,15 @@ from autotune.levers.batch import (
     largest_global_batch,
     tensor_core_note,
 )
-from autotune.levers.distributed import deepspeed_config, zero_offloads, zero_stage
+from autotune.levers.distributed import deepspeed_config, read_deepspeed_config, zero_offloads, zero_stage
 from autotune.levers.optimizer import BNB_OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
-from autotune.levers.precision import DEVICE_JUDGED_FIELDS, DTYPES, HALF_DTYPES, WEIGHT_TORCH_DTYPES
+from autotune.levers.precision import DTYPES, HALF_DTYPES, PRECISION_FIELDS, WEIGHT_TORCH_DTYPES
 
 __all__ = [
     "BATCH_LIMITS",
     "BNB_OPTIMIZERS",
     "COMBINATION_RULES",
-    "DEVICE_JUDGED_FIELDS",
+    "PRECISION_FIELDS",
     "DTYPES",
     "GLOBAL_BATCH_LEVERS",
     "HALF_DTYPES",
@@ -65,6 +65,7 @@ __all__ = [
     "lever_values_from_base_args",
     "memory_traits",
     "model_build_kwargs",
+    "read_deepspeed_config",
     "tensor_core_note",
     "trainer_parts",
     "training_arguments_kwargs",

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 # fp32; tf32 (fp32 storage, TF32 matmuls); fp16 / bf16: autocast over fp32 master weights (HF Trainer).
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 HALF_DTYPES = ("fp16", "bf16")
-_FIELDS = ("bf16", "fp16", "tf32")
-# The precision fields TrainingArguments judges against the device of the process that builds it
-# (``__post_init__``: bf16 needs a GPU or CPU that runs it, tf32 an Ampere GPU): autotune judges them
-# against the trials' device instead (``unavailable_on``), so the parent's check of --base-args skips them.
-DEVICE_JUDGED_FIELDS = _FIELDS
+# The TrainingArguments fields the ``dtype`` lever sets. TrainingArguments judges them against the device
+# of the process that builds it (``__post_init__``: bf16 needs a GPU or CPU that runs it, tf32 an Ampere
+# GPU); autotune judges them against the trials' device instead (``unavailable_on``).
+PRECISION_FIELDS = ("bf16", "fp16", "tf32")
+_FIELDS = PRECISION_FIELDS
 
 
 def _to_training_args(value: str) -> dict[str, Any]:

@@ -70,9 +70,13 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
 
     from autotune.estimate import smallest_peak_bytes
     from autotune.plan._base_args import load_base_args
-    from autotune.runner import Workload, child_address_space_budget, load_callback
-    from autotune.runner._job import trial_memory_prior
-    from autotune.runner._limits import allocator_settings
+    from autotune.runner import (
+        Workload,
+        allocator_settings,
+        child_address_space_budget,
+        load_callback,
+        trial_memory_prior,
+    )
     from autotune.space import load_space
     from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
     from autotune.spec.measure import MeasureSettings

@@ -12,7 +12,7 @@ import torch
 
 from autotune.levers import Batching
 from autotune.spec.dataset import PreparedDataset
-from autotune.spec.models import ModelSpec
+from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
 
 def load_training_dataset(
@@ -30,7 +30,7 @@ def load_training_dataset(
     if prepared.tokenizer_dir:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True, **NO_MODEL_CODE)
     return UserSamples(
         rows=rows,
         column=prepared.column,

@@ -141,11 +141,15 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         AutotuneError: An option is malformed or contradicts another, the model or the space cannot
             be read, the data is unusable, or (with screening) nothing in the space is predicted to fit.
     """
+    from autotune.runner import trial_overrides_note
     from autotune.spec.measured_peaks import peak_note
 
     planned = plan(options, available_memory_bytes)
     workload = planned.workload
-    notes = [*planned.notes, peak_note(workload.device, workload.measured_peaks_tflops)]
+    notes = list(planned.notes)
+    if (overridden := trial_overrides_note(workload.base_args)) is not None:
+        notes.append(overridden)
+    notes.append(peak_note(workload.device, workload.measured_peaks_tflops))
     if options.screen:
         refuse_if_nothing_fits(planned.space.choices, workload)  # no trial spent proving it
     request = SearchRequest(

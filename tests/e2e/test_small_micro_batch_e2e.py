@@ -5,8 +5,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak, memory_prior
+from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak
 from autotune.levers import TrialConfig
+from autotune.runner import trial_memory_prior
 from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ def ceiling_between_2_and_8(cpu, gpt2_tiny) -> str:
     (estimate.cpu_process_baseline_bytes: 0.56-0.57 GiB in a venv pip has just written, where the trials'
     peaks are higher too), so the ceiling follows it, half-way between the two bounds.
     """
-    prior = memory_prior(cpu, {})
+    prior = trial_memory_prior(cpu, {}, 1)
     two, eight = (
         estimate_peak(gpt2_tiny, TrialConfig(micro_batch=mb, pin_memory=False), 256, prior).total_bytes for mb in (2, 8)
     )

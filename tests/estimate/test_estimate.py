@@ -12,6 +12,7 @@ from autotune.estimate._fit import SCALE_BOUNDS
 from autotune.estimate._parts import activation_bytes, layer_activation_bytes, logits_bytes
 from autotune.estimate._plan_table import memory_distinct_configs
 from autotune.levers import TrialConfig, memory_traits
+from autotune.runner import trial_memory_prior
 
 MiB = 1024**2
 GiB = 1024**3
@@ -252,10 +253,9 @@ def measured_peaks(tmp_path_factory):
 
 @pytest.mark.slow
 def test_uncalibrated_estimates_are_within_the_documented_bound(measured_peaks, cpu):
-    from autotune.estimate import memory_prior
     from autotune.spec.models import resolve_model
 
-    prior = memory_prior(cpu, {})  # the planner's and the search's: this installation's process baseline
+    prior = trial_memory_prior(cpu, {}, 1)  # the planner's and the search's: this installation's process baseline
     errors = {}
     for (name, config), peak in measured_peaks.items():
         seq_len = REAL_CONFIGS[name][0]

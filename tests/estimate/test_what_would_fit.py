@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from autotune.estimate import estimate_peak, memory_prior, what_would_fit
+from autotune.estimate import estimate_peak, what_would_fit
 from autotune.levers import LEVERS, TrialConfig
+from autotune.runner import trial_memory_prior
 from autotune.units import format_bytes
 from tests.support.cli import run_cli
 
@@ -22,7 +23,7 @@ SPACE = "micro_batch: [8, 16]\ncheckpointing: [false]\ndtype: [fp32]\noptim: [ad
 
 def ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny) -> int:
     """A whole number of MiB half-way between the prior's micro-batch 2 and micro-batch 4 of SPACE."""
-    prior = memory_prior(cpu, {})
+    prior = trial_memory_prior(cpu, {}, 1)
     two, four = (
         estimate_peak(gpt2_tiny, TrialConfig(micro_batch=mb, pin_memory=False), 256, prior).total_bytes for mb in (2, 4)
     )
@@ -39,11 +40,11 @@ def choices_of(yaml_text: str, tmp_path, cpu, model):
 
 def test_nothing_to_say_where_a_config_fits(tmp_path, cpu, gpt2_tiny):
     choices = choices_of(SPACE, tmp_path, cpu, gpt2_tiny)
-    assert what_would_fit(gpt2_tiny, choices, 256, memory_prior(cpu, {}), 8 * GiB, cpu) is None
+    assert what_would_fit(gpt2_tiny, choices, 256, trial_memory_prior(cpu, {}, 1), 8 * GiB, cpu) is None
 
 
 def test_each_memory_lever_tries_its_other_values_on_the_smallest_config(tmp_path, cpu, gpt2_tiny):
-    prior = memory_prior(cpu, {})
+    prior = trial_memory_prior(cpu, {}, 1)
     choices = choices_of(SPACE, tmp_path, cpu, gpt2_tiny)
     ceiling = ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny)
     advice = what_would_fit(gpt2_tiny, choices, 256, prior, ceiling, cpu)
@@ -70,7 +71,7 @@ def test_each_memory_lever_tries_its_other_values_on_the_smallest_config(tmp_pat
 
 def test_when_no_single_lever_is_enough_it_says_so(tmp_path, cpu, gpt2_tiny):
     choices = choices_of(SPACE, tmp_path, cpu, gpt2_tiny)
-    advice = what_would_fit(gpt2_tiny, choices, 256, memory_prior(cpu, {}), int(0.3 * GiB), cpu)
+    advice = what_would_fit(gpt2_tiny, choices, 256, trial_memory_prior(cpu, {}, 1), int(0.3 * GiB), cpu)
     assert advice is not None and not any(c.fits for c in advice.changes) and not advice.leanest.fits
     assert "even with every lever at its leanest" in advice.sentence()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import AutotuneError
+from autotune.runner import trial_memory_prior
 from autotune.space import default_space_path, load_space
 from autotune.spec.devices import DeviceSpec
 
@@ -102,13 +103,14 @@ def test_tensor_core_note_names_tokens_not_samples_and_only_on_cuda(tmp_path, cp
 
 
 def _memory_context(gpt2_tiny, cpu, ceiling_gib: float):
-    from autotune.estimate import memory_prior
 
-    return dict(model=gpt2_tiny, seq_len=256, ceiling_bytes=int(ceiling_gib * GiB), memory_fit=memory_prior(cpu, {}))
+    return dict(
+        model=gpt2_tiny, seq_len=256, ceiling_bytes=int(ceiling_gib * GiB), memory_fit=trial_memory_prior(cpu, {}, 1)
+    )
 
 
 def test_auto_keeps_small_micro_batches_only_where_a_larger_one_may_not_fit(tmp_path, cpu, gpt2_tiny):
-    from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak, memory_prior
+    from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak
     from autotune.levers import TrialConfig
 
     path = write(tmp_path, "micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\n")
@@ -117,7 +119,7 @@ def test_auto_keeps_small_micro_batches_only_where_a_larger_one_may_not_fit(tmp_
     assert any(n.startswith("micro_batch 1, 2, 4 removed: micro-batch 8 is predicted to fit") for n in roomy.notes)
     # The rule, checked against the estimate itself: 2 stays because 4 may not fit, 1 goes because 2 does.
     # The ceiling sits between the two (about 1.3 GiB; the prior's process baseline is this installation's).
-    prior = memory_prior(cpu, {})
+    prior = trial_memory_prior(cpu, {}, 1)
     peak = {
         m: estimate_peak(gpt2_tiny, TrialConfig(micro_batch=m, pin_memory=False), 256, prior).total_bytes
         for m in (2, 4)

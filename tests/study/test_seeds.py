@@ -11,7 +11,7 @@ import pytest
 from autotune.estimate import estimate_peak
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
-from autotune.runner import Workload
+from autotune.runner import Workload, trial_memory_prior
 from autotune.space import SearchSpace
 from autotune.space._narrow import filter_for_device
 from autotune.space._space_file import SpaceFile
@@ -90,10 +90,7 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
             optim="adamw_torch_fused",
             pin_memory=False,
         )
-        return estimate_peak(bert_tiny, config, 128, seeds_prior).total_bytes
-
-    # The seeds' prior: the workload's (this installation's CPU process baseline), whatever its ceiling.
-    seeds_prior = Workload.for_model(bert_tiny, device=cpu, seq_len=128, ceiling_bytes=GiB).memory_prior
+        return estimate_peak(bert_tiny, config, 128, trial_memory_prior(cpu, {}, 1)).total_bytes  # the seeds' prior
 
     # A ceiling between the predictions of micro-batch 32 and 64.
     ceiling = int((predicted(32) + predicted(64)) / 2 / SEED_FILL_FRACTION)
