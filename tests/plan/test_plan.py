@@ -85,16 +85,16 @@ def test_both_commands_options_make_the_same_plan(tmp_path):
 
 
 def test_a_plan_builds_the_memory_prior_once(tmp_path, monkeypatch):
-    from autotune.runner import _job
+    import autotune.runner
 
     built = []
-    real = _job.trial_memory_prior
+    real = autotune.runner.trial_memory_prior
 
     def counted(*args):
         built.append(args)
         return real(*args)
 
-    monkeypatch.setattr(_job, "trial_memory_prior", counted)
+    monkeypatch.setattr(autotune.runner, "trial_memory_prior", counted)
     planned = plan(SearchOptions(**COMMON, work_dir=str(tmp_path), workers=2), 64 * GiB)
     assert len(built) == 1
     assert planned.prior is planned.workload.memory_prior  # the space was narrowed with it, the workload holds it
