@@ -412,12 +412,12 @@ def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
         values = dict(hf_config)
         hf_config = AutoConfig.for_model(values.pop("model_type"), **values)
     weights_dtype = getattr(torch, from_config.pop("dtype", "float32"))
-    kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype, **NO_MODEL_CODE}
+    kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype}
     if task == "causal-lm":
-        return AutoModelForCausalLM.from_config(hf_config, **kwargs)
+        return AutoModelForCausalLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "masked-lm":
-        return AutoModelForMaskedLM.from_config(hf_config, **kwargs)
+        return AutoModelForMaskedLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     hf_config.num_labels = 2
     if getattr(hf_config, "pad_token_id", None) is None:
         hf_config.pad_token_id = 0  # decoders need one to classify a batch
-    return AutoModelForSequenceClassification.from_config(hf_config, **kwargs)
+    return AutoModelForSequenceClassification.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
