@@ -377,7 +377,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial, study, out):
+    for note in export_notes(best_trial, study, out, fmt):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 

@@ -19,7 +19,12 @@ from autotune.levers.attention import FLASH_ATTENTIONS, FUSED_ATTENTIONS
 from autotune.levers.batch import BATCH_LIMIT_KNOBS, SMALL_AUTO_MICRO_BATCHES
 from autotune.levers.distributed import deepspeed_config, zero_offloads, zero_stage
 from autotune.levers.fsdp import FSDP
-from autotune.levers.optimizer import BNB_OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
+from autotune.levers.optimizer import (
+    BNB_OPTIMIZERS,
+    STATE_BYTES_PER_PARAM,
+    STATES_IN_PARAM_DTYPE,
+    update_ignores_gradient_scale,
+)
 from autotune.levers.precision import DTYPES, HALF_DTYPES, WEIGHT_TORCH_DTYPES
 
 __all__ = [
@@ -41,6 +46,7 @@ __all__ = [
     "deepspeed_config",
     "knob_values_from_base_args",
     "training_arguments_kwargs",
+    "update_ignores_gradient_scale",
     "zero_offloads",
     "zero_stage",
 ]

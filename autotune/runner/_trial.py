@@ -131,11 +131,6 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
-        autocast = AutocastRecorder(torch, workload.device.kind)
-        if job.config.compile == "off":
-            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
-            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
-            autocast.attach(model)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
         args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
@@ -154,7 +149,12 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
                 *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
             ],
         )
-        recorder.attach(trainer)
+        recorder.attach(trainer)  # its probe of the model's loss runs one forward: before the autocast hooks
+        autocast = AutocastRecorder(torch, workload.device.kind)
+        if job.config.compile == "off":
+            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
+            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
+            autocast.attach(model)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
@@ -222,6 +222,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         skipped_steps=record.skipped_steps,
         skipped_measured_steps=record.skipped_measured,
         weights_finite=record.weights_finite,
+        gradient_scale=recorder.gradient_scale,
         runtime=runtime,
         defects=defects,
     )
