@@ -73,12 +73,43 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         (mount / "filler").unlink()
         second = run_cli(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
         assert second.returncode == 0, second.stderr[-3000:]
-        assert f"trial(s) {kept['trial']} measured while the storage was full: recorded now" in second.stdout
+        assert (
+            f"trial(s) {kept['trial']} measured while the storage could not record them: recorded now" in second.stdout
+        )
         trial = optuna.load_study(study_name="full", storage=storage).trials[kept["trial"]]
     assert trial.state == TrialState.COMPLETE
     recorded = TrialResult.from_trial(trial)
     assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
     assert not pending[0].exists() and pending[0].with_name("recorded_result.json").exists()  # recorded once
+
+
+def test_database_deleted_at_tell_keeps_the_result_and_the_next_run_records_it_without_measuring(tmp_path):
+    """The SQLite file is deleted while a trial trains: the line says its result is kept and recorded by
+    the next run, which makes the database anew and records it there, as a trial of its config, instead
+    of measuring that config again (a one-config space: the next run has nothing else to run)."""
+    space, database, runs = tmp_path / "one.yaml", tmp_path / "study.db", tmp_path / "runs"
+    space.write_text("micro_batch: [8]\ngrad_accum: [1]\n")
+    storage = f"sqlite:///{database}"
+    first = run_cli(
+        *_search_on(storage, runs, "--space", str(space), "--callback", "tests.support.faults:DeleteFileAtTrainEnd"),
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_DELETE": str(database)},
+    )
+    assert_one_error_line(first, "is recorded when you run the same command again")
+    (pending,) = runs.glob("trial-*-*/pending_result.json")
+    kept = json.loads(pending.read_text())
+    assert not database.exists()
+
+    second = run_cli(*_search_on(storage, runs, "--space", str(space)), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "measured while the storage could not record them: recorded now" in second.stdout
+    trials = optuna.load_study(study_name="full", storage=storage).trials
+    measured = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    assert len(measured) == 1 and measured[0].params == kept["params"]
+    recorded = TrialResult.from_trial(measured[0])
+    assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
+    assert sorted(runs.iterdir()) == [pending.parent]  # the next run started no trial child
+    assert pending.with_name("recorded_result.json").exists()
 
 
 def test_full_disk_at_ask_is_one_line(tmp_path):

@@ -261,6 +261,15 @@ class FillDiskAtTrainEnd(TrainerCallback):
         return control
 
 
+class DeleteFileAtTrainEnd(TrainerCallback):
+    """Deletes ``$AUTOTUNE_FAULT_DELETE`` (the study's SQLite file) once training ends: the trial is
+    measured, and the parent's tell of it meets a database whose file is gone."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        os.unlink(os.environ["AUTOTUNE_FAULT_DELETE"])
+        return control
+
+
 class PoisonWeightsAtStep(FaultAtStep):
     """Training blows up: a NaN written into the weights at step ``at_step`` (the first LayerNorm's,
     which every token passes through), so that step's loss is NaN and the optimizer spreads NaN
