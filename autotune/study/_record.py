@@ -62,8 +62,9 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
 
 
 def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
-    """Record a trial stopped by Ctrl-C (or a stop of the search) as FAIL ``interrupted``, and queue
-    its config to run again once, first thing on resume.
+    """Record a trial stopped by Ctrl-C (or a stop signal, a stop of the search, a trial process that
+    could not be started) as FAIL ``interrupted``, and queue its config to run again once, first thing
+    on resume.
 
     Safe wherever the interrupt landed: a trial told before it keeps its result.
     """
@@ -72,7 +73,7 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
         return TrialResult.from_trial(stored) or TrialResult(status=Status.INTERRUPTED)
     result = TrialResult(
         status=Status.INTERRUPTED,
-        error="the search was stopped (Ctrl-C) while this trial ran; it runs again on resume",
+        error="the search was stopped (Ctrl-C, a signal, or its process could not start) while this trial ran; it runs again on resume",
         ceiling_bytes=ceiling_bytes,
     )
     try:
