@@ -114,6 +114,27 @@ def test_database_deleted_at_tell_keeps_the_result_and_the_next_run_records_it_w
     assert pending.with_name("recorded_result.json").exists()
 
 
+@pytest.mark.slow
+def test_a_search_under_ulimit_n_64_runs_its_trial(tmp_path):
+    """64 file descriptors (`ulimit -n 64`, a strict container) are enough: the orchestrator, the
+    forkserver and the trial child open far fewer."""
+    import resource
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    completed = subprocess.run(
+        [sys.executable, "-m", "autotune", *_search_on(storage, tmp_path / "runs", "--trials", "1")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (trial,) = [t for t in optuna.load_study(study_name="full", storage=storage).trials if t.state.is_finished()]
+    assert TrialResult.from_trial(trial).status == "ok"
+
+
 def test_full_disk_at_ask_is_one_line(tmp_path):
     from tests.support.faults import fill_file_system
 
