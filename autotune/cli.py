@@ -6,6 +6,7 @@ commands share are declared once, below.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -182,18 +183,43 @@ def search(
         printer.confirm_run,
         write_note=save_study_note,  # the dashboard's study note: ranked top configs, the winner's export
     )
-    # `kill`, `docker stop`, a batch scheduler: stop as on Ctrl-C, so the running trial is recorded.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    received = _stop_as_on_ctrl_c()
     try:
         outcome = run_study(study, prepared.request, prepared.budget, hooks)
     except KeyboardInterrupt:
-        printer.interrupted()
-        raise typer.Exit(130) from None
+        with contextlib.suppress(OSError):  # a terminal that hung up takes no more lines: the study has it all
+            printer.interrupted()
+        raise typer.Exit(128 + received[-1]) from None
     if outcome.confirmation_interrupted:
         printer.confirmation_interrupted()
     printer.results()
     if outcome.confirmation_interrupted:
-        raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
+        raise typer.Exit(128 + received[-1])  # the search's trials are recorded; the confirmation was cut short
+
+
+# Signals that end a search as Ctrl-C does (the running trials recorded interrupted and queued again):
+# `kill`, `docker stop` and batch schedulers send SIGTERM; a closed terminal or a dropped SSH session,
+# SIGHUP (POSIX "General Terminal Interface": the controlling process, then the foreground group).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_as_on_ctrl_c() -> list[int]:
+    """Make each of :data:`STOP_SIGNALS` raise KeyboardInterrupt; returns the list the signals received
+    are appended to (SIGINT's number until one is), for the exit status: 128 + the signal, as shells report it.
+
+    A signal the search was started with ignored stays ignored: ``nohup`` ignores SIGHUP so that the
+    search outlives the terminal, and a shell starts background jobs with SIGINT ignored.
+    """
+    received = [int(signal.SIGINT)]
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    for stop_signal in STOP_SIGNALS:
+        if signal.getsignal(stop_signal) != signal.SIG_IGN:
+            signal.signal(stop_signal, stop)
+    return received
 
 
 @app.command()
@@ -351,7 +377,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial, study, out):
+    for note in export_notes(best_trial, study, out, fmt):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 

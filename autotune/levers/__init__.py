@@ -34,7 +34,12 @@ from autotune.levers.batch import (
     tensor_core_note,
 )
 from autotune.levers.distributed import deepspeed_config, read_deepspeed_config, zero_offloads, zero_stage
-from autotune.levers.optimizer import BNB_OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
+from autotune.levers.optimizer import (
+    BNB_OPTIMIZERS,
+    STATE_BYTES_PER_PARAM,
+    STATES_IN_PARAM_DTYPE,
+    update_ignores_gradient_scale,
+)
 from autotune.levers.precision import DTYPES, HALF_DTYPES, PRECISION_FIELDS, WEIGHT_TORCH_DTYPES
 
 __all__ = [
@@ -70,6 +75,7 @@ __all__ = [
     "trainer_parts",
     "training_arguments_kwargs",
     "trial_batching",
+    "update_ignores_gradient_scale",
     "zero_offloads",
     "zero_stage",
 ]

@@ -47,6 +47,31 @@ STATE_BYTES_PER_PARAM = {
 # bitsandbytes optimizers (8-bit states; 32-bit ones in fp32) keep theirs whatever the weights are.
 STATES_IN_PARAM_DTYPE = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
 
+# Optimizers whose update is the same when every gradient is k times larger, up to their epsilon: they
+# divide by a running root mean square of the gradient (AdamW: torch/optim/adamw.py; bitsandbytes'
+# 8-bit AdamW; Adafactor: transformers/optimization.py, ``Adafactor.step``, ``grad / sqrt(EMA(grad**2))``;
+# Adagrad and RMSprop: torch/optim/adagrad.py, rmsprop.py) or take its sign (Lion), and decay the
+# weights apart from it. SGD's update is the gradient times the learning rate.
+SCALE_INVARIANT_OPTIMIZERS = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "adamw_bnb_8bit",
+    "paged_adamw_8bit",
+    "adamw_8bit",
+    "lion_8bit",
+    "adagrad",
+    "rmsprop",
+)
+# Optimizers that add the weight decay to the gradient (torch/optim/adagrad.py, rmsprop.py, sgd.py:
+# ``grad.add(param, alpha=weight_decay)``): a k-times gradient then weighs the decay 1/k as much.
+COUPLED_WEIGHT_DECAY_OPTIMIZERS = ("adagrad", "rmsprop", "sgd")
+
+
+def update_ignores_gradient_scale(optim: str, weight_decay: float) -> bool:
+    """Whether ``optim`` makes the same update from k-times gradients (up to its epsilon), at this weight decay."""
+    return optim in SCALE_INVARIANT_OPTIMIZERS and not (weight_decay and optim in COUPLED_WEIGHT_DECAY_OPTIMIZERS)
+
 
 def _unavailable_on(value: str, device: DeviceSpec) -> str:
     if value in BNB_OPTIMIZERS and importlib.util.find_spec("bitsandbytes") is None:

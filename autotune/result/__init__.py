@@ -9,6 +9,7 @@ loss (:func:`judge_against_default`, :func:`judged_trials`).
 from __future__ import annotations
 
 from autotune.result._loss import (
+    accumulation_note,
     diverged_trials,
     judge_against_default,
     judged_trials,
@@ -54,6 +55,7 @@ __all__ = [
     "TrialResult",
     "UNFINISHED_LABELS",
     "UNKNOWN_EXCESS_GIB",
+    "accumulation_note",
     "came_back_counts",
     "diverged_trials",
     "feasible_by_speed",

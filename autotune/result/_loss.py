@@ -351,7 +351,11 @@ class WinnerLoss:
     comparison: LossComparison | None
 
     def describe(self) -> str:
-        """One sentence on whether the winner trains as the HF default does."""
+        """One sentence on whether the winner trains as the HF default does (losses per sample)."""
+        note = accumulation_note(self.winner)
+        return self._describe() + (f"; winner #{self.winner_trial}: {note}" if note else "")
+
+    def _describe(self) -> str:
         own = f"first {_loss_text(self.winner.loss_first)}, last {_loss_text(self.winner.loss_last)} over its measured steps"
         if self.default_trial is None or self.default is None:
             return f"training loss of winner #{self.winner_trial}: {own}; the HF default trial has not run, so only non-finite values were checked"
@@ -383,6 +387,15 @@ class WinnerLoss:
             for i in picked
         ]
         return "loss by step (winner / HF default): " + ", ".join(pairs)
+
+
+def accumulation_note(result: TrialResult) -> str | None:
+    """The one sentence on a trial whose Trainer adds up its micro-batches' mean losses
+    (:attr:`TrialResult.gradient_scale` above 1); ``None`` for any other."""
+    if result.gradient_scale <= 1:
+        return None
+    steps = result.gradient_scale
+    return f"gradients x{steps}: the Trainer adds up {steps} micro-batch mean losses (loss shown per sample)"
 
 
 def _loss_text(value: float | None) -> str:

@@ -126,6 +126,11 @@ class TrialResult:
     skipped_steps: list[int] = dataclasses.field(default_factory=list)
     skipped_measured_steps: int = 0
     weights_finite: bool | None = None
+    # How many times the per-sample loss the Trainer's loss and gradients were: the accumulation steps
+    # where the model takes loss kwargs but ignores num_items_in_batch, so the Trainer neither divides
+    # by the steps nor normalises over the step's items (runner._loss_recorder.accumulation_gradient_scale);
+    # else 1. loss_curve is per sample whatever it is.
+    gradient_scale: int = 1
     # What the child read back about how it ran: matmul_precision (tf32/ieee), autocast_dtype, the
     # allocator settings (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF), outside_allocator_source.
     runtime: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -136,11 +136,6 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
-        autocast = AutocastRecorder(torch, workload.device.kind)
-        if job.config.compiled_as is None:
-            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
-            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
-            autocast.attach(model)
         batching = trial_batching(job.config)
         trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
         kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
@@ -162,7 +157,12 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             ],
             **trainer_kwargs,
         )
-        recorder.attach(trainer)
+        recorder.attach(trainer)  # its probe of the model's loss runs one forward: before the autocast hooks
+        autocast = AutocastRecorder(torch, workload.device.kind)
+        if job.config.compiled_as is None:
+            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
+            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
+            autocast.attach(model)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
@@ -230,6 +230,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         skipped_steps=record.skipped_steps,
         skipped_measured_steps=record.skipped_measured,
         weights_finite=record.weights_finite,
+        gradient_scale=recorder.gradient_scale,
         runtime=runtime,
         defects=defects,
     )

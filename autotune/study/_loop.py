@@ -309,20 +309,31 @@ def run_one_trial(
             _run_with_retry(study, trial, config, request, stop, run_trial),
             loss_reference(study.get_trials(deepcopy=False)),
         )
-        try:
-            tell_or_keep(study, trial, result, request.work_root)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
-            # re-run; that copy will be measured, so this result is dropped, not told twice.
-            result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
-    except KeyboardInterrupt:
-        result = record_interrupted(study, trial, request.ceiling_bytes)
-        if progress.on_trial_end:
-            progress.on_trial_end(trial.number, config, result)
+    except BaseException:
+        # Whatever ended the run with no result (Ctrl-C or a stop signal, a trial whose process could
+        # not be started): the trial is recorded interrupted and queued again, never left RUNNING.
+        _record_stopped(study, trial, config, request, progress)
+        raise
+    try:
+        tell_or_keep(study, trial, result, request.work_root)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
+        # re-run; that copy will be measured, so this result is dropped, not told twice.
+        result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
+    except KeyboardInterrupt:  # a tell the storage refused keeps its result instead (tell_or_keep)
+        _record_stopped(study, trial, config, request, progress)
         raise
     if progress.on_trial_end:
         progress.on_trial_end(trial.number, config, result)
     return result
+
+
+def _record_stopped(
+    study: optuna.Study, trial: optuna.Trial, config: TrialConfig, request: SearchRequest, progress: SearchProgress
+) -> None:
+    result = record_interrupted(study, trial, request.ceiling_bytes)
+    if progress.on_trial_end:
+        progress.on_trial_end(trial.number, config, result)
 
 
 def _run_with_retry(

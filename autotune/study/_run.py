@@ -2,7 +2,7 @@
 
 :func:`search` takes an opened study (:func:`._setup.open_study`) and, in this order:
 
-1. records the results a run kept while the storage was full (:func:`._record.record_pending_results`),
+1. records the results a run kept while the storage failed (:func:`._record.record_pending_results`),
    before orphan recovery would re-queue their trials;
 2. fails and re-queues the trials of runs that died (:func:`._liveness.recover_orphans`);
 3. runs the trial loop (:func:`._loop.run_search`) inside the caller's live view;
@@ -109,7 +109,7 @@ def search(
     if recorded:
         _note(
             hooks,
-            f"trial(s) {_numbers(recorded)} measured while the storage was full: recorded now from {request.work_root}",
+            f"trial(s) {_numbers(recorded)} measured while the storage could not record them: recorded now from {request.work_root}",
         )
     requeued = recover_orphans(study)
     if requeued:

@@ -36,7 +36,7 @@ from autotune.errors import AutotuneError
 from autotune.result import judged_trials, memory_source_description
 from autotune.storage import open_storage, require_sqlite_file, schema
 from autotune.units import format_bytes
-from autotune.views.export import render, winner_arguments
+from autotune.views.export import export_notes, render, winner_arguments
 from autotune.views.ranking import (
     RankedTrial,
     confirmation_label,
@@ -276,6 +276,8 @@ def study_note(study: optuna.Study) -> str:
             f"### Winner: trial {best.number}",
             "",
             f"Trial {winner_summary(best)}.",
+            "",
+            *(f"Note: {note}." for note in export_notes(best, study)),
             "",
             "`autotune export` (TrainingArguments keyword arguments, JSON):",
             "",

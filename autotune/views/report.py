@@ -27,6 +27,7 @@ from autotune.result import (
     UNFINISHED_LABELS,
     Status,
     TrialResult,
+    accumulation_note,
     in_order,
     judged_trials,
     memory_source_description,
@@ -36,7 +37,7 @@ from autotune.spec.files import write_output
 from autotune.storage import schema
 from autotune.storage.schema import METRIC_NAME
 from autotune.units import GiB, format_bytes
-from autotune.views.export import render, winner_arguments
+from autotune.views.export import export_notes, render, winner_arguments
 from autotune.views.ranking import (
     RankedTrial,
     confirmation_label,
@@ -402,7 +403,7 @@ def ranking_table_figure(ranking: list[RankedTrial]) -> go.Figure:
         values = [
             str(rank),
             str(row.number),
-            row.config.short(),
+            " ".join(filter(None, [row.config.short(), accumulation_note(result)])),
             f"{result.samples_per_s:.2f}{confirmation_label(row)}",
             f"{result.model_tflops:.4g}",
             f"{result.hardware_tflops:.4g}",
@@ -554,6 +555,7 @@ def report_html(study: optuna.Study) -> str:
         parts += [
             f"<h2>Winner: trial {best.number}</h2>",
             f"<p>Trial {html.escape(winner_summary(best))}.</p>",
+            *(f"<p>Note: {html.escape(note)}.</p>" for note in export_notes(best, study)),
             "<p><code>autotune export</code> (TrainingArguments keyword arguments):</p>",
             f"<pre>{html.escape(render(arguments, 'json'))}</pre>",
             "<p><code>autotune export --format cli</code> (flags for HF example scripts):</p>",

@@ -24,6 +24,7 @@ from autotune.result import (
     UNFINISHED_LABELS,
     Status,
     TrialResult,
+    accumulation_note,
     diverged_trials,
     memory_source_description,
     precision_note,
@@ -140,7 +141,7 @@ def trial_cells(
     notes = [result.error] if result.error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
-    notes += [note for note in [precision_note(config.precision, result)] if note]
+    notes += [note for note in [precision_note(config.precision, result), accumulation_note(result)] if note]
     notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
