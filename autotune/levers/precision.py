@@ -34,17 +34,29 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
+def _emulated_on(value: str, device: DeviceSpec) -> str:
+    return device.emulation_reason(value)
+
+
+def _auto_dtypes(device: DeviceSpec) -> list[str]:
+    """``dtype: auto``: every dtype; the device's filters leave those it runs, and with hardware for them."""
+    return list(DTYPES)
+
+
 DTYPE = Lever(
     name="dtype",
     value_type=str,
     default="fp32",
-    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision)",
+    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision); auto: those the device has matmul hardware for",
     choices=DTYPES,
+    auto_choices=_auto_dtypes,
+    absent_means_auto=False,
     fields=_FIELDS,
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "activations"),
 )
 
@@ -116,5 +128,6 @@ WEIGHT_DTYPE = Lever(
         )
     ),
     unavailable_on=_weight_dtype_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),
 )

@@ -36,7 +36,7 @@ def _field(lever: Lever) -> tuple[Any, Any]:
     of 1, nor ``1`` a boolean), or ``auto``; absent: ``auto``, the default alone, or left out."""
     choices = list[_STRICT[lever.value_type]]  # type: ignore[index]
     if lever.auto_choices is not None:
-        return choices | StrictStr, AUTO
+        return choices | StrictStr, AUTO if lever.absent_means_auto else [lever.default]
     if lever.in_every_space:
         return choices, [lever.default]
     return choices | None, None
