@@ -21,6 +21,7 @@ from autotune.result._loss import (
 )
 from autotune.result._trial_result import (
     FAILED_STATUSES,
+    GIVEN_UP_STATUSES,
     INFEASIBLE_STATUSES,
     MEMORY_EXCEEDED_STATUSES,
     PEAK_MEASURED_STATUSES,
@@ -44,6 +45,7 @@ from autotune.result._trial_result import (
 
 __all__ = [
     "FAILED_STATUSES",
+    "GIVEN_UP_STATUSES",
     "INFEASIBLE_STATUSES",
     "MEMORY_EXCEEDED_STATUSES",
     "PEAK_MEASURED_STATUSES",
