@@ -11,9 +11,10 @@ Confirmation in proportion (what it costs is recorded and printed):
 * Only candidates whose search-time interval overlaps the leader's are re-run, the leader with
   them: each figure ``x (1 +- 2 x noise)``, the noise being the search's measured one
   (``._proposals.noise_fraction``, at least :data:`autotune.spec.measure.PRUNE_NOISE_FLOOR`). A
-  leader ahead of every other candidate by more than that is not re-run at all.
-* From the second round on, a candidate whose re-runs no longer reach the leader's slowest stops
-  being re-run, and once none is left beside the leader the order is settled: no more rounds.
+  leader ahead of every other candidate by more than that is re-run alone.
+* From the second round on (two re-runs each: the least that shows noise), a candidate whose
+  re-runs no longer reach the leader's slowest stops being re-run, and once none is left beside the
+  leader the order is settled: no more rounds. A clear leader costs two re-runs, not ``top_k x repeats``.
 
 Two candidates tie when their re-runs overlap: the leader's slowest re-run is no faster than the
 other's fastest. Tied candidates are then ordered by peak memory, smaller first (same speed, more
@@ -203,8 +204,7 @@ def confirm_top(
             :func:`._loop.run_search`.
 
     Returns:
-        One :class:`Confirmation` per candidate re-run, fastest confirmed first (empty with no
-        feasible trial, or where the leader was ahead of every other candidate by more than the noise).
+        One :class:`Confirmation` per candidate re-run, fastest confirmed first (empty with no feasible trial).
 
     Raises:
         AutotuneError: ``top_k`` below 1 or ``repeats`` below 2.
@@ -220,12 +220,8 @@ def confirm_top(
     configs = {number: config for number, config, _ in leaders}
     noise = noise_fraction(study)
     active = within_reach_of_the_leader({number: figure for number, _, figure in leaders}, noise)
-    if len(active) == 1:
-        active = []  # ahead of every other candidate by more than the noise: nothing to settle
     runs: dict[int, list[TrialResult]] = {number: [] for number in active}
     for round_index in range(repeats):
-        if not active:
-            break
         shift = round_index % len(active)
         for number in active[shift:] + active[:shift]:
             # A confirmation is measured in full: no early stop.
@@ -237,7 +233,7 @@ def confirm_top(
         if round_index >= 1:  # two re-runs each: noise can be seen; drop who can no longer be ahead
             active = still_in_question([summarise(number, runs[number]) for number in active])
             if len(active) <= 1:
-                break  # the order is settled
+                break  # the order is settled (a leader alone: its two re-runs confirm its figure)
     confirmations = mark_ties([summarise(number, results) for number, results in runs.items()])
     record = {
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -344,8 +344,7 @@ def describe_confirmation(study: optuna.Study) -> str | None:
     width = f"2 x the measured noise of {float(record.get('noise', 0.0)):.1%}"
     candidates = record["candidates"]
     if not rerun:
-        ahead = "is the only feasible config" if len(candidates) == 1 else f"leads the others by more than {width}"
-        return f"confirmation: #{candidates[0]} {ahead}: nothing to settle, nothing re-run (0 runs, 0 s)"
+        return None
     runs = int(record.get("runs", 0))
     text = (
         f"confirmation: {runs} re-runs of {', '.join(f'#{n}' for n in rerun)} in {float(record.get('seconds', 0.0)):.0f} s "
