@@ -227,6 +227,9 @@ class SearchView:
         with self._lock:
             self._running.pop(number, None)
             self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
+            if result.status == Status.SCREENED and self._progress.tasks[0].total is not None:
+                # A screened proposal costs no trial of --trials (autotune.study._loop): the bar grows by it.
+                self._progress.update(self._task, total=self._progress.tasks[0].total + 1)
             self._progress.update(self._task, advance=1, description=self._running_description())
             self._live.update(self._render())
 
