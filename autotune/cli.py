@@ -470,6 +470,28 @@ def devices(
         console.print(f"note: {note}")
 
 
+@app.command("chat-corpus")
+def chat_corpus(
+    out: Annotated[str, typer.Option(help="JSON lines file to write.")],
+    samples: Annotated[int, typer.Option(help="Conversations to write.")],
+    seed: Annotated[int, typer.Option(help="The corpus: the same seed writes the same conversations.")] = 0,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", help="messages, prompt-completion (the last assistant turn is the completion) or text (ChatML)."
+        ),
+    ] = "messages",
+    length_scale: Annotated[
+        float, typer.Option(help="Multiply every turn's median length (1: public chat data's; 0.25 for --seq-len 256).")
+    ] = 1.0,
+) -> None:
+    """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
+    from autotune.spec.chat_corpus import write_jsonl
+
+    tokens = write_jsonl(out, samples, seed, fmt, length_scale)
+    console.print(f"wrote {out}: {samples} conversations ({fmt}), {tokens} tokens under the synthetic tokenizer")
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit status 2."""
     import optuna

@@ -124,6 +124,30 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             [*tiny, "--base-args", _file(root, "zero.json", '{"per_device_train_batch_size": 0}')],
             "per_device_train_batch_size 0: give 1",
         ),
+        "base-args: learning_rate NaN": (
+            [*tiny, "--base-args", _file(root, "nan.json", '{"learning_rate": NaN}')],
+            "learning_rate nan: not a finite number",
+        ),
+        "base-args: learning_rate 1e400": (
+            [*tiny, "--base-args", _file(root, "huge.json", '{"learning_rate": 1e400}')],
+            "learning_rate inf: not a finite number",
+        ),
+        "base-args: hub_token": (
+            [*tiny, "--base-args", _file(root, "token.json", '{"hub_token": "hf_planted"}')],
+            "set the HF_TOKEN environment variable",
+        ),
+        "base-args: torch_compile_backend os.system": (
+            [*tiny, "--base-args", _file(root, "backend.json", '{"torch_compile_backend": "os.system"}')],
+            "torch_compile_backend 'os.system' is not a torch.compile backend",
+        ),
+        "base-args: deepspeed unreadable": (
+            [
+                *tiny,
+                "--base-args",
+                _file(root, "ds-missing.json", json.dumps({"deepspeed": str(root / "absent-ds.json")})),
+            ],
+            "deepspeed " + str(root / "absent-ds.json") + ": cannot read it",
+        ),
         # 2 and 3. options that would fail every trial or be ignored
         "--trial-timeout 0": ([*tiny, "--trial-timeout", "0"], "--trial-timeout 0.0: give a number of seconds above 0"),
         "--trial-timeout -1": ([*tiny, "--trial-timeout", "-1"], "--trial-timeout -1.0"),
@@ -201,6 +225,11 @@ CASE_IDS = [
     "base-args: learning_rate 'fast'",
     "base-args: bf16 and fp16",
     "base-args: batch 0",
+    "base-args: learning_rate NaN",
+    "base-args: learning_rate 1e400",
+    "base-args: hub_token",
+    "base-args: torch_compile_backend os.system",
+    "base-args: deepspeed unreadable",
     "--trial-timeout 0",
     "--trial-timeout -1",
     "--timeout -5",
@@ -236,3 +265,52 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
 
 def test_every_case_is_checked(tmp_path):
     assert CASE_IDS == list(_cases(tmp_path))
+
+
+def _model_with_its_own_code(root: Path, marker: Path) -> str:
+    """A model directory whose config.json names code of its own (``auto_map``) for a model type
+    transformers does not know: importing that code writes ``marker``."""
+    directory = root / "custom-code-model"
+    directory.mkdir()
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "shipped-net",
+                "auto_map": {"AutoConfig": "shipped_code.ShippedConfig", "AutoModel": "shipped_code.ShippedModel"},
+                "hidden_size": 128,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    (directory / "shipped_code.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('the model directory ran its own code')\n"
+        "from transformers import PretrainedConfig, PreTrainedModel\n"
+        "class ShippedConfig(PretrainedConfig):\n    model_type = 'shipped-net'\n"
+        "class ShippedModel(PreTrainedModel):\n    config_class = ShippedConfig\n"
+    )
+    return str(directory)
+
+
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_a_models_own_code_never_runs_even_when_the_terminal_answers_yes(tmp_path, command):
+    """transformers asks "Do you wish to run the custom code? [y/N]" on a terminal unless told
+    ``trust_remote_code``; autotune tells it False everywhere, so no question, no code, one line."""
+    from tests.support.cli import run_cli_in_terminal
+
+    marker = tmp_path / "ran.txt"
+    model = _model_with_its_own_code(tmp_path, marker)
+    args = [*SEARCH, "--storage", f"sqlite:///{tmp_path / 'study.db'}"] if command == "search" else ["estimate"]
+    status, output = run_cli_in_terminal(*args, "--model", model, cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+
+    assert not marker.exists()  # the directory's Python never ran
+    assert "[y/N]" not in output and "custom code" not in output  # and nobody was asked
+    assert "hf.co" not in output  # a local directory is not a Hub repository
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert status == 2, output
+    assert len(lines) == 1, output
+    assert lines[0].startswith("autotune: error: --model ")
+    assert "'shipped-net' is not one of transformers' own architectures" in lines[0]
+    assert "autotune trains only those" in lines[0]
+    assert not (tmp_path / "study.db").exists()  # refused before the study was opened

@@ -17,7 +17,7 @@ from autotune.levers._registry import COMBINATION_RULES, LEVERS
 from autotune.levers._trial_config import TrialConfig, knob_values_from_base_args, training_arguments_kwargs
 from autotune.levers.attention import FLASH_ATTENTIONS, FUSED_ATTENTIONS
 from autotune.levers.batch import BATCH_LIMIT_KNOBS, SMALL_AUTO_MICRO_BATCHES
-from autotune.levers.distributed import deepspeed_config, zero_offloads, zero_stage
+from autotune.levers.distributed import deepspeed_config, read_deepspeed_config, zero_offloads, zero_stage
 from autotune.levers.fsdp import FSDP
 from autotune.levers.optimizer import BNB_OPTIMIZERS, STATE_BYTES_PER_PARAM, STATES_IN_PARAM_DTYPE
 from autotune.levers.precision import DTYPES, HALF_DTYPES, WEIGHT_TORCH_DTYPES
@@ -40,6 +40,7 @@ __all__ = [
     "WEIGHT_TORCH_DTYPES",
     "deepspeed_config",
     "knob_values_from_base_args",
+    "read_deepspeed_config",
     "training_arguments_kwargs",
     "zero_offloads",
     "zero_stage",

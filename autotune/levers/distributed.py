@@ -81,16 +81,18 @@ def deepspeed_config(value: str) -> dict[str, Any] | None:
     return config
 
 
-def zero_from_training_args(args: Mapping[str, Any]) -> str:
-    """The ``zero`` value a ``--base-args`` ``deepspeed`` entry asks for (a dict or a JSON file's path)."""
-    config = args.get("deepspeed")
-    if not config:
-        return "off"
-    if isinstance(config, str):
+def read_deepspeed_config(value: Any) -> dict[str, Any]:
+    """The DeepSpeed config a ``--base-args`` ``deepspeed`` entry names: a dict, or a JSON file's path.
+
+    Raises:
+        AutotuneError: The file cannot be read, is not JSON, or does not hold a JSON object.
+    """
+    config = value
+    if isinstance(value, str):
         try:
             config = json.loads(
                 read_user_file(
-                    config,
+                    value,
                     "--base-args deepspeed",
                     "a JSON DeepSpeed config",
                     1 << 20,
@@ -98,9 +100,17 @@ def zero_from_training_args(args: Mapping[str, Any]) -> str:
                 )
             )
         except json.JSONDecodeError as exc:
-            raise AutotuneError(f"--base-args deepspeed {args['deepspeed']}: not valid JSON ({exc.msg})") from None
+            raise AutotuneError(f"--base-args deepspeed {value}: not valid JSON ({exc.msg})") from None
     if not isinstance(config, dict):
         raise AutotuneError("--base-args deepspeed: expected a DeepSpeed config (a JSON object or a file's path)")
+    return config
+
+
+def zero_from_training_args(args: Mapping[str, Any]) -> str:
+    """The ``zero`` value a ``--base-args`` ``deepspeed`` entry asks for (a dict or a JSON file's path)."""
+    if not args.get("deepspeed"):
+        return "off"
+    config = read_deepspeed_config(args["deepspeed"])
     zero = config.get("zero_optimization") or {}
     stage = int(zero.get("stage", 0))
     if stage == 0:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import tempfile
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS
+from autotune.levers import LEVERS, read_deepspeed_config
 from autotune.spec.files import read_user_file
 
 # Fields autotune decides itself; a --base-args file may not set them.
@@ -18,6 +19,13 @@ REFUSED_BASE_FIELDS = {
     "use_cpu": "autotune sets it from --device / --gpu",
     "auto_find_batch_size": "it shrinks the batch on OOM inside the Trainer; autotune measures batch sizes instead",
 }
+
+# A credential is never stored in the study (a database a team shares), the report or the export.
+# Which fields hold one is transformers' own rule: those whose name ends with "_token", the fields
+# TrainingArguments itself hides when it prints or serialises itself (transformers/training_args.py,
+# ``__str__`` and ``to_dict``). Today that is ``hub_token``, which the Hub client reads from HF_TOKEN.
+CREDENTIAL_SUFFIX = "_token"
+CREDENTIAL_ENVIRONMENT = "HF_TOKEN"
 
 
 def load_base_args(path: str) -> dict[str, Any]:
@@ -50,17 +58,28 @@ def load_base_args(path: str) -> dict[str, Any]:
                 what = "a model argument" if LEVERS[key].acts_on == "model" else "the data collator's choice"
                 hint = f" (it is {what}: search it with {key} in the --space YAML)"
             raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
+        if key.endswith(CREDENTIAL_SUFFIX):
+            raise AutotuneError(
+                f"--base-args {path}: remove {key}: a credential is never stored in the study or the export; set the "
+                f"{CREDENTIAL_ENVIRONMENT} environment variable instead (trials never reach the Hub)"
+            )
     check_base_arg_types(path, base_args)
+    check_finite(path, base_args)
     check_base_arg_knobs(path, base_args)
+    if base_args.get("deepspeed"):
+        check_finite(path, read_deepspeed_config(base_args["deepspeed"]), "deepspeed")
+    if base_args.get("torch_compile_backend") is not None:
+        check_compile_backend(path, str(base_args["torch_compile_backend"]))
     # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
     # against this (CPU) process rather than the device the trials run on.
     checked = {k: v for k, v in base_args.items() if k not in LEVERS["dtype"].fields}
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            TrainingArguments(output_dir=scratch, use_cpu=True, **checked)
-        except (ValueError, TypeError, ImportError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise AutotuneError(f"--base-args {path}: TrainingArguments rejects them: {reason[:300]}") from None
+            arguments = TrainingArguments(output_dir=scratch, use_cpu=True, **checked)
+        except Exception as exc:  # noqa: BLE001 - whatever __post_init__ raises (ValueError, AttributeError, ...) is the user's value
+            raise AutotuneError(f"--base-args {path}: TrainingArguments rejects them: {_first_line(exc)}") from None
+    if base_args.get("deepspeed"):
+        check_deepspeed(path, base_args, arguments)
     return base_args
 
 
@@ -112,3 +131,149 @@ def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:
         raise AutotuneError(
             f"--base-args {path}: bf16 and fp16 are both true: keep one (or leave both out to search dtype)"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def check_finite(path: str, values: Any, field: str = "") -> None:
+    """Every number in ``values`` (nested in objects and lists) is finite.
+
+    JSON as Python reads it takes ``NaN`` and ``Infinity``, and ``1e400`` becomes infinity: a
+    learning rate of either trains nothing (the optimizer refuses NaN; infinity diverges), and
+    ``TrainingArguments`` checks neither.
+
+    Raises:
+        AutotuneError: The first number that is not finite, naming its field.
+    """
+    if isinstance(values, dict):
+        for key, value in values.items():
+            check_finite(path, value, f"{field}.{key}" if field else str(key))
+    elif isinstance(values, list):
+        for index, value in enumerate(values):
+            check_finite(path, value, f"{field}[{index}]")
+    elif isinstance(values, (int, float)) and not isinstance(values, bool):
+        try:
+            finite = math.isfinite(values)
+        except OverflowError:  # an integer too large for a float
+            finite = False
+        if not finite:
+            raise AutotuneError(
+                f"--base-args {path}: {field} {values}: not a finite number (NaN, Infinity and 1e400 are not numbers a run trains with)"
+            )
+
+
+def check_compile_backend(path: str, backend: str) -> None:
+    """``torch_compile_backend`` names a backend the Trainer can hand to torch.compile here.
+
+    The Trainer passes it to accelerate's ``TorchDynamoPlugin`` (transformers/trainer.py), which
+    takes only the names of accelerate's ``DynamoBackend``; torch.compile then looks it up among the
+    backends torch registered (``torch._dynamo.list_backends``). Both must know it.
+
+    Raises:
+        AutotuneError: An unknown backend, with the known ones.
+    """
+    import torch._dynamo
+    from accelerate.utils import DynamoBackend
+
+    known = sorted({b.name.lower() for b in DynamoBackend} & set(torch._dynamo.list_backends(exclude_tags=())))
+    if backend not in known:
+        raise AutotuneError(
+            f"--base-args {path}: torch_compile_backend {backend!r} is not a torch.compile backend here: give one of {', '.join(known)}"
+        )
+
+
+# The DeepSpeed entries that follow knobs autotune searches (the Trainer fills them from each trial's
+# arguments where they say "auto": transformers/integrations/deepspeed.py, ``trainer_config_process``),
+# and the --base-args fields that fix those knobs. The dtype fields are left out of the parent's
+# TrainingArguments (see load_base_args), so their entries are compared with the base args here.
+DEEPSPEED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+BATCH_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+DEEPSPEED_DTYPE_KEYS = ("fp16", "bf16")
+# The entries the Trainer fills once it has the model and the step count (``trainer_config_finalize``).
+DEEPSPEED_FINALIZED_KEYS = (
+    ("zero_optimization", "reduce_bucket_size"),
+    ("zero_optimization", "stage3_prefetch_bucket_size"),
+    ("zero_optimization", "stage3_param_persistence_threshold"),
+    ("scheduler", "params", "total_num_steps"),
+    ("scheduler", "params", "warmup_num_steps"),
+)
+
+
+def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> None:
+    """DeepSpeed accepts the ``deepspeed`` config as a trial would hand it over, checked before any trial.
+
+    ``arguments`` (the ``TrainingArguments`` built from the base args) carries the Trainer's copy of
+    the config with the "auto" entries filled from them, and the entries that contradict them
+    (``hf_deepspeed_config.mismatches``, which the Trainer raises only when a trial starts). The
+    filled config then goes through DeepSpeed's own reading of it (``DeepSpeedConfig``: its pydantic
+    models and its batch and stage assertions), with a world of one rank.
+
+    Raises:
+        AutotuneError: An entry fixed while autotune searches its knob, an entry that contradicts
+            the arguments, or a config DeepSpeed rejects; one line naming it.
+    """
+    import copy
+    import logging
+
+    given = read_deepspeed_config(base_args["deepspeed"])
+    if not {"train_micro_batch_size_per_gpu", "train_batch_size"} & given.keys():
+        # DeepSpeed asserts one of them when a trial starts (deepspeed/runtime/config.py,
+        # ``_configure_train_batch_size``), after the model is built: every trial would fail.
+        entries = ", ".join(f'"{key}": "auto"' for key in DEEPSPEED_BATCH_KEYS)
+        raise AutotuneError(
+            f"--base-args {path}: deepspeed gives neither train_micro_batch_size_per_gpu nor train_batch_size, which DeepSpeed "
+            f"needs: add {entries} (the Trainer fills them for each trial)"
+        )
+    for key in DEEPSPEED_BATCH_KEYS:
+        if given.get(key) not in (None, "auto") and not all(field in base_args for field in BATCH_FIELDS):
+            raise AutotuneError(
+                f'--base-args {path}: deepspeed {key} is {given[key]}, but autotune searches the batch: write "auto" there '
+                f"(the Trainer fills it for each trial), or fix {' and '.join(BATCH_FIELDS)} in --base-args too"
+            )
+    dtype_fixed = any(field in base_args for field in LEVERS["dtype"].fields)
+    for key in DEEPSPEED_DTYPE_KEYS:
+        enabled = given.get(key).get("enabled") if isinstance(given.get(key), dict) else None
+        if enabled in (None, "auto"):
+            continue
+        if not dtype_fixed:
+            raise AutotuneError(
+                f'--base-args {path}: deepspeed {key}.enabled is {enabled}, but autotune searches dtype: write "auto" there, '
+                f"or fix {key} in --base-args too"
+            )
+        if bool(enabled) != bool(base_args.get(key)):
+            raise AutotuneError(
+                f"--base-args {path}: deepspeed {key}.enabled is {enabled}, --base-args {key} is {bool(base_args.get(key))}: give the same"
+            )
+    trainer_copy = arguments.hf_deepspeed_config
+    contradictions = [
+        m.lstrip("- ")
+        for m in trainer_copy.mismatches
+        if not m.startswith(tuple(f"- ds {k}." for k in DEEPSPEED_DTYPE_KEYS))
+    ]
+    if contradictions:
+        raise AutotuneError(
+            f'--base-args {path}: deepspeed contradicts the arguments ({"; ".join(contradictions)}): write "auto" there, or the same value'
+        )
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as deepspeed_logger
+
+    config = copy.deepcopy(trainer_copy.config)
+    for keys in DEEPSPEED_FINALIZED_KEYS:
+        node = config
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(keys[-1]) == "auto":
+            node[keys[-1]] = 1  # any positive number: the Trainer puts the model's figure there
+    level = deepspeed_logger.level
+    deepspeed_logger.setLevel(logging.ERROR)
+    try:
+        DeepSpeedConfig(config)
+    except Exception as exc:  # noqa: BLE001 - pydantic, assertions, ValueError: DeepSpeed rejects it
+        errors = exc.errors() if callable(getattr(exc, "errors", None)) else None  # pydantic: which entry, and why
+        reason = f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']}" if errors else _first_line(exc)
+        raise AutotuneError(f"--base-args {path}: DeepSpeed rejects the deepspeed config: {reason}") from None
+    finally:
+        deepspeed_logger.setLevel(level)

@@ -17,6 +17,7 @@ from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob, Workload, trial_memory_prior
 from autotune.runner._limits import child_address_space_budget, child_environment
 from autotune.runner._pool import run_isolated
+from autotune.runner._side_effects import trial_overrides_note
 
 __all__ = [
     "TrialJob",
@@ -29,4 +30,5 @@ __all__ = [
     "measure_matmul_peak",
     "run_isolated",
     "trial_memory_prior",
+    "trial_overrides_note",
 ]

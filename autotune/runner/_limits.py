@@ -7,6 +7,7 @@ import resource
 import socket
 from typing import Any
 
+from autotune.runner._side_effects import TRIAL_ENVIRONMENT
 from autotune.spec.devices import DeviceSpec, visible_device_id
 from autotune.units import GiB
 
@@ -29,7 +30,7 @@ def child_environment(device: DeviceSpec, work_dir: str | None = None) -> dict[s
             re-run and configs that share graphs reuse inductor's FX graph and autotuning caches).
             A ``TORCHINDUCTOR_CACHE_DIR`` the user set is kept.
     """
-    found = {}
+    found = dict(TRIAL_ENVIRONMENT)  # no reporting to a service the user's run reports to
     if work_dir is not None and not os.environ.get(INDUCTOR_CACHE_ENV):
         found[INDUCTOR_CACHE_ENV] = os.path.join(os.path.dirname(os.path.abspath(work_dir)), "inductor-cache")
     if device.kind == "cpu":

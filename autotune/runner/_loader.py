@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from autotune.spec.dataset import PreparedDataset
-from autotune.spec.models import ModelSpec
+from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
 # Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
 _POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
@@ -32,7 +32,7 @@ def load_training_dataset(
     if prepared.tokenizer_dir:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_dir, local_files_only=True, **NO_MODEL_CODE)
     return UserSamples(
         rows=rows,
         column=prepared.column,

@@ -30,6 +30,7 @@ from autotune.runner._precision import (
     ran_dtype,
     utilisation_defect,
 )
+from autotune.runner._side_effects import trial_overrides
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.flops import hardware_tflops as hardware_tflops_of
@@ -67,17 +68,17 @@ class SyntheticTokens(torch.utils.data.Dataset):
 
 
 def harness_arguments(job: TrialJob) -> dict[str, Any]:
-    """TrainingArguments that only the measurement needs; never exported."""
+    """TrainingArguments that only the measurement needs, and those that keep the trial's effects
+    inside its process and work dir (``_side_effects.trial_overrides``: no upload, no reporting, no
+    checkpoint, no evaluation); never exported."""
     return dict(
         include_num_input_tokens_seen=tokens_counted(job),
         output_dir=job.work_dir,
         max_steps=job.workload.measure.total_steps_cap,
-        report_to="none",
-        save_strategy="no",
         logging_strategy="no",
-        eval_strategy="no",
         disable_tqdm=True,
         seed=0,
+        **trial_overrides(job.workload.base_args),
     )
 
 

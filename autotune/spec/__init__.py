@@ -6,5 +6,7 @@ parent knows of a device), ``measured_peaks`` (achievable matmul peaks stored by
 --calibrate``), ``ceiling`` (the memory ceiling and the one rule of what fits), ``base_args``
 (``--base-args``), ``dataset`` (``--dataset`` prepared once in the parent), ``peft`` (``--peft``),
 ``flops`` (model and hardware FLOPs per sample), ``measure`` (how long a trial measures), ``files``
-(the one reader of the files a user names, and whole-or-nothing writes).
+(the one reader of the files a user names, and whole-or-nothing writes), ``chat_corpus`` (a generated
+multi-turn chat corpus, ``autotune chat-corpus``), ``synthetic_tokenizer`` (an offline word-level tokenizer
+with a chat template, for models that have none on disk).
 """

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.spec.models import ModelSpec
+from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
 # File suffix -> the ``datasets`` builder that reads it; anything else is read as text, one sample a line.
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -240,7 +240,7 @@ def _load_tokenizer(tokenizer_dir: str | None, model: ModelSpec, path: str) -> A
             "local model directory that holds one (tokenizer.json / tokenizer_config.json), or a dataset of input_ids"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True, **NO_MODEL_CODE)
     except Exception as exc:  # noqa: BLE001 - any loader failure means "no usable tokenizer"
         raise AutotuneError(
             f"--dataset {path}: cannot load the tokenizer of {model.name} ({_root_cause(exc)})"

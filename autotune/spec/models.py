@@ -23,6 +23,13 @@ from autotune.errors import AutotuneError
 # decoders get causal LM. ``--task`` overrides.
 TASKS = ("sequence-classification", "causal-lm", "masked-lm")
 
+# autotune builds transformers' own architectures from a config and never runs code a model
+# directory or repository ships (``auto_map`` in its config.json). Every load of a config, a
+# tokenizer or a model says so: told nothing, transformers asks "Do you wish to run the custom
+# code? [y/N]" on a terminal and runs the code on "y", and without a terminal puts the question in
+# its error (transformers/dynamic_module_utils.py, ``resolve_trust_remote_code``).
+NO_MODEL_CODE: dict[str, bool] = {"trust_remote_code": False}
+
 _DECODER_MODEL_TYPES = {
     "gpt2",
     "gpt_neo",
@@ -209,28 +216,55 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
         if not (path / "config.json").is_file():
             raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
         try:
-            return AutoConfig.from_pretrained(str(path)), "local", str(path.resolve())
+            return AutoConfig.from_pretrained(str(path), **NO_MODEL_CODE), "local", str(path.resolve())
         except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+            _refuse_its_own_code(name, str(path))
             # Invalid JSON, a list, no or an unknown model_type: transformers' own message says which.
             raise AutotuneError(
                 f"--model {name}: transformers cannot read its config.json ({_first_line(exc)})"
             ) from None
     try:
-        return AutoConfig.from_pretrained(name, local_files_only=True), "hf-cache", None
+        return AutoConfig.from_pretrained(name, local_files_only=True, **NO_MODEL_CODE), "hf-cache", None
     except (OSError, ValueError):
-        pass
+        _refuse_its_own_code(name, name, local_files_only=True)
     catalog_name = _catalog_index().get(name.lower())
     if catalog_name is not None:
         return _catalog_config(catalog_name), "catalog", None
     if os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable():
         try:
-            return AutoConfig.from_pretrained(name), "hub", None
+            return AutoConfig.from_pretrained(name, **NO_MODEL_CODE), "hub", None
         except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
-            pass
+            _refuse_its_own_code(name, name)
     raise AutotuneError(
         f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
         f"cache, or a catalog name ({', '.join(catalog_names())})"
     )
+
+
+def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:
+    """One line for a config transformers refused because its model type needs code of its own.
+
+    Read as transformers reads it (``PretrainedConfig.get_config_dict``, which runs nothing): a model
+    type transformers does not know, with an ``auto_map`` naming the classes the directory ships.
+
+    Raises:
+        AutotuneError: That is why the config was refused.
+    """
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    try:
+        values, _ = PretrainedConfig.get_config_dict(location, **load_kwargs)
+    except Exception:  # noqa: BLE001 - unreadable: the caller says why in its own words
+        return
+    if not isinstance(values, dict):  # a JSON list: the caller says so
+        return
+    model_type = values.get("model_type")
+    if values.get("auto_map") and model_type not in CONFIG_MAPPING:
+        raise AutotuneError(
+            f"--model {name}: model type {model_type!r} is not one of transformers' own architectures (its config's "
+            f"auto_map names code of its own, which autotune never runs); autotune trains only those: use a model whose "
+            f"model_type transformers knows (transformers.CONFIG_MAPPING)"
+        )
 
 
 def _hub_reachable(timeout_s: float = 2.0) -> bool:
@@ -380,6 +414,7 @@ def build_model(config: Any, task: str, attn_implementation: str | None = None, 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    kwargs.update(NO_MODEL_CODE)
     if task == "causal-lm":
         return AutoModelForCausalLM.from_config(config, **kwargs)
     if task == "masked-lm":

@@ -44,13 +44,13 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
     """
     if "://" not in url:
         raise AutotuneError(
-            f"--storage {url!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
+            f"--storage {redact(url)!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
         )
     if url.startswith("sqlite:///"):
         if existing:
             require_sqlite_file(url)
         else:
-            _check_sqlite_writable(url.removeprefix("sqlite:///"))
+            _check_sqlite_writable(sqlite_file(url))
     heartbeat_interval_s, grace_s = heartbeat_settings()
     driver_url = with_postgres_driver(url)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -130,11 +130,17 @@ def require_sqlite_file(storage_url: str) -> None:
     Raises:
         AutotuneError: No such file (a typo would otherwise read, or serve, a new, empty database).
     """
-    path = Path(storage_url.removeprefix("sqlite:///"))
+    path = Path(sqlite_file(storage_url))
     if not path.is_file():
         raise AutotuneError(
-            f"--storage {storage_url}: no such database file; run `autotune search` first, or pass the --storage it used"
+            f"--storage {redact(storage_url)}: no such database file; run `autotune search` first, or pass the --storage it used"
         )
+
+
+def sqlite_file(storage_url: str) -> str:
+    """The file of a ``sqlite:///`` URL: its path without the query, which SQLAlchemy hands to the driver
+    (sqlalchemy/engine/url.py, ``make_url``: the database ends at ``?``)."""
+    return storage_url.removeprefix("sqlite:///").partition("?")[0]
 
 
 def _check_sqlite_writable(path: str) -> None:
@@ -156,16 +162,83 @@ def _check_sqlite_writable(path: str) -> None:
         raise AutotuneError(f"--storage: cannot write {target} ({exc.strerror}); choose a writable path") from None
 
 
+# Query parameters that carry a credential, as parts of the parameter's name in any case: libpq's
+# ``password`` and ``sslpassword`` (https://www.postgresql.org/docs/current/libpq-connect.html,
+# "Parameter Key Words"; SQLAlchemy hands a URL's query to the driver: its ``URL.query``), MySQL's
+# ``passwd``, and any token, secret, key or auth parameter another driver takes. Naming a non-secret
+# one (``passfile``, a path) only hides a value that was never secret.
+_CREDENTIAL_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential")
+REDACTED = "***"
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+    """The URL with every credential in it replaced by ``***``: the one rule for showing a storage URL.
+
+    Both places a driver takes a password from: the userinfo (``user:password@host``) and the query
+    (``?password=...``, ``sslpassword=``, ``token=``, ... for every driver). Every command that prints a
+    storage URL, and every message that names one, shows it through this function.
+    """
+    shown, end = [], 0
+    for start, stop in _credential_spans(url):
+        shown += [url[end:start], REDACTED]
+        end = stop
+    return "".join([*shown, url[end:]])
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials in ``url`` (as written and percent-decoded), longest first: what no message may show."""
+    from urllib.parse import unquote, unquote_plus
+
+    found = {
+        variant
+        for start, stop in _credential_spans(url)
+        for variant in _decoded(url[start:stop], unquote, unquote_plus)
+    }
+    return sorted((secret for secret in found if secret), key=lambda secret: (-len(secret), secret))
+
+
+def _decoded(text: str, *decoders: Any) -> set[str]:
+    return {text, *(decode(text) for decode in decoders)}
+
+
+def _credential_spans(url: str) -> list[tuple[int, int]]:
+    """Where the credentials of ``url`` are (start, stop), in order.
+
+    The userinfo is read generously, so that a password written unescaped (``p@ss``, ``pa/ss``,
+    ``pa?ss``) is hidden whole: the user name ends at the first ``:``, the password at the last ``@``
+    before the query that follows the first ``@``.
+    """
+    from urllib.parse import unquote_plus
+
+    spans: list[tuple[int, int]] = []
+    scheme = url.find("://")
+    rest = scheme + 3 if scheme >= 0 else 0
+    query_from = rest
+    first_at = url.find("@", rest)
+    if scheme >= 0 and first_at >= 0 and not url.startswith("/", rest):
+        query_after = url.find("?", first_at)
+        userinfo_end = url.rfind("@", rest, query_after if query_after >= 0 else len(url))
+        colon = url.find(":", rest, userinfo_end)
+        if colon >= 0 and "/" not in url[rest:colon]:
+            spans.append((colon + 1, userinfo_end))
+        query_from = userinfo_end
+    query = url.find("?", query_from)
+    if query >= 0:
+        fragment = url.find("#", query)
+        position = query + 1
+        for parameter in url[query + 1 : fragment if fragment >= 0 else len(url)].split("&"):
+            name, equals, value = parameter.partition("=")
+            if equals and value and any(word in unquote_plus(name).lower() for word in _CREDENTIAL_WORDS):
+                value_start = position + len(name) + 1
+                spans.append((value_start, value_start + len(value)))
+            position += len(parameter) + 1
+    return spans
 
 
 def scrub_password(text: str, url: str) -> str:
-    """``text`` (a driver's error message, say) with the password of ``url`` and any URL in it redacted."""
-    found = re.search(r"://[^:/@]+:([^@/]+)@", url)
-    if found:
-        text = text.replace(found.group(1), "***")
+    """``text`` (a driver's error message, say) with every credential of ``url`` and any URL in it redacted."""
+    for secret in url_secrets(url):
+        text = text.replace(secret, REDACTED)
     return re.sub(r"[a-z0-9+]+://\S+", lambda m: redact(m.group(0)), text)
 
 

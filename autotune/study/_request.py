@@ -144,6 +144,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
             be read, the data is unusable.
     """
     from autotune.plan import load_base_args
+    from autotune.runner import trial_overrides_note
     from autotune.spec.measured_peaks import load_measured_peaks, peak_note
     from autotune.spec.models import resolve_model
 
@@ -182,6 +183,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
     notes = [*peft_notes, *space.notes]
+    if (overridden := trial_overrides_note(base_args)) is not None:
+        notes.append(overridden)
     dataset = None
     if options.dataset is not None:
         from autotune.spec.dataset import prepare_dataset

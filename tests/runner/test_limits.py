@@ -26,7 +26,21 @@ except MemoryError:
 
 
 def test_a_cpu_child_sees_no_gpu(cpu):
-    assert child_environment(cpu) == {"CUDA_VISIBLE_DEVICES": ""}
+    assert child_environment(cpu) == {"CUDA_VISIBLE_DEVICES": "", "DISABLE_KUBEFLOW_INTEGRATION": "TRUE"}
+
+
+def test_a_trial_inside_a_kubeflow_job_reports_nothing_to_its_controller(cpu, tmp_path, monkeypatch):
+    """Inside a Kubeflow TrainJob, TrainingArguments adds the kubeflow reporter to any report_to, "none"
+    included: the child's environment turns that off, and the real TrainingArguments then reports nowhere."""
+    from transformers import TrainingArguments
+
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://192.0.2.1:8443")  # as the job's controller injects it
+    assert (
+        "kubeflow" in TrainingArguments(output_dir=str(tmp_path), report_to="none").report_to
+    )  # what a trial would do
+    for name, value in child_environment(cpu, str(tmp_path / "runs" / "trial-0-1")).items():
+        monkeypatch.setenv(name, value)
+    assert TrainingArguments(output_dir=str(tmp_path), report_to="none").report_to == []
 
 
 def test_a_multi_rank_trial_sees_its_own_gpus_or_its_share_of_the_cores(cpu, monkeypatch, tmp_path):

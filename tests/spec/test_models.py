@@ -170,3 +170,57 @@ def test_task_override_and_bad_task():
         resolve_model("bert-tiny", task="causal-lm")
     with pytest.raises(AutotuneError, match="unknown --task"):
         resolve_model("bert-tiny", task="translation")
+
+
+def test_every_transformers_load_in_autotune_refuses_a_models_own_code():
+    """Every ``from_pretrained`` / ``from_config`` call in the package (config, tokenizer, model; parent
+    and trial child) passes ``**NO_MODEL_CODE`` (``trust_remote_code=False``): told nothing,
+    transformers asks on a terminal and runs a model directory's code on "y"."""
+    import ast
+    from pathlib import Path
+
+    import autotune
+
+    loads, offences = 0, []
+    for path in sorted(Path(autotune.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("from_pretrained", "from_config")
+            ):
+                loads += 1
+                told = any(
+                    (k.arg is None and isinstance(k.value, ast.Name) and k.value.id == "NO_MODEL_CODE")
+                    or (k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant) and k.value.value is False)
+                    for k in node.keywords
+                )
+                # build_model gathers its keyword arguments first: the dict it passes must hold them.
+                gathered = any(
+                    k.arg is None and isinstance(k.value, ast.Name) and k.value.id == "kwargs" for k in node.keywords
+                )
+                if not told and not (gathered and "kwargs.update(NO_MODEL_CODE)" in path.read_text()):
+                    offences.append(f"{path.name}:{node.lineno}")
+    assert loads >= 6  # the config (3 sources), two tokenizer loads, the model's three heads
+    assert not offences, offences
+
+
+def test_a_known_model_type_that_also_ships_code_is_built_from_transformers_own_classes(tmp_path):
+    """bert with an ``auto_map``: transformers' own BertConfig and model, the shipped file never imported."""
+    marker = tmp_path / "ran.txt"
+    values = {k: v for k, v in catalog_entry("bert-tiny").items() if not k.startswith("_autotune")}
+    model_dir = tmp_path / "bert-with-code"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                **values,
+                "auto_map": {"AutoConfig": "shipped.Config", "AutoModelForSequenceClassification": "shipped.Model"},
+            }
+        )
+    )
+    (model_dir / "shipped.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    spec = resolve_model(str(model_dir))
+    model = build_model(spec.config, spec.task)
+    assert type(model).__module__.startswith("transformers.models.bert.")
+    assert not marker.exists()

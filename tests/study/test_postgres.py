@@ -8,6 +8,9 @@ pytest-xdist's --dist loadfile runs it beside these).
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -121,3 +124,26 @@ def test_a_password_in_the_url_is_never_printed_even_when_the_connection_fails(p
     assert "cannot open it" in completed.stderr
     assert "autotune:***@" in completed.stderr
     assert wrong_password not in completed.stdout + completed.stderr
+
+
+def test_a_password_given_as_a_query_parameter_is_used_and_never_printed(postgres_server, postgres_url, tmp_path):
+    """libpq reads ``?password=`` (SQLAlchemy hands the query to the driver): the search connects with
+    it, and neither the search nor ``best`` nor a failed connection shows it."""
+    url = postgres_url.replace(f":{postgres_server.password}@", "@") + f"?password={postgres_server.password}"
+    search = subprocess.run(
+        search_command(url, tmp_path / "runs", "--trials", "1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=600,
+    )
+    assert search.returncode == 0, search.stderr[-3000:]  # the query's password opened the database
+    best = run_cli("best", "--storage", url, cwd=tmp_path, timeout=300)
+    assert best.returncode == 0, best.stderr[-3000:]
+    wrong = url.replace(postgres_server.password, "wrong-" + postgres_server.password[::-1])
+    refused = run_cli("best", "--storage", wrong, cwd=tmp_path, timeout=300)
+    assert refused.returncode == 2 and "cannot open it" in refused.stderr
+    assert "?password=***" in search.stdout and "?password=***" in refused.stderr  # named, redacted
+    shown = search.stdout + search.stderr + best.stdout + best.stderr + refused.stdout + refused.stderr
+    assert postgres_server.password not in shown and postgres_server.password[::-1] not in shown

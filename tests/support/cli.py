@@ -68,3 +68,61 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
         finally:
             os.chdir(previous_dir)
     return subprocess.CompletedProcess(["autotune", *args], returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def run_cli_in_terminal(
+    *args: str, cwd: Path, answer: bytes = b"y\n", timeout: float = 300, env: dict | None = None
+) -> tuple[int, str]:
+    """Run the real ``autotune`` command under a pseudo-terminal that answers ``answer`` to any prompt.
+
+    A library that asks only when stdin is a terminal (transformers' "Do you wish to run the custom
+    code? [y/N]") asks here, as it would a user at a shell: every time the output stops on an
+    unfinished line (a prompt waiting for its answer) the terminal types ``answer``.
+
+    Returns:
+        The exit status and everything the command wrote (stdout and stderr share the terminal),
+        with terminal escape sequences removed.
+    """
+    import pty
+    import re
+    import select
+    import termios
+    import time
+
+    command = [sys.executable, "-m", "autotune", *args]
+    environment = {**os.environ, "COLUMNS": "400", "TERM": "dumb", **(env or {})}
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: the terminal is its stdin, stdout and stderr
+        # No echo: what the terminal types never lands inside the output the test reads.
+        attributes = termios.tcgetattr(0)
+        attributes[3] &= ~termios.ECHO
+        termios.tcsetattr(0, termios.TCSANOW, attributes)
+        os.chdir(cwd)
+        os.execvpe(command[0], command, environment)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([terminal], [], [], 1.0)
+            if not ready:
+                if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                    break
+                continue
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: the child closed the terminal (it exited)
+                break
+            if not chunk:
+                break
+            output += chunk
+            if not output.endswith((b"\n", b"\r")):  # a prompt waits on its line
+                os.write(terminal, answer)
+        else:
+            os.kill(pid, 9)
+    finally:
+        os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    text = (
+        re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace")).replace("\r\n", "\n").replace("\r", "\n")
+    )
+    return os.waitstatus_to_exitcode(status), text
