@@ -39,8 +39,9 @@ def _emulated_on(value: str, device: DeviceSpec) -> str:
 
 
 def _auto_dtypes(device: DeviceSpec) -> list[str]:
-    """``dtype: auto``: every dtype; the device's filters leave those it runs, and with hardware for them."""
-    return list(DTYPES)
+    """``dtype: auto``: the dtypes the device trains in; the device filter then leaves out those it
+    only emulates (:attr:`Lever.emulated_on`), with a note."""
+    return [dtype for dtype in DTYPES if dtype in device.supported_dtypes]
 
 
 DTYPE = Lever(
