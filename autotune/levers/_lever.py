@@ -55,8 +55,10 @@ class Lever:
         doc: One line for users (search_spaces/README.md says more).
         choices: The values a space may name; ``None``: any value :attr:`least` allows.
         least: For integer levers, the smallest value allowed.
-        auto_choices: Where set, a space may write ``auto`` for the lever (and a space that does not
-            name it means ``auto``): the choices for a device.
+        auto_choices: Where set, a space may write ``auto`` for the lever: the choices for a device
+            (those :attr:`emulated_on` names are then left out).
+        absent_means_auto: With :attr:`auto_choices`: a space that does not name the lever means
+            ``auto`` (``True``), or the default alone (``False``).
         in_every_space: ``True``: a space that does not name the lever fixes it at ``default``;
             ``False``: the lever is left out of such a space (the trial keeps the model's or the
             Trainer's own behaviour: attention implementation, Liger, ...).
@@ -81,6 +83,10 @@ class Lever:
         no_effect_on: Why a value would change nothing on a device (a search would measure another
             value under its name); ``""`` if it matters. Removed from a searched space, but kept where
             the user fixed it in ``--base-args``.
+        emulated_on: Why a value runs on a device without hardware made for it (bf16 on a CPU
+            without bf16 instructions: correct, but slower than the default); ``""`` if it has
+            hardware. Left out of ``auto`` with a note; kept, with a note, where a space lists it
+            (it may be what fits in memory).
         unavailable_for_model: Why a value cannot run with a model, given the space's other choices;
             ``""`` if it can (``None``: every value runs with every model).
         fallback: The value kept where a filter removes every choice (it runs everywhere); ``None``:
@@ -116,6 +122,7 @@ class Lever:
     choices: tuple[Any, ...] | None = None
     least: int | None = None
     auto_choices: Callable[[DeviceSpec], list[Any]] | None = None
+    absent_means_auto: bool = True
     in_every_space: bool = True
     acts_on: str = "training_args"
     fields: tuple[str, ...] = ()
@@ -128,6 +135,7 @@ class Lever:
     label: Callable[[Any], str] = lambda value: ""
     unavailable_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
+    emulated_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]]], str] | None = None
     fallback: Any = None
     needs_real_data: bool = False

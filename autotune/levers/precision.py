@@ -40,21 +40,34 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
 
 
 def _dtype_best_practice(device: DeviceSpec, choices: Sequence[str]) -> list[str]:
-    """bf16 where the device runs it, else fp16 on CUDA (a performance guide's first try)."""
-    return ["bf16", "fp16", "tf32", "fp32"] if device.kind == "cuda" else ["bf16", "fp32"]
+    """The fastest dtype the device has matmul hardware for (a performance guide's first try)."""
+    return [dtype for dtype in ("bf16", "fp16", "tf32", "fp32") if dtype in device.fast_dtypes]
+
+
+def _emulated_on(value: str, device: DeviceSpec) -> str:
+    return device.emulation_reason(value)
+
+
+def _auto_dtypes(device: DeviceSpec) -> list[str]:
+    """``dtype: auto``: the dtypes the device trains in; the device filter then leaves out those it
+    only emulates (:attr:`Lever.emulated_on`), with a note."""
+    return [dtype for dtype in DTYPES if dtype in device.supported_dtypes]
 
 
 DTYPE = Lever(
     name="dtype",
     value_type=str,
     default="fp32",
-    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision)",
+    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision); auto: those the device has matmul hardware for",
     choices=DTYPES,
+    auto_choices=_auto_dtypes,
+    absent_means_auto=False,
     fields=_FIELDS,
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "activations"),
     memory=lambda value, traits: dataclasses.replace(traits, half_autocast=value in HALF_DTYPES),
     best_practice=_dtype_best_practice,
@@ -134,6 +147,7 @@ WEIGHT_DTYPE = Lever(
         )
     ),
     unavailable_on=_weight_dtype_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),
     memory=lambda value, traits: dataclasses.replace(traits, weight_bytes=WEIGHT_BYTES[value]),
 )

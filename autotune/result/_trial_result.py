@@ -56,6 +56,9 @@ MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
 FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.COMPILE_TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
 # Failures that may be transient (a noisy neighbour, a driver hiccup): the trial is tried once more.
 RETRIED_STATUSES = frozenset({Status.CRASH, Status.TIMEOUT})
+# Failed on every attempt it gets (a crash or a timeout twice, an error, a compile timeout): the
+# config is taken, never proposed again. An interrupted trial runs again instead (queued once).
+GIVEN_UP_STATUSES = FAILED_STATUSES - {Status.INTERRUPTED}
 
 
 def in_order(statuses: Iterable[Status]) -> list[Status]:
@@ -98,6 +101,8 @@ class TrialResult:
     step_time_median_s: float = 0.0  # one optimizer step (all accumulation micro-batches)
     step_time_cv: float = 0.0  # coefficient of variation of the measured step times
     measured_steps: int = 0
+    measured_s: float = 0.0  # wall time of the measured steps (the throughput's steps)
+    step_times_s: list[float] = dataclasses.field(default_factory=list)  # each measured step's time
     warmup_steps: int = 0
     warmup_s: float = 0.0  # warm-up steps, compilation included; excluded from throughput
     compile_s: float = 0.0  # torch.compile's own compilation time (within warm-up; 0 without compile)

@@ -127,13 +127,16 @@ class TrialJob:
         config: The lever values under test.
         work_dir: A directory of this trial's own (Trainer output_dir, the child's log).
         prune_below_samples_per_s: Stop early (status ``pruned``) once the measured throughput is
-            clearly below this; ``None`` never prunes.
+            clearly below this (:func:`autotune.spec.measure.clearly_slower`); ``None`` never prunes.
+        prune_step_noise: The step-time CV of the trial that set the threshold: how far one step
+            may stray before a judgement on fewer than ``prune_after_steps`` steps.
     """
 
     workload: Workload
     config: TrialConfig
     work_dir: str
     prune_below_samples_per_s: float | None = None
+    prune_step_noise: float = 0.0
 
     @property
     def log_path(self) -> str:

@@ -44,6 +44,7 @@ from autotune.spec.devices import DeviceSpec
 from autotune.spec.flops import hardware_tflops as hardware_tflops_of
 from autotune.spec.flops import model_tflops as model_tflops_of
 from autotune.spec.flops import utilisation
+from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft
 
@@ -212,6 +213,8 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         step_time_median_s=stats.median_s,
         step_time_cv=stats.cv,
         measured_steps=stats.measured_steps,
+        measured_s=stats.measured_s,
+        step_times_s=list(timer.step_times),
         warmup_steps=stats.warmup_steps,
         warmup_s=stats.warmup_s,
         compile_s=stats.compile_s,
@@ -320,18 +323,15 @@ def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns St
     if threshold is None:
         return None
 
-    def clearly_slower(timer: StepTimer) -> bool:
-        # Judge after a few measured steps (not a full window: a trial at half the best's speed is
-        # plain by then, and every further step is spent on a config that cannot win); the median
-        # of those steps resists one stray slow step.
-        judged_after = min(timer.settings.prune_after_steps, timer.settings.min_steps)
-        if len(timer.step_times) < judged_after:
-            return False
+    def losing(timer: StepTimer) -> bool:
+        # From the first measured step: every further step of a config that cannot win is time lost
+        # (autotune.spec.measure.clearly_slower says when one step is enough).
         skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
         trained = trained_fraction(len(timer.step_times), skipped)
-        return job.config.global_batch * trained / timer.stats().median_s < threshold
+        samples_per_step = job.config.global_batch * trained
+        return clearly_slower(timer.step_times, samples_per_step, threshold, job.prune_step_noise, timer.settings)
 
-    return clearly_slower
+    return losing
 
 
 def versions(device: DeviceSpec) -> dict[str, str]:

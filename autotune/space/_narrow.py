@@ -8,6 +8,7 @@ lists, each removal one note. None names a lever.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,22 +55,40 @@ def _keep(lever: Lever, values: list[Any], why_not: Callable[[Any], str], notes:
 
 def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -> SearchSpace:
     """Remove choices the device cannot run (or on which they change nothing), with a note for each;
-    fail if a lever is left empty."""
+    fail if a lever is left empty.
+
+    A value the device only emulates (:attr:`Lever.emulated_on`) is left out of ``auto`` and kept
+    where the space lists it, with a note either way.
+    """
     notes: list[str] = []
     choices: dict[str, list[Any]] = {}
     for name, values in parsed.model_dump(exclude=set(BATCH_LIMITS)).items():
         if values is None:
             continue
         lever = LEVERS[name]
-        if values == AUTO:
+        auto = values == AUTO
+        if auto:
             values = lever.auto_choices(device)
-        kept = _keep(lever, values, lambda v: lever.unavailable_on(v, device) or lever.no_effect_on(v, device), notes)  # noqa: B023 - called by _keep in this iteration
+        kept = _keep(lever, values, functools.partial(_not_on_device, lever, device, auto, notes), notes)
         if not kept:
             raise AutotuneError(
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
             )
         choices[name] = kept
     return SearchSpace(choices=choices, notes=tuple(notes), source=source)
+
+
+def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str], value: Any) -> str:
+    """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value the device only
+    emulates is left out of ``auto`` and kept, with a note, where the space lists it."""
+    reason = lever.unavailable_on(value, device) or lever.no_effect_on(value, device)
+    emulated = lever.emulated_on(value, device)
+    if reason or not emulated:
+        return reason
+    if auto:
+        return f"{emulated}; list it in the space ({lever.name}: [...]) to search it anyway"
+    notes.append(f"{lever.name} {yaml_word(value)} kept because the space lists it: {emulated}")
+    return ""
 
 
 def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:

@@ -60,7 +60,7 @@ class SpaceFile(BaseModel):
     micro_batch: list[StrictInt] | StrictStr = AUTO
     grad_accum: list[StrictInt] = [1]
     checkpointing: list[StrictBool] = [False]
-    dtype: list[StrictStr] = ["fp32"]
+    dtype: list[StrictStr] | StrictStr = ["fp32"]
     optim: list[StrictStr] = ["adamw_torch"]
     dataloader_workers: list[StrictInt] = [0]
     pin_memory: list[StrictBool] = [True]

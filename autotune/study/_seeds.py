@@ -4,8 +4,9 @@
   dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), snapped to the
   search space's choices. Measuring it is what makes "speedup over the default" a measured figure.
 * ``best-practice``: what a performance guide would try first on this device (bf16 where the device
-  runs it, else fp16 on CUDA; fused AdamW; no checkpointing; the largest micro-batch the estimator
-  fits well under the ceiling).
+  has matmul hardware for it, else fp16 on CUDA, else fp32: a CPU without bf16 instructions emulates
+  bf16 slower than fp32; fused AdamW; no checkpointing; the largest micro-batch the estimator fits
+  well under the ceiling).
 
 Both are queued with ``study.enqueue_trial`` when the study is created, marked with the user attr
 ``seed`` (:mod:`autotune.storage.schema`), so the sampler starts from them and the end of a search can compare against the default.
@@ -140,8 +141,15 @@ def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     best_params, _ = snap_to_space(best, space, workload.device)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
-        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params))
+        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params, emulated_dtype_notes(space, workload.device, best)))
     return seeds
+
+
+def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, best: TrialConfig) -> tuple[str, ...]:
+    """A note where the space lists a dtype the device only emulates and the best-practice seed
+    therefore trains in another one."""
+    skipped = [d for d in space.choices.get("dtype", []) if d in device.emulated_dtypes and d != best.dtype]
+    return tuple(f"best-practice seed trains in {best.dtype}, not {d}: {device.emulation_reason(d)}" for d in skipped)
 
 
 def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:

@@ -224,7 +224,8 @@ def devices_table(
     from autotune.spec.measured_peaks import peak_note
 
     table = Table(
-        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"
+        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported; "
+        "emulated = no matmul hardware for it)"
     )
     for header in ["device", "name", "memory", "datasheet", *DTYPES]:
         table.add_column(header)
@@ -240,10 +241,12 @@ def devices_table(
             cells.append(
                 f"{'-' if datasheet is None else format_tflops(datasheet)} / "
                 f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
+                + (" emulated" if dtype in spec.emulated_dtypes else "")
             )
         entry = spec.datasheet_entry()
         table.add_row(
             spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells
         )
         notes.append(f"{spec.label}: {peak_note(spec, measured)}")
+        notes += [f"{spec.label}: {spec.emulation_reason(dtype)}" for dtype in spec.emulated_dtypes]
     return table, notes

@@ -23,6 +23,7 @@ from autotune.levers import TrialConfig
 from autotune.result import (
     UNFINISHED_LABELS,
     Status,
+    TimeSpent,
     TrialResult,
     accumulation_note,
     diverged_trials,
@@ -35,6 +36,7 @@ from autotune.units import format_bytes
 from autotune.views.ranking import (
     RankedTrial,
     confirmations_of,
+    describe_confirmation,
     describe_distinct,
     describe_ranking_basis,
     describe_standing,
@@ -226,6 +228,9 @@ class SearchView:
         with self._lock:
             self._running.pop(number, None)
             self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
+            if result.status == Status.SCREENED and self._progress.tasks[0].total is not None:
+                # A screened proposal costs no trial of --trials (autotune.study._loop): the bar grows by it.
+                self._progress.update(self._task, total=self._progress.tasks[0].total + 1)
             self._progress.update(self._task, advance=1, description=self._running_description())
             self._live.update(self._render())
 
@@ -296,7 +301,8 @@ class SearchPrinter:
         self._console.print(describe_distinct(self._study.get_trials(deepcopy=False)), markup=False, highlight=False)
         if self._confirm_top > 0:
             self._console.print(
-                f"confirming: re-running the top {self._confirm_top} feasible configs {self._confirm_repeats} times each, interleaved"
+                f"confirming: re-running the leader and those of the top {self._confirm_top} feasible configs within "
+                f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled"
             )
 
     def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
@@ -321,10 +327,18 @@ class SearchPrinter:
         )
 
     def results(self) -> None:
-        """The ranking, the speedup over the HF default, whether the winner trains as the default does."""
+        """What the confirmation re-ran and cost, the ranking, the speedup over the HF default, whether
+        the winner trains as the default does, and last, where the search's wall time went."""
+        if self._confirm_top > 0:
+            line = describe_confirmation(self._study)
+            if line:
+                self._console.print(line, markup=False, highlight=False, soft_wrap=True)
         print_ranking(self._console, self._study, top=5)
         print_speedup(self._console, self._study)
         print_winner_loss(self._console, self._study)
+        spent = self._study.user_attrs.get(schema.STUDY_TIME_SPENT)
+        if spent:
+            self._console.print(TimeSpent.from_dict(spent).line(), markup=False, highlight=False, soft_wrap=True)
 
 
 def print_ranking(console: Console, study: Any, top: int) -> None:
