@@ -38,6 +38,7 @@ from autotune.levers.optimizer import (
     BNB_OPTIMIZERS,
     STATE_BYTES_PER_PARAM,
     STATES_IN_PARAM_DTYPE,
+    optimizer_in,
     update_ignores_gradient_scale,
 )
 from autotune.levers.precision import DTYPES, HALF_DTYPES, PRECISION_FIELDS, WEIGHT_TORCH_DTYPES
@@ -70,6 +71,7 @@ __all__ = [
     "lever_values_from_base_args",
     "memory_traits",
     "model_build_kwargs",
+    "optimizer_in",
     "read_deepspeed_config",
     "tensor_core_note",
     "trainer_parts",

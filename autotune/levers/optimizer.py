@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.levers._lever import Lever
@@ -71,6 +71,12 @@ COUPLED_WEIGHT_DECAY_OPTIMIZERS = ("adagrad", "rmsprop", "sgd")
 def update_ignores_gradient_scale(optim: str, weight_decay: float) -> bool:
     """Whether ``optim`` makes the same update from k-times gradients (up to its epsilon), at this weight decay."""
     return optim in SCALE_INVARIANT_OPTIMIZERS and not (weight_decay and optim in COUPLED_WEIGHT_DECAY_OPTIMIZERS)
+
+
+def optimizer_in(arguments: Mapping[str, Any], training_default: Callable[[str], Any]) -> str:
+    """The optimizer TrainingArguments keyword arguments train with (``training_default(field)``, the
+    TrainingArguments default, where they name none)."""
+    return _from_training_args({"optim": arguments.get("optim", training_default("optim"))})
 
 
 def _unavailable_on(value: str, device: DeviceSpec) -> str:

@@ -42,7 +42,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import TrialConfig
+from autotune.levers import LEVERS, TrialConfig
 from autotune.result import GIVEN_UP_STATUSES, ParamsKey, TrialResult, is_budget_trial, judged_trials, params_key
 from autotune.spec.ceiling import fits
 from autotune.storage import schema
@@ -283,7 +283,8 @@ class DistinctThompsonSampler(BaseSampler):
     def _unmeasured_micro_batches_first(
         self, encoding: _landscape.KnobEncoding, observed: _landscape.Observations, pool: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        """The configs of micro-batches no trial has run yet that the memory model expects to fit
+        """The configs of micro-batches (the levers whose memory grows with their value) no trial has run
+        yet that the memory model expects to fit
         (its posterior mean under the ceiling), where there are any; else the whole pool.
 
         So every micro-batch the estimate says fits is measured within the budget, one config each
@@ -292,10 +293,15 @@ class DistinctThompsonSampler(BaseSampler):
         ceiling is the one most worth measuring (docs/benchmarks.md, "First GPU run": micro-batch 2
         never ran in 8 trials).
         """
-        if "micro_batch" not in encoding.names or self._log_peak_estimate is None:
+        growing = [lever.name for lever in LEVERS.values() if lever.grows_memory and lever.name in encoding.names]
+        if not growing or self._log_peak_estimate is None:
             return pool
-        ran = {params["micro_batch"] for params in observed.memory_configs + observed.throughput_configs}
-        candidates = [params for params in pool if params["micro_batch"] not in ran]
+
+        def size(params: dict[str, Any]) -> tuple[Any, ...]:
+            return tuple(params[name] for name in growing)
+
+        ran = {size(params) for params in observed.memory_configs + observed.throughput_configs}
+        candidates = [params for params in pool if size(params) not in ran]
         if not candidates:
             return pool
         corrections = _landscape.memory_posterior(encoding, observed, self._log_estimate).mean

@@ -146,10 +146,16 @@ def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
 
 
 def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, best: TrialConfig) -> tuple[str, ...]:
-    """A note where the space lists a dtype the device only emulates and the best-practice seed
-    therefore trains in another one."""
-    skipped = [d for d in space.choices.get("dtype", []) if d in device.emulated_dtypes and d != best.dtype]
-    return tuple(f"best-practice seed trains in {best.dtype}, not {d}: {device.emulation_reason(d)}" for d in skipped)
+    """A note for each value the space lists that the device only emulates (``Lever.emulated_on``: bf16
+    on a CPU without bf16 instructions) and the best-practice seed therefore does not train with."""
+    notes = []
+    for lever in LEVERS.values():
+        chosen = getattr(best, lever.name)
+        for value in space.choices.get(lever.name, []):
+            reason = lever.emulated_on(value, device)
+            if reason and value != chosen:
+                notes.append(f"best-practice seed trains in {lever.label(chosen) or chosen}, not {value}: {reason}")
+    return tuple(notes)
 
 
 def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:

@@ -19,7 +19,7 @@ import optuna
 import yaml
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS, training_arguments_kwargs, update_ignores_gradient_scale
+from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
 from autotune.result import TrialResult, accumulation_note
 from autotune.spec.files import write_output
 from autotune.spec.peft import adapter_config_json, adapter_config_path
@@ -85,7 +85,7 @@ def for_the_trainer(arguments: dict[str, Any], result: TrialResult | None) -> di
 
 
 def _optimizer_of(arguments: dict[str, Any]) -> str:
-    return str(arguments.get("optim", _training_default("optim")))
+    return optimizer_in(arguments, _training_default)
 
 
 def _weight_decay_of(arguments: dict[str, Any]) -> float:

@@ -58,11 +58,12 @@ def test_trial_config_has_one_field_per_lever_with_its_type_and_default():
 
 def space_file_field(lever: Lever) -> tuple[object, object]:
     """What a lever's YAML key accepts and means when left out: a list of strictly typed choices, or
-    ``auto`` where the lever has an ``auto`` list (left out: ``auto``); else left out is the default
+    ``auto`` where the lever has an ``auto`` list (left out: ``auto``, or the default alone where
+    ``absent_means_auto`` is off); else left out is the default
     alone (a lever in every space) or nothing (the model's or the Trainer's own behaviour)."""
     choices = list[STRICT[lever.value_type]]
     if lever.auto_choices is not None:
-        return choices | StrictStr, AUTO
+        return choices | StrictStr, AUTO if lever.absent_means_auto else [lever.default]
     if lever.in_every_space:
         return choices, [lever.default]
     return choices | None, None
