@@ -273,6 +273,7 @@ def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_wor
     assert exported["per_device_train_batch_size"] * exported["gradient_accumulation_steps"] == 16
 
 
+@pytest.mark.slow
 def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
     """push_to_hub, report_to=wandb, checkpoints, evaluation, best-model reload: asked for in --base-args,
     neutralised in every trial (one note), kept in the export. A guard in every interpreter the search

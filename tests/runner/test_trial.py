@@ -28,6 +28,7 @@ def test_a_trial_trains_with_the_collector_as_a_plain_run_has_it(tmp_path, tiny_
     assert record["frozen_at_first_step"] == 0
 
 
+@pytest.mark.slow
 def test_a_losing_trial_stops_after_its_first_timed_step(tmp_path, tiny_workload):
     from autotune.spec.measure import MeasureSettings
 
