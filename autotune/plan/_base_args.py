@@ -235,7 +235,8 @@ def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> Non
             )
     dtype_fixed = any(field in base_args for field in PRECISION_FIELDS)
     for key in DEEPSPEED_DTYPE_KEYS:
-        enabled = given.get(key).get("enabled") if isinstance(given.get(key), dict) else None
+        section = given.get(key)
+        enabled = section.get("enabled") if isinstance(section, dict) else None
         if enabled in (None, "auto"):
             continue
         if not dtype_fixed:
@@ -272,7 +273,8 @@ def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> Non
     try:
         DeepSpeedConfig(config)
     except Exception as exc:  # noqa: BLE001 - pydantic, assertions, ValueError: DeepSpeed rejects it
-        errors = exc.errors() if callable(getattr(exc, "errors", None)) else None  # pydantic: which entry, and why
+        read_errors = getattr(exc, "errors", None)
+        errors = read_errors() if callable(read_errors) else None  # pydantic: which entry, and why
         reason = f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']}" if errors else _first_line(exc)
         raise AutotuneError(f"--base-args {path}: DeepSpeed rejects the deepspeed config: {reason}") from None
     finally:

@@ -35,12 +35,18 @@ class TrialDeadlines:
     def first_step_ended(self, now: float, compile_s: float) -> None:
         self.first_step_at, self.compile_s = now, compile_s
 
+    def _timeout_clock_start(self) -> float:
+        """Under a compile timeout the trial's timeout counts from its first step; else from its start."""
+        if self.compile_timeout_s is not None and self.first_step_at is not None:
+            return self.first_step_at
+        return self.started
+
     def check(self, now: float) -> bool:
         """Whether a budget ran out at ``now`` (then ``expired`` says which)."""
         if self.compile_timeout_s is not None and self.first_step_at is None:
             if now - self.started > self.compile_timeout_s:
                 self.expired = Status.COMPILE_TIMEOUT
-        elif now - (self.first_step_at if self.compile_timeout_s is not None else self.started) > self.timeout_s:
+        elif now - self._timeout_clock_start() > self.timeout_s:
             self.expired = Status.TIMEOUT
         if self.expired is not None:
             self.expired_after_s = now - self.started

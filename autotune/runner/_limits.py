@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.runner._side_effects import TRIAL_ENVIRONMENT
@@ -97,10 +98,10 @@ ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 ALLOCATOR_ENV_EVERY_TORCH_READS = "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def allocator_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+def allocator_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The allocator variables set in this process's environment (recorded with each trial)."""
-    environ = os.environ if environ is None else environ
-    return {name: environ[name] for name in ALLOCATOR_ENV if environ.get(name)}
+    read: Mapping[str, str] = os.environ if environ is None else environ
+    return {name: read[name] for name in ALLOCATOR_ENV if read.get(name)}
 
 
 def allocator_read_back(torch_module: Any) -> dict[str, str]:

@@ -13,7 +13,7 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
 from autotune.errors import AutotuneError
-from autotune.result import TrialResult
+from autotune.result import Status, TrialResult
 from autotune.runner._baseline import TRIAL_PROCESS_IMPORTS
 from autotune.runner._child import child_main
 from autotune.runner._deadlines import POLL_S, TrialDeadlines, finished
@@ -129,7 +129,7 @@ def run_isolated(
     else:
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)
-        result = TrialResult(status=status, error=reason)
+        result = TrialResult(status=Status(status), error=reason)
     return finished(result, job, wall_s, watch, measured_itself=payload is not None, log_path=job.log_path)
 
 

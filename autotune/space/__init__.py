@@ -95,8 +95,11 @@ def load_space(
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device)
-    knows_memory = model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
-    memory = PriorPredictions(model, seq_len, memory_fit, ceiling_bytes) if knows_memory else None
+    memory = (
+        PriorPredictions(model, seq_len, memory_fit, ceiling_bytes)
+        if model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
+        else None
+    )
     # A lever a --base-args field fixes is the user's, whatever auto would keep.
     fixed = {lever.name for lever in LEVERS.values() if any(field in (base_args or {}) for field in lever.fields)}
     space = narrow_by_memory(space, parsed.auto_levers() - fixed, memory)

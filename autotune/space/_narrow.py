@@ -68,6 +68,7 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
         lever = LEVERS[name]
         auto = values == AUTO
         if auto:
+            assert lever.auto_choices is not None  # the space file takes `auto` only for such a lever
             values = lever.auto_choices(device)
         kept = _keep(lever, values, functools.partial(_not_on_device, lever, device, auto, notes), notes)
         if not kept:
@@ -224,6 +225,7 @@ def _per_rank_share(
         raise AutotuneError(f"max global batch {max_global_batch} is below one sample on each of {ranks} ranks")
     share = "global batch" if global_batch is not None else "max global batch"
     total = global_batch if global_batch is not None else max_global_batch
+    assert total is not None  # called with one of the two (constrain_global_batch)
     per_rank = constrain_global_batch(
         SearchSpace(choices=space.choices, notes=(), source=space.source),
         global_batch // ranks if global_batch is not None else None,

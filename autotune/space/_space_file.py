@@ -30,7 +30,7 @@ AUTO = "auto"
 
 
 def _check_lever(cls: type, value: Any, info: ValidationInfo) -> Any:
-    lever = LEVERS[info.field_name]
+    lever = LEVERS[str(info.field_name)]
     if value is None:
         return value
     if isinstance(value, str):

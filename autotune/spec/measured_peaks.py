@@ -83,7 +83,8 @@ def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak]) -> Pat
 
     path = peaks_file()
     store = _read_store(path)
-    previous = store.get(device.name) if isinstance(store.get(device.name), dict) else {}
+    found = store.get(device.name)
+    previous: dict[str, Any] = found if isinstance(found, dict) else {}
     record = {
         "peaks_tflops": {**previous.get("peaks_tflops", {}), **{p.dtype: p.tflops for p in peaks}},
         "median_tflops": {**previous.get("median_tflops", {}), **{p.dtype: p.median_tflops for p in peaks}},

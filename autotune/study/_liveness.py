@@ -18,7 +18,7 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.result import TrialResult
+from autotune.result import Status, TrialResult
 from autotune.storage import schema
 from autotune.study._record import record_interrupted
 
@@ -53,7 +53,7 @@ def recover_orphans(study: optuna.Study) -> list[int]:
         owner = trial.system_attrs.get(schema.TRIAL_OWNER)
         if not owner or not _owner_is_dead(owner, trial.number):
             continue
-        result = TrialResult(status="interrupted", error="the orchestrator died while this trial ran; re-queued")
+        result = TrialResult(status=Status.INTERRUPTED, error="the orchestrator died while this trial ran; re-queued")
         try:
             study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_RESULT, result.to_dict())
             if not study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
@@ -141,7 +141,9 @@ class Heartbeat:
     """Records Optuna heartbeats while a child runs, so other workers can tell this one is alive."""
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial) -> None:
-        self._storage = study._storage
+        self._storage: Any = (
+            study._storage
+        )  # a heartbeat-capable storage (RDBStorage); BaseStorage names no record_heartbeat
         self._trial_id = trial._trial_id
         self._last: float | None = None
         # The study wraps the RDBStorage in Optuna's _CachedStorage: ask the wrapper, which

@@ -229,7 +229,8 @@ class DistinctThompsonSampler(BaseSampler):
 
     def _untaken(self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey]) -> list[dict[str, Any]] | None:
         """Every untaken config of a space small enough to enumerate, else ``None``."""
-        if math.prod(len(d.choices) for d in search_space.values()) > MAX_ENUMERATED:  # type: ignore[attr-defined]
+        sizes: list[int] = [len(d.choices) for d in search_space.values()]  # type: ignore[attr-defined]
+        if math.prod(sizes) > MAX_ENUMERATED:
             return None
         names = list(search_space)
         configs = []
@@ -268,7 +269,7 @@ class DistinctThompsonSampler(BaseSampler):
     ) -> dict[str, Any]:
         """The fastest config of one landscape drawn from the posterior, among those drawn to fit."""
         rng = self._rng.rng
-        encoding = _landscape.KnobEncoding(search_space)  # type: ignore[arg-type] - autotune's spaces are categorical
+        encoding = _landscape.KnobEncoding(search_space)  # type: ignore[arg-type]  # autotune's spaces are categorical
         observed = _landscape.observations(finished, encoding.names, self._ceiling_bytes)
         pool = self._unmeasured_micro_batches_first(encoding, observed, pool)
         speed_effects = _landscape.throughput_posterior(encoding, observed, noise_fraction(study)).draw(rng)
@@ -306,7 +307,7 @@ class DistinctThompsonSampler(BaseSampler):
             return pool
         corrections = _landscape.memory_posterior(encoding, observed, self._log_estimate).mean
         log_peak = np.asarray([self._log_estimate(params) for params in candidates])
-        expected = fits(np.exp(log_peak + encoding.matrix(candidates) @ corrections), self._ceiling_bytes)
+        expected = np.asarray(fits(np.exp(log_peak + encoding.matrix(candidates) @ corrections), self._ceiling_bytes))
         return [params for params, fit in zip(candidates, expected) if fit] or pool
 
     def _drawn_to_fit(
@@ -325,7 +326,7 @@ class DistinctThompsonSampler(BaseSampler):
             + encoding.matrix(pool) @ corrections
             + rng.normal(0.0, _landscape.MEMORY_NOISE, len(pool))
         )
-        return fits(np.exp(log_peak), self._ceiling_bytes)  # the one fit rule, elementwise
+        return np.asarray(fits(np.exp(log_peak), self._ceiling_bytes))  # the one fit rule, elementwise
 
     def _log_estimate(self, params: dict[str, Any]) -> float:
         """The estimator's log peak of searched params (the fixed knobs added)."""

@@ -57,7 +57,7 @@ def hf_default_config() -> TrialConfig:
     from transformers import TrainingArguments
 
     defaults = {
-        field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[operator]  # a factory where no default
         for field in dataclasses.fields(TrainingArguments)
         if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
     }

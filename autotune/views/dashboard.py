@@ -86,7 +86,9 @@ class FeasibleBestStorage(RDBStorage):
             return super().get_best_trial(study_id)  # Optuna's own error: no trial is completed yet
         direction = self.get_study_directions(study_id)[0]
         pick = max if direction == StudyDirection.MAXIMIZE else min
-        return pick([t for t in complete if is_feasible(t)] or complete, key=lambda t: t.value)
+        return pick(
+            [t for t in complete if is_feasible(t)] or complete, key=lambda t: t.value or 0.0
+        )  # a COMPLETE trial has a value
 
 
 def open_dashboard_storage(storage_url: str) -> FeasibleBestStorage:

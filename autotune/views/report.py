@@ -256,10 +256,13 @@ def importance_figures(study: optuna.Study, rows: list[TrialRow]) -> list[go.Fig
     ran = [by_number[r.number] for r in rows if r.peak_gib > 0 and not r.reused and r.number in by_number]
     return [
         _importance_figure(fitting, None, f"{METRIC_NAME} (configs that fit)"),
-        _importance_figure(
-            ran, lambda t: TrialResult.from_trial(t).peak_memory_bytes / GiB, "peak memory, GiB (configs that ran)"
-        ),
+        _importance_figure(ran, _peak_gib, "peak memory, GiB (configs that ran)"),
     ]
+
+
+def _peak_gib(trial: FrozenTrial) -> float:
+    result = TrialResult.from_trial(trial)
+    return result.peak_memory_bytes / GiB if result is not None else 0.0
 
 
 def _importance_figure(trials: list[FrozenTrial], target: Any, target_name: str) -> go.Figure:
@@ -351,10 +354,11 @@ def timeline_figure(rows: list[TrialRow]) -> go.Figure:
         group = [r for r in timed if r.status == status]
         if not group:
             continue
-        durations_ms = [max(((r.finished or now) - r.started).total_seconds() * 1000.0, 1.0) for r in group]
+        starts = [r.started for r in group if r.started is not None]  # every one: `timed` holds started rows
+        durations_ms = [max(((r.finished or now) - s).total_seconds() * 1000.0, 1.0) for r, s in zip(group, starts)]
         figure.add_trace(
             go.Bar(
-                base=[r.started.isoformat() for r in group],
+                base=[s.isoformat() for s in starts],
                 x=durations_ms,
                 y=[f"#{r.number}" for r in group],
                 orientation="h",

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.live import Live
 from rich.progress import (
     BarColumn,
@@ -97,7 +97,7 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
     """One row per trial: its status, lever values and every measured figure with its unit."""
     source = memory_source_description(memory_source) or "see each trial's memory_source"
     table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
-    for header, justify in [
+    columns: list[tuple[str, JustifyMethod]] = [
         ("#", "right"),
         ("status", "left"),
         ("config", "left"),
@@ -109,7 +109,8 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
         ("CV", "right"),
         ("time", "right"),
         ("note", "left"),
-    ]:
+    ]
+    for header, justify in columns:
         table.add_column(header, justify=justify, overflow="fold")
     for row in rows:
         table.add_row(
