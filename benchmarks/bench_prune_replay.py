@@ -1,6 +1,6 @@
 """Early stop and the budget, replayed on the three measured grids: one source tree's search against another's.
 
-``python -m benchmarks.bench_prune_replay --tree DIR`` runs the search of the autotune source tree at
+``python benchmarks/bench_prune_replay.py --tree DIR`` (a path, not ``-m``: the tree's own ``benchmarks`` is imported) runs the search of the autotune source tree at
 DIR (this one by default: give a second worktree at another commit to compare) on each grid of
 docs/benchmarks.md, "Search efficiency", over 20 seeds, with the grid lookup as its trial runner
 (``benchmarks/bench_search``: nothing trains), and prints per grid:
@@ -49,7 +49,9 @@ def main() -> None:
     parser.add_argument("--first-step-cvs", type=float, default=0.0)
     options = parser.parse_args()
     tree = Path(options.tree).resolve()
-    sys.path[:0] = [str(tree)]
+    # The tree's own search benchmark: benchmarks/bench_search, or scripts/bench_search before it moved.
+    package = "benchmarks.bench_search" if (tree / "benchmarks" / "bench_search").is_dir() else "bench_search"
+    sys.path[:0] = [str(tree), str(tree / "scripts")]
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -58,8 +60,8 @@ def main() -> None:
     from autotune.spec.devices import cpu_device
     from autotune.spec.models import resolve_model
 
-    grid_module = importlib.import_module("benchmarks.bench_search.grid")
-    strategies = importlib.import_module("benchmarks.bench_search.strategies")
+    grid_module = importlib.import_module(f"{package}.grid")
+    strategies = importlib.import_module(f"{package}.strategies")
     print(f"tree {tree} (autotune from {sys.modules['autotune'].__file__})")
     root = Path(options.grids).resolve()
     for grid_file, model_name, space_file, ceiling_text in GRIDS:
