@@ -113,7 +113,7 @@ def test_sft_trainer_trains_llama_tiny_on_the_corpus(tmp_path, tokenizer):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from autotune.models import build_model, resolve_model
+    from autotune.spec.models import build_model, resolve_model
 
     spec = resolve_model("llama-tiny")
     torch.manual_seed(0)

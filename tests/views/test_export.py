@@ -251,7 +251,7 @@ def _bert_tiny_losses(micro_batch: int, grad_accum: int, **arguments) -> list[fl
     """bert-tiny's loss per sample at each of 6 real Trainer steps on the same 8 samples per step
     (dropout off, so both accumulations compute the same per-sample gradient)."""
     import torch
-    from transformers import Trainer
+    from transformers import Trainer, TrainingArguments
 
     from autotune.runner._trial import SyntheticTokens
     from autotune.spec.models import build_model, resolve_model
@@ -259,7 +259,9 @@ def _bert_tiny_losses(micro_batch: int, grad_accum: int, **arguments) -> list[fl
     spec = resolve_model("bert-tiny")
     torch.manual_seed(0)
     model = build_model(
-        {**spec.config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, spec.task, "eager"
+        {**spec.hf_config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+        spec.task,
+        attn_implementation="eager",
     )
     args = TrainingArguments(
         output_dir="unused",
