@@ -22,6 +22,7 @@ from autotune.levers import (
     STATES_IN_PARAM_DTYPE,
     TrialConfig,
 )
+from autotune.levers.packing import flattens_batches
 from autotune.spec.models import ModelSpec
 
 # Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
@@ -113,7 +114,7 @@ def estimate_peak(
     else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets
         gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
-    logits = logits_bytes(model, config, seq_len, shape)
+    logits = logits_bytes(model, config, seq_len, shape, device_kind)
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=gradients,
@@ -310,6 +311,11 @@ def activation_bytes(
     tokens, h = shape.tokens, model.hidden_size
     layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)
+    if config.activation_offloading and device_kind == "cuda":
+        # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host
+        # memory as the forward makes it and brings each back for its layer's backward: the device
+        # holds about the working layers of checkpointing's backward (counted so, a bound).
+        return int(CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     if config.checkpointing:
         return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     return (model.num_layers + 1) * layer + embeddings
@@ -322,12 +328,20 @@ def packed_mask_bytes(config: TrialConfig, shape: MicroBatchShape) -> int:
     (eager, sdpa, flex's block mask is smaller: counted the same, a bound); flash kernels read the
     sequence boundaries instead and need none.
     """
-    if config.padding != "padding_free" or config.attn_implementation in FLASH_ATTENTIONS:
+    if not flattened(config) or config.attn_implementation in FLASH_ATTENTIONS:
         return 0
     return shape.row_tokens * shape.row_tokens
 
 
-def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, shape: MicroBatchShape | None = None) -> int:
+def flattened(config: TrialConfig) -> bool:
+    """Whether a micro-batch is one row of its samples side by side: the Trainer's ``padding_free``
+    collator, or TRL's padding-free and packed batches (``packing``)."""
+    return config.padding == "padding_free" or flattens_batches(config.packing)
+
+
+def logits_bytes(
+    model: ModelSpec, config: TrialConfig, seq_len: int, shape: MicroBatchShape | None = None, device_kind: str = "cuda"
+) -> int:
     """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
 
     transformers' loss upcasts the logits to fp32, cross-entropy keeps its fp32 log-softmax for the
@@ -341,13 +355,36 @@ def logits_bytes(model: ModelSpec, config: TrialConfig, seq_len: int, shape: Mic
     ``next_power_of_2(bs / ceil(V / h))`` rows, about ``b s h`` logits (up to twice that after the
     rounding), and computes the gradients in the forward: the input's (``b s h``) and the head
     weight's (``V h``), fp32. Counted: ``4 (2 b s h + b s h + V h)`` bytes.
+
+    Under TRL's SFTTrainer every model's head is fused and chunked (``ModelSpec.fused_lm_head``):
+    :func:`fused_lm_head_bytes`, whatever ``liger`` says (TRL applies Liger's layer kernels only).
     """
     if model.task not in ("causal-lm", "masked-lm"):
         return 0
     tokens = (shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)).tokens
+    if model.fused_lm_head:
+        return fused_lm_head_bytes(model, tokens, device_kind)
     if config.liger:
         return 4 * (3 * tokens * model.hidden_size + model.vocab_size * model.hidden_size)
     return 3 * 4 * tokens * model.vocab_size
+
+
+# TRL's chunked log-probabilities (trl/kernels/chunked_logprob.py): tiles of at most this many tokens
+# (TOKEN_CHUNK_SIZE) by this many vocabulary columns (trl/trainer/utils.py:1506).
+FUSED_HEAD_TILE_TOKENS = 4096
+FUSED_HEAD_TILE_COLUMNS = 32768
+# fp32 tile-sized tensors alive at once: on CUDA the Triton kernels read the tile's matmul output and
+# write its gradient in place; off CUDA the torch fallback (``_forward_tile``, ``_backward_tile``)
+# keeps the tile, its fp32 copy, the exponentials and their product or the gradient.
+FUSED_HEAD_TILE_COPIES = {"cuda": 2, "cpu": 4}
+
+
+def fused_lm_head_bytes(model: ModelSpec, tokens: int, device_kind: str) -> int:
+    """TRL's fused language-model head at its peak: one tile of ``min(tokens, 4096)`` tokens by
+    ``min(V, 32768)`` columns, in fp32, :data:`FUSED_HEAD_TILE_COPIES` times, and the per-token fp32
+    outputs it keeps for the backward (log-probability, entropy, running max and sums: 8 floats a token)."""
+    tile = min(tokens, FUSED_HEAD_TILE_TOKENS) * min(model.vocab_size, FUSED_HEAD_TILE_COLUMNS)
+    return 4 * (FUSED_HEAD_TILE_COPIES.get(device_kind, 2) * tile + 8 * tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,19 +402,22 @@ class MicroBatchShape:
 def micro_batch_shape(config: TrialConfig, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
     """The fullest micro-batch a trial can meet, which sets its peak memory.
 
-    * ``max_length``, or no lengths known: ``b`` rows of ``seq_len``.
+    * ``max_length``, or no lengths known: ``b`` rows of ``seq_len`` (flattened: one row of ``b x seq_len``).
     * ``longest``: ``b`` rows of the longest sample (truncated to ``seq_len``): some batch holds it,
       and transformers' ``LengthGroupedSampler`` (trainer_pt_utils.py) even puts it first. So
       ``sampling: group_by_length`` changes the tokens of a typical step (speed), not the peak.
     * ``padding_free``: one row of the ``b`` longest samples' tokens (at most ``b x seq_len``).
+    * ``packing: bfd`` (TRL): one row of ``b`` packed rows, each filled up to ``seq_len``.
     """
     b = config.micro_batch
-    if lengths is None or config.padding == "max_length" or not len(lengths):
+    if flattened(config) and (config.packing == "bfd" or lengths is None or not len(lengths)):
+        return MicroBatchShape(rows=1, row_tokens=b * seq_len)
+    if lengths is None or not len(lengths) or (config.padding == "max_length" and not flattened(config)):
         return MicroBatchShape(rows=b, row_tokens=seq_len)
     capped = sorted((min(int(n), seq_len) for n in lengths), reverse=True)
-    if config.padding == "longest":
-        return MicroBatchShape(rows=b, row_tokens=capped[0])
-    return MicroBatchShape(rows=1, row_tokens=sum(capped[:b]))
+    if flattened(config):
+        return MicroBatchShape(rows=1, row_tokens=sum(capped[:b]))
+    return MicroBatchShape(rows=b, row_tokens=capped[0])
 
 
 def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str, weights_bytes: int) -> int:

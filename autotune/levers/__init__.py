@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from autotune.levers._lever import Lever
 from autotune.levers._registry import COMBINATION_RULES, LEVERS
-from autotune.levers._trial_config import TrialConfig, knob_values_from_base_args, training_arguments_kwargs
+from autotune.levers._trial_config import (
+    TrialConfig,
+    knob_values_from_base_args,
+    training_arguments_kwargs,
+    with_levers_off_explicit,
+)
 from autotune.levers.attention import FLASH_ATTENTIONS, FUSED_ATTENTIONS
 from autotune.levers.batch import BATCH_LIMIT_KNOBS, SMALL_AUTO_MICRO_BATCHES
 from autotune.levers.distributed import deepspeed_config, read_deepspeed_config, zero_offloads, zero_stage
@@ -42,6 +47,7 @@ __all__ = [
     "knob_values_from_base_args",
     "read_deepspeed_config",
     "training_arguments_kwargs",
+    "with_levers_off_explicit",
     "zero_offloads",
     "zero_stage",
 ]

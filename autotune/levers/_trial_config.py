@@ -8,6 +8,8 @@ what the user gets. Each lever's own part of the mapping lives with the lever (`
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+import warnings
 from typing import Any
 
 from autotune.levers._registry import LEVERS
@@ -112,3 +114,38 @@ def knob_values_from_base_args(base_args: dict[str, Any]) -> dict[str, Any]:
         for lever in LEVERS.values()
         if lever.from_training_args is not None and any(field in base_args for field in lever.fields)
     }
+
+
+# Fields whose value TrainingArguments judges against the process that builds it (TF32 needs an
+# Ampere GPU) or that pull in a whole integration (DeepSpeed, FSDP): left out of the comparison below,
+# where they resolve no other lever field.
+_NOT_COMPARED = ("tf32", "deepspeed", "fsdp", "fsdp_config", "use_cpu")
+
+
+def with_levers_off_explicit(kwargs: dict[str, Any], arguments_class: type) -> dict[str, Any]:
+    """``kwargs`` for ``arguments_class``, a ``TrainingArguments`` subclass whose defaults differ (TRL's
+    ``SFTConfig``: bf16 on, gradient checkpointing on; trl/trainer/base_config.py:54-75, :107-108).
+
+    A lever at its default writes nothing: it means ``TrainingArguments``' own value. Under a subclass
+    that resolves a lever field otherwise, that field is written with ``TrainingArguments``' resolved
+    value, so a config means the same run under either class (``fp32`` is no bf16 autocast, ``checkpointing:
+    false`` no checkpointing). Both classes are built with the levers' own fields to resolve them
+    (``bf16`` follows ``fp16`` in SFTConfig: ``bf16 = not fp16``).
+    """
+    from transformers import TrainingArguments
+
+    if arguments_class is TrainingArguments:
+        return kwargs
+    declared = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    subclass_declared = {f.name: f.default for f in dataclasses.fields(arguments_class)}
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields if field in declared}
+    differing = sorted(f for f in lever_fields - set(kwargs) if declared[f] != subclass_declared.get(f))
+    if not differing:
+        return kwargs
+    levers_only = {k: v for k, v in kwargs.items() if k in lever_fields and k not in _NOT_COMPARED}
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers 5.24 warns that gradient_checkpointing is deprecated
+        plain = TrainingArguments(output_dir=scratch, use_cpu=True, **levers_only)
+        subclass = arguments_class(output_dir=scratch, use_cpu=True, **levers_only)
+    explicit = {f: getattr(plain, f) for f in differing if getattr(plain, f) != getattr(subclass, f)}
+    return {**kwargs, **explicit}

@@ -256,7 +256,14 @@ def test_the_fullest_micro_batch_under_each_padding():
     assert micro_batch_shape(grouped, 512, lengths) == micro_batch_shape(
         dataclasses.replace(grouped, sampling="random"), 512, lengths
     )
-    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="padding_free"), 512, None) == MicroBatchShape(3, 512)
+    # Lengths unknown: the bound, three full samples, flattened into one row (its mask and scores are T x T).
+    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="padding_free"), 512, None) == MicroBatchShape(1, 1536)
+    # TRL's bfd packing: one row of three packed rows, each filled up to seq_len, whatever the lengths.
+    for known in (None, lengths):
+        assert micro_batch_shape(TrialConfig(micro_batch=3, packing="bfd"), 512, known) == MicroBatchShape(1, 1536)
+    assert micro_batch_shape(TrialConfig(micro_batch=3, packing="padding_free"), 512, lengths) == MicroBatchShape(
+        1, 1062
+    )
 
 
 def test_padding_free_under_a_mask_based_kernel_pays_for_its_mask_and_scores(gpt2_tiny):
