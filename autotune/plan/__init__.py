@@ -6,7 +6,7 @@ checks of command-line values (``_checks``: each names its option), ``--base-arg
 
 from __future__ import annotations
 
-from autotune.plan._base_args import load_base_args
+from autotune.plan._base_args import arguments_class, load_base_args
 from autotune.plan._checks import (
     port,
     positive_int,
@@ -20,6 +20,7 @@ from autotune.plan._options import (
 
 __all__ = [
     "SearchOptions",
+    "arguments_class",
     "load_base_args",
     "port",
     "positive_int",

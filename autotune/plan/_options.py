@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.plan._checks import dataset_options, non_negative_int, positive_int, positive_seconds
+from autotune.plan._checks import dataset_options, non_negative_int, positive_int, positive_seconds, trainer_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +44,9 @@ class SearchOptions:
     dataset: str | None = None
     text_column: str | None = None
     packing: bool = False
+    # --trainer: trainer or sft (TRL's SFTTrainer); None: sft for chat / prompt-completion rows (autotune.spec.sft).
+    trainer: str | None = None
+    loss_on: str | None = None  # --trainer sft: all, completion or assistant; None: TRL's default for the rows
     base_args: str | None = None
     peft: str | None = None  # lora, qlora, or an adapter config file (autotune.spec.peft)
     global_batch: int | None = None
@@ -79,6 +82,7 @@ class SearchOptions:
         positive_seconds("--compile-timeout", self.compile_timeout)
         positive_seconds("--timeout", self.timeout)
         dataset_options(self.dataset, self.text_column, self.packing)
+        trainer_options(self.trainer, self.loss_on)
         if self.confirm_top < 0 or (self.confirm_top > 0 and self.confirm_repeats < 2):
             raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
 

@@ -15,7 +15,8 @@ import torch
 import transformers
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.levers import WEIGHT_TORCH_DTYPES, training_arguments_kwargs
+from autotune.levers import WEIGHT_TORCH_DTYPES, training_arguments_kwargs, with_levers_off_explicit
+from autotune.levers.packing import flattens_batches
 from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
@@ -30,6 +31,8 @@ from autotune.runner._precision import (
     ran_dtype,
     utilisation_defect,
 )
+from autotune.runner._sample_lengths import SampleLengths
+from autotune.runner._sft import build_sft_trainer, class_named, fullest_batch
 from autotune.runner._side_effects import trial_overrides
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.devices import DeviceSpec
@@ -38,6 +41,7 @@ from autotune.spec.flops import model_tflops as model_tflops_of
 from autotune.spec.flops import utilisation
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft
+from autotune.spec.sft import TRAINER_CLASSES
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -137,29 +141,24 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
             # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
             autocast.attach(model)
-        kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
-        args = TrainingArguments(**{**kwargs, **harness_arguments(job)})
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
         # this step was skipped; its scalar read waits for work the timer's synchronize waits for anyway.
         recorder = LossRecorder()
-        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder))
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=build_dataset(job),
-            data_collator=build_collator(job),
-            callbacks=[
-                recorder,
-                timer,
-                *(load_callback(name)() for name in workload.callbacks),
-                *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
-            ],
-        )
+        lengths = SampleLengths()
+        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder, lengths))
+        callbacks = [
+            recorder,
+            timer,
+            *(load_callback(name)() for name in workload.callbacks),
+            *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
+        ]
+        trainer = build_trainer(job, model, callbacks)
         recorder.attach(trainer)
+        lengths.attach(trainer)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
-        if workload.dataset is not None and job.config.padding != "max_length":
+        if batches_vary(job):
             peaks, peak_batch = worst_case_peaks(trainer, job, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
@@ -172,14 +171,18 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     diverged = nonfinite_reason(record, stats.measured_steps)
     # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
     trained = trained_fraction(stats.measured_steps, record.skipped_measured)
-    # Batches of different lengths (padding longest / padding_free) differ in cost by design: their
-    # throughput is the mean over the measured steps, not the median of a window.
-    varying = workload.dataset is not None and job.config.padding != "max_length"
-    samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
+    # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching)
+    # differ in cost by design: their throughput is the mean over the measured steps, not the median
+    # of a window.
+    samples_per_s = job.config.global_batch * trained / (stats.mean_s if batches_vary(job) else stats.median_s)
+    if workload.trainer == "sft":  # the samples trained, however TRL's packing puts them in rows
+        samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
-    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s)
+    # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
+    context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
+    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
     hardware_tflops = hardware_tflops_of(
-        workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s
+        workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s, context
     )
     # The peak of the precision that ran (read back from torch), not of the knob's name.
     peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
@@ -193,6 +196,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,
         real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
+        attention_context=context or float(workload.seq_len),
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
         mfu=None if mfu is not None and mfu > 1 else mfu,
@@ -240,11 +244,14 @@ def worst_case_peaks(
         The peaks after it (``measured_steps_peak_bytes``: the timed steps' ceiling figure), and
         which batch set the ceiling's figure.
     """
-    from autotune.runner._loader import worst_case_batch
+    if job.workload.trainer == "sft":
+        batch, words = fullest_batch(trainer, job.config.micro_batch)
+    else:
+        from autotune.runner._loader import worst_case_batch
 
-    batch, words = worst_case_batch(
-        trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator
-    )
+        batch, words = worst_case_batch(
+            trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator
+        )
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -286,6 +293,36 @@ def build_collator(job: TrialJob) -> Any:
     return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
 
 
+def build_trainer(job: TrialJob, model: Any, callbacks: list[Any]) -> Trainer:
+    """The trial's trainer: the workload's (``--trainer``), with exactly the levers' arguments and the
+    harness's: the transformers ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the
+    user's rows (``runner._sft``)."""
+    workload = job.workload
+    kwargs = {
+        **training_arguments_kwargs(job.config, workload.device.kind, workload.base_args),
+        **harness_arguments(job),
+    }
+    if workload.trainer == "sft":
+        arguments_class = class_named(TRAINER_CLASSES["sft"][1])
+        return build_sft_trainer(job, model, with_levers_off_explicit(kwargs, arguments_class), callbacks)
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**kwargs),
+        train_dataset=build_dataset(job),
+        data_collator=build_collator(job),
+        callbacks=callbacks,
+    )
+
+
+def batches_vary(job: TrialJob) -> bool:
+    """Whether micro-batches differ in tokens: the user's data, padded to each batch's longest or
+    flattened (the ``padding`` lever), and every batching of SFTTrainer's (its collator pads to the
+    longest, and packed rows are filled to different lengths). The trial then also measures the
+    fullest batch once (:func:`worst_case_peaks`)."""
+    workload = job.workload
+    return workload.dataset is not None and (workload.trainer == "sft" or job.config.padding != "max_length")
+
+
 def tokens_counted(job: TrialJob) -> str:
     """What the Trainer counts in ``state.num_input_tokens_seen`` (transformers/trainer.py:
     ``_track_num_input_tokens``): the attention mask's ones with the user's data (a flattened batch
@@ -293,10 +330,11 @@ def tokens_counted(job: TrialJob) -> str:
     """
     if job.workload.dataset is None:
         return "no"
-    return "all" if job.config.padding == "padding_free" else "non_padding"
+    flattened = job.config.padding == "padding_free" or flattens_batches(job.config.packing)
+    return "all" if flattened else "non_padding"
 
 
-def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns StepTimer's callback type
+def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # noqa: ANN202 - StepTimer's callback type
     threshold = job.prune_below_samples_per_s
     if threshold is None:
         return None
@@ -310,6 +348,9 @@ def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns St
             return False
         skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
         trained = trained_fraction(len(timer.step_times), skipped)
+        if job.workload.trainer == "sft":  # the samples trained, as the result counts them
+            samples = lengths.totals(timer.measured_step_numbers)[0]
+            return trained * samples / sum(timer.step_times) < threshold
         return job.config.global_batch * trained / timer.stats().median_s < threshold
 
     return clearly_slower

@@ -22,10 +22,18 @@ from autotune.levers import TrialConfig
 from autotune.plan import SearchOptions, seq_len_fits, worker_share
 from autotune.result import TrialResult
 from autotune.runner import Workload, child_address_space_budget, load_callback, trial_memory_prior
-from autotune.space import SearchSpace, load_space
+from autotune.space import SearchSpace, default_space_path, load_space
 from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
 from autotune.spec.devices import DeviceSpec, resolve_device
 from autotune.spec.measure import MeasureSettings
+from autotune.spec.sft import (
+    TRAINER_WORDS,
+    check_sft_workload,
+    choose_trainer,
+    data_format,
+    for_trainer,
+    resolve_loss_on,
+)
 from autotune.study._screening import refuse_if_nothing_fits
 
 
@@ -73,6 +81,8 @@ class SearchRequest:
             "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
             "base_args": workload.base_args,
             "peft": workload.model.peft.identity() if workload.model.peft else None,
+            # Only under SFTTrainer, so studies of the Trainer written before the option resume unchanged.
+            **({"trainer": workload.trainer, "loss_on": workload.loss_on} if workload.trainer != "trainer" else {}),
             # Only where it is not 1, so studies written before the option resume unchanged.
             **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
         }
@@ -160,11 +170,19 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     model = resolve_model(options.model, options.task)
     seq_len_fits(options.seq_len, options.model, model.max_positions)
     peft_notes: list[str] = []
+    trainer, data, first_row = study_trainer(options, model.task, peft_notes)
+    model = for_trainer(model, trainer)
     if options.peft is not None:
         from autotune.spec.peft import with_peft
 
         model = with_peft(model, options.peft, device, peft_notes)
-    base_args = load_base_args(options.base_args) if options.base_args else {}
+    base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
+    loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row) if trainer == "sft" else "all"
+    if trainer == "sft" and options.space is None:
+        peft_notes.append(
+            f"search space: {os.path.relpath(default_space_path(trainer))}, the default for a decoder LLM under "
+            "TRL's SFTTrainer (--space to give another)"
+        )
     space = load_space(
         options.space,
         device,
@@ -179,6 +197,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         ceiling_bytes=ceiling,
         ranks=options.devices_per_trial,
         memory_fit=trial_memory_prior(device, os.environ, options.devices_per_trial),
+        trainer=trainer,
     )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
@@ -186,7 +205,21 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
     if (overridden := trial_overrides_note(base_args)) is not None:
         notes.append(overridden)
     dataset = None
-    if options.dataset is not None:
+    if trainer == "sft":
+        from autotune.spec.dataset import prepare_sft_rows
+
+        assert options.dataset is not None and data is not None  # study_trainer: sft needs rows
+        dataset = prepare_sft_rows(
+            options.dataset,
+            model,
+            data,
+            loss_on,
+            space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps,
+            os.path.join(options.work_dir, "datasets"),
+            notes,
+        )
+    elif options.dataset is not None:
         from autotune.spec.dataset import prepare_dataset
 
         dataset = prepare_dataset(
@@ -221,6 +254,8 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         compile_timeout_s=options.compile_timeout,
         host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available_memory_bytes),
         devices_per_trial=options.devices_per_trial,
+        trainer=trainer,
+        loss_on=loss_on,
     )
     if address_space is not None:
         smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
@@ -246,6 +281,37 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         options.confirm_repeats,
     )
     return PreparedSearch(request=request, notes=tuple(notes), budget=budget)
+
+
+def study_trainer(options: SearchOptions, task: str, notes: list[str]) -> tuple[str, str | None, dict[str, Any]]:
+    """The study's trainer (``--trainer``, else chosen from the ``--dataset`` rows' columns), the rows'
+    SFT format and the first row (``autotune.spec.sft``), with a note saying which trainer trains.
+
+    Raises:
+        AutotuneError: ``--trainer sft`` where it cannot train (no rows it reads, not a causal LM,
+            the Trainer's ``--packing`` or ``--text-column``, TRL not installed), or ``--loss-on``
+            under the Trainer.
+    """
+    import importlib.util
+
+    from autotune.spec.dataset import peek_rows
+
+    columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})
+    trainer = choose_trainer(options.trainer, columns)
+    if trainer != "sft":
+        if options.loss_on is not None:
+            raise AutotuneError(
+                f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
+                f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
+            )
+        return trainer, None, first_row
+    if importlib.util.find_spec("trl") is None:
+        raise AutotuneError("--trainer sft trains through TRL's SFTTrainer: pip install 'autotune[sft]'")
+    check_sft_workload(task, options.packing, options.text_column)
+    data = data_format(columns or [])
+    how = "--trainer sft" if options.trainer else f"the --dataset holds {data} rows; --trainer trainer for the Trainer"
+    notes.append(f"trainer: {TRAINER_WORDS[trainer]} on your rows, TRL preparing them in every trial ({how})")
+    return trainer, data, first_row
 
 
 def worker_devices(device: str | None, gpu: int | None, gpus: str | None, workers: int) -> list[DeviceSpec]:

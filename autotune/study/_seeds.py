@@ -1,8 +1,10 @@
 """The first two trials of every new study: the baseline the user would run, and a best-practice guess.
 
-* ``hf-default``: the ``TrainingArguments`` defaults of the installed transformers (read from the
-  dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), snapped to the
-  search space's choices. Measuring it is what makes "speedup over the default" a measured figure.
+* ``hf-default``: the defaults of the trainer's arguments class as installed: ``TrainingArguments``
+  (read from the dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), or
+  under ``--trainer sft`` TRL's ``SFTConfig`` (bf16, activation checkpointing, micro-batch 8, fused
+  AdamW, no packing), snapped to the search space's choices. Measuring it is what makes "speedup
+  over the default" a measured figure, and its loss is what every trial's is judged against.
 * ``best-practice``: what a performance guide would try first on this device (bf16 where the device
   runs it, else fp16 on CUDA; fused AdamW; no checkpointing; the largest micro-batch the estimator
   fits well under the ceiling).
@@ -21,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import TrialConfig
+from autotune.levers import LEVERS, TrialConfig, knob_values_from_base_args
 from autotune.runner import Workload
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
@@ -53,27 +55,33 @@ class Seed:
     notes: tuple[str, ...] = ()
 
 
-def hf_default_config() -> TrialConfig:
-    """The knobs as ``TrainingArguments()`` sets them by default in the installed transformers."""
-    from transformers import TrainingArguments
+def default_config(trainer: str = "trainer") -> TrialConfig:
+    """The levers as the trainer's arguments class sets them by default in the installed version:
+    ``TrainingArguments()``, or TRL's ``SFTConfig()`` under ``--trainer sft`` (bf16 on, activation
+    checkpointing on, no packing: trl/trainer/base_config.py:62-75, :107-108; sft_config.py).
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    optim = defaults["optim"]
-    dtype = "bf16" if defaults.get("bf16") else "fp16" if defaults.get("fp16") else "fp32"
-    checkpointing = defaults.get("activation_checkpointing", defaults.get("gradient_checkpointing"))
-    return TrialConfig(
-        micro_batch=int(defaults["per_device_train_batch_size"]),
-        grad_accum=int(defaults["gradient_accumulation_steps"]),
-        checkpointing=bool(checkpointing),
-        dtype=dtype,
-        optim=str(getattr(optim, "value", optim)),
-        dataloader_workers=int(defaults["dataloader_num_workers"]),
-        pin_memory=bool(defaults["dataloader_pin_memory"]),
-        compile="off"
-        if not defaults.get("torch_compile")
-        else str(defaults.get("torch_compile_backend") or "inductor"),
-        attn_implementation=None,
-    )
+    Read from the class, not remembered: each lever field's declared default, and where a class
+    declares ``None`` and decides in ``__post_init__`` (``SFTConfig``'s ``bf16``, which becomes ``not
+    fp16``), the value it resolves to when built (on the CPU, which judges no device). The levers'
+    own inverse mapping turns them into values (``knob_values_from_base_args``).
+    """
+    import tempfile
+    import warnings
+
+    from autotune.plan import arguments_class
+
+    cls = arguments_class(trainer)
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers 5.24: gradient_checkpointing is deprecated (TRL sets it)
+        resolved = cls(output_dir=scratch, use_cpu=True)
+    declared = {f.name: f.default for f in dataclasses.fields(cls)}
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields if field in declared}
+    defaults = {}
+    for field in sorted(lever_fields):
+        value = declared[field] if declared[field] is not None else getattr(resolved, field)
+        if value is not None:
+            defaults[field] = getattr(value, "value", value)  # OptimizerNames is an enum of str
+    return TrialConfig(**knob_values_from_base_args(defaults))
 
 
 def snap_to_space(config: TrialConfig, space: SearchSpace, device_kind: str) -> tuple[dict[str, Any], list[str]]:
@@ -161,7 +169,7 @@ def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
 
 def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(hf_default_config(), space, workload.device.kind)
+    default_params, default_notes = snap_to_space(default_config(workload.trainer), space, workload.device.kind)
     best = best_practice_config(space, workload)
     best_params, _ = snap_to_space(best, space, workload.device.kind)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
