@@ -333,7 +333,8 @@ def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_l
     from autotune.study import check_identity, measured_trials, memory_fit_from_trials
 
     study = load_study(storage, study_name)
-    check_identity(study, {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name})
+    expected = {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name}
+    check_identity(study, expected, keys=expected)
     return memory_fit_from_trials(model_spec, seq_len, prior, measured_trials(study))
 
 

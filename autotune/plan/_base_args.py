@@ -78,6 +78,7 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
                 f"{CREDENTIAL_ENVIRONMENT} environment variable instead (trials never reach the Hub)"
             )
     check_base_arg_types(path, base_args, arguments_type)
+    check_base_arg_choices(path, base_args, arguments_type)
     check_finite(path, base_args)
     check_base_arg_knobs(path, base_args)
     if base_args.get("deepspeed"):
@@ -132,6 +133,23 @@ def check_base_arg_types(path: str, base_args: dict[str, Any], arguments: type |
             expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
             reason = exc.errors()[0]["msg"]
             raise AutotuneError(f"--base-args {path}: {key} {value!r}: {reason} ({expected})") from None
+
+
+def check_base_arg_choices(path: str, base_args: dict[str, Any], arguments: type) -> None:
+    """Each value is one of the choices its field declares (``field(metadata={"choices": ...})``, what
+    ``HfArgumentParser`` and the ``trl sft`` command line enforce). Neither class checks them itself:
+    ``SFTConfig(loss_type="mse")`` is built, and every trial would fail when SFTTrainer starts
+    (trl/trainer/sft_trainer.py:1042-1043).
+
+    Raises:
+        AutotuneError: The first value outside its field's choices, with the choices.
+    """
+    for field in dataclasses.fields(arguments):
+        choices = field.metadata.get("choices")
+        if field.name in base_args and choices is not None and base_args[field.name] not in list(choices):
+            raise AutotuneError(
+                f"--base-args {path}: {field.name} {base_args[field.name]!r}: give one of {', '.join(map(str, choices))}"
+            )
 
 
 def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ Nothing here touches CUDA at import time.
 from __future__ import annotations
 
 import platform
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -271,6 +272,7 @@ def runtime_readings(
         else accelerator_autocast_dtype(str(getattr(trainer.accelerator, "mixed_precision", "no")))
     )
     found = {
+        "trainer": type(trainer).__name__,  # the class that trained: Trainer, or TRL's SFTTrainer
         "matmul_precision": cuda_matmul_precision(torch) if device_kind == "cuda" else "ieee",
         "autocast_dtype": autocast_dtype or "",
         "autocast_read_from": "forward hook" if autocast.seen else "accelerator",
@@ -364,6 +366,8 @@ def versions(device: DeviceSpec) -> dict[str, str]:
         "python": platform.python_version(),
         "device": device.name,
     }
+    if "trl" in sys.modules:  # the SFTTrainer's version, where it trained
+        found["trl"] = str(sys.modules["trl"].__version__)
     if device.kind == "cuda":
         found["cuda"] = str(torch.version.cuda)
         try:
