@@ -6,6 +6,7 @@ commands share are declared once, below.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ import typer
 from rich.console import Console
 
 from autotune.errors import AutotuneError
-from autotune.plan import SearchOptions
+from autotune.plan import EstimateOptions, SearchOptions
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -197,41 +198,66 @@ def search(
         printer.confirm_run,
         write_note=save_study_note,  # the dashboard's study note: ranked top configs, the winner's export
     )
-    # `kill`, `docker stop`, a batch scheduler: stop as on Ctrl-C, so the running trial is recorded.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    received = _stop_as_on_ctrl_c()
     try:
         outcome = run_study(study, prepared.request, prepared.budget, hooks)
     except KeyboardInterrupt:
-        printer.interrupted()
-        raise typer.Exit(130) from None
+        with contextlib.suppress(OSError):  # a terminal that hung up takes no more lines: the study has it all
+            printer.interrupted()
+        raise typer.Exit(128 + received[-1]) from None
     if outcome.confirmation_interrupted:
         printer.confirmation_interrupted()
     printer.results()
     if outcome.confirmation_interrupted:
-        raise typer.Exit(130)  # the search's trials are recorded; the confirmation was cut short
+        raise typer.Exit(128 + received[-1])  # the search's trials are recorded; the confirmation was cut short
+
+
+# Signals that end a search as Ctrl-C does (the running trials recorded interrupted and queued again):
+# `kill`, `docker stop` and batch schedulers send SIGTERM; a closed terminal or a dropped SSH session,
+# SIGHUP (POSIX "General Terminal Interface": the controlling process, then the foreground group).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_as_on_ctrl_c() -> list[int]:
+    """Make each of :data:`STOP_SIGNALS` raise KeyboardInterrupt; returns the list the signals received
+    are appended to (SIGINT's number until one is), for the exit status: 128 + the signal, as shells report it.
+
+    A signal the search was started with ignored stays ignored: ``nohup`` ignores SIGHUP so that the
+    search outlives the terminal, and a shell starts background jobs with SIGINT ignored.
+    """
+    received = [int(signal.SIGINT)]
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    for stop_signal in STOP_SIGNALS:
+        if signal.getsignal(stop_signal) != signal.SIG_IGN:
+            signal.signal(stop_signal, stop)
+    return received
 
 
 @app.command()
 def estimate(
     model: ModelOption,
-    seq_len: SeqLenOption = 128,
+    seq_len: SeqLenOption = EstimateOptions.seq_len,
     gpu: GpuOption = None,
     device: DeviceOption = None,
     gpu_type: Annotated[
         str | None, typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")
     ] = None,
     space: SpaceOption = None,
-    memory_ceiling: CeilingOption = "0.9",
+    memory_ceiling: CeilingOption = EstimateOptions.memory_ceiling,
     task: TaskOption = None,
     storage: Annotated[
         str | None, typer.Option(help="Calibrate on the measured trials of a study in this storage.")
     ] = None,
     study_name: StudyOption = None,
     all_rows: Annotated[bool, typer.Option("--all", help="Every memory-distinct config, by part.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (knobs, parts in bytes, total).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (levers, parts in bytes, total).")] = False,
     devices_per_trial: Annotated[
         int, typer.Option(help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")
-    ] = SearchOptions.devices_per_trial,
+    ] = EstimateOptions.devices_per_trial,
     peft: Annotated[
         str | None,
         typer.Option(help="Plan LoRA adapters (as search's --peft): lora, qlora, or your adapter_config.json / YAML."),
@@ -239,16 +265,11 @@ def estimate(
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
-    from autotune.plan import positive_int, seq_len_fits
-
-    positive_int("--seq-len", seq_len)
-    positive_int("--devices-per-trial", devices_per_trial)
+    # Every parameter is an estimate option, by the same name.
+    options = EstimateOptions(**locals())
+    options.check()  # before the heavy imports: a wrong option is answered at once
     from autotune.estimate import estimate_json, largest_fitting, plan_rows, what_would_fit
-    from autotune.runner import trial_memory_prior
-    from autotune.space import load_space
-    from autotune.spec.ceiling import parse_ceiling
-    from autotune.spec.devices import known_gpu, resolve_device
-    from autotune.spec.models import resolve_model
+    from autotune.plan import plan
     from autotune.study import margin_for
     from autotune.units import format_bytes
     from autotune.views.plan_display import (
@@ -259,35 +280,14 @@ def estimate(
         what_would_fit_table,
     )
 
-    if gpu_type is not None and (gpu is not None or device is not None or storage is not None):
-        raise AutotuneError("--gpu-type plans for a GPU you do not have: give it without --gpu, --device or --storage")
-    if all_rows and as_json:
-        raise AutotuneError("give --all (a table) or --json, not both")
-    device_spec = known_gpu(gpu_type).device() if gpu_type is not None else resolve_device(device, gpu)
-    ceiling = parse_ceiling(memory_ceiling, device_spec.total_memory_bytes)
-    model_spec = resolve_model(model, task)
-    seq_len_fits(seq_len, model, model_spec.max_positions)
-    peft_notes: list[str] = []
-    if peft is not None:  # as the search wraps it (study._request): frozen base, trainable adapters
-        from autotune.spec.peft import with_peft
-
-        model_spec = with_peft(model_spec, peft, device_spec, peft_notes)
-    # The same prior the search starts from (runner.Workload.memory_prior: this process's allocator
-    # settings, the ranks of a trial).
-    fit = trial_memory_prior(device_spec, os.environ, devices_per_trial)
-    search_space = load_space(
-        space,
-        device_spec,
-        model=model_spec,
-        seq_len=seq_len,
-        ceiling_bytes=ceiling,
-        memory_fit=fit,
-        ranks=devices_per_trial,
-    )
+    planned = plan(options)  # the search's plan: the same model, adapters, prior and space
+    model_spec, device_spec, ceiling = planned.workload.model, planned.workload.device, planned.workload.ceiling_bytes
+    fit = planned.prior
     if storage is not None:
         fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
-    rows = plan_rows(model_spec, search_space.choices, seq_len, fit, ceiling)
-    advice = what_would_fit(model_spec, search_space.choices, seq_len, fit, ceiling, device_spec)
+    choices = planned.space.choices
+    rows = plan_rows(model_spec, choices, seq_len, fit, ceiling)
+    advice = what_would_fit(model_spec, choices, seq_len, fit, ceiling, device_spec)
     where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
     if as_json:
         header = {
@@ -298,12 +298,12 @@ def estimate(
             "device_memory_bytes": device_spec.total_memory_bytes,
             "ceiling_bytes": ceiling,
             "estimator": fit.describe(),
-            "space_notes": [*peft_notes, *search_space.notes],
+            "space_notes": list(planned.notes),
             "nothing_fits": advice.sentence() if advice else None,
         }
         typer.echo(estimate_json(rows, header))
         return
-    for note in [*peft_notes, *search_space.notes]:
+    for note in planned.notes:
         console.print(f"[dim]note: {note}[/]")
     memory = (
         "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
@@ -312,7 +312,7 @@ def estimate(
     if all_rows:
         console.print(
             estimate_table(
-                f"{title}: {len(rows)} memory-distinct configs of {search_space.size}",
+                f"{title}: {len(rows)} memory-distinct configs of {planned.space.size}",
                 [(row.config, row.estimate) for row in rows],
                 ceiling,
                 margin_for(fit),
@@ -393,7 +393,7 @@ def export(
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial, study, out):
+    for note in export_notes(best_trial, study, out, fmt):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
 
 
@@ -429,7 +429,7 @@ def report(
     storage: StorageOption = DEFAULT_STORAGE,
     study_name: StudyOption = None,
 ) -> None:
-    """Write one self-contained HTML page of plotly figures: speed vs memory, history, knob effects, timeline, ranking."""
+    """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
     from autotune.storage import load_study
     from autotune.views.report import write_report
 

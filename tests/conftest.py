@@ -25,6 +25,7 @@ HEAVIEST_FIRST = (
     "tests/e2e/test_zero_e2e.py",
     "tests/views/test_export.py",
     "tests/study/test_postgres_killed_worker.py",
+    "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
     "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
     "tests/estimate/test_estimate.py",
     "tests/e2e/test_byo_e2e.py",

@@ -1,9 +1,10 @@
 """The layout docs/architecture.md describes holds: no module reaches back up the flow.
 
-spec -> space -> study -> runner -> result -> ranking -> export/report/dashboard. The foundations
-(spec and the shared types) import no stage; the runner (what the child executes) knows nothing of
-the study; the study writes trials and knows nothing of how they are ranked or shown; the ranking
-and everything that shows a study read it through the storage, never through the study package.
+cli -> plan -> spec, levers, estimate, space -> study -> runner -> result -> storage -> views. The
+foundations (spec, levers) import no stage; the runner (what the child executes) knows nothing of the
+plan or the study; the study writes trials and knows nothing of how they are shown; the views read a
+study through the storage and the result, never through the study package. (That no module outside
+levers/ reads a lever by name is checked in tests/levers/test_lever_home.py.)
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ written files, resume); 5. Ctrl-C and messages.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,12 @@ def _model_dir(root: Path, name: str, content: bytes | str | None = None, **over
 def _file(root: Path, name: str, content: bytes | str) -> str:
     path = root / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def _fifo(root: Path, name: str) -> str:
+    path = root / name
+    os.mkfifo(path)
     return str(path)
 
 
@@ -106,6 +113,9 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             [*tiny, "--space", _file(root, "many.yaml", "micro_batch: [" + ", ".join(map(str, range(1, 301))) + "]\n")],
             "micro_batch: 300 choices; give at most 256",
         ),
+        # 1. paths that are not files (spec.files.user_path_kind): a reader would block on a pipe for ever
+        "space: a named pipe": ([*tiny, "--space", _fifo(root, "space.yaml")], "it is a named pipe (FIFO), not a file"),
+        "base-args: a device": ([*tiny, "--base-args", "/dev/zero"], "/dev/zero: it is a character device, not a file"),
         # 1 and 2. --base-args
         "base-args: binary": ([*tiny, "--base-args", _file(root, "binary.json", BINARY)], "not a text file"),
         "base-args: batch 'big'": (
@@ -220,6 +230,8 @@ CASE_IDS = [
     "space: checkpointing [1]",
     "space: 700k choices",
     "space: 300 choices",
+    "space: a named pipe",
+    "base-args: a device",
     "base-args: binary",
     "base-args: batch 'big'",
     "base-args: learning_rate 'fast'",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import optuna
 import psutil
+import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
@@ -73,12 +74,65 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         (mount / "filler").unlink()
         second = run_cli(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
         assert second.returncode == 0, second.stderr[-3000:]
-        assert f"trial(s) {kept['trial']} measured while the storage was full: recorded now" in second.stdout
+        assert (
+            f"trial(s) {kept['trial']} measured while the storage could not record them: recorded now" in second.stdout
+        )
         trial = optuna.load_study(study_name="full", storage=storage).trials[kept["trial"]]
     assert trial.state == TrialState.COMPLETE
     recorded = TrialResult.from_trial(trial)
     assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
     assert not pending[0].exists() and pending[0].with_name("recorded_result.json").exists()  # recorded once
+
+
+@pytest.mark.slow
+def test_database_deleted_at_tell_keeps_the_result_and_the_next_run_records_it_without_measuring(tmp_path):
+    """The SQLite file is deleted while a trial trains: the line says its result is kept and recorded by
+    the next run, which makes the database anew and records it there, as a trial of its config, instead
+    of measuring that config again (a one-config space: the next run has nothing else to run)."""
+    space, database, runs = tmp_path / "one.yaml", tmp_path / "study.db", tmp_path / "runs"
+    space.write_text("micro_batch: [8]\ngrad_accum: [1]\n")
+    storage = f"sqlite:///{database}"
+    first = run_cli(
+        *_search_on(storage, runs, "--space", str(space), "--callback", "tests.support.faults:DeleteFileAtTrainEnd"),
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_DELETE": str(database)},
+    )
+    assert_one_error_line(first, "is recorded when you run the same command again")
+    (pending,) = runs.glob("trial-*-*/pending_result.json")
+    kept = json.loads(pending.read_text())
+    assert not database.exists()
+
+    second = run_cli(*_search_on(storage, runs, "--space", str(space)), cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "measured while the storage could not record them: recorded now" in second.stdout
+    trials = optuna.load_study(study_name="full", storage=storage).trials
+    measured = [t for t in trials if t.state == TrialState.COMPLETE and "reused_from" not in t.user_attrs]
+    assert len(measured) == 1 and measured[0].params == kept["params"]
+    recorded = TrialResult.from_trial(measured[0])
+    assert recorded is not None and recorded.samples_per_s == kept["result"]["samples_per_s"] > 0
+    assert sorted(runs.iterdir()) == [pending.parent]  # the next run started no trial child
+    assert pending.with_name("recorded_result.json").exists()
+
+
+@pytest.mark.slow
+def test_a_search_under_ulimit_n_64_runs_its_trial(tmp_path):
+    """64 file descriptors (`ulimit -n 64`, a strict container) are enough: the orchestrator, the
+    forkserver and the trial child open far fewer."""
+    import resource
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    completed = subprocess.run(
+        [sys.executable, "-m", "autotune", *_search_on(storage, tmp_path / "runs", "--trials", "1")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    (trial,) = [t for t in optuna.load_study(study_name="full", storage=storage).trials if t.state.is_finished()]
+    assert TrialResult.from_trial(trial).status == "ok"
 
 
 def test_full_disk_at_ask_is_one_line(tmp_path):
@@ -143,6 +197,56 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert "interrupted:" in stderr
+
+
+def _assert_interrupted_and_queued_once(storage: str) -> None:
+    """No trial left RUNNING: the one stopped is FAIL ``interrupted``, its config queued once to run again."""
+    trials = optuna.load_study(study_name="full", storage=storage).trials
+    assert [t.number for t in trials if t.state == TrialState.RUNNING] == []
+    (stopped,) = [t for t in trials if t.state == TrialState.FAIL]
+    assert TrialResult.from_trial(stopped).status == "interrupted"
+    requeued = [t for t in trials if t.system_attrs.get("failed_trial") == stopped.number]
+    assert len(requeued) == 1 and requeued[0].state == TrialState.WAITING and requeued[0].params == stopped.params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stop_signal", "to_group"),
+    [(signal.SIGHUP, True), (signal.SIGTERM, False)],
+    ids=["SIGHUP to the terminal's process group", "SIGTERM to the search (kill, docker stop)"],
+)
+def test_a_stop_signal_mid_trial_records_the_trial_interrupted_in_one_line(tmp_path, stop_signal, to_group):
+    """A closed terminal (SIGHUP to its foreground process group) or `kill` (SIGTERM) while a trial
+    trains: stopped as on Ctrl-C, the trial recorded interrupted and queued again, exit 128 + the signal."""
+    storage, runs = f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "runs"
+    process = _start(_search_on(storage, runs, "--trials", "1"), tmp_path, "stop")
+    _wait_for(lambda: any(runs.glob("trial-*/child.log")) or process.poll() is not None)
+    assert process.poll() is None, (tmp_path / "stop.err").read_text()
+    if to_group:
+        os.killpg(process.pid, stop_signal)
+    else:
+        process.send_signal(stop_signal)
+    process.wait(timeout=120)
+    stderr = (tmp_path / "stop.err").read_text()
+    assert process.returncode == 128 + stop_signal, stderr
+    assert "Traceback" not in stderr and [line[:12] for line in stderr.splitlines() if line.strip()] == ["interrupted:"]
+    _assert_interrupted_and_queued_once(storage)
+
+
+@pytest.mark.slow
+def test_the_forkserver_killed_while_it_starts_is_one_line_and_the_trial_runs_again_on_resume(tmp_path):
+    """SIGKILL to the forkserver while it imports torch, before it forks the first trial: one error line,
+    exit 2, and the trial recorded interrupted and queued once, not left RUNNING."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    process = _start(_search_on(storage, tmp_path / "runs", "--trials", "1"), tmp_path, "killed")
+    _wait_for(lambda: _forkserver_of(process) is not None or process.poll() is not None)
+    forkserver = _forkserver_of(process)
+    assert forkserver is not None, (tmp_path / "killed.err").read_text()
+    forkserver.kill()
+    process.wait(timeout=120)
+    completed = subprocess.CompletedProcess(process.args, process.returncode, "", (tmp_path / "killed.err").read_text())
+    assert_one_error_line(completed, "could not start the trial's process: multiprocessing's forkserver")
+    _assert_interrupted_and_queued_once(storage)
 
 
 def test_ctrl_c_during_confirmation_exits_130_and_says_what_the_ranking_rests_on(tmp_path):

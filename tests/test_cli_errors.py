@@ -68,7 +68,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             "unknown model 'no-such-model-anywhere'",
         ),
         "malformed yaml": (space("malformed.yaml", "micro_batch: [8, 16\n"), "not valid YAML (line 2"),
-        "unknown knob": (space("unknown.yaml", "micro_batch: [8]\nwarp_speed: [true]\n"), "warp_speed: unknown knob"),
+        "unknown lever": (space("unknown.yaml", "micro_batch: [8]\nwarp_speed: [true]\n"), "warp_speed: unknown lever"),
         "empty choices": (space("empty.yaml", "micro_batch: [8]\noptim: []\n"), "optim: needs at least one choice"),
         "wrong type": (space("type.yaml", "micro_batch: [eight]\n"), "micro_batch: choice 'eight'"),
         "non-positive batch": (space("zero.yaml", "micro_batch: [8, 0]\n"), "each a positive integer"),
@@ -127,7 +127,7 @@ IN_A_SUBPROCESS = ("unknown model", "unreachable storage", "callback not found")
 CASE_IDS = [
     "unknown model",
     "malformed yaml",
-    "unknown knob",
+    "unknown lever",
     "empty choices",
     "wrong type",
     "non-positive batch",

@@ -24,11 +24,13 @@ The estimate is a sum of parts a user can check by hand:
   same pages): the runner measures that interpreter once per installation (``autotune.runner._baseline``) and the
   prior takes its figure.
 
-The levers (``autotune.levers``, each naming the parts it moves) change these parts: a fused attention kernel (flash, flex,
-SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps no ``b x s x V`` logits; the
-``padding`` knob changes the tokens of the fullest micro-batch (:func:`micro_batch_shape`), and a
-flattened batch under a mask-based kernel adds its ``T x T`` mask. Length grouping and emptying the
-cache change typical steps and the allocator's cache, not the tensors alive at the peak.
+The levers (``autotune.levers``, each naming the parts it moves) change these parts through their
+``MemoryTraits``, the estimator's words for what a value does, so that no part names a lever: a fused
+attention kernel (flash, flex, SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps
+no ``b x s x V`` logits; padding changes the tokens of the fullest micro-batch
+(``_parts.micro_batch_shape``), and a flattened batch under a mask-based kernel adds its ``T x T``
+mask. Length grouping and emptying the cache change typical steps and the allocator's cache, not
+the tensors alive at the peak.
 
 The model starts from one prior per device (:func:`memory_prior`), which the planner, the seeds, the
 screening and the sampler share. :func:`fit_memory` fits two explainable corrections from a study's
@@ -36,8 +38,8 @@ measured peaks, by least squares: the context (an offset) and one scale on the a
 least certain part; model states and logits are exact counts).
 
 Modules: ``_parts`` (each part's arithmetic, ``estimate_peak``), ``_zero`` (DeepSpeed ZeRO's model states
-per rank, device and host), ``_fit`` (the prior and the fit),
-``_plan`` (the planner's table of a whole space).
+per rank, device and host), ``_fsdp`` (FSDP's), ``_prior`` (the prior of a device), ``_fit`` (the fit on
+measured peaks), ``_plan_table`` (the planner's table of a whole space, and what would fit).
 """
 
 from __future__ import annotations

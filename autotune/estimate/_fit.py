@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from autotune.estimate._parts import estimate_peak
 from autotune.estimate._prior import MemoryFit
-from autotune.levers import TrialConfig
+from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.models import ModelSpec
 
 # Calibrated scales outside this range mean the model is wrong for this setup, not that it needs
@@ -40,7 +40,8 @@ def fit_memory(
 ) -> MemoryFit:
     """Fit ``measured = context * processes + fixed + scale * activations`` by least squares.
 
-    ``processes`` is 1 + dataloader workers on the CPU (1 on CUDA); ``fixed`` the model states, the
+    ``processes`` is 1 + the processes forked from the trial's (``MemoryTraits.forked_workers``: CPU
+    dataloader workers; 1 on CUDA); ``fixed`` the model states, the
     logits and the weights each CPU worker maps; ``activations`` the uncalibrated activations. With
     fewer than :data:`MIN_POINTS_FOR_SCALE` points, or too little spread in the activations to tell
     a scale from an offset, the scale keeps its prior and only the context is fitted.
@@ -52,7 +53,7 @@ def fit_memory(
         uncalibrated = estimate_peak(
             model, point.config, seq_len, dataclasses.replace(prior, context_bytes=0, activation_scale=1.0)
         )
-        processes = 1 + (point.config.dataloader_workers if prior.device_kind == "cpu" else 0)
+        processes = 1 + memory_traits(point.config, prior.device_kind).forked_workers
         # Model states, logits, the weights each CPU worker maps and the CUDA allocator's overhead
         # (at the prior's share) are not fitted.
         fixed = (

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.levers import HALF_DTYPES
-
 if TYPE_CHECKING:
-    from autotune.levers import TrialConfig
+    from autotune.levers import MemoryTraits
     from autotune.spec.models import ModelSpec
 
 # Blocks gathered at once under full_shard: the one computing and the one prefetched (FSDP2 prefetches
@@ -26,12 +24,12 @@ GATHERED_BLOCKS_FULL_SHARD = 2
 
 
 def fsdp_state_bytes(
-    model: ModelSpec, config: TrialConfig, ranks: int, plain: tuple[int, int, int]
+    model: ModelSpec, traits: MemoryTraits, ranks: int, plain: tuple[int, int, int]
 ) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) of one of ``ranks`` ranks, from the plain run's ``plain``."""
     weights, gradients, optimizer = plain
-    compute_bytes = 2 if config.dtype in HALF_DTYPES or config.weight_dtype == "bf16" else 4
-    if config.fsdp == "full_shard":
+    compute_bytes = 2 if traits.half_autocast or traits.weight_bytes == 2 else 4
+    if traits.fsdp_reshards:
         gathered = compute_bytes * GATHERED_BLOCKS_FULL_SHARD * model.num_block_params // max(model.num_layers, 1)
     else:  # shard_grad_op: gathered from forward to backward
         gathered = compute_bytes * model.num_params

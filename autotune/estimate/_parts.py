@@ -1,7 +1,9 @@
 """The parts of one configuration's predicted peak memory (the estimator's arithmetic).
 
 Each part is a function a user can check by hand; ``estimate_peak`` adds them up, with the corrections
-of a :class:`~autotune.estimate._prior.MemoryFit` (the prior, or fitted on measured trials).
+of a :class:`~autotune.estimate._prior.MemoryFit` (the prior, or fitted on measured trials). The parts
+read a configuration through its :class:`~autotune.levers.MemoryTraits` (each lever's own words for
+what its value does to memory), never a lever by name.
 """
 
 from __future__ import annotations
@@ -11,18 +13,16 @@ from collections.abc import Sequence
 
 from autotune.estimate._fsdp import fsdp_state_bytes
 from autotune.estimate._prior import MemoryFit
-from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_dtype, zero_state_bytes
+from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, compute_weight_bytes, zero_state_bytes
 from autotune.levers import (
     BNB_OPTIMIZERS,
-    FLASH_ATTENTIONS,
-    FSDP,
-    FUSED_ATTENTIONS,
-    HALF_DTYPES,
     STATE_BYTES_PER_PARAM,
     STATES_IN_PARAM_DTYPE,
+    MemoryTraits,
+    MicroBatchShape,
     TrialConfig,
+    memory_traits,
 )
-from autotune.levers.packing import flattens_batches
 from autotune.spec.models import ModelSpec
 
 # Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
@@ -30,8 +30,6 @@ from autotune.spec.models import ModelSpec
 # resident memory holds half a layer more: malloc does not reuse the previous layer's freed
 # recompute buffers at once (docs/benchmarks.md).
 CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
-# Bytes per weight by ``weight_dtype`` (its gradients and param-dtype optimizer states alike).
-WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 # A 4-bit (NF4) weight: half a byte, plus one fp32 absmax per block of 64 (bitsandbytes'
 # ``quantize_4bit`` default blocksize; double quantization would shrink that to ~1/64 byte: a bound).
 QUANTIZED_4BIT_BYTES = 0.5 + 4 / 64
@@ -86,7 +84,8 @@ def estimate_peak(
 
     Args:
         model: The model's shape.
-        config: The knobs (micro-batch, checkpointing, dtype, optimizer, attention, workers).
+        config: The lever values, read through their memory traits on the fit's device kind
+            (:func:`autotune.levers.memory_traits`).
         seq_len: Tokens per sample.
         fit: The memory model's corrections for the device: its prior (``memory_prior``) or fitted.
             Its ``device_kind`` says what is predicted: ``cpu``, the peak resident set of the process
@@ -94,34 +93,35 @@ def estimate_peak(
             ``Workload.memory_prior``) are the trial's, over which ZeRO partitions: the estimate is
             one rank's.
         lengths: Real token lengths of the user's samples (``--dataset``), which set the tokens of
-            the fullest micro-batch under ``padding`` longest / padding_free
+            the fullest micro-batch where samples are not padded to ``seq_len``
             (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
     """
     device_kind = fit.device_kind
-    shape = micro_batch_shape(config, seq_len, lengths)
-    weights, gradients, optimizer = model_state_bytes(model, config)
+    traits = memory_traits(config, device_kind)
+    shape = micro_batch_shape(traits, seq_len, lengths)
+    weights, gradients, optimizer = model_state_bytes(model, traits)
     host = 0
-    if config.zero != "off":
-        zero = zero_state_bytes(model, config, fit.ranks, device_kind)
+    if traits.zero_stage:
+        zero = zero_state_bytes(model, traits, fit.ranks, device_kind)
         weights, gradients, optimizer, host = (
             zero.weights_bytes,
             zero.gradients_bytes,
             zero.optimizer_bytes,
             zero.host_bytes,
         )
-    elif config.fsdp != "off" and FSDP.changes_memory_on(device_kind):  # the lever's own word: CUDA only
-        weights, gradients, optimizer = fsdp_state_bytes(model, config, fit.ranks, (weights, gradients, optimizer))
+    elif traits.fsdp_reshards is not None:
+        weights, gradients, optimizer = fsdp_state_bytes(model, traits, fit.ranks, (weights, gradients, optimizer))
     else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets
         gradients += ddp_bucket_bytes(gradients, fit.ranks)
-    activations = int(activation_bytes(model, config, seq_len, device_kind, shape) * fit.activation_scale)
-    logits = logits_bytes(model, config, seq_len, shape, device_kind)
+    activations = int(activation_bytes(model, traits, seq_len, device_kind, shape) * fit.activation_scale)
+    logits = logits_bytes(model, traits, seq_len, shape, device_kind)
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_bytes=optimizer,
         activations_bytes=activations,
         logits_bytes=logits,
-        context_bytes=context_bytes(fit.context_bytes, config, device_kind, weights),
+        context_bytes=context_bytes(fit.context_bytes, traits, device_kind, weights),
         allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
         host_bytes=host,
     )
@@ -151,15 +151,15 @@ def allocator_overhead_bytes(fit: MemoryFit, transient_bytes: int) -> int:
     return fit.workspace_bytes + int(fit.allocator_share * transient_bytes)
 
 
-def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, int]:
+def model_state_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) in bytes: the model states of docs/facts.md.
 
-    ``weight_dtype`` fp32: HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed
-    precision), so weights and gradients are 4 bytes per parameter in every ``dtype``. Autocast casts
-    each matmul weight to 16 bits once per forward and autograd keeps that copy for the backward
-    (the input gradient needs it, frozen or not): 2 more bytes per compute parameter (lookup-only
-    embeddings are not cast; 4-bit weights are dequantized again in the backward by bitsandbytes'
-    ``MatMul4Bit``, nothing kept). ``weight_dtype`` bf16: 2 bytes per weight and gradient, no copy.
+    fp32 weights: HF Trainer trains fp32 parameters under fp16/bf16 (autocast, mixed precision), so
+    weights and gradients are 4 bytes per parameter whatever the autocast. Autocast casts each matmul
+    weight to 16 bits once per forward and autograd keeps that copy for the backward (the input
+    gradient needs it, frozen or not): 2 more bytes per compute parameter (lookup-only embeddings are
+    not cast; 4-bit weights are dequantized again in the backward by bitsandbytes' ``MatMul4Bit``,
+    nothing kept). bf16 weights: 2 bytes per weight and gradient, no copy.
 
     Under PEFT (``model.peft``) the base is frozen: its weights only (4-bit ones at
     :data:`QUANTIZED_4BIT_BYTES`); the adapters are fp32 whatever the base (peft's
@@ -167,7 +167,7 @@ def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, 
     gradients and optimizer states.
     """
     n = model.num_params
-    weight_bytes = WEIGHT_BYTES[config.weight_dtype]
+    weight_bytes = traits.weight_bytes
     compute_params = model.num_non_embedding_params
     if model.peft is None:
         weights, gradients = weight_bytes * n, weight_bytes * n
@@ -176,12 +176,12 @@ def model_state_bytes(model: ModelSpec, config: TrialConfig) -> tuple[int, int, 
         weights = weight_bytes * (n - quantized) + int(QUANTIZED_4BIT_BYTES * quantized) + 4 * adapters
         gradients = 4 * adapters
         compute_params += adapters - quantized
-    if config.dtype in HALF_DTYPES and config.weight_dtype == "fp32":
+    if traits.half_autocast and weight_bytes == 4:
         weights += 2 * compute_params
-    return weights, gradients, optimizer_state_bytes(model, config.optim, config.weight_dtype)
+    return weights, gradients, optimizer_state_bytes(model, traits.optimizer, weight_bytes)
 
 
-def optimizer_state_bytes(model: ModelSpec, optim: str, weight_dtype: str = "fp32") -> int:
+def optimizer_state_bytes(model: ModelSpec, optim: str, weight_bytes: int = 4) -> int:
     """Bytes of optimizer state for the trainable parameters (``model.trainable_params``).
 
     8-bit optimizers keep 32-bit states for embeddings (HF Trainer registers ``nn.Embedding`` as
@@ -199,8 +199,8 @@ def optimizer_state_bytes(model: ModelSpec, optim: str, weight_dtype: str = "fp3
     if optim in BNB_OPTIMIZERS:
         embedding = _embedding_table_params(model)
         return int(STATE_BYTES_PER_PARAM[optim] * (trainable - embedding) + 8 * embedding)
-    in_param_dtype = optim in STATES_IN_PARAM_DTYPE and weight_dtype != "fp32"
-    scale = WEIGHT_BYTES[weight_dtype] / 4 if in_param_dtype else 1.0
+    in_param_dtype = optim in STATES_IN_PARAM_DTYPE and weight_bytes != 4
+    scale = weight_bytes / 4 if in_param_dtype else 1.0
     return int(STATE_BYTES_PER_PARAM.get(optim, 8.0) * scale * trainable)
 
 
@@ -225,20 +225,20 @@ def _embedding_table_params(model: ModelSpec) -> int:
     return model.num_embedding_params + token_table
 
 
-def activation_element_bytes(dtype: str, weight_dtype: str = "fp32") -> tuple[int, int]:
+def activation_element_bytes(half_autocast: bool, compute_weight_bytes: int = 4) -> tuple[int, int]:
     """(matmul-input bytes, residual-stream bytes) per saved element.
 
     Under autocast the matmul inputs autograd keeps are 16-bit copies, while the residual stream,
-    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32). With bf16
-    weights the embeddings and every layer's output are bf16: the residual stream is bf16 too.
+    layer-norm inputs and softmax outputs stay fp32 (autocast runs those ops in fp32). With 16-bit
+    weights the embeddings and every layer's output are 16-bit: the residual stream is too.
     """
-    if weight_dtype == "bf16":
+    if compute_weight_bytes == 2:
         return (2, 2)
-    return (2, 4) if dtype in HALF_DTYPES else (4, 4)
+    return (2, 4) if half_autocast else (4, 4)
 
 
 def layer_activation_bytes(
-    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+    model: ModelSpec, traits: MemoryTraits, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
 ) -> int:
     """Bytes autograd keeps for one transformer layer, micro-batch included.
 
@@ -263,23 +263,23 @@ def layer_activation_bytes(
     row, so a flattened (padding-free) row of ``T`` tokens keeps ``a T^2`` scores where it keeps any,
     ``b`` times those of ``b`` rows of ``s = T / b``; a materialising kernel makes padding-free worse.
     """
-    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    p, r = activation_element_bytes(config.dtype, compute_weight_dtype(config))
+    shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
+    p, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
     q = r if device_kind == "cpu" else p
     score_mask = q if device_kind == "cpu" else 1
     s, b = shape.row_tokens, shape.rows
     h, f, a = model.hidden_size, model.intermediate_size, model.num_heads
     kv_fraction = model.num_kv_heads / model.num_heads  # grouped-query attention keeps smaller K, V
     per_token = p * h + (1 + 2 * kv_fraction) * q * h + p * h + h + p * h + 2 * p * f + h + 2 * r * h
-    scores = (r + score_mask + q) * a * s * s * b if materializes_attention_scores(model, config, device_kind) else 0
+    scores = (r + score_mask + q) * a * s * s * b if materializes_attention_scores(model, traits, device_kind) else 0
     return int(per_token * s * b + scores)
 
 
-def materializes_attention_scores(model: ModelSpec, config: TrialConfig, device_kind: str) -> bool:
+def materializes_attention_scores(model: ModelSpec, traits: MemoryTraits, device_kind: str) -> bool:
     """Whether the ``a x s x s`` attention scores are kept for the backward pass."""
-    if config.attn_implementation == "eager":
+    if traits.attention == "materialized":
         return True
-    if config.attn_implementation in FUSED_ATTENTIONS:
+    if traits.attention == "tiled":
         return False  # tiled kernels: the scores live in on-chip memory, a block at a time
     # SDPA (the transformers default where supported): fused kernels on CUDA; on the CPU the fused
     # kernel has no dropout, so training with attention dropout runs the math kernel.
@@ -288,14 +288,14 @@ def materializes_attention_scores(model: ModelSpec, config: TrialConfig, device_
 
 def attention_dropout(model: ModelSpec) -> float:
     for key in _ATTENTION_DROPOUT_KEYS:
-        value = model.config.get(key)
+        value = model.hf_config.get(key)
         if isinstance(value, (int, float)):
             return float(value)
     return 0.0
 
 
 def activation_bytes(
-    model: ModelSpec, config: TrialConfig, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+    model: ModelSpec, traits: MemoryTraits, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
 ) -> int:
     """Activations of the whole model at the peak (start of the backward pass), before the fit.
 
@@ -306,41 +306,39 @@ def activation_bytes(
     dropout mask. A flattened batch under a mask-based kernel adds its ``T x T`` boolean mask
     (:func:`packed_mask_bytes`).
     """
-    shape = shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)
-    _, r = activation_element_bytes(config.dtype, compute_weight_dtype(config))
+    shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
+    _, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
     tokens, h = shape.tokens, model.hidden_size
-    layer = layer_activation_bytes(model, config, seq_len, device_kind, shape)
-    embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(config, shape)
-    if config.activation_offloading and device_kind == "cuda":
+    layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
+    embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(traits, shape)
+    if traits.activations_offloaded:
         # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host
         # memory as the forward makes it and brings each back for its layer's backward: the device
         # holds about the working layers of checkpointing's backward (counted so, a bound).
         return int(CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
-    if config.checkpointing:
+    if traits.recompute:
         return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     return (model.num_layers + 1) * layer + embeddings
 
 
-def packed_mask_bytes(config: TrialConfig, shape: MicroBatchShape) -> int:
+def packed_mask_bytes(traits: MemoryTraits, shape: MicroBatchShape) -> int:
     """The block-diagonal mask of a flattened batch: ``T x T`` booleans, kept for the backward.
 
     transformers/masking_utils.py builds it from the position ids for every mask-based attention
     (eager, sdpa, flex's block mask is smaller: counted the same, a bound); flash kernels read the
     sequence boundaries instead and need none.
     """
-    if not flattened(config) or config.attn_implementation in FLASH_ATTENTIONS:
+    if not traits.batching.flattened or traits.reads_boundaries:
         return 0
     return shape.row_tokens * shape.row_tokens
 
 
-def flattened(config: TrialConfig) -> bool:
-    """Whether a micro-batch is one row of its samples side by side: the Trainer's ``padding_free``
-    collator, or TRL's padding-free and packed batches (``packing``)."""
-    return config.padding == "padding_free" or flattens_batches(config.packing)
-
-
 def logits_bytes(
-    model: ModelSpec, config: TrialConfig, seq_len: int, shape: MicroBatchShape | None = None, device_kind: str = "cuda"
+    model: ModelSpec,
+    traits: MemoryTraits,
+    seq_len: int,
+    shape: MicroBatchShape | None = None,
+    device_kind: str = "cuda",
 ) -> int:
     """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
 
@@ -350,22 +348,18 @@ def logits_bytes(
     16-bit logits of mixed precision are freed before the backward). Classification heads produce
     ``b x labels``: nothing to count. Not scaled by the fit: the count is exact.
 
-    Liger's fused linear cross-entropy (``liger``) never makes the ``b s V`` logits:
-    liger_kernel/ops/fused_linear_cross_entropy.py computes them in chunks of
-    ``next_power_of_2(bs / ceil(V / h))`` rows, about ``b s h`` logits (up to twice that after the
-    rounding), and computes the gradients in the forward: the input's (``b s h``) and the head
-    weight's (``V h``), fp32. Counted: ``4 (2 b s h + b s h + V h)`` bytes.
-
     Under TRL's SFTTrainer every model's head is fused and chunked (``ModelSpec.fused_lm_head``):
-    :func:`fused_lm_head_bytes`, whatever ``liger`` says (TRL applies Liger's layer kernels only).
+    :func:`fused_lm_head_bytes`, whatever the levers say (TRL applies Liger's layer kernels only). A
+    fused loss that never makes the ``b s V`` logits otherwise counts its own tensors
+    (``traits.logits``: Liger's fused linear cross-entropy, ``autotune.levers.kernels``).
     """
     if model.task not in ("causal-lm", "masked-lm"):
         return 0
-    tokens = (shape or MicroBatchShape(rows=config.micro_batch, row_tokens=seq_len)).tokens
+    tokens = (shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)).tokens
     if model.fused_lm_head:
         return fused_lm_head_bytes(model, tokens, device_kind)
-    if config.liger:
-        return 4 * (3 * tokens * model.hidden_size + model.vocab_size * model.hidden_size)
+    if traits.logits is not None:
+        return traits.logits(model, tokens)
     return 3 * 4 * tokens * model.vocab_size
 
 
@@ -387,47 +381,26 @@ def fused_lm_head_bytes(model: ModelSpec, tokens: int, device_kind: str) -> int:
     return 4 * (FUSED_HEAD_TILE_COPIES.get(device_kind, 2) * tile + 8 * tokens)
 
 
-@dataclasses.dataclass(frozen=True)
-class MicroBatchShape:
-    """The tensor shape of one micro-batch: ``rows`` sequences of ``row_tokens`` positions."""
-
-    rows: int
-    row_tokens: int
-
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.row_tokens
-
-
-def micro_batch_shape(config: TrialConfig, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
-    """The fullest micro-batch a trial can meet, which sets its peak memory.
-
-    * ``max_length``, or no lengths known: ``b`` rows of ``seq_len`` (flattened: one row of ``b x seq_len``).
-    * ``longest``: ``b`` rows of the longest sample (truncated to ``seq_len``): some batch holds it,
-      and transformers' ``LengthGroupedSampler`` (trainer_pt_utils.py) even puts it first. So
-      ``sampling: group_by_length`` changes the tokens of a typical step (speed), not the peak.
-    * ``padding_free``: one row of the ``b`` longest samples' tokens (at most ``b x seq_len``).
-    * ``packing: bfd`` (TRL): one row of ``b`` packed rows, each filled up to ``seq_len``.
-    """
-    b = config.micro_batch
-    if flattened(config) and (config.packing == "bfd" or lengths is None or not len(lengths)):
-        return MicroBatchShape(rows=1, row_tokens=b * seq_len)
-    if lengths is None or not len(lengths) or (config.padding == "max_length" and not flattened(config)):
-        return MicroBatchShape(rows=b, row_tokens=seq_len)
-    capped = sorted((min(int(n), seq_len) for n in lengths), reverse=True)
-    if flattened(config):
-        return MicroBatchShape(rows=1, row_tokens=sum(capped[:b]))
-    return MicroBatchShape(rows=b, row_tokens=capped[0])
+def micro_batch_shape(traits: MemoryTraits, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
+    """The fullest micro-batch a trial can meet, which sets its peak memory: ``rows`` samples of
+    ``seq_len`` where no lengths are known (synthetic tokens, or the bound), else the fullest one its
+    batching makes of the data's lengths (``Batching.fullest``: padded to the longest, flattened, packed).
+    A flattened batching without known lengths is one row of ``rows x seq_len`` tokens (its mask is
+    that row's square)."""
+    if lengths is None or not len(lengths):
+        if traits.batching.flattened:
+            return MicroBatchShape(rows=1, row_tokens=traits.rows * seq_len)
+        return MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
+    return traits.batching.fullest(traits.rows, seq_len, lengths)
 
 
-def context_bytes(per_process_bytes: int, config: TrialConfig, device_kind: str, weights_bytes: int) -> int:
+def context_bytes(per_process_bytes: int, traits: MemoryTraits, device_kind: str, weights_bytes: int) -> int:
     """What the process (tree) holds besides tensors of this configuration.
 
     On the CPU each dataloader worker is a fork of the trial process: its resident set counts the
     interpreter and the fp32 weights again (the probe sums resident sets over the tree). A CPU trial
     under ZeRO also holds DeepSpeed's modules and ops (:data:`DEEPSPEED_CPU_PROCESS_BYTES`), once.
     """
-    deepspeed = DEEPSPEED_CPU_PROCESS_BYTES if device_kind == "cpu" and config.zero != "off" else 0
-    if device_kind != "cpu" or config.dataloader_workers == 0:
-        return per_process_bytes + deepspeed
-    return per_process_bytes * (1 + config.dataloader_workers) + config.dataloader_workers * weights_bytes + deepspeed
+    deepspeed = DEEPSPEED_CPU_PROCESS_BYTES if device_kind == "cpu" and traits.zero_stage else 0
+    workers = traits.forked_workers  # set on the CPU only (the dataloader lever moves memory there)
+    return per_process_bytes * (1 + workers) + workers * weights_bytes + deepspeed

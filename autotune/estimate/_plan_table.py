@@ -24,15 +24,31 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     """One config per combination of the levers the estimate depends on on this device kind (each
     lever's ``memory_parts``); other levers at their first choice.
 
-    Micro-batch varies fastest, so the rows of one setting read as a growing batch.
+    The levers whose memory grows with their value (the micro-batch) vary fastest, so the rows of one
+    setting read as a growing batch.
     """
-    memory = [name for name, lever in LEVERS.items() if name in choices and lever.changes_memory_on(device_kind)]
-    knobs = [name for name in memory if name != "micro_batch"] + ["micro_batch"]
+    memory = [lever for lever in LEVERS.values() if lever.name in choices and lever.changes_memory_on(device_kind)]
+    names = [lever.name for lever in memory if not lever.grows_memory]
+    names += [lever.name for lever in memory if lever.grows_memory]
     base = {name: values[0] for name, values in choices.items()}
     configs = []
-    for combination in itertools.product(*(choices[k] for k in knobs)):
-        configs.append(TrialConfig.from_params({**base, **dict(zip(knobs, combination))}))
+    for combination in itertools.product(*(choices[name] for name in names)):
+        configs.append(TrialConfig.from_params({**base, **dict(zip(names, combination))}))
     return configs
+
+
+def setting_of(config: TrialConfig) -> tuple[Any, ...]:
+    """The values of the levers that move memory, but for those whose memory grows with their value:
+    the setting a growing micro-batch is judged in (accumulation moves no byte, and a fixed global
+    batch ties it to the micro-batch)."""
+    return tuple(
+        getattr(config, lever.name) for lever in LEVERS.values() if lever.memory_parts and not lever.grows_memory
+    )
+
+
+def size_of(config: TrialConfig) -> tuple[Any, ...]:
+    """The values of the levers whose memory grows with their value (the micro-batch)."""
+    return tuple(getattr(config, lever.name) for lever in LEVERS.values() if lever.grows_memory)
 
 
 def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:
@@ -79,28 +95,28 @@ def estimate_rows(
 
 
 def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool]]:
-    """For each setting of the other memory knobs (dtype x checkpointing x optimizer, ...), the row of
-    the largest micro-batch predicted to fit; where none fits, the smallest, marked ``False``.
+    """For each setting of the other memory levers (dtype x checkpointing x optimizer, ...,
+    :func:`setting_of`), the row of the largest micro-batch predicted to fit; where none fits, the
+    smallest, marked ``False``.
 
     Returns:
         (row, whether any micro-batch of that setting fits), in the order the settings first appear.
     """
-    groups: dict[TrialConfig, list[EstimateRow]] = {}
+    groups: dict[tuple[Any, ...], list[EstimateRow]] = {}
     for row in rows:
-        # Accumulation changes no predicted byte, and a fixed global batch ties it to the micro-batch.
-        groups.setdefault(dataclasses.replace(row.config, micro_batch=1, grad_accum=1), []).append(row)
+        groups.setdefault(setting_of(row.config), []).append(row)
     chosen = []
     for members in groups.values():
         fitting = [row for row in members if row.fits]
         if fitting:
-            chosen.append((max(fitting, key=lambda row: row.config.micro_batch), True))
+            chosen.append((max(fitting, key=lambda row: size_of(row.config)), True))
         else:
-            chosen.append((min(members, key=lambda row: row.config.micro_batch), False))
+            chosen.append((min(members, key=lambda row: size_of(row.config)), False))
     return chosen
 
 
 def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
-    """Every row as JSON for scripts: the config's knobs, each part in bytes, the total, whether it fits."""
+    """Every row as JSON for scripts: the config's lever values, each part in bytes, the total, whether it fits."""
     document = {
         **header,
         "rows": [

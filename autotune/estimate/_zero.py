@@ -5,7 +5,7 @@ Rajbhandari et al. 2019 (arXiv:1910.02054), section 5: in mixed precision a para
 moments); stage 1 divides the ``K`` bytes by the ranks ``N_d``, stage 2 the gradient too, stage 3
 the weight too. Adapted to what DeepSpeed 0.19 allocates and to autotune's levers:
 
-* the compute weights and gradients are in the Trainer's ``dtype`` (``bf16``/``fp16``: 2 bytes,
+* the compute weights and gradients are in the autocast's dtype (``bf16``/``fp16``: 2 bytes,
   DeepSpeed casts the module, ``DeepSpeedEngine._configure_distributed_model``; ``fp32``/``tf32``: 4);
 * DeepSpeed keeps an fp32 master partition for the optimizer (``single_partition_of_fp32_groups``
   in deepspeed/runtime/zero/stage_1_and_2.py, ``fp32_partitioned_groups_flat`` in stage3.py) even
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune.levers import HALF_DTYPES, STATE_BYTES_PER_PARAM, TrialConfig, deepspeed_config, zero_offloads, zero_stage
+from autotune.levers import STATE_BYTES_PER_PARAM, MemoryTraits, deepspeed_config
 from autotune.spec.models import ModelSpec
 
 # fp32 master weights and fp32 gradient partition, per trainable parameter (both partitioned).
@@ -68,12 +68,12 @@ class ZeroStates:
     host_bytes: int
 
 
-def compute_weight_dtype(config: TrialConfig) -> str:
-    """The dtype the model computes in: ``weight_dtype``, or under ZeRO with ``bf16``/``fp16`` the
+def compute_weight_bytes(traits: MemoryTraits) -> int:
+    """Bytes per weight the model computes with: its weights', or under ZeRO with 16-bit autocast the
     16-bit module DeepSpeed makes (its activations are 16-bit like bf16 weights')."""
-    if config.zero != "off" and config.dtype in HALF_DTYPES:
-        return "bf16"
-    return config.weight_dtype
+    if traits.zero_stage and traits.half_autocast:
+        return 2
+    return traits.weight_bytes
 
 
 def zero_optimizer_state_bytes_per_param(optim: str) -> float:
@@ -104,8 +104,8 @@ def _filled(value: object, trainer_fill: int) -> int:
     return trainer_fill if value == "auto" else int(value)  # type: ignore[call-overload]
 
 
-def zero_state_bytes(model: ModelSpec, config: TrialConfig, ranks: int, device_kind: str) -> ZeroStates:
-    """One rank's weights, gradients and optimizer states under ``config.zero`` over ``ranks`` ranks.
+def zero_state_bytes(model: ModelSpec, traits: MemoryTraits, ranks: int, device_kind: str) -> ZeroStates:
+    """One rank's weights, gradients and optimizer states under ZeRO (``traits.zero_stage``) over ``ranks`` ranks.
 
     Per trainable parameter, with ``p`` the compute dtype's bytes and ``S`` the optimizer's:
 
@@ -126,15 +126,15 @@ def zero_state_bytes(model: ModelSpec, config: TrialConfig, ranks: int, device_k
     measures them there) and ``host_bytes`` says how many of them DeepSpeed calls offloaded.
     Frozen parameters (PEFT) count as weights only.
     """
-    stage, offload = zero_stage(config.zero), zero_offloads(config.zero)
-    p = 2 if config.dtype in HALF_DTYPES else 4
+    stage, offload = traits.zero_stage, traits.zero_offload
+    p = 2 if traits.half_autocast else 4
     n_all, n_train = model.num_params, model.trainable_params
     grad_bucket, weight_buffer = deepspeed_buffer_elements(model, stage)
     weight_partition = p * n_all // ranks if stage == 3 else p * n_all
     half_grads = p * n_train // ranks if stage >= 2 else p * n_train
     fp32_grads = FP32_GRAD_BYTES * n_train // ranks
-    optimizer = int((MASTER_BYTES + zero_optimizer_state_bytes_per_param(config.optim)) * n_train / ranks)
-    if config.optim == "adamw_torch" and not offload and device_kind == "cpu":
+    optimizer = int((MASTER_BYTES + zero_optimizer_state_bytes_per_param(traits.optimizer)) * n_train / ranks)
+    if traits.optimizer == "adamw_torch" and not offload and device_kind == "cpu":
         optimizer += ADAMW_STEP_TEMPORARY_BYTES * n_train // ranks
     host = 0
     if offload:

@@ -1,4 +1,5 @@
-"""The registry: every lever in ``TrialConfig`` field order, and the rules between two levers."""
+"""The registry: every lever in ``TrialConfig`` field order, the rules between two levers, and the order
+in which an ``auto`` space is narrowed by the memory prior."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from autotune.levers.precision import (
     bf16_weights_need_bf16_autocast,
 )
 
-# In the order of TrialConfig's fields and of a space's knobs (the order the sampler walks them).
+# In the order of TrialConfig's fields and of a space's levers (the order the sampler walks them).
 LEVERS: dict[str, Lever] = {
     lever.name: lever
     for lever in (
@@ -60,3 +61,8 @@ LEVERS: dict[str, Lever] = {
 # bf16 weights first: narrowing dtype to bf16 can keep flash attention in the space. ZeRO's rules
 # before them: a ZeRO space drops bf16 weights before they narrow dtype.
 COMBINATION_RULES = (zero_with_other_levers, fsdp_or_zero, bf16_weights_need_bf16_autocast, flash_needs_half_precision)
+
+# The levers whose ``auto`` the memory prior narrows (``Lever.narrow_auto``), in order, before the
+# combination rules: ZeRO first (whether the space needs it changes which micro-batches fit, and the
+# rules between ZeRO and other levers must see only the ZeRO values kept), then the micro-batches.
+NARROWED_BY_MEMORY = (ZERO, MICRO_BATCH)

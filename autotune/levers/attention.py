@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -83,7 +85,7 @@ def _unavailable_for_model(value: str, model: ModelSpec, _choices: Mapping[str, 
 
     try:
         with torch.device("meta"):
-            build_model(model.config, model.task, value)
+            build_model(model.hf_config, model.task, **_to_model_build(value))
     except (ValueError, ImportError) as exc:
         return str(exc).strip().splitlines()[0][:200]
     return ""
@@ -117,6 +119,20 @@ def flash_needs_half_precision(choices: dict[str, list[Any]], notes: list[str], 
     return {**choices, "attn_implementation": kept}
 
 
+def _to_model_build(value: str | None) -> dict[str, Any]:
+    """``from_config(attn_implementation=...)``; nothing for the model's default."""
+    return {"attn_implementation": value} if value is not None else {}
+
+
+def _attention_memory(value: str | None, traits: MemoryTraits) -> MemoryTraits:
+    """Eager keeps the ``a x s x s`` scores; the tiled kernels keep none, and the flash kernels keep
+    flattened samples apart from their position ids (no mask); ``None`` is the model's default."""
+    if value is None:
+        return traits
+    kind = "tiled" if value in FUSED_ATTENTIONS else "materialized" if value == "eager" else "default"
+    return dataclasses.replace(traits, attention=kind, reads_boundaries=value in FLASH_ATTENTIONS)
+
+
 ATTN_IMPLEMENTATION = Lever(
     name="attn_implementation",
     value_type=str,
@@ -125,6 +141,7 @@ ATTN_IMPLEMENTATION = Lever(
     choices=ATTN_IMPLEMENTATIONS,
     in_every_space=False,
     acts_on="model",
+    to_model_build=_to_model_build,
     label=lambda value: f"attn={value}" if value else "",
     export_note=lambda value: (
         (
@@ -137,4 +154,7 @@ ATTN_IMPLEMENTATION = Lever(
     unavailable_on=_unavailable_on,
     unavailable_for_model=_unavailable_for_model,
     memory_parts=("activations",),
+    memory=_attention_memory,
+    best_practice=lambda device, choices: ["flash_attention_2", "sdpa"],
+    nearest={None: ("sdpa",)},  # transformers' default where the model supports it
 )

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers.attention import FLASH_ATTENTIONS
 
 if TYPE_CHECKING:
+    import torch
+
     from autotune.spec.models import ModelSpec
 
 # ``max_length``: each sample padded to --seq-len; ``longest``: to the longest of its batch;
 # ``padding_free``: the batch flattened into one row (DataCollatorWithFlattening). The Trainer's
-# ``data_collator``, not a TrainingArguments field (autotune/runner/_loader.py: training_collator).
+# ``data_collator``, not a TrainingArguments field (:class:`PaddedToLongest`, :class:`Flattened`).
 PADDINGS = ("max_length", "longest", "padding_free")
+# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
+_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
 # What each ``padding`` choice other than the default means for the user's training script.
 _COLLATOR_NOTES = {
     "longest": "padded to their longest sample: tokenize without padding and pass DataCollatorWithPadding(tokenizer)",
@@ -51,6 +57,83 @@ def padding_free_unsupported(model: ModelSpec, attention: list[str | None]) -> s
     return ""
 
 
+def _longest_first(seq_len: int, lengths: Sequence[int]) -> list[int]:
+    return sorted((min(int(n), seq_len) for n in lengths), reverse=True)
+
+
+class PaddedToLongest(Batching):
+    """``padding: longest``: each micro-batch padded to its longest sample (:class:`PadToLongest`).
+
+    Its fullest micro-batch is ``b`` rows of the longest sample (truncated to ``--seq-len``): some
+    batch holds it, and transformers' ``LengthGroupedSampler`` (trainer_pt_utils.py) even puts it
+    first. So ``sampling: group_by_length`` changes the tokens of a typical step (speed), not the peak.
+    """
+
+    pads_samples = False
+    varies = True
+    words = "padded to the longest"
+
+    def collator(self, pad_token_id: int, model_type: str) -> Any:
+        return PadToLongest(pad_token_id)
+
+    def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
+        return MicroBatchShape(rows=rows, row_tokens=_longest_first(seq_len, lengths)[0])
+
+
+class Flattened(Batching):
+    """``padding: padding_free``: each micro-batch flattened into one row by transformers'
+    ``DataCollatorWithFlattening`` (transformers/data/data_collator.py): ``position_ids`` restarting at
+    each sample, the first label of each sample -100, no padding and no attention mask. RoBERTa-like
+    models number positions from ``pad_token_id + 1`` (that class's docstring), so their position ids
+    start there. Its fullest micro-batch is one row of the ``b`` longest samples' tokens (at most
+    ``b x seq_len``); the Trainer counts all of its tokens (none is padding).
+    """
+
+    pads_samples = False
+    varies = True
+    flattened = True
+    counts_tokens = "all"
+    words = "flattened into one row"
+
+    def collator(self, pad_token_id: int, model_type: str) -> Any:
+        from transformers import DataCollatorWithFlattening
+
+        start = pad_token_id + 1 if model_type in _POSITIONS_AFTER_PADDING else 0
+        return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
+
+    def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
+        return MicroBatchShape(rows=1, row_tokens=sum(_longest_first(seq_len, lengths)[:rows]))
+
+
+class PadToLongest:
+    """Pads a batch of samples of different lengths to its longest one (pads ignored by the loss and the attention).
+
+    A class (not a closure) so dataloader workers can pickle it.
+    """
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        import torch
+        from torch.nn.utils.rnn import pad_sequence
+
+        def padded(key: str, value: int) -> torch.Tensor:
+            return pad_sequence([f[key] for f in features], batch_first=True, padding_value=value)
+
+        batch = {"input_ids": padded("input_ids", self.pad_token_id), "attention_mask": padded("attention_mask", 0)}
+        labels = [f["labels"] for f in features]
+        batch["labels"] = torch.stack(labels) if labels[0].dim() == 0 else padded("labels", -100)
+        return batch
+
+
+_BATCHINGS: dict[str, Batching] = {"max_length": PADDED, "longest": PaddedToLongest(), "padding_free": Flattened()}
+
+
+def _padding_memory(value: str, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, batching=_BATCHINGS[value])
+
+
 def _padding_unavailable_for_model(value: str, model: ModelSpec, choices: Mapping[str, list[Any]]) -> str:
     if value != "padding_free":
         return ""
@@ -71,6 +154,7 @@ PADDING = Lever(
     choices=PADDINGS,
     in_every_space=False,
     acts_on="collator",
+    to_batching=lambda value: _BATCHINGS[value] if value != "max_length" else None,
     label=lambda value: f"pad={value}" if value != "max_length" else "",
     export_note=lambda value: (
         (
@@ -83,8 +167,9 @@ PADDING = Lever(
     unavailable_with_trainer=_padding_unavailable_with_trainer,
     fallback="max_length",
     needs_real_data=True,
-    # It sets the tokens of the fullest micro-batch (autotune.estimate: micro_batch_shape).
+    # It sets the tokens of the fullest micro-batch (Batching.fullest).
     memory_parts=("activations", "logits"),
+    memory=_padding_memory,
 )
 
 SAMPLING = Lever(

@@ -72,4 +72,6 @@ COMPILE = Lever(
     from_training_args=_from_training_args,
     label=lambda value: f"compile={value}" if value != "off" else "",
     unavailable_on=_unavailable_on,
+    # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
+    best_practice=lambda device, choices: ["off"],
 )

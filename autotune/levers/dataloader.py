@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
+
+
+def _workers_best_practice(device: DeviceSpec, choices: Sequence[int]) -> list[int]:
+    """On a GPU, workers overlap data loading with compute (the fewest the space offers above 0); on
+    the CPU, they compete with training for the same cores."""
+    return sorted(w for w in choices if w > 0) if device.kind == "cuda" else [0]
+
 
 DATALOADER_WORKERS = Lever(
     name="dataloader_workers",
@@ -23,6 +32,8 @@ DATALOADER_WORKERS = Lever(
     # (autotune.estimate: context_bytes); on CUDA they hold no device memory.
     memory_parts=("context",),
     memory_device_kinds=("cpu",),
+    memory=lambda value, traits: dataclasses.replace(traits, forked_workers=value),
+    best_practice=_workers_best_practice,
 )
 
 
@@ -40,4 +51,5 @@ PIN_MEMORY = Lever(
     from_training_args=lambda args: bool(args["dataloader_pin_memory"]),
     no_effect_on=_pin_no_effect_on,
     fallback=False,
+    best_practice=lambda device, choices: [device.kind == "cuda"],  # pinned memory speeds copies to a GPU
 )

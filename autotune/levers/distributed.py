@@ -14,12 +14,14 @@ stage 2 the gradients too, stage 3 the parameters too; ``+offload`` keeps the op
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.levers._hooks import MemoryTraits, SpaceMemory
 from autotune.levers._lever import Lever
 from autotune.spec.files import read_user_file
 
@@ -139,12 +141,40 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
 
 def _auto_choices(device: DeviceSpec) -> list[str]:
     """Every value that runs here; the space keeps ZeRO only where nothing fits without it
-    (``autotune.space``: ``keep_zero_where_needed``)."""
+    (:func:`keep_zero_where_needed`)."""
     return [value for value in ZERO_CHOICES if not _unavailable_on(value, device)]
 
 
 def _label(value: str) -> str:
     return "" if value == "off" else f"zero={value}"
+
+
+def keep_zero_where_needed(
+    values: list[str], choices: Mapping[str, list[Any]], memory: SpaceMemory | None
+) -> tuple[list[str], str]:
+    """``zero: auto``: ZeRO is searched only where no config of the space is predicted to fit without it.
+
+    With the memory prior (before any trial): where some config with ``zero: off`` fits the ceiling,
+    ``zero`` is ``off``; where none does, ``zero`` keeps its values with which some config fits
+    (over the prior's ranks: with one rank, partitioning saves nothing and only offload is left), or
+    all of them where none does (the search then stops with what would fit). Without what the prior
+    predicts (no model, sequence length, ceiling or prior) nothing is known to need it: ``off``.
+    Applied before the combination rules, which then narrow the levers ZeRO does not run with.
+    """
+    if values == ["off"]:
+        return values, ""
+    if memory is None or memory.some_config_fits({**choices, "zero": ["off"]}):
+        return ["off"], ""
+    needed = [v for v in values if v != "off" and memory.some_config_fits({**choices, "zero": [v]})]
+    needed = needed or [v for v in values if v != "off"]
+    return (
+        needed,
+        f"zero {', '.join(needed)} searched: no config of the space is predicted to fit without DeepSpeed ZeRO",
+    )
+
+
+def _zero_memory(value: str, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, zero_stage=zero_stage(value), zero_offload=zero_offloads(value))
 
 
 ZERO = Lever(
@@ -162,6 +192,8 @@ ZERO = Lever(
     fallback="off",
     # context: on the CPU, DeepSpeed's modules and ops in the process (estimate._zero.DEEPSPEED_CPU_PROCESS_BYTES).
     memory_parts=("weights", "gradients", "optimizer states", "activations", "context"),
+    memory=_zero_memory,
+    narrow_auto=keep_zero_where_needed,
 )
 
 

@@ -16,9 +16,11 @@ Not on the CPU: accelerate turns FSDP on only for its multi-GPU kinds (accelerat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
 from autotune.levers.distributed import zero_excludes
 
@@ -60,6 +62,10 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     )
 
 
+def _fsdp_memory(value: str, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, fsdp_reshards=RESHARD_AFTER_FORWARD.get(value))
+
+
 FSDP = Lever(
     name="fsdp",
     value_type=str,
@@ -75,6 +81,7 @@ FSDP = Lever(
     fallback="off",
     memory_parts=("weights", "gradients", "optimizer states"),
     memory_device_kinds=("cuda",),
+    memory=_fsdp_memory,
 )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ def liger_unsupported(model: ModelSpec) -> str:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError:
         return "the liger-kernel package is not installed (pip install liger-kernel)"
-    model_type = str(model.config.get("model_type", ""))
+    model_type = model.model_type
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
         return f"Liger has no kernels for model type {model_type!r}"
     return ""
@@ -43,6 +45,21 @@ def liger_unsupported(model: ModelSpec) -> str:
 
 def _unavailable_for_model(value: bool, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
     return liger_unsupported(model) if value else ""
+
+
+def fused_linear_cross_entropy_bytes(model: ModelSpec, tokens: int) -> int:
+    """What Liger's fused linear cross-entropy keeps of the loss at its peak: ``4 (3 b s h + V h)`` bytes.
+
+    liger_kernel/ops/fused_linear_cross_entropy.py never makes the ``b s V`` logits: it computes them
+    in chunks of ``next_power_of_2(bs / ceil(V / h))`` rows, about ``b s h`` logits (up to twice that
+    after the rounding), and computes the gradients in the forward: the input's (``b s h``) and the
+    head weight's (``V h``), fp32. Counted: ``4 (2 b s h + b s h + V h)`` bytes.
+    """
+    return 4 * (3 * tokens * model.hidden_size + model.vocab_size * model.hidden_size)
+
+
+def _liger_memory(value: bool, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, logits=fused_linear_cross_entropy_bytes) if value else traits
 
 
 LIGER = Lever(
@@ -60,4 +77,5 @@ LIGER = Lever(
     unavailable_for_model=_unavailable_for_model,
     fallback=False,
     memory_parts=("logits",),
+    memory=_liger_memory,
 )

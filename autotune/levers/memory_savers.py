@@ -34,6 +34,10 @@ CHECKPOINTING = Lever(
     from_training_args=_checkpointing_from_training_args,
     label=lambda value: "ckpt" if value else "",
     memory_parts=("activations",),
+    memory=lambda value, traits: dataclasses.replace(traits, recompute=value),
+    best_practice=lambda device, choices: [False],
+    last_resort=True,  # it costs a forward per step: the best-practice seed turns it on only where nothing fits
+    planner_column="checkpointing",
 )
 
 
@@ -93,4 +97,5 @@ ACTIVATION_OFFLOADING = Lever(
     fallback=False,
     memory_parts=("activations",),
     memory_device_kinds=("cuda",),
+    memory=lambda value, traits: dataclasses.replace(traits, activations_offloaded=value),
 )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from autotune.levers._lever import Lever
 
@@ -45,11 +47,48 @@ STATE_BYTES_PER_PARAM = {
 # bitsandbytes optimizers (8-bit states; 32-bit ones in fp32) keep theirs whatever the weights are.
 STATES_IN_PARAM_DTYPE = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
 
+# Optimizers whose update is the same when every gradient is k times larger, up to their epsilon: they
+# divide by a running root mean square of the gradient (AdamW: torch/optim/adamw.py; bitsandbytes'
+# 8-bit AdamW; Adafactor: transformers/optimization.py, ``Adafactor.step``, ``grad / sqrt(EMA(grad**2))``;
+# Adagrad and RMSprop: torch/optim/adagrad.py, rmsprop.py) or take its sign (Lion), and decay the
+# weights apart from it. SGD's update is the gradient times the learning rate.
+SCALE_INVARIANT_OPTIMIZERS = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "adamw_bnb_8bit",
+    "paged_adamw_8bit",
+    "adamw_8bit",
+    "lion_8bit",
+    "adagrad",
+    "rmsprop",
+)
+# Optimizers that add the weight decay to the gradient (torch/optim/adagrad.py, rmsprop.py, sgd.py:
+# ``grad.add(param, alpha=weight_decay)``): a k-times gradient then weighs the decay 1/k as much.
+COUPLED_WEIGHT_DECAY_OPTIMIZERS = ("adagrad", "rmsprop", "sgd")
+
+
+def update_ignores_gradient_scale(optim: str, weight_decay: float) -> bool:
+    """Whether ``optim`` makes the same update from k-times gradients (up to its epsilon), at this weight decay."""
+    return optim in SCALE_INVARIANT_OPTIMIZERS and not (weight_decay and optim in COUPLED_WEIGHT_DECAY_OPTIMIZERS)
+
+
+def optimizer_in(arguments: Mapping[str, Any], training_default: Callable[[str], Any]) -> str:
+    """The optimizer TrainingArguments keyword arguments train with (``training_default(field)``, the
+    TrainingArguments default, where they name none)."""
+    return _from_training_args({"optim": arguments.get("optim", training_default("optim"))})
+
 
 def _unavailable_on(value: str, device: DeviceSpec) -> str:
     if value in BNB_OPTIMIZERS and importlib.util.find_spec("bitsandbytes") is None:
         return "bitsandbytes is not installed (pip install 'autotune[bnb]')"
     return ""  # adamw_torch_fused: torch >= 2.4 has a fused CPU AdamW too
+
+
+def _from_training_args(args: Mapping[str, Any]) -> str:
+    # TrainingArguments keeps its default as an OptimizerNames member (a str enum): its value is the name.
+    optim = args["optim"]
+    return str(getattr(optim, "value", optim))
 
 
 OPTIM = Lever(
@@ -60,8 +99,12 @@ OPTIM = Lever(
     choices=OPTIMIZERS,
     fields=("optim",),
     to_training_args=lambda value: {"optim": value},
-    from_training_args=lambda args: str(args["optim"]),
+    from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
     memory_parts=("optimizer states",),
+    memory=lambda value, traits: dataclasses.replace(traits, optimizer=value),
+    best_practice=lambda device, choices: ["adamw_torch_fused", "adamw_torch"],
+    nearest={"adamw_torch_fused": ("adamw_torch",), "adamw_torch": ("adamw_torch_fused",)},
+    planner_column="optimizer",
 )

@@ -31,10 +31,13 @@ mid-sample, with no sequence boundary (an all-ones mask, no position ids: trl/da
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
+from autotune.levers.batching import Flattened
 
 if TYPE_CHECKING:
     from autotune.spec.models import ModelSpec
@@ -49,6 +52,37 @@ REFUSED_PACKINGS = {
     ),
 }
 _LABELS = {"padding_free": "padding-free", "bfd": "pack=bfd"}
+
+
+class TrlFlattened(Flattened):
+    """``packing: padding_free``: TRL's collator (``DataCollatorForLanguageModeling`` with
+    ``padding_free``, trl/trainer/sft_trainer.py:168-227) puts a micro-batch's samples in one row, position
+    ids restarting at each sample, no attention mask. SFTTrainer builds that collator itself (the trial
+    hands it none); its fullest micro-batch is the Trainer path's flattened one, the ``b`` longest samples."""
+
+    words = "flattened into one row by TRL's collator"
+
+    def collator(self, pad_token_id: int, model_type: str) -> Any:
+        return None
+
+
+class TrlPacked(TrlFlattened):
+    """``packing: bfd``: samples packed best-fit-decreasing into rows of at most ``--seq-len`` tokens
+    (trl/data_utils.py ``_pack_bfd``), each micro-batch of ``b`` packed rows flattened into one row by
+    TRL's collator. Its fullest micro-batch is ``b`` full rows, ``b x seq_len`` tokens in one row: the
+    bins fill up whatever the samples' lengths."""
+
+    words = "packed (bfd) into rows of --seq-len, flattened into one row by TRL's collator"
+
+    def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
+        return MicroBatchShape(rows=1, row_tokens=rows * seq_len)
+
+
+_BATCHINGS: dict[str, Batching] = {"padding_free": TrlFlattened(), "bfd": TrlPacked()}
+
+
+def _memory(value: str, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, batching=_BATCHINGS[value]) if value in _BATCHINGS else traits
 
 
 def _to_training_args(value: str) -> dict[str, Any]:
@@ -106,13 +140,11 @@ PACKING = Lever(
     unavailable_with_trainer=_unavailable_with_trainer,
     unavailable_for_model=_unavailable_for_model,
     fallback="off",
-    # It sets the fullest micro-batch: one flattened row (autotune.estimate: micro_batch_shape), whose
-    # tokens (padding-free: the samples' own) the loss's tensors follow.
+    # The child counts tokens and measures the fullest batch by its Batching; TRL prepares and
+    # collates the rows itself (autotune.runner._sft).
+    to_batching=lambda value: _BATCHINGS.get(value),
+    # It sets the fullest micro-batch: one flattened row (Batching.fullest), whose tokens (padding-free:
+    # the samples' own) the loss's tensors follow, and its T x T mask under a mask-based attention.
     memory_parts=("activations", "logits"),
+    memory=_memory,
 )
-
-
-def flattens_batches(packing: str) -> bool:
-    """Whether TRL's collator flattens a micro-batch into one row (no attention mask, position ids
-    restarting at each sample): ``padding_free``, and ``bfd``, which forces it (sft_trainer.py:914)."""
-    return packing in ("padding_free", "bfd")

@@ -3,7 +3,8 @@ weights), and ``weight_dtype``, the dtype the model's weights are built in."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
@@ -15,7 +16,11 @@ if TYPE_CHECKING:
 # fp32; tf32 (fp32 storage, TF32 matmuls); fp16 / bf16: autocast over fp32 master weights (HF Trainer).
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 HALF_DTYPES = ("fp16", "bf16")
-_FIELDS = ("bf16", "fp16", "tf32")
+# The TrainingArguments fields the ``dtype`` lever sets. TrainingArguments judges them against the device
+# of the process that builds it (``__post_init__``: bf16 needs a GPU or CPU that runs it, tf32 an Ampere
+# GPU); autotune judges them against the trials' device instead (``unavailable_on``).
+PRECISION_FIELDS = ("bf16", "fp16", "tf32")
+_FIELDS = PRECISION_FIELDS
 
 
 def _to_training_args(value: str) -> dict[str, Any]:
@@ -34,18 +39,40 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
+def _dtype_best_practice(device: DeviceSpec, choices: Sequence[str]) -> list[str]:
+    """The fastest dtype the device has matmul hardware for (a performance guide's first try)."""
+    return [dtype for dtype in ("bf16", "fp16", "tf32", "fp32") if dtype in device.fast_dtypes]
+
+
+def _emulated_on(value: str, device: DeviceSpec) -> str:
+    return device.emulation_reason(value)
+
+
+def _auto_dtypes(device: DeviceSpec) -> list[str]:
+    """``dtype: auto``: the dtypes the device trains in; the device filter then leaves out those it
+    only emulates (:attr:`Lever.emulated_on`), with a note."""
+    return [dtype for dtype in DTYPES if dtype in device.supported_dtypes]
+
+
 DTYPE = Lever(
     name="dtype",
     value_type=str,
     default="fp32",
-    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision)",
+    doc="fp32, tf32 (TF32 matmuls), fp16 or bf16 (mixed precision); auto: those the device has matmul hardware for",
     choices=DTYPES,
+    auto_choices=_auto_dtypes,
+    absent_means_auto=False,
     fields=_FIELDS,
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "activations"),
+    memory=lambda value, traits: dataclasses.replace(traits, half_autocast=value in HALF_DTYPES),
+    best_practice=_dtype_best_practice,
+    nearest={"fp32": ("tf32", "bf16", "fp16")},
+    planner_column="dtype",
 )
 
 
@@ -57,6 +84,8 @@ WEIGHT_DTYPES = ("fp32", "bf16")
 # What the export tells the user to pass to from_pretrained / from_config (transformers 5 names the
 # argument ``dtype``; ``torch_dtype`` is its deprecated alias, modeling_utils.py ``_from_config``).
 WEIGHT_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# Bytes per weight (its gradient and parameter-dtype optimizer states alike).
+WEIGHT_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def _weight_dtype_unavailable_on(value: str, device: DeviceSpec) -> str:
@@ -105,6 +134,8 @@ WEIGHT_DTYPE = Lever(
     doc="the dtype the model is built in: fp32 master weights, or bf16 weights, gradients and optimizer states",
     choices=WEIGHT_DTYPES,
     acts_on="model",
+    # Always passed: without it from_config builds in the config's own dtype (autotune.spec.models.build_model).
+    to_model_build=lambda value: {"dtype": WEIGHT_TORCH_DTYPES[value]},
     label=lambda value: "" if value == "fp32" else f"weights={value}",
     export_note=lambda value: (
         ""
@@ -116,5 +147,7 @@ WEIGHT_DTYPE = Lever(
         )
     ),
     unavailable_on=_weight_dtype_unavailable_on,
+    emulated_on=_emulated_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),
+    memory=lambda value, traits: dataclasses.replace(traits, weight_bytes=WEIGHT_BYTES[value]),
 )

@@ -1,30 +1,29 @@
-"""What a search will do, decided before any trial: the ``search`` command's options and their defaults
-(``_options``: :class:`SearchOptions`, light enough for the CLI to declare its options from it) and the
-checks of command-line values (``_checks``: each names its option), ``--base-args`` read and checked once
-(``_base_args``).
+"""What a search or an estimate will do, decided before anything runs: one plan.
+
+``_options``: the commands' options and their defaults (:class:`PlanOptions`, shared; :class:`SearchOptions`,
+:class:`EstimateOptions`), each class checking its own options; ``_checks``: the checks themselves, each
+naming its option; ``_base_args``: ``--base-args`` read and checked once; ``_plan``: :func:`plan`, the one
+call that turns options into a :class:`Plan` (the workload with its memory prior, and the space), which
+``autotune search``, ``autotune estimate`` and the benchmarks make. Light: the command line declares its
+options from here without importing the layers a plan calls.
 """
 
 from __future__ import annotations
 
 from autotune.plan._base_args import arguments_class, load_base_args
-from autotune.plan._checks import (
-    port,
-    positive_int,
-    positive_seconds,
-    seq_len_fits,
-    worker_share,
-)
-from autotune.plan._options import (
-    SearchOptions,
-)
+from autotune.plan._checks import port, positive_int, positive_seconds
+from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions
+from autotune.plan._plan import Plan, plan
 
 __all__ = [
+    "EstimateOptions",
+    "Plan",
+    "PlanOptions",
     "SearchOptions",
     "arguments_class",
     "load_base_args",
+    "plan",
     "port",
     "positive_int",
     "positive_seconds",
-    "seq_len_fits",
-    "worker_share",
 ]

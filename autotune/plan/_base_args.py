@@ -10,7 +10,7 @@ import tempfile
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS, read_deepspeed_config
+from autotune.levers import LEVERS, PRECISION_FIELDS, read_deepspeed_config
 from autotune.spec.files import read_user_file
 from autotune.spec.sft import REFUSED_SFT_FIELDS, TRAINER_CLASSES
 
@@ -85,9 +85,9 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
         check_finite(path, read_deepspeed_config(base_args["deepspeed"]), "deepspeed")
     if base_args.get("torch_compile_backend") is not None:
         check_compile_backend(path, str(base_args["torch_compile_backend"]))
-    # The dtype fields are knobs the device filter checks; TrainingArguments would judge them
+    # The precision fields are a lever's the device filter checks; TrainingArguments would judge them
     # against this (CPU) process rather than the device the trials run on.
-    checked = {k: v for k, v in base_args.items() if k not in LEVERS["dtype"].fields}
+    checked = {k: v for k, v in base_args.items() if k not in PRECISION_FIELDS}
     with tempfile.TemporaryDirectory() as scratch:
         try:
             arguments = arguments_type(output_dir=scratch, use_cpu=True, **checked)
@@ -264,7 +264,7 @@ def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> Non
     models and its batch and stage assertions), with a world of one rank.
 
     Raises:
-        AutotuneError: An entry fixed while autotune searches its knob, an entry that contradicts
+        AutotuneError: An entry fixed while autotune searches its lever, an entry that contradicts
             the arguments, or a config DeepSpeed rejects; one line naming it.
     """
     import copy
@@ -285,7 +285,7 @@ def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> Non
                 f'--base-args {path}: deepspeed {key} is {given[key]}, but autotune searches the batch: write "auto" there '
                 f"(the Trainer fills it for each trial), or fix {' and '.join(BATCH_FIELDS)} in --base-args too"
             )
-    dtype_fixed = any(field in base_args for field in LEVERS["dtype"].fields)
+    dtype_fixed = any(field in base_args for field in PRECISION_FIELDS)
     for key in DEEPSPEED_DTYPE_KEYS:
         enabled = given.get(key).get("enabled") if isinstance(given.get(key), dict) else None
         if enabled in (None, "auto"):

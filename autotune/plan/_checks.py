@@ -1,9 +1,11 @@
-"""Checks of command-line values that no single module owns: each raises one line naming the option.
+"""The checks of command-line values: each raises one line naming the option.
 
-Every check runs before the first trial, so that a value that would make every trial fail (a zero
-timeout, no measured step, a memory share too small for any config) costs neither a run nor the
-study's seed trials. Each function is pure: it takes the values and raises
-:class:`~autotune.errors.AutotuneError` with the option's name and how to fix it.
+The options' own ``check`` methods (``autotune.plan._options``) and the plan (``autotune.plan.plan``,
+for values judged against what it loads) call these; no other module checks an option. Every check
+runs before the first trial, so that a value that would make every trial fail (a zero timeout, no
+measured step, a memory share too small for any config) costs neither a run nor the study's seed
+trials. Each function is pure: it takes the values and raises :class:`~autotune.errors.AutotuneError`
+with the option's name and how to fix it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ def non_negative_int(option: str, value: int) -> None:
     """``value`` is zero or more."""
     if value < 0:
         raise AutotuneError(f"{option} {value}: give 0 or more")
+
+
+def fraction_below_one(option: str, value: float, zero_words: str) -> None:
+    """``value`` is a fraction from 0 up to, not including, 1 (``zero_words``: what 0 means)."""
+    if not 0 <= value < 1:
+        raise AutotuneError(f"{option} {value}: give a fraction from {zero_words} up to, not including, 1")
+
+
+def one_of(*options: tuple[str, object]) -> None:
+    """At most one of the (option, value) pairs is given (a value other than ``None``)."""
+    given = [option for option, value in options if value is not None]
+    if len(given) > 1:
+        raise AutotuneError(f"give {' or '.join(given)}, not both")
 
 
 def port(value: int) -> None:

@@ -1,24 +1,39 @@
-"""The ``search`` command's options and their defaults: the one place they are written.
+"""The options of the commands that plan, with their defaults and their checks: the one place they are written.
 
-``autotune search``'s Typer declarations take their defaults from :class:`SearchOptions`, and
-``autotune.study`` builds its request, budget and confirmation from it, so a default (the trial
-timeout, the work directory, the prune ratio, screening, ...) cannot differ between the command
-line and the search. A foundation: it imports nothing heavy, so ``autotune --help`` stays quick.
+:class:`PlanOptions` holds what a plan is built from (``autotune.plan.plan``: the model, the devices,
+the space, the workload every trial shares); ``autotune search`` adds its loop and budget
+(:class:`SearchOptions`), ``autotune estimate`` what it prints and where it plans
+(:class:`EstimateOptions`). The commands' Typer declarations take their defaults from these classes,
+and each class checks its own options (:meth:`PlanOptions.check`), each check naming its option, so a
+default or a rule cannot differ between the command line and what runs. A foundation: it imports
+nothing heavy, so ``autotune --help`` stays quick.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
-from autotune.plan._checks import dataset_options, non_negative_int, positive_int, positive_seconds, trainer_options
+from autotune.plan._checks import (
+    dataset_options,
+    fraction_below_one,
+    non_negative_int,
+    one_of,
+    positive_int,
+    positive_seconds,
+    trainer_options,
+)
+
+if TYPE_CHECKING:
+    from autotune.spec.devices import DeviceSpec
 
 
 @dataclasses.dataclass(frozen=True)
-class SearchOptions:
-    """The ``search`` command's options, as the user typed them (see ``autotune search --help``)."""
+class PlanOptions:
+    """What a plan is built from: the options ``autotune search`` and ``autotune estimate`` share
+    (see ``autotune search --help``); ``estimate`` leaves the workload's measurement at its defaults."""
 
     model: str
     gpu: int | None = None
@@ -34,7 +49,6 @@ class SearchOptions:
     host_memory_ceiling: str | None = None
     space: str | None = None
     task: str | None = None
-    trial_timeout: float = 900.0
     # torch.compile trials: seconds to compile (until the first optimizer step ends), then trial_timeout.
     compile_timeout: float = 1800.0
     warmup_steps: int = 3
@@ -51,6 +65,67 @@ class SearchOptions:
     peft: str | None = None  # lora, qlora, or an adapter config file (autotune.spec.peft)
     global_batch: int | None = None
     max_global_batch: int | None = None
+
+    def check(self) -> None:
+        """The checks of single values that need nothing loaded, so a wrong option is answered at once
+        (``autotune.plan.plan`` checks the rest against what it loads: the model, the devices, the space).
+
+        Raises:
+            AutotuneError: One line naming the option.
+        """
+        for option, value in (
+            ("--seq-len", self.seq_len),
+            ("--max-measure-steps", self.max_measure_steps),
+            ("--devices-per-trial", self.devices_per_trial),
+            ("--workers", self.workers),
+            ("--global-batch", self.global_batch),
+            ("--max-global-batch", self.max_global_batch),
+        ):
+            positive_int(option, value)
+        one_of(("--global-batch", self.global_batch), ("--max-global-batch", self.max_global_batch))
+        non_negative_int("--warmup-steps", self.warmup_steps)
+        positive_seconds("--compile-timeout", self.compile_timeout)
+        dataset_options(self.dataset, self.text_column, self.packing)
+        trainer_options(self.trainer, self.loss_on)
+
+    def worker_devices(self) -> list[DeviceSpec]:
+        """The device of each worker: ``--gpus 0,1`` gives one worker per GPU, ``--workers N`` N on the CPU.
+
+        Raises:
+            AutotuneError: Options that contradict each other, a malformed list, GPUs of different kinds.
+        """
+        from autotune.spec.devices import resolve_device
+
+        if self.gpus is None:
+            spec = resolve_device(self.device, self.gpu)
+            if self.workers > 1 and spec.kind != "cpu":
+                raise AutotuneError(
+                    "--workers runs several trials on one device, which only the CPU allows; for GPUs use --gpus 0,1,... (one trial per GPU)"
+                )
+            return [spec] * self.workers
+        if self.device is not None or self.gpu is not None or self.workers != 1:
+            raise AutotuneError("--gpus gives one worker per GPU: leave out --gpu, --device and --workers")
+        numbers = [part.strip() for part in self.gpus.split(",")]
+        if not all(part.isdigit() for part in numbers) or len(set(numbers)) != len(numbers):
+            raise AutotuneError(
+                f"--gpus {self.gpus!r}: give distinct CUDA device numbers separated by commas, e.g. --gpus 0,1,2,3"
+            )
+        specs = [resolve_device(None, int(part)) for part in numbers]
+        kinds = {(spec.name, spec.total_memory_bytes) for spec in specs}
+        if len(kinds) > 1:
+            found = ", ".join(f"{spec.label} is {spec.name}" for spec in specs)
+            raise AutotuneError(
+                f"--gpus {self.gpus}: {found}; one study measures one kind of GPU: run one search per kind (--gpus with the same model)"
+            )
+        return specs
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions(PlanOptions):
+    """The ``search`` command's options, as the user typed them (see ``autotune search --help``): the
+    plan's, then how trials are run and when the search stops."""
+
+    trial_timeout: float = 900.0
     prune_ratio: float = 0.5
     screen: bool = True
     # When the search stops starting trials, and how the leaders are confirmed at the end.
@@ -62,27 +137,21 @@ class SearchOptions:
     confirm_repeats: int = 3
 
     def check(self) -> None:
-        """The checks of single values that need nothing loaded, so a wrong option is answered at once
-        (:func:`autotune.study.prepare_request` checks the rest: the model, the space, the data).
+        """The plan's checks, then the search's own (each names its option).
 
         Raises:
             AutotuneError: One line naming the option.
         """
+        super().check()
         for option, value in (
-            ("--seq-len", self.seq_len),
             ("--trials", self.trials),
             ("--max-total-trials", self.max_total_trials),
-            ("--max-measure-steps", self.max_measure_steps),
             ("--patience", self.patience),
-            ("--devices-per-trial", self.devices_per_trial),
         ):
             positive_int(option, value)
-        non_negative_int("--warmup-steps", self.warmup_steps)
         positive_seconds("--trial-timeout", self.trial_timeout)
-        positive_seconds("--compile-timeout", self.compile_timeout)
         positive_seconds("--timeout", self.timeout)
-        dataset_options(self.dataset, self.text_column, self.packing)
-        trainer_options(self.trainer, self.loss_on)
+        fraction_below_one("--prune-ratio", self.prune_ratio, "0 (never prune)")
         if self.confirm_top < 0 or (self.confirm_top > 0 and self.confirm_repeats < 2):
             raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
 
@@ -95,3 +164,43 @@ class SearchOptions:
         """
         fields = {field.name: values[field.name] for field in dataclasses.fields(cls)}
         return cls(**{**fields, "callbacks": tuple(fields["callbacks"] or ())})
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateOptions(PlanOptions):
+    """The ``estimate`` command's options: the plan's (those it declares), where it plans, what it prints.
+
+    Attributes:
+        gpu_type: Plan for a GPU of this kind (``autotune devices --known``) instead of one here.
+        storage: Calibrate the prior on the measured trials of a study in this storage.
+        study_name: That study (default: the only one in the storage).
+        all_rows: Every memory-distinct config, by part (``--all``).
+        as_json: Every row as JSON (``--json``).
+    """
+
+    gpu_type: str | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    all_rows: bool = False
+    as_json: bool = False
+
+    def check(self) -> None:
+        """The plan's checks, then the estimate's own (each names its option).
+
+        Raises:
+            AutotuneError: One line naming the option.
+        """
+        super().check()
+        if self.gpu_type is not None and (self.gpu is not None or self.device is not None or self.storage is not None):
+            raise AutotuneError(
+                "--gpu-type plans for a GPU you do not have: give it without --gpu, --device or --storage"
+            )
+        one_of(("--all", self.all_rows or None), ("--json", self.as_json or None))
+
+    def worker_devices(self) -> list[DeviceSpec]:
+        """The GPU ``--gpu-type`` names, from the datasheet table (no GPU needed), else this machine's device."""
+        if self.gpu_type is None:
+            return super().worker_devices()
+        from autotune.spec.devices import known_gpu
+
+        return [known_gpu(self.gpu_type).device()]

@@ -2,13 +2,14 @@
 
 ``_trial_result``: :class:`TrialResult`, the JSON record of one trial (status, throughput, FLOPs, memory by
 source), stored in the trial's user attrs, and :class:`Status`, the one vocabulary of how a trial ended and its
-groups. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
+groups. ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
 loss (:func:`judge_against_default`, :func:`judged_trials`).
 """
 
 from __future__ import annotations
 
 from autotune.result._loss import (
+    accumulation_note,
     diverged_trials,
     judge_against_default,
     judged_trials,
@@ -19,8 +20,10 @@ from autotune.result._loss import (
     trained_fraction,
     winner_loss,
 )
+from autotune.result._time_spent import TimeSpent
 from autotune.result._trial_result import (
     FAILED_STATUSES,
+    GIVEN_UP_STATUSES,
     INFEASIBLE_STATUSES,
     MEMORY_EXCEEDED_STATUSES,
     PEAK_MEASURED_STATUSES,
@@ -44,6 +47,7 @@ from autotune.result._trial_result import (
 
 __all__ = [
     "FAILED_STATUSES",
+    "GIVEN_UP_STATUSES",
     "INFEASIBLE_STATUSES",
     "MEMORY_EXCEEDED_STATUSES",
     "PEAK_MEASURED_STATUSES",
@@ -51,9 +55,11 @@ __all__ = [
     "RAN_NORMALLY_STATUSES",
     "RETRIED_STATUSES",
     "Status",
+    "TimeSpent",
     "TrialResult",
     "UNFINISHED_LABELS",
     "UNKNOWN_EXCESS_GIB",
+    "accumulation_note",
     "came_back_counts",
     "diverged_trials",
     "feasible_by_speed",

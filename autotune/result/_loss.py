@@ -1,6 +1,6 @@
 """Does a trial train? Its training loss over the measured steps, skipped optimizer steps, divergence.
 
-Speed knobs change numerics: fp16 without a working loss scale overflows and its grad scaler skips
+Speed levers change numerics: fp16 without a working loss scale overflows and its grad scaler skips
 optimizer steps (a skipped step is cheaper, so the trial would look faster than it is); 8-bit and
 factored optimizers and compilation can change what training does. A fast config that does not
 train is not a winner. Each trial child records:
@@ -353,7 +353,11 @@ class WinnerLoss:
     baseline: str = "HF default"
 
     def describe(self) -> str:
-        """One sentence on whether the winner trains as the default (:attr:`baseline`) does."""
+        """One sentence on whether the winner trains as the default (:attr:`baseline`) does (losses per sample)."""
+        note = accumulation_note(self.winner)
+        return self._describe() + (f"; winner #{self.winner_trial}: {note}" if note else "")
+
+    def _describe(self) -> str:
         own = f"first {_loss_text(self.winner.loss_first)}, last {_loss_text(self.winner.loss_last)} over its measured steps"
         if self.default_trial is None or self.default is None:
             return f"training loss of winner #{self.winner_trial}: {own}; the {self.baseline} trial has not run, so only non-finite values were checked"
@@ -385,6 +389,15 @@ class WinnerLoss:
             for i in picked
         ]
         return f"loss by step (winner / {self.baseline}): " + ", ".join(pairs)
+
+
+def accumulation_note(result: TrialResult) -> str | None:
+    """The one sentence on a trial whose Trainer adds up its micro-batches' mean losses
+    (:attr:`TrialResult.gradient_scale` above 1); ``None`` for any other."""
+    if result.gradient_scale <= 1:
+        return None
+    steps = result.gradient_scale
+    return f"gradients x{steps}: the Trainer adds up {steps} micro-batch mean losses (loss shown per sample)"
 
 
 def _loss_text(value: float | None) -> str:

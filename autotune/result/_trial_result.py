@@ -56,6 +56,9 @@ MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
 FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.COMPILE_TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
 # Failures that may be transient (a noisy neighbour, a driver hiccup): the trial is tried once more.
 RETRIED_STATUSES = frozenset({Status.CRASH, Status.TIMEOUT})
+# Failed on every attempt it gets (a crash or a timeout twice, an error, a compile timeout): the
+# config is taken, never proposed again. An interrupted trial runs again instead (queued once).
+GIVEN_UP_STATUSES = FAILED_STATUSES - {Status.INTERRUPTED}
 
 
 def in_order(statuses: Iterable[Status]) -> list[Status]:
@@ -102,6 +105,8 @@ class TrialResult:
     step_time_median_s: float = 0.0  # one optimizer step (all accumulation micro-batches)
     step_time_cv: float = 0.0  # coefficient of variation of the measured step times
     measured_steps: int = 0
+    measured_s: float = 0.0  # wall time of the measured steps (the throughput's steps)
+    step_times_s: list[float] = dataclasses.field(default_factory=list)  # each measured step's time
     warmup_steps: int = 0
     warmup_s: float = 0.0  # warm-up steps, compilation included; excluded from throughput
     compile_s: float = 0.0  # torch.compile's own compilation time (within warm-up; 0 without compile)
@@ -130,6 +135,11 @@ class TrialResult:
     skipped_steps: list[int] = dataclasses.field(default_factory=list)
     skipped_measured_steps: int = 0
     weights_finite: bool | None = None
+    # How many times the per-sample loss the Trainer's loss and gradients were: the accumulation steps
+    # where the model takes loss kwargs but ignores num_items_in_batch, so the Trainer neither divides
+    # by the steps nor normalises over the step's items (runner._loss_recorder.accumulation_gradient_scale);
+    # else 1. loss_curve is per sample whatever it is.
+    gradient_scale: int = 1
     # What the child read back about how it ran: matmul_precision (tf32/ieee), autocast_dtype, the
     # allocator settings (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF), outside_allocator_source.
     runtime: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -201,7 +211,7 @@ def objective_value(result: TrialResult) -> float:
 
 
 def precision_note(config_dtype: str, result: TrialResult) -> str | None:
-    """``ran tf32 matmuls`` where what the child read back differs from the knob's name, else ``None``.
+    """``ran tf32 matmuls`` where what the child read back differs from the lever's name, else ``None``.
 
     An fp32 trial with ``torch.compile`` on CUDA runs TF32 matmuls (transformers and accelerate switch
     them on, see :mod:`autotune.runner._precision`): tables say so rather than print a bare fp32.

@@ -15,13 +15,14 @@ from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._calibrate import calibrate_device, measure_matmul_peak
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob, Workload, trial_memory_prior
-from autotune.runner._limits import child_address_space_budget, child_environment
+from autotune.runner._limits import allocator_settings, child_address_space_budget, child_environment
 from autotune.runner._pool import run_isolated
 from autotune.runner._side_effects import trial_overrides_note
 
 __all__ = [
     "TrialJob",
     "Workload",
+    "allocator_settings",
     "calibrate_device",
     "child_address_space_budget",
     "child_environment",

@@ -38,7 +38,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     _die_with_orchestrator(lifeline)
     os.environ.update(child_environment(job.workload.device, job.work_dir))  # before anything initialises CUDA
     # DeepSpeed and FSDP both shard over a process group, even of one rank: the launcher's variables.
-    if (job.config.zero != "off" or job.config.fsdp != "off") and job.workload.devices_per_trial == 1:
+    if job.config.shards_over_ranks and job.workload.devices_per_trial == 1:
         os.environ.update(single_rank_environment())
     apply_allocator_env(job.workload.allocator_env)
     redirect_output(job.log_path)

@@ -20,7 +20,8 @@ from autotune.spec.models import ModelSpec, resolve_model
 def trial_memory_prior(device: DeviceSpec, allocator_env: Mapping[str, str], ranks: int) -> MemoryFit:
     """The memory model's prior for trials on ``device`` under ``allocator_env``, ``ranks`` ranks each:
     :func:`autotune.estimate.memory_prior` with, on the CPU, this installation's measured process
-    baseline (:func:`autotune.runner._baseline.cpu_process_baseline_bytes`)."""
+    baseline (:func:`autotune.runner._baseline.cpu_process_baseline_bytes`). Built once per workload,
+    by the plan (``autotune.plan.plan``) or by :meth:`Workload.for_model`."""
     baseline = cpu_process_baseline_bytes() if device.kind == "cpu" else None
     return dataclasses.replace(memory_prior(device, allocator_env, baseline), ranks=ranks)
 
@@ -29,14 +30,19 @@ def trial_memory_prior(device: DeviceSpec, allocator_env: Mapping[str, str], ran
 class Workload:
     """What is trained and where, the same for every trial of one search.
 
-    Built once from the command line (:func:`autotune.study.prepare_request`), it travels unchanged
-    inside every :class:`TrialJob` to the child.
+    Built once from the command line (``autotune.plan.plan``), it travels unchanged inside every
+    :class:`TrialJob` to the child.
 
     Attributes:
         model: The model to build (from its config, random weights).
         device: Where to train.
         seq_len: Tokens per sample.
         ceiling_bytes: The memory ceiling (recorded with the result; judged by :mod:`autotune.spec.ceiling`).
+        memory_prior: The memory model's prior for this device and allocator setting
+            (:func:`trial_memory_prior`), built once with the workload: the plan narrows the space
+            with it, ``autotune estimate`` predicts with it, and the search's screening, seeds and
+            sampler start from it, so all predict the same peak before any trial; one rank's peak
+            where a trial spans several.
         measure: When the steady-state measurement stops.
         base_args: TrainingArguments the user fixed, applied to every trial.
         dataset: The user's prepared data (``None``: synthetic tokens).
@@ -66,6 +72,7 @@ class Workload:
     device: DeviceSpec
     seq_len: int
     ceiling_bytes: int
+    memory_prior: MemoryFit
     measure: MeasureSettings = MeasureSettings()
     base_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     dataset: PreparedDataset | None = None
@@ -80,13 +87,6 @@ class Workload:
     trainer: str = "trainer"
     loss_on: str = "all"
 
-    @property
-    def memory_prior(self) -> MemoryFit:
-        """The memory model's prior for this device and allocator setting: the one the planner uses
-        too (:func:`autotune.estimate.memory_prior`), so both predict the same peak before any trial;
-        one rank's peak where a trial spans several."""
-        return trial_memory_prior(self.device, self.allocator_env, self.devices_per_trial)
-
     @classmethod
     def for_model(
         cls,
@@ -97,14 +97,21 @@ class Workload:
         device: DeviceSpec | None = None,
         **fields: Any,
     ) -> Workload:
-        """A workload made outside a search: the one factory of the tests and the benchmark scripts.
+        """A workload made outside a plan: the one factory of the tests and of scripts that measure
+        single configs.
 
         ``model`` is a spec or a name resolved offline as ``--model`` is (its default head); the
-        device is this machine's CPU unless given; ``fields`` sets any other attribute. A search
-        makes its workload from the command line instead (:func:`autotune.study.prepare_request`).
+        device is this machine's CPU unless given; ``fields`` sets any other attribute; the memory
+        prior is the device's (:func:`trial_memory_prior`) unless given. A search or an estimate makes
+        its workload from the command line instead (``autotune.plan.plan``).
         """
         spec = resolve_model(model) if isinstance(model, str) else model
-        return cls(model=spec, device=device or cpu_device(), seq_len=seq_len, ceiling_bytes=ceiling_bytes, **fields)
+        device = device or cpu_device()
+        if "memory_prior" not in fields:
+            allocator_env = fields["allocator_env"] if "allocator_env" in fields else allocator_settings()
+            ranks = fields.get("devices_per_trial", 1)
+            fields = {**fields, "memory_prior": trial_memory_prior(device, allocator_env, ranks)}
+        return cls(model=spec, device=device, seq_len=seq_len, ceiling_bytes=ceiling_bytes, **fields)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.
@@ -113,8 +120,8 @@ class Workload:
         transformers and accelerate switch TF32 on themselves (:func:`predicted_tf32`). The child
         reads back what actually ran (:mod:`autotune.runner._precision`) and records that.
         """
-        tf32 = predicted_tf32(config.dtype, config.compile, self.device.kind, self.base_args)
-        return matmul_dtype(config.dtype, tf32)
+        tf32 = predicted_tf32(config.precision, config.compiled_as or "off", self.device.kind, self.base_args)
+        return matmul_dtype(config.precision, tf32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,16 +130,19 @@ class TrialJob:
 
     Attributes:
         workload: What is trained and where (shared by every trial of the search).
-        config: The knobs under test.
+        config: The lever values under test.
         work_dir: A directory of this trial's own (Trainer output_dir, the child's log).
         prune_below_samples_per_s: Stop early (status ``pruned``) once the measured throughput is
-            clearly below this; ``None`` never prunes.
+            clearly below this (:func:`autotune.spec.measure.clearly_slower`); ``None`` never prunes.
+        prune_step_noise: The step-time CV of the trial that set the threshold: how far one step
+            may stray before a judgement on fewer than ``prune_after_steps`` steps.
     """
 
     workload: Workload
     config: TrialConfig
     work_dir: str
     prune_below_samples_per_s: float | None = None
+    prune_step_noise: float = 0.0
 
     @property
     def log_path(self) -> str:

@@ -1,7 +1,7 @@
-"""The trial child's side of ``--dataset``: the prepared copy loaded as a dataset, and its batches.
+"""The trial child's side of ``--dataset``: the prepared copy loaded as a dataset, and its fullest batch.
 
-The parent prepares the data once (``autotune.spec.dataset.prepare_dataset``); each trial child loads it here
-and shapes its batches as the trial's ``padding`` lever says.
+The parent prepares the data once (``autotune.spec.dataset.prepare_dataset``); each trial child loads it here,
+and the trial's batching (``autotune.levers.Batching``, chosen by its levers) shapes its batches.
 """
 
 from __future__ import annotations
@@ -10,20 +10,18 @@ from typing import Any
 
 import torch
 
+from autotune.levers import Batching
 from autotune.spec.dataset import PreparedDataset
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
-# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
-_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
-
 
 def load_training_dataset(
-    prepared: PreparedDataset, model: ModelSpec, seq_len: int, padding: str = "max_length"
+    prepared: PreparedDataset, model: ModelSpec, seq_len: int, pad_to_length: bool = True
 ) -> torch.utils.data.Dataset:
     """The trial child's dataset: the prepared Arrow copy, memory-mapped, tokenized on access.
 
-    With ``padding`` other than ``max_length`` samples keep their own length (truncated to
-    ``seq_len``), and :func:`training_collator` shapes the batch.
+    Without ``pad_to_length`` (``Batching.pads_samples``) samples keep their own length (truncated to
+    ``seq_len``), and the batching's collator shapes the batch.
     """
     import datasets
 
@@ -41,68 +39,26 @@ def load_training_dataset(
         task=model.task,
         pad_token_id=prepared.pad_token_id,
         length=prepared.length,
-        pad_to_length=padding == "max_length",
+        pad_to_length=pad_to_length,
     )
 
 
-def training_collator(padding: str, pad_token_id: int, model: ModelSpec) -> Any:
-    """The Trainer's ``data_collator`` for a ``padding`` choice; ``None`` keeps the Trainer's default.
-
-    * ``max_length``: every sample is already ``--seq-len`` long (``default_data_collator`` stacks them).
-    * ``longest``: :class:`PadToLongest`, the batch padded to its longest sample.
-    * ``padding_free``: transformers' ``DataCollatorWithFlattening`` (transformers/data/data_collator.py):
-      the batch as one row, ``position_ids`` restarting at each sample, the first label of each
-      sample -100, no padding and no attention mask. RoBERTa-like models number positions from
-      ``pad_token_id + 1`` (that class's docstring), so their position ids start there.
-    """
-    if padding == "longest":
-        return PadToLongest(pad_token_id)
-    if padding == "padding_free":
-        from transformers import DataCollatorWithFlattening
-
-        start = pad_token_id + 1 if model.config.get("model_type") in _POSITIONS_AFTER_PADDING else 0
-        return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
-    return None
-
-
 def worst_case_batch(
-    dataset: UserSamples, micro_batch: int, padding: str, collator: Any
+    dataset: UserSamples, samples: int, batching: Batching, collator: Any
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """The fullest micro-batch the trial's data can produce, and its words for the result.
+    """The fullest micro-batch of ``samples`` samples the trial's data can produce, and its words for the result.
 
-    With ``padding`` longest a batch is as long as its longest sample, and with padding_free as long
-    as its samples together, so the worst batch holds the ``micro_batch`` longest samples (truncated
-    to ``--seq-len``); the measured steps may never meet it (a random order, or
-    ``group_by_length``), though a real run does. This is the shape
-    ``autotune.estimate.micro_batch_shape`` predicts from. Built by the trial's own collator.
+    Where batches vary (padded to their longest sample, or flattened), a batch is as long as its
+    longest sample or as its samples together, so the worst batch holds the ``samples`` longest
+    samples (truncated to ``--seq-len``); the measured steps may never meet it (a random order, or
+    ``group_by_length``), though a real run does. This is the shape the estimate predicts from
+    (``Batching.fullest``). Built by the trial's own collator.
     """
     lengths = dataset.sample_lengths()
-    longest = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))[:micro_batch]
+    longest = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))[:samples]
     batch = collator([dataset[i] for i in longest])
     rows, tokens = batch["input_ids"].shape
-    how = "flattened into one row" if padding == "padding_free" else "padded to the longest"
-    return batch, f"worst-case batch: the {len(longest)} longest samples {how}, {rows} x {tokens} tokens"
-
-
-class PadToLongest:
-    """Pads a batch of samples of different lengths to its longest one (pads ignored by the loss and the attention).
-
-    A class (not a closure) so dataloader workers can pickle it.
-    """
-
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
-    def __call__(self, features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        from torch.nn.utils.rnn import pad_sequence
-
-        def padded(key: str, value: int) -> torch.Tensor:
-            return pad_sequence([f[key] for f in features], batch_first=True, padding_value=value)
-
-        batch = {"input_ids": padded("input_ids", self.pad_token_id), "attention_mask": padded("attention_mask", 0)}
-        labels = [f["labels"] for f in features]
-        batch["labels"] = torch.stack(labels) if labels[0].dim() == 0 else padded("labels", -100)
-        return batch
+    return batch, f"worst-case batch: the {len(longest)} longest samples {batching.words}, {rows} x {tokens} tokens"
 
 
 class UserSamples(torch.utils.data.Dataset):

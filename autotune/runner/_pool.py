@@ -12,6 +12,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
+from autotune.errors import AutotuneError
 from autotune.result import TrialResult
 from autotune.runner._baseline import TRIAL_PROCESS_IMPORTS
 from autotune.runner._child import child_main
@@ -94,15 +95,26 @@ def run_isolated(
     lifeline_reader, lifeline = context.Pipe(duplex=False)
     process = context.Process(target=target, args=(sender, lifeline_reader, job), name="autotune-trial")
     started = time.perf_counter()
-    process.start()
+    try:
+        process.start()
+    except (EOFError, OSError) as exc:
+        # The forkserver died before it forked the child (killed while it imported torch, say):
+        # multiprocessing reads EOF where the child's PID should be (popen_forkserver.py, _launch),
+        # or finds its socket refused. Not a result of the trial's config: the caller records the
+        # trial as interrupted (study._loop.run_one_trial), and this says why in one line.
+        for end in (receiver, sender, lifeline_reader, lifeline):
+            end.close()
+        reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+        raise AutotuneError(
+            f"could not start the trial's process: multiprocessing's forkserver, which starts every trial, died "
+            f"({reason}); nothing was measured, and the trial runs first when you run the same command again"
+        ) from None
     sender.close()
     lifeline_reader.close()
     assert process.pid is not None
     watch = ChildWatch(process.pid)
     payload: dict | None = None
-    deadlines = TrialDeadlines(
-        started, timeout_s, job.workload.compile_timeout_s if job.config.compile != "off" else None
-    )
+    deadlines = TrialDeadlines(started, timeout_s, job.workload.compile_timeout_s if job.config.compiled_as else None)
     try:
         payload = _await_result(receiver, process, watch, deadlines, on_tick)
         if payload is not None:
@@ -117,7 +129,7 @@ def run_isolated(
     if payload is not None:
         result = TrialResult.from_dict(payload)
     elif deadlines.expired is not None:
-        result = deadlines.result(job.config.compile)
+        result = deadlines.result(job.config.compiled_as or "")
     else:
         near_limit = process.exitcode == -signal.SIGKILL and watch.killed_for_memory()
         status, reason = classify_exit(process.exitcode, near_memory_limit=near_limit)

@@ -1,6 +1,6 @@
-"""The precision a trial trained in, read back from torch in the child (never assumed from its knobs).
+"""The precision a trial trained in, read back from torch in the child (never assumed from its levers).
 
-Two switches decide it, and neither is the trial's ``dtype`` knob alone:
+Two switches decide it, and neither is the trial's ``dtype`` lever alone:
 
 * **fp32 matmuls in TF32.** transformers turns TF32 on whenever ``torch_compile`` is set with
   ``tf32`` left unset and without fp16 (``transformers/training_args.py``, ``__post_init__``,

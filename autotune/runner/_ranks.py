@@ -95,7 +95,7 @@ def run_ranks(
             start_new_session=True,
         )
     watch = ChildWatch(launcher.pid)
-    compile_timeout = job.workload.compile_timeout_s if job.config.compile != "off" else None
+    compile_timeout = job.workload.compile_timeout_s if job.config.compiled_as else None
     deadlines = TrialDeadlines(started, timeout_s, compile_timeout)
     try:
         _await_launcher(launcher, job.work_dir, watch, deadlines, on_tick)
@@ -105,7 +105,7 @@ def run_ranks(
 
     results = _rank_results(job.work_dir, ranks)
     if deadlines.expired is not None:
-        result, log_path = deadlines.result(job.config.compile), job.log_path
+        result, log_path = deadlines.result(job.config.compiled_as or ""), job.log_path
         result.error = _never_started(job.work_dir, ranks) + result.error
     elif len(results) == ranks and all(r.status != Status.ERROR and r.status != Status.OOM for r in results.values()):
         result, log_path = combine_ranks([results[rank] for rank in range(ranks)]), job.log_path

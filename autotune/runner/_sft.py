@@ -28,7 +28,7 @@ from typing import Any
 
 from autotune.runner._job import TrialJob
 from autotune.spec.models import NO_MODEL_CODE
-from autotune.spec.sft import TRAINER_CLASSES, sft_arguments, trains_untruncated
+from autotune.spec.sft import sft_arguments, trains_untruncated
 
 
 def class_named(name: str) -> type:
@@ -43,12 +43,20 @@ def load_tokenizer(directory: str) -> Any:
     return AutoTokenizer.from_pretrained(directory, local_files_only=True, **NO_MODEL_CODE)
 
 
-def build_sft_trainer(job: TrialJob, model: Any, arguments: dict[str, Any], callbacks: list[Any]) -> Any:
+def build_sft_trainer(
+    job: TrialJob,
+    model: Any,
+    classes: tuple[type, type, dict[str, Any]],
+    arguments: dict[str, Any],
+    callbacks: list[Any],
+) -> Any:
     """The trial's ``SFTTrainer``, its data prepared by TRL and cycled to what the steps take.
 
     Args:
         job: The trial (its workload holds the prepared rows and the tokenizer's directory).
         model: The model autotune built (``SFTTrainer`` takes it as built).
+        classes: The trainer class, its arguments class and the trainer's keyword arguments
+            (``runner._trial.trainer_of``: TRL's ``SFTTrainer`` and ``SFTConfig``).
         arguments: ``SFTConfig`` keyword arguments: the levers' (every lever field SFTConfig resolves
             otherwise already explicit: ``autotune.levers.with_levers_off_explicit``) and the harness's.
         callbacks: The trial's callbacks (the loss recorder, the step timer, ...).
@@ -59,7 +67,7 @@ def build_sft_trainer(job: TrialJob, model: Any, arguments: dict[str, Any], call
     prepared = workload.dataset
     assert prepared is not None and prepared.tokenizer_dir is not None, "--trainer sft needs rows and a tokenizer"
     datasets.disable_progress_bars()
-    trainer_class, arguments_class = (class_named(name) for name in TRAINER_CLASSES["sft"])
+    trainer_class, arguments_class, trainer_kwargs = classes
     kwargs = sft_arguments(arguments, workload.seq_len, workload.loss_on)
     trainer = trainer_class(
         model=model,
@@ -67,6 +75,7 @@ def build_sft_trainer(job: TrialJob, model: Any, arguments: dict[str, Any], call
         train_dataset=datasets.load_from_disk(prepared.prepared_dir),
         processing_class=load_tokenizer(prepared.tokenizer_dir),
         callbacks=callbacks,
+        **trainer_kwargs,
     )
     rows = trainer.train_dataset
     if trains_untruncated(kwargs):

@@ -1,7 +1,8 @@
 """The body of a trial: build the model, train through the real Trainer, measure.
 
 Imported by the forkserver before any child starts, so torch and transformers are loaded once.
-Nothing here touches CUDA at import time.
+Nothing here touches CUDA at import time. The trial's levers act through their hooks (the model
+build, the batches, the trainer and its arguments: ``autotune.levers``); nothing here names a lever.
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ import torch
 import transformers
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.levers import WEIGHT_TORCH_DTYPES, training_arguments_kwargs, with_levers_off_explicit
-from autotune.levers.packing import flattens_batches
+from autotune.levers import (
+    Batching,
+    TrainerParts,
+    model_build_kwargs,
+    trainer_parts,
+    training_arguments_kwargs,
+    trial_batching,
+    with_levers_off_explicit,
+)
 from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
@@ -40,6 +48,7 @@ from autotune.spec.devices import DeviceSpec
 from autotune.spec.flops import hardware_tflops as hardware_tflops_of
 from autotune.spec.flops import model_tflops as model_tflops_of
 from autotune.spec.flops import utilisation
+from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft
 from autotune.spec.sft import TRAINER_CLASSES
@@ -71,12 +80,12 @@ class SyntheticTokens(torch.utils.data.Dataset):
         return sample
 
 
-def harness_arguments(job: TrialJob) -> dict[str, Any]:
+def harness_arguments(job: TrialJob, batching: Batching) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs, and those that keep the trial's effects
     inside its process and work dir (``_side_effects.trial_overrides``: no upload, no reporting, no
     checkpoint, no evaluation); never exported."""
     return dict(
-        include_num_input_tokens_seen=tokens_counted(job),
+        include_num_input_tokens_seen=tokens_counted(job, batching),
         output_dir=job.work_dir,
         max_steps=job.workload.measure.total_steps_cap,
         logging_strategy="no",
@@ -86,12 +95,13 @@ def harness_arguments(job: TrialJob) -> dict[str, Any]:
     )
 
 
-def build_dataset(job: TrialJob) -> torch.utils.data.Dataset:
+def build_dataset(job: TrialJob, batching: Batching) -> torch.utils.data.Dataset:
     workload = job.workload
     if workload.dataset is not None:
         from autotune.runner._loader import load_training_dataset
 
-        return load_training_dataset(workload.dataset, workload.model, workload.seq_len, job.config.padding)
+        samples = load_training_dataset(workload.dataset, workload.model, workload.seq_len, batching.pads_samples)
+        return batching.prepare(samples)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
@@ -128,20 +138,11 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     try:
         torch.manual_seed(0)
         build_started = time.perf_counter()
-        model = build_model(
-            workload.model.config,
-            workload.model.task,
-            job.config.attn_implementation,
-            WEIGHT_TORCH_DTYPES[job.config.weight_dtype],
-        )
+        model = build_model(workload.model.hf_config, workload.model.task, **model_build_kwargs(job.config))
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
-        autocast = AutocastRecorder(torch, workload.device.kind)
-        if job.config.compile == "off":
-            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
-            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
-            autocast.attach(model)
+        batching = trial_batching(job.config)
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
         # this step was skipped; its scalar read waits for work the timer's synchronize waits for anyway.
         recorder = LossRecorder()
@@ -153,14 +154,20 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             *(load_callback(name)() for name in workload.callbacks),
             *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
         ]
-        trainer = build_trainer(job, model, callbacks)
-        recorder.attach(trainer)
+        trainer = build_trainer(job, model, batching, callbacks)
+        recorder.attach(trainer)  # its probe of the model's loss runs one forward: before the autocast hooks
         lengths.attach(trainer)
+        autocast = AutocastRecorder(torch, workload.device.kind)
+        if job.config.compiled_as is None:
+            # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
+            # changing what is compiled. There the accelerator's setting, which enters autocast, is read.
+            autocast.attach(model)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
-        if batches_vary(job):
-            peaks, peak_batch = worst_case_peaks(trainer, job, probe, peaks)
+        varying = batches_vary(job, batching)
+        if varying:
+            peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
@@ -172,10 +179,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     diverged = nonfinite_reason(record, stats.measured_steps)
     # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
     trained = trained_fraction(stats.measured_steps, record.skipped_measured)
-    # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching)
-    # differ in cost by design: their throughput is the mean over the measured steps, not the median
-    # of a window.
-    samples_per_s = job.config.global_batch * trained / (stats.mean_s if batches_vary(job) else stats.median_s)
+    # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
+    # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
+    samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
     if workload.trainer == "sft":  # the samples trained, however TRL's packing puts them in rows
         samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
@@ -183,9 +189,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
     model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
     hardware_tflops = hardware_tflops_of(
-        workload.model, workload.seq_len, samples_per_s, job.config.checkpointing, real_tokens_per_s, context
+        workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s, context
     )
-    # The peak of the precision that ran (read back from torch), not of the knob's name.
+    # The peak of the precision that ran (read back from torch), not of the lever's name.
     peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
     peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
     measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
@@ -210,6 +216,8 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         step_time_median_s=stats.median_s,
         step_time_cv=stats.cv,
         measured_steps=stats.measured_steps,
+        measured_s=stats.measured_s,
+        step_times_s=list(timer.step_times),
         warmup_steps=stats.warmup_steps,
         warmup_s=stats.warmup_s,
         compile_s=stats.compile_s,
@@ -228,16 +236,18 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         skipped_steps=record.skipped_steps,
         skipped_measured_steps=record.skipped_measured,
         weights_finite=record.weights_finite,
+        gradient_scale=recorder.gradient_scale,
         runtime=runtime,
         defects=defects,
     )
 
 
 def worst_case_peaks(
-    trainer: Trainer, job: TrialJob, probe: MemoryProbe, measured: dict[str, int]
+    trainer: Trainer, job: TrialJob, batching: Batching, probe: MemoryProbe, measured: dict[str, int]
 ) -> tuple[dict[str, int], str]:
     """One more optimizer step, after the timed ones, on the fullest batch the data can produce
-    (:func:`autotune.runner._loader.worst_case_batch`), through the Trainer's own ``training_step``
+    (:func:`autotune.runner._loader.worst_case_batch`; under SFTTrainer the longest prepared rows
+    through TRL's collator, :func:`autotune.runner._sft.fullest_batch`), through the Trainer's own ``training_step``
     (its autocast, its accelerator) and optimizer: the trial's peak is the larger of the two, so a
     config that fits stays inside memory for the whole run, not only for the batches it was timed on.
 
@@ -246,12 +256,12 @@ def worst_case_peaks(
         which batch set the ceiling's figure.
     """
     if job.workload.trainer == "sft":
-        batch, words = fullest_batch(trainer, job.config.micro_batch)
+        batch, words = fullest_batch(trainer, trainer.args.per_device_train_batch_size)
     else:
         from autotune.runner._loader import worst_case_batch
 
         batch, words = worst_case_batch(
-            trainer.train_dataset, job.config.micro_batch, job.config.padding, trainer.data_collator
+            trainer.train_dataset, trainer.args.per_device_train_batch_size, batching, trainer.data_collator
         )
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
@@ -285,55 +295,61 @@ def runtime_readings(
     return found
 
 
-def build_collator(job: TrialJob) -> Any:
-    """The Trainer's ``data_collator`` for the trial's ``padding`` (``None``: the Trainer's default)."""
+def build_collator(job: TrialJob, batching: Batching) -> Any:
+    """The Trainer's ``data_collator`` of the trial's batching (``None``: the Trainer's default)."""
     dataset = job.workload.dataset
     if dataset is None:
         return None
-    from autotune.runner._loader import training_collator
-
-    return training_collator(job.config.padding, dataset.pad_token_id, job.workload.model)
+    return batching.collator(dataset.pad_token_id, job.workload.model.model_type)
 
 
-def build_trainer(job: TrialJob, model: Any, callbacks: list[Any]) -> Trainer:
-    """The trial's trainer: the workload's (``--trainer``), with exactly the levers' arguments and the
-    harness's: the transformers ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the
-    user's rows (``runner._sft``)."""
+def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list[Any]) -> Trainer:
+    """The trial's trainer (:func:`trainer_of`), with exactly the levers' arguments and the harness's:
+    the transformers ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the user's rows,
+    which it prepares and batches itself (``runner._sft``)."""
     workload = job.workload
-    kwargs = {
-        **training_arguments_kwargs(job.config, workload.device.kind, workload.base_args),
-        **harness_arguments(job),
-    }
+    trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
+    kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
+    # Under a subclass whose defaults differ (SFTConfig), each lever field at its default is written.
+    kwargs = {**with_levers_off_explicit(kwargs, arguments_class), **harness_arguments(job, batching)}
     if workload.trainer == "sft":
-        arguments_class = class_named(TRAINER_CLASSES["sft"][1])
-        return build_sft_trainer(job, model, with_levers_off_explicit(kwargs, arguments_class), callbacks)
-    return Trainer(
+        return build_sft_trainer(job, model, (trainer_class, arguments_class, trainer_kwargs), kwargs, callbacks)
+    return trainer_class(
         model=model,
-        args=TrainingArguments(**kwargs),
-        train_dataset=build_dataset(job),
-        data_collator=build_collator(job),
+        args=arguments_class(**kwargs),
+        train_dataset=build_dataset(job, batching),
+        data_collator=build_collator(job, batching),
         callbacks=callbacks,
+        **trainer_kwargs,
     )
 
 
-def batches_vary(job: TrialJob) -> bool:
-    """Whether micro-batches differ in tokens: the user's data, padded to each batch's longest or
-    flattened (the ``padding`` lever), and every batching of SFTTrainer's (its collator pads to the
+def trainer_of(job: TrialJob) -> tuple[type, type, dict[str, Any]]:
+    """The trainer class, its arguments class and the trainer's keyword arguments of the trial: the
+    workload's trainer (``--trainer``: ``autotune.spec.sft.TRAINER_CLASSES``), or one a lever chooses
+    over the Trainer's, with every lever's keyword arguments (:func:`autotune.levers.trainer_parts`)."""
+    trainer, arguments = TRAINER_CLASSES[job.workload.trainer]
+    parts = trainer_parts(job.config, TrainerParts(trainer=trainer, arguments=arguments))
+    return class_named(parts.trainer), class_named(parts.arguments), parts.kwargs
+
+
+def batches_vary(job: TrialJob, batching: Batching) -> bool:
+    """Whether micro-batches differ in tokens: the user's data padded to each batch's longest or
+    flattened (``Batching.varies``), and every batching of SFTTrainer's (its collator pads to the
     longest, and packed rows are filled to different lengths). The trial then also measures the
     fullest batch once (:func:`worst_case_peaks`)."""
-    workload = job.workload
-    return workload.dataset is not None and (workload.trainer == "sft" or job.config.padding != "max_length")
+    return job.workload.dataset is not None and (batching.varies or job.workload.trainer == "sft")
 
 
-def tokens_counted(job: TrialJob) -> str:
+def tokens_counted(job: TrialJob, batching: Batching) -> str:
     """What the Trainer counts in ``state.num_input_tokens_seen`` (transformers/trainer.py:
-    ``_track_num_input_tokens``): the attention mask's ones with the user's data (a flattened batch
-    has no mask and no padding: all its tokens); nothing with synthetic tokens, which are all real.
+    ``_track_num_input_tokens``): with the user's data what the batching says (the attention mask's
+    ones; all of a flattened batch's tokens, which has no mask and no padding); nothing with
+    synthetic tokens, which are all real.
     """
     if job.workload.dataset is None:
         return "no"
-    flattened = job.config.padding == "padding_free" or flattens_batches(job.config.packing)
-    return "all" if flattened else "non_padding"
+    return batching.counts_tokens
 
 
 def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # noqa: ANN202 - StepTimer's callback type
@@ -341,21 +357,18 @@ def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # n
     if threshold is None:
         return None
 
-    def clearly_slower(timer: StepTimer) -> bool:
-        # Judge after a few measured steps (not a full window: a trial at half the best's speed is
-        # plain by then, and every further step is spent on a config that cannot win); the median
-        # of those steps resists one stray slow step.
-        judged_after = min(timer.settings.prune_after_steps, timer.settings.min_steps)
-        if len(timer.step_times) < judged_after:
-            return False
+    def losing(timer: StepTimer) -> bool:
+        # From the first measured step: every further step of a config that cannot win is time lost
+        # (autotune.spec.measure.clearly_slower says when one step is enough).
         skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
         trained = trained_fraction(len(timer.step_times), skipped)
-        if job.workload.trainer == "sft":  # the samples trained, as the result counts them
-            samples = lengths.totals(timer.measured_step_numbers)[0]
-            return trained * samples / sum(timer.step_times) < threshold
-        return job.config.global_batch * trained / timer.stats().median_s < threshold
+        samples_per_step = job.config.global_batch * trained
+        if job.workload.trainer == "sft":  # the samples trained per step, as the result counts them
+            steps = timer.measured_step_numbers
+            samples_per_step = trained * lengths.totals(steps)[0] / max(len(steps), 1)
+        return clearly_slower(timer.step_times, samples_per_step, threshold, job.prune_step_noise, timer.settings)
 
-    return clearly_slower
+    return losing
 
 
 def versions(device: DeviceSpec) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Search spaces: YAML -> checked against the levers -> narrowed to what the device, model and data run.
 
 ``_space_file`` reads and checks the file (one key per lever of ``autotune.levers``), ``_narrow`` applies
-the levers' filters, ``_search_space`` is the result the study samples from. :func:`load_space` is
-the one call that does all three, in the order search_spaces/README.md lists.
+the levers' filters and rules, ``_search_space`` is the result the study samples from. :func:`load_space`
+is the one call that does all three, in the order search_spaces/README.md lists.
 """
 
 from __future__ import annotations
@@ -13,20 +13,21 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit
+from autotune.levers import LEVERS
 from autotune.space._narrow import (
+    PriorPredictions,
     apply_base_args,
     constrain_global_batch,
-    drop_unneeded_small_micro_batches,
     filter_combinations,
     filter_for_data,
     filter_for_device,
     filter_for_model,
     filter_for_trainer,
-    keep_zero_where_needed,
+    narrow_by_memory,
     tensor_core_note,
 )
 from autotune.space._search_space import SearchSpace
-from autotune.space._space_file import AUTO, read_space_file
+from autotune.space._space_file import read_space_file
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 
@@ -78,16 +79,18 @@ def load_space(
         real_data: ``--dataset`` was given: samples have different lengths.
         packing: ``--packing``: every sample is a full block.
         seq_len: Tokens per sample: with it, a note where a micro-batch's tokens are not 8-aligned.
-        ceiling_bytes: With ``model``, ``seq_len`` and ``memory_fit`` (the memory prior): ``auto``'s
-            micro-batches below 8 stay only where a larger one may not fit
-            (:func:`drop_unneeded_small_micro_batches`); without them they all stay.
-        memory_fit: See ``ceiling_bytes``; with both, ``zero: auto`` searches ZeRO only where nothing
-            fits without it (:func:`keep_zero_where_needed`), over the fit's ``ranks``.
+        ceiling_bytes: With ``model``, ``seq_len`` and ``memory_fit`` (the memory prior), the levers
+            left at ``auto`` are narrowed by what the prior predicts (``Lever.narrow_auto``: ZeRO only
+            where nothing fits without it, over the fit's ``ranks``; micro-batches below 8 only where a
+            larger one may not fit); without them ZeRO is off and the micro-batches all stay.
+        memory_fit: See ``ceiling_bytes``.
         ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch.
         trainer: ``--trainer``: choices the trainer does not train are removed, with a note.
 
     Raises:
-        AutotuneError: Unreadable or invalid YAML, or nothing left that can run.
+        AutotuneError: Unreadable or invalid YAML, or nothing left that can run. (``--global-batch``
+            and ``--max-global-batch`` themselves are checked with the other options,
+            ``autotune.plan``.)
     """
     path = path or default_space_path(trainer)
     parsed = read_space_file(path)
@@ -96,26 +99,21 @@ def load_space(
     if model is not None:
         space = filter_for_model(space, model)
     space = filter_for_data(space, real_data, packing)
-    if global_batch is not None or max_global_batch is not None:
-        if global_batch is not None and max_global_batch is not None:
-            raise AutotuneError("give --global-batch or --max-global-batch, not both")
-        if (global_batch or max_global_batch or 0) <= 0:
-            raise AutotuneError("--global-batch and --max-global-batch must be positive integers")
-    else:
+    if global_batch is None and max_global_batch is None:
         global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device)
-    if parsed.zero == AUTO and "deepspeed" not in (base_args or {}):
-        space = keep_zero_where_needed(space, model, seq_len, memory_fit, ceiling_bytes)
+    knows_memory = model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
+    memory = PriorPredictions(model, seq_len, memory_fit, ceiling_bytes) if knows_memory else None
+    # A lever a --base-args field fixes is the user's, whatever auto would keep.
+    fixed = {lever.name for lever in LEVERS.values() if any(field in (base_args or {}) for field in lever.fields)}
+    space = narrow_by_memory(space, parsed.auto_levers() - fixed, memory)
     # Then: a dtype fixed by --base-args decides which attention kernels can run.
     notes = list(space.notes)
     choices = filter_combinations(space.choices, notes, source=path)
     space = SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
-    knows_memory = model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
-    if parsed.micro_batch == AUTO and knows_memory:
-        space = drop_unneeded_small_micro_batches(space, model, seq_len, memory_fit, ceiling_bytes)
     if seq_len is not None:
         space = tensor_core_note(space, seq_len, device)
     return space

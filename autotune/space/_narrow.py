@@ -1,12 +1,15 @@
-"""Narrowing a space: what the device, the model, the data, a global batch and ``--base-args`` allow.
+"""Narrowing a space: what the device, the model, the data, a global batch, ``--base-args`` and the
+memory prior allow.
 
-Each lever says why one of its values cannot run (``autotune.levers``); these functions apply those
-rules to a whole space, in the order search_spaces/README.md lists, each removal one note.
+Each lever says why one of its values cannot run, and its rules over a whole space
+(``autotune.levers``); these functions apply them to a space, in the order search_spaces/README.md
+lists, each removal one note. None names a lever.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,13 +17,17 @@ from pydantic import BaseModel
 from autotune.errors import AutotuneError
 from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes, smallest_peak_bytes
 from autotune.levers import (
-    BATCH_LIMIT_KNOBS,
+    BATCH_LIMITS,
     COMBINATION_RULES,
+    GLOBAL_BATCH_LEVERS,
     LEVERS,
-    SMALL_AUTO_MICRO_BATCHES,
+    NARROWED_BY_MEMORY,
     Lever,
-    knob_values_from_base_args,
+    SpaceMemory,
+    lever_values_from_base_args,
 )
+from autotune.levers import constrain_global_batch as constrain_batch_levers
+from autotune.levers import tensor_core_note as lever_tensor_core_note
 from autotune.space._search_space import SearchSpace
 from autotune.space._space_file import AUTO
 from autotune.spec.ceiling import fits
@@ -48,16 +55,21 @@ def _keep(lever: Lever, values: list[Any], why_not: Callable[[Any], str], notes:
 
 def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -> SearchSpace:
     """Remove choices the device cannot run (or on which they change nothing), with a note for each;
-    fail if a lever is left empty."""
+    fail if a lever is left empty.
+
+    A value the device only emulates (:attr:`Lever.emulated_on`) is left out of ``auto`` and kept
+    where the space lists it, with a note either way.
+    """
     notes: list[str] = []
     choices: dict[str, list[Any]] = {}
-    for name, values in parsed.model_dump(exclude=set(BATCH_LIMIT_KNOBS)).items():
+    for name, values in parsed.model_dump(exclude=set(BATCH_LIMITS)).items():
         if values is None:
             continue
         lever = LEVERS[name]
-        if values == AUTO:
+        auto = values == AUTO
+        if auto:
             values = lever.auto_choices(device)
-        kept = _keep(lever, values, lambda v: lever.unavailable_on(v, device) or lever.no_effect_on(v, device), notes)  # noqa: B023 - called by _keep in this iteration
+        kept = _keep(lever, values, functools.partial(_not_on_device, lever, device, auto, notes), notes)
         if not kept:
             raise AutotuneError(
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
@@ -82,6 +94,19 @@ def filter_for_trainer(space: SearchSpace, trainer: str) -> SearchSpace:
         else:
             del choices[name]
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
+def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str], value: Any) -> str:
+    """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value the device only
+    emulates is left out of ``auto`` and kept, with a note, where the space lists it."""
+    reason = lever.unavailable_on(value, device) or lever.no_effect_on(value, device)
+    emulated = lever.emulated_on(value, device)
+    if reason or not emulated:
+        return reason
+    if auto:
+        return f"{emulated}; list it in the space ({lever.name}: [...]) to search it anyway"
+    notes.append(f"{lever.name} {yaml_word(value)} kept because the space lists it: {emulated}")
+    return ""
 
 
 def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
@@ -121,76 +146,47 @@ def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> Searc
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 
 
-def drop_unneeded_small_micro_batches(
-    space: SearchSpace, model: ModelSpec, seq_len: int, fit: MemoryFit, ceiling_bytes: int
-) -> SearchSpace:
-    """Search ``auto``'s micro-batches below 8 (1, 2, 4) only where a larger one may not fit.
+class PriorPredictions:
+    """What the memory prior predicts of a space's configs (``autotune.levers.SpaceMemory``), before any
+    trial: the estimate of its memory-distinct configs against the ceiling."""
 
-    From the largest down, a small micro-batch stays while some memory-distinct config at the next
-    larger micro-batch of the space may not fit: its predicted peak (the memory prior, before any
-    trial) is over the ceiling divided by :data:`UNCALIBRATED_MARGIN`, the prior's error band. Where
-    every config at the next larger one fits well, the smaller ones are removed with a note: they
-    take as much memory per token and run fewer tokens per step. Call it only for ``auto`` (a space
-    that lists its micro-batches measures them), after the global-batch constraint and the base
-    arguments.
+    def __init__(self, model: ModelSpec, seq_len: int, fit: MemoryFit, ceiling_bytes: int) -> None:
+        self.model, self.seq_len, self.fit, self.ceiling_bytes = model, seq_len, fit, ceiling_bytes
+
+    def largest_fits_well(self, choices: Mapping[str, list[Any]]) -> bool:
+        """The largest predicted peak, times the prior's error margin :data:`UNCALIBRATED_MARGIN`, fits."""
+        peak = largest_peak_bytes(self.model, dict(choices), self.seq_len, self.fit)
+        return fits(peak * UNCALIBRATED_MARGIN, self.ceiling_bytes)
+
+    def some_config_fits(self, choices: Mapping[str, list[Any]]) -> bool:
+        return fits(smallest_peak_bytes(self.model, dict(choices), self.seq_len, self.fit), self.ceiling_bytes)
+
+
+def narrow_by_memory(space: SearchSpace, auto: set[str], memory: SpaceMemory | None) -> SearchSpace:
+    """Narrow the levers the space leaves at ``auto`` by what the memory prior predicts (each lever's
+    ``narrow_auto`` rule, in :data:`NARROWED_BY_MEMORY` order: ZeRO only where nothing fits without
+    it, ``auto``'s small micro-batches only where a larger one may not fit), a note each.
+
+    Run after the base arguments and before the combination rules. The micro-batch rule judges the
+    largest predicted peak of the space before the combination rules narrow it, which can only keep
+    a small micro-batch the narrowed space would have dropped, never drop one it would keep.
     """
-    micro = sorted(space.choices["micro_batch"])
-    removed = []
-    for value in sorted((m for m in micro if m in SMALL_AUTO_MICRO_BATCHES), reverse=True):
-        larger = next((m for m in micro if m > value and m not in removed), None)
-        if larger is None:
+    choices, notes = dict(space.choices), list(space.notes)
+    for lever in NARROWED_BY_MEMORY:
+        if lever.name not in auto or lever.name not in choices or lever.narrow_auto is None:
             continue
-        peak = largest_peak_bytes(model, {**space.choices, "micro_batch": [larger]}, seq_len, fit)
-        if fits(peak * UNCALIBRATED_MARGIN, ceiling_bytes):
-            removed.append(value)
-    if not removed:
-        return space
-    kept = [m for m in space.choices["micro_batch"] if m not in removed]
-    note = (
-        f"micro_batch {_list(sorted(removed))} removed: micro-batch {min(kept)} is predicted to fit with every setting "
-        f"of the other levers (auto searches smaller ones only where it may not)"
-    )
-    return SearchSpace(choices={**space.choices, "micro_batch": kept}, notes=(*space.notes, note), source=space.source)
-
-
-def keep_zero_where_needed(
-    space: SearchSpace, model: ModelSpec | None, seq_len: int | None, fit: MemoryFit | None, ceiling_bytes: int | None
-) -> SearchSpace:
-    """``zero: auto``: ZeRO is searched only where no config of the space is predicted to fit without it.
-
-    With the memory prior (before any trial): where some config with ``zero: off`` fits the ceiling,
-    ``zero`` is ``off``; where none does, ``zero`` keeps its values with which some config fits
-    (over the fit's ``ranks``: with one rank, partitioning saves nothing and only offload is left), or all of
-    them where none does (the search then stops with what would fit). Without a model, a sequence
-    length, a ceiling and the prior nothing is known to need it: ``off``. Call it only for ``auto``,
-    before the combination rules (which then narrow the levers ZeRO does not run with).
-    """
-    values = space.choices.get("zero", ["off"])
-    if values == ["off"]:
-        return space
-    if model is None or seq_len is None or fit is None or ceiling_bytes is None:
-        return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)
-
-    def some_config_fits(value: str) -> bool:
-        return fits(smallest_peak_bytes(model, {**space.choices, "zero": [value]}, seq_len, fit), ceiling_bytes)
-
-    if some_config_fits("off"):
-        return SearchSpace(choices={**space.choices, "zero": ["off"]}, notes=space.notes, source=space.source)
-    needed = [v for v in values if v != "off" and some_config_fits(v)] or [v for v in values if v != "off"]
-    note = f"zero {', '.join(needed)} searched: no config of the space is predicted to fit without DeepSpeed ZeRO"
-    return SearchSpace(choices={**space.choices, "zero": needed}, notes=(*space.notes, note), source=space.source)
+        choices[lever.name], note = lever.narrow_auto(choices[lever.name], choices, memory)
+        if note:
+            notes.append(note)
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 
 
 def tensor_core_note(space: SearchSpace, seq_len: int, device: DeviceSpec) -> SearchSpace:
-    """A note where a micro-batch's tokens (``micro_batch x seq_len``, the rows of every projection's
-    matmul) are not a multiple of 8, which fp16/bf16 tensor cores want (NVIDIA's deep learning
-    performance guide, "Matrix multiplication"). A micro-batch of 1 at seq len 2048 is 2048 rows."""
-    if device.kind != "cuda":
+    """The space with a note where a micro-batch's tokens are not 8-aligned on CUDA
+    (:func:`autotune.levers.tensor_core_note`)."""
+    note = lever_tensor_core_note(space.choices, seq_len, device)
+    if not note:
         return space
-    odd = [m for m in space.choices["micro_batch"] if (m * seq_len) % 8]
-    if not odd:
-        return space
-    note = f"micro_batch {_list(odd)} x seq len {seq_len} is not a multiple of 8 tokens: tensor cores may run it slower"
     return SearchSpace(choices=space.choices, notes=(*space.notes, note), source=space.source)
 
 
@@ -208,27 +204,14 @@ def constrain_global_batch(
     base_args: dict[str, Any] | None = None,
     ranks: int = 1,
 ) -> SearchSpace:
-    """Search only micro-batches whose accumulation a global-batch constraint can derive.
-
-    Optuna samples knobs independently and cannot change a knob's choices between trials, so under
-    a constraint accumulation is not searched: ``grad_accum`` leaves the space and the constraint
-    enters it as a fixed knob, from which :meth:`TrialConfig.from_params` derives the accumulation,
-    ``limit // micro_batch``. The constraint is then recorded with every trial and in the stored
-    space (a study resumed with another one is refused), and no trial is spent on a forbidden pair.
-
-    * ``global_batch`` N: the micro_batch choices that divide N; accumulation N / micro-batch.
-    * ``max_global_batch`` M: the micro_batch choices up to M; accumulation the most that stays
-      within M, ``M // micro_batch``, whatever the grad_accum choices were (more accumulation
-      amortises the optimizer step over more samples and leaves activation memory alone, so the
-      other pairs under the cap are not worth a trial). Where accumulation is not searched (one
-      grad_accum choice) it stays, and the cap only removes micro-batches it would push over M.
-
-    A micro-batch or accumulation fixed in ``base_args`` is the only one considered.
+    """Search only micro-batches whose accumulation a global-batch constraint can derive
+    (:func:`autotune.levers.constrain_global_batch`, the batch levers' rule), a lever fixed by
+    ``base_args`` the only one considered.
 
     With ``ranks`` N (``--devices-per-trial``), every rank takes 1/N of the global batch (the
     Trainer's global batch is micro_batch x grad_accum x N): the constraint is applied to each
     rank's share, ``global_batch / N`` (which N must divide) or ``max_global_batch // N``, and the
-    stored knob is that share, as :attr:`TrialConfig.global_batch` counts one device's samples.
+    stored entry is that share, as ``TrialConfig.global_batch`` counts one device's samples.
 
     Raises:
         AutotuneError: No micro-batch meets the constraint (the message says what would).
@@ -237,50 +220,9 @@ def constrain_global_batch(
         return space
     if ranks > 1:
         return _per_rank_share(space, global_batch, max_global_batch, base_args, ranks)
-    fixed = knob_values_from_base_args(base_args or {})
-    micro = [fixed["micro_batch"]] if "micro_batch" in fixed else space.choices["micro_batch"]
-    by_base = " (fixed by --base-args)" if {"micro_batch", "grad_accum"} & fixed.keys() else ""
-    choices = {k: v for k, v in space.choices.items() if k != "grad_accum"}
     notes = list(space.notes)
-    if global_batch is not None:
-        if "grad_accum" in fixed:
-            micro = [global_batch // fixed["grad_accum"]] if global_batch % fixed["grad_accum"] == 0 else []
-            micro = [m for m in micro if "micro_batch" not in fixed or m == fixed["micro_batch"]]
-        kept = [m for m in micro if global_batch % m == 0]
-        if not kept:
-            divisors = [d for d in range(1, global_batch + 1) if global_batch % d == 0][:16]
-            raise AutotuneError(
-                f"global batch {global_batch}: no micro_batch{by_base} {_list(micro)} divides it into whole "
-                f"accumulation steps; use micro-batches among its divisors {_list(divisors)}"
-            )
-        note = f"global batch {global_batch}: grad_accum = {global_batch} / micro_batch, not searched"
-        dropped = [m for m in micro if m not in kept]
-        if dropped:
-            note += f"; micro_batch {_list(dropped)} removed (they do not divide {global_batch})"
-        notes.append(note + by_base)
-        choices.update(micro_batch=kept, global_batch=[global_batch])
-    else:
-        assert max_global_batch is not None
-        accum = [fixed["grad_accum"]] if "grad_accum" in fixed else space.choices["grad_accum"]
-        # A searched accumulation is derived (at least 1); a fixed one stays, so it counts.
-        least_accum = accum[0] if len(accum) == 1 else 1
-        kept = [m for m in micro if m * least_accum <= max_global_batch]
-        if not kept:
-            raise AutotuneError(
-                f"max global batch {max_global_batch}: even micro_batch {min(micro)} x grad_accum {least_accum}{by_base} "
-                "is over it; add smaller micro_batch choices or raise the cap"
-            )
-        dropped = [m for m in micro if m not in kept]
-        removed = f"; micro_batch {_list(dropped)} removed" if dropped else ""
-        if len(accum) == 1:
-            notes.append(f"max global batch {max_global_batch}: grad_accum stays {accum[0]}{by_base}{removed}")
-            choices.update(micro_batch=kept, grad_accum=accum)
-        else:
-            notes.append(
-                f"max global batch {max_global_batch}: grad_accum = {max_global_batch} // micro_batch (the most "
-                f"that fits), not searched{by_base}{removed}"
-            )
-            choices.update(micro_batch=kept, max_global_batch=[max_global_batch])
+    fixed = lever_values_from_base_args(base_args or {})
+    choices = constrain_batch_levers(dict(space.choices), notes, global_batch, max_global_batch, fixed)
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 
 
@@ -316,32 +258,28 @@ def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: Devic
     The user's TrainingArguments win over the search: such a lever keeps one choice (a note says so)
     for which ``training_arguments_kwargs`` writes exactly the user's value, so the trials measure it
     and the export keeps it. Under a global-batch constraint, :func:`constrain_global_batch` has
-    already fixed micro-batch and accumulation.
+    already fixed the batch levers (micro-batch and accumulation).
 
     Raises:
         AutotuneError: The device cannot run a fixed value (bf16 on a GPU without it, ...).
     """
     notes = list(space.notes)
     choices = dict(space.choices)
-    constrained = any(limit in choices for limit in BATCH_LIMIT_KNOBS)
-    for knob, value in knob_values_from_base_args(base_args).items():
-        if knob in ("micro_batch", "grad_accum") and constrained:
+    constrained = any(limit in choices for limit in BATCH_LIMITS)
+    for name, value in lever_values_from_base_args(base_args).items():
+        if name in GLOBAL_BATCH_LEVERS and constrained:
             continue
-        lever = LEVERS[knob]
+        lever = LEVERS[name]
         fields = ", ".join(f for f in lever.fields if f in base_args)
         reason = lever.unavailable_on(value, device)
         if reason:
             raise AutotuneError(
-                f"--base-args {fields} asks for {knob} {value!r}, which {device.label} cannot run: {reason}"
+                f"--base-args {fields} asks for {name} {value!r}, which {device.label} cannot run: {reason}"
             )
-        if choices.get(knob) != [value]:
-            searched = len(choices.get(knob, [])) > 1
+        if choices.get(name) != [value]:
+            searched = len(choices.get(name, [])) > 1
             notes.append(
-                f"{knob} fixed at {value!r} by --base-args {fields}" + ("; no longer searched" if searched else "")
+                f"{name} fixed at {value!r} by --base-args {fields}" + ("; no longer searched" if searched else "")
             )
-        choices[knob] = [value]
+        choices[name] = [value]
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
-
-
-def _list(values: list[int]) -> str:
-    return ", ".join(map(str, values))

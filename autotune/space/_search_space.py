@@ -7,15 +7,16 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from autotune.levers import BATCH_LIMIT_KNOBS, TrialConfig
+from autotune.levers import largest_global_batch
 
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
-    """The knobs a study searches: name -> choices, after the device filter.
+    """The levers a study searches: name -> choices, after the filters.
 
     Attributes:
-        choices: Knob name -> its choices, in the order the YAML gave them.
+        choices: Lever name (or a batch limit: ``global_batch``, ``max_global_batch``) -> its choices,
+            in the order the YAML gave them.
         notes: What the filters removed, and why (printed to the user).
         source: The YAML file the space came from.
     """
@@ -25,7 +26,7 @@ class SearchSpace:
     source: str = ""
 
     def distributions(self) -> dict[str, BaseDistribution]:
-        """Optuna distributions for ``study.ask``. Knobs with a single choice are fixed, not searched."""
+        """Optuna distributions for ``study.ask``. Levers with a single choice are fixed, not searched."""
         return {name: CategoricalDistribution(values) for name, values in self.choices.items()}
 
     def fixed(self) -> dict[str, Any]:
@@ -41,9 +42,4 @@ class SearchSpace:
     @property
     def largest_global_batch(self) -> int:
         """The most samples one optimizer step of any config of the space takes."""
-        fixed = {name: values[0] for name, values in self.choices.items() if name in BATCH_LIMIT_KNOBS}
-        if fixed:
-            return max(
-                TrialConfig.from_params({**fixed, "micro_batch": m}).global_batch for m in self.choices["micro_batch"]
-            )
-        return max(self.choices["micro_batch"]) * max(self.choices["grad_accum"])
+        return largest_global_batch(self.choices)

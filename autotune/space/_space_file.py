@@ -13,33 +13,20 @@ from pydantic import (
     StrictStr,
     ValidationError,
     ValidationInfo,
-    create_model,
     field_validator,
 )
 
 from autotune.errors import AutotuneError
-from autotune.levers import BATCH_LIMIT_KNOBS, LEVERS, Lever
+from autotune.levers import BATCH_LIMITS, LEVERS
 from autotune.spec.files import read_user_file
 
-# What a space file may hold. Every trial stores each knob's full list of choices with its params
+# What a space file may hold. Every trial stores each lever's full list of choices with its params
 # (Optuna's CategoricalDistribution, serialised per trial param in the storage), and the sampler walks
 # them on every ask: a space of 700k micro-batch choices (a 5 MB file) took 22 s to validate, minutes
 # per trial in the parent and a 22 MB database. The default space is far below both bounds.
 MAX_SPACE_FILE_BYTES = 64 * 1024
-MAX_CHOICES_PER_KNOB = 256
+MAX_CHOICES_PER_LEVER = 256
 AUTO = "auto"
-_STRICT = {int: StrictInt, bool: StrictBool, str: StrictStr}
-
-
-def _field(lever: Lever) -> tuple[Any, Any]:
-    """The YAML key of a lever: a list of strictly typed choices (YAML's ``true`` is not a batch size
-    of 1, nor ``1`` a boolean), or ``auto``; absent: ``auto``, the default alone, or left out."""
-    choices = list[_STRICT[lever.value_type]]  # type: ignore[index]
-    if lever.auto_choices is not None:
-        return choices | StrictStr, AUTO
-    if lever.in_every_space:
-        return choices, [lever.default]
-    return choices | None, None
 
 
 def _check_lever(cls: type, value: Any, info: ValidationInfo) -> Any:
@@ -50,8 +37,8 @@ def _check_lever(cls: type, value: Any, info: ValidationInfo) -> Any:
         if value != AUTO:
             raise ValueError(f"must be a list of choices or '{AUTO}'")
         return value
-    if len(value) > MAX_CHOICES_PER_KNOB:
-        raise ValueError(f"{len(value)} choices; give at most {MAX_CHOICES_PER_KNOB}")
+    if len(value) > MAX_CHOICES_PER_LEVER:
+        raise ValueError(f"{len(value)} choices; give at most {MAX_CHOICES_PER_LEVER}")
     return lever.check_choices(value)
 
 
@@ -61,45 +48,70 @@ def _check_batch_limit(cls: type, value: int | None) -> int | None:
     return value
 
 
-# Constraints on micro_batch x grad_accum (not levers): --global-batch / --max-global-batch override.
-SpaceFile: type[BaseModel] = create_model(
-    "SpaceFile",
-    __config__=ConfigDict(extra="forbid"),
-    __validators__={
-        "check_lever": field_validator(*LEVERS)(_check_lever),
-        "check_batch_limit": field_validator(*BATCH_LIMIT_KNOBS)(_check_batch_limit),
-    },
-    **{lever.name: _field(lever) for lever in LEVERS.values()},
-    **{limit: (StrictInt | None, None) for limit in BATCH_LIMIT_KNOBS},
-)
-SpaceFile.__doc__ = "The YAML schema: each lever maps to its list of choices (autotune.levers)."
+class SpaceFile(BaseModel):
+    """The YAML schema: each lever (``autotune.levers``) maps to a list of strictly typed choices (YAML's
+    ``true`` is not a batch size of 1, nor ``1`` a boolean), or ``auto`` where the lever has an ``auto``
+    list. A lever left out means ``auto``, its default alone (``Lever.in_every_space``), or nothing:
+    the trial keeps the model's or the Trainer's own behaviour. ``tests/levers/test_lever_home.py``
+    checks every field against its lever (name, type, default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    micro_batch: list[StrictInt] | StrictStr = AUTO
+    grad_accum: list[StrictInt] = [1]
+    checkpointing: list[StrictBool] = [False]
+    dtype: list[StrictStr] | StrictStr = ["fp32"]
+    optim: list[StrictStr] = ["adamw_torch"]
+    dataloader_workers: list[StrictInt] = [0]
+    pin_memory: list[StrictBool] = [True]
+    compile: list[StrictStr] = ["off"]
+    attn_implementation: list[StrictStr] | None = None
+    liger: list[StrictBool] | None = None
+    padding: list[StrictStr] | None = None
+    sampling: list[StrictStr] | None = None
+    empty_cache_steps: list[StrictInt] | None = None
+    weight_dtype: list[StrictStr] = ["fp32"]
+    zero: list[StrictStr] | StrictStr = AUTO
+    fsdp: list[StrictStr] | None = None
+    packing: list[StrictStr] | None = None
+    activation_offloading: list[StrictBool] | None = None
+    # Constraints on micro_batch x grad_accum (not levers): --global-batch / --max-global-batch override.
+    global_batch: StrictInt | None = None
+    max_global_batch: StrictInt | None = None
+
+    check_lever = field_validator(*LEVERS)(_check_lever)
+    check_batch_limit = field_validator(*BATCH_LIMITS)(_check_batch_limit)
+
+    def auto_levers(self) -> set[str]:
+        """The levers the file leaves at ``auto`` (written, or left out where ``auto`` is the default)."""
+        return {name for name in LEVERS if getattr(self, name) == AUTO}
 
 
-def read_space_file(path: str) -> BaseModel:
+def read_space_file(path: str) -> SpaceFile:
     """The space file, read within :data:`MAX_SPACE_FILE_BYTES` and validated.
 
     Raises:
         AutotuneError: Unreadable, too large, not UTF-8 text, not valid YAML, not a mapping, or a
             key or choice the levers do not allow (naming the key and the choice).
     """
-    text = read_user_file(path, "--space", "UTF-8 YAML", MAX_SPACE_FILE_BYTES, "a space lists a few choices per knob")
+    text = read_user_file(path, "--space", "UTF-8 YAML", MAX_SPACE_FILE_BYTES, "a space lists a few choices per lever")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise AutotuneError(f"--space {path}: not valid YAML ({_yaml_problem(exc)})") from None
     if not isinstance(raw, dict):
-        raise AutotuneError(f"--space {path}: expected a mapping of knob -> list of choices")
+        raise AutotuneError(f"--space {path}: expected a mapping of lever -> list of choices")
     try:
         return SpaceFile.model_validate(raw)
     except ValidationError as exc:
         error = exc.errors()[0]
-        # loc is (knob, [union branch such as "list[int]"], [index of the choice]): name the knob
+        # loc is (lever, [union branch such as "list[int]"], [index of the choice]): name the lever
         # and the offending choice, not pydantic's path through the type.
-        knob = str(error["loc"][0]) if error["loc"] else "(top level)"
-        message = "unknown knob (see search_spaces/README.md)" if error["type"] == "extra_forbidden" else error["msg"]
+        key = str(error["loc"][0]) if error["loc"] else "(top level)"
+        message = "unknown lever (see search_spaces/README.md)" if error["type"] == "extra_forbidden" else error["msg"]
         if isinstance(error["loc"][-1], int):
             message = f"choice {error['input']!r}: {message}"
-        raise AutotuneError(f"--space {path}: {knob}: {message.removeprefix('Value error, ')}") from None
+        raise AutotuneError(f"--space {path}: {key}: {message.removeprefix('Value error, ')}") from None
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -32,16 +32,20 @@ the synthetic data (the label values do not change the cost of a step).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.spec.files import user_path_kind
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
 # File suffix -> the ``datasets`` builder that reads it; anything else is read as text, one sample a line.
@@ -118,7 +122,10 @@ def prepare_dataset(
     key = _fingerprint(source, tokenizer_dir, text_column, packing, seq_len, model.vocab_size, length)
     prepared_dir = Path(cache_root) / f"dataset-{key}"
     if not (prepared_dir / _META_FILE).is_file():
-        with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:  # datasets' own cache, not kept
+        with (
+            tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch,  # datasets' own cache, not kept
+            _library_logs_quiet(),
+        ):
             rows = _read(source, path, scratch)
             column = _pick_column(rows, text_column, path)
             holds_text = _holds_text(rows, column, path)
@@ -268,10 +275,9 @@ def _datasets(path: str) -> Any:
 
 
 def _source(path: str) -> Path:
-    source = Path(path).expanduser().resolve()
-    if not source.exists():
-        raise AutotuneError(f"--dataset {path}: no such file or directory")
-    return source
+    """The ``--dataset`` path, resolved, after the one check of what it is (``spec.files.user_path_kind``)."""
+    user_path_kind(Path(path).expanduser(), "--dataset", allowed=("file", "directory"))
+    return Path(path).expanduser().resolve()
 
 
 def _read(source: Path, path: str, cache_dir: str) -> Any:
@@ -302,6 +308,21 @@ def _read(source: Path, path: str, cache_dir: str) -> Any:
     return loaded
 
 
+@contextlib.contextmanager
+def _library_logs_quiet() -> Iterator[None]:
+    """The ``datasets`` library's own log lines off while the data is read: a reader logs its failure
+    itself before raising it (``logger.error("Failed to load JSON from file ...")``, datasets
+    ``packaged_modules/json/json.py``), which autotune's one line then says with its cause."""
+    from datasets.utils import logging as datasets_logging
+
+    previous = datasets_logging.get_verbosity()
+    datasets_logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(previous)
+
+
 def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
@@ -330,8 +351,19 @@ def _pick_column(rows: Any, text_column: str | None, path: str) -> str:
 
 def _holds_text(rows: Any, column: str, path: str) -> bool:
     """True for a column of strings, False for one of token-id lists."""
+    import pyarrow
+
     feature = rows.features[column]
     if getattr(feature, "dtype", None) in ("string", "large_string"):
+        try:
+            # Arrow's JSON and CSV readers take the bytes of a string as they are; the full validation
+            # checks that each is UTF-8 (pyarrow Array.validate(full=True)), as every later step assumes.
+            rows.data.column(column).validate(full=True)
+        except pyarrow.ArrowInvalid as exc:
+            raise AutotuneError(
+                f"--dataset {path}: column {column!r} is not UTF-8 text ({str(exc).strip().splitlines()[0][:200]}); "
+                "save the data as UTF-8"
+            ) from None
         return True
     if str(getattr(getattr(feature, "feature", None), "dtype", "")).startswith(("int", "uint")):
         return False
@@ -376,7 +408,7 @@ def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
     for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         if candidate is not None:
             return int(candidate)
-    return int(model.config.get("pad_token_id") or 0)
+    return int(model.hf_config.get("pad_token_id") or 0)
 
 
 def _prepare_rows(

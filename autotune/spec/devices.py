@@ -191,6 +191,8 @@ class DeviceSpec:
         total_memory_bytes: Device memory (host RAM for the CPU).
         supported_dtypes: The dtypes of :data:`autotune.levers._trial_config.DTYPES` this device can train in.
         compute_capability: CUDA compute capability, ``None`` for the CPU.
+        cpu_flags: The CPU's instruction-set flags as Linux lists them in ``/proc/cpuinfo`` (``flags``
+            on x86, ``Features`` on Arm); empty for CUDA devices and where the file is unreadable.
     """
 
     kind: str
@@ -199,6 +201,7 @@ class DeviceSpec:
     total_memory_bytes: int
     supported_dtypes: tuple[str, ...]
     compute_capability: tuple[int, int] | None = None
+    cpu_flags: frozenset[str] = frozenset()
 
     @property
     def label(self) -> str:
@@ -213,6 +216,41 @@ class DeviceSpec:
     def datasheet_entry(self) -> DatasheetEntry | None:
         """This GPU's datasheet entry; ``None`` for the CPU and for GPUs not in :data:`DATASHEETS`."""
         return datasheet_entry(self.name) if self.kind == "cuda" else None
+
+    def has_matmul_hardware(self, dtype: str) -> bool:
+        """Whether this device multiplies ``dtype`` matrices in hardware made for it.
+
+        fp32 and tf32 always (where supported at all). A half dtype on CUDA: from the compute
+        capability (:func:`cuda_half_hardware`); on the CPU: from the instruction-set flags
+        (:data:`CPU_HALF_MATMUL_FLAGS`). Without them a CPU still trains in bf16, emulated, and slower
+        than in fp32 (docs/facts.md, "bf16 on a CPU without bf16 instructions").
+        """
+        if dtype not in HALF_MATMUL_DTYPES:
+            return True
+        if self.kind == "cuda":
+            return self.compute_capability is not None and dtype in cuda_half_hardware(self.compute_capability)
+        return bool(CPU_HALF_MATMUL_FLAGS[dtype] & self.cpu_flags)
+
+    @property
+    def emulated_dtypes(self) -> tuple[str, ...]:
+        """The dtypes this device trains in without matmul hardware for them: correct, but slow."""
+        return tuple(d for d in self.supported_dtypes if not self.has_matmul_hardware(d))
+
+    @property
+    def fast_dtypes(self) -> tuple[str, ...]:
+        """The dtypes this device trains in with matmul hardware for them."""
+        return tuple(d for d in self.supported_dtypes if self.has_matmul_hardware(d))
+
+    def emulation_reason(self, dtype: str) -> str:
+        """Why ``dtype`` runs emulated here, in words; ``""`` where it has hardware (or is not supported).
+
+        Only a CPU emulates: on CUDA a half dtype is supported only where tensor cores run it
+        (:func:`cuda_dtypes`).
+        """
+        if dtype not in self.emulated_dtypes:
+            return ""
+        flags = ", ".join(sorted(CPU_HALF_MATMUL_FLAGS[dtype]))
+        return f"{self.label} ({self.name}) has no {dtype} matmul instructions (none of {flags}): it runs emulated, slower than fp32"
 
 
 def datasheet_entry(device_name: str) -> DatasheetEntry | None:
@@ -264,6 +302,19 @@ def resolve_device(device: str | None, gpu: int | None) -> DeviceSpec:
     raise AutotuneError(f"--device {device!r} is not understood: use cpu, cuda or cuda:N (or --gpu N)")
 
 
+# The CPU instruction-set flags that multiply half-precision matrices in hardware, by the names Linux
+# gives them in /proc/cpuinfo (x86: arch/x86/include/asm/cpufeatures.h, the "avx512_bf16", "amx_bf16",
+# "avx512_fp16", "amx_fp16" features; Arm: the "Features" line's "bf16" (FEAT_BF16) and "asimdhp"
+# (half-precision SIMD arithmetic), arch/arm64/kernel/cpuinfo.c). torch's own check of bf16
+# support on x86 reads the same AVX512-BF16 bit (ATen/cpu/Utils.cpp: does_cpu_support_avx512bf16).
+# "amx_tile" alone is not counted: it is the tile registers, and bf16 tiles are AMX-BF16's own flag.
+HALF_MATMUL_DTYPES = ("fp16", "bf16")
+CPU_HALF_MATMUL_FLAGS: dict[str, frozenset[str]] = {
+    "bf16": frozenset({"avx512_bf16", "amx_bf16", "bf16"}),
+    "fp16": frozenset({"avx512_fp16", "amx_fp16", "asimdhp"}),
+}
+
+
 def cpu_device() -> DeviceSpec:
     import psutil
 
@@ -274,20 +325,36 @@ def cpu_device() -> DeviceSpec:
         total_memory_bytes=psutil.virtual_memory().total,
         # fp16 autocast and TF32 are GPU features; bf16 autocast runs on CPUs.
         supported_dtypes=("fp32", "bf16"),
+        cpu_flags=cpu_flags(),
     )
 
 
 def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    value = _cpuinfo_field("model name")
+    if value:
+        return value
     import platform
 
     return platform.processor() or "cpu"
+
+
+def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's instruction-set flags (``flags`` on x86, ``Features`` on Arm); empty if unreadable."""
+    value = _cpuinfo_field("flags", cpuinfo_path) or _cpuinfo_field("Features", cpuinfo_path)
+    return frozenset(value.split())
+
+
+def _cpuinfo_field(name: str, cpuinfo_path: str = "/proc/cpuinfo") -> str:
+    """The first ``name : value`` line of ``/proc/cpuinfo``, its value; ``""`` if absent or unreadable."""
+    try:
+        with open(cpuinfo_path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 def cuda_device(index: int) -> DeviceSpec:
@@ -451,6 +518,11 @@ def list_devices() -> list[DeviceSpec]:
         except AutotuneError:
             return found
         index += 1
+
+
+def cuda_half_hardware(compute_capability: tuple[int, int]) -> tuple[str, ...]:
+    """The half dtypes a GPU's tensor cores multiply: fp16 from Volta (7.0), bf16 from Ampere (8.0)."""
+    return tuple(d for d in cuda_dtypes(compute_capability) if d in HALF_MATMUL_DTYPES)
 
 
 def cuda_dtypes(compute_capability: tuple[int, int]) -> tuple[str, ...]:

@@ -66,11 +66,48 @@ def _mode_for(path: Path) -> int:
     return 0o666 & ~umask
 
 
+# What a path names, by its file type (POSIX ``stat``: ``S_ISREG`` ...), in the words of the messages.
+_KINDS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISFIFO, "named pipe (FIFO)"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def user_path_kind(path: str | Path, option: str, allowed: tuple[str, ...] = ("file",)) -> str:
+    """The one check of what a path the user named is, before anything opens or reads it.
+
+    Symbolic links are followed (a loop of them is one line, not pathlib's RuntimeError); the path must
+    then be one of ``allowed`` (``file``, ``directory``): a named pipe would block a reader for ever,
+    and a device such as ``/dev/zero`` never ends or is not data.
+
+    Returns:
+        The kind it is (one of ``allowed``).
+
+    Raises:
+        AutotuneError: It does not exist, cannot be reached (a loop of symbolic links, no
+            permission), or is another kind of file; the line says which.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:  # ENOENT, ELOOP ("Too many levels of symbolic links"), EACCES, ENAMETOOLONG
+        raise AutotuneError(f"{option} {path}: cannot read it ({exc.strerror or exc})") from None
+    kind = next((name for is_kind, name in _KINDS if is_kind(mode)), "special file")
+    if kind not in allowed:
+        wanted = " or a ".join(allowed)
+        raise AutotuneError(f"{option} {path}: it is a {kind}, not a {wanted}")
+    return kind
+
+
 def read_user_file(path: str, option: str, expected: str, max_bytes: int | None = None, size_hint: str = "") -> str:
     """The text of a file the user named on the command line (``--space``, ``--base-args``, ``--peft``).
 
     The one ladder of what can go wrong before parsing, each a one-line error naming the option:
-    the file cannot be read, is larger than ``max_bytes``, or is not UTF-8 text. Parsing (YAML,
+    the path is not a regular file, the file cannot be read, is larger than ``max_bytes``, or is not
+    UTF-8 text. Parsing (YAML,
     JSON) and its errors belong to the caller, which knows the format.
 
     Args:
@@ -81,8 +118,9 @@ def read_user_file(path: str, option: str, expected: str, max_bytes: int | None 
         size_hint: What a file of the right size looks like, for the message.
 
     Raises:
-        AutotuneError: Unreadable, too large, or not UTF-8 text.
+        AutotuneError: Not a regular file (:func:`user_path_kind`), unreadable, too large, or not UTF-8 text.
     """
+    user_path_kind(path, option)
     try:
         with open(path, "rb") as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)

@@ -31,7 +31,7 @@ def attention_width(spec: ModelSpec) -> int:
     explicitly. Grouped-query attention shares K and V between heads, but every query head still
     multiplies its own scores, so the query head count is the one that matters.
     """
-    head_dim = spec.config.get("head_dim") or spec.head_dim
+    head_dim = spec.hf_config.get("head_dim") or spec.head_dim
     return spec.num_heads * int(head_dim)
 
 

@@ -27,10 +27,10 @@ class MeasureSettings:
         max_steps: Measured steps at most.
         max_seconds: Measured seconds at most (after warm-up).
         cv_target: Stop once the coefficient of variation of the last ``min_steps`` steps is below.
-        prune_after_steps: Measured steps after which early stop may judge a trial (the median of
-            what was measured so far against the pruning threshold). A trial pruned for being at
-            less than half the best's speed (the default ratio) is told apart by three steps: step
-            times move by a few percent, not by 2x, once warm-up is over.
+        prune_after_steps: Measured steps after which early stop judges a trial by the median of
+            what was measured so far against the pruning threshold alone. Before that, from the
+            first measured step on, only a trial below the threshold by more than the step-time
+            noise is stopped (:func:`clearly_slower`).
     """
 
     warmup_steps: int = 3
@@ -85,3 +85,41 @@ def coefficient_of_variation(values: list[float]) -> float:
         return 0.0
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean > 0 else 0.0
+
+
+# The step-time noise assumed where the best trial measured none of its own (a CV of 0 from fewer
+# than two steps) or less: a steady CPU step moves by 3.5-5 % (docs/benchmarks.md, "Repeatability").
+PRUNE_NOISE_FLOOR = 0.05
+# Standard deviations of one step time that an early judgement allows for: a trial is stopped before
+# ``prune_after_steps`` only if it stays below the threshold with its steps that much faster.
+PRUNE_NOISE_SIGMAS = 3.0
+
+
+def clearly_slower(
+    step_times_s: list[float], samples_per_step: float, threshold: float, noise: float, settings: MeasureSettings
+) -> bool:
+    """Whether a trial's measured steps so far put it clearly below ``threshold`` samples/s.
+
+    The projection is ``samples_per_step`` over the median of the measured steps (warm-up and
+    compiling steps are never among them). From ``prune_after_steps`` (at most ``min_steps``)
+    measured steps on, it is judged against the threshold as it is. Before that, from the first
+    measured step, only where it is below the threshold even with every step
+    :data:`PRUNE_NOISE_SIGMAS` step-time CVs faster: ``projection x (1 + 3 x noise) < threshold``,
+    the noise being the best trial's step-time CV, at least :data:`PRUNE_NOISE_FLOOR`. A trial
+    at a tenth of the best's speed then costs one measured step, not three, and one slow step of a
+    trial that could still win (within the noise of the threshold) stops nothing.
+
+    Args:
+        step_times_s: The measured steps' times so far.
+        samples_per_step: Samples each step trained (the global batch, less the steps the fp16 grad
+            scaler skipped).
+        threshold: ``prune ratio x`` the best feasible samples/s so far.
+        noise: The best trial's step-time CV.
+        settings: The trial's measurement settings.
+    """
+    if not step_times_s:
+        return False
+    projected = samples_per_step / statistics.median(step_times_s)
+    if len(step_times_s) >= min(settings.prune_after_steps, settings.min_steps):
+        return projected < threshold
+    return projected * (1 + PRUNE_NOISE_SIGMAS * max(noise, PRUNE_NOISE_FLOOR)) < threshold

@@ -84,7 +84,7 @@ class ModelSpec:
     Attributes:
         name: The name or path the user gave.
         source: Where the config came from: ``local``, ``hf-cache``, ``catalog`` or ``hub``.
-        config: The Hugging Face config as a plain dict (``PretrainedConfig.to_dict()``).
+        hf_config: The Hugging Face config as a plain dict (``PretrainedConfig.to_dict()``).
         family: ``encoder`` (bidirectional attention) or ``decoder`` (causal attention).
         task: The training head: one of :data:`TASKS`.
         num_layers: Transformer blocks.
@@ -109,7 +109,7 @@ class ModelSpec:
 
     name: str
     source: str
-    config: dict[str, Any]
+    hf_config: dict[str, Any]
     family: str
     task: str
     num_layers: int
@@ -128,7 +128,7 @@ class ModelSpec:
 
     @property
     def model_type(self) -> str:
-        return str(self.config["model_type"])
+        return str(self.hf_config["model_type"])
 
     @property
     def trainable_params(self) -> int:
@@ -191,11 +191,11 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        config, source, local_dir = _load_config(name)
+        hf_config, source, local_dir = _load_config(name)
     finally:
         hf_logging.set_verbosity(verbosity)
     try:
-        return spec_from_config(name, config, source, task, local_dir)
+        return spec_from_config(name, hf_config, source, task, local_dir)
     except AutotuneError:
         raise
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
@@ -293,22 +293,22 @@ def _catalog_config(catalog_name: str) -> Any:
     return AutoConfig.for_model(**values)
 
 
-def spec_from_config(name: str, config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
+def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
     """Describe a config's shape and count its parameters on the meta device (no memory used)."""
-    model_type = config.model_type
-    family = "decoder" if model_type in _DECODER_MODEL_TYPES or _has_causal_head(config) else "encoder"
+    model_type = hf_config.model_type
+    family = "decoder" if model_type in _DECODER_MODEL_TYPES or _has_causal_head(hf_config) else "encoder"
     task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
     if task == "causal-lm" and family == "encoder":
         raise AutotuneError(
             f"--task causal-lm: {name} is an encoder ({model_type}); use sequence-classification or masked-lm"
         )
 
-    hidden = _first_attr(config, "hidden_size", "n_embd", "dim", "d_model")
-    heads = _first_attr(config, "num_attention_heads", "n_head", "n_heads")
-    layers = _first_attr(config, "num_hidden_layers", "n_layer", "n_layers")
-    ffn = _first_attr(config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
-    kv_heads = _first_attr(config, "num_key_value_heads", default=heads)
-    declared_positions = _first_attr(config, "max_position_embeddings", "n_positions", default=0)
+    hidden = _first_attr(hf_config, "hidden_size", "n_embd", "dim", "d_model")
+    heads = _first_attr(hf_config, "num_attention_heads", "n_head", "n_heads")
+    layers = _first_attr(hf_config, "num_hidden_layers", "n_layer", "n_layers")
+    ffn = _first_attr(hf_config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
+    kv_heads = _first_attr(hf_config, "num_key_value_heads", default=heads)
+    declared_positions = _first_attr(hf_config, "max_position_embeddings", "n_positions", default=0)
     _check_positive(
         name,
         num_layers=layers,
@@ -316,18 +316,18 @@ def spec_from_config(name: str, config: Any, source: str, task: str | None, loca
         num_heads=heads,
         num_kv_heads=kv_heads,
         intermediate_size=ffn,
-        vocab_size=config.vocab_size,
+        vocab_size=hf_config.vocab_size,
     )
-    if "max_position_embeddings" in config.to_dict() or "n_positions" in config.to_dict():
+    if "max_position_embeddings" in hf_config.to_dict() or "n_positions" in hf_config.to_dict():
         _check_positive(name, max_position_embeddings=declared_positions)
     max_positions = declared_positions
     if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
         max_positions = 0  # RoPE: no learned position table limits the length
-    num_params, num_embedding_params, num_block_params = _count_params(config, task)
+    num_params, num_embedding_params, num_block_params = _count_params(hf_config, task)
     return ModelSpec(
         name=name,
         source=source,
-        config=config.to_dict(),
+        hf_config=hf_config.to_dict(),
         family=family,
         task=task,
         num_layers=int(layers),
@@ -335,7 +335,7 @@ def spec_from_config(name: str, config: Any, source: str, task: str | None, loca
         num_heads=int(heads),
         num_kv_heads=int(kv_heads),
         intermediate_size=int(ffn),
-        vocab_size=int(config.vocab_size),
+        vocab_size=int(hf_config.vocab_size),
         max_positions=int(max_positions),
         num_params=num_params,
         num_embedding_params=num_embedding_params,
@@ -353,22 +353,22 @@ def _check_positive(name: str, **sizes: Any) -> None:
             )
 
 
-def _has_causal_head(config: Any) -> bool:
-    architectures = getattr(config, "architectures", None) or []
+def _has_causal_head(hf_config: Any) -> bool:
+    architectures = getattr(hf_config, "architectures", None) or []
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
-def _first_attr(config: Any, *names: str, default: Any = None) -> Any:
+def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     for attr in names:
-        value = getattr(config, attr, None)
+        value = getattr(hf_config, attr, None)
         if value is not None:
             return value
     if default is None:
-        raise AutotuneError(f"config of type {config.model_type!r} has none of {names}; autotune cannot size it")
+        raise AutotuneError(f"config of type {hf_config.model_type!r} has none of {names}; autotune cannot size it")
     return default
 
 
-def _count_params(config: Any, task: str) -> tuple[int, int, int]:
+def _count_params(hf_config: Any, task: str) -> tuple[int, int, int]:
     """Exact parameter counts from the model built on the meta device (no weights allocated).
 
     Returns:
@@ -377,7 +377,7 @@ def _count_params(config: Any, task: str) -> tuple[int, int, int]:
     import torch
 
     with torch.device("meta"):
-        model = build_model(config, task)
+        model = build_model(hf_config, task)
     num_params = sum(p.numel() for p in model.parameters())
     output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_weight = getattr(output_embeddings, "weight", None)
@@ -391,15 +391,15 @@ def _count_params(config: Any, task: str) -> tuple[int, int, int]:
     return num_params, num_embedding_params, num_block_params
 
 
-def build_model(config: Any, task: str, attn_implementation: str | None = None, dtype: str = "float32") -> Any:
-    """Build the model for ``task`` from a config, with random weights.
+def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
+    """Build the model for ``task`` from a Hugging Face config, with random weights.
 
     Args:
-        config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
+        hf_config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
         task: One of :data:`TASKS`.
-        attn_implementation: ``eager``, ``sdpa``, ``flash_attention_2`` or ``None`` for the default.
-        dtype: The weights' torch dtype by name (``float32``, ``bfloat16``: the ``weight_dtype`` lever's
-            ``WEIGHT_TORCH_DTYPES``). Always passed: without it
+        from_config: Keyword arguments of ``from_config``, as the trial's levers set them
+            (``autotune.levers.model_build_kwargs``: ``attn_implementation``, ``dtype`` by its torch
+            name). The weights' dtype is always passed, ``float32`` unless given: without it
             ``from_config`` builds in the config's own ``dtype`` (transformers/modeling_utils.py,
             ``_from_config``: ``dtype = kwargs.pop("dtype", config.dtype)``), and most published
             decoder configs say bfloat16.
@@ -412,18 +412,16 @@ def build_model(config: Any, task: str, attn_implementation: str | None = None, 
         AutoModelForSequenceClassification,
     )
 
-    if isinstance(config, dict):
-        values = dict(config)
-        config = AutoConfig.for_model(values.pop("model_type"), **values)
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
-    kwargs.update(NO_MODEL_CODE)
+    if isinstance(hf_config, dict):
+        values = dict(hf_config)
+        hf_config = AutoConfig.for_model(values.pop("model_type"), **values)
+    weights_dtype = getattr(torch, from_config.pop("dtype", "float32"))
+    kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype}
     if task == "causal-lm":
-        return AutoModelForCausalLM.from_config(config, **kwargs)
+        return AutoModelForCausalLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "masked-lm":
-        return AutoModelForMaskedLM.from_config(config, **kwargs)
-    config.num_labels = 2
-    if getattr(config, "pad_token_id", None) is None:
-        config.pad_token_id = 0  # decoders need one to classify a batch
-    return AutoModelForSequenceClassification.from_config(config, **kwargs)
+        return AutoModelForMaskedLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
+    hf_config.num_labels = 2
+    if getattr(hf_config, "pad_token_id", None) is None:
+        hf_config.pad_token_id = 0  # decoders need one to classify a batch
+    return AutoModelForSequenceClassification.from_config(hf_config, **kwargs, **NO_MODEL_CODE)

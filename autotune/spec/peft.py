@@ -131,7 +131,7 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
         )
         quantize = None
     with torch.device("meta"):
-        base = build_model(model.config, model.task)
+        base = build_model(model.hf_config, model.task)
         output_head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
         quantized = (
             sum(m.weight.numel() for m in base.modules() if _is_quantized_linear(m, output_head)) if quantize else 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import sqlite3
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +28,15 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 DEFAULT_STORAGE = "sqlite:///autotune.db"
+# How long a command waits for a lock another connection holds on a SQLite file before it gives up.
+# A search's own writes hold one for milliseconds; a lock held for seconds is another program's (an
+# open sqlite3 shell's transaction, a backup). `search` writes from several worker threads and
+# processes at once (--workers), and a lost tell would leave a trial RUNNING: it waits long. The
+# commands that only read (best, export, report, estimate) give up sooner. Either says what it waits
+# for once it has waited SQLITE_LOCK_NOTICE_S (_wait_for_sqlite_lock).
 SQLITE_BUSY_TIMEOUT_S = 120
+SQLITE_READ_TIMEOUT_S = 15
+SQLITE_LOCK_NOTICE_S = 1.0
 # Every running trial records a heartbeat this often; one silent for the grace period is taken for
 # the trial of a dead worker: another worker fails it and queues it again (see heartbeat_settings).
 HEARTBEAT_INTERVAL_S = 10
@@ -46,18 +56,20 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
         raise AutotuneError(
             f"--storage {redact(url)!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
         )
+    busy_timeout_s = SQLITE_READ_TIMEOUT_S if existing else SQLITE_BUSY_TIMEOUT_S
     if url.startswith("sqlite:///"):
         if existing:
             require_sqlite_file(url)
         else:
             _check_sqlite_writable(sqlite_file(url))
+        _wait_for_sqlite_lock(url, busy_timeout_s, write=not existing)
     heartbeat_interval_s, grace_s = heartbeat_settings()
     driver_url = with_postgres_driver(url)
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite:"):
-        # Worker threads write at once (--workers); sqlite3 gives up on a lock after 5 s, which a
-        # loaded machine exceeds: a lost tell would leave a trial RUNNING. Wait longer instead.
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+        # sqlite3 gives up on a lock after 5 s by default, which worker threads writing at once on a
+        # loaded machine exceed (see SQLITE_BUSY_TIMEOUT_S).
+        engine_kwargs["connect_args"] = {"timeout": busy_timeout_s}
     try:
         for attempt in range(1, TABLE_CREATION_ATTEMPTS + 1):
             try:
@@ -141,6 +153,54 @@ def sqlite_file(storage_url: str) -> str:
     """The file of a ``sqlite:///`` URL: its path without the query, which SQLAlchemy hands to the driver
     (sqlalchemy/engine/url.py, ``make_url``: the database ends at ``?``)."""
     return storage_url.removeprefix("sqlite:///").partition("?")[0]
+
+
+def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
+    """Return once no other connection holds a lock that keeps this command off the SQLite file.
+
+    A reader is kept off by a writer's exclusive lock, a writer by any other write transaction
+    (SQLite's locking: https://www.sqlite.org/lockingv3.html). SQLite's busy handler waits silently,
+    so the wait is taken here in steps of :data:`SQLITE_LOCK_NOTICE_S`: after the first, one line on
+    stderr says what the command waits for and for how long at most.
+
+    Raises:
+        AutotuneError: The lock was still held after ``wait_s`` seconds.
+    """
+    path = Path(sqlite_file(url))
+    if str(path) in ("", ":memory:"):
+        return
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            # Read-only for a reader: the probe never creates or changes the file.
+            target = path.resolve().as_uri() + ("" if write else "?mode=ro")
+            connection = sqlite3.connect(target, uri=True, timeout=SQLITE_LOCK_NOTICE_S)
+            try:
+                if write:
+                    connection.execute("BEGIN IMMEDIATE")
+                    connection.rollback()
+                else:
+                    connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                connection.close()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                return  # not a lock: opening the storage says what is wrong
+        if time.monotonic() >= deadline:
+            raise AutotuneError(
+                f"--storage {redact(url)}: another process has held a lock on this database for {wait_s:g} s (a search "
+                "holds one only for moments: an open sqlite3 shell or a backup holds it longer); end it, then run "
+                "the command again"
+            )
+        if not said:
+            print(
+                f"autotune: waiting for {redact(url)}: another process holds a lock on it (giving up after {wait_s:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
 
 
 def _check_sqlite_writable(path: str) -> None:

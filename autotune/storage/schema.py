@@ -20,6 +20,8 @@ key                       written by                                     read by
 ``base_args``             study set-up: the user's fixed arguments       export (kept in every format)
 ``seed_notes``            study set-up: how the seeds were fitted        ``search`` (printed once)
 ``confirmation``          confirmation (:mod:`autotune.study._confirm`)  ranking, export, report, dashboard
+``time_spent``            the end of a search (:mod:`autotune.study._run`): ``search``'s last line, the dashboard
+                          where its wall time went (``TimeSpent``)       note
 ========================  =============================================  ==================================
 
 Study system attributes: ``autotune_setup_by`` (study set-up, while it sets a new study up; read
@@ -64,6 +66,7 @@ STUDY_DEVICE_KIND = "device_kind"
 STUDY_BASE_ARGS = "base_args"
 STUDY_SEED_NOTES = "seed_notes"
 STUDY_CONFIRMATION = "confirmation"
+STUDY_TIME_SPENT = "time_spent"
 # Study system attr.
 STUDY_SETUP_BY = "autotune_setup_by"
 

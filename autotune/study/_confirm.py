@@ -2,9 +2,19 @@
 
 A search measures each configuration once, at one moment of the machine's life; the best of
 many single measurements is biased upwards (the winner is partly the luckiest). Before naming a
-winner, the top-k feasible trials are run again, each ``repeats`` times, interleaved (round r
-runs the candidates in an order rotated by r), so slow drifts of the machine hit all of them
-alike. Each candidate's confirmed figure is the median of its re-runs.
+winner, the leader and those of the top-k feasible trials that could still be ahead of it are run
+again, interleaved (round r runs them in an order rotated by r), so slow drifts of the machine hit
+all of them alike. Each candidate's confirmed figure is the median of its re-runs.
+
+Confirmation in proportion (what it costs is recorded and printed):
+
+* Only candidates whose search-time interval overlaps the leader's are re-run, the leader with
+  them: each figure ``x (1 +- 2 x noise)``, the noise being the search's measured one
+  (``._proposals.noise_fraction``, at least :data:`autotune.spec.measure.PRUNE_NOISE_FLOOR`). A
+  leader ahead of every other candidate by more than that is re-run alone.
+* From the second round on (two re-runs each: the least that shows noise), a candidate whose
+  re-runs no longer reach the leader's slowest stops being re-run, and once none is left beside the
+  leader the order is settled: no more rounds. A clear leader costs two re-runs, not ``top_k x repeats``.
 
 Two candidates tie when their re-runs overlap: the leader's slowest re-run is no faster than the
 other's fastest. Tied candidates are then ordered by peak memory, smaller first (same speed, more
@@ -12,8 +22,9 @@ headroom). A candidate with a re-run that ran out of memory or went over the cei
 reliably feasible and leaves the feasible ranking.
 
 Optuna lets no one write to a finished trial, so the outcome is a study user attr
-(``confirmation``, :mod:`autotune.storage.schema`), one entry per confirmed trial number; each run
-replaces the last one, so a confirmation never outlives the search that made it.
+(``confirmation``, :mod:`autotune.storage.schema`): the candidates considered, one entry per re-run
+trial number, and the runs and seconds the re-runs took; each run replaces the last one, so a
+confirmation never outlives the search that made it.
 """
 
 from __future__ import annotations
@@ -30,10 +41,14 @@ from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig
 from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed, judged_trials
 from autotune.runner import run_isolated
-from autotune.spec.measure import coefficient_of_variation
+from autotune.spec.measure import PRUNE_NOISE_FLOOR, coefficient_of_variation
 from autotune.storage import schema
 from autotune.study._loop import make_job
+from autotune.study._proposals import noise_fraction
 from autotune.study._request import SearchRequest
+
+# Half-width of a single measurement's interval, in measured-noise units.
+INTERVAL_NOISES = 2.0
 
 # TrialResult fields proportional to samples/s for a given config.
 THROUGHPUT_FIGURES = (
@@ -90,8 +105,35 @@ class Confirmation:
 def confirmation_candidates(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig]]:
     """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored):
     (trial number, config), fastest first."""
+    return [(number, config) for number, config, _ in _leaders(study, top_k)]
+
+
+def _leaders(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig, float]]:
+    """The ``top_k`` feasible trials, fastest first: (number, config, search-time samples/s)."""
     leaders = feasible_by_speed(judged_trials(study.get_trials(deepcopy=False)))[:top_k]
-    return [(trial.number, TrialConfig.from_params(trial.params)) for trial, _ in leaders]
+    return [(trial.number, TrialConfig.from_params(trial.params), result.samples_per_s) for trial, result in leaders]
+
+
+def within_reach_of_the_leader(figures: dict[int, float], noise: float) -> list[int]:
+    """The candidates (trial number -> search-time samples/s, the leader first) whose interval
+    ``figure x (1 +- 2 x noise)`` overlaps the leader's, the leader with them; only the leader where
+    none does. ``noise`` counts as at least :data:`PRUNE_NOISE_FLOOR`."""
+    width = INTERVAL_NOISES * max(noise, PRUNE_NOISE_FLOOR)
+    leader = max(figures, key=lambda number: figures[number])
+    lowest_of_leader = figures[leader] * (1 - width)
+    return [n for n in figures if n == leader or figures[n] * (1 + width) >= lowest_of_leader]
+
+
+def still_in_question(confirmations: list[Confirmation]) -> list[int]:
+    """After a round: the confirmed leader and the candidates whose re-runs still reach its slowest
+    (the tie rule of :func:`mark_ties`); empty when no candidate is feasible. A candidate with a
+    re-run out of memory or over the ceiling is out (it leaves the feasible ranking)."""
+    feasible = [c for c in confirmations if c.feasible and c.samples_per_s is not None]
+    if not feasible:
+        return []
+    leader = max(feasible, key=lambda c: c.samples_per_s or 0.0)
+    slowest = min(leader.runs_samples_per_s)
+    return [c.trial_number for c in feasible if c is leader or max(c.runs_samples_per_s) >= slowest]
 
 
 def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
@@ -149,19 +191,20 @@ def confirm_top(
     on_run: Callable[[int, int, TrialResult], None] | None = None,
     run_trial: Callable[..., TrialResult] = run_isolated,
 ) -> list[Confirmation]:
-    """Re-measure the study's top-k feasible trials, interleaved, and record the outcome in the study.
+    """Re-measure the leader and those of the top-k feasible trials within the noise of it,
+    interleaved, until their order is settled, and record the outcome in the study (module docstring).
 
     Args:
         study: The study searched with ``request``.
         request: How trials are run (the same model, device, ceiling and measurement).
-        top_k: Candidates to re-measure.
-        repeats: Re-runs of each candidate (at least 2, so noise can be seen).
+        top_k: Candidates considered.
+        repeats: Re-runs of each candidate at most (at least 2, so noise can be seen).
         on_run: Called after every re-run with (round, trial number, result).
         run_trial: Runs a :class:`autotune.runner.TrialJob` (``run_isolated``'s signature), as in
             :func:`._loop.run_search`.
 
     Returns:
-        One :class:`Confirmation` per candidate, fastest confirmed first (empty with no feasible trial).
+        One :class:`Confirmation` per candidate re-run, fastest confirmed first (empty with no feasible trial).
 
     Raises:
         AutotuneError: ``top_k`` below 1 or ``repeats`` below 2.
@@ -171,24 +214,35 @@ def confirm_top(
         raise AutotuneError(f"--confirm-top {top_k}: give at least 1 (or 0 to skip confirmation)")
     if repeats < 2:
         raise AutotuneError(f"--confirm-repeats {repeats}: give at least 2, so run-to-run noise can be seen")
-    candidates = confirmation_candidates(study, top_k)
-    if not candidates:
+    leaders = _leaders(study, top_k)
+    if not leaders:
         return []
-    runs: dict[int, list[TrialResult]] = {number: [] for number, _ in candidates}
+    configs = {number: config for number, config, _ in leaders}
+    noise = noise_fraction(study)
+    active = within_reach_of_the_leader({number: figure for number, _, figure in leaders}, noise)
+    runs: dict[int, list[TrialResult]] = {number: [] for number in active}
     for round_index in range(repeats):
-        shift = round_index % len(candidates)
-        for number, config in candidates[shift:] + candidates[:shift]:
+        shift = round_index % len(active)
+        for number in active[shift:] + active[:shift]:
             # A confirmation is measured in full: no early stop.
-            job = make_job(request, config, f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
+            job = make_job(request, configs[number], f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
             result = run_trial(job, request.trial_timeout_s)
             runs[number].append(result)
             if on_run is not None:
                 on_run(round_index, number, result)
+        if round_index >= 1:  # two re-runs each: noise can be seen; drop who can no longer be ahead
+            active = still_in_question([summarise(number, runs[number]) for number in active])
+            if len(active) <= 1:
+                break  # the order is settled (a leader alone: its two re-runs confirm its figure)
     confirmations = mark_ties([summarise(number, results) for number, results in runs.items()])
     record = {
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "top_k": top_k,
         "repeats": repeats,
+        "candidates": [number for number, _, _ in leaders],
+        "noise": noise,
+        "runs": sum(len(results) for results in runs.values()),
+        "seconds": sum(result.wall_s for results in runs.values() for result in results),
         "trials": {str(c.trial_number): c.to_attr() for c in confirmations},
     }
     study.set_user_attr(schema.STUDY_CONFIRMATION, record)

@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.result import TrialResult
 from autotune.storage import schema
@@ -77,6 +77,13 @@ def worker_identity() -> dict[str, Any]:
     }
 
 
+def run_by_this_process(trial: FrozenTrial) -> bool:
+    """Whether this process ran (or runs) ``trial``: its owner is this host, PID and start time."""
+    owner = trial.system_attrs.get(schema.TRIAL_OWNER) or {}
+    me = worker_identity()
+    return (owner.get("host"), owner.get("pid"), owner.get("started")) == (me["host"], me["pid"], me["started"])
+
+
 def _pid_namespace() -> int | None:
     try:
         return os.stat("/proc/self/ns/pid").st_ino
@@ -120,11 +127,9 @@ def interrupt_own_running(study: optuna.Study, ceiling_bytes: int) -> list[int]:
     The last step of a stopped search, after its workers are joined: a trial whose worker thread
     was stopped between writing its result and closing the trial must not stay RUNNING.
     """
-    me = worker_identity()
     swept = []
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = frozen.system_attrs.get(schema.TRIAL_OWNER) or {}
-        if (owner.get("host"), owner.get("pid"), owner.get("started")) != (me["host"], me["pid"], me["started"]):
+        if not run_by_this_process(frozen):
             continue
         trial = optuna.Trial(study, frozen._trial_id)
         record_interrupted(study, trial, ceiling_bytes)

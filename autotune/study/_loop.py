@@ -70,6 +70,10 @@ MAX_ATTEMPTS = 2
 # Repeats of measured configs answered from the record before the search gives up asking (the
 # sampler proposes untaken configs while any are left: see ._proposals).
 MAX_REPEATS_IN_A_ROW = 50
+# A screened proposal costs no trial of the budget (``--trials`` counts configs that ran); from this
+# many screened in a row on, they count again, so that a space the estimate puts mostly over the
+# ceiling still ends within the budget.
+MAX_FREE_SCREENED_IN_A_ROW = 20
 
 # The states that count against --max-total-trials.
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
@@ -117,10 +121,15 @@ class _WorkerThreads:
     run_trial: Callable[..., TrialResult] = run_isolated
     started: int = 0
     finished: int = 0
+    screened_in_a_row: int = 0
     errors: list[BaseException] = dataclasses.field(default_factory=list)
 
     def work(self, request: SearchRequest, progress: SearchProgress) -> None:
-        """Start trials on ``request.workload.device`` until the budget, the cap or a stop says no more."""
+        """Start trials on ``request.workload.device`` until the budget, the cap or a stop says no more.
+
+        ``--trials`` counts configs that ran (measured, or failed on every attempt): a screened
+        proposal gives its place in the budget back (up to :data:`MAX_FREE_SCREENED_IN_A_ROW` in a row).
+        """
         while not self.stop.is_set():
             with self.ask_lock:
                 if not self._may_start(request):
@@ -130,9 +139,14 @@ class _WorkerThreads:
                 except SearchFinished:
                     return
                 self.started += 1
-            run_one_trial(self.study, request, progress, trial=trial, stop=self.stop, run_trial=self.run_trial)
+            result = run_one_trial(self.study, request, progress, trial=trial, stop=self.stop, run_trial=self.run_trial)
             with self.count_lock:
                 self.finished += 1
+                screened = result.status == Status.SCREENED
+                self.screened_in_a_row = self.screened_in_a_row + 1 if screened else 0
+            if screened and self.screened_in_a_row <= MAX_FREE_SCREENED_IN_A_ROW:
+                with self.ask_lock:
+                    self.started -= 1
 
     def work_in_thread(self, request: SearchRequest, progress: SearchProgress, finished: threading.Event) -> None:
         """:meth:`work` in a worker thread; sets ``finished`` once its trial is recorded, however it ended."""
@@ -309,20 +323,31 @@ def run_one_trial(
             _run_with_retry(study, trial, config, request, stop, run_trial),
             loss_reference(study.get_trials(deepcopy=False)),
         )
-        try:
-            tell_or_keep(study, trial, result, request.work_root)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
-            # re-run; that copy will be measured, so this result is dropped, not told twice.
-            result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
-    except KeyboardInterrupt:
-        result = record_interrupted(study, trial, request.ceiling_bytes)
-        if progress.on_trial_end:
-            progress.on_trial_end(trial.number, config, result)
+    except BaseException:
+        # Whatever ended the run with no result (Ctrl-C or a stop signal, a trial whose process could
+        # not be started): the trial is recorded interrupted and queued again, never left RUNNING.
+        _record_stopped(study, trial, config, request, progress)
+        raise
+    try:
+        tell_or_keep(study, trial, result, request.work_root)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
+        # re-run; that copy will be measured, so this result is dropped, not told twice.
+        result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
+    except KeyboardInterrupt:  # a tell the storage refused keeps its result instead (tell_or_keep)
+        _record_stopped(study, trial, config, request, progress)
         raise
     if progress.on_trial_end:
         progress.on_trial_end(trial.number, config, result)
     return result
+
+
+def _record_stopped(
+    study: optuna.Study, trial: optuna.Trial, config: TrialConfig, request: SearchRequest, progress: SearchProgress
+) -> None:
+    result = record_interrupted(study, trial, request.ceiling_bytes)
+    if progress.on_trial_end:
+        progress.on_trial_end(trial.number, config, result)
 
 
 def _run_with_retry(
@@ -340,7 +365,7 @@ def _run_with_retry(
             raise KeyboardInterrupt  # run_isolated kills the child; run_one_trial records it as on Ctrl-C
         heartbeat.beat()
 
-    job = make_job(request, config, trial.number, prune_threshold(study, request.prune_ratio))
+    job = make_job(request, config, trial.number, *prune_threshold(study, request.prune_ratio))
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = run_trial(job, request.trial_timeout_s, on_tick=on_tick)  # Ctrl-C: see run_one_trial
         result.attempts = attempt
@@ -360,7 +385,11 @@ def _run_with_retry(
 
 
 def make_job(
-    request: SearchRequest, config: TrialConfig, trial_label: int | str, prune_below_samples_per_s: float | None = None
+    request: SearchRequest,
+    config: TrialConfig,
+    trial_label: int | str,
+    prune_below_samples_per_s: float | None = None,
+    prune_step_noise: float = 0.0,
 ) -> TrialJob:
     """The child's job for ``config``: the request's workload, in a work directory of this trial's own."""
     return TrialJob(
@@ -368,20 +397,25 @@ def make_job(
         config=config,
         work_dir=trial_work_dir(request.work_root, trial_label),
         prune_below_samples_per_s=prune_below_samples_per_s,
+        prune_step_noise=prune_step_noise,
     )
 
 
-def prune_threshold(study: optuna.Study, ratio: float) -> float | None:
-    """``ratio`` x the best feasible samples/s so far: a trial measured below it is stopped early.
+def prune_threshold(study: optuna.Study, ratio: float) -> tuple[float | None, float]:
+    """``ratio`` x the best feasible samples/s so far, below which a trial is stopped early, and the
+    step-time CV of that best trial (the noise an early judgement allows for:
+    :func:`autotune.spec.measure.clearly_slower`).
 
-    Samples/s ranks like model TFLOPs for one model and sequence length. ``None`` (never prune)
+    Samples/s ranks like model TFLOPs for one model and sequence length. ``(None, 0)`` (never prune)
     with ``ratio`` 0 or before any trial fits.
     """
     if ratio <= 0:
-        return None
+        return None, 0.0
     fitting = feasible_by_speed(judged_trials(study.get_trials(deepcopy=False)))
-    best = max((result.samples_per_s for _, result in fitting), default=0.0)
-    return best * ratio if best > 0 else None
+    best = max((result for _, result in fitting), key=lambda result: result.samples_per_s, default=None)
+    if best is None or best.samples_per_s <= 0:
+        return None, 0.0
+    return best.samples_per_s * ratio, best.step_time_cv
 
 
 def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:

@@ -42,8 +42,8 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import TrialConfig
-from autotune.result import ParamsKey, TrialResult, is_budget_trial, judged_trials, params_key
+from autotune.levers import LEVERS, TrialConfig
+from autotune.result import GIVEN_UP_STATUSES, ParamsKey, TrialResult, is_budget_trial, judged_trials, params_key
 from autotune.spec.ceiling import fits
 from autotune.storage import schema
 from autotune.study import _landscape
@@ -62,15 +62,29 @@ DEFAULT_NOISE = 0.05
 STARTUP_TRIALS = 3
 
 
+def settled(trial: FrozenTrial) -> bool:
+    """Measured or screened (a COMPLETE or PRUNED trial holds its result), or failed on every attempt
+    it got (:data:`autotune.result.GIVEN_UP_STATUSES`): its config is not tried again."""
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    if trial.state != TrialState.FAIL:
+        return False
+    result = TrialResult.from_trial(trial)
+    return result is not None and result.status in GIVEN_UP_STATUSES
+
+
 def taken_configs(trials: Iterable[FrozenTrial], exclude_number: int | None = None) -> set[ParamsKey]:
-    """Configs measured, screened or running: never proposed again."""
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return {params_key(t.params) for t in trials if t.state in states and t.number != exclude_number and t.params}
+    """Configs settled or running: never proposed again."""
+    return {
+        params_key(t.params)
+        for t in trials
+        if (t.state == TrialState.RUNNING or settled(t)) and t.number != exclude_number and t.params
+    }
 
 
 def finished_configs(trials: Iterable[FrozenTrial]) -> set[ParamsKey]:
-    """Configs measured or screened (a COMPLETE or PRUNED trial holds their result)."""
-    return {params_key(t.params) for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    """Configs settled: measured, screened, or failed on every attempt."""
+    return {params_key(t.params) for t in trials if settled(t)}
 
 
 def noise_fraction(study: Study) -> float:
@@ -131,9 +145,9 @@ def stop_reason(study: Study, space_size: int, patience: int | None) -> str | No
     # Queued trials (a dead worker's re-run, seeds) are popped first, each answered from the record.
     queued = any(t.state == TrialState.WAITING for t in trials)
     if done >= space_size and not queued:
-        return (
-            f"every config of the space has been measured or screened ({done} of {space_size}): the search is complete"
-        )
+        given_up = len({params_key(t.params) for t in trials if t.state == TrialState.FAIL and settled(t)})
+        failed = f", {given_up} of them failed on every attempt" if given_up else ""
+        return f"every config of the space has been measured or screened ({done} of {space_size}{failed}): the search is complete"
     if patience:
         noise = noise_fraction(study)
         streak = trials_since_improvement(trials, noise)
@@ -256,6 +270,7 @@ class DistinctThompsonSampler(BaseSampler):
         rng = self._rng.rng
         encoding = _landscape.KnobEncoding(search_space)  # type: ignore[arg-type] - autotune's spaces are categorical
         observed = _landscape.observations(finished, encoding.names, self._ceiling_bytes)
+        pool = self._unmeasured_micro_batches_first(encoding, observed, pool)
         speed_effects = _landscape.throughput_posterior(encoding, observed, noise_fraction(study)).draw(rng)
         speed = encoding.matrix(pool) @ speed_effects
         fits = self._drawn_to_fit(encoding, observed, pool, rng)
@@ -264,6 +279,35 @@ class DistinctThompsonSampler(BaseSampler):
         choice = int(np.argmax(np.where(fits, speed, -np.inf)))
         self._note_came_back(study, trial, finished, encoding, speed_effects, float(speed[choice]))
         return pool[choice]
+
+    def _unmeasured_micro_batches_first(
+        self, encoding: _landscape.KnobEncoding, observed: _landscape.Observations, pool: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The configs of micro-batches (the levers whose memory grows with their value) no trial has run
+        yet that the memory model expects to fit
+        (its posterior mean under the ceiling), where there are any; else the whole pool.
+
+        So every micro-batch the estimate says fits is measured within the budget, one config each
+        (the fastest drawn), instead of waiting on draws: the micro-batch is the knob that moves
+        both speed and memory most, and one the calibrated estimate puts a few percent under the
+        ceiling is the one most worth measuring (docs/benchmarks.md, "First GPU run": micro-batch 2
+        never ran in 8 trials).
+        """
+        growing = [lever.name for lever in LEVERS.values() if lever.grows_memory and lever.name in encoding.names]
+        if not growing or self._log_peak_estimate is None:
+            return pool
+
+        def size(params: dict[str, Any]) -> tuple[Any, ...]:
+            return tuple(params[name] for name in growing)
+
+        ran = {size(params) for params in observed.memory_configs + observed.throughput_configs}
+        candidates = [params for params in pool if size(params) not in ran]
+        if not candidates:
+            return pool
+        corrections = _landscape.memory_posterior(encoding, observed, self._log_estimate).mean
+        log_peak = np.asarray([self._log_estimate(params) for params in candidates])
+        expected = fits(np.exp(log_peak + encoding.matrix(candidates) @ corrections), self._ceiling_bytes)
+        return [params for params, fit in zip(candidates, expected) if fit] or pool
 
     def _drawn_to_fit(
         self,

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import optuna
+from optuna.distributions import distribution_to_json, json_to_distribution
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
@@ -61,8 +62,9 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
 
 
 def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
-    """Record a trial stopped by Ctrl-C (or a stop of the search) as FAIL ``interrupted``, and queue
-    its config to run again once, first thing on resume.
+    """Record a trial stopped by Ctrl-C (or a stop signal, a stop of the search, a trial process that
+    could not be started) as FAIL ``interrupted``, and queue its config to run again once, first thing
+    on resume.
 
     Safe wherever the interrupt landed: a trial told before it keeps its result.
     """
@@ -71,7 +73,7 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
         return TrialResult.from_trial(stored) or TrialResult(status=Status.INTERRUPTED)
     result = TrialResult(
         status=Status.INTERRUPTED,
-        error="the search was stopped (Ctrl-C) while this trial ran; it runs again on resume",
+        error="the search was stopped (Ctrl-C, a signal, or its process could not start) while this trial ran; it runs again on resume",
         ceiling_bytes=ceiling_bytes,
     )
     try:
@@ -101,9 +103,19 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
+        kept = {
+            "study": study.study_name,
+            "trial": trial.number,
+            "params": trial.params,
+            "distributions": {name: distribution_to_json(d) for name, d in trial.distributions.items()},
+            "user_attrs": {
+                k: v for k, v in trial.user_attrs.items() if k not in (schema.TRIAL_RESULT, schema.TRIAL_STATUS)
+            },
+            "result": result.to_dict(),
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"trial": trial.number, "result": result.to_dict()}))
+            path.write_text(json.dumps(kept))
         except OSError as write_error:
             raise AutotuneError(
                 f"the study storage could not record trial #{trial.number} ({reason}), nor could {path} "
@@ -111,15 +123,20 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
             ) from None
         raise AutotuneError(
             f"the study storage could not record trial #{trial.number} ({reason}); its {result.status} result is kept "
-            f"in {path} and is recorded when you run the same command again, once the storage has room"
+            f"in {path} and is recorded when you run the same command again, once the storage works (room "
+            "freed, the database back; a new database gets it as a trial of its own)"
         ) from None
 
 
 def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
     """Tell the results that :func:`tell_or_keep` kept because the storage failed; call before orphan recovery.
 
-    A kept result is recorded only onto its own trial, still RUNNING since that run ended; the file
-    is then renamed so that it is not recorded twice.
+    A kept result is recorded onto its own trial where that is still RUNNING with the same config
+    (the storage came back: room freed, the server up again); otherwise, as a new trial of its config
+    (the trial is gone: a deleted SQLite file made anew, or another worker failed and queued it again,
+    whose copy is then answered from this record instead of measured again), unless that config was
+    measured since. The file is then renamed, so that it is not recorded twice. Files of another study
+    in the same work root are left alone.
 
     Returns:
         Numbers of the trials recorded here.
@@ -129,11 +146,36 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
     for path in sorted(Path(work_root).glob(f"trial-*-*/{PENDING_RESULT_FILE}")):
         try:
             kept = json.loads(path.read_text())
-            frozen = by_number[kept["trial"]]
             result = TrialResult.from_dict(kept["result"])
+            own = by_number.get(kept["trial"])
+            params = kept.get("params")  # None: kept by an older autotune, which kept only the number
+            if kept.get("study", study.study_name) != study.study_name:
+                continue
+            if own is not None and params in (None, own.params):
+                trial_id = own._trial_id
+            elif params is None or _measured(study, params):
+                continue  # no config to record it as, or its config was measured again since
+            else:
+                trial_id = _new_trial_of(study, kept)
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # unreadable, or a trial no longer RUNNING (recorded or failed by another worker)
-        tell(study, optuna.Trial(study, frozen._trial_id), result)
+            continue  # unreadable
+        tell(study, optuna.Trial(study, trial_id), result)
         path.rename(path.with_name("recorded_result.json"))
-        recorded.append(frozen.number)
+        recorded.append(study._storage.get_trial(trial_id).number)
     return recorded
+
+
+def _measured(study: optuna.Study, params: dict) -> bool:
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return any(t.params == params and schema.TRIAL_RESULT in t.user_attrs for t in finished)
+
+
+def _new_trial_of(study: optuna.Study, kept: dict) -> int:
+    """A RUNNING trial of the kept config (its params, their distributions, its user attrs), to tell."""
+    template = optuna.trial.create_trial(
+        state=TrialState.RUNNING,
+        params=kept["params"],
+        distributions={name: json_to_distribution(d) for name, d in kept["distributions"].items()},
+        user_attrs=kept.get("user_attrs") or {},
+    )
+    return study._storage.create_new_trial(study._study_id, template_trial=template)

@@ -2,13 +2,14 @@
 
 :func:`search` takes an opened study (:func:`._setup.open_study`) and, in this order:
 
-1. records the results a run kept while the storage was full (:func:`._record.record_pending_results`),
+1. records the results a run kept while the storage failed (:func:`._record.record_pending_results`),
    before orphan recovery would re-queue their trials;
 2. fails and re-queues the trials of runs that died (:func:`._liveness.recover_orphans`);
 3. runs the trial loop (:func:`._loop.run_search`) inside the caller's live view;
 4. says why it stopped (:func:`._proposals.stop_reason`: the space measured, ``--patience``);
 5. re-measures the leaders (:func:`._confirm.confirm_top`);
-6. has the caller's writer write the study's note (the dashboard's: this package shows nothing,
+6. records where its wall time went (:class:`autotune.result.TimeSpent`, the study's ``time_spent``);
+7. has the caller's writer write the study's note (the dashboard's: this package shows nothing,
    see docs/architecture.md).
 
 The caller prints: the hooks say what happens while it happens, the :class:`SearchOutcome` what
@@ -19,16 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import optuna
 
-from autotune.result import TrialResult
+from autotune.result import TimeSpent, TrialResult, is_budget_trial
 from autotune.runner import run_isolated
+from autotune.storage import schema
 from autotune.study._confirm import Confirmation, confirm_top
-from autotune.study._liveness import recover_orphans
+from autotune.study._liveness import recover_orphans, run_by_this_process
 from autotune.study._loop import run_search
 from autotune.study._proposals import stop_reason
 from autotune.study._record import record_pending_results
@@ -68,8 +72,10 @@ class SearchOutcome:
         finished: Trials this invocation finished.
         stop_reason: Why the search is done (:func:`._proposals.stop_reason`); ``None`` when the
             budget, the time or the caller stopped it.
-        confirmations: The confirmed leaders, fastest first (empty: none fit, or no confirmation).
+        confirmations: The confirmed leaders, fastest first (empty: none fit, no confirmation, or
+            a leader ahead of the rest by more than the noise).
         confirmation_interrupted: Ctrl-C cut the confirmation short; none of its re-runs is recorded.
+        time_spent: Where the search's wall time went (also stored in the study).
     """
 
     recorded: tuple[int, ...]
@@ -78,6 +84,7 @@ class SearchOutcome:
     stop_reason: str | None
     confirmations: tuple[Confirmation, ...] = ()
     confirmation_interrupted: bool = False
+    time_spent: TimeSpent | None = None
 
 
 def search(
@@ -105,11 +112,12 @@ def search(
             raised: see :attr:`SearchOutcome.confirmation_interrupted`.
     """
     hooks = hooks or SearchHooks()
+    started, started_at = time.perf_counter(), datetime.datetime.now()
     recorded = record_pending_results(study, request.work_root)  # first: recovery would re-queue these trials
     if recorded:
         _note(
             hooks,
-            f"trial(s) {_numbers(recorded)} measured while the storage was full: recorded now from {request.work_root}",
+            f"trial(s) {_numbers(recorded)} measured while the storage could not record them: recorded now from {request.work_root}",
         )
     requeued = recover_orphans(study)
     if requeued:
@@ -121,16 +129,45 @@ def search(
         hooks.on_loop_end(reason)
     confirmations: list[Confirmation] = []
     interrupted = False
+    confirm_started = time.perf_counter()
+    reruns: list[TrialResult] = []
+
+    def on_confirm_run(round_index: int, number: int, result: TrialResult) -> None:
+        reruns.append(result)
+        if hooks.on_confirm_run is not None:
+            hooks.on_confirm_run(round_index, number, result)
+
     if budget.confirm_top > 0:
         try:
             confirmations = confirm_top(
-                study, request, budget.confirm_top, budget.confirm_repeats, hooks.on_confirm_run, run_trial
+                study, request, budget.confirm_top, budget.confirm_repeats, on_confirm_run, run_trial
             )
         except KeyboardInterrupt:
             interrupted = True  # the search's own trials are recorded; the ranking stands on them
+    spent = TimeSpent.of_search(
+        _results_of_this_search(study, started_at),
+        wall_s=time.perf_counter() - started,
+        confirmation_s=time.perf_counter() - confirm_started,
+        confirmation_runs=len(reruns),
+    )
+    study.set_user_attr(schema.STUDY_TIME_SPENT, spent.to_dict())
     if hooks.write_note is not None:
         hooks.write_note(study)
-    return SearchOutcome(tuple(recorded), tuple(requeued), finished, reason, tuple(confirmations), interrupted)
+    return SearchOutcome(tuple(recorded), tuple(requeued), finished, reason, tuple(confirmations), interrupted, spent)
+
+
+def _results_of_this_search(study: optuna.Study, started_at: datetime.datetime) -> list[TrialResult]:
+    """The results of the trials this call ran: started since it began, by this process, not a
+    repeat answered from the record."""
+    return [
+        result
+        for trial in study.get_trials(deepcopy=False)
+        if trial.datetime_start is not None
+        and trial.datetime_start >= started_at
+        and is_budget_trial(trial)
+        and run_by_this_process(trial)
+        and (result := TrialResult.from_trial(trial)) is not None
+    ]
 
 
 def _note(hooks: SearchHooks, line: str) -> None:

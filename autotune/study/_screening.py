@@ -3,7 +3,8 @@
 Two rules, both conservative (a config that might fit is always run):
 
 * **OOM inference**: a config that differs from a measured ``oom`` or ``over_ceiling`` trial only by
-  a larger micro-batch does not fit either (peak memory grows with the micro-batch).
+  a larger micro-batch does not fit either (peak memory grows with the micro-batch: the levers
+  whose ``grows_memory`` says so).
 * **Estimate**: the fitted estimate of :mod:`autotune.estimate` puts the config's peak clearly
   over the ceiling: above ``ceiling * margin``. The margin is wide (25 %) until the memory model is
   fitted on measured trials, then the fit's own worst error plus a safety, never below 10 %.
@@ -28,7 +29,7 @@ from autotune.estimate import (
     fit_memory,
     what_would_fit,
 )
-from autotune.levers import TrialConfig
+from autotune.levers import LEVERS, TrialConfig
 from autotune.result import MEMORY_EXCEEDED_STATUSES, PEAK_MEASURED_STATUSES, Status, TrialResult
 from autotune.runner import Workload
 from autotune.spec.ceiling import excess_gib, fits
@@ -117,22 +118,31 @@ def memory_fit_from_trials(
 
 
 def infer_from_memory_failures(config: TrialConfig, measured: Sequence[MeasuredTrial]) -> ScreenDecision | None:
-    """A config that differs from an OOM or over-ceiling trial only by a larger micro-batch."""
+    """A config that differs from an OOM or over-ceiling trial only by a larger value of a lever whose
+    memory grows with its value (``Lever.grows_memory``: the micro-batch)."""
+    growing = [lever.name for lever in LEVERS.values() if lever.grows_memory]
     for trial in measured:
-        if trial.result.status not in MEMORY_EXCEEDED_STATUSES or trial.config.micro_batch >= config.micro_batch:
+        if trial.result.status not in MEMORY_EXCEEDED_STATUSES:
             continue
-        if dataclasses.replace(trial.config, micro_batch=config.micro_batch) != config:
+        larger = next((name for name in growing if _only_larger(config, trial.config, name)), None)
+        if larger is None:
             continue
         what = "ran out of memory" if trial.result.status == Status.OOM else "went over the ceiling"
+        ours, theirs = getattr(config, larger), getattr(trial.config, larger)
         return ScreenDecision(
-            reason=f"screened: inferred, micro-batch {config.micro_batch} > {trial.config.micro_batch} of trial "
-            f"#{trial.number}, which {what} (not run)",
+            reason=f"screened: inferred, {larger} {ours} > {theirs} of trial #{trial.number}, which {what} (not run)",
             inferred_min_peak_bytes=trial.result.peak_memory_bytes
             if trial.result.status == Status.OVER_CEILING
             else None,
             inferred_from=trial.number,
         )
     return None
+
+
+def _only_larger(config: TrialConfig, smaller: TrialConfig, name: str) -> bool:
+    """Whether ``config`` is ``smaller`` with a larger value of the lever ``name`` and nothing else changed."""
+    value = getattr(config, name)
+    return getattr(smaller, name) < value and dataclasses.replace(smaller, **{name: value}) == config
 
 
 def predict_over_ceiling(estimate: MemoryEstimate, ceiling_bytes: int, fit: MemoryFit) -> ScreenDecision | None:

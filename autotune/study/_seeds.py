@@ -6,8 +6,9 @@
   AdamW, no packing), snapped to the search space's choices. Measuring it is what makes "speedup
   over the default" a measured figure, and its loss is what every trial's is judged against.
 * ``best-practice``: what a performance guide would try first on this device (bf16 where the device
-  runs it, else fp16 on CUDA; fused AdamW; no checkpointing; the largest micro-batch the estimator
-  fits well under the ceiling).
+  has matmul hardware for it, else fp16 on CUDA, else fp32: a CPU without bf16 instructions emulates
+  bf16 slower than fp32; fused AdamW; no checkpointing; the largest micro-batch the estimator fits
+  well under the ceiling).
 
 Both are queued with ``study.enqueue_trial`` when the study is created, marked with the user attr
 ``seed`` (:mod:`autotune.storage.schema`), so the sampler starts from them and the end of a search can compare against the default.
@@ -16,6 +17,7 @@ Both are queued with ``study.enqueue_trial`` when the study is created, marked w
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,21 +25,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import LEVERS, TrialConfig, knob_values_from_base_args
+from autotune.levers import LEVERS, Lever, TrialConfig, lever_values_from_base_args
 from autotune.runner import Workload
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec
 from autotune.storage import schema
 
 # The best-practice micro-batch must be predicted to fit in this fraction of the ceiling: the
 # estimator is not calibrated yet when seeds are chosen.
 SEED_FILL_FRACTION = 0.8
-
-# Where a default value is not among the space's choices: the choices closest in effect, in order.
-_NEAREST_STRINGS = {
-    "dtype": {"fp32": ["tf32", "bf16", "fp16"]},
-    "optim": {"adamw_torch_fused": ["adamw_torch"], "adamw_torch": ["adamw_torch_fused"]},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +43,7 @@ class Seed:
 
     Attributes:
         label: ``hf-default`` or ``best-practice`` (the trial's ``seed`` user attr).
-        params: Optuna params: every knob of the space, each one of its choices.
+        params: Optuna params: every lever of the space, each one of its choices.
         notes: What had to change to fit the space, one line each.
     """
 
@@ -56,14 +53,15 @@ class Seed:
 
 
 def default_config(trainer: str = "trainer") -> TrialConfig:
-    """The levers as the trainer's arguments class sets them by default in the installed version:
-    ``TrainingArguments()``, or TRL's ``SFTConfig()`` under ``--trainer sft`` (bf16 on, activation
+    """The lever values that reproduce the trainer's arguments class at its defaults in the installed
+    version: ``TrainingArguments()``, or TRL's ``SFTConfig()`` under ``--trainer sft`` (bf16 on, activation
     checkpointing on, no packing: trl/trainer/base_config.py:62-75, :107-108; sft_config.py).
 
-    Read from the class, not remembered: each lever field's declared default, and where a class
-    declares ``None`` and decides in ``__post_init__`` (``SFTConfig``'s ``bf16``, which becomes ``not
-    fp16``), the value it resolves to when built (on the CPU, which judges no device). The levers'
-    own inverse mapping turns them into values (``knob_values_from_base_args``).
+    Read from the class, not remembered: each field's declared default, and where a class declares
+    ``None`` for a lever's field and decides in ``__post_init__`` (``SFTConfig``'s ``bf16``, which becomes
+    ``not fp16``), the value it resolves to when built (on the CPU, which judges no device). The inverse
+    of the mapping (:func:`autotune.levers.lever_values_from_base_args`) turns them into lever values;
+    levers that act outside the arguments keep their own default (the model's attention, ...).
     """
     import tempfile
     import warnings
@@ -71,111 +69,112 @@ def default_config(trainer: str = "trainer") -> TrialConfig:
     from autotune.plan import arguments_class
 
     cls = arguments_class(trainer)
-    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # transformers 5.24: gradient_checkpointing is deprecated (TRL sets it)
-        resolved = cls(output_dir=scratch, use_cpu=True)
-    declared = {f.name: f.default for f in dataclasses.fields(cls)}
-    lever_fields = {field for lever in LEVERS.values() for field in lever.fields if field in declared}
-    defaults = {}
-    for field in sorted(lever_fields):
-        value = declared[field] if declared[field] is not None else getattr(resolved, field)
-        if value is not None:
-            defaults[field] = getattr(value, "value", value)  # OptimizerNames is an enum of str
-    return TrialConfig(**knob_values_from_base_args(defaults))
+    defaults = {
+        field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        for field in dataclasses.fields(cls)
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    }
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields}
+    if any(defaults.get(field, 0) is None for field in lever_fields):
+        with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers 5.24: gradient_checkpointing is deprecated (TRL sets it)
+            resolved = cls(output_dir=scratch, use_cpu=True)
+        defaults.update({f: getattr(resolved, f) for f in lever_fields if f in defaults and defaults[f] is None})
+    return TrialConfig(**lever_values_from_base_args(defaults))
 
 
-def snap_to_space(config: TrialConfig, space: SearchSpace, device_kind: str) -> tuple[dict[str, Any], list[str]]:
-    """Params for ``config`` within the space: each knob's value if it is a choice, else the nearest.
+def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -> tuple[dict[str, Any], list[str]]:
+    """Params for ``config`` within the space: each lever's value if it is a choice, else the nearest.
 
     Returns:
-        (params, notes): a note for every knob that had to change (pin_memory on the CPU, which the
-        space filter drops for a reason it already printed, is not repeated).
+        (params, notes): a note for every lever that had to change (a value that changes nothing on
+        the device, such as pin_memory on the CPU, was removed by the space filter with its own note,
+        which is not repeated).
     """
     wanted = config.to_params()
     params: dict[str, Any] = {}
     notes: list[str] = []
-    for knob, choices in space.choices.items():
-        if knob not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
-            params[knob] = choices[0]
+    for name, choices in space.choices.items():
+        if name not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
+            params[name] = choices[0]
             continue
-        value = wanted[knob]
+        value = wanted[name]
         if value in choices:
-            params[knob] = value
+            params[name] = value
             continue
-        params[knob] = nearest_choice(knob, value, choices)
-        if not (knob == "pin_memory" and device_kind == "cpu"):
-            notes.append(f"{knob} {value} is not in the search space: seeded with the nearest choice, {params[knob]}")
+        params[name] = nearest_choice(LEVERS[name], value, choices)
+        if not LEVERS[name].no_effect_on(value, device):
+            notes.append(f"{name} {value} is not in the search space: seeded with the nearest choice, {params[name]}")
     return params, notes
 
 
-def nearest_choice(knob: str, value: Any, choices: Sequence[Any]) -> Any:
-    """The choice closest to ``value``: numerically for numbers, by a stated preference for names."""
+def nearest_choice(lever: Lever, value: Any, choices: Sequence[Any]) -> Any:
+    """The choice closest to ``value``: numerically for numbers, by the lever's stated preference
+    (``Lever.nearest``) for names."""
     if (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
         and all(isinstance(c, (int, float)) for c in choices)
     ):
         return min(choices, key=lambda c: (abs(c - value), c))
-    if knob == "attn_implementation" and value is None and "sdpa" in choices:
-        return "sdpa"  # transformers' default where the model supports it
-    for preferred in _NEAREST_STRINGS.get(knob, {}).get(value, []):
+    for preferred in lever.nearest.get(value, ()):
         if preferred in choices:
             return preferred
     return choices[0]
 
 
 def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
-    """What a performance guide tries first on this device, within the space's choices: the largest
-    micro-batch the workload's memory prior puts under the fill fraction of the ceiling.
+    """What a performance guide tries first on this device, within the space's choices: each lever's
+    first preferred value (``Lever.best_practice``), then the largest micro-batch (the levers whose
+    memory grows with their value) the workload's memory prior puts under the fill fraction of the
+    ceiling; a last-resort lever (checkpointing) turned on only where none fits without it.
 
-    A knob the space does not search keeps its :class:`TrialConfig` default.
+    A lever the space does not search, or without a preference, keeps its :class:`TrialConfig` default.
     """
-    device = workload.device
     choices = space.choices
-    defaults = TrialConfig()
-
-    def pick(knob: str, preferred: Sequence[Any]) -> Any:
-        if knob not in choices:
-            return getattr(defaults, knob)
-        return next((v for v in preferred if v in choices[knob]), choices[knob][0])
-
-    workers = sorted(choices.get("dataloader_workers", [defaults.dataloader_workers]))
-    # On a GPU, workers and pinned memory overlap data loading with compute; on the CPU, workers
-    # compete with training for the same cores.
-    wanted_workers = [w for w in workers if w > 0] if device.kind == "cuda" else [0]
-    base = TrialConfig(
-        micro_batch=min(choices.get("micro_batch", [defaults.micro_batch])),
-        grad_accum=min(choices.get("grad_accum", [defaults.grad_accum])),
-        checkpointing=pick("checkpointing", [False]),
-        dtype=pick("dtype", ["bf16", "fp16", "tf32", "fp32"] if device.kind == "cuda" else ["bf16", "fp32"]),
-        optim=pick("optim", ["adamw_torch_fused", "adamw_torch"]),
-        dataloader_workers=pick("dataloader_workers", wanted_workers),
-        pin_memory=pick("pin_memory", [device.kind == "cuda"]),
-        # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
-        compile=pick("compile", ["off"]),
-        attn_implementation=pick("attn_implementation", ["flash_attention_2", "sdpa"]),
-    )
-    checkpointing_options = [base.checkpointing]
-    if not base.checkpointing and True in choices.get("checkpointing", []):
-        checkpointing_options.append(True)  # only if nothing fits without
-    for checkpointing in checkpointing_options:
-        for micro_batch in sorted(choices.get("micro_batch", [base.micro_batch]), reverse=True):
-            candidate = dataclasses.replace(base, micro_batch=micro_batch, checkpointing=checkpointing)
+    base: dict[str, Any] = {}
+    for lever in LEVERS.values():
+        preferred = lever.best_practice(workload.device, choices[lever.name]) if lever.name in choices else ()
+        if preferred:
+            base[lever.name] = next((v for v in preferred if v in choices[lever.name]), choices[lever.name][0])
+    settings = [base]  # then each last resort's other values, one at a time
+    for lever in LEVERS.values():
+        current = base.get(lever.name, lever.default)
+        if lever.last_resort and lever.name in choices:
+            settings += [{**base, lever.name: value} for value in choices[lever.name] if value != current]
+    growing = [lever for lever in LEVERS.values() if lever.grows_memory and lever.name in choices]
+    sizes = sorted(itertools.product(*(choices[lever.name] for lever in growing)), reverse=True)
+    for setting in settings:
+        for size in sizes:
+            candidate = TrialConfig(**{**setting, **{lever.name: v for lever, v in zip(growing, size)}})
             predicted = estimate_peak(workload.model, candidate, workload.seq_len, workload.memory_prior).total_bytes
             if fits(predicted, SEED_FILL_FRACTION * workload.ceiling_bytes):
                 return candidate
-    return base
+    return TrialConfig(**base)
 
 
 def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(default_config(workload.trainer), space, workload.device.kind)
+    default_params, default_notes = snap_to_space(default_config(workload.trainer), space, workload.device)
     best = best_practice_config(space, workload)
-    best_params, _ = snap_to_space(best, space, workload.device.kind)
+    best_params, _ = snap_to_space(best, space, workload.device)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
-        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params))
+        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params, emulated_dtype_notes(space, workload.device, best)))
     return seeds
+
+
+def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, best: TrialConfig) -> tuple[str, ...]:
+    """A note for each value the space lists that the device only emulates (``Lever.emulated_on``: bf16
+    on a CPU without bf16 instructions) and the best-practice seed therefore does not train with."""
+    notes = []
+    for lever in LEVERS.values():
+        chosen = getattr(best, lever.name)
+        for value in space.choices.get(lever.name, []):
+            reason = lever.emulated_on(value, device)
+            if reason and value != chosen:
+                notes.append(f"best-practice seed trains in {lever.label(chosen) or chosen}, not {value}: {reason}")
+    return tuple(notes)
 
 
 def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:

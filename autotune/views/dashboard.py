@@ -33,10 +33,10 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
-from autotune.result import judged_trials, memory_source_description
+from autotune.result import TimeSpent, judged_trials, memory_source_description
 from autotune.storage import open_storage, require_sqlite_file, schema
 from autotune.units import format_bytes
-from autotune.views.export import render, winner_arguments
+from autotune.views.export import export_notes, render, winner_arguments
 from autotune.views.ranking import (
     RankedTrial,
     confirmation_label,
@@ -264,6 +264,9 @@ def study_note(study: optuna.Study) -> str:
         describe_distinct(trials) + ".",
         "",
     ]
+    spent = attrs.get(schema.STUDY_TIME_SPENT)
+    if spent:  # where the last search's wall time went, as `autotune search` printed it
+        lines += ["Last search: " + TimeSpent.from_dict(spent).line() + ".", ""]
     if not ranking:
         lines += ["No feasible configuration yet.", ""]
     else:
@@ -276,6 +279,8 @@ def study_note(study: optuna.Study) -> str:
             f"### Winner: trial {best.number}",
             "",
             f"Trial {winner_summary(best)}.",
+            "",
+            *(f"Note: {note}." for note in export_notes(best, study)),
             "",
             "`autotune export` (TrainingArguments keyword arguments, JSON):",
             "",

@@ -9,6 +9,7 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -18,8 +19,8 @@ import optuna
 import yaml
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS, training_arguments_kwargs
-from autotune.result import TrialResult
+from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
+from autotune.result import TrialResult, accumulation_note
 from autotune.spec.files import write_output
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -38,12 +39,95 @@ def winner(study: optuna.Study) -> RankedTrial:
     return ranking[0]
 
 
-def winner_arguments(study: optuna.Study) -> dict[str, Any]:
-    """The TrainingArguments keyword arguments of the study's best feasible trial."""
+def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:
+    """The TrainingArguments keyword arguments of the study's best feasible trial, for ``fmt``: the
+    Trainer's formats undo the gradient scale of a winner whose accumulation the Trainer sums
+    (:func:`for_the_trainer`)."""
     best = winner(study)
+    arguments = trained_arguments(study, best)
+    return arguments if fmt == "accelerate" else for_the_trainer(arguments, best.result)
+
+
+def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
+    """The arguments ``best``'s trial trained with (the one mapping, and the precision that ran)."""
     device_kind = study.user_attrs.get(schema.STUDY_DEVICE_KIND, "cpu")
     arguments = training_arguments_kwargs(best.config, device_kind, study.user_attrs.get(schema.STUDY_BASE_ARGS) or {})
     return with_precision_that_ran(arguments, best.result)
+
+
+def _training_default(name: str) -> Any:
+    from transformers import TrainingArguments
+
+    return {field.name: field.default for field in dataclasses.fields(TrainingArguments)}[name]
+
+
+def for_the_trainer(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
+    """The arguments that train with the Trainer as at accumulation 1 where the trial's Trainer added
+    up its micro-batches' mean losses (:attr:`TrialResult.gradient_scale` k above 1; transformers 5
+    ``trainer.py``, ``training_step``): its gradients are k times the per-sample ones.
+
+    Exact corrections only: ``max_grad_norm`` times k, so clipping acts on the same per-sample norm;
+    with SGD at weight decay 0, ``learning_rate`` over k, since its update is the gradient times the
+    rate (momentum is linear in it). An optimizer whose update ignores the gradient's scale (AdamW,
+    Adafactor, ...: :func:`autotune.levers.update_ignores_gradient_scale`) needs nothing more; for any
+    other no argument undoes it, and :func:`accumulation_export_note` says so.
+    """
+    steps = result.gradient_scale if result is not None else 1
+    if steps <= 1:
+        return arguments
+    corrected = dict(arguments)
+    clip = arguments.get("max_grad_norm", _training_default("max_grad_norm"))
+    if clip:
+        corrected["max_grad_norm"] = clip * steps
+    if _optimizer_of(arguments) == "sgd" and not _weight_decay_of(arguments):
+        corrected["learning_rate"] = arguments.get("learning_rate", _training_default("learning_rate")) / steps
+    return corrected
+
+
+def _optimizer_of(arguments: dict[str, Any]) -> str:
+    return optimizer_in(arguments, _training_default)
+
+
+def _weight_decay_of(arguments: dict[str, Any]) -> float:
+    return float(arguments.get("weight_decay", _training_default("weight_decay")))
+
+
+def accumulation_export_note(trained: dict[str, Any], result: TrialResult | None, fmt: str) -> str | None:
+    """What the export did about a winner whose Trainer added up its micro-batches' mean losses, and
+    what it could not do; ``None`` for any other winner.
+
+    Args:
+        trained: The arguments the winner's trial trained with (:func:`trained_arguments`).
+        result: Its result.
+        fmt: The export's format: the accelerate format is not corrected, since in the user's own
+            loop ``Accelerator.backward`` divides the loss by the accumulation steps
+            (accelerate/accelerator.py, ``backward``).
+    """
+    if result is None or accumulation_note(result) is None:
+        return None
+    steps = result.gradient_scale
+    said = (
+        f"the winner's model ignores num_items_in_batch, so at gradient_accumulation_steps={steps} the Trainer adds "
+        f"up {steps} micro-batch mean losses: the loss it logs and its gradients are {steps}x the per-sample ones"
+    )
+    if fmt == "accelerate":
+        return said + " (in your own loop Accelerator.backward divides by the accumulation steps: nothing to change)"
+    corrected = for_the_trainer(trained, result)
+    changes = [
+        f"{name} {corrected[name]:g} (was {trained.get(name, _training_default(name)):g})"
+        for name in ("max_grad_norm", "learning_rate")
+        if corrected.get(name) != trained.get(name)
+    ]
+    done = f"; exported {' and '.join(changes)}" if changes else ""
+    optim = _optimizer_of(trained)
+    if update_ignores_gradient_scale(optim, _weight_decay_of(trained)) or (optim == "sgd" and "learning_rate" in done):
+        return said + done + f", so {optim} trains as at accumulation 1 with the same global batch (up to its epsilon)"
+    return (
+        said
+        + done
+        + f"; {optim} at weight_decay {_weight_decay_of(trained):g} has no argument that undoes it exactly: "
+        "subclass the Trainer with loss_is_scaled_for_ga = False (transformers trainer.py) to have it divide by the steps"
+    )
 
 
 def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
@@ -257,25 +341,32 @@ def with_deepspeed_config_path(arguments: dict[str, Any], out: str) -> dict[str,
 
 
 def deepspeed_note(best: RankedTrial, out: str) -> str | None:
-    """Where the winner's DeepSpeed config is, and for offload the host memory it needs."""
-    if best.config.zero == "off":
+    """Where the winner's DeepSpeed config is (its arguments carry one), and for offload the host memory it needs."""
+    deepspeed = training_arguments_kwargs(best.config, "cuda").get("deepspeed")
+    if not isinstance(deepspeed, dict):
         return None
-    note = f"the winner trains with DeepSpeed ZeRO {best.config.zero}: its config is {deepspeed_config_path(out)}, which the arguments name"
+    zero = deepspeed.get("zero_optimization", {})
+    stage = f"stage {zero.get('stage')}" + (" with offload" if "offload_optimizer" in zero else "")
+    note = f"the winner trains with DeepSpeed ZeRO {stage}: its config is {deepspeed_config_path(out)}, which the arguments name"
     host = (best.result.memory_peaks if best.result else {}).get(schema.TRIAL_PREDICTED_HOST_BYTES)
     if host:
         note += f"; offload keeps {format_bytes(host)} per rank in host RAM (estimate)"
     return note
 
 
-def export_notes(best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"]) -> list[str]:
+def export_notes(
+    best: RankedTrial, study: optuna.Study | None = None, out: str = DEFAULT_OUT["json"], fmt: str = "json"
+) -> list[str]:
     """What the winner depends on outside TrainingArguments: the model build, the allocator, the
-    study's PEFT adapters (written beside ``out``), its DeepSpeed config; and which batch set its peak."""
+    study's PEFT adapters (written beside ``out``), its DeepSpeed config; which batch set its peak;
+    and what was changed for a Trainer that added up its micro-batches' losses."""
     found = (
         launch_note(ranks_of(study)),
         model_loading_note(best),
         allocator_note(best),
         peak_batch_note(best),
         deepspeed_note(best, out),
+        accumulation_export_note(trained_arguments(study, best), best.result, fmt) if study is not None else None,
     )
     notes = [note for note in found if note is not None]
     peft_identity = _peft_identity(study)
@@ -290,10 +381,10 @@ def _peft_identity(study: optuna.Study | None) -> dict[str, Any] | None:
     return (study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("peft")
 
 
-def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT["json"]) -> str:
+def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT["json"], fmt: str = "json") -> str:
     """Where an export comes from, in lines for the comments of the formats that take them."""
     lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
-    lines += [f"note: {note}" for note in export_notes(best, study, out)]
+    lines += [f"note: {note}" for note in export_notes(best, study, out, fmt)]
     return "\n".join(lines)
 
 
@@ -321,10 +412,12 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
         The trial that was exported.
     """
     best = winner(study)
-    arguments = winner_arguments(study)
+    arguments = winner_arguments(study, fmt)
     if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
         write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
-    text = render(with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out), ranks_of(study))
+    text = render(
+        with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out, fmt), ranks_of(study)
+    )
     write_output(out, text)
     peft_identity = _peft_identity(study)
     if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments

@@ -73,14 +73,19 @@ def estimate_table(
     return table
 
 
-# The levers the short table gives a column of its own (the micro-batch is the one it solves for,
-# accumulation follows from it); every other lever is shown under "other knobs".
-_SHORT_TABLE_COLUMNS = ("micro_batch", "grad_accum", "dtype", "checkpointing", "optim")
+def _cell(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int) -> Table:
-    """``autotune estimate``'s default: per setting of the other memory knobs, the largest micro-batch
-    predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`)."""
+    """``autotune estimate``'s default: per setting of the other memory levers, the largest micro-batch
+    predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`).
+
+    The levers with a ``planner_column`` get a column of their own; every other lever that moves
+    memory and is away from its default is shown under "other levers" as the config's label says it
+    (weights=bf16, zero=2, ...); the micro-batch (a lever whose memory grows with its value) is the
+    one the table solves for.
+    """
     table = Table(
         title=title,
         caption="largest micro-batch: of the space's micro-batches, the largest whose predicted peak is at most the "
@@ -88,11 +93,10 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
         caption_justify="left",
     )
     host = shows_host_memory([row.estimate for row, _ in chosen])
+    columns = [lever for lever in LEVERS.values() if lever.planner_column]
     headers = (
-        "dtype",
-        "checkpointing",
-        "optimizer",
-        "other knobs",
+        *(lever.planner_column for lever in columns),
+        "other levers",
         "largest micro-batch",
         "predicted peak",
         *([HOST_COLUMN] if host else []),
@@ -102,25 +106,24 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
         table.add_column(
             header, justify="right" if header in ("largest micro-batch", "predicted peak", HOST_COLUMN) else "left"
         )
+    others = [lever for lever in LEVERS.values() if lever.memory_parts and not lever.planner_column]
     for row, any_fits in chosen:
         config = row.config
-        # Every other lever away from its default, as the config's own label says it (weights=bf16, zero=2, ...).
-        others = " ".join(
+        label = " ".join(
             lever.label(getattr(config, lever.name))
-            for lever in LEVERS.values()
-            if lever.name not in _SHORT_TABLE_COLUMNS and getattr(config, lever.name) != lever.default
+            for lever in others
+            if not lever.grows_memory and getattr(config, lever.name) != lever.default
         )
-        batch = str(config.micro_batch) if any_fits else f"none (smallest {config.micro_batch})"
+        size = " x ".join(str(getattr(config, lever.name)) for lever in others if lever.grows_memory)
+        batch = size if any_fits else f"none (smallest {size})"
         verdict = (
             "[green]fits[/]"
             if any_fits
             else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"
         )
         table.add_row(
-            config.dtype,
-            "on" if config.checkpointing else "off",
-            config.optim,
-            others or "-",
+            *(_cell(getattr(config, lever.name)) for lever in columns),
+            label or "-",
             batch,
             format_bytes(row.estimate.total_bytes),
             *([format_bytes(row.estimate.host_bytes)] if host else []),
@@ -221,7 +224,8 @@ def devices_table(
     from autotune.spec.measured_peaks import peak_note
 
     table = Table(
-        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported)"
+        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported; "
+        "emulated = no matmul hardware for it)"
     )
     for header in ["device", "name", "memory", "datasheet", *DTYPES]:
         table.add_column(header)
@@ -237,10 +241,12 @@ def devices_table(
             cells.append(
                 f"{'-' if datasheet is None else format_tflops(datasheet)} / "
                 f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
+                + (" emulated" if dtype in spec.emulated_dtypes else "")
             )
         entry = spec.datasheet_entry()
         table.add_row(
             spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells
         )
         notes.append(f"{spec.label}: {peak_note(spec, measured)}")
+        notes += [f"{spec.label}: {spec.emulation_reason(dtype)}" for dtype in spec.emulated_dtypes]
     return table, notes

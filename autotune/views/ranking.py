@@ -33,7 +33,7 @@ class RankedTrial:
     Attributes:
         number: The Optuna trial number.
         state: The Optuna trial state name (COMPLETE, FAIL, PRUNED, RUNNING, WAITING).
-        config: The knobs it ran with.
+        config: The lever values it ran with.
         result: What it measured (``None`` for trials still running).
         confirmed_samples_per_s: Median of the end-of-search re-measurement, if it was confirmed.
         ties_with_leader: Within noise of the top trial after confirmation.
@@ -92,9 +92,12 @@ def confirmations_of(study: optuna.Study) -> dict[int, dict[str, Any]]:
     confirmed = {int(number): values for number, values in (record.get("trials") or {}).items()}
     if not confirmed:
         return {}
-    top_k = int(record.get("top_k") or len(confirmed))
+    # The candidates it considered (those within the noise of the leader were re-run); a record
+    # written before confirmation in proportion re-ran every candidate.
+    candidates = {int(number) for number in record.get("candidates", confirmed)}
+    top_k = int(record.get("top_k") or len(candidates))
     leaders = {r.number for r in feasible_ranking(study.get_trials(deepcopy=False), confirmations={})[:top_k]}
-    return confirmed if leaders == set(confirmed) else {}
+    return confirmed if leaders == candidates else {}
 
 
 def to_ranked(trial: FrozenTrial, confirmation: dict[str, Any] | None = None) -> RankedTrial:
@@ -174,7 +177,7 @@ class SpeedupOverDefault:
         default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
         best_trial: Number of the best feasible trial.
         best_samples_per_s: Its throughput (the confirmed median where there is one).
-        best_config: Its knobs.
+        best_config: Its lever values.
     """
 
     default_trial: int
@@ -339,8 +342,31 @@ def describe_ranking_basis(study: optuna.Study) -> str:
     numbers = ", ".join(f"#{n}" for n in sorted(confirmed))
     return (
         f"the ranking below rests on the confirmation recorded at {record.get('measured_at', 'an unknown time')} "
-        f"by an earlier run ({numbers} re-run {record.get('repeats', '?')} times), which still covers the leading configs"
+        f"by an earlier run ({numbers} re-run up to {record.get('repeats', '?')} times), which still covers the leading configs"
     )
+
+
+def describe_confirmation(study: optuna.Study) -> str | None:
+    """One line: which candidates the study's last confirmation re-ran, how often, and what it cost;
+    ``None`` where there is none. Candidates more than the noise behind the leader were not re-run,
+    and the re-runs stopped once the order was settled (:mod:`autotune.study._confirm`)."""
+    record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
+    if "candidates" not in record:
+        return None
+    rerun = sorted(int(number) for number in record.get("trials") or {})
+    left = [int(number) for number in record["candidates"] if int(number) not in rerun]
+    width = f"2 x the measured noise of {float(record.get('noise', 0.0)):.1%}"
+    candidates = record["candidates"]
+    if not rerun:
+        return None
+    runs = int(record.get("runs", 0))
+    text = (
+        f"confirmation: {runs} re-runs of {', '.join(f'#{n}' for n in rerun)} in {float(record.get('seconds', 0.0)):.0f} s "
+        f"(of at most {len(candidates) * int(record.get('repeats', 0))})"
+    )
+    if left:
+        text += f"; {', '.join(f'#{n}' for n in left)} not re-run (behind the leader by more than {width})"
+    return text
 
 
 def describe_distinct(trials: Sequence[FrozenTrial]) -> str:

@@ -1,7 +1,7 @@
 """``autotune report``: one self-contained HTML page of plotly figures about a study.
 
 Figures: samples/s against peak memory (ceiling line, Pareto front, OOMs marked), the optimization
-history and knob importances (``optuna.visualization``), per-knob effects, a timeline of trials
+history and lever importances (``optuna.visualization``), per-lever effects, a timeline of trials
 (OOMs and failures visible), and the ranked table. plotly.js is inlined once, so the page works
 offline and can be mailed or attached to a ticket.
 """
@@ -27,6 +27,7 @@ from autotune.result import (
     UNFINISHED_LABELS,
     Status,
     TrialResult,
+    accumulation_note,
     in_order,
     judged_trials,
     memory_source_description,
@@ -36,7 +37,7 @@ from autotune.spec.files import write_output
 from autotune.storage import schema
 from autotune.storage.schema import METRIC_NAME
 from autotune.units import GiB, format_bytes
-from autotune.views.export import render, winner_arguments
+from autotune.views.export import export_notes, render, winner_arguments
 from autotune.views.ranking import (
     RankedTrial,
     confirmation_label,
@@ -249,7 +250,7 @@ def history_figure(trials: list[FrozenTrial]) -> go.Figure:
 
 
 def importance_figures(study: optuna.Study, rows: list[TrialRow]) -> list[go.Figure]:
-    """Knob importances for speed (over configs that fit) and for peak memory (over configs that ran)."""
+    """Lever importances for speed (over configs that fit) and for peak memory (over configs that ran)."""
     by_number = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     fitting = [by_number[r.number] for r in rows if r.status == Status.OK and not r.reused and r.number in by_number]
     ran = [by_number[r.number] for r in rows if r.peak_gib > 0 and not r.reused and r.number in by_number]
@@ -262,12 +263,12 @@ def importance_figures(study: optuna.Study, rows: list[TrialRow]) -> list[go.Fig
 
 
 def _importance_figure(trials: list[FrozenTrial], target: Any, target_name: str) -> go.Figure:
-    title = f"Knob importance for {target_name}: {len(trials)} trials"
+    title = f"Lever importance for {target_name}: {len(trials)} trials"
     varied = {
         name for name in {p for t in trials for p in t.params} if len({repr(t.params.get(name)) for t in trials}) > 1
     }
     if len(trials) < 3 or not varied:
-        return _empty_figure(title, f"needs at least 3 such trials with different knobs (have {len(trials)})")
+        return _empty_figure(title, f"needs at least 3 such trials with different levers (have {len(trials)})")
     copy = optuna.create_study(direction="maximize")
     copy.add_trials(trials)
     with warnings.catch_warnings():
@@ -280,23 +281,23 @@ def _importance_figure(trials: list[FrozenTrial], target: Any, target_name: str)
     return figure
 
 
-def knob_effects_figure(rows: list[TrialRow], space: dict[str, list[Any]]) -> go.Figure:
-    """One panel per searched knob: samples/s of each choice (configs that fit), and choices that did not fit."""
+def lever_effects_figure(rows: list[TrialRow], space: dict[str, list[Any]]) -> go.Figure:
+    """One panel per searched lever: samples/s of each choice (configs that fit), and choices that did not fit."""
     measured = [r for r in rows if not r.reused and r.result is not None]
-    knobs = [
+    levers = [
         name for name in (space or {}) if len({repr(r.params.get(name)) for r in measured if name in r.params}) > 1
     ]
-    if not knobs:
-        return _empty_figure("Knob effects", "no knob took two values yet")
-    columns = min(3, len(knobs))
-    figure = make_subplots(rows=math.ceil(len(knobs) / columns), cols=columns, subplot_titles=knobs)
-    for index, knob in enumerate(knobs):
+    if not levers:
+        return _empty_figure("Lever effects", "no lever took two values yet")
+    columns = min(3, len(levers))
+    figure = make_subplots(rows=math.ceil(len(levers) / columns), cols=columns, subplot_titles=levers)
+    for index, lever in enumerate(levers):
         row, column = index // columns + 1, index % columns + 1
-        fitting = [r for r in measured if r.status == Status.OK and knob in r.params]
-        failed = [r for r in measured if r.status in INFEASIBLE_STATUSES and knob in r.params]
+        fitting = [r for r in measured if r.status == Status.OK and lever in r.params]
+        failed = [r for r in measured if r.status in INFEASIBLE_STATUSES and lever in r.params]
         figure.add_trace(
             go.Box(
-                x=[str(r.params[knob]) for r in fitting],
+                x=[str(r.params[lever]) for r in fitting],
                 y=[r.samples_per_s for r in fitting],
                 boxpoints="all",
                 jitter=0.4,
@@ -314,7 +315,7 @@ def knob_effects_figure(rows: list[TrialRow], space: dict[str, list[Any]]) -> go
         if failed:
             figure.add_trace(
                 go.Scatter(
-                    x=[str(r.params[knob]) for r in failed],
+                    x=[str(r.params[lever]) for r in failed],
                     y=[0.0] * len(failed),
                     mode="markers",
                     marker={"color": [STATUS_COLORS[r.status] for r in failed], "symbol": "x", "size": 11},
@@ -328,12 +329,12 @@ def knob_effects_figure(rows: list[TrialRow], space: dict[str, list[Any]]) -> go
                 col=column,
             )
         figure.update_xaxes(
-            type="category", categoryorder="array", categoryarray=[str(c) for c in space[knob]], row=row, col=column
+            type="category", categoryorder="array", categoryarray=[str(c) for c in space[lever]], row=row, col=column
         )
         figure.update_yaxes(title_text="samples/s" if column == 1 else None, rangemode="tozero", row=row, col=column)
     figure.update_layout(
-        title="Knob effects: samples/s by choice (configs that fit); × = did not fit",
-        height=330 * math.ceil(len(knobs) / columns),
+        title="Lever effects: samples/s by choice (configs that fit); × = did not fit",
+        height=330 * math.ceil(len(levers) / columns),
         legend={"orientation": "h", "y": -0.08},
     )
     return figure
@@ -402,7 +403,7 @@ def ranking_table_figure(ranking: list[RankedTrial]) -> go.Figure:
         values = [
             str(rank),
             str(row.number),
-            row.config.short(),
+            " ".join(filter(None, [row.config.short(), accumulation_note(result)])),
             f"{result.samples_per_s:.2f}{confirmation_label(row)}",
             f"{result.model_tflops:.4g}",
             f"{result.hardware_tflops:.4g}",
@@ -499,13 +500,13 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
     importance_speed, importance_memory = importance_figures(study, rows)
     figures += [
         (
-            "Which knobs explain the speed of configs that fit (PED-ANOVA, Optuna's default evaluator).",
+            "Which levers explain the speed of configs that fit (PED-ANOVA, Optuna's default evaluator).",
             importance_speed,
         ),
-        ("Which knobs explain low peak memory.", importance_memory),
+        ("Which levers explain low peak memory.", importance_memory),
         (
-            "samples/s of each choice of each knob; × marks configs with that choice that did not fit.",
-            knob_effects_figure(rows, attrs.get(schema.STUDY_SPACE) or {}),
+            "samples/s of each choice of each lever; × marks configs with that choice that did not fit.",
+            lever_effects_figure(rows, attrs.get(schema.STUDY_SPACE) or {}),
         ),
         (
             "When each trial ran and how it ended: OOMs, over-ceiling, failures and timeouts stand out by colour.",
@@ -554,6 +555,7 @@ def report_html(study: optuna.Study) -> str:
         parts += [
             f"<h2>Winner: trial {best.number}</h2>",
             f"<p>Trial {html.escape(winner_summary(best))}.</p>",
+            *(f"<p>Note: {html.escape(note)}.</p>" for note in export_notes(best, study)),
             "<p><code>autotune export</code> (TrainingArguments keyword arguments):</p>",
             f"<pre>{html.escape(render(arguments, 'json'))}</pre>",
             "<p><code>autotune export --format cli</code> (flags for HF example scripts):</p>",

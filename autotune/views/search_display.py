@@ -23,7 +23,9 @@ from autotune.levers import TrialConfig
 from autotune.result import (
     UNFINISHED_LABELS,
     Status,
+    TimeSpent,
     TrialResult,
+    accumulation_note,
     diverged_trials,
     memory_source_description,
     precision_note,
@@ -35,6 +37,7 @@ from autotune.units import format_bytes
 from autotune.views.ranking import (
     RankedTrial,
     confirmations_of,
+    describe_confirmation,
     describe_distinct,
     describe_ranking_basis,
     describe_standing,
@@ -94,7 +97,7 @@ def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
 
 
 def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
-    """One row per trial: its status, knobs and every measured figure with its unit."""
+    """One row per trial: its status, lever values and every measured figure with its unit."""
     source = memory_source_description(memory_source) or "see each trial's memory_source"
     table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
     for header, justify in [
@@ -139,11 +142,11 @@ def trial_cells(
         # Show the figures at the confirmed median, the one the row is ranked by.
         result = dataclasses.replace(result, **confirmation["figures"])
     mfu = utilisation_cell(result.mfu, result.mfu_measured)
-    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.checkpointing else ""
+    hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.recomputes_forward else ""
     notes = [result.error] if result.error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
-    notes += [note for note in [precision_note(config.dtype, result)] if note]
+    notes += [note for note in [precision_note(config.precision, result), accumulation_note(result)] if note]
     notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
@@ -228,6 +231,9 @@ class SearchView:
         with self._lock:
             self._running.pop(number, None)
             self._rows.append(RankedTrial(number=number, state="", config=config, result=result))
+            if result.status == Status.SCREENED and self._progress.tasks[0].total is not None:
+                # A screened proposal costs no trial of --trials (autotune.study._loop): the bar grows by it.
+                self._progress.update(self._task, total=self._progress.tasks[0].total + 1)
             self._progress.update(self._task, advance=1, description=self._running_description())
             self._live.update(self._render())
 
@@ -298,7 +304,8 @@ class SearchPrinter:
         self._console.print(describe_distinct(self._study.get_trials(deepcopy=False)), markup=False, highlight=False)
         if self._confirm_top > 0:
             self._console.print(
-                f"confirming: re-running the top {self._confirm_top} feasible configs {self._confirm_repeats} times each, interleaved"
+                f"confirming: re-running the leader and those of the top {self._confirm_top} feasible configs within "
+                f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled"
             )
 
     def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
@@ -323,10 +330,18 @@ class SearchPrinter:
         )
 
     def results(self) -> None:
-        """The ranking, the speedup over the HF default, whether the winner trains as the default does."""
+        """What the confirmation re-ran and cost, the ranking, the speedup over the HF default, whether
+        the winner trains as the default does, and last, where the search's wall time went."""
+        if self._confirm_top > 0:
+            line = describe_confirmation(self._study)
+            if line:
+                self._console.print(line, markup=False, highlight=False, soft_wrap=True)
         print_ranking(self._console, self._study, top=5)
         print_speedup(self._console, self._study)
         print_winner_loss(self._console, self._study)
+        spent = self._study.user_attrs.get(schema.STUDY_TIME_SPENT)
+        if spent:
+            self._console.print(TimeSpent.from_dict(spent).line(), markup=False, highlight=False, soft_wrap=True)
 
 
 def print_ranking(console: Console, study: Any, top: int) -> None:

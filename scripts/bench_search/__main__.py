@@ -13,7 +13,7 @@ from autotune.space import load_space
 from autotune.spec.ceiling import parse_ceiling
 from autotune.spec.devices import cpu_device
 from autotune.spec.models import resolve_model
-from bench_search.grid import Grid, measure_grid, modelled_grid
+from bench_search.grid import Grid, measure_grid, modelled_grid, replay_device
 from bench_search.report import (
     NEW,
     NEW_NO_SEEDS,
@@ -60,6 +60,12 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (0: skip the side-by-side)")
     parser.add_argument("--prune-ratio", type=float, default=0.5)
+    parser.add_argument(
+        "--first-step-cvs",
+        type=float,
+        default=0.0,
+        help="early stop's replay: each config's first measured step is its median slowed by this many step-time CVs",
+    )
     parser.add_argument("--max-asks", type=int, default=0, help="proposals per search at most (default 3 x grid size)")
     parser.add_argument("--markdown", default=None, help="also write the result tables to this file")
     parser.add_argument(
@@ -96,6 +102,11 @@ def main() -> None:
             if cached.meta.get("model") != model.name or cached.meta.get("seq_len") != options.seq_len:
                 raise SystemExit(f"{grid_path} holds a grid of another model or length; give another --grid")
         grid = measure_grid(grid_path, model, device, space, options.seq_len, ceiling, options.remeasure_above_load)
+    grid.first_step_cvs = options.first_step_cvs
+    replay, how = replay_device(device, grid)
+    print(
+        f"replay device: {replay.label} ({replay.name}), bf16 {'has' if replay.has_matmul_hardware('bf16') else 'lacks'} hardware: {how}"
+    )
     best_config, best_samples_per_s = grid.best(ceiling)
     target = TARGET_FRACTION * best_samples_per_s
     max_asks = options.max_asks or 3 * len(grid.results)
@@ -105,7 +116,7 @@ def main() -> None:
         flush=True,
     )
 
-    request = bench_request(grid, model, device, space, ceiling, options.prune_ratio)
+    request = bench_request(grid, model, replay, space, ceiling, options.prune_ratio)
     if options.landscapes:
         text = landscapes_table(grid, request, options.landscapes, options.effect_sigma, options.seeds, max_asks)
         print(f"Command: `{command}`\n\n{text}")

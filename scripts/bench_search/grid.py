@@ -24,7 +24,7 @@ from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
-from autotune.spec.devices import DeviceSpec
+from autotune.spec.devices import CPU_HALF_MATMUL_FLAGS, DeviceSpec
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import ModelSpec
 from autotune.units import format_bytes
@@ -52,6 +52,9 @@ class Grid:
     results: dict[TrialConfig, TrialResult]
     # The 1-minute load average when each config's measurement ended (its own trial included).
     loads: dict[TrialConfig, float] = dataclasses.field(default_factory=dict)
+    # How the replay models a config's first measured step, which early stop may judge alone: the
+    # grid keeps each config's median step and CV, not its steps; the first is this many CVs slower.
+    first_step_cvs: float = 0.0
 
     def best(self, ceiling_bytes: int) -> tuple[TrialConfig, float]:
         feasible = [(r.samples_per_s, c) for c, r in self.results.items() if fits_under(r, ceiling_bytes)]
@@ -75,6 +78,34 @@ class Grid:
             if row.get("load_1min") is not None:
                 loads[config] = float(row["load_1min"])
         return cls(meta=data["meta"], results=results, loads=loads)
+
+
+def replay_device(device: DeviceSpec, grid: Grid) -> tuple[DeviceSpec, str]:
+    """The device the replayed search plans for: this machine's, with the CPU flags of the machine
+    that measured the grid, so that its seeds pick the dtype that machine ran fast.
+
+    Grids measured before the flags were recorded: bf16 counts as hardware there where the grid's
+    fastest bf16 config ran faster than its fastest fp32 one (emulated bf16 never does: docs/facts.md).
+
+    Returns:
+        The device, and how its flags were decided (one line for the output).
+    """
+    if "cpu_flags" in grid.meta:
+        return dataclasses.replace(device, cpu_flags=frozenset(grid.meta["cpu_flags"])), "the grid's recorded CPU flags"
+    fastest: dict[str, float] = {}
+    for config, result in grid.results.items():
+        if result.status in ("ok", "over_ceiling"):
+            fastest[config.dtype] = max(fastest.get(config.dtype, 0.0), result.samples_per_s)
+    if "fp32" not in fastest or "bf16" not in fastest:
+        return device, "this machine's CPU flags (the grid has no fp32 and bf16 configs to tell from)"
+    native = fastest["bf16"] > fastest["fp32"]
+    others = device.cpu_flags - CPU_HALF_MATMUL_FLAGS["bf16"]
+    flags = others | {"avx512_bf16"} if native else others
+    words = "faster" if native else "slower"
+    return dataclasses.replace(device, cpu_flags=flags), (
+        f"bf16 {'in hardware' if native else 'emulated'}, inferred: the grid's fastest bf16 config ran {words} "
+        f"({fastest['bf16']:.1f} samples/s) than its fastest fp32 one ({fastest['fp32']:.1f})"
+    )
 
 
 def space_configs(space: SearchSpace) -> list[TrialConfig]:
@@ -116,6 +147,8 @@ def measure_grid(
         if c not in grid.results
         or (remeasure_above_load is not None and grid.loads.get(c, float("inf")) > remeasure_above_load)
     ]
+    if todo:  # what the replay's device is told of bf16 hardware (replay_device)
+        grid.meta["cpu_flags"] = sorted(device.cpu_flags)
     work = Path(tempfile.mkdtemp(prefix="bench-search-grid-"))
     # Measured at a generous limit so configs over the benchmark ceiling still get a real peak.
     generous = 4 * ceiling

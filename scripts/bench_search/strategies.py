@@ -1,9 +1,12 @@
 """The strategies replayed on a grid: the shipped search, plain Optuna TPE, random order.
 
 ``autotune``: :func:`autotune.study.search`, the call ``autotune search`` makes, with
-:class:`GridRunner` (a lookup in the grid) as its trial runner. Early stop is replayed as the runner
-does it: a config measured below ``prune ratio x best`` stops after ``prune_after_steps`` measured
-steps; its cost is cut to what had run.
+:class:`GridRunner` (a lookup in the grid) as its trial runner. Early stop is replayed with the
+child's own rule (:func:`autotune.spec.measure.clearly_slower`) after each measured step; its cost
+is cut to what had run. The grids hold each config's median step and step-time CV, not each step's
+time: the measured steps are modelled as the median, the first of them slower by the grid's
+``first_step_cvs`` step-time CVs (0: at the median; 2: the case where a slow first step could
+stop a config that should run on).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from autotune.runner import TrialJob, Workload
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
+from autotune.spec.measure import clearly_slower
 from autotune.spec.models import ModelSpec
 from autotune.study import SearchBudget, SearchHooks, SearchProgress, SearchRequest, open_study, search
 from bench_search.grid import BENCH_MEASURE, Grid, fits_under
@@ -56,6 +60,7 @@ class GridRunner:
         self.runs = 0
         self.cost_s = 0.0
         self.pruned = 0
+        self.pruned_cost_s = 0.0
 
     def __call__(self, job: TrialJob, timeout_s: float, on_tick: Callable[[], None] | None = None) -> TrialResult:
         measured = self.grid.results[job.config]
@@ -64,24 +69,35 @@ class GridRunner:
         if result.status in ("ok", "over_ceiling"):
             result.status = "ok" if fits(result.peak_memory_bytes, self.ceiling_bytes) else "over_ceiling"
         cost = measured.wall_s
-        threshold = job.prune_below_samples_per_s
-        settings = job.workload.measure
-        # The child's pruner judges after prune_after_steps measured steps (the median so far,
-        # replayed here by the config's measured median) and stops the trial there.
-        judged_after = min(settings.prune_after_steps, settings.min_steps)
-        if (
-            threshold is not None
-            and result.status == "ok"
-            and result.samples_per_s < threshold
-            and measured.measured_steps > judged_after
-        ):
-            cost -= (measured.measured_steps - judged_after) * measured.step_time_median_s
-            result.measured_steps = judged_after
+        stopped_after = self._pruned_after(job, result, measured)
+        if stopped_after is not None:
+            cost -= (measured.measured_steps - stopped_after) * measured.step_time_median_s
+            result.measured_steps = stopped_after
             result.status = "pruned"
             self.pruned += 1
+            self.pruned_cost_s += cost
         self.runs += 1
         self.cost_s += cost
         return result
+
+    def _pruned_after(self, job: TrialJob, result: TrialResult, measured: TrialResult) -> int | None:
+        """After how many measured steps the child's pruner would have stopped this config; ``None``: never.
+
+        The child's step timer asks the pruner after every measured step but the last (measurement
+        ends there anyway), with the steps so far: modelled as the config's median step, the first
+        slower by the grid's ``first_step_cvs`` of its step-time CVs.
+        """
+        threshold = job.prune_below_samples_per_s
+        if threshold is None or result.status != "ok":
+            return None
+        median = measured.step_time_median_s
+        steps = [median * (1 + self.grid.first_step_cvs * measured.step_time_cv)]
+        steps += [median] * (measured.measured_steps - 1)
+        samples_per_step = measured.samples_per_s * median
+        for count in range(1, measured.measured_steps):
+            if clearly_slower(steps[:count], samples_per_step, threshold, job.prune_step_noise, job.workload.measure):
+                return count
+        return None
 
 
 def bench_request(

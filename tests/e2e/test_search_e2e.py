@@ -123,7 +123,7 @@ def test_a_plain_trainer_trains_with_the_export(exported, tmp_path):
     from autotune.spec.models import build_model, resolve_model
 
     spec = resolve_model("bert-tiny")
-    model = build_model(spec.config, spec.task)
+    model = build_model(spec.hf_config, spec.task)
     ids = torch.randint(0, spec.vocab_size, (64, 32))
     data = [
         {"input_ids": ids[i], "attention_mask": torch.ones(32, dtype=torch.long), "labels": torch.tensor(i % 2)}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.estimate._zero import MASTER_BYTES, zero_state_bytes
-from autotune.levers import TrialConfig
+from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import TrialJob, run_isolated
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli
 from tests.support.zero_placement import offloaded_bytes, placement_file
@@ -47,7 +47,7 @@ def test_a_zero_2_trial_trains_through_the_trainers_deepspeed_integration(tiny_w
     assert placed["world_size"] == 1 and placed["offload_optimizer"] is False
     # One rank holds the whole fp32 master partition: every parameter (DeepSpeed pads it to an alignment).
     assert gpt2_tiny.num_params <= placed["master_numel"] <= gpt2_tiny.num_params * 1.01
-    predicted = zero_state_bytes(gpt2_tiny, TrialConfig(dtype="bf16", zero="2"), 1, "cuda")
+    predicted = zero_state_bytes(gpt2_tiny, memory_traits(TrialConfig(dtype="bf16", zero="2"), "cuda"), 1, "cuda")
     measured_optimizer = placed["master_bytes"] + placed["state_bytes"]
     assert predicted.host_bytes == 0
     assert abs(predicted.optimizer_bytes - measured_optimizer) <= 0.02 * measured_optimizer
@@ -63,8 +63,8 @@ def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimat
     )
     assert placed["offload_optimizer"] is True and placed["offload_param"] is True
     config = TrialConfig(dtype="bf16", zero="3+offload")
-    on_gpu = zero_state_bytes(gpt2_tiny, config, 1, "cuda")
-    on_cpu = zero_state_bytes(gpt2_tiny, config, 1, "cpu")
+    on_gpu = zero_state_bytes(gpt2_tiny, memory_traits(config, "cuda"), 1, "cuda")
+    on_cpu = zero_state_bytes(gpt2_tiny, memory_traits(config, "cpu"), 1, "cpu")
     # On a GPU the estimator moves the optimizer states and parameter partitions off the device ...
     assert on_gpu.optimizer_bytes == 0 and on_gpu.host_bytes == on_cpu.host_bytes
     # ... and the bytes it puts in host memory are the partitions DeepSpeed offloaded: the fp32 master

@@ -11,7 +11,7 @@ from autotune.estimate import MeasuredMemory, MemoryFit, estimate_peak, fit_memo
 from autotune.estimate._fit import SCALE_BOUNDS
 from autotune.estimate._parts import activation_bytes, layer_activation_bytes, logits_bytes
 from autotune.estimate._plan_table import memory_distinct_configs
-from autotune.levers import TrialConfig
+from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import trial_memory_prior
 
 MiB = 1024**2
@@ -67,7 +67,7 @@ def test_layer_activations_follow_korthikanti_with_fp32_elements(bert_tiny):
     assert spec.intermediate_size == 4 * spec.hidden_size
     s, b, h, a = 64, 3, spec.hidden_size, spec.num_heads
     config = TrialConfig(micro_batch=b, dtype="fp32", attn_implementation="eager")
-    assert layer_activation_bytes(spec, config, s, "cuda") == 66 * s * b * h + 9 * a * s * s * b
+    assert layer_activation_bytes(spec, memory_traits(config, "cuda"), s, "cuda") == 66 * s * b * h + 9 * a * s * s * b
 
 
 def test_mixed_precision_keeps_16_bit_matmul_inputs_and_fp32_norms(bert_tiny):
@@ -75,34 +75,36 @@ def test_mixed_precision_keeps_16_bit_matmul_inputs_and_fp32_norms(bert_tiny):
     # fp32 residual/norm inputs (2 x 4 B), two 1-byte masks: 22 sbh + 4 sbf; scores 4 + 1 + 2.
     spec = bert_tiny
     s, b, h, f, a = 64, 2, spec.hidden_size, spec.intermediate_size, spec.num_heads
-    config = TrialConfig(micro_batch=b, dtype="bf16", attn_implementation="eager")
+    config = memory_traits(TrialConfig(micro_batch=b, dtype="bf16", attn_implementation="eager"), "cuda")
     assert layer_activation_bytes(spec, config, s, "cuda") == 22 * s * b * h + 4 * s * b * f + 7 * a * s * s * b
 
 
 def test_fused_attention_keeps_no_scores_on_cuda_but_the_cpu_math_kernel_does(bert_tiny):
     def layer(attn: str | None, device_kind: str, model=bert_tiny) -> int:
-        return layer_activation_bytes(model, TrialConfig(micro_batch=4, attn_implementation=attn), 128, device_kind)
+        traits = memory_traits(TrialConfig(micro_batch=4, attn_implementation=attn), device_kind)
+        return layer_activation_bytes(model, traits, 128, device_kind)
 
     scores = 12 * bert_tiny.num_heads * 128 * 128 * 4  # fp32 softmax, float dropout mask, dropout output
     assert layer("eager", "cuda") > layer("sdpa", "cuda") == layer(None, "cuda")
     assert layer("sdpa", "cpu") - layer("flash_attention_2", "cpu") == scores  # dropout 0.1: math kernel
-    no_dropout = dataclasses.replace(bert_tiny, config={**bert_tiny.config, "attention_probs_dropout_prob": 0.0})
+    no_dropout = dataclasses.replace(bert_tiny, hf_config={**bert_tiny.hf_config, "attention_probs_dropout_prob": 0.0})
     assert layer("sdpa", "cpu", no_dropout) == layer("flash_attention_2", "cpu")
 
 
 def test_activations_grow_linearly_with_the_micro_batch_and_checkpointing_cuts_them(bert_mini_spec):
     def activations(micro_batch: int, checkpointing: bool = False) -> int:
         config = TrialConfig(micro_batch=micro_batch, checkpointing=checkpointing)
-        return activation_bytes(bert_mini_spec, config, 128, "cpu")
+        return activation_bytes(bert_mini_spec, memory_traits(config, "cpu"), 128, "cpu")
 
     assert activations(32) == 4 * activations(8)
     assert activations(32, checkpointing=True) < 0.7 * activations(32)
 
 
 def test_logits_are_three_fp32_copies_for_language_models_only(gpt2_tiny, bert_tiny):
-    config = TrialConfig(micro_batch=4)
+    config = memory_traits(TrialConfig(micro_batch=4), "cpu")
+    bf16 = memory_traits(TrialConfig(micro_batch=4, dtype="bf16"), "cpu")
     assert logits_bytes(gpt2_tiny, config, 64) == 3 * 4 * 4 * 64 * gpt2_tiny.vocab_size
-    assert logits_bytes(gpt2_tiny, dataclasses.replace(config, dtype="bf16"), 64) == logits_bytes(gpt2_tiny, config, 64)
+    assert logits_bytes(gpt2_tiny, bf16, 64) == logits_bytes(gpt2_tiny, config, 64)
     assert logits_bytes(bert_tiny, config, 64) == 0  # sequence classification: b x 2 logits
 
 
@@ -289,15 +291,16 @@ def bert_mini_spec():
 
 
 def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_path, cpu, bert_tiny):
-    from autotune.space import load_space
+    from autotune.plan import EstimateOptions, plan
     from tests.support.cli import REPO, run_cli
 
     space = str(REPO / "search_spaces" / "tiny-test.yaml")
     # Between the space's smallest and largest predicted peak, so some rows fit and some do not: the
-    # prior's process baseline is this installation's (estimate.cpu_process_baseline_bytes), as the command's.
+    # command's own plan (its prior's process baseline is this installation's).
+    roomy = plan(EstimateOptions(model="bert-tiny", device="cpu", seq_len=64, space=space, memory_ceiling="1.0"))
     predicted = [
-        estimate_peak(bert_tiny, config, 64, trial_memory_prior(cpu, {}, 1)).total_bytes
-        for config in memory_distinct_configs(load_space(space, cpu, model=bert_tiny).choices, "cpu")
+        estimate_peak(bert_tiny, config, 64, roomy.prior).total_bytes
+        for config in memory_distinct_configs(roomy.space.choices, "cpu")
     ]
     ceiling_mib = (min(predicted) + max(predicted)) // 2 // MiB
     out = run_cli(
@@ -412,7 +415,9 @@ def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_pa
     # Short: one row per setting of the memory knobs other than the micro-batch (dtype x checkpointing
     # x optimizer, and the attention kernel where the model has more than one).
     settings = {tuple(sorted((k, str(v)) for k, v in r["config"].items() if k != "micro_batch")) for r in rows}
-    table_rows = [line for line in short.stdout.splitlines() if line.startswith("│")]
+    header = next(line for line in short.stdout.splitlines() if line.startswith("┃"))
+    column = {name.strip(): index for index, name in enumerate(header.split("┃"))}
+    table_rows = [line.split("│") for line in short.stdout.splitlines() if line.startswith("│")]
     assert len(table_rows) == len(settings) < len(rows)
     fp32_adamw = [
         r
@@ -421,11 +426,10 @@ def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_pa
     ]
     largest = max(r["config"]["micro_batch"] for r in fp32_adamw if r["fits"])
     assert any(
-        line.split("│")[1].strip() == "fp32"
-        and line.split("│")[3].strip() == "adamw_torch"
-        and line.split("│")[2].strip() == "off"
-        and line.split("│")[5].strip() == str(largest)
-        for line in table_rows
+        (cells[column["dtype"]].strip(), cells[column["checkpointing"]].strip(), cells[column["optimizer"]].strip())
+        == ("fp32", "off", "adamw_torch")
+        and cells[column["largest micro-batch"]].strip() == str(largest)
+        for cells in table_rows
     )
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from autotune.estimate import MemoryFit, estimate_peak
-from autotune.levers import TrialConfig, knob_values_from_base_args
+from autotune.levers import TrialConfig, lever_values_from_base_args
 from autotune.levers.fsdp import fsdp_or_zero, fsdp_training_args
 from autotune.space import load_space
 from autotune.units import GiB
@@ -21,15 +21,15 @@ def test_each_value_is_what_transformers_reads_and_base_args_read_back(tmp_path)
 
     for value, reshard in (("full_shard", True), ("shard_grad_op", False)):
         written = fsdp_training_args(value)
-        assert knob_values_from_base_args(written) == {"fsdp": value}
+        assert lever_values_from_base_args(written) == {"fsdp": value}
         # transformers' own parsing (training_args.py _process_fsdp_args) turns it into accelerate's FSDP2 plugin
         arguments = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **written)
         assert arguments.fsdp_plugin_args["fsdp_version"] == 2
         assert arguments.fsdp_plugin_args["reshard_after_forward"] is reshard
     assert fsdp_training_args("off") == {}
     # The legacy string form a user's --base-args may hold.
-    assert knob_values_from_base_args({"fsdp": "shard_grad_op auto_wrap"}) == {"fsdp": "shard_grad_op"}
-    assert knob_values_from_base_args({"fsdp": "full_shard"}) == {"fsdp": "full_shard"}
+    assert lever_values_from_base_args({"fsdp": "shard_grad_op auto_wrap"}) == {"fsdp": "shard_grad_op"}
+    assert lever_values_from_base_args({"fsdp": "full_shard"}) == {"fsdp": "full_shard"}
 
 
 def test_the_cpu_removes_it_with_one_note_and_a_cuda_device_keeps_it(tmp_path, cpu, gpt2_tiny):

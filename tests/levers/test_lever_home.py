@@ -6,23 +6,27 @@ another fails here: adding a lever is one entry plus its tests.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import StrictBool, StrictInt, StrictStr
 
 from autotune.estimate import MemoryFit, estimate_peak
 from autotune.levers import (
-    BATCH_LIMIT_KNOBS,
+    BATCH_LIMITS,
     LEVERS,
+    NARROWED_BY_MEMORY,
     Lever,
     TrialConfig,
-    knob_values_from_base_args,
+    lever_values_from_base_args,
     training_arguments_kwargs,
 )
-from autotune.levers._lever import MEMORY_PARTS
-from autotune.space._space_file import SpaceFile
+from autotune.levers._lever import ACTS_ON, MEMORY_PARTS
+from autotune.space._space_file import AUTO, SpaceFile
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # pin_memory is forced off on every CPU config: a label would repeat on every row of a CPU study.
@@ -38,18 +42,58 @@ def other_values(lever: Lever) -> list:
     return [lever.default + 2, lever.default + 16]
 
 
-def test_trial_config_and_the_space_file_have_one_field_per_lever():
+STRICT = {int: StrictInt, bool: StrictBool, str: StrictStr}
+
+
+def test_trial_config_has_one_field_per_lever_with_its_type_and_default():
+    """TrialConfig is written out (an IDE reads it); its fields cannot drift from LEVERS."""
+    hints = typing.get_type_hints(TrialConfig)
     assert [f.name for f in dataclasses.fields(TrialConfig)] == list(LEVERS)
-    assert {f.name: f.default for f in dataclasses.fields(TrialConfig)} == {
-        n: lever.default for n, lever in LEVERS.items()
+    for field in dataclasses.fields(TrialConfig):
+        lever = LEVERS[field.name]
+        assert field.default == lever.default, field.name
+        expected = lever.value_type if lever.default is not None else lever.value_type | None
+        assert hints[field.name] == expected, field.name
+
+
+def space_file_field(lever: Lever) -> tuple[object, object]:
+    """What a lever's YAML key accepts and means when left out: a list of strictly typed choices, or
+    ``auto`` where the lever has an ``auto`` list (left out: ``auto``, or the default alone where
+    ``absent_means_auto`` is off); else left out is the default
+    alone (a lever in every space) or nothing (the model's or the Trainer's own behaviour)."""
+    choices = list[STRICT[lever.value_type]]
+    if lever.auto_choices is not None:
+        return choices | StrictStr, AUTO if lever.absent_means_auto else [lever.default]
+    if lever.in_every_space:
+        return choices, [lever.default]
+    return choices | None, None
+
+
+def test_the_space_file_has_one_field_per_lever_with_its_type_and_default():
+    """SpaceFile is written out too; each field is what its lever says a space may write."""
+    assert list(SpaceFile.model_fields) == [*LEVERS, *BATCH_LIMITS]
+    for name, lever in LEVERS.items():
+        field = SpaceFile.model_fields[name]
+        assert (field.annotation, field.default) == space_file_field(lever), name
+    for limit in BATCH_LIMITS:
+        assert (SpaceFile.model_fields[limit].annotation, SpaceFile.model_fields[limit].default) == (
+            StrictInt | None,
+            None,
+        )
+
+
+def test_each_lever_has_the_hooks_its_declarations_promise():
+    for name, lever in LEVERS.items():
+        assert lever.acts_on in ACTS_ON, name
+        assert (lever.memory is not None) == bool(lever.memory_parts), f"{name}: memory parts need a memory hook"
+    assert {lever.name for lever in NARROWED_BY_MEMORY} == {
+        name for name, lever in LEVERS.items() if lever.narrow_auto is not None
     }
-    assert list(SpaceFile.model_fields) == [*LEVERS, *BATCH_LIMIT_KNOBS]
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
 def test_the_mapping_writes_only_the_levers_fields_and_its_inverse_reads_them_back(name):
     lever = LEVERS[name]
-    assert lever.acts_on in ("training_args", "model", "collator")
     for value in [lever.default, *other_values(lever)]:
         written = lever.to_training_args(value)
         assert set(written) <= set(lever.fields), (value, written)
@@ -57,7 +101,7 @@ def test_the_mapping_writes_only_the_levers_fields_and_its_inverse_reads_them_ba
             assert written == {} and lever.from_training_args is None
             continue
         if written:  # a value that writes nothing is the Trainer's default, which the inverse never sees
-            assert knob_values_from_base_args(written) == {name: value}
+            assert lever_values_from_base_args(written) == {name: value}
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
@@ -108,3 +152,130 @@ def test_the_space_readme_documents_every_lever():
     readme = (REPO / "search_spaces" / "README.md").read_text()
     documented = set(re.findall(r"^\| `(\w+)` \|", readme, flags=re.MULTILINE))
     assert set(LEVERS) <= documented, set(LEVERS) - documented
+
+
+# --- no module outside autotune/levers/ reads a lever by name ---------------------------------------
+
+PACKAGE = REPO / "autotune"
+LEVERS_FOLDER = PACKAGE / "levers"
+# Lever names that are also a library's words: torch's and numpy's ``dtype`` (a tensor's attribute, a
+# keyword of every tensor factory) and ``compile`` (``re.compile``, ``torch.compile``). An attribute or
+# a keyword by these names is read as a lever only on a trial config (an expression whose last name
+# ends in ``config``: ``config.dtype``, ``job.config.dtype``, ``TrialConfig(dtype=...)``); elsewhere it
+# is the library's. ``packing`` is also the ``--packing`` option (the Trainer path's own packing of
+# documents into blocks: ``PlanOptions.packing``, ``PreparedDataset.packing``), read the same way. Every
+# other lever name is an offence wherever it is read.
+LIBRARY_WORDS = {"dtype", "compile", "packing"}
+# The only places outside autotune/levers/ that may spell a lever's name, each with why it is not a
+# lever's rule read by name. (TrialConfig's own definition, its roles such as ``global_batch`` and the
+# loops over the levers' hooks live in autotune/levers/; the space file's schema spells every lever as
+# a field, which this check does not count, and tests/levers/test_lever_home.py checks it against LEVERS.)
+ALLOWED = {
+    # from_config's own keyword: the torch dtype the weights are built in (the weight_dtype lever sets it
+    # through its to_model_build hook; build_model passes float32 where no lever does).
+    ("autotune/spec/models.py", "dtype"),
+    # A datasets Feature's dtype ("string", "int64"): which column holds the text or the token ids.
+    ("autotune/spec/dataset.py", "dtype"),
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _last_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Call):
+        return _last_name(node.func)
+    return ""
+
+
+def lever_reads(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``source`` names a lever: ``x.zero``, ``params["zero"]`` (any string constant but a
+    docstring), ``replace(config, zero=...)``; for :data:`LIBRARY_WORDS`, only on a trial config. An
+    attribute of an imported module (``torch.compile``) is never a lever."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    modules = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            if isinstance(node.value, ast.Name) and node.value.id in modules:
+                continue
+            if node.attr in LIBRARY_WORDS and not _last_name(node.value).lower().endswith("config"):
+                continue
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg not in names:
+                    continue
+                if keyword.arg in LIBRARY_WORDS and _last_name(node.func) not in ("TrialConfig", "replace"):
+                    continue
+                found.append((keyword.value.lineno, keyword.arg))
+        elif isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def outside_levers() -> list[Path]:
+    return [path for path in sorted(PACKAGE.rglob("*.py")) if LEVERS_FOLDER not in path.parents]
+
+
+def test_no_module_outside_the_levers_reads_a_lever_by_name():
+    """A lever's rules live in its own module: the estimator, the child, the space, the seeds and the
+    views read a lever through its hooks (MemoryTraits, the model build, Batching, TrainerParts, the
+    mapping) or through TrialConfig's roles, never by its name."""
+    offences = []
+    for path in outside_levers():
+        relative = str(path.relative_to(REPO))
+        for line, name in lever_reads(path.read_text(), set(LEVERS)):
+            if (relative, name) not in ALLOWED:
+                offences.append(f"{relative}:{line} reads the lever {name!r} by name")
+    assert offences == [], "\n".join(offences)
+
+
+def test_the_check_sees_each_way_of_reading_a_lever():
+    source = '''
+import torch
+import re
+
+
+def f(config, job, params, best_config):
+    """Mentions zero and micro_batch in prose, which is no read."""
+    a = config.zero
+    b = params["micro_batch"]
+    c = dataclasses.replace(config, checkpointing=True)
+    d = job.config.dtype
+    e = TrialConfig(dtype="bf16")
+    g = best_config.compile
+    return torch.zeros(3, dtype=torch.float32), x.dtype, torch.compile, re.compile("x"), tensor.dtype
+'''
+    assert sorted(lever_reads(source, set(LEVERS))) == [
+        (8, "zero"),
+        (9, "micro_batch"),
+        (10, "checkpointing"),
+        (11, "dtype"),
+        (12, "dtype"),
+        (13, "compile"),
+    ]
+
+
+def test_every_allowed_place_still_names_its_lever():
+    """An allow-list entry no module needs any more is removed, so the list stays the places that do."""
+    for relative, name in ALLOWED:
+        reads = [found for _, found in lever_reads((REPO / relative).read_text(), set(LEVERS))]
+        assert name in reads, f"{relative} no longer names {name!r}: remove it from ALLOWED"

@@ -28,7 +28,8 @@ from autotune.estimate._parts import (
 )
 from autotune.levers import (
     TrialConfig,
-    knob_values_from_base_args,
+    lever_values_from_base_args,
+    memory_traits,
     training_arguments_kwargs,
 )
 from autotune.levers.attention import ATTN_IMPLEMENTATIONS
@@ -80,7 +81,7 @@ def test_each_lever_writes_its_trainingarguments_field_and_reads_back(knobs, exp
     assert {k: kwargs[k] for k in expected} == expected
     assert "torch_compile_mode" not in kwargs or "torch_compile_mode" in expected
     # The inverse (what a --base-args file fixes) gives back the same knob values.
-    assert {k: v for k, v in knob_values_from_base_args(kwargs).items() if k in knobs} == knobs
+    assert {k: v for k, v in lever_values_from_base_args(kwargs).items() if k in knobs} == knobs
     with tempfile.TemporaryDirectory() as scratch:  # TrainingArguments accepts them as written
         args = TrainingArguments(output_dir=scratch, **{**kwargs, "use_cpu": True})
     for field, value in expected.items():
@@ -226,63 +227,68 @@ def test_fused_attention_keeps_no_scores_and_eager_keeps_heads_s_squared(bert_ti
     s, b, a = 128, 4, bert_tiny.num_heads
     for fused in ("flash_attention_2", "flash_attention_3", "flex_attention"):
         config = TrialConfig(micro_batch=b, attn_implementation=fused, dtype="bf16")
-        with_scores = layer_activation_bytes(
-            bert_tiny, dataclasses.replace(config, attn_implementation="eager"), s, "cuda"
-        )
+        eager = memory_traits(dataclasses.replace(config, attn_implementation="eager"), "cuda")
+        with_scores = layer_activation_bytes(bert_tiny, eager, s, "cuda")
         # bf16 on CUDA: softmax output 4 bytes, 1-byte dropout mask, 2-byte dropout output per score.
-        assert with_scores - layer_activation_bytes(bert_tiny, config, s, "cuda") == (4 + 1 + 2) * a * s * s * b
+        fused_bytes = layer_activation_bytes(bert_tiny, memory_traits(config, "cuda"), s, "cuda")
+        assert with_scores - fused_bytes == (4 + 1 + 2) * a * s * s * b
 
 
 def test_liger_keeps_a_chunk_instead_of_the_logits(gpt2_tiny):
     b, s, h, v = 8, 256, gpt2_tiny.hidden_size, gpt2_tiny.vocab_size
-    plain = logits_bytes(gpt2_tiny, TrialConfig(micro_batch=b), s)
-    liger = logits_bytes(gpt2_tiny, TrialConfig(micro_batch=b, liger=True), s)
+    plain = logits_bytes(gpt2_tiny, memory_traits(TrialConfig(micro_batch=b), "cuda"), s)
+    liger = logits_bytes(gpt2_tiny, memory_traits(TrialConfig(micro_batch=b, liger=True), "cuda"), s)
     assert plain == 3 * 4 * b * s * v
     assert liger == 4 * (3 * b * s * h + v * h)
     assert liger < plain
 
 
 def test_the_fullest_micro_batch_under_each_padding():
+    def fullest(config: TrialConfig, lengths) -> MicroBatchShape:
+        return micro_batch_shape(memory_traits(config, "cuda"), 512, lengths)
+
     lengths = [10, 300, 40, 250, 90, 600]
-    assert micro_batch_shape(TrialConfig(micro_batch=3), 512, lengths) == MicroBatchShape(3, 512)
-    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="longest"), 512, lengths) == MicroBatchShape(3, 512)
-    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="longest"), 512, [10, 90, 40]) == MicroBatchShape(3, 90)
+    assert fullest(TrialConfig(micro_batch=3), lengths) == MicroBatchShape(3, 512)
+    assert fullest(TrialConfig(micro_batch=3, padding="longest"), lengths) == MicroBatchShape(3, 512)
+    assert fullest(TrialConfig(micro_batch=3, padding="longest"), [10, 90, 40]) == MicroBatchShape(3, 90)
     # One row of the three longest samples, each truncated to seq_len: 512 + 300 + 250.
-    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="padding_free"), 512, lengths) == MicroBatchShape(
-        1, 1062
-    )
+    assert fullest(TrialConfig(micro_batch=3, padding="padding_free"), lengths) == MicroBatchShape(1, 1062)
     # Grouping by length changes typical steps, not the fullest one.
     grouped = TrialConfig(micro_batch=3, padding="longest", sampling="group_by_length")
-    assert micro_batch_shape(grouped, 512, lengths) == micro_batch_shape(
-        dataclasses.replace(grouped, sampling="random"), 512, lengths
-    )
+    assert fullest(grouped, lengths) == fullest(dataclasses.replace(grouped, sampling="random"), lengths)
     # Lengths unknown: the bound, three full samples, flattened into one row (its mask and scores are T x T).
-    assert micro_batch_shape(TrialConfig(micro_batch=3, padding="padding_free"), 512, None) == MicroBatchShape(1, 1536)
+    assert fullest(TrialConfig(micro_batch=3, padding="padding_free"), None) == MicroBatchShape(1, 1536)
     # TRL's bfd packing: one row of three packed rows, each filled up to seq_len, whatever the lengths.
     for known in (None, lengths):
-        assert micro_batch_shape(TrialConfig(micro_batch=3, packing="bfd"), 512, known) == MicroBatchShape(1, 1536)
-    assert micro_batch_shape(TrialConfig(micro_batch=3, packing="padding_free"), 512, lengths) == MicroBatchShape(
-        1, 1062
-    )
+        assert fullest(TrialConfig(micro_batch=3, packing="bfd"), known) == MicroBatchShape(1, 1536)
+    assert fullest(TrialConfig(micro_batch=3, packing="padding_free"), lengths) == MicroBatchShape(1, 1062)
 
 
 def test_padding_free_under_a_mask_based_kernel_pays_for_its_mask_and_scores(gpt2_tiny):
     lengths = [64] * 8
     s, b = 64, 8
-    flat = TrialConfig(micro_batch=b, padding="padding_free", attn_implementation="eager")
+
+    def traits(config: TrialConfig):
+        return memory_traits(config, "cuda")
+
+    flat_config = TrialConfig(micro_batch=b, padding="padding_free", attn_implementation="eager")
+    flat = traits(flat_config)
     shape = micro_batch_shape(flat, s, lengths)
     assert shape == MicroBatchShape(1, 512)
     assert packed_mask_bytes(flat, shape) == 512 * 512
-    assert packed_mask_bytes(dataclasses.replace(flat, attn_implementation="flash_attention_2"), shape) == 0
-    padded = TrialConfig(micro_batch=b, attn_implementation="eager")
+    assert (
+        packed_mask_bytes(traits(dataclasses.replace(flat_config, attn_implementation="flash_attention_2")), shape) == 0
+    )
+    padded_config = TrialConfig(micro_batch=b, attn_implementation="eager")
+    padded = traits(padded_config)
     # Same tokens, but the flattened row's scores are a * (b s)^2: b times those of b rows of s.
     per_token_and_scores = layer_activation_bytes(gpt2_tiny, flat, s, "cuda", shape)
     rows = layer_activation_bytes(gpt2_tiny, padded, s, "cuda")
     scores_rows = (4 + 1 + 4) * gpt2_tiny.num_heads * s * s * b  # fp32 on CUDA: softmax, mask, dropout output
     assert per_token_and_scores - (rows - scores_rows) == scores_rows * b
     # With flash attention the same tokens cost the same as padded rows (no scores either way).
-    fused_flat = dataclasses.replace(flat, attn_implementation="flash_attention_2")
-    fused_rows = dataclasses.replace(padded, attn_implementation="flash_attention_2")
+    fused_flat = traits(dataclasses.replace(flat_config, attn_implementation="flash_attention_2"))
+    fused_rows = traits(dataclasses.replace(padded_config, attn_implementation="flash_attention_2"))
     assert activation_bytes(gpt2_tiny, fused_flat, s, "cuda", shape) == activation_bytes(
         gpt2_tiny, fused_rows, s, "cuda"
     )
@@ -385,8 +391,12 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
     assert record["collator"] == collator and sampler in record["sampler"]
     # Documents of 3-60 words, in 64-token slots: the real tokens are well under the slots.
     assert 0 < result.real_tokens_per_s < 0.9 * result.tokens_per_s
-    # The ranking's useful work counts the real tokens only.
-    assert result.model_tflops == pytest.approx(result.real_tokens_per_s * model_flops_per_token(model, 64) / 1e12)
+    # The ranking's useful work counts the real tokens only, the attention over each sample's own length
+    # (sum s_i^2 / sum s_i, read from the batches: under the 64-token slots).
+    assert 0 < result.attention_context < 64
+    assert result.model_tflops == pytest.approx(
+        result.real_tokens_per_s * model_flops_per_token(model, result.attention_context) / 1e12
+    )
 
 
 def test_the_trials_dataset_ends_where_its_length_does(gpt2_with_data):
@@ -394,7 +404,7 @@ def test_the_trials_dataset_ends_where_its_length_does(gpt2_with_data):
     from autotune.runner._loader import load_training_dataset
 
     model, description, _ = gpt2_with_data
-    dataset = load_training_dataset(description, model, 64, padding="longest")
+    dataset = load_training_dataset(description, model, 64, pad_to_length=False)
     assert len(list(iter(dataset))) == len(dataset)
     assert all(len(sample["input_ids"]) <= 64 for sample in dataset)
     assert len({len(sample["input_ids"]) for sample in dataset}) > 1  # unpadded: lengths differ

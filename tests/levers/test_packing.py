@@ -12,7 +12,7 @@ import pytest
 from autotune.levers import (
     LEVERS,
     TrialConfig,
-    knob_values_from_base_args,
+    lever_values_from_base_args,
     training_arguments_kwargs,
     with_levers_off_explicit,
 )
@@ -38,7 +38,7 @@ def sft_config(**kwargs):
 def test_each_packing_is_one_sftconfig_and_reads_back(value, written):
     assert LEVERS["packing"].to_training_args(value) == written
     if written:
-        assert knob_values_from_base_args(written) == {"packing": value}
+        assert lever_values_from_base_args(written) == {"packing": value}
         config = sft_config(use_cpu=True, **written)
         assert (config.packing, config.padding_free) == (value == "bfd", value == "padding_free")
 

@@ -23,7 +23,7 @@ pytest.importorskip("trl")
 
 from autotune.levers._registry import LEVERS  # noqa: E402
 from autotune.levers.attention import ATTN_IMPLEMENTATIONS  # noqa: E402
-from autotune.levers.packing import PACKING, REFUSED_PACKINGS, flattens_batches  # noqa: E402
+from autotune.levers.packing import PACKING, REFUSED_PACKINGS  # noqa: E402
 from autotune.spec.devices import cpu_device  # noqa: E402
 
 # Distinct lengths (so each sample is found again in a row bfd reorders longest first), none a
@@ -34,7 +34,8 @@ INIT_RANGE = 0.2
 # correct flattening (flex, llama-tiny), against 0.8-1.5 for a leak.
 BF16_TOLERANCE = 2e-2
 MODELS = ("llama-tiny", "qwen2-tiny", "gpt2-tiny")
-FLATTENED = [value for value in PACKING.choices if flattens_batches(value)]
+# The packings whose batching flattens a micro-batch into one row (Lever.to_batching).
+FLATTENED = [value for value in PACKING.choices if (batching := PACKING.to_batching(value)) and batching.flattened]
 
 
 def decoder_config(name: str) -> Any:
@@ -76,7 +77,8 @@ def build(model_name: str, attn: str) -> torch.nn.Module:
     from autotune.spec.models import build_model
 
     torch.manual_seed(0)
-    return build_model(decoder_config(model_name), "causal-lm", attn, "bfloat16").eval()
+    chosen = {"attn_implementation": attn} if attn is not None else {}
+    return build_model(decoder_config(model_name), "causal-lm", dtype="bfloat16", **chosen).eval()
 
 
 def samples(vocab_size: int) -> list[list[int]]:

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.errors import AutotuneError
 from autotune.estimate._parts import model_state_bytes, optimizer_state_bytes
-from autotune.levers import TrialConfig
+from autotune.levers import TrialConfig, memory_traits
 from autotune.levers.precision import bf16_weights_need_bf16_autocast
 from autotune.result import judge_against_default
 from autotune.runner import TrialJob, Workload, run_isolated
@@ -19,18 +19,24 @@ from autotune.runner import TrialJob, Workload, run_isolated
 def test_bf16_weights_with_adamw_cost_8_bytes_per_parameter_instead_of_16(gpt2_tiny):
     n = gpt2_tiny.num_params
     full = TrialConfig(dtype="fp32", optim="adamw_torch")
-    weights, gradients, optimizer = model_state_bytes(gpt2_tiny, full)
+    weights, gradients, optimizer = model_state_bytes(gpt2_tiny, memory_traits(full, "cuda"))
     assert (weights, gradients, optimizer) == (4 * n, 4 * n, 8 * n)
     bf16 = TrialConfig(dtype="bf16", weight_dtype="bf16", optim="adamw_torch")
-    assert model_state_bytes(gpt2_tiny, bf16) == (2 * n, 2 * n, 4 * n)  # no autocast copies either
+    assert model_state_bytes(gpt2_tiny, memory_traits(bf16, "cuda")) == (
+        2 * n,
+        2 * n,
+        4 * n,
+    )  # no autocast copies either
     mixed = TrialConfig(dtype="bf16", optim="adamw_torch")
-    assert model_state_bytes(gpt2_tiny, mixed)[0] == 4 * n + 2 * gpt2_tiny.num_non_embedding_params
+    assert (
+        model_state_bytes(gpt2_tiny, memory_traits(mixed, "cuda"))[0] == 4 * n + 2 * gpt2_tiny.num_non_embedding_params
+    )
 
 
 def test_8_bit_and_adafactor_states_do_not_shrink_with_bf16_weights(gpt2_tiny):
     for optim in ("adamw_bnb_8bit", "adafactor"):
-        assert optimizer_state_bytes(gpt2_tiny, optim, "bf16") == optimizer_state_bytes(gpt2_tiny, optim, "fp32")
-    assert optimizer_state_bytes(gpt2_tiny, "adagrad", "bf16") == 2 * gpt2_tiny.num_params
+        assert optimizer_state_bytes(gpt2_tiny, optim, 2) == optimizer_state_bytes(gpt2_tiny, optim, 4)
+    assert optimizer_state_bytes(gpt2_tiny, "adagrad", 2) == 2 * gpt2_tiny.num_params  # bf16 weights: 2 bytes
 
 
 def test_bf16_weights_fixed_narrow_dtype_to_bf16():
@@ -77,7 +83,7 @@ def test_the_model_is_built_in_the_weight_dtype_whatever_its_config_says():
 
     assert catalog_entry("smollm2-135m")["torch_dtype"] == "bfloat16"
     spec = resolve_model("smollm2-135m")
-    published = {**spec.config, "dtype": "bfloat16"}
+    published = {**spec.hf_config, "dtype": "bfloat16"}
     with torch.device("meta"):
         assert next(build_model(published, spec.task).parameters()).dtype == torch.float32
         assert next(build_model(published, spec.task, dtype="bfloat16").parameters()).dtype == torch.bfloat16
@@ -88,8 +94,8 @@ def test_a_bf16_weight_trial_trains_in_bf16_on_the_cpu_and_is_not_judged_diverge
     tmp_path, gpt2_tiny, cpu, fast_measure
 ):
     measure = dataclasses.replace(fast_measure, min_steps=6, max_steps=8)
-    workload = Workload(
-        model=gpt2_tiny,
+    workload = Workload.for_model(
+        gpt2_tiny,
         device=cpu,
         seq_len=64,
         ceiling_bytes=8 * 1024**3,

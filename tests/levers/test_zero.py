@@ -11,7 +11,14 @@ import pytest
 from autotune.errors import AutotuneError
 from autotune.estimate import MeasuredMemory, MemoryFit, estimate_peak, fit_memory
 from autotune.estimate._zero import DEEPSPEED_CPU_PROCESS_BYTES, deepspeed_buffer_elements, zero_state_bytes
-from autotune.levers import LEVERS, TrialConfig, deepspeed_config, knob_values_from_base_args, training_arguments_kwargs
+from autotune.levers import (
+    LEVERS,
+    TrialConfig,
+    deepspeed_config,
+    lever_values_from_base_args,
+    memory_traits,
+    training_arguments_kwargs,
+)
 from autotune.levers.distributed import ZERO_CHOICES, zero_with_other_levers
 from autotune.space import load_space
 from autotune.units import GiB
@@ -65,11 +72,11 @@ def test_the_trainer_fills_every_auto_value_and_the_estimator_reads_the_same_buc
 def test_base_args_with_a_deepspeed_config_fix_the_lever(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
-    assert knob_values_from_base_args({"deepspeed": str(path)}) == {"zero": "3+offload"}
-    assert knob_values_from_base_args({"deepspeed": {"zero_optimization": {"stage": 0}}}) == {"zero": "off"}
+    assert lever_values_from_base_args({"deepspeed": str(path)}) == {"zero": "3+offload"}
+    assert lever_values_from_base_args({"deepspeed": {"zero_optimization": {"stage": 0}}}) == {"zero": "off"}
     path.write_text("{not json")
     with pytest.raises(AutotuneError, match="not valid JSON"):
-        knob_values_from_base_args({"deepspeed": str(path)})
+        lever_values_from_base_args({"deepspeed": str(path)})
 
 
 def test_zero_states_per_rank_follow_the_paper(gpt2_tiny):
@@ -83,7 +90,7 @@ def test_zero_states_per_rank_follow_the_paper(gpt2_tiny):
     paper = {"1": 4 * psi + 12 * psi / ranks, "2": 2 * psi + 14 * psi / ranks, "3": 16 * psi / ranks}
     assert [round(v / 1e9, 1) for v in paper.values()] == [31.4, 16.6, 1.9]
     for value, expected in paper.items():
-        states = zero_state_bytes(big, TrialConfig(dtype="bf16", zero=value), ranks, "cuda")
+        states = zero_state_bytes(big, memory_traits(TrialConfig(dtype="bf16", zero=value), "cuda"), ranks, "cuda")
         bucket, weight_buffer = deepspeed_buffer_elements(big, int(value))
         ours = states.weights_bytes + states.gradients_bytes + states.optimizer_bytes
         extras = 4 * psi // ranks + 2 * bucket + 2 * weight_buffer
@@ -94,7 +101,7 @@ def test_zero_states_per_rank_follow_the_paper(gpt2_tiny):
 @pytest.mark.parametrize("value", ["1", "2", "3"])
 def test_partitioned_parts_shrink_with_the_ranks_and_the_rest_does_not(value, gpt2_tiny):
     config = TrialConfig(dtype="bf16", zero=value)
-    one, eight = (zero_state_bytes(gpt2_tiny, config, ranks, "cuda") for ranks in (1, 8))
+    one, eight = (zero_state_bytes(gpt2_tiny, memory_traits(config, "cuda"), ranks, "cuda") for ranks in (1, 8))
     n = gpt2_tiny.num_params
     assert one.optimizer_bytes == (4 + 8) * n and eight.optimizer_bytes == (4 + 8) * n // 8
     bucket, weights_buffer = deepspeed_buffer_elements(gpt2_tiny, int(value))
@@ -108,8 +115,8 @@ def test_offload_moves_the_states_to_host_memory_which_on_the_cpu_is_the_same_me
     n = gpt2_tiny.num_params
     for value, host in (("2+offload", (4 + 8 + 4) * n), ("3+offload", (4 + 8 + 4 + 2) * n)):
         config = TrialConfig(dtype="bf16", zero=value)
-        gpu = zero_state_bytes(gpt2_tiny, config, 1, "cuda")
-        cpu = zero_state_bytes(gpt2_tiny, config, 1, "cpu")
+        gpu = zero_state_bytes(gpt2_tiny, memory_traits(config, "cuda"), 1, "cuda")
+        cpu = zero_state_bytes(gpt2_tiny, memory_traits(config, "cpu"), 1, "cpu")
         assert gpu.host_bytes == cpu.host_bytes == host
         assert gpu.optimizer_bytes == 0 and cpu.optimizer_bytes == 12 * n
         assert gpu.gradients_bytes < cpu.gradients_bytes  # the fp32 gradient partition went to the host
@@ -197,6 +204,6 @@ def test_a_deepspeed_config_the_user_fixed_is_kept_whole(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000}}))
     base_args = {"deepspeed": str(path)}
-    fixed = knob_values_from_base_args(base_args)
+    fixed = lever_values_from_base_args(base_args)
     assert fixed == {"zero": "2"}
     assert training_arguments_kwargs(TrialConfig(**fixed), "cpu", base_args)["deepspeed"] == str(path)

@@ -40,15 +40,16 @@ def plain_trainer_losses(job: TrialJob, steps: int) -> list[float]:
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from autotune.levers import training_arguments_kwargs
+    from autotune.levers import model_build_kwargs, training_arguments_kwargs, trial_batching
     from autotune.runner._trial import build_dataset, harness_arguments
     from autotune.spec.models import build_model
 
     torch.manual_seed(0)
-    model = build_model(job.workload.model.config, job.workload.model.task, job.config.attn_implementation)
-    harness = {**harness_arguments(job), "max_steps": steps, "logging_strategy": "steps", "logging_steps": 1}
+    model = build_model(job.workload.model.hf_config, job.workload.model.task, **model_build_kwargs(job.config))
+    batching = trial_batching(job.config)
+    harness = {**harness_arguments(job, batching), "max_steps": steps, "logging_strategy": "steps", "logging_steps": 1}
     args = TrainingArguments(**{**training_arguments_kwargs(job.config, "cpu", job.workload.base_args), **harness})
-    trainer = Trainer(model=model, args=args, train_dataset=build_dataset(job))
+    trainer = Trainer(model=model, args=args, train_dataset=build_dataset(job, batching))
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from autotune.estimate import FALLBACK_CPU_PROCESS_BASELINE_BYTES, memory_prior
-from autotune.runner import _baseline, trial_memory_prior
+from autotune.runner import _baseline
+from autotune.runner._job import trial_memory_prior
 
 MiB = 1024**2
 

@@ -19,8 +19,8 @@ def test_a_trial_still_compiling_past_the_compile_timeout_is_compile_timeout_wit
     tmp_path, bert_tiny, cpu, fast_measure
 ):
     # Dynamo traces the BERT forward and backward for seconds before the first step can end.
-    workload = Workload(
-        model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB, measure=fast_measure, compile_timeout_s=1.0
+    workload = Workload.for_model(
+        bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * GiB, measure=fast_measure, compile_timeout_s=1.0
     )
     job = TrialJob(
         workload=workload,

@@ -168,6 +168,19 @@ def test_hang_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
     assert_consistent(study)
 
 
+def test_a_stopped_child_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
+    # SIGSTOP, unlike a hang, leaves a process that handles no signal but SIGKILL: the timeout still ends it.
+    study, request = study_for("StopAtStep", timeout_s=20.0)
+    trial = run_trial(study, request)
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.attempts) == ("timeout", 2)
+    stopped = [int(pid) for pid in (Path(request.work_root) / "stopped.pids").read_text().split()]
+    assert stopped and all(
+        wait_until_gone(pid) for pid in stopped
+    )  # stopped (a loaded machine: once or twice), then gone
+    assert_consistent(study)
+
+
 def test_exception_deep_inside_trainer_is_an_error_and_not_retried(study_for):
     study, request = study_for("RaiseDeepInForward")
     trial = run_trial(study, request)

@@ -8,6 +8,7 @@ import pytest
 from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, Workload
+from autotune.runner._job import trial_memory_prior
 from autotune.spec.devices import known_gpu
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import resolve_model
@@ -40,6 +41,7 @@ def test_for_model_takes_a_spec_a_device_and_any_other_field(bert_tiny):
         device=h100,
         seq_len=32,
         ceiling_bytes=GiB,
+        memory_prior=trial_memory_prior(h100, workload.allocator_env, 1),  # the device's prior, built once
         measure=measure,
         base_args={"seed": 7},
         callbacks=("a.b:C",),

@@ -31,7 +31,7 @@ def test_the_prepared_sample_keeps_the_datas_longest_samples(tmp_path, gpt2_tiny
     prepared = prepare_dataset(
         str(write_ids(tmp_path / "d.jsonl", 400, LONG)), gpt2_tiny, SEQ_LEN, 8, 3, str(tmp_path / "c")
     )
-    dataset = load_training_dataset(prepared, gpt2_tiny, SEQ_LEN, padding="longest")
+    dataset = load_training_dataset(prepared, gpt2_tiny, SEQ_LEN, pad_to_length=False)
     lengths = dataset.sample_lengths()
     assert len(lengths) == 32 and sorted(lengths)[-LONG:] == [SEQ_LEN] * LONG and lengths.count(4) == 32 - LONG
 
@@ -44,8 +44,8 @@ def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tin
         str(write_ids(tmp_path / "d.jsonl", 2000, 2)), gpt2_tiny, SEQ_LEN, 8, 40, str(tmp_path / "cache")
     )
     job = TrialJob(
-        workload=Workload(
-            model=gpt2_tiny,
+        workload=Workload.for_model(
+            gpt2_tiny,
             device=cpu,
             seq_len=SEQ_LEN,
             ceiling_bytes=16 * 1024**3,
@@ -71,7 +71,7 @@ def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tin
 
 def test_synthetic_tokens_need_no_worst_case_step(tmp_path, bert_tiny, cpu, fast_measure):
     job = TrialJob(
-        workload=Workload(model=bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * 1024**3, measure=fast_measure),
+        workload=Workload.for_model(bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * 1024**3, measure=fast_measure),
         config=TrialConfig(micro_batch=8, pin_memory=False),
         work_dir=str(tmp_path / "trial"),
     )

@@ -114,7 +114,7 @@ def test_timer_in_a_real_trainer_counts_optimizer_steps_not_micro_batches(bert_t
     """With gradient accumulation 2, a Trainer of 2 + 3 optimizer steps gives the timer 5 steps."""
     settings = MeasureSettings(warmup_steps=2, min_steps=3, max_steps=3, max_seconds=1e9, cv_target=-1.0)
     timer = StepTimer(settings, synchronize=lambda: None)
-    model = build_model(bert_tiny.config, bert_tiny.task)
+    model = build_model(bert_tiny.hf_config, bert_tiny.task)
     ids = torch.randint(0, bert_tiny.vocab_size, (40, 16), generator=torch.Generator().manual_seed(0))
     data = [
         {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": torch.tensor(i % 2)}

@@ -31,7 +31,7 @@ def write(tmp_path, text: str) -> str:
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
-        ("micro_batch: [8]\nlearning_rate: [0.1]\n", "learning_rate: unknown knob (see search_spaces/README.md)"),
+        ("micro_batch: [8]\nlearning_rate: [0.1]\n", "learning_rate: unknown lever (see search_spaces/README.md)"),
         ("optim: []\n", "optim: needs at least one choice"),
         ("micro_batch: [8, 0]\n", "micro_batch: needs at least one choice, each a positive integer"),
         ("grad_accum: [-1]\n", "grad_accum: needs at least one choice, each a positive integer"),
@@ -40,7 +40,7 @@ def write(tmp_path, text: str) -> str:
         ("dataloader_workers: [-2]\n", "dataloader_workers: needs at least one choice, each >= 0"),
         ("global_batch: 0\n", "global_batch: must be a positive integer"),
         ("global_batch: 64\nmax_global_batch: 64\n", "give global_batch or max_global_batch, not both"),
-        ("- micro_batch\n", "expected a mapping of knob -> list of choices"),
+        ("- micro_batch\n", "expected a mapping of lever -> list of choices"),
         ("micro_batch: [8\n", "not valid YAML"),
     ],
 )
@@ -64,14 +64,73 @@ def test_missing_file_is_one_line(cpu, tmp_path):
         load_space(str(tmp_path / "absent.yaml"), cpu)
 
 
-def test_cpu_filter_removes_what_a_cpu_cannot_run_and_says_why(cpu):
+# Fakes for CPUs this machine may not be (its own is read from /proc/cpuinfo): one with AMX and
+# AVX512-BF16 (a Sapphire Rapids Xeon), and one with AVX2 only (an EPYC of the Zen 3 generation).
+FAKE_CPU_WITH_BF16 = DeviceSpec(
+    kind="cpu",
+    index=None,
+    name="fake Xeon with AMX",
+    total_memory_bytes=16 * GiB,
+    supported_dtypes=("fp32", "bf16"),
+    cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}),
+)
+FAKE_CPU_WITHOUT_BF16 = DeviceSpec(
+    kind="cpu",
+    index=None,
+    name="fake AVX2 EPYC",
+    total_memory_bytes=16 * GiB,
+    supported_dtypes=("fp32", "bf16"),
+    cpu_flags=frozenset({"avx", "avx2", "fma"}),
+)
+
+
+def test_cpu_filter_removes_what_a_cpu_cannot_run_and_says_why(cpu, tmp_path):
     space = load_space(default_space_path(), cpu)
-    assert space.choices["dtype"] == ["fp32", "bf16"]
+    assert space.choices["dtype"] == (["fp32", "bf16"] if cpu.has_matmul_hardware("bf16") else ["fp32"])
     assert space.choices["pin_memory"] == [False]
     assert "cudagraphs" not in space.choices["compile"]
-    assert any(note.startswith("dtype tf32 removed: cpu") for note in space.notes)
-    assert any(note.startswith("dtype fp16 removed: cpu") for note in space.notes)
+    # dtype: auto holds the dtypes the device trains in: only an emulated one is worth a note.
+    dtype_notes = [note for note in space.notes if note.startswith("dtype ")]
+    assert dtype_notes == ([] if cpu.has_matmul_hardware("bf16") else [dtype_notes[0]])
+    assert all("bf16 removed" in note for note in dtype_notes)
+    listed = load_space(write(tmp_path, "dtype: [fp32, tf32, fp16]\n"), cpu)  # listed: each removal said
+    assert any(note.startswith("dtype tf32 removed: cpu") for note in listed.notes)
+    assert any(note.startswith("dtype fp16 removed: cpu") for note in listed.notes)
     assert any("pin_memory true removed" in note for note in space.notes)
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "quick.yaml"])
+def test_the_default_and_quick_spaces_leave_out_a_dtype_the_cpu_only_emulates_with_one_note(name):
+    from importlib import resources
+
+    path = str(resources.files("autotune.spaces").joinpath(name))
+    with_hardware = load_space(path, FAKE_CPU_WITH_BF16)
+    assert with_hardware.choices["dtype"] == ["fp32", "bf16"]
+    assert not any("emulated" in note for note in with_hardware.notes)
+    without = load_space(path, FAKE_CPU_WITHOUT_BF16)
+    assert without.choices["dtype"] == ["fp32"]
+    emulated = [note for note in without.notes if "emulated" in note]
+    assert emulated == [
+        "dtype bf16 removed: cpu (fake AVX2 EPYC) has no bf16 matmul instructions (none of amx_bf16, avx512_bf16, "
+        "bf16): it runs emulated, slower than fp32; list it in the space (dtype: [...]) to search it anyway"
+    ]
+
+
+def test_a_space_that_lists_an_emulated_dtype_keeps_it_with_a_note(tmp_path):
+    path = write(tmp_path, "dtype: [fp32, bf16]\nweight_dtype: [fp32, bf16]\n")
+    space = load_space(path, FAKE_CPU_WITHOUT_BF16)
+    assert space.choices["dtype"] == ["fp32", "bf16"]  # searchable: bf16 may be what fits in memory
+    assert sum("kept because the space lists it" in note for note in space.notes) == 2  # dtype and weight_dtype
+    assert not any("kept because" in note for note in load_space(path, FAKE_CPU_WITH_BF16).notes)
+    # A space that leaves dtype out still trains in fp32 alone (auto only where written).
+    assert load_space(write(tmp_path, "micro_batch: [8]\n"), FAKE_CPU_WITH_BF16).choices["dtype"] == ["fp32"]
+
+
+def test_dtype_auto_on_a_gpu_is_what_its_tensor_cores_run(tmp_path):
+    path = write(tmp_path, "dtype: auto\n")
+    assert load_space(path, FAKE_V100).choices["dtype"] == ["fp32", "fp16"]
+    ampere = DeviceSpec("cuda", 0, "fake A100", 40 * GiB, ("fp32", "fp16", "tf32", "bf16"), (8, 0))
+    assert load_space(path, ampere).choices["dtype"] == ["fp32", "tf32", "fp16", "bf16"]
 
 
 def test_a_gpu_without_bf16_loses_bf16_with_a_note(tmp_path):
@@ -339,10 +398,7 @@ def test_the_yaml_can_fix_the_global_batch_and_the_command_line_overrides_it(tmp
     assert pairs(load_space(path, cpu)) == [(8, 4), (16, 2), (32, 1)]
     assert pairs(load_space(path, cpu, global_batch=16)) == [(8, 2), (16, 1)]
     assert pairs(load_space(path, cpu, max_global_batch=24)) == [(8, 3), (16, 1)]
-    with pytest.raises(AutotuneError, match="give --global-batch or --max-global-batch, not both"):
-        load_space(path, cpu, global_batch=16, max_global_batch=16)
-    with pytest.raises(AutotuneError, match="must be positive integers"):
-        load_space(path, cpu, global_batch=0)
+    # --global-batch and --max-global-batch themselves are options, checked with the others (tests/plan/test_plan.py).
 
 
 def test_a_micro_batch_fixed_by_base_args_leaves_one_pair(tmp_path, cpu):

@@ -4,7 +4,9 @@ tokenizes it on the fly into samples of exactly --seq-len tokens."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,7 +177,7 @@ def test_unreadable_or_unusable_data_is_one_line(tmp_path, texts, local_bert, be
         assert "\n" not in str(error.value)
         return str(error.value)
 
-    assert "no such file or directory" in error_of(tmp_path / "absent.jsonl")
+    assert "cannot read it (No such file or directory)" in error_of(tmp_path / "absent.jsonl")
     (tmp_path / "plain").mkdir()
     assert "a directory must hold a dataset written by datasets.save_to_disk" in error_of(tmp_path / "plain")
     (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
@@ -195,6 +197,39 @@ def test_unreadable_or_unusable_data_is_one_line(tmp_path, texts, local_bert, be
     )
     data = write_jsonl(tmp_path / "train.jsonl", texts)
     assert "bert-tiny has no tokenizer" in error_of(data, model=bert_tiny)
+
+
+def test_paths_that_are_not_data_and_bytes_that_are_not_text_are_one_line_and_nothing_else(
+    tmp_path, texts, local_bert, capfd
+):
+    """Each is one AutotuneError line, and the datasets library prints nothing of its own first."""
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("garbage {{{ not json\n%%\n")
+    nul = write_jsonl(tmp_path / "nul.jsonl", texts[:20])
+    nul.write_bytes(nul.read_bytes() + b"\0\0\0\0\n")
+    not_utf8 = tmp_path / "latin1.jsonl"
+    text_end = b'", "id": 3}'  # bytes that are not UTF-8 at the end of one text
+    not_utf8.write_bytes(
+        write_jsonl(tmp_path / "utf8.jsonl", texts[:20]).read_bytes().replace(text_end, b"\xff\xfe" + text_end)
+    )
+    expected = {
+        loop: "cannot read it (Too many levels of symbolic links)",
+        fifo: "it is a named pipe (FIFO), not a file or a directory",
+        Path("/dev/zero"): "it is a character device, not a file or a directory",
+        junk: "cannot read it (ValueError: ",
+        nul: "cannot read it (ValueError: ",
+        not_utf8: "column 'text' is not UTF-8 text (",
+    }
+    for path, words in expected.items():
+        capfd.readouterr()
+        with pytest.raises(AutotuneError) as error:
+            prepare(path, local_bert, tmp_path)
+        assert str(error.value).startswith(f"--dataset {path}: {words}") and "\n" not in str(error.value)
+        assert capfd.readouterr().err == "", path
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path, texts, bert_dir):

@@ -93,7 +93,7 @@ def _hf_floating_point_ops(model, input_ids: torch.Tensor, tmp_path) -> int:
 )
 def test_difference_from_hugging_face_is_exactly_the_terms_it_omits(name, task, tied_head, tmp_path):
     spec = resolve_model(name, task)
-    config = spec.config
+    config = spec.hf_config
     h = config.get("hidden_size") or config["n_embd"]
     layers = config.get("num_hidden_layers") or config["n_layer"]
     vocab = config["vocab_size"]

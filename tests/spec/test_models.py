@@ -78,11 +78,11 @@ def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_publ
     # Within 1 % of the size the model's Hub page / card publishes (the counts differ only by rounding).
     assert by_hub_id.num_params == pytest.approx(entry["_autotune_published_params"], rel=0.01)
     for spelling in (short_name, short_name.upper(), hub_id.lower()):
-        assert resolve_model(spelling).config == by_hub_id.config, spelling
+        assert resolve_model(spelling).hf_config == by_hub_id.hf_config, spelling
     # The trial child builds from the spec's config dict, not from the catalog file: the round trip
     # must give the same model.
     with torch.device("meta"):
-        model = build_model(by_hub_id.config, by_hub_id.task)
+        model = build_model(by_hub_id.hf_config, by_hub_id.task)
     assert sum(p.numel() for p in model.parameters()) == by_hub_id.num_params
 
 
@@ -92,7 +92,7 @@ def test_every_catalog_entry_names_its_hub_id_and_answers_to_it():
         if hub_id is None:
             assert name in ("gpt2-tiny", "llama-tiny")  # the made-up test models
             continue
-        assert resolve_model(hub_id).config == resolve_model(name).config
+        assert resolve_model(hub_id).hf_config == resolve_model(name).hf_config
 
 
 def test_estimate_plans_a_catalog_decoder_by_its_hub_id(tmp_path):
@@ -221,6 +221,6 @@ def test_a_known_model_type_that_also_ships_code_is_built_from_transformers_own_
     )
     (model_dir / "shipped.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
     spec = resolve_model(str(model_dir))
-    model = build_model(spec.config, spec.task)
+    model = build_model(spec.hf_config, spec.task)
     assert type(model).__module__.startswith("transformers.models.bert.")
     assert not marker.exists()

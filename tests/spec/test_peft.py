@@ -12,7 +12,7 @@ import torch
 
 from autotune.errors import AutotuneError
 from autotune.estimate._parts import QUANTIZED_4BIT_BYTES, model_state_bytes
-from autotune.levers import TrialConfig
+from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.flops import attention_flops_per_token, model_flops_per_token, recompute_flops_per_token
 from autotune.spec.peft import PeftSpec, adapter_config_path, quantize_4bit, read_peft_option, with_peft
 from autotune.storage import schema
@@ -119,10 +119,11 @@ def _lora(model, adapters: int, quantized: int = 0):
 def test_the_estimator_counts_frozen_weights_without_gradients_or_states(gpt2_tiny):
     n, a = gpt2_tiny.num_params, 1000
     lora = _lora(gpt2_tiny, a)
-    assert model_state_bytes(lora, TrialConfig(dtype="fp32", optim="adamw_torch")) == (4 * n + 4 * a, 4 * a, 8 * a)
-    weights, _, _ = model_state_bytes(lora, TrialConfig(dtype="bf16", optim="adamw_torch"))
+    fp32, mixed = TrialConfig(dtype="fp32", optim="adamw_torch"), TrialConfig(dtype="bf16", optim="adamw_torch")
+    assert model_state_bytes(lora, memory_traits(fp32, "cuda")) == (4 * n + 4 * a, 4 * a, 8 * a)
+    weights, _, _ = model_state_bytes(lora, memory_traits(mixed, "cuda"))
     assert weights == 4 * n + 4 * a + 2 * (gpt2_tiny.num_non_embedding_params + a)  # autocast copies, frozen too
-    bf16 = TrialConfig(dtype="bf16", weight_dtype="bf16", optim="adamw_torch")
+    bf16 = memory_traits(TrialConfig(dtype="bf16", weight_dtype="bf16", optim="adamw_torch"), "cuda")
     assert model_state_bytes(lora, bf16) == (2 * n + 4 * a, 4 * a, 8 * a)  # fp32 adapters over a bf16 base
     q = 5000
     weights, _, _ = model_state_bytes(_lora(gpt2_tiny, a, q), bf16)
@@ -191,7 +192,7 @@ def test_the_4bit_path_replaces_every_linear_layer_but_the_head_through_a_fake_b
 
     spec = resolve_model("smollm2-135m")
     config = {
-        **spec.config,
+        **spec.hf_config,
         "num_hidden_layers": 1,
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -248,6 +249,6 @@ def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dt
         assert lora_rows[key]["total_bytes"] < row["total_bytes"], key
     table = run_cli_in_process(*plan, "--peft", "lora", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    rows = [line for line in table.stdout.splitlines() if line.startswith("│ bf16")]
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│") and "│ bf16 " in line]
     assert len(rows) == 2, table.stdout  # one per weight dtype: accumulation does not split a setting
     assert sum("weights=" in line for line in rows) == 1, table.stdout  # "weights=bf16", cut short in a narrow console

@@ -113,11 +113,11 @@ def test_sft_trainer_trains_llama_tiny_on_the_corpus(tmp_path, tokenizer):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from autotune.models import build_model, resolve_model
+    from autotune.spec.models import build_model, resolve_model
 
     spec = resolve_model("llama-tiny")
     torch.manual_seed(0)
-    model = build_model(spec.config, spec.task)
+    model = build_model(spec.hf_config, spec.task)
     before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     rows = [as_format(m, "messages") for m in conversations(16, seed=0, shape=DEFAULT_SHAPE.scaled(0.1))]
     max_length = 256

@@ -19,7 +19,7 @@ from autotune.study._confirm import (
     mark_ties,
     summarise,
 )
-from autotune.views.ranking import describe_winner, feasible_ranking, study_ranking
+from autotune.views.ranking import describe_confirmation, describe_winner, feasible_ranking, study_ranking
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
 
 GiB = 1024**3
@@ -32,6 +32,8 @@ def ok(samples_per_s: float, peak: int = GiB) -> TrialResult:
         model_tflops=samples_per_s / 100,
         peak_memory_bytes=peak,
         ceiling_bytes=4 * GiB,
+        step_time_cv=0.02,
+        wall_s=10.0,
     )
 
 
@@ -180,21 +182,91 @@ def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_pa
         cwd=tmp_path,
     )
     assert searched.returncode == 0, searched.stderr
-    assert "confirming: re-running the top 2 feasible configs 2 times each, interleaved" in searched.stdout
+    assert (
+        "confirming: re-running the leader and those of the top 2 feasible configs within the measured noise of it, "
+        "interleaved, up to 2 times each, until their order is settled" in searched.stdout
+    )
+    assert "confirmation: " in searched.stdout and "time: " in searched.stdout.splitlines()[-1]
     reruns = re.findall(r"round (\d)/2: #(\d+) ok", searched.stdout)
+    study = optuna.load_study(study_name=None, storage=storage)
+    confirmed = study.user_attrs[CONFIRMATION_ATTR]["trials"]
+    assert set(confirmed) == {number for _, number in reruns}
+    assert study.user_attrs[CONFIRMATION_ATTR]["runs"] == len(reruns)
     # Interleaved: every candidate in round 1, then every one again in round 2, the order rotated.
     round_1 = [number for round_, number in reruns if round_ == "1"]
     round_2 = [number for round_, number in reruns if round_ == "2"]
     assert [round_ for round_, _ in reruns] == ["1"] * len(round_1) + ["2"] * len(round_2)
-    assert len(set(round_1)) == len(round_1) >= 1  # two candidates, unless the sampler repeated a config
+    # The leader, and the other where its search figure was within the noise of the leader's.
+    assert len(set(round_1)) == len(round_1) >= 1
     assert round_2 == round_1[1:] + round_1[:1]
     assert "winner: #" in searched.stdout and "interleaved re-runs" in searched.stdout
-    study = optuna.load_study(study_name=None, storage=storage)
-    confirmed = study.user_attrs[CONFIRMATION_ATTR]["trials"]
-    assert set(confirmed) == {number for _, number in reruns}
     for record in confirmed.values():
         assert record["repeats"] == 2 and len(record["runs_samples_per_s"]) == 2 and record["samples_per_s"] > 0
     exported = run_cli("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     winner = study_ranking(study)[0]
     assert f"trial #{winner.number}" in exported.stdout and str(winner.number) in confirmed
+
+
+class ScriptedReruns:
+    """``run_isolated``'s signature: each micro-batch's re-runs answer the figures given, in turn."""
+
+    def __init__(self, figures: dict[int, list[float]]) -> None:
+        self.figures = {micro_batch: list(values) for micro_batch, values in figures.items()}
+        self.ran: list[int] = []
+
+    def __call__(self, job, timeout_s, on_tick=None) -> TrialResult:
+        self.ran.append(job.config.micro_batch)
+        return ok(self.figures[job.config.micro_batch].pop(0))
+
+
+@pytest.fixture
+def confirm_request(tiny_workload, tmp_path) -> SearchRequest:
+    return SearchRequest(
+        workload=tiny_workload(), space=SearchSpace({"micro_batch": [8, 16, 32, 64]}), work_root=str(tmp_path)
+    )
+
+
+def test_a_leader_ahead_by_more_than_the_noise_is_rerun_alone_twice(confirm_request):
+    # Step-time CVs of 2 %: the noise counts as its 5 % floor, each interval +-10 %: 70 x 1.1 < 100 x 0.9.
+    study = _study_with({8: ok(100.0), 16: ok(70.0), 32: ok(60.0)})
+    runner = ScriptedReruns({8: [97.0, 99.0, 98.0]})
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    assert runner.ran == [8, 8]  # two re-runs show its noise; nothing else to settle
+    assert [(c.trial_number, c.samples_per_s, c.repeats) for c in confirmations] == [(0, 98.0, 2)]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["candidates"], record["runs"], record["seconds"], list(record["trials"])) == (
+        [0, 1, 2],
+        2,
+        20.0,
+        ["0"],
+    )
+    assert [r.number for r in study_ranking(study)] == [0, 1, 2]
+    assert describe_confirmation(study) == (
+        "confirmation: 2 re-runs of #0 in 20 s (of at most 9); #1, #2 not re-run (behind the leader by more than "
+        "2 x the measured noise of 2.0%)"
+    )
+
+
+def test_only_candidates_within_the_noise_are_rerun_and_the_rounds_stop_once_the_order_is_settled(confirm_request):
+    study = _study_with({8: ok(100.0), 16: ok(95.0), 32: ok(60.0)})
+    # #1's re-runs stay below #0's slowest: settled after two rounds, the third never runs.
+    runner = ScriptedReruns({8: [100.0, 102.0, 101.0], 16: [90.0, 92.0, 91.0]})
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    assert runner.ran == [8, 16, 16, 8]  # interleaved, the order rotated; micro-batch 32 (#2) never
+    assert [c.trial_number for c in confirmations] == [0, 1] and not any(c.ties_with_leader for c in confirmations)
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["runs"], record["seconds"], sorted(record["trials"])) == (4, 40.0, ["0", "1"])
+    assert [r.number for r in study_ranking(study)] == [0, 1, 2]
+    assert describe_confirmation(study) == (
+        "confirmation: 4 re-runs of #0, #1 in 40 s (of at most 9); #2 not re-run (behind the leader by more than "
+        "2 x the measured noise of 2.0%)"
+    )
+
+
+def test_candidates_that_keep_overlapping_are_rerun_every_round_and_tie(confirm_request):
+    study = _study_with({8: ok(100.0), 16: ok(98.0)})
+    runner = ScriptedReruns({8: [100.0, 97.0, 101.0], 16: [99.0, 100.0, 96.0]})
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    assert len(runner.ran) == 6
+    assert all(c.ties_with_leader and c.repeats == 3 for c in confirmations)

@@ -50,6 +50,7 @@ def tell_measured(study, request, status: str, samples_per_s: float) -> None:
             model_tflops=samples_per_s * 1e-4,
             peak_memory_bytes=GiB,
             ceiling_bytes=8 * GiB if status == "ok" else GiB // 2,
+            step_time_cv=0.07,
         ),
     )
 
@@ -58,13 +59,13 @@ def test_the_threshold_is_the_best_feasible_throughput_times_the_ratio(study_and
     from autotune.study._loop import make_job, prune_threshold
 
     study, request = study_and_request
-    assert prune_threshold(study, 0.5) is None  # nothing feasible yet: never prune
+    assert prune_threshold(study, 0.5) == (None, 0.0)  # nothing feasible yet: never prune
     tell_measured(study, request, "ok", 100.0)
     tell_measured(study, request, "over_ceiling", 900.0)  # fast, but does not fit: not the bar
-    assert prune_threshold(study, 0.5) == pytest.approx(50.0)
-    assert prune_threshold(study, 0.0) is None  # --prune-ratio 0 disables it
-    job = make_job(request, TrialConfig(micro_batch=16, pin_memory=False), 7, prune_threshold(study, 0.5))
-    assert job.prune_below_samples_per_s == pytest.approx(50.0)
+    assert prune_threshold(study, 0.5) == (pytest.approx(50.0), pytest.approx(0.07))  # the best trial's step CV
+    assert prune_threshold(study, 0.0) == (None, 0.0)  # --prune-ratio 0 disables it
+    job = make_job(request, TrialConfig(micro_batch=16, pin_memory=False), 7, *prune_threshold(study, 0.5))
+    assert job.prune_below_samples_per_s == pytest.approx(50.0) and job.prune_step_noise == pytest.approx(0.07)
 
 
 @pytest.mark.slow
@@ -78,8 +79,10 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_and_recorded_as_pruned(
     result = run_one_trial(study, request, SearchProgress())
     trial = study.get_trials()[-1]
     assert result.status == "pruned" and trial.state == TrialState.PRUNED
-    # Stopped at the first judgement, before a full steady-state window was measured.
-    assert result.measured_steps == request.workload.measure.prune_after_steps < request.workload.measure.min_steps
+    # Stopped after its first timed step (warm-up excluded): far below the bar, one step says so.
+    assert result.measured_steps == 1 < request.workload.measure.prune_after_steps
+    assert result.warmup_steps == request.workload.measure.warmup_steps
+    assert len(result.step_times_s) == 1 and result.measured_s == pytest.approx(result.step_times_s[0])
     assert result.samples_per_s > 0 and result.peak_memory_bytes > 0  # what it measured is kept
     assert trial.system_attrs["constraints"][0] <= 0  # it fit: pruned for speed, not memory
 

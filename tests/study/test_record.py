@@ -113,9 +113,17 @@ def test_tell_or_keep_keeps_a_result_the_storage_refused_and_record_pending_resu
     kept = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
     assert str(refused.value) == (
         f"the study storage could not record trial #1 (database is locked); its ok result is kept in {kept} "
-        "and is recorded when you run the same command again, once the storage has room"
+        "and is recorded when you run the same command again, once the storage works (room freed, the database "
+        "back; a new database gets it as a trial of its own)"
     )
-    assert json.loads(kept.read_text()) == {"trial": 1, "result": result.to_dict()}
+    assert json.loads(kept.read_text()) == {
+        "study": study.study_name,
+        "trial": 1,
+        "params": trial.params,
+        "distributions": {"micro_batch": optuna.distributions.distribution_to_json(DISTRIBUTIONS["micro_batch"])},
+        "user_attrs": {},
+        "result": result.to_dict(),
+    }
     assert reloaded(study)[1].state == TrialState.RUNNING  # not told
 
     assert record_pending_results(study, work_root) == [1]
@@ -138,21 +146,44 @@ def test_tell_or_keep_says_the_result_is_lost_when_the_work_dir_cannot_be_writte
     assert message.endswith("(Not a directory): its oom result is lost; free space and run the same command again")
 
 
-def test_record_pending_results_records_a_kept_result_only_onto_its_own_running_trial(storage, tmp_path):
+def _kept(study: optuna.Study, number: int, micro_batch: int, result: TrialResult, study_name: str = "") -> str:
+    distribution = optuna.distributions.distribution_to_json(DISTRIBUTIONS["micro_batch"])
+    return json.dumps(
+        {
+            "study": study_name or study.study_name,
+            "trial": number,
+            "params": {"micro_batch": micro_batch},
+            "distributions": {"micro_batch": distribution},
+            "result": result.to_dict(),
+        }
+    )
+
+
+def test_record_pending_results_records_a_kept_result_once_and_never_over_another_measurement(storage, tmp_path):
     study = optuna.create_study(storage=storage, direction="maximize")
+    study.enqueue_trial({"micro_batch": 8})
     finished = study.ask(DISTRIBUTIONS)
     tell(study, finished, measured("ok", 1.0, tflops=0.25))
     running = study.ask(DISTRIBUTIONS)
     work_root = tmp_path / "runs"
     for label, content in (
-        (finished.number, json.dumps({"trial": finished.number, "result": measured("ok", 1.0, tflops=9.0).to_dict()})),
+        ("3", _kept(study, 3, 8, measured("ok", 1.0, tflops=9.0))),  # its config (micro_batch 8) measured since
         (running.number, "{truncated by a full disk"),
-        ("7", json.dumps({"trial": 7, "result": measured("ok", 1.0).to_dict()})),  # no such trial
+        ("5", _kept(study, 5, 16, measured("ok", 1.0), study_name="another-study")),  # the same work root
+        ("6", json.dumps({"trial": 6, "result": measured("ok", 1.0).to_dict()})),  # an older autotune's: no config
+        ("7", _kept(study, 7, 16, measured("ok", 1.0, tflops=0.5))),  # a trial this study no longer has
     ):
         path = Path(trial_work_dir(str(work_root), label)) / PENDING_RESULT_FILE
         path.parent.mkdir(parents=True)
         path.write_text(content)
-    assert record_pending_results(study, str(work_root)) == []
+    (new,) = record_pending_results(study, str(work_root))
     trials = reloaded(study)
-    assert trials[finished.number].value == 0.25  # a trial recorded since keeps its own result
+    assert trials[finished.number].value == 0.25 and len(trials) == 3  # nothing recorded over it or twice
     assert trials[running.number].state == TrialState.RUNNING  # left for orphan recovery
+    assert trials[new].params == {"micro_batch": 16} and trials[new].value == 0.5  # trial 7's, as a trial of its own
+    assert sorted(p.parent.name.split("-")[1] for p in work_root.glob(f"*/{PENDING_RESULT_FILE}")) == [
+        "1",
+        "3",
+        "5",
+        "6",
+    ]

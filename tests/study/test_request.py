@@ -13,7 +13,6 @@ from autotune.plan import SearchOptions
 from autotune.space import SearchSpace
 from autotune.spec.devices import known_gpu
 from autotune.study import SearchRequest, default_study_name, prepare_request
-from autotune.study._request import device_groups, rank_device_numbers, worker_devices
 from tests.support.cli import REPO
 
 GiB = 1024**3
@@ -85,7 +84,7 @@ def test_prepare_request_gives_each_cpu_worker_its_share_of_the_memory(tmp_path)
             {"callbacks": ("tests.support.faults:NoSuchCallback",)},
             "--callback 'tests.support.faults:NoSuchCallback': tests.support.faults has no TrainerCallback class named NoSuchCallback",
         ),
-        ({"device": "cpu", "workers": 0}, "--workers must be 1 or more"),
+        ({"device": "cpu", "workers": 0}, "--workers 0: give a whole number above 0"),
     ],
 )
 def test_prepare_request_refuses_a_bad_option_before_any_trial(tmp_path, changes, message):
@@ -114,54 +113,11 @@ def test_a_request_for_another_device_keeps_the_search_and_its_identity_names_th
     assert moved.identity()["device"] == h100.name
 
 
-def fake_gpus(count: int) -> list:
-    """FakeGpus: eight H100s as discovery would describe them (no CUDA device exists here)."""
-    return [dataclasses.replace(known_gpu("h100-sxm").device(), index=i) for i in range(count)]
-
-
-def test_gpus_split_into_groups_of_devices_per_trial_one_worker_each(tiny_workload):
-    groups = device_groups(fake_gpus(8), 4)
-    request = SearchRequest(
-        workload=tiny_workload(devices_per_trial=4),
-        space=SearchSpace(choices={"micro_batch": [8]}),
-        worker_devices=tuple(group[0] for group in groups),
-        worker_rank_devices=rank_device_numbers(groups),
-    )
-    workers = request.worker_requests()
-    assert [w.workload.device.index for w in workers] == [0, 4]
-    assert [w.workload.rank_devices for w in workers] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    assert request.identity()["devices_per_trial"] == 4
-    with pytest.raises(AutotuneError, match=re.escape("--devices-per-trial 4: 6 GPU(s) do not split into trials of 4")):
-        device_groups(fake_gpus(6), 4)
-    cpu_groups = device_groups(worker_devices("cpu", None, None, 2), 2)  # CPU ranks share the cores
-    assert len(cpu_groups) == 2 and rank_device_numbers(cpu_groups) == ()
-
-
 def test_the_default_study_name_is_model_device_and_seq_len(cpu, tmp_path):
     assert default_study_name("bert-tiny", cpu, 32) == "bert-tiny-cpu-s32"
     local = tmp_path / "my model"
     local.mkdir()
     assert default_study_name(str(local), cpu, 128) == "my-model-cpu-s128"  # a local directory: its name, made safe
-
-
-class TestWorkerDevices:
-    def test_cpu_workers_share_the_cpu(self):
-        devices = worker_devices("cpu", None, None, 3)
-        assert [d.kind for d in devices] == ["cpu"] * 3
-
-    @pytest.mark.parametrize(
-        ("device", "gpu", "gpus", "workers", "message"),
-        [
-            (None, None, "0,x", 1, "distinct CUDA device numbers"),
-            (None, None, "0,0", 1, "distinct CUDA device numbers"),
-            ("cpu", None, "0,1", 1, "leave out --gpu, --device and --workers"),
-            (None, None, "0,1", 2, "leave out --gpu, --device and --workers"),
-            ("cpu", None, None, 0, "--workers must be 1 or more"),
-        ],
-    )
-    def test_contradictions_are_one_line_errors(self, device, gpu, gpus, workers, message):
-        with pytest.raises(AutotuneError, match=re.escape(message)):
-            worker_devices(device, gpu, gpus, workers)
 
 
 # --- the trainer of a study: SFTTrainer for chat rows, fixed for the study

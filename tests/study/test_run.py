@@ -148,3 +148,27 @@ def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that
     assert events[9] == ("note written", True)  # written after the confirmation was recorded
     assert study.trials[kept.number].state == optuna.trial.TrialState.COMPLETE
     assert not pending.exists()  # recorded once: the file is renamed
+
+
+class TimedRunner(LookupRunner):
+    """A lookup whose every trial took 10 s: 6 s of measured steps, 2 s of warm-up, 2 s besides."""
+
+    def __call__(self, job, timeout_s, on_tick=None) -> TrialResult:
+        result = super().__call__(job, timeout_s, on_tick)
+        result.wall_s, result.measured_s, result.warmup_s = 10.0, 6.0, 2.0
+        return result
+
+
+def test_a_search_records_where_its_wall_time_went(tmp_path, cpu, bert_tiny):
+    from autotune.result import TimeSpent
+
+    request = make_request(tmp_path, cpu, bert_tiny, FORTY_EIGHT_CONFIGS)
+    study = open_study(optuna.storages.InMemoryStorage(), "timed", request, sampler_seed=0)
+    outcome = search(study, request, SearchBudget(trials=4, confirm_top=0), run_trial=TimedRunner(speed_of))
+    spent = TimeSpent.from_dict(study.user_attrs[schema.STUDY_TIME_SPENT])
+    assert spent == outcome.time_spent
+    assert (spent.trials, spent.measured_s, spent.warmup_s, spent.startup_s) == (4, 24.0, 8.0, 8.0)
+    assert (spent.pruned, spent.confirmation_runs) == (0, 0)
+    # A second search on the same study counts only its own trials.
+    again = search(study, request, SearchBudget(trials=2, confirm_top=0), run_trial=TimedRunner(speed_of))
+    assert again.time_spent.trials == 2 and again.time_spent.measured_s == 12.0

@@ -23,8 +23,10 @@ from autotune.study._seeds import (
     best_practice_config,
     default_config,
     snap_to_space,
+    study_seeds,
 )
 from autotune.views.ranking import speedup_over_default
+from tests.space.test_space import FAKE_CPU_WITH_BF16, FAKE_CPU_WITHOUT_BF16
 from tests.support.cli import REPO
 
 GiB = 1024**3
@@ -62,13 +64,14 @@ def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_not
             "pin_memory": [False],
         }
     )
-    params, notes = snap_to_space(default_config(), space, "cpu")
+    params, notes = snap_to_space(default_config(), space, cpu)
     assert params == {"micro_batch": 4, "dtype": "bf16", "optim": "adamw_torch", "pin_memory": False}
     assert len(notes) == 3  # micro_batch, dtype, optim; pin_memory on the CPU was explained by the space filter
     assert any("micro_batch 8 is not in the search space" in n and "4" in n for n in notes)
 
 
-def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that_fits(cpu, bert_tiny):
+def test_best_practice_on_a_cpu_with_bf16_is_bf16_fused_adamw_and_the_largest_batch_that_fits(cpu, bert_tiny):
+    cpu = FAKE_CPU_WITH_BF16
     space = filter_for_device(
         SpaceFile.model_validate(
             {
@@ -109,6 +112,31 @@ def test_best_practice_on_the_cpu_is_bf16_fused_adamw_and_the_largest_batch_that
     assert best.checkpointing and best.micro_batch == 8
 
 
+def test_a_cpu_without_bf16_hardware_gets_an_fp32_seed_even_where_the_space_lists_bf16(bert_tiny):
+    space = filter_for_device(
+        SpaceFile.model_validate({"micro_batch": [8, 16], "dtype": ["fp32", "bf16"]}), FAKE_CPU_WITHOUT_BF16
+    )
+    assert space.choices["dtype"] == ["fp32", "bf16"]  # listed: searchable for memory
+    workload = Workload.for_model(bert_tiny, device=FAKE_CPU_WITHOUT_BF16, seq_len=128, ceiling_bytes=8 * GiB)
+    assert best_practice_config(space, workload).dtype == "fp32"
+    best = next(seed for seed in study_seeds(space, workload) if seed.label == BEST_PRACTICE)
+    assert best.params["dtype"] == "fp32"
+    assert best.notes == (
+        "best-practice seed trains in fp32, not bf16: cpu (fake AVX2 EPYC) has no bf16 matmul instructions "
+        "(none of amx_bf16, avx512_bf16, bf16): it runs emulated, slower than fp32",
+    )
+    with_hardware = Workload.for_model(bert_tiny, device=FAKE_CPU_WITH_BF16, seq_len=128, ceiling_bytes=8 * GiB)
+    assert best_practice_config(space, with_hardware).dtype == "bf16"
+
+
+def test_this_machines_cpu_gets_the_seed_its_proc_cpuinfo_flags_call_for(cpu, bert_tiny):
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.split(":")[0].strip() in ("flags", "Features")).split()
+    space = filter_for_device(SpaceFile.model_validate({"micro_batch": [8], "dtype": ["fp32", "bf16"]}), cpu)
+    best = best_practice_config(space, Workload.for_model(bert_tiny, device=cpu, seq_len=128, ceiling_bytes=8 * GiB))
+    assert best.dtype == ("bf16" if {"avx512_bf16", "amx_bf16", "bf16"} & set(flags) else "fp32")
+
+
 def test_best_practice_on_a_gpu_without_bf16_uses_fp16_workers_and_pinned_memory(bert_tiny):
     space = filter_for_device(
         SpaceFile.model_validate(
@@ -145,14 +173,17 @@ def new_study(sqlite_url, cpu, tiny_workload, tmp_path):
     return open_it
 
 
-def test_a_new_study_queues_the_two_seeds_once(new_study):
+def test_a_new_study_queues_the_two_seeds_once(new_study, cpu):
     study = new_study()
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [t.user_attrs["seed"] for t in waiting] == [HF_DEFAULT, BEST_PRACTICE]
     again = new_study()  # resumed: nothing queued twice
     assert len(again.get_trials()) == 2
-    # tiny-test.yaml holds every HF default value except pin_memory, which the CPU does not use
-    assert again.user_attrs["seed_notes"] == []
+    # tiny-test.yaml holds every HF default value except pin_memory, which the CPU does not use; it
+    # lists bf16, which the best-practice seed leaves for fp32 where this CPU only emulates it.
+    notes = again.user_attrs["seed_notes"]
+    assert [n for n in notes if "runs emulated" not in n] == []
+    assert len(notes) == len(cpu.emulated_dtypes)
 
 
 def tell_seed(study: optuna.Study, status: str, samples_per_s: float) -> None:
@@ -213,7 +244,7 @@ def test_no_ratio_when_the_default_did_not_fit(new_study):
 
 
 @pytest.mark.slow
-def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_study):
+def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_study, cpu):
     """The run's searched study: a real `autotune search` of the tiny space (tests/support/searched_study.py)."""
     out = searched_study.search
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -222,7 +253,7 @@ def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_stu
     assert first.user_attrs["seed"] == HF_DEFAULT and second.user_attrs["seed"] == BEST_PRACTICE
     expected = dataclasses.replace(default_config(), pin_memory=False)  # the CPU space drops pinning
     assert TrialConfig.from_params(first.params) == expected
-    assert TrialConfig.from_params(second.params).dtype == "bf16"
+    assert TrialConfig.from_params(second.params).dtype == ("bf16" if cpu.has_matmul_hardware("bf16") else "fp32")
     line = next(line for line in out.stdout.splitlines() if line.startswith("speedup over HF default"))
     speedup = speedup_over_default(study.trials)
     if speedup.ratio is not None:

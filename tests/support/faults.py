@@ -64,6 +64,18 @@ class HangAtStep(FaultAtStep):
             time.sleep(60)
 
 
+class StopAtStep(FaultAtStep):
+    """The child stops itself with SIGSTOP at step 1 (as a debugger, ``kill -STOP`` or a job-control
+    stop would): alive, but never to run again. Appends its PID to ``<work-dir>/stopped.pids`` first."""
+
+    at_step = 1
+
+    def fire(self, args, kwargs) -> None:
+        with open(Path(args.output_dir).parent / "stopped.pids", "a") as pids:
+            pids.write(f"{os.getpid()}\n")
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class ExitNonZeroAtStep(FaultAtStep):
     """A library calls ``_exit(3)`` under the Trainer: the child dies without a result or a signal."""
 
@@ -258,6 +270,15 @@ class FillDiskAtTrainEnd(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         fill_file_system(os.environ["AUTOTUNE_FAULT_FILL_DIR"])
+        return control
+
+
+class DeleteFileAtTrainEnd(TrainerCallback):
+    """Deletes ``$AUTOTUNE_FAULT_DELETE`` (the study's SQLite file) once training ends: the trial is
+    measured, and the parent's tell of it meets a database whose file is gone."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        os.unlink(os.environ["AUTOTUNE_FAULT_DELETE"])
         return control
 
 

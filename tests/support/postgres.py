@@ -31,15 +31,31 @@ MISSING_REASON = (
 
 @dataclasses.dataclass(frozen=True)
 class PostgresServer:
-    """A running test server: connect as ``user`` with ``password`` on ``host:port``."""
+    """A running test server: connect as ``user`` with ``password`` on ``host:port``; ``control``
+    restarts or pauses it (the fault tests, tests/study/test_postgres_faults.py)."""
 
     host: str
     port: int
     user: str
     password: str
+    control: _ServerProcess | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def url(self, database: str, password: str | None = None) -> str:
         return f"postgresql://{self.user}:{password or self.password}@{self.host}:{self.port}/{database}"
+
+    def execute(self, statement: str) -> None:
+        """Run one statement outside a transaction (CREATE / DROP DATABASE) in the ``postgres`` database."""
+        import psycopg2
+
+        connection = psycopg2.connect(
+            host=self.host, port=self.port, user=self.user, password=self.password, dbname="postgres"
+        )
+        connection.autocommit = True  # CREATE and DROP DATABASE cannot run inside a transaction
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement)
+        finally:
+            connection.close()
 
 
 def server_bin_dir() -> Path | None:
@@ -141,6 +157,18 @@ class _ServerProcess:
                 last_error = exc
         raise RuntimeError(f"PostgreSQL did not start: {last_error}")
 
+    def restart(self) -> None:
+        """Stop the server (fast: every connection is closed) and start it again, on the same port with
+        the same options (pg_ctl reuses those of the previous start: ``postmaster.opts``)."""
+        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-m", "fast", "restart")
+
+    def processes(self) -> list:
+        """The postmaster and every process it forked (backends, checkpointer, ...), as psutil processes."""
+        import psutil
+
+        postmaster = psutil.Process(int((self.data / "postmaster.pid").read_text().split()[0]))
+        return [postmaster, *postmaster.children(recursive=True)]
+
     def stop(self) -> None:
         try:
             self.run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
@@ -162,7 +190,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     password = "pw-" + secrets.token_hex(8)
     try:
         port = server.start(user="autotune", password=password)
-        yield PostgresServer(host="127.0.0.1", port=port, user="autotune", password=password)
+        yield PostgresServer(host="127.0.0.1", port=port, user="autotune", password=password, control=server)
     finally:
         server.stop()
 
@@ -170,20 +198,6 @@ def postgres_server() -> Iterator[PostgresServer]:
 @pytest.fixture
 def postgres_url(postgres_server: PostgresServer) -> str:
     """The URL (password included) of a fresh, empty database for one test."""
-    import psycopg2
-
     database = "test_" + secrets.token_hex(6)
-    connection = psycopg2.connect(
-        host=postgres_server.host,
-        port=postgres_server.port,
-        user=postgres_server.user,
-        password=postgres_server.password,
-        dbname="postgres",
-    )
-    connection.autocommit = True  # CREATE DATABASE cannot run inside a transaction
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(f"CREATE DATABASE {database}")
-    finally:
-        connection.close()
+    postgres_server.execute(f"CREATE DATABASE {database}")
     return postgres_server.url(database)

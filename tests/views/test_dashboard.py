@@ -117,6 +117,10 @@ def test_dashboard_note_ranks_configs_and_shows_the_winners_export(dashboard, se
     assert json.loads(exported) == winner_arguments(study)
     assert "--per_device_train_batch_size" in note
     assert note.rstrip().endswith(NOTE_SIGNATURE)
+    # Where the search's wall time went: the line `autotune search` ended with, the same in the note.
+    printed = [line for line in searched_study.search.stdout.splitlines() if line.startswith("time: ")]
+    assert len(printed) == 1 and "measured steps" in printed[0] and "confirmation 0%" in printed[0]
+    assert f"Last search: {printed[0]}." in note
 
 
 def call_wsgi(app, path: str) -> tuple[str, dict]:

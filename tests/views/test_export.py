@@ -214,7 +214,7 @@ def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_n
     assert json.loads((tmp_path / "best_args.deepspeed.json").read_text()) == deepspeed_config("2+offload")
     assert arguments["bf16"] is True and arguments["use_cpu"] is True
     note = " ".join(export_notes(study_ranking(study)[0], study, out))
-    assert "ZeRO 2+offload" in note and "3.00 GiB" in note and "host RAM" in note
+    assert "ZeRO stage 2 with offload" in note and "3.00 GiB" in note and "host RAM" in note
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
@@ -231,3 +231,79 @@ def test_a_winner_measured_on_several_ranks_exports_their_launch(device_kind, tm
     assert loaded.distributed_type.value == ("MULTI_CPU" if device_kind == "cpu" else "MULTI_GPU")
     assert "`torchrun --nproc-per-node 4 your_script.py`" in launch_note(4)
     assert launch_note(1) is None  # one process: nothing to launch
+
+
+# --- a winner whose Trainer adds up its accumulated micro-batches' losses ----------------------------
+
+
+def _bert_tiny_losses(micro_batch: int, grad_accum: int, **arguments) -> list[float]:
+    """bert-tiny's loss per sample at each of 6 real Trainer steps on the same 8 samples per step
+    (dropout off, so both accumulations compute the same per-sample gradient)."""
+    import torch
+    from transformers import Trainer
+
+    from autotune.runner._trial import SyntheticTokens
+    from autotune.spec.models import build_model, resolve_model
+
+    spec = resolve_model("bert-tiny")
+    torch.manual_seed(0)
+    model = build_model(
+        {**spec.config, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, spec.task, "eager"
+    )
+    args = TrainingArguments(
+        output_dir="unused",
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=grad_accum,
+        max_steps=6,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        **arguments,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=SyntheticTokens(spec.vocab_size, 16, spec.task, 64))
+    trainer.train()
+    # The Trainer logs the sum of the micro-batches' mean losses for this model: per sample, over the steps.
+    return [entry["loss"] / grad_accum for entry in trainer.state.log_history if "grad_norm" in entry]
+
+
+@pytest.mark.slow
+def test_the_exported_clipping_makes_adamw_at_accumulation_2_train_as_at_accumulation_1():
+    """BertForSequenceClassification ignores num_items_in_batch: at accumulation 2 the Trainer's gradient
+    is twice the per-sample one. AdamW's update ignores a constant scale; clipping at the default
+    max_grad_norm 1.0 does not (the per-sample norms are 0.64-1.43 over these steps, so it clips
+    2 of the 6 steps at accumulation 1 and all of them at 2). The exported max_grad_norm 2.0 trains as
+    accumulation 1 does; the arguments as the trial had them do not."""
+    from autotune.result import TrialResult
+    from autotune.views.export import for_the_trainer
+
+    trained = {"optim": "adamw_torch", "learning_rate": 1e-3, "max_grad_norm": 1.0}
+    exported = for_the_trainer(trained, TrialResult(status="ok", gradient_scale=2))
+    assert exported == {**trained, "max_grad_norm": 2.0}
+    reference = _bert_tiny_losses(8, 1, **trained)
+    assert _bert_tiny_losses(4, 2, **exported) == pytest.approx(reference, rel=1e-4)
+    assert _bert_tiny_losses(4, 2, **trained) != pytest.approx(reference, rel=1e-3)
+
+
+def test_the_accumulation_note_says_what_was_changed_and_what_no_argument_undoes():
+    from autotune.result import TrialResult
+    from autotune.views.export import accumulation_export_note, for_the_trainer
+
+    doubled = TrialResult(status="ok", gradient_scale=2)
+    adamw = {"optim": "adamw_torch", "gradient_accumulation_steps": 2}
+    assert for_the_trainer(adamw, TrialResult(status="ok")) == adamw  # a Trainer that divided: nothing to undo
+    assert for_the_trainer({**adamw, "max_grad_norm": 0.0}, doubled)["max_grad_norm"] == 0.0  # no clipping stays off
+    note = accumulation_export_note(adamw, doubled, "json")
+    assert "its gradients are 2x the per-sample ones; exported max_grad_norm 2 (was 1)" in note
+    assert note.endswith("adamw_torch trains as at accumulation 1 with the same global batch (up to its epsilon)")
+    sgd = {"optim": "sgd", "learning_rate": 0.1}
+    assert for_the_trainer(sgd, doubled) == {**sgd, "max_grad_norm": 2.0, "learning_rate": 0.05}
+    assert "no argument that undoes it exactly" in accumulation_export_note(
+        {**sgd, "weight_decay": 0.01}, doubled, "json"
+    )
+    assert "Accelerator.backward divides by the accumulation steps" in accumulation_export_note(
+        adamw, doubled, "accelerate"
+    )
+    assert accumulation_export_note(adamw, TrialResult(status="ok"), "json") is None

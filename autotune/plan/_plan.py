@@ -1,0 +1,248 @@
+"""One plan for ``autotune search``, ``autotune estimate`` and the benchmarks: the options checked once
+and turned into the workload every trial shares, its memory prior (built once) and the narrowed space.
+
+``plan`` imports the layers it calls inside the function, so ``autotune.plan`` stays light enough for
+the command line to declare its options from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import AutotuneError
+from autotune.plan._checks import seq_len_fits, worker_share
+from autotune.plan._options import PlanOptions
+
+if TYPE_CHECKING:
+    from autotune.estimate import MemoryFit
+    from autotune.runner import Workload
+    from autotune.space import SearchSpace
+    from autotune.spec.devices import DeviceSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a search or an estimate works from, decided before anything runs.
+
+    Attributes:
+        workload: The model, device, sequence length, ceiling, data and measurement every trial
+            shares; it holds the memory prior (:attr:`prior`).
+        space: The levers and their choices, narrowed to what the device, model and data run and to
+            what the prior says is worth searching.
+        notes: What the user reads before anything runs: what the adapters and the space's filters
+            changed, one line each.
+        worker_devices: One entry per worker (``--gpus 0,1``: one per GPU; ``--workers N``: the CPU
+            N times; with ``--devices-per-trial`` on CUDA, the first GPU of each worker's group);
+            ``workload.device`` is the first.
+        worker_rank_devices: CUDA with ``--devices-per-trial`` N > 1: each worker's N GPU numbers, in
+            the order of ``worker_devices``; empty otherwise.
+    """
+
+    workload: Workload
+    space: SearchSpace
+    notes: tuple[str, ...] = ()
+    worker_devices: tuple[DeviceSpec, ...] = ()
+    worker_rank_devices: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def prior(self) -> MemoryFit:
+        """The memory model's prior for the workload's device: the one the space was narrowed with,
+        and the one an estimate predicts with and a search's screening, seeds and sampler start from."""
+        return self.workload.memory_prior
+
+
+def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Plan:
+    """Check every option and build the plan; nothing runs a trial.
+
+    Args:
+        options: The command's options (:class:`PlanOptions`, or a command's own subclass).
+        available_memory_bytes: Host memory available now (``None``: read now); each CPU child may
+            grow its address space to its share of 90 % of it
+            (:func:`autotune.runner.child_address_space_budget`), and it is the default host ceiling.
+
+    Raises:
+        AutotuneError: An option is malformed or contradicts another, the model or the space cannot
+            be read, the data is unusable.
+    """
+    import psutil
+
+    from autotune.estimate import smallest_peak_bytes
+    from autotune.plan._base_args import load_base_args
+    from autotune.runner import (
+        Workload,
+        allocator_settings,
+        child_address_space_budget,
+        load_callback,
+        trial_memory_prior,
+    )
+    from autotune.space import default_space_path, load_space
+    from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
+    from autotune.spec.measure import MeasureSettings
+    from autotune.spec.measured_peaks import load_measured_peaks
+    from autotune.spec.models import resolve_model
+    from autotune.spec.sft import for_trainer, resolve_loss_on
+
+    options.check()
+    available = psutil.virtual_memory().available if available_memory_bytes is None else available_memory_bytes
+    groups = device_groups(options.worker_devices(), options.devices_per_trial)
+    devices = [group[0] for group in groups]
+    device = devices[0]
+    ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
+    model = resolve_model(options.model, options.task)
+    seq_len_fits(options.seq_len, options.model, model.max_positions)
+    notes: list[str] = []
+    trainer, data, first_row = study_trainer(options, model.task, notes)
+    model = for_trainer(model, trainer)
+    if options.peft is not None:  # frozen base, trainable adapters: what every trial trains
+        from autotune.spec.peft import with_peft
+
+        model = with_peft(model, options.peft, device, notes)
+    base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
+    loss_on = "all"
+    if data is not None:  # --trainer sft
+        loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row)
+        if options.space is None:
+            notes.append(
+                f"search space: {os.path.relpath(default_space_path(trainer))}, the default for a decoder LLM under "
+                "TRL's SFTTrainer (--space to give another)"
+            )
+    for callback_name in options.callbacks:
+        load_callback(callback_name)  # a wrong name fails here, once, not in every trial
+    address_space = None
+    if device.kind == "cpu":
+        # Every rank is a process of its own under the budget (RLIMIT_AS applies per process).
+        address_space = child_address_space_budget(ceiling, available // (len(devices) * options.devices_per_trial))
+    allocator_env = allocator_settings()
+    workload = Workload(
+        model=model,
+        device=device,
+        seq_len=options.seq_len,
+        ceiling_bytes=ceiling,
+        memory_prior=trial_memory_prior(device, allocator_env, options.devices_per_trial),  # the one prior
+        measure=MeasureSettings(warmup_steps=options.warmup_steps, max_steps=options.max_measure_steps),
+        base_args=base_args,
+        callbacks=options.callbacks,
+        address_space_bytes=address_space,
+        measured_peaks_tflops=load_measured_peaks(device.name),
+        allocator_env=allocator_env,
+        compile_timeout_s=options.compile_timeout,
+        host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available),
+        devices_per_trial=options.devices_per_trial,
+        trainer=trainer,
+        loss_on=loss_on,
+    )
+    space = load_space(
+        options.space,
+        device,
+        model=model,
+        base_args=base_args,
+        global_batch=options.global_batch,
+        max_global_batch=options.max_global_batch,
+        real_data=options.dataset is not None,
+        packing=options.packing,
+        seq_len=options.seq_len,
+        ceiling_bytes=ceiling,
+        ranks=options.devices_per_trial,
+        memory_fit=workload.memory_prior,
+        trainer=trainer,
+    )
+    notes += space.notes
+    if data is not None:  # --trainer sft: the rows as they are, for TRL to prepare in every trial
+        from autotune.spec.dataset import prepare_sft_rows
+
+        assert options.dataset is not None  # study_trainer: sft trains on rows
+        dataset = prepare_sft_rows(
+            options.dataset,
+            model,
+            data,
+            loss_on,
+            space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps,
+            os.path.join(options.work_dir, "datasets"),
+            notes,
+        )
+        workload = dataclasses.replace(workload, dataset=dataset)
+    elif options.dataset is not None:
+        from autotune.spec.dataset import prepare_dataset
+
+        dataset = prepare_dataset(
+            options.dataset,
+            model,
+            options.seq_len,
+            space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps,
+            os.path.join(options.work_dir, "datasets"),
+            options.text_column,
+            options.packing,
+        )
+        workload = dataclasses.replace(workload, dataset=dataset)
+    if address_space is not None and len(devices) > 1:
+        smallest = smallest_peak_bytes(model, space.choices, options.seq_len, workload.memory_prior)
+        worker_share(len(devices), address_space, smallest)
+    return Plan(
+        workload=workload,
+        space=space,
+        notes=tuple(notes),
+        worker_devices=tuple(devices),
+        worker_rank_devices=rank_device_numbers(groups),
+    )
+
+
+def study_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[str, str | None, dict[str, Any]]:
+    """The study's trainer (``--trainer``, else chosen from the ``--dataset`` rows' columns), the rows'
+    SFT format (``None`` under the Trainer) and the first row (``autotune.spec.sft``), with a note
+    saying which trainer trains.
+
+    Raises:
+        AutotuneError: ``--trainer sft`` where it cannot train (no rows it reads, not a causal LM,
+            the Trainer's ``--packing`` or ``--text-column``, TRL not installed), or ``--loss-on``
+            under the Trainer.
+    """
+    import importlib.util
+
+    from autotune.spec.dataset import peek_rows
+    from autotune.spec.sft import TRAINER_WORDS, check_sft_workload, choose_trainer, data_format
+
+    columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})
+    trainer = choose_trainer(options.trainer, columns)
+    if trainer != "sft":
+        if options.loss_on is not None:
+            raise AutotuneError(
+                f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
+                f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
+            )
+        return trainer, None, first_row
+    if importlib.util.find_spec("trl") is None:
+        raise AutotuneError("--trainer sft trains through TRL's SFTTrainer: pip install 'autotune[sft]'")
+    check_sft_workload(task, options.packing, options.text_column)
+    data = data_format(columns or [])
+    how = "--trainer sft" if options.trainer else f"the --dataset holds {data} rows; --trainer trainer for the Trainer"
+    notes.append(f"trainer: {TRAINER_WORDS[trainer]} on your rows, TRL preparing them in every trial ({how})")
+    return trainer, data, first_row
+
+
+def device_groups(devices: list[DeviceSpec], devices_per_trial: int) -> list[list[DeviceSpec]]:
+    """The devices of each worker's trials: on CUDA, ``--gpus`` cut into groups of
+    ``--devices-per-trial`` GPUs in the order given (``--gpus 0,1,2,3,4,5,6,7 --devices-per-trial 4``:
+    two workers, each training 4-GPU trials); on the CPU every worker's ranks share the cores.
+
+    Raises:
+        AutotuneError: The GPUs do not split into whole groups.
+    """
+    if devices_per_trial == 1 or devices[0].kind == "cpu":
+        return [[device] for device in devices]
+    if len(devices) % devices_per_trial:
+        raise AutotuneError(
+            f"--devices-per-trial {devices_per_trial}: {len(devices)} GPU(s) do not split into trials of {devices_per_trial}; "
+            f"give --gpus a multiple of {devices_per_trial} devices"
+        )
+    return [devices[i : i + devices_per_trial] for i in range(0, len(devices), devices_per_trial)]
+
+
+def rank_device_numbers(groups: list[list[DeviceSpec]]) -> tuple[tuple[int, ...], ...]:
+    """Each worker's GPU numbers where its trials span several GPUs; empty otherwise."""
+    if groups[0][0].kind != "cuda" or len(groups[0]) == 1:
+        return ()
+    return tuple(tuple(device.index or 0 for device in group) for group in groups)
