@@ -123,10 +123,9 @@ step_export() {
 }
 
 step_results() {
-    if ! "$PYTHON" -c "import autotune" 2>/dev/null; then
-        export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-    fi
-    (cd "$OUT" && bounded "$PYTHON" "$REPO/scripts/gpu_acceptance_results.py" --storage "$STORAGE" \
+    # The results script reads the plain run's helpers from the repository's benchmarks/ package.
+    (cd "$OUT" && export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" \
+        && bounded "$PYTHON" "$REPO/scripts/gpu_acceptance_results.py" --storage "$STORAGE" \
         --study-name "$STUDY" --args "$OUT/best_args.json" --model "$MODEL" --seq-len "$SEQ_LEN" --out "$OUT")
 }
 

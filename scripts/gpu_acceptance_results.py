@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _bench_common import load_average, run_plain_trainer
 
 from autotune.result import TrialResult
 from autotune.storage import (
@@ -26,6 +21,7 @@ from autotune.storage import (
     schema,
 )
 from autotune.views.ranking import study_ranking
+from benchmarks._common import load_average, run_plain_trainer
 
 GiB = 1024**3
 

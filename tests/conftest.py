@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
+from tests.support import slow_guard
 from tests.support.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 # The files that take longest, heaviest first: what `--durations` showed (scripts/test.sh prints it in
@@ -51,6 +52,47 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The heaviest files first (``HEAVIEST_FIRST``); each file's tests keep their order."""
     rank = {path: place for place, path in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+# --- the fast loop: a test not marked slow starts no process (tests/support/slow_guard.py) ----------
+
+slow_guard.install()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The installation's CPU process baseline, before any test: one subprocess per installation and
+    boot, then read from its cache (autotune/runner/_baseline.py). Every test that plans a CPU trial
+    reads it; measured here, the first such test is not the one that starts its process."""
+    from autotune.runner import cpu_process_baseline_bytes
+
+    cpu_process_baseline_bytes()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _guarded(item))
+
+
+def _guarded(item: pytest.Item):
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    slow_guard.watch()
+    try:
+        result = yield
+    except BaseException:
+        started = slow_guard.processes_started()
+        if started:  # whatever the refused start turned into in the code under test: the cause, named
+            pytest.fail(slow_guard.failure_message(item.nodeid, started), pytrace=False)
+        raise
+    started = slow_guard.processes_started()
+    if started:  # a refusal the code under test caught and went on
+        pytest.fail(slow_guard.failure_message(item.nodeid, started), pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -305,6 +305,7 @@ def _model_with_its_own_code(root: Path, marker: Path) -> str:
     return str(directory)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["search", "estimate"])
 def test_a_models_own_code_never_runs_even_when_the_terminal_answers_yes(tmp_path, command):
     """transformers asks "Do you wish to run the custom code? [y/N]" on a terminal unless told

@@ -15,25 +15,29 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
 from tests.support.bad_input import TINY_SPACE, assert_one_error_line
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 from tests.support.filesystems import remount_read_only, tmpfs
 
 # --- real file systems: full and read-only --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_read_only_database_serves_best_and_export(searched_study, tmp_path):
     """Only `search` writes the storage: `best`, `export` and `report` read a database on a read-only file system."""
     with tmpfs(tmp_path / "ro", "16m") as mount:
         shutil.copy(searched_study.workdir / "autotune.db", mount / "study.db")
         remount_read_only(mount)
         storage = f"sqlite:///{mount / 'study.db'}"
-        best = run_cli("best", "--storage", storage, cwd=tmp_path)
-        export = run_cli("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
-        report = run_cli("report", "--storage", storage, "--out", str(tmp_path / "report.html"), cwd=tmp_path)
+        best = run_cli_in_process("best", "--storage", storage, cwd=tmp_path)
+        export = run_cli_in_process("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
+        report = run_cli_in_process(
+            "report", "--storage", storage, "--out", str(tmp_path / "report.html"), cwd=tmp_path
+        )
     for completed in (best, export, report):
         assert completed.returncode == 0, completed.stderr[-3000:]
         assert "Traceback" not in completed.stderr
@@ -41,22 +45,24 @@ def test_read_only_database_serves_best_and_export(searched_study, tmp_path):
     assert "per_device_train_batch_size" in json.loads((tmp_path / "best.json").read_text())
 
 
+@pytest.mark.slow
 def test_report_on_a_full_disk_keeps_the_previous_report(searched_study, tmp_path):
     """The report is written beside the old one and renamed: a full disk leaves the old one whole."""
     from tests.support.faults import fill_file_system
 
     with tmpfs(tmp_path / "full", "8m") as mount:
         previous = mount / "report.html"
-        first = run_cli("report", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
+        first = run_cli_in_process("report", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
         assert first.returncode == 0, first.stderr[-3000:]
         good = previous.read_bytes()
         fill_file_system(str(mount))
-        second = run_cli("report", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
+        second = run_cli_in_process("report", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
         assert_one_error_line(second, "No space left on device")
         assert previous.read_bytes() == good
         assert sorted(p.name for p in mount.iterdir()) == ["filler", "report.html"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_export_onto_a_full_disk_keeps_the_previous_export(searched_study, tmp_path):
     from tests.support.faults import fill_file_system
 
@@ -64,19 +70,23 @@ def test_export_onto_a_full_disk_keeps_the_previous_export(searched_study, tmp_p
         previous = mount / "best_args.json"
         previous.write_text('{"previous": true}\n')
         fill_file_system(str(mount))
-        completed = run_cli("export", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
+        completed = run_cli_in_process(
+            "export", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path
+        )
         assert_one_error_line(completed, "No space left on device")
         assert previous.read_text() == '{"previous": true}\n'
 
 
+@pytest.mark.slow
 def test_export_to_dev_full_is_one_line(searched_study, tmp_path):
-    completed = run_cli("export", "--storage", searched_study.storage, "--out", "/dev/full", cwd=tmp_path)
+    completed = run_cli_in_process("export", "--storage", searched_study.storage, "--out", "/dev/full", cwd=tmp_path)
     assert_one_error_line(completed, "--out /dev/full: cannot write it (No space left on device)")
     assert Path("/dev/full").is_char_device()  # written in place, never replaced by a regular file
 
 
+@pytest.mark.slow
 def test_report_to_standard_output(searched_study, tmp_path):
-    completed = run_cli("report", "--storage", searched_study.storage, "--out", "-", cwd=tmp_path)
+    completed = run_cli_in_process("report", "--storage", searched_study.storage, "--out", "-", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.startswith("<!DOCTYPE html>")
     assert completed.stdout.rstrip().endswith("</html>")  # the page only: no "wrote ..." line mixed in

@@ -25,8 +25,10 @@ from optuna.trial import TrialState
 
 from autotune.result import TrialResult
 from tests.support.bad_input import TINY_SPACE, assert_one_error_line, create_study
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
 from tests.support.filesystems import tmpfs
+
+pytestmark = pytest.mark.slow  # real searches, signals and mounts
 
 # --- a full disk under a running search -------------------------------------------------------------
 
@@ -72,7 +74,8 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         assert study.trials[kept["trial"]].state == TrialState.RUNNING  # not told: the disk was full
 
         (mount / "filler").unlink()
-        second = run_cli(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
+        # The next run needs no fault in its children: the entry point in this process (run_cli_in_process).
+        second = run_cli_in_process(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
         assert second.returncode == 0, second.stderr[-3000:]
         assert (
             f"trial(s) {kept['trial']} measured while the storage could not record them: recorded now" in second.stdout
@@ -142,7 +145,7 @@ def test_full_disk_at_ask_is_one_line(tmp_path):
         storage = f"sqlite:///{mount / 'study.db'}"
         create_study(storage, "full", 1024**3)
         fill_file_system(str(mount))
-        completed = run_cli(*_search_on(storage, tmp_path / "runs", "--trials", "1"), cwd=tmp_path)
+        completed = run_cli_in_process(*_search_on(storage, tmp_path / "runs", "--trials", "1"), cwd=tmp_path)
     assert_one_error_line(completed, "the study storage failed (")
     assert "database or disk is full" in completed.stderr
 

@@ -1,19 +1,18 @@
-"""The ZeRO benchmark's arithmetic (scripts/bench_zero.py) and the fidelity benchmark's launch of a
-plain run (scripts/_bench_common.py): several ranks or a DeepSpeed config go through torchrun."""
+"""The ZeRO benchmark's arithmetic (benchmarks/bench_zero.py), the fidelity benchmark's launch of a
+plain run (benchmarks/_common.py): several ranks or a DeepSpeed config go through torchrun, and the
+ceiling of scripts/gpu_acceptance.sh's offload step."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
+from autotune.levers import TrialConfig
+from benchmarks.bench_zero import Row, offload_cost, table
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-from _bench_common import plain_trainer_command  # noqa: E402
-from bench_zero import Row, offload_cost, table  # noqa: E402
-
-from autotune.levers import TrialConfig  # noqa: E402
 
 MiB = 1024**2
 
@@ -43,23 +42,30 @@ def test_the_table_shows_the_largest_ranks_peak_against_the_prediction():
 
 
 def test_a_plain_run_of_several_ranks_or_a_deepspeed_config_is_launched_by_torchrun(tmp_path):
+    from benchmarks._common import plain_trainer_command  # imports transformers (its trial callback)
+
     plain = tmp_path / "best.json"
     plain.write_text(json.dumps({"per_device_train_batch_size": 4}))
     zero = tmp_path / "zero.json"
     zero.write_text(json.dumps({"per_device_train_batch_size": 4, "deepspeed": "zero.deepspeed.json"}))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    assert plain_trainer_command(plain, "bert-mini", 32, 5, 1)[:3] == [
+    assert plain_trainer_command(plain, "bert-mini", 32, 5, 1)[:4] == [
         sys.executable,
-        str(SCRIPTS / "bench_fidelity.py"),
+        "-m",
+        "benchmarks.bench_fidelity",
         "--plain",
     ]
-    assert plain_trainer_command(plain, "bert-mini", 32, 5, 2)[:6] == [*torchrun, "2"]
-    assert plain_trainer_command(zero, "bert-mini", 32, 5, 1)[:6] == [*torchrun, "1"]
+    module = ["--module", "benchmarks.bench_fidelity", "--plain"]
+    assert plain_trainer_command(plain, "bert-mini", 32, 5, 2)[:9] == [*torchrun, "2", *module]
+    assert plain_trainer_command(zero, "bert-mini", 32, 5, 1)[:9] == [*torchrun, "1", *module]
 
 
 def test_the_gpu_offload_step_sets_its_ceiling_between_zero_2_with_and_without_offload():
-    from gpu_acceptance_offload import offload_ceiling_bytes
-
+    # A script of scripts/ (run as a file by gpu_acceptance.sh), loaded from its path.
+    spec = importlib.util.spec_from_file_location("gpu_acceptance_offload", SCRIPTS / "gpu_acceptance_offload.py")
+    offload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(offload)
+    offload_ceiling_bytes = offload.offload_ceiling_bytes
     from autotune.estimate import MemoryFit, estimate_peak
     from autotune.spec.models import resolve_model
 

@@ -1,15 +1,16 @@
 """Bad input through the real command line: one clear line on stderr, exit status 2, no traceback.
 
 The cases in ``IN_A_SUBPROCESS`` run ``python -m autotune`` in a subprocess, as a user would (a
-fresh interpreter: the entry point, its imports, the exit status the shell sees); the others run the
-same entry point in this process (``run_cli_in_process``), which spares each an interpreter start and
-the torch import of 10-40 s. They fail before any trial runs; one module-scoped fixture runs them
-all, and each test checks its own case.
+fresh interpreter: the entry point, its imports, the exit status the shell sees: marked slow); the
+others (``IN_THIS_PROCESS``) run the same entry point in this process (``run_cli_in_process``), which
+spares each an interpreter start and the torch import of 10-40 s. They fail before any trial runs; a
+module-scoped fixture runs each group once, and each test checks its own case.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -105,27 +106,15 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
 
 
 @pytest.fixture(scope="module")
-def cli_results(tmp_path_factory):
-    """Every case's completed process: the subprocess ones side by side, the rest in this process."""
+def cases(tmp_path_factory) -> tuple[dict[str, tuple[list[str], str]], Path]:
     root = tmp_path_factory.mktemp("cli-errors")
-    cases = _cases(root)
-    env = {"PYTHONPATH": str(REPO)}  # tests.support.faults importable for the --callback cases
-    with ThreadPoolExecutor(max_workers=len(IN_A_SUBPROCESS)) as pool:
-        futures = {
-            case: pool.submit(run_cli, *cases[case][0], cwd=root, timeout=300, env=env) for case in IN_A_SUBPROCESS
-        }
-        completed = {
-            case: run_cli_in_process(*args, cwd=root) for case, (args, _) in cases.items() if case not in futures
-        }
-        completed.update({case: future.result() for case, future in futures.items()})
-    return {case: (completed[case], cases[case][1], root) for case in cases}
+    return _cases(root), root
 
 
 # A fresh interpreter each: a model that resolves nowhere, a storage that cannot be reached, and a
 # --callback imported from the user's PYTHONPATH.
 IN_A_SUBPROCESS = ("unknown model", "unreachable storage", "callback not found")
-CASE_IDS = [
-    "unknown model",
+IN_THIS_PROCESS = (
     "malformed yaml",
     "unknown lever",
     "empty choices",
@@ -136,18 +125,33 @@ CASE_IDS = [
     "fraction above one",
     "unparsable ceiling",
     "unparsable storage",
-    "unreachable storage",
     "db not writable",
     "study of another model",
     "study of another seq len",
     "export without feasible trial",
-    "callback not found",
-]
+)
 
 
-@pytest.mark.parametrize("case", CASE_IDS)
-def test_bad_input_is_one_line_and_exit_2(cli_results, case):
-    completed, phrase, root = cli_results[case]
+@pytest.fixture(scope="module")
+def in_process_results(cases):
+    """The cases run through the entry point in this process, each once for the module."""
+    arguments, root = cases
+    return {case: run_cli_in_process(*arguments[case][0], cwd=root) for case in IN_THIS_PROCESS}
+
+
+@pytest.fixture(scope="module")
+def subprocess_results(cases):
+    """The cases run as ``python -m autotune``, side by side."""
+    arguments, root = cases
+    env = {"PYTHONPATH": str(REPO)}  # tests.support.faults importable for the --callback cases
+    with ThreadPoolExecutor(max_workers=len(IN_A_SUBPROCESS)) as pool:
+        futures = {
+            case: pool.submit(run_cli, *arguments[case][0], cwd=root, timeout=300, env=env) for case in IN_A_SUBPROCESS
+        }
+        return {case: future.result() for case, future in futures.items()}
+
+
+def assert_one_line_and_exit_2(completed: subprocess.CompletedProcess, phrase: str, root: Path) -> None:
     error_lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == 2, completed.stderr
     assert "Traceback" not in completed.stderr + completed.stdout
@@ -158,10 +162,26 @@ def test_bad_input_is_one_line_and_exit_2(cli_results, case):
     assert not (root / "best.json").exists()  # nothing exported
 
 
-def test_every_case_is_checked(cli_results):
-    assert set(CASE_IDS) == set(cli_results)
+@pytest.mark.parametrize("case", IN_THIS_PROCESS)
+def test_bad_input_is_one_line_and_exit_2(in_process_results, cases, case):
+    arguments, root = cases
+    assert_one_line_and_exit_2(in_process_results[case], arguments[case][1], root)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", IN_A_SUBPROCESS)
+def test_bad_input_is_one_line_and_exit_2_from_a_fresh_interpreter(subprocess_results, cases, case):
+    arguments, root = cases
+    assert_one_line_and_exit_2(subprocess_results[case], arguments[case][1], root)
+
+
+def test_every_case_is_checked(cases):
+    arguments, _ = cases
+    assert set(IN_A_SUBPROCESS) | set(IN_THIS_PROCESS) == set(arguments)
+    assert not set(IN_A_SUBPROCESS) & set(IN_THIS_PROCESS)
+
+
+@pytest.mark.slow
 def test_not_writable_database_for_a_normal_user(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root may write anywhere mode bits forbid; covered by the /proc case")

@@ -24,6 +24,7 @@ def _hadolint() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("hadolint")
 
 
+@pytest.mark.slow
 def test_dockerfile_passes_hadolint():
     hadolint = _hadolint()
     if hadolint is None:

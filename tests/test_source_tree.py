@@ -9,6 +9,8 @@ import subprocess
 import sys
 import sysconfig
 
+import pytest
+
 from tests.support.cli import REPO
 
 
@@ -25,6 +27,7 @@ def source_tree_run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_from_a_source_tree_the_default_space_is_the_repositorys_and_estimate_runs(tmp_path):
     found = source_tree_run(
         tmp_path,

@@ -15,7 +15,7 @@ from autotune.units import GiB
 MiB = 1024**2
 
 # A forkserver trial child's resident set before it builds a model (python + torch + transformers
-# imported), measured in a long-lived venv here (docs/benchmarks.md).
+# imported), measured in a long-lived venv here (docs/benchmarks-archive.md, "Fidelity").
 CPU_CHILD_START_RSS_BYTES = int(0.40 * GiB)
 # The library pages a fresh process maps and a forkserver child does not, which the CPU probe adds
 # (runner.unmapped_import_file_bytes): 114 MiB measured in the same venv.

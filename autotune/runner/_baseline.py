@@ -1,20 +1,17 @@
 """The CPU prior's process baseline, measured once per installation instead of assumed.
 
-A CPU trial's measured peak (``runner._memory.CpuMemoryProbe``) is what the same training shows as a
+A CPU trial's measured peak (``runner._memory_probe.CpuMemoryProbe``) is what the same training shows as a
 standalone process: the child's resident set plus the library pages the forkserver maps and the
 child does not (``unmapped_import_file_bytes``). The part of it no config moves is the resident set
 of an interpreter that has imported what a trial child imports: :data:`TRIAL_PROCESS_IMPORTS`, the
 modules the forkserver preloads. How many of those library pages are resident is a property of the
-installation and of the page cache, not a constant: in a venv pip has just written, every page of
-torch's libraries is still in the page cache, and a page fault maps its cached neighbours too (the
-kernel's fault-around, ``mm/filemap.c``, ``filemap_map_pages``). Measured here (2026-11-26, torch 2.13,
-transformers 5): after those imports, RssFile 124 MiB (RSS 486 MiB) in a long-lived venv and 212 MiB
-(RSS 569-585 MiB) in a venv installed minutes before, the anonymous part 361 MiB in both; a bert-tiny
-trial (micro-batch 16, seq len 128) then peaked at 733 against 895 MiB, and a constant 0.50 GiB baseline
-put the prior 27 % under CI's fresh-venv peak. So the prior reads the baseline of this installation:
-one subprocess (about 10-30 s), cached per interpreter, installed torch and transformers and boot (a
-reboot empties the page cache) in ``$XDG_CACHE_HOME/autotune/process_baseline.json``; the documented
-constant where it cannot be measured. docs/estimator.md, "The CPU prior".
+installation and of the page cache, not a constant: in a venv pip has just written, more of torch's
+library pages are cached and mapped on each fault (the kernel's fault-around, ``mm/filemap.c``,
+``filemap_map_pages``), so a constant baseline would put the prior well under a fresh venv's peaks.
+So the prior reads the baseline of this installation: one subprocess, cached per interpreter,
+installed torch and transformers and boot (a reboot empties the page cache) in
+``$XDG_CACHE_HOME/autotune/process_baseline.json``; the documented constant where it cannot be
+measured. The measurements behind this, per venv and per config: docs/estimator.md, "The CPU prior".
 """
 
 from __future__ import annotations

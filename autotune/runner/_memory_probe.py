@@ -299,12 +299,11 @@ def unmapped_import_file_bytes() -> int:
     library pages a freshly started interpreter touches while importing torch and transformers.
 
     The forkserver is such an interpreter, and its child maps none of those pages until it touches
-    them (fork copies no page-table entries of file mappings). Measured here: RssFile 124 MB in the
-    forkserver, 51 MB in a training child, 148 MB in the same training run as a plain process. The
-    difference at the child's start (114 MiB here) is what the child's RSS lacks against the plain
-    process, over-counted by the pages the child touches again later (about 17 MB here, under 2 % of
-    a trial's peak: on the safe side). 0 where the parent maps fewer (a spawned child imported
-    everything itself).
+    them (fork copies no page-table entries of file mappings). The difference at the child's start is
+    what the child's RSS lacks against the same training run as a plain process, over-counted by the
+    pages the child touches again later (a small share of a trial's peak: on the safe side; the
+    measured figures are in docs/benchmarks-archive.md, "Fidelity"). 0 where the parent maps fewer (a
+    spawned child imported everything itself).
     """
     return max(0, _rss_file_bytes(os.getppid()) - _rss_file_bytes(os.getpid()))
 

@@ -103,33 +103,3 @@ def test_the_export_keeps_the_global_batch_and_the_base_args(byo_run):
     assert "note: the winner's model was built with attn_implementation=" in export.stderr
     python_format = run_cli("export", "--storage", storage, "--format", "python", "--out", "-", cwd=root)
     assert "# note: the winner's model was built with attn_implementation=" in python_format.stdout
-
-
-def test_a_dataset_shorter_than_one_global_batch_stops_before_any_trial(tmp_path):
-    texts = corpus(10)
-    model_dir = make_local_model(tmp_path / "my-model", texts, "bert")
-    write_jsonl(tmp_path / "tiny.jsonl", texts)
-    (tmp_path / "space.yaml").write_text("micro_batch: [8, 16]\n")
-    result = run_cli(
-        "search",
-        "--model",
-        str(model_dir),
-        "--dataset",
-        "tiny.jsonl",
-        "--global-batch",
-        "16",
-        "--space",
-        "space.yaml",
-        "--storage",
-        f"sqlite:///{tmp_path / 'study.db'}",
-        "--work-dir",
-        "runs",
-        *FAST_SEARCH_ARGS,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip() == (
-        "autotune: error: --dataset tiny.jsonl: 10 samples (truncated/padded to 32 tokens) is less than one global "
-        "batch of the search space (16); give more data, or cap the batch with --global-batch / --max-global-batch"
-    )
-    assert not (tmp_path / "study.db").exists() and not list((tmp_path / "runs").glob("trial-*"))

@@ -18,7 +18,6 @@ from autotune.estimate._zero import MASTER_BYTES, zero_state_bytes
 from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import TrialJob, run_isolated
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli
-from tests.support.zero_placement import offloaded_bytes, placement_file
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,6 +28,8 @@ pytestmark = [
 
 
 def run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, zero: str) -> dict:
+    from tests.support.zero_placement import placement_file
+
     job = TrialJob(
         workload=tiny_workload(gpt2_tiny, callbacks=("tests.support.zero_placement:RecordZeroPlacement",)),
         config=TrialConfig(micro_batch=4, dtype="bf16", pin_memory=False, zero=zero),
@@ -56,6 +57,8 @@ def test_a_zero_2_trial_trains_through_the_trainers_deepspeed_integration(tiny_w
 def test_zero_3_offload_places_optimizer_states_and_parameters_where_the_estimator_says(
     tiny_workload, gpt2_tiny, tmp_path
 ):
+    from tests.support.zero_placement import offloaded_bytes
+
     placed = run_zero_trial(tiny_workload, gpt2_tiny, tmp_path, "3+offload")
     # DeepSpeed's own CPU Adam steps the offloaded fp32 partitions; parameters are offloaded too.
     assert (

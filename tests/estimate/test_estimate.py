@@ -13,6 +13,7 @@ from autotune.estimate._parts import activation_bytes, layer_activation_bytes, l
 from autotune.estimate._plan_table import memory_distinct_configs
 from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import trial_memory_prior
+from tests.support.cli import REPO, run_cli_in_process
 
 MiB = 1024**2
 GiB = 1024**3
@@ -292,7 +293,6 @@ def bert_mini_spec():
 
 def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_path, cpu, bert_tiny):
     from autotune.plan import EstimateOptions, plan
-    from tests.support.cli import REPO, run_cli
 
     space = str(REPO / "search_spaces" / "tiny-test.yaml")
     # Between the space's smallest and largest predicted peak, so some rows fit and some do not: the
@@ -303,7 +303,7 @@ def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_pat
         for config in memory_distinct_configs(roomy.space.choices, "cpu")
     ]
     ceiling_mib = (min(predicted) + max(predicted)) // 2 // MiB
-    out = run_cli(
+    out = run_cli_in_process(
         "estimate",
         "--model",
         "bert-tiny",
@@ -329,17 +329,20 @@ def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
-    from tests.support.cli import run_cli
 
     request = SearchRequest(
         workload=tiny_workload(ceiling_bytes=GiB),
         space=SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]}),
     )
     open_study(open_storage(sqlite_url), "other-length", request)
-    out = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "64", "--storage", sqlite_url, cwd=tmp_path)
+    out = run_cli_in_process(
+        "estimate", "--model", "bert-tiny", "--seq-len", "64", "--storage", sqlite_url, cwd=tmp_path
+    )
     assert out.returncode == 2
     assert out.stderr.strip().startswith("autotune: error: study 'other-length' measured bert-tiny at seq len 32")
-    same = run_cli("estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", sqlite_url, cwd=tmp_path)
+    same = run_cli_in_process(
+        "estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", sqlite_url, cwd=tmp_path
+    )
     assert same.returncode == 0 and "not calibrated: no measured trial" in same.stdout
 
 
@@ -387,9 +390,7 @@ def test_expandable_segments_are_read_from_either_allocator_variable():
 def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_part(tmp_path):
     import json
 
-    from tests.support.cli import run_cli
-
-    out = run_cli(
+    out = run_cli_in_process(
         "estimate",
         "--model",
         "bert-large-uncased",
@@ -408,7 +409,7 @@ def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_pa
     for row in rows:
         assert row["total_bytes"] == sum(row["parts_bytes"].values())
         assert row["parts_bytes"]["allocator"] > 0 and row["fits"] == (row["total_bytes"] <= document["ceiling_bytes"])
-    short = run_cli(
+    short = run_cli_in_process(
         "estimate", "--model", "bert-large-uncased", "--seq-len", "512", "--gpu-type", "v100-16gb", cwd=tmp_path
     )
     assert short.returncode == 0, short.stderr
@@ -434,14 +435,12 @@ def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_pa
 
 
 def test_an_unknown_gpu_type_or_one_given_with_a_real_device_is_one_line(tmp_path):
-    from tests.support.cli import run_cli
-
-    unknown = run_cli("estimate", "--model", "bert-tiny", "--gpu-type", "a100-81gb", cwd=tmp_path)
+    unknown = run_cli_in_process("estimate", "--model", "bert-tiny", "--gpu-type", "a100-81gb", cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
     assert "a100-80gb" in unknown.stderr and "autotune devices --known" in unknown.stderr
-    both = run_cli("estimate", "--model", "bert-tiny", "--gpu-type", "l4", "--gpu", "0", cwd=tmp_path)
+    both = run_cli_in_process("estimate", "--model", "bert-tiny", "--gpu-type", "l4", "--gpu", "0", cwd=tmp_path)
     assert both.returncode == 2 and "without --gpu" in both.stderr
-    known = run_cli("devices", "--known", cwd=tmp_path)
+    known = run_cli_in_process("devices", "--known", cwd=tmp_path)
     assert known.returncode == 0
     for name in ("v100-16gb", "a100-80gb", "h100-sxm", "l4", "rtx-4090"):
         assert name in known.stdout
@@ -457,10 +456,9 @@ def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_p
     from autotune.spec.devices import known_gpu
     from autotune.spec.models import resolve_model
     from autotune.study import memory_fit_from_trials
-    from tests.support.cli import REPO, run_cli
 
     env = {"PYTORCH_ALLOC_CONF": allocator_conf} if allocator_conf else {}
-    out = run_cli(
+    out = run_cli_in_process(
         "estimate",
         "--model",
         "gpt2-tiny",
@@ -497,11 +495,10 @@ def test_the_planner_and_the_search_predict_the_same_peak_before_any_trial(tmp_p
 def test_estimate_plans_one_rank_of_a_multi_rank_trial(tmp_path):
     import json
 
-    from tests.support.cli import run_cli
-
     common = ("estimate", "--model", "bert-tiny", "--device", "cpu", "--seq-len", "32", "--json")
     one, two = (
-        json.loads(run_cli(*common, *extra, cwd=tmp_path).stdout) for extra in ((), ("--devices-per-trial", "2"))
+        json.loads(run_cli_in_process(*common, *extra, cwd=tmp_path).stdout)
+        for extra in ((), ("--devices-per-trial", "2"))
     )
     grads = {json.dumps(r["config"], sort_keys=True): r["parts_bytes"]["gradients"] for r in one["rows"]}
     for row in two["rows"]:  # DDP's buckets: one more copy of the gradients on each rank

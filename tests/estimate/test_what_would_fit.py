@@ -12,7 +12,7 @@ from autotune.estimate import estimate_peak, what_would_fit
 from autotune.levers import LEVERS, TrialConfig
 from autotune.runner import trial_memory_prior
 from autotune.units import format_bytes
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 
 GiB = 1024**3
 MiB = 1024**2
@@ -81,14 +81,14 @@ def test_estimate_prints_the_table_and_the_search_stops_before_any_trial(tmp_pat
     space.write_text(SPACE)
     ceiling = f"{ceiling_fitting_micro_batch_2_not_4(cpu, gpt2_tiny) // MiB}MiB"
     common = ["--model", "gpt2-tiny", "--seq-len", "256", "--space", str(space), "--memory-ceiling", ceiling]
-    planned = run_cli("estimate", *common, cwd=tmp_path)
+    planned = run_cli_in_process("estimate", *common, cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
     assert "Nothing in the space fits" in planned.stdout and "micro_batch" in planned.stdout
-    as_json = run_cli("estimate", *common, "--json", cwd=tmp_path)
+    as_json = run_cli_in_process("estimate", *common, "--json", cwd=tmp_path)
     sentence = json.loads(as_json.stdout)["nothing_fits"]
     assert sentence and "micro_batch 1 or 2" in sentence
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
-    searched = run_cli("search", *common, "--device", "cpu", "--storage", storage, cwd=tmp_path)
+    searched = run_cli_in_process("search", *common, "--device", "cpu", "--storage", storage, cwd=tmp_path)
     assert searched.returncode == 2
     assert searched.stderr.count("\n") == 1 and "Traceback" not in searched.stderr
     assert searched.stderr.startswith(f"autotune: error: {sentence}. No trial run")

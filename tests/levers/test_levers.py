@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback, TrainingArguments
 
 from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit, estimate_peak
@@ -76,6 +75,8 @@ def write(tmp_path: Path, text: str) -> str:
     ],
 )
 def test_each_lever_writes_its_trainingarguments_field_and_reads_back(knobs, expected):
+    from transformers import TrainingArguments
+
     config = TrialConfig(**knobs)
     kwargs = training_arguments_kwargs(config, "cuda")
     assert {k: kwargs[k] for k in expected} == expected
@@ -310,32 +311,17 @@ def test_short_real_samples_shrink_the_estimate_under_longest_padding(gpt2_tiny)
 # --- real trials on the CPU ----------------------------------------------------------------------
 
 
-class RecordLevers(TrainerCallback):
-    """A probe, not a fault: writes ``<output_dir>/levers.json`` at the first step: the attention
-    implementation the model was built with and the collator the Trainer batches with."""
-
-    def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
-        collate = train_dataloader.collate_fn
-        collate = getattr(collate, "data_collator", collate)  # inside transformers' RemoveColumnsCollator
-        record = {
-            "attn_implementation": model.config._attn_implementation,
-            "collator": type(collate).__name__,
-            # accelerate's prepared loader keeps the Trainer's sampler inside its batch sampler.
-            # (accelerate swaps RandomSampler for its SeedableRandomSampler subclass: the classes it is).
-            "sampler": [c.__name__ for c in type(getattr(train_dataloader.batch_sampler, "sampler", None)).__mro__],
-        }
-        (Path(args.output_dir) / "levers.json").write_text(json.dumps(record))
-        return control
-
-
 def levers_of(job: TrialJob) -> dict:
-    return json.loads(Path(job.work_dir, "levers.json").read_text())
+    from tests.support.probes import LEVERS_FILE
+
+    return json.loads(Path(job.work_dir, LEVERS_FILE).read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_a_real_trial_builds_the_model_with_the_attention_searched(tmp_path, tiny_workload, attn):
     job = TrialJob(
-        workload=tiny_workload(callbacks=("tests.levers.test_levers:RecordLevers",)),
+        workload=tiny_workload(callbacks=("tests.support.probes:RecordLevers",)),
         config=TrialConfig(micro_batch=8, pin_memory=False, attn_implementation=attn),
         work_dir=str(tmp_path / attn),
     )
@@ -367,6 +353,7 @@ def gpt2_with_data(tmp_path_factory):
         ("padding_free", "random", "DataCollatorWithFlattening", "RandomSampler"),
     ],
 )
+@pytest.mark.slow
 def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
     tmp_path, tiny_workload, gpt2_with_data, padding, sampling, collator, sampler
 ):
@@ -380,7 +367,7 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
             seq_len=64,
             measure=measure,
             dataset=description,
-            callbacks=("tests.levers.test_levers:RecordLevers",),
+            callbacks=("tests.support.probes:RecordLevers",),
         ),
         config=config,
         work_dir=str(tmp_path / padding),

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
-from transformers import TrainingArguments
 
 from autotune.levers import TrialConfig, training_arguments_kwargs
 from autotune.levers.memory_savers import checkpointing_field
 
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
 
 def build(config: TrialConfig, device_kind: str = "cpu", base=None) -> TrainingArguments:
+    from transformers import TrainingArguments
+
     return TrainingArguments(output_dir="unused", **training_arguments_kwargs(config, device_kind, base))
 
 

@@ -129,7 +129,7 @@ def test_offload_moves_the_states_to_host_memory_which_on_the_cpu_is_the_same_me
 
 @pytest.mark.parametrize("value", ["1", "3"])
 def test_on_the_cpu_a_zero_rank_holds_deepspeed_and_its_adamw_step_over_the_whole_partition(value, gpt2_tiny):
-    """docs/benchmarks.md, "ZeRO and several ranks": torch's single-tensor AdamW steps DeepSpeed's flat
+    """docs/benchmarks-archive.md, "ZeRO and several ranks": torch's single-tensor AdamW steps DeepSpeed's flat
     fp32 partition at once (two temporaries of its size); the fused kernel makes none."""
     n, cpu = gpt2_tiny.num_params, dataclasses.replace(MemoryFit.prior("cpu"), ranks=2)
     without_zero = estimate_peak(gpt2_tiny, TrialConfig(dtype="bf16"), 32, cpu)

@@ -4,10 +4,8 @@ trial's real Trainer, and are kept in the export."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
 
 from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig, training_arguments_kwargs
@@ -16,23 +14,6 @@ from autotune.space import load_space
 
 NAN = float("nan")
 BASE = {"learning_rate": 3e-4, "warmup_steps": 7, "weight_decay": 0.01, "lr_scheduler_type": "cosine"}
-RECORDED = (
-    "learning_rate",
-    "warmup_steps",
-    "weight_decay",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-)
-
-
-class RecordTrainingArguments(TrainerCallback):
-    """Loaded inside a trial child: writes the arguments the real Trainer trains with."""
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        recorded = {name: getattr(args, name) for name in RECORDED}
-        recorded["lr_scheduler_type"] = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
-        Path(args.output_dir, "training_arguments.json").write_text(json.dumps(recorded))
-        return control
 
 
 def write_json(tmp_path, value, name: str = "base.json") -> str:
@@ -260,11 +241,13 @@ def test_every_config_of_the_fixed_space_writes_the_users_values(tmp_path, cpu, 
     assert {k: kwargs[k] for k in base} == base
 
 
+@pytest.mark.slow
 def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_workload, sqlite_url):
     from autotune.storage import open_storage
     from autotune.study import SearchBudget, SearchRequest, open_study
     from autotune.study._loop import run_search
     from autotune.views.export import winner_arguments
+    from tests.support.probes import TRAINING_ARGUMENTS_FILE
 
     base = {**BASE, "per_device_train_batch_size": 8}
     space = load_space(
@@ -274,7 +257,7 @@ def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_wor
         workload=tiny_workload(
             ceiling_bytes=cpu.total_memory_bytes // 2,
             base_args=base,
-            callbacks=("tests.plan.test_base_args:RecordTrainingArguments",),
+            callbacks=("tests.support.probes:RecordTrainingArguments",),
         ),
         space=space,
         work_root=str(tmp_path / "runs"),
@@ -282,7 +265,7 @@ def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_wor
     study = open_study(open_storage(sqlite_url), "base", request)
     run_search(study, request, SearchBudget(trials=1))
 
-    [recorded_file] = (tmp_path / "runs").glob("*/training_arguments.json")
+    [recorded_file] = (tmp_path / "runs").glob(f"*/{TRAINING_ARGUMENTS_FILE}")
     recorded = json.loads(recorded_file.read_text())
     assert recorded == {**BASE, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}
     exported = winner_arguments(study)
@@ -290,6 +273,7 @@ def test_base_args_reach_the_real_trainer_and_the_export(tmp_path, cpu, tiny_wor
     assert exported["per_device_train_batch_size"] * exported["gradient_accumulation_steps"] == 16
 
 
+@pytest.mark.slow
 def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
     """push_to_hub, report_to=wandb, checkpoints, evaluation, best-model reload: asked for in --base-args,
     neutralised in every trial (one note), kept in the export. A guard in every interpreter the search

@@ -15,8 +15,6 @@ from autotune.result._loss import LOSS_GROWTH_TOLERANCE, compare_losses, loss_gr
 from autotune.runner import TrialJob, run_isolated
 from autotune.spec.measure import MeasureSettings
 
-pytestmark = pytest.mark.slow
-
 # Eight measured steps after one warm-up step, whatever the step-time CV (a target of 0 is never met).
 EIGHT_STEPS = MeasureSettings(warmup_steps=1, min_steps=8, max_steps=8, max_seconds=60.0, cv_target=0.0)
 # Five steps (one warm-up) whatever the machine's load.
@@ -54,6 +52,7 @@ def plain_trainer_losses(job: TrialJob, steps: int) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
+@pytest.mark.slow
 def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path, tiny_workload):
     job = trial_job(tmp_path, tiny_workload, EIGHT_STEPS)
     result = run_isolated(job, timeout_s=300)
@@ -65,6 +64,7 @@ def test_a_trial_records_the_loss_of_every_step_as_the_trainer_logs_it(tmp_path,
     assert result.loss_curve == pytest.approx(logged, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_a_nan_in_the_weights_is_diverged_though_the_trainer_filters_the_nan_loss(
     tmp_path, tiny_workload, fast_measure
 ):
@@ -77,6 +77,7 @@ def test_a_nan_in_the_weights_is_diverged_though_the_trainer_filters_the_nan_los
     assert result.samples_per_s > 0  # it was measured: a diverged trial keeps its figures, unranked
 
 
+@pytest.mark.slow
 def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, tiny_workload, fast_measure):
     job = trial_job(
         tmp_path, tiny_workload, fast_measure, "PoisonWeightsAtStep", base_args={"logging_nan_inf_filter": False}
@@ -88,6 +89,7 @@ def test_with_the_nan_filter_off_the_nan_loss_is_recorded_at_its_step(tmp_path, 
     assert result.error.startswith("diverged: training loss nan at step 3")
 
 
+@pytest.mark.slow
 def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path, tiny_workload):
     # A real torch.amp.GradScaler finds the injected inf at steps 5 and 6 and skips them (tests/faults.py).
     result = run_isolated(trial_job(tmp_path, tiny_workload, EIGHT_STEPS, "CpuGradScalerOverflow"), timeout_s=300)
@@ -97,6 +99,7 @@ def test_steps_the_grad_scaler_skipped_do_not_count_as_trained_samples(tmp_path,
     assert result.samples_per_s == pytest.approx(8 * 6 / 8 / result.step_time_median_s)
 
 
+@pytest.mark.slow
 def test_with_a_fused_optimizer_the_steps_the_scaler_skipped_are_found_by_its_scale(tmp_path, tiny_workload):
     # A fused AdamW takes the scaler's found_inf and skips inside its kernel; GradScaler.step still calls
     # its step(), so accelerate's step_was_skipped stays False (accelerate#4242). The scale dropping says so.
@@ -107,6 +110,7 @@ def test_with_a_fused_optimizer_the_steps_the_scaler_skipped_are_found_by_its_sc
     assert result.skipped_steps == [5, 6] and result.skipped_measured_steps == 2
 
 
+@pytest.mark.slow
 def test_a_scaler_that_skips_every_step_is_diverged(tmp_path, tiny_workload, fast_measure):
     result = run_isolated(
         trial_job(tmp_path, tiny_workload, fast_measure, "CpuGradScalerOverflowEveryStep"), timeout_s=300
@@ -140,37 +144,53 @@ def test_the_tolerance_flags_growth_beyond_the_default_and_never_a_faster_fall()
     assert compare_losses(default[:2], default) is None  # too few shared steps to compare
 
 
-@pytest.fixture
-def runaway_study(tmp_path, sqlite_url, tiny_workload):
+def open_runaway_study(storage_url: str, work_root: str, bert_tiny, cpu):
     """A study of two configs: the HF default's micro-batch 8 trains normally; micro-batch 16 trains
     with its learning rate raised 10^6-fold (tests/faults.py HugeLearningRateUnlessMicroBatch8)."""
+    from autotune.runner import Workload
     from autotune.space import SearchSpace
     from autotune.storage import open_storage
     from autotune.study import SearchRequest, open_study
 
     request = SearchRequest(
-        workload=tiny_workload(
-            measure=FIVE_STEPS, callbacks=("tests.support.faults:HugeLearningRateUnlessMicroBatch8",)
+        workload=Workload.for_model(
+            bert_tiny,
+            device=cpu,
+            seq_len=32,
+            ceiling_bytes=8 * 1024**3,
+            measure=FIVE_STEPS,
+            callbacks=("tests.support.faults:HugeLearningRateUnlessMicroBatch8",),
         ),
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
-        work_root=str(tmp_path / "runs"),
+        work_root=work_root,
         screen=False,
         prune_ratio=0.0,
     )
-    return open_study(open_storage(sqlite_url), "runaway", request), request
+    return open_study(open_storage(storage_url), "runaway", request), request
 
 
-def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_study, tmp_path):
-    from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
-    from autotune.storage.schema import TRIAL_SEED as SEED_ATTR
+@pytest.fixture(scope="module")
+def runaway_run_in_order(tmp_path_factory, bert_tiny, cpu):
+    """The runaway study after its two trials ran in the search's order: the HF default (a seed)
+    first, then the runaway. Read by the tests of the ranking, the export and the summary."""
     from autotune.study import SearchProgress
     from autotune.study._loop import run_one_trial
+
+    root = tmp_path_factory.mktemp("runaway")
+    study, request = open_runaway_study(f"sqlite:///{root / 'study.db'}", str(root / "runs"), bert_tiny, cpu)
+    for _ in range(2):
+        run_one_trial(study, request, SearchProgress())
+    return study
+
+
+@pytest.mark.slow
+def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_run_in_order, tmp_path):
+    from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
+    from autotune.storage.schema import TRIAL_SEED as SEED_ATTR
     from autotune.views.export import export_winner
     from autotune.views.ranking import study_ranking
 
-    study, request = runaway_study
-    for _ in range(2):
-        run_one_trial(study, request, SearchProgress())
+    study = runaway_run_in_order
     default, runaway = study.get_trials()
     assert default.user_attrs[SEED_ATTR] == HF_DEFAULT and default.params["micro_batch"] == 8
     assert TrialResult.from_trial(default).status == "ok"
@@ -184,12 +204,13 @@ def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_study, t
     assert study.best_trial.number == default.number
 
 
-def test_a_trial_told_before_the_default_ran_is_judged_in_the_ranking(runaway_study):
+@pytest.mark.slow
+def test_a_trial_told_before_the_default_ran_is_judged_in_the_ranking(tmp_path, sqlite_url, bert_tiny, cpu):
     from autotune.study import SearchProgress
     from autotune.study._loop import ask_trial, run_one_trial
     from autotune.views.ranking import study_ranking
 
-    study, request = runaway_study
+    study, request = open_runaway_study(sqlite_url, str(tmp_path / "runs"), bert_tiny, cpu)
     default_trial, runaway_trial = ask_trial(study, request), ask_trial(study, request)
     run_one_trial(study, request, SearchProgress(), trial=runaway_trial)  # no reference yet
     run_one_trial(study, request, SearchProgress(), trial=default_trial)
@@ -199,16 +220,13 @@ def test_a_trial_told_before_the_default_ran_is_judged_in_the_ranking(runaway_st
     assert [r.number for r in study_ranking(study)] == [default_trial.number]
 
 
-def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runaway_study, capsys):
+@pytest.mark.slow
+def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runaway_run_in_order, capsys):
     from rich.console import Console
 
-    from autotune.study import SearchProgress
-    from autotune.study._loop import run_one_trial
     from autotune.views.search_display import print_winner_loss
 
-    study, request = runaway_study
-    for _ in range(2):
-        run_one_trial(study, request, SearchProgress())
+    study = runaway_run_in_order
     default, runaway = study.get_trials()
     own = winner_loss(study.get_trials(), default.number, TrialResult.from_trial(default))
     assert own.describe().startswith(
@@ -232,6 +250,7 @@ def test_the_summary_says_in_words_whether_the_winner_trains_as_the_default(runa
     assert against.curve_text().startswith("loss by step (winner / HF default): ")
 
 
+@pytest.mark.slow
 def test_the_closing_summary_shows_the_winners_loss_beside_the_defaults(searched_study):
     from autotune.result._loss import hf_default_result
     from autotune.storage import load_study

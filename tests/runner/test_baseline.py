@@ -27,6 +27,7 @@ def light_cache(monkeypatch, tmp_path):
     _baseline.cpu_process_baseline_bytes.cache_clear()
 
 
+@pytest.mark.slow
 def test_the_baseline_is_measured_once_and_read_back_from_the_cache(light_cache, monkeypatch, cpu):
     measured = _baseline.cpu_process_baseline_bytes()
     stored = json.loads(light_cache.read_text())[_baseline.installation_key()]
@@ -42,6 +43,7 @@ def test_the_baseline_is_measured_once_and_read_back_from_the_cache(light_cache,
     assert _baseline.cpu_process_baseline_bytes() == measured  # another process of the same installation
 
 
+@pytest.mark.slow
 def test_a_damaged_cache_is_measured_again(light_cache):
     light_cache.parent.mkdir(parents=True)
     light_cache.write_text("{not json")
@@ -49,6 +51,7 @@ def test_a_damaged_cache_is_measured_again(light_cache):
     assert json.loads(light_cache.read_text())[_baseline.installation_key()]["VmRSS"] == measured
 
 
+@pytest.mark.slow
 def test_the_documented_constant_where_it_cannot_be_measured(light_cache, monkeypatch):
     monkeypatch.setattr(_baseline, "TRIAL_PROCESS_IMPORTS", ("autotune_no_such_module",))
     assert _baseline.cpu_process_baseline_bytes() == FALLBACK_CPU_PROCESS_BASELINE_BYTES

@@ -6,15 +6,17 @@ from __future__ import annotations
 import re
 
 import pytest
-from transformers import TrainerCallback
 
 from autotune.errors import AutotuneError
 from autotune.runner import load_callback
 
 
 def test_a_module_and_class_name_loads_the_trainer_callback_class():
-    loaded = load_callback("tests.support.faults:RecordCollectorState")
+    from transformers import TrainerCallback
+
     from tests.support.faults import RecordCollectorState
+
+    loaded = load_callback("tests.support.faults:RecordCollectorState")
 
     assert loaded is RecordCollectorState and issubclass(loaded, TrainerCallback)
 

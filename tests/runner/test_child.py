@@ -8,49 +8,31 @@ import os
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
 
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 
 pytestmark = pytest.mark.slow
 
-SETUP_FILE = "child_setup.json"
-
-
-class RecordChildSetup(TrainerCallback):
-    """Writes what the child's process looks like once training starts, and prints a line."""
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        record = {
-            "pid": os.getpid(),
-            "sid": os.getsid(0),
-            "pgid": os.getpgid(0),
-            "env": {
-                name: os.environ.get(name)
-                for name in ("CUDA_VISIBLE_DEVICES", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-            },
-        }
-        Path(args.output_dir, SETUP_FILE).write_text(json.dumps(record))
-        print("printed by the trial child")
-
 
 def test_the_child_runs_in_its_own_session_with_its_devices_environment_and_logs_its_output(
     tmp_path, tiny_workload, monkeypatch
 ):
+    from tests.support.probes import CHILD_SETUP_FILE
+
     # What the orchestrator's environment holds is not what the child trains under: the workload's settings are.
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
     job = TrialJob(
         workload=tiny_workload(
             allocator_env={"PYTORCH_ALLOC_CONF": "expandable_segments:False"},
-            callbacks=("tests.runner.test_child:RecordChildSetup",),
+            callbacks=("tests.support.probes:RecordChildSetup",),
         ),
         config=TrialConfig(micro_batch=8, pin_memory=False),
         work_dir=str(tmp_path / "trial"),
     )
     result = run_isolated(job, timeout_s=180)
     assert result.status == "ok", result.error
-    record = json.loads(Path(job.work_dir, SETUP_FILE).read_text())
+    record = json.loads(Path(job.work_dir, CHILD_SETUP_FILE).read_text())
     # It leads its own session and process group: killing the group kills its workers, and a
     # Ctrl-C in the terminal reaches only the orchestrator.
     assert record["sid"] == record["pgid"] == record["pid"] != os.getpid()

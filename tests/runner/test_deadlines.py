@@ -71,8 +71,10 @@ def test_the_inductor_cache_is_the_work_roots_shared_by_every_trial_unless_the_u
 
 
 def test_the_compile_timeout_option_is_checked_like_the_trial_timeout(tmp_path):
-    from tests.support.cli import run_cli
+    from tests.support.cli import run_cli_in_process
 
-    result = run_cli("search", "--model", "bert-tiny", "--device", "cpu", "--compile-timeout", "0", cwd=tmp_path)
+    result = run_cli_in_process(
+        "search", "--model", "bert-tiny", "--device", "cpu", "--compile-timeout", "0", cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == "autotune: error: --compile-timeout 0.0: give a number of seconds above 0"

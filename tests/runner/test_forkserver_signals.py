@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.cli import REPO
 
 PROBE = """
@@ -16,6 +18,7 @@ print("alive", "torch" in sys.modules, "transformers" in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_imported_it_survives_ctrl_c_without_importing_torch():
     """Ctrl-C in the seconds the forkserver imports torch printed a 40-60 line traceback before
     autotune's own line; the module ignores SIGINT first. Importing it (and so the runner's face) must

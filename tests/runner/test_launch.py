@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from autotune.runner._launch import ORCHESTRATOR_PID_ENV
 
 
+@pytest.mark.slow
 def test_a_rank_whose_orchestrator_died_kills_its_group():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs: the orchestrator that was SIGKILLed

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from autotune.runner import child_address_space_budget, child_environment
 from autotune.runner._limits import allocator_settings, apply_allocator_env, ranks_environment
 
@@ -67,6 +69,7 @@ def test_the_budget_is_generous_above_the_ceiling_but_never_past_90_percent_of_w
     assert child_address_space_budget(8 * GiB, 10 * GiB) == 9 * GiB  # the host's memory bounds it
 
 
+@pytest.mark.slow
 def test_a_child_over_its_address_space_budget_gets_a_memory_error_not_the_oom_killer():
     completed = subprocess.run(
         [sys.executable, "-c", OVER_THE_BUDGET],

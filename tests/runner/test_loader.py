@@ -69,6 +69,7 @@ def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tin
         assert result.peak_batch.startswith(("worst-case batch", "the measured steps"))
 
 
+@pytest.mark.slow
 def test_synthetic_tokens_need_no_worst_case_step(tmp_path, bert_tiny, cpu, fast_measure):
     job = TrialJob(
         workload=Workload.for_model(bert_tiny, device=cpu, seq_len=32, ceiling_bytes=8 * 1024**3, measure=fast_measure),

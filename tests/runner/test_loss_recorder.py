@@ -14,12 +14,14 @@ from autotune.spec.measure import MeasureSettings
 
 
 def test_finite_weights_are_finite():
+
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     assert weights_are_finite(model)
     assert weights_are_finite(torch.nn.ReLU())  # no parameters at all
 
 
 def test_one_nan_or_inf_anywhere_in_the_weights_is_found():
+
     for poison in (float("nan"), float("inf"), float("-inf")):
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         with torch.no_grad():
@@ -28,6 +30,7 @@ def test_one_nan_or_inf_anywhere_in_the_weights_is_found():
 
 
 def test_half_precision_weights_are_summed_without_overflowing():
+
     # 4096 weights of 60000 each sum to 2.5e8, far past fp16's largest value (65504): summed in fp16
     # they would read as inf; the check sums in fp32.
     model = torch.nn.Linear(64, 64, bias=False).to(torch.float16)

@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from autotune.runner._memory_probe import CpuMemoryProbe
 
@@ -14,6 +15,7 @@ MiB = 1024**2
 GiB = 1024**3
 
 
+@pytest.mark.slow
 def test_cpu_probe_counts_a_child_process():
     """A worker that holds 300 MiB shows up in the tree's peak, not in the trial process's own."""
     probe = CpuMemoryProbe(interval_s=0.02, relist_interval_s=0.1)
@@ -51,6 +53,7 @@ def _unmapped_in_child(queue) -> None:
     queue.put(unmapped_import_file_bytes())
 
 
+@pytest.mark.slow
 def test_a_forkserver_child_counts_the_library_pages_a_fresh_process_maps():
     """The forkserver imported torch; its child maps those library pages only once it touches them."""
     from autotune.runner._pool import forkserver_context

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult, precision_note
 from autotune.runner._precision import (
@@ -42,6 +44,7 @@ _READ_PRECISION = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_transformers_switches_tf32_on_for_fp32_with_compile_and_the_reading_says_so(tmp_path):
     completed = subprocess.run(
         [sys.executable, "-c", _READ_PRECISION, str(tmp_path)],

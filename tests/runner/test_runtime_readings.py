@@ -19,6 +19,7 @@ from autotune.views.export import allocator_note, export_notes
 from autotune.views.ranking import RankedTrial
 
 
+@pytest.mark.slow
 def test_a_bf16_trial_records_the_autocast_it_ran_in_and_its_allocator_settings(tmp_path, tiny_workload, monkeypatch):
     # The workload takes the parent's allocator settings when it is made, and the child trains under
     # them (the forkserver may have started before they were set).

@@ -1,19 +1,21 @@
 """Steady-state step timing: what is excluded, when measurement stops, what is recorded.
 
-No assertion here depends on how fast anything runs: the tests count steps and check rules.
+No assertion here depends on how fast anything runs: the tests count steps and check rules. The
+imports of the timer (a child module) and of torch and transformers are inside the tests: collecting
+this file need not import them.
 """
 
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
 
-from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.measure import MeasureSettings, coefficient_of_variation
-from autotune.spec.models import build_model
+
+if TYPE_CHECKING:
+    from autotune.runner._step_timer import StepTimer
 
 
 class ScriptedCompileClock:
@@ -33,6 +35,8 @@ class ScriptedCompileClock:
 
 def drive(timer: StepTimer, steps: int) -> int:
     """Call the timer as the Trainer does for ``steps`` optimizer steps; return the steps run."""
+    from transformers import TrainerControl, TrainerState
+
     control = TrainerControl()
     state = TrainerState()
     for step in range(steps):
@@ -52,6 +56,8 @@ def test_coefficient_of_variation():
 
 
 def test_warmup_steps_are_excluded_and_a_met_cv_target_stops_at_min_steps():
+    from autotune.runner._step_timer import StepTimer
+
     settings = MeasureSettings(warmup_steps=2, min_steps=5, max_steps=50, max_seconds=1e9, cv_target=10.0)
     timer = StepTimer(settings, synchronize=lambda: None)
     ran = drive(timer, 100)
@@ -64,6 +70,8 @@ def test_warmup_steps_are_excluded_and_a_met_cv_target_stops_at_min_steps():
 
 
 def test_an_unmet_cv_target_measures_until_the_step_budget():
+    from autotune.runner._step_timer import StepTimer
+
     settings = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=6, max_seconds=1e9, cv_target=-1.0)
     timer = StepTimer(settings, synchronize=lambda: None)
     assert drive(timer, 100) == 1 + 6
@@ -73,12 +81,16 @@ def test_an_unmet_cv_target_measures_until_the_step_budget():
 
 
 def test_the_time_budget_stops_measurement():
+    from autotune.runner._step_timer import StepTimer
+
     settings = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=100, max_seconds=0.0, cv_target=-1.0)
     timer = StepTimer(settings, synchronize=lambda: None)
     assert drive(timer, 100) == 2  # one warm-up, then the first measured step spends the budget
 
 
 def test_every_step_is_timed_after_synchronising():
+    from autotune.runner._step_timer import StepTimer
+
     calls = []
     timer = StepTimer(MeasureSettings(warmup_steps=1, min_steps=2, max_steps=2), synchronize=lambda: calls.append(1))
     drive(timer, 10)
@@ -87,6 +99,8 @@ def test_every_step_is_timed_after_synchronising():
 
 
 def test_a_step_that_compiled_is_warmup_not_steady_state():
+    from autotune.runner._step_timer import StepTimer
+
     # The clock is read once at construction, then once per step end: compile during step 4 (call 4).
     clock = ScriptedCompileClock(compile_at_calls={4})
     settings = MeasureSettings(warmup_steps=1, min_steps=5, max_steps=5, max_seconds=1e9, cv_target=-1.0)
@@ -101,6 +115,10 @@ def test_a_step_that_compiled_is_warmup_not_steady_state():
 
 
 def test_dynamo_compile_clock_advances_on_a_real_compile():
+    import torch
+
+    from autotune.runner._step_timer import dynamo_compile_seconds
+
     before = dynamo_compile_seconds()
     compiled = torch.compile(lambda x: x.sin() + 1, backend="eager")  # dynamo only: fast, no C++ build
     compiled(torch.ones(3))
@@ -110,8 +128,15 @@ def test_dynamo_compile_clock_advances_on_a_real_compile():
     assert dynamo_compile_seconds() == after_first  # a cached graph compiles nothing
 
 
+@pytest.mark.slow  # trains a real model
 def test_timer_in_a_real_trainer_counts_optimizer_steps_not_micro_batches(bert_tiny, tmp_path):
     """With gradient accumulation 2, a Trainer of 2 + 3 optimizer steps gives the timer 5 steps."""
+    import torch
+    from transformers import Trainer, TrainerState, TrainingArguments
+
+    from autotune.runner._step_timer import StepTimer
+    from autotune.spec.models import build_model
+
     settings = MeasureSettings(warmup_steps=2, min_steps=3, max_steps=3, max_seconds=1e9, cv_target=-1.0)
     timer = StepTimer(settings, synchronize=lambda: None)
     model = build_model(bert_tiny.hf_config, bert_tiny.task)

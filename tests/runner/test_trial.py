@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
 
 
+@pytest.mark.slow
 def test_a_trial_trains_with_the_collector_as_a_plain_run_has_it(tmp_path, tiny_workload):
     # Skipping the start collection (hiding the import heap with gc.freeze) changed how the measured
     # steps page-faulted and made them slower than a plain run's (docs/benchmarks.md, Isolation).
@@ -25,6 +28,7 @@ def test_a_trial_trains_with_the_collector_as_a_plain_run_has_it(tmp_path, tiny_
     assert record["frozen_at_first_step"] == 0
 
 
+@pytest.mark.slow
 def test_a_losing_trial_stops_after_its_first_timed_step(tmp_path, tiny_workload):
     from autotune.spec.measure import MeasureSettings
 

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autotune.runner._failures import classify_exit
 from autotune.runner._watch import ChildWatch, killed_for_memory, oom_kill_count
 
@@ -23,6 +25,7 @@ WORKER_HOLDING_200_MIB = (
 )
 
 
+@pytest.mark.slow
 def test_the_watch_counts_the_childs_workers_and_keeps_its_last_sample_once_the_child_is_gone():
     child = subprocess.Popen([sys.executable, "-c", WORKER_HOLDING_200_MIB], start_new_session=True)
     watch = ChildWatch(child.pid)

@@ -15,6 +15,7 @@ from autotune.errors import AutotuneError
 from autotune.runner._loader import load_training_dataset
 from autotune.spec.dataset import prepare_dataset
 from autotune.spec.models import resolve_model
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 SEQ_LEN = 16
@@ -162,6 +163,7 @@ def test_the_prepared_copy_is_reused_until_the_source_changes(tmp_path, texts, l
     assert changed.prepared_dir != first.prepared_dir and changed.num_samples == 50
 
 
+@pytest.mark.slow
 def test_dataloader_workers_get_the_same_samples(tmp_path, texts, local_bert):
     description = prepare(write_jsonl(tmp_path / "train.jsonl", texts), local_bert, tmp_path)
     dataset = load_training_dataset(description, local_bert, SEQ_LEN)
@@ -238,3 +240,33 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path, texts
     small = dataclasses.replace(resolve_model(str(bert_dir)), vocab_size=5)
     with pytest.raises(AutotuneError, match="more than the model's vocab_size 5"):
         prepare(write_jsonl(tmp_path / "train.jsonl", texts), small, tmp_path)
+
+
+def test_a_dataset_shorter_than_one_global_batch_stops_before_any_trial(tmp_path):
+    texts = corpus(10)
+    model_dir = make_local_model(tmp_path / "my-model", texts, "bert")
+    write_jsonl(tmp_path / "tiny.jsonl", texts)
+    (tmp_path / "space.yaml").write_text("micro_batch: [8, 16]\n")
+    result = run_cli_in_process(
+        "search",
+        "--model",
+        str(model_dir),
+        "--dataset",
+        "tiny.jsonl",
+        "--global-batch",
+        "16",
+        "--space",
+        "space.yaml",
+        "--storage",
+        f"sqlite:///{tmp_path / 'study.db'}",
+        "--work-dir",
+        "runs",
+        *FAST_SEARCH_ARGS,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "autotune: error: --dataset tiny.jsonl: 10 samples (truncated/padded to 32 tokens) is less than one global "
+        "batch of the search space (16); give more data, or cap the batch with --global-batch / --max-global-batch"
+    )
+    assert not (tmp_path / "study.db").exists() and not list((tmp_path / "runs").glob("trial-*"))

@@ -16,7 +16,7 @@ from autotune.spec.measured_peaks import (
     peaks_file,
     save_calibration,
 )
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_peak_note_says_what_mfu_is_against(cpu):
 
 @pytest.mark.slow
 def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, peaks_path):
-    calibrated = run_cli(
+    calibrated = run_cli_in_process(
         "devices",
         "--calibrate",
         "--device",
@@ -66,6 +66,7 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
         "0.1",
         "--matrix-size",
         "256",
+        cwd=tmp_path,
         env={"AUTOTUNE_PEAKS_FILE": str(peaks_path)},
     )
     assert calibrated.returncode == 0, calibrated.stderr
@@ -76,7 +77,7 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
     assert "*" in calibrated.stdout.split("Devices")[-1]  # the table shows the measured peaks
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    searched = run_cli(
+    searched = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",

@@ -98,13 +98,13 @@ def test_every_catalog_entry_names_its_hub_id_and_answers_to_it():
 def test_estimate_plans_a_catalog_decoder_by_its_hub_id(tmp_path):
     import json
 
-    from tests.support.cli import run_cli
+    from tests.support.cli import run_cli_in_process
 
     args = ("estimate", "--model", "meta-llama/Llama-3.2-1B", "--seq-len", "2048", "--gpu-type", "h100-sxm")
-    table = run_cli(*args, cwd=tmp_path)
+    table = run_cli_in_process(*args, cwd=tmp_path)
     assert table.returncode == 0, table.stderr
     assert [line for line in table.stdout.splitlines() if line.startswith("│")]
-    document = json.loads(run_cli(*args, "--json", cwd=tmp_path).stdout)
+    document = json.loads(run_cli_in_process(*args, "--json", cwd=tmp_path).stdout)
     assert document["rows"]
     fp32 = next(row for row in document["rows"] if row["config"]["dtype"] == "fp32")
     assert fp32["parts_bytes"]["weights"] == 4 * resolve_model("llama-3.2-1b").num_params  # the catalog's model

@@ -17,7 +17,7 @@ from autotune.spec.flops import attention_flops_per_token, model_flops_per_token
 from autotune.spec.peft import PeftSpec, adapter_config_path, quantize_4bit, read_peft_option, with_peft
 from autotune.storage import schema
 from autotune.study import check_identity
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 
 ADAPTER = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["c_attn", "c_proj"]}
 
@@ -212,10 +212,11 @@ def test_the_4bit_path_replaces_every_linear_layer_but_the_head_through_a_fake_b
     assert not isinstance(quantized.get_output_embeddings(), FakeLinear4bit)
 
 
-@pytest.mark.slow
 def test_a_bad_peft_file_is_one_line_through_the_real_cli(tmp_path):
     path = _file(tmp_path, '{"r": 0}')
-    done = run_cli("search", "--model", "gpt2-tiny", "--device", "cpu", "--peft", path, "--trials", "1", cwd=tmp_path)
+    done = run_cli_in_process(
+        "search", "--model", "gpt2-tiny", "--device", "cpu", "--peft", path, "--trials", "1", cwd=tmp_path
+    )
     assert done.returncode == 2
     assert (
         done.stderr.strip()
@@ -229,8 +230,6 @@ def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dt
     short table keeps weight dtypes apart, one row per setting even where a fixed global batch ties
     accumulation to the micro-batch (seen on an H200: rows per micro-batch, weights=bf16 unlabelled)."""
     import json
-
-    from tests.support.cli import run_cli_in_process
 
     space = tmp_path / "space.yaml"
     space.write_text(

@@ -103,6 +103,7 @@ def _dashboard_responses(storage: str, cwd: Path) -> tuple[str, list[bytes]]:
     return printed, bodies
 
 
+@pytest.mark.slow
 def test_no_secret_is_stored_or_shown_anywhere_a_search_leaves_something(tmp_path):
     """Secrets in the storage URL's query (``password``, ``sslpassword``), in HF_TOKEN (where the refusal
     of ``hub_token`` sends the user) and in a refused ``hub_token``: none of them in any output, any file

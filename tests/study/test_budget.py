@@ -6,7 +6,7 @@ The GPU LoRA study of docs/benchmarks.md ("First GPU run": qwen2.5-0.5b, LoRA, s
 batch 16, a 16 GiB ceiling on an H200) is rebuilt here without a GPU: the H200 is a fake
 (``FAKE_H200``, a DeviceSpec with no device behind it) and its trials are answered by
 :class:`ModelledLoRARunner`, a model of what that study measured, through the real search
-(``autotune.study.search``: seeds, screening, the sampler, the budget), as ``scripts/bench_search``
+(``autotune.study.search``: seeds, screening, the sampler, the budget), as ``benchmarks/bench_search``
 replays its grids.
 """
 

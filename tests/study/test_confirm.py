@@ -20,7 +20,7 @@ from autotune.study._confirm import (
     summarise,
 )
 from autotune.views.ranking import describe_confirmation, describe_winner, feasible_ranking, study_ranking
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 
 GiB = 1024**3
 
@@ -162,7 +162,7 @@ def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
 @pytest.mark.slow
 def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    searched = run_cli(
+    searched = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",
@@ -202,7 +202,7 @@ def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_pa
     assert "winner: #" in searched.stdout and "interleaved re-runs" in searched.stdout
     for record in confirmed.values():
         assert record["repeats"] == 2 and len(record["runs_samples_per_s"]) == 2 and record["samples_per_s"] > 0
-    exported = run_cli("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
+    exported = run_cli_in_process("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     winner = study_ranking(study)[0]
     assert f"trial #{winner.number}" in exported.stdout and str(winner.number) in confirmed

@@ -17,7 +17,7 @@ from autotune.space import SearchSpace
 from autotune.storage import open_storage
 from autotune.study import SearchProgress, SearchRequest, open_study
 from autotune.study._loop import ask_trial, run_one_trial
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 
 GiB = 1024**3
 # Loss of every step (one warm-up step): the HF default falls; micro-batch 16 runs away, 10x at the end.
@@ -108,12 +108,12 @@ def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, t
     assert f"### Winner: trial {default}" in note and "diverged 1" in note
 
 
-def test_autotune_best_names_the_hf_default(told_before_the_default):
+def test_autotune_best_names_the_hf_default(told_before_the_default, tmp_path):
     study, url, default, runaway = told_before_the_default
-    shown = run_cli("best", "--storage", url, "--study-name", study.study_name)
+    shown = run_cli_in_process("best", "--storage", url, "--study-name", study.study_name, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert f"winner: #{default} at 10.0 samples/s" in shown.stdout
-    everything = run_cli("best", "--storage", url, "--study-name", study.study_name, "--all")
+    everything = run_cli_in_process("best", "--storage", url, "--study-name", study.study_name, "--all", cwd=tmp_path)
     cells = [[cell.strip() for cell in line.split("│")[1:3]] for line in everything.stdout.splitlines() if "│" in line]
     assert [str(runaway), "diverged"] in cells and [str(default), "ok"] in cells
 

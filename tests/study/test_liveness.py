@@ -57,6 +57,7 @@ def test_mark_owner_names_this_worker_and_records_a_first_heartbeat(study, tmp_p
     assert trials_with_a_heartbeat(tmp_path) == {trial._trial_id}
 
 
+@pytest.mark.slow
 def test_recover_orphans_fails_a_dead_workers_trial_and_queues_its_config_once(study, dead_worker):
     orphan = asked_by(study, dead_worker)
     params = orphan.params
@@ -70,6 +71,7 @@ def test_recover_orphans_fails_a_dead_workers_trial_and_queues_its_config_once(s
     assert recover_orphans(study) == []  # once: the queued copy is not an orphan
 
 
+@pytest.mark.slow
 def test_recover_orphans_leaves_live_and_unseeable_workers_trials_alone(study, dead_worker):
     mine = study.ask(DISTRIBUTIONS)
     mark_owner(study, mine)  # this process: alive
@@ -87,6 +89,7 @@ def test_recover_orphans_leaves_live_and_unseeable_workers_trials_alone(study, d
     assert running == {mine.number, elsewhere.number, other_namespace.number, copy.number}
 
 
+@pytest.mark.slow
 def test_interrupt_own_running_records_only_this_workers_trials_and_queues_them_again(study, dead_worker):
     mine = study.ask(DISTRIBUTIONS)
     mark_owner(study, mine)

@@ -17,7 +17,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from autotune.study._loop import DONE, START, WAIT, cap_decision
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 from tests.support.search_workers import runs_by_trial
 
 TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
@@ -85,7 +85,7 @@ def _search_args(storage: str, runs: Path, *extra: str) -> list[str]:
 def test_cpu_workers_run_trials_at_once_up_to_the_study_wide_cap(storage_url, tmp_path):
     runs = tmp_path / "runs"
     # A cap of 2 for 2 workers: both start at once below it, and the first to finish must not start a third.
-    completed = run_cli(
+    completed = run_cli_in_process(
         *_search_args(storage_url, runs, "--workers", "2", "--trials", "10", "--max-total-trials", "2"), cwd=tmp_path
     )
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Distinct proposals, the end of a finite space, and --patience (autotune.study._proposals in the real loop).
 
 The loop tests drive the real study loop (``run_search``: ask, screening, tell, Optuna's storage
-and samplers) with a lookup table as the trial runner, as ``scripts/bench_search.py`` does: they
+and samplers) with a lookup table as the trial runner, as ``benchmarks/bench_search`` does: they
 test which configs the loop asks for and when it stops, not what a trial measures. A real search
 with real children is in ``test_exhaust_cli`` below.
 """
@@ -30,7 +30,7 @@ from autotune.study._proposals import (
     trials_since_improvement,
 )
 from autotune.views.ranking import describe_distinct
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
 
 GiB = 1024**3
 FOUR_CONFIGS = 'micro_batch: [8]\ngrad_accum: [1]\ncheckpointing: [false]\ndtype: [bf16, fp32]\noptim: [adamw_torch]\npin_memory: [false]\ncompile: ["off", inductor]\n'
@@ -238,7 +238,7 @@ def test_patience_stops_a_search_that_no_longer_improves(tmp_path, cpu, bert_tin
 
 
 def test_patience_must_be_positive(tmp_path):
-    result = run_cli("search", "--model", "bert-tiny", "--device", "cpu", "--patience", "0", cwd=tmp_path)
+    result = run_cli_in_process("search", "--model", "bert-tiny", "--device", "cpu", "--patience", "0", cwd=tmp_path)
     assert result.returncode != 0
     assert "autotune: error: --patience 0" in result.stderr and "Traceback" not in result.stderr
 
@@ -252,7 +252,7 @@ def test_exhaust_cli(tmp_path):
         "micro_batch: [8]\ngrad_accum: [1]\ncheckpointing: [false]\ndtype: [bf16, fp32]\noptim: [adamw_torch, adafactor]\npin_memory: [false]\n"
     )
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
-    result = run_cli(
+    result = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",
@@ -275,7 +275,7 @@ def test_exhaust_cli(tmp_path):
     assert len(measured) == 4 and len({tuple(sorted(t.params.items())) for t in measured}) == 4
     assert "search done: every config of the space has been measured or screened (4 of 4)" in result.stdout
     assert "4 trials measured or screened 4 distinct configs" in result.stdout
-    shown = run_cli("best", "--storage", storage, "--all", cwd=tmp_path)
+    shown = run_cli_in_process("best", "--storage", storage, "--all", cwd=tmp_path)
     assert shown.returncode == 0 and "4 distinct configs" in shown.stdout
 
 

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.spec.measure import MeasureSettings
-from tests.support.cli import REPO, run_cli
+from tests.support.cli import REPO, run_cli_in_process
 
 GiB = 1024**3
 
@@ -99,7 +99,7 @@ def test_with_ratio_zero_the_same_trial_runs_to_the_end(study_and_request):
 
 
 def test_the_cli_refuses_a_ratio_outside_0_to_1(tmp_path):
-    out = run_cli(
+    out = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",

@@ -154,6 +154,7 @@ def test_configs_predicted_not_to_fit_are_recorded_and_never_run(loop):
         _ = study.best_trial  # Optuna agrees: nothing feasible
 
 
+@pytest.mark.slow
 def test_with_screening_off_every_config_runs(loop):
     import dataclasses
 
@@ -167,6 +168,7 @@ def test_with_screening_off_every_config_runs(loop):
     assert len(runs()) == 1
 
 
+@pytest.mark.slow
 def test_a_real_oom_screens_the_larger_micro_batch_without_running_it(loop):
     from autotune.study import SearchBudget
     from autotune.study._loop import run_search

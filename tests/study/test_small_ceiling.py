@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.support.cli import REPO, run_cli
+from tests.support.cli import run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
     for micro_batch in (*HUGE, 8):
         seeded.enqueue_trial({"micro_batch": micro_batch})
 
-    search = run_cli(
+    search = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",
@@ -59,7 +59,6 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
         "--callback",
         "tests.support.faults:RecordAddressSpaceLimit",
         cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO)},
     )
     assert search.returncode == 0, search.stderr
     assert "Traceback" not in search.stdout + search.stderr
@@ -84,13 +83,13 @@ def test_search_with_batches_beyond_a_small_ceiling_exports_a_feasible_winner(tm
     assert record["limit_bytes"] is not None
     assert 0 < record["limit_bytes"] - record["vms_bytes"] <= CEILING_BYTES + 2 * 1024**3
 
-    listing = run_cli("best", "--all", "--storage", url, "--study-name", STUDY, cwd=tmp_path)
+    listing = run_cli_in_process("best", "--all", "--storage", url, "--study-name", STUDY, cwd=tmp_path)
     assert listing.returncode == 0
     for micro_batch in HUGE:
         status = TrialResult.from_trial(by_batch[micro_batch]).status
         assert any(f"mb={micro_batch}" in line and status in line for line in listing.stdout.splitlines())
 
-    exported = run_cli(
+    exported = run_cli_in_process(
         "export", "--storage", url, "--study-name", STUDY, "--out", str(tmp_path / "best.json"), cwd=tmp_path
     )
     assert exported.returncode == 0, exported.stderr

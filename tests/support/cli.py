@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +32,19 @@ def run_cli(
 def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real command line's entry point (``autotune.cli.main``) in this process.
 
-    For the long tables of inputs refused before any trial (tests/test_bad_input.py): a fresh
-    interpreter per case spends 10-40 s importing torch and transformers before the one check the
-    case is about, and the suite has a time limit. Everything after the import is what a user's
-    process does: the same ``main``, its exit status, its stdout and stderr. ``run_cli`` (a real
-    subprocess) stays the way every other test runs the command, including the tests of one-line
-    errors in tests/test_cli_errors.py.
+    For the readers of a study (``best``, ``export``, ``report``), ``estimate``, ``devices``, the
+    inputs a search refuses up front, and searches whose test is about what they record. A fresh
+    interpreter per call spends 5-30 s importing torch and transformers before the work the test is
+    about, and a search's own forkserver imports them again; here they are imported once per test
+    process, and a search's trials start from this process's forkserver (started once, reused).
+    Everything after the import is what a user's process does: the same ``main``, its exit status,
+    its stdout and stderr, printed by consoles made for this call as the process makes them at its
+    start (so ``COLUMNS`` and ``env`` apply); the signal handlers a search installs are put back.
+
+    ``run_cli`` (a real subprocess) stays the way to run a command whose behaviour is about processes
+    (signals, a crash, a server, several workers), a search whose trials must see ``env`` (a forkserver
+    already running keeps the environment it started with), and, in tests/e2e/ and
+    tests/test_cli_errors.py, the real ``python -m autotune`` a user runs.
 
     An exception escaping ``main`` is returned as exit 1 with its traceback on stderr, as a process
     would end, so a test of "no traceback" fails on it.
@@ -51,22 +59,29 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
     stdout, stderr = io.StringIO(), io.StringIO()
     returncode = 0
     previous_dir = os.getcwd()
+    previous_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     with (
         mock.patch.dict(os.environ, {"COLUMNS": "200", **(env or {})}),
         mock.patch.object(sys, "argv", ["autotune", *args]),
         contextlib.redirect_stdout(stdout),
         contextlib.redirect_stderr(stderr),
     ):
-        os.chdir(cwd)
-        try:
-            cli.main()
-        except SystemExit as exit_:
-            returncode = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:  # noqa: BLE001 - reported as a crashed process would be
-            traceback.print_exc(file=stderr)
-            returncode = 1
-        finally:
-            os.chdir(previous_dir)
+        with (
+            mock.patch.object(cli, "console", cli._console()),
+            mock.patch.object(cli, "err_console", cli._console(stderr=True)),
+        ):
+            os.chdir(cwd)
+            try:
+                cli.main()
+            except SystemExit as exit_:
+                returncode = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            except BaseException:  # noqa: BLE001 - reported as a crashed process would be
+                traceback.print_exc(file=stderr)
+                returncode = 1
+            finally:
+                os.chdir(previous_dir)
+                for sig, handler in previous_handlers.items():
+                    signal.signal(sig, handler)
     return subprocess.CompletedProcess(["autotune", *args], returncode, stdout.getvalue(), stderr.getvalue())
 
 

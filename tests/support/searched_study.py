@@ -1,10 +1,11 @@
 """One real study for the tests of what people look at (dashboard, report, export formats).
 
 Built once per test run, whatever the number of xdist workers (the ``searched_study`` fixture in
-conftest.py, through ``shared_searched_study``): a real ``autotune
-search`` through the CLI, then one more trial of the same study, of a config not measured yet, that
-really runs out of memory: its child gets a 64 MiB address-space budget (the limit a CPU search
-sets, only tighter).
+conftest.py, through ``shared_searched_study``): a real ``autotune search`` through the command
+line's entry point, in the test process that first asks (its trials are real children of that
+process's forkserver; tests/e2e/test_search_e2e.py resumes the study with ``python -m autotune``),
+then one more trial of the same study, of a config not measured yet, that really runs out of
+memory: its child gets a 64 MiB address-space budget (the limit a CPU search sets, only tighter).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pickle
 import subprocess
 from pathlib import Path
 
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 
 SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
 STUDY_NAME = "bert-tiny-cpu-s32"  # autotune.study.default_study_name("bert-tiny", cpu, 32)
@@ -59,7 +60,7 @@ def shared_searched_study(root: Path) -> SearchedStudy:
 
 def make_searched_study(workdir: Path) -> SearchedStudy:
     storage = f"sqlite:///{workdir / 'autotune.db'}"
-    search = run_cli(
+    search = run_cli_in_process(
         "search",
         "--model",
         "bert-tiny",

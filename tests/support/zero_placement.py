@@ -1,6 +1,6 @@
 """Where DeepSpeed put each ZeRO state, read inside a trial (a ``--callback`` class, one file per rank).
 
-Used by tests/e2e/test_zero_e2e.py and by scripts/bench_zero.py (its 2-rank placement figures). On
+Used by tests/e2e/test_zero_e2e.py and by benchmarks/bench_zero.py (its 2-rank placement figures). On
 the CPU device and host are the same RAM, so what is checked is what DeepSpeed itself says: its ZeRO
 optimizer class, its offload flags, the optimizer that steps the partitions (its CPU Adam under
 offload) and the bytes of each partition this rank holds.

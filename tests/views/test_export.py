@@ -5,13 +5,16 @@ from __future__ import annotations
 import ast
 import json
 import shlex
+from typing import TYPE_CHECKING
 
 import pytest
-from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.levers import TrialConfig, training_arguments_kwargs
 from autotune.views.export import render
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 # Arguments a user fixes with --base-args, of every value kind the formats must carry.
 BASE_ARGS = {
@@ -60,12 +63,16 @@ def assert_parsed_as(parsed: object, kwargs: dict) -> None:
 
 
 def assert_same_training_arguments(args: TrainingArguments, kwargs: dict, output_dir: str) -> None:
+    from transformers import TrainingArguments
+
     assert isinstance(args, TrainingArguments)
     assert args.to_dict() == TrainingArguments(output_dir=output_dir, **kwargs).to_dict()
 
 
 @pytest.mark.parametrize(("config", "device_kind"), CONFIGS, ids=IDS)
 def test_cli_flags_parse_back_to_the_same_arguments(config, device_kind, tmp_path):
+    from transformers import HfArgumentParser, TrainingArguments
+
     kwargs = training_arguments_kwargs(config, device_kind, BASE_ARGS)
     tokens = shlex.split(render(kwargs, "cli"))
     parser = HfArgumentParser(TrainingArguments)
@@ -127,11 +134,13 @@ def test_accelerate_config_loads_and_launches_with_the_same_precision_and_compil
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["json", "cli", "python", "accelerate"])
 def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_study, tmp_path):
+    from transformers import HfArgumentParser, TrainingArguments
+
     from autotune.storage import load_study
     from autotune.views.export import DEFAULT_OUT, winner_arguments
 
     out = tmp_path / DEFAULT_OUT[fmt]
-    shown = run_cli(
+    shown = run_cli_in_process(
         "export", "--format", fmt, "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir
     )
     assert shown.returncode == 0, shown.stderr
@@ -164,12 +173,14 @@ def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_stud
 
 @pytest.mark.slow
 def test_export_to_standard_output_and_an_unknown_format(searched_study):
-    shown = run_cli(
+    shown = run_cli_in_process(
         "export", "--format", "cli", "--out", "-", "--storage", searched_study.storage, cwd=searched_study.workdir
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("--") and shown.stdout.count("\n") == 1  # nothing but the flags
-    wrong = run_cli("export", "--format", "yaml", "--storage", searched_study.storage, cwd=searched_study.workdir)
+    wrong = run_cli_in_process(
+        "export", "--format", "yaml", "--storage", searched_study.storage, cwd=searched_study.workdir
+    )
     assert wrong.returncode == 2
     assert wrong.stderr.count("\n") == 1 and "choose one of json, cli, python, accelerate" in wrong.stderr
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -37,7 +37,9 @@ def test_pareto_front_keeps_only_configs_no_other_beats_on_memory_and_speed():
 @pytest.fixture(scope="module")
 def report_file(searched_study, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
-    shown = run_cli("report", "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir)
+    shown = run_cli_in_process(
+        "report", "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir
+    )
     assert shown.returncode == 0, shown.stderr
     assert f"wrote {out}" in shown.stdout
     return out

@@ -14,13 +14,13 @@
 
 Goals (docs/benchmarks.md): samples/s within 5 %, peak memory within 10 %.
 
-    python scripts/bench_fidelity.py --model bert-mini --seq-len 128 --trials 6
+    python -m benchmarks.bench_fidelity --model bert-mini --seq-len 128 --trials 6
 
 The LoRA case (``--peft lora`` or an adapter config file): the search trains adapters in every
 trial, the export writes ``best.adapter_config.json`` beside ``best.json``, and the plain loop wraps
 its model with ``peft.get_peft_model(model, LoraConfig(**json.load(...)))`` as the export's note says.
 
-    python scripts/bench_fidelity.py --model gpt2-tiny --seq-len 64 --peft lora --trials 3
+    python -m benchmarks.bench_fidelity --model gpt2-tiny --seq-len 64 --peft lora --trials 3
 """
 
 from __future__ import annotations
@@ -273,18 +273,17 @@ def main() -> None:
             options.plain, options.model, options.seq_len, 3, options.plain_steps, options.weight_dtype
         )
         if os.environ.get("RANK", "0") == "0":
-            from _bench_common import PLAIN_RESULT_MARK
+            from benchmarks._common import PLAIN_RESULT_MARK
 
             print(PLAIN_RESULT_MARK + json.dumps(measured), flush=True)
         return
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import statistics
 
     import optuna
-    from _bench_common import load_average, run_plain_trainer
 
     from autotune.views.ranking import study_ranking
+    from benchmarks._common import load_average, run_plain_trainer
 
     print(load_average())
     root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-fidelity-"))

@@ -3,8 +3,8 @@
 # "Time to the answer"). Each tree is a fresh clone; in turn, interleaved (BASE, HEAD): `bash scripts/demo.sh`
 # (install included, its own .venv), then the README's CPU command on the default space. Every step's wall
 # time and the load average before and after go to OUT/times.tsv; the share of wall time in measured steps is
-# read from each study by scripts/bench_time_share.py.
-#   bash scripts/bench_time_to_answer.sh BASE_REV [OUT]
+# read from each study by benchmarks/bench_time_share.py.
+#   bash benchmarks/bench_time_to_answer.sh BASE_REV [OUT]
 set -euo pipefail
 BASE_REV="$1"
 OUT="${2:-/tmp/bench-time-to-answer}"

@@ -7,25 +7,21 @@ steps it shares with the HF default trial is compared the way the search compare
 (``autotune.result._loss.compare_losses``). Healthy configs vary the dtype, optimizer, batch shape,
 checkpointing and compilation; the diverging ones raise the learning rate.
 
-    python scripts/bench_loss_spread.py --model bert-tiny --seq-len 32 [--compile] [--out spread.json]
+    python -m benchmarks.bench_loss_spread --model bert-tiny --seq-len 32 [--compile] [--out spread.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _bench_common import load_average
 
 from autotune.levers import TrialConfig
 from autotune.result._loss import LOSS_GROWTH_TOLERANCE, compare_losses
 from autotune.runner import TrialJob, Workload, run_isolated
 from autotune.study._seeds import default_config
+from benchmarks._common import load_average
 
 # (label, knobs changed from the HF default, base args, expected healthy; None: depends on the model)
 CASES: list[tuple[str, dict, dict, bool | None]] = [

@@ -1,6 +1,6 @@
 """bf16 against fp32 on this CPU: what `autotune devices` calls emulated, measured (docs/facts.md).
 
-``python scripts/bench_dtype_hardware.py [--rounds 2]``: a 1024^3 matmul for 3 s in fp32, in bf16, and
+``python -m benchmarks.bench_dtype_hardware [--rounds 2]``: a 1024^3 matmul for 3 s in fp32, in bf16, and
 in fp32 under bf16 autocast; then bert-tiny at seq len 128 through autotune's runner (a fresh child each,
 short measurement) at micro-batches 8 and 64 in fp32 and bf16, interleaved, with the load average.
 """

@@ -13,7 +13,7 @@ runner (autotune.runner.run_isolated), steady-state samples/s of:
 and, with synthetic data, gradient accumulation 1 vs 4 at one micro-batch (what the optimizer step
 costs per sample). It also times what a trial child spends loading the prepared dataset.
 
-    python scripts/bench_dataset.py --seq-len 128 --micro-batch 32 --rounds 2
+    python -m benchmarks.bench_dataset --seq-len 128 --micro-batch 32 --rounds 2
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ import dataclasses
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _bench_common import load_average
 
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, Workload, run_isolated
@@ -38,6 +33,7 @@ from autotune.runner._loader import load_training_dataset
 from autotune.spec.dataset import PreparedDataset, prepare_dataset
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import resolve_model
+from benchmarks._common import load_average
 
 
 def make_model_dir(root: Path, documents: list[str]) -> Path:

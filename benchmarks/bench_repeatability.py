@@ -14,7 +14,7 @@ on the same machine in the same minutes. With ``--matmul-seconds`` above 0 (defa
 also followed by a fixed matmul loop with no training at all, whose GFLOP/s show how steady the
 machine's raw compute is from one run to the next.
 
-    python scripts/bench_repeatability.py --model bert-mini --seq-len 128 --micro-batch 16 --runs 5
+    python -m benchmarks.bench_repeatability --model bert-mini --seq-len 128 --micro-batch 16 --runs 5
 """
 
 from __future__ import annotations
@@ -23,18 +23,13 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _bench_common import cv, load_average, run_plain_trainer
-
 from autotune.levers import TrialConfig, training_arguments_kwargs
-from autotune.runner import TrialJob, Workload, run_isolated
+from autotune.runner import TrialJob, Workload, measure_matmul_peak, run_isolated
 from autotune.spec.measure import MeasureSettings
-from autotune.spec.measured_peaks import measure_matmul_peak
+from benchmarks._common import cv, load_average, run_plain_trainer
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ its offload flags and the bytes of the partitions it holds, printed against the 
 ``host_bytes``. On the CPU device and host are the same RAM: offload cannot show a memory saving
 here, only its cost and its placement (docs/benchmarks.md, "ZeRO and several ranks").
 
-    python scripts/bench_zero.py --model bert-small --seq-len 32 --micro-batch 2 --ranks 2 1
+    python -m benchmarks.bench_zero --model bert-small --seq-len 32 --micro-batch 2 --ranks 2 1
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -85,7 +84,6 @@ def table(rows: list[Row]) -> str:
 
 def placement_table(rows: list[Row]) -> str:
     """Where DeepSpeed says each rank's states are, against the estimator's host bytes."""
-    sys.path.insert(0, str(REPO))
     from tests.support.zero_placement import offloaded_bytes
 
     lines = [
@@ -156,9 +154,7 @@ def main() -> None:
     parser.add_argument("--json", help="Also write the rows here.")
     options = parser.parse_args()
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(REPO))  # the ranks import the placement callback from tests/support
-    from _bench_common import load_average
+    from benchmarks._common import load_average
 
     root = Path(tempfile.mkdtemp(prefix="bench-zero-"))
     print(

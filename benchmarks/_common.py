@@ -1,7 +1,8 @@
-"""Helpers shared by the benchmark scripts in this directory (not part of the autotune package).
+"""Helpers shared by the benchmarks (not part of the autotune package).
 
-Trial children import this module by name (``_bench_common:FirstStepClock``): the scripts run with
-this directory first on ``sys.path``, and multiprocessing hands that path to its children.
+Trial children import this module by name (``benchmarks._common:FirstStepClock``): a benchmark runs
+as ``python -m benchmarks.<name>`` from the repository root, which puts the root on ``sys.path``, and
+multiprocessing (and autotune's launcher of several ranks) hands that path to the children.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+REPO = Path(__file__).resolve().parent.parent
 FIRST_STEP_FILE = "first_step_monotonic"
 PLAIN_RESULT_MARK = "plain-trainer-result: "  # the plain run's result line (torchrun's own lines surround it)
 
@@ -36,16 +38,16 @@ class FirstStepClock(TrainerCallback):
 def plain_trainer_command(
     args_file: Path, model: str, seq_len: int, steps: int, ranks: int, weight_dtype: str = "fp32"
 ) -> list[str]:
-    """The fresh process that trains ``args_file`` in a plain Trainer loop (``bench_fidelity.py --plain``):
+    """The fresh process that trains ``args_file`` in a plain Trainer loop (``benchmarks.bench_fidelity --plain``):
     the user's own launch, ``torchrun --nproc-per-node N`` (``--standalone``: a free port), where the
     export spans several ranks or names a DeepSpeed config (DeepSpeed needs the launcher's
     rendezvous variables even on one rank); else one interpreter."""
     import json
     import sys
 
-    fidelity = Path(__file__).resolve().parent / "bench_fidelity.py"
     script = [
-        str(fidelity),
+        "-m",
+        "benchmarks.bench_fidelity",
         "--plain",
         str(Path(args_file).resolve()),
         "--model",
@@ -59,7 +61,9 @@ def plain_trainer_command(
     ]
     if ranks == 1 and "deepspeed" not in json.loads(Path(args_file).read_text()):
         return [sys.executable, *script]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *script]
+    # torchrun runs it as `python -m` does with its --module flag (torch/distributed/run.py).
+    module = ["--module", *script[1:]]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *module]
 
 
 def run_plain_trainer(
@@ -69,10 +73,15 @@ def run_plain_trainer(
     export's relative paths point) and return what it measured (the JSON its result line holds).
     ``weight_dtype``: the winner's, which the export's note says to build the model in."""
     import json
+    import os
     import subprocess
 
     command = plain_trainer_command(args_file, model, seq_len, steps, ranks, weight_dtype)
-    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(args_file).parent)
+    # It runs from the export's directory: the repository root, where ``benchmarks`` is, goes on its path.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=Path(args_file).parent, env={**os.environ, "PYTHONPATH": path}
+    )
     if done.returncode != 0:
         raise SystemExit(f"plain Trainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]

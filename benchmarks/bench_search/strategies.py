@@ -30,7 +30,7 @@ from autotune.spec.devices import DeviceSpec
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import ModelSpec
 from autotune.study import SearchBudget, SearchHooks, SearchProgress, SearchRequest, open_study, search
-from bench_search.grid import BENCH_MEASURE, Grid, fits_under
+from benchmarks.bench_search.grid import BENCH_MEASURE, Grid, fits_under
 
 TARGET_FRACTION = 0.98
 # Random orders behind the random row's median (cheap: no search runs).

@@ -9,7 +9,7 @@ both alike. The forkserver itself starts once per search; its first trial is rep
 
 Goal (docs/benchmarks.md): forkserver <= 0.2 s per trial, against about 5 s for a spawned interpreter.
 
-    python scripts/bench_isolation.py --trials 5
+    python -m benchmarks.bench_isolation --trials 5
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import argparse
 import dataclasses
 import multiprocessing
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _bench_common, for this process and its children
-
-from _bench_common import load_average, read_first_step
 
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
@@ -33,6 +28,7 @@ from autotune.runner._child import child_main
 from autotune.runner._job import TrialJob, Workload
 from autotune.runner._pool import forkserver_context
 from autotune.spec.measure import MeasureSettings
+from benchmarks._common import load_average, read_first_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +92,7 @@ def main() -> None:
             seq_len=options.seq_len,
             ceiling_bytes=8 * 1024**3,
             measure=MeasureSettings(warmup_steps=1, min_steps=1, max_steps=1),
-            callbacks=("_bench_common:FirstStepClock",),
+            callbacks=("benchmarks._common:FirstStepClock",),
         ),
         config=TrialConfig(micro_batch=8),
         work_dir=str(root / "first"),

@@ -19,8 +19,8 @@ from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 from autotune.study import default_config
 from autotune.units import format_bytes
-from bench_search.batch_recorder import BATCH_FILE
-from bench_search.grid import BENCH_MEASURE
+from benchmarks.bench_search.batch_recorder import BATCH_FILE
+from benchmarks.bench_search.grid import BENCH_MEASURE
 
 
 def side_by_side(
@@ -63,7 +63,7 @@ def side_by_side(
                     measure=BENCH_MEASURE,
                     base_args=base_args,
                     address_space_bytes=budget,
-                    callbacks=("bench_search.batch_recorder:TrainBatchSizeRecorder",),
+                    callbacks=("benchmarks.bench_search.batch_recorder:TrainBatchSizeRecorder",),
                 ),
                 config=config,
                 work_dir=str(work_dir),

@@ -1,6 +1,6 @@
 """The share of a search's wall time spent in measured steps of trials that were not pruned, read from its study.
 
-``python scripts/bench_time_share.py STORAGE_URL WALL_S`` (``scripts/bench_time_to_answer.sh`` passes each
+``python -m benchmarks.bench_time_share STORAGE_URL WALL_S`` (``benchmarks/bench_time_to_answer.sh`` passes each
 run's study and wall time). Works on studies of any autotune version: a trial's measured seconds are its
 ``measured_s`` where recorded, else its measured steps times its median step (older results record no sum).
 Screened trials, pruned trials and repeats answered from the record measured nothing that ranks.

@@ -14,7 +14,7 @@ a long tail past --seq-len, as web and instruction text have). Then:
    default attention) and the winner, plus each padding lever alone;
 3. prints samples/s and real (non-padding) tokens/s of each, the median over the rounds.
 
-    python scripts/bench_realdata.py --seq-len 256 --trials 8 --rounds 2
+    python -m benchmarks.bench_realdata --seq-len 256 --trials 8 --rounds 2
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _bench_common import load_average
-from bench_dataset import generated_documents, train_tokenizer
-
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, Workload, run_isolated
 from autotune.spec.dataset import prepare_dataset
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import resolve_model
+from benchmarks._common import load_average
+from benchmarks.bench_dataset import generated_documents, train_tokenizer
 
 LEVERS_SPACE = """\
 micro_batch: [8]

@@ -1,9 +1,9 @@
 """Early stop and the budget, replayed on the three measured grids: one source tree's search against another's.
 
-``python scripts/bench_prune_replay.py --tree DIR`` runs the search of the autotune source tree at
+``python -m benchmarks.bench_prune_replay --tree DIR`` runs the search of the autotune source tree at
 DIR (this one by default: give a second worktree at another commit to compare) on each grid of
 docs/benchmarks.md, "Search efficiency", over 20 seeds, with the grid lookup as its trial runner
-(``scripts/bench_search``: nothing trains), and prints per grid:
+(``benchmarks/bench_search``: nothing trains), and prints per grid:
 
 * to the target: runs and wall time until the best reaches 98 % of the oracle (with and without
   the seed trials), as the search benchmark's table counts them;
@@ -27,9 +27,14 @@ import sys
 from pathlib import Path
 
 GRIDS = (  # (grid, model, space, ceiling): the commands of docs/benchmarks.md
-    ("docs/bench_grid_cpu.json", "bert-mini", "scripts/bench_search_space.yaml", "1.25GiB"),
-    ("docs/bench_grid_gpt2_cpu.json", "gpt2-tiny", "scripts/bench_search_space_gpt2.yaml", "1.6GiB"),
-    ("docs/bench_grid_llama_cpu.json", "llama-tiny", "scripts/bench_search_space_llama.yaml", "980MiB"),
+    ("benchmarks/data/bench_grid_cpu.json", "bert-mini", "benchmarks/data/bench_search_space.yaml", "1.25GiB"),
+    ("benchmarks/data/bench_grid_gpt2_cpu.json", "gpt2-tiny", "benchmarks/data/bench_search_space_gpt2.yaml", "1.6GiB"),
+    (
+        "benchmarks/data/bench_grid_llama_cpu.json",
+        "llama-tiny",
+        "benchmarks/data/bench_search_space_llama.yaml",
+        "980MiB",
+    ),
 )
 
 
@@ -37,14 +42,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument(
-        "--grids", default=str(Path(__file__).resolve().parent.parent), help="where docs/ and scripts/ are read"
+        "--grids", default=str(Path(__file__).resolve().parent.parent), help="where benchmarks/data/ is read"
     )
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--budget", type=int, default=20)
     parser.add_argument("--first-step-cvs", type=float, default=0.0)
     options = parser.parse_args()
     tree = Path(options.tree).resolve()
-    sys.path[:0] = [str(tree), str(tree / "scripts")]
+    sys.path[:0] = [str(tree)]
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -53,8 +58,8 @@ def main() -> None:
     from autotune.spec.devices import cpu_device
     from autotune.spec.models import resolve_model
 
-    grid_module = importlib.import_module("bench_search.grid")
-    strategies = importlib.import_module("bench_search.strategies")
+    grid_module = importlib.import_module("benchmarks.bench_search.grid")
+    strategies = importlib.import_module("benchmarks.bench_search.strategies")
     print(f"tree {tree} (autotune from {sys.modules['autotune'].__file__})")
     root = Path(options.grids).resolve()
     for grid_file, model_name, space_file, ceiling_text in GRIDS:

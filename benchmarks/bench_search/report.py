@@ -9,8 +9,8 @@ from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.study import SearchRequest
 from autotune.units import format_bytes
-from bench_search.grid import Grid, fits_under, reshuffled_grid
-from bench_search.strategies import RANDOM_ORDERS, TARGET_FRACTION, RunStats, run_autotune, run_random
+from benchmarks.bench_search.grid import Grid, fits_under, reshuffled_grid
+from benchmarks.bench_search.strategies import RANDOM_ORDERS, TARGET_FRACTION, RunStats, run_autotune, run_random
 
 # Row names of the strategies table.
 NEW = "autotune (Thompson sampling over the landscape model, autotune.study._proposals)"

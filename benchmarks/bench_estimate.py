@@ -1,7 +1,7 @@
 """The memory estimator's prior against measured peaks: every config of a measured search grid, and
 LoRA configs of the grid's model measured here (docs/benchmarks.md, "Memory estimator").
 
-    python scripts/bench_estimate.py --grid docs/bench_grid_llama_cpu.json --peft lora
+    python -m benchmarks.bench_estimate --grid benchmarks/data/bench_grid_llama_cpu.json --peft lora
 
 Each row: the uncalibrated prediction (``estimate_peak`` with ``memory_prior``, what screening
 starts from), the measured peak RSS of the trial's process tree, and their ratio. The grid's rows
@@ -17,15 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench_common import load_average
-from bench_search.grid import BENCH_MEASURE, Grid
-
 from autotune.estimate import estimate_peak, memory_prior
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.spec.devices import cpu_device
 from autotune.spec.models import ModelSpec, resolve_model
 from autotune.spec.peft import with_peft
+from benchmarks._common import load_average
+from benchmarks.bench_search.grid import BENCH_MEASURE, Grid
 
 
 def measure_lora(model: ModelSpec, config: TrialConfig, seq_len: int, work_dir: Path) -> TrialResult:
@@ -57,7 +56,7 @@ def row(label: str, model: ModelSpec, config: TrialConfig, seq_len: int, measure
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", required=True, help="a measured grid (scripts/bench_search.py)")
+    parser.add_argument("--grid", required=True, help="a measured grid (python -m benchmarks.bench_search)")
     parser.add_argument("--peft", default=None, help="also measure LoRA configs: lora or an adapter config file")
     parser.add_argument("--lora-micro-batches", default="1,4", help="micro-batches of the LoRA rows")
     options = parser.parse_args()

@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench_common import load_average
-
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
@@ -28,6 +26,7 @@ from autotune.spec.devices import CPU_HALF_MATMUL_FLAGS, DeviceSpec
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import ModelSpec
 from autotune.units import format_bytes
+from benchmarks._common import load_average
 
 # Short measurement: the grid is about ranking configs, and is measured once per config.
 BENCH_MEASURE = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=6.0, cv_target=0.05)

@@ -36,27 +36,23 @@ grid's space (``reshuffled_grid``). Each run also prints the patience table (``-
 Modules: ``grid`` (measure, model or reshuffle a grid; the fit rule is ``autotune.spec.ceiling.fits``),
 ``strategies`` (the searches replayed on it), ``side_by_side`` (its trial children's callback:
 ``batch_recorder``), ``report`` (the tables), ``__main__``
-(the options). ``scripts/bench_search.py`` runs ``__main__``. Only public names of ``autotune`` are
+(the options): ``python -m benchmarks.bench_search`` runs it, from the repository root. Only public names of ``autotune`` are
 imported (``tests/test_bench_search.py`` checks it), so the benchmark measures the search that ships.
 
 Commands (docs/benchmarks.md holds the results)::
 
     # reduced grid while building (16 configs):
-    python scripts/bench_search.py --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
+    python -m benchmarks.bench_search --grid /tmp/grid_small.json --space /tmp/small.yaml --seeds 5 --rounds 1
     # landscape 1, the measured bert-mini grid (about 20-30 minutes with the side by side; the grid is cached):
-    python scripts/bench_search.py --grid docs/bench_grid_cpu.json --rounds 3 --markdown /tmp/bench_search.md
+    python -m benchmarks.bench_search --grid benchmarks/data/bench_grid_cpu.json --rounds 3 --markdown /tmp/bench_search.md
     # landscape 2, the measured gpt2-tiny grid (25 minutes to measure on a quiet machine, then cached):
-    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --grid docs/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --rounds 0
+    python -m benchmarks.bench_search --model gpt2-tiny --space benchmarks/data/bench_search_space_gpt2.yaml --grid benchmarks/data/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --rounds 0
     # reshuffled landscapes of a grid's space and memory:
-    python scripts/bench_search.py --model gpt2-tiny --space scripts/bench_search_space_gpt2.yaml --grid docs/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --landscapes 12
+    python -m benchmarks.bench_search --model gpt2-tiny --space benchmarks/data/bench_search_space_gpt2.yaml --grid benchmarks/data/bench_grid_gpt2_cpu.json --ceiling 1.6GiB --landscapes 12
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-# The scripts' shared helpers (_bench_common) sit next to this package; trial children get this path too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

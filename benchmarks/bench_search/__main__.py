@@ -1,4 +1,4 @@
-"""``python scripts/bench_search.py ...``: the command line of the search benchmark (see the package doc)."""
+"""``python -m benchmarks.bench_search ...``: the command line of the search benchmark (see the package doc)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 import optuna
-from _bench_common import load_average
 
 from autotune.space import load_space
 from autotune.spec.ceiling import parse_ceiling
 from autotune.spec.devices import cpu_device
 from autotune.spec.models import resolve_model
-from bench_search.grid import Grid, measure_grid, modelled_grid, replay_device
-from bench_search.report import (
+from benchmarks._common import load_average
+from benchmarks.bench_search.grid import Grid, measure_grid, modelled_grid, replay_device
+from benchmarks.bench_search.report import (
     NEW,
     NEW_NO_SEEDS,
     OLD,
@@ -25,8 +25,8 @@ from bench_search.report import (
     patience_table,
     summarize,
 )
-from bench_search.side_by_side import side_by_side
-from bench_search.strategies import (
+from benchmarks.bench_search.side_by_side import side_by_side
+from benchmarks.bench_search.strategies import (
     RANDOM_ORDERS,
     TARGET_FRACTION,
     bench_request,
@@ -35,14 +35,14 @@ from bench_search.strategies import (
     run_random,
 )
 
-REPO = Path(__file__).resolve().parent.parent.parent
-DEFAULT_SPACE = REPO / "scripts" / "bench_search_space.yaml"
-DEFAULT_GRID = REPO / "docs" / "bench_grid_cpu.json"
+DATA = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_SPACE = DATA / "bench_search_space.yaml"
+DEFAULT_GRID = DATA / "bench_grid_cpu.json"
 
 
 def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    parser = argparse.ArgumentParser(description=sys.modules["bench_search"].__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=sys.modules["benchmarks.bench_search"].__doc__.splitlines()[0])
     parser.add_argument("--model", default="bert-mini")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--space", default=str(DEFAULT_SPACE))
@@ -86,7 +86,7 @@ def main() -> None:
         help="measure again the grid configs measured at a 1-minute load average above this (their own trial adds ~2)",
     )
     options = parser.parse_args()
-    command = "python scripts/bench_search.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.bench_search " + " ".join(sys.argv[1:])
 
     device = cpu_device()
     model = resolve_model(options.model)
