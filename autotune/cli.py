@@ -124,10 +124,25 @@ def search(
     packing: Annotated[
         bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")
     ] = SearchOptions.packing,
+    trainer: Annotated[
+        str | None,
+        typer.Option(
+            help="trainer (transformers' Trainer) or sft (TRL's SFTTrainer on your rows); default: sft for a "
+            "--dataset of messages or prompt/completion rows, else trainer."
+        ),
+    ] = None,
+    loss_on: Annotated[
+        str | None,
+        typer.Option(
+            help="--trainer sft: the tokens the loss is taken on: all, completion (prompt/completion rows) or "
+            "assistant (chat rows); default: TRL's (completion for prompt/completion rows, else all)."
+        ),
+    ] = None,
     base_args: Annotated[
         str | None,
         typer.Option(
-            help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export."
+            help="JSON of TrainingArguments (SFTConfig under --trainer sft) you fix (learning_rate, ...): kept in "
+            "every trial and the export."
         ),
     ] = None,
     peft: Annotated[
@@ -318,7 +333,8 @@ def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_l
     from autotune.study import check_identity, measured_trials, memory_fit_from_trials
 
     study = load_study(storage, study_name)
-    check_identity(study, {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name})
+    expected = {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name}
+    check_identity(study, expected, keys=expected)
     return memory_fit_from_trials(model_spec, seq_len, prior, measured_trials(study))
 
 
