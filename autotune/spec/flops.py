@@ -89,7 +89,7 @@ def recompute_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
     return 2 * (spec.num_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
 
 
-def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> int:
+def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> float:
     """Useful training FLOPs for one sequence of ``seq_len`` tokens (the ranking metric's numerator)."""
     return model_flops_per_token(spec, seq_len) * seq_len
 
