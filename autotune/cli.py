@@ -327,7 +327,7 @@ def estimate(
     console.print(f"estimator: {fit.describe()}")
 
 
-def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202
+def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202 - specs typed where the heavy imports load, after the options are checked
     """The memory model fitted on a study's measured trials, refusing a study of another model, length or device."""
     from autotune.storage import load_study
     from autotune.study import check_identity, measured_trials, memory_fit_from_trials

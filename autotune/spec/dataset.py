@@ -325,7 +325,7 @@ def _library_logs_quiet() -> Iterator[None]:
 
 def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]  # the chain's cause is an exception too
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 

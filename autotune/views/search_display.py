@@ -216,7 +216,7 @@ class SearchView:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._live.update(self._render())
-        self._live.__exit__(*exc)  # type: ignore[arg-type]
+        self._live.__exit__(*exc)  # type: ignore[arg-type]  # the exit info this context manager was given, passed on as is
         if not self._console.is_terminal:
             # Rich ends the last render with a newline only on a terminal (rich/live.py: Live.stop);
             # in a log or a pipe the next line would run on from the progress bar.

@@ -21,10 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from autotune.levers._registry import LEVERS  # noqa: E402
-from autotune.levers.attention import ATTN_IMPLEMENTATIONS  # noqa: E402
-from autotune.levers.packing import PACKING, REFUSED_PACKINGS  # noqa: E402
-from autotune.spec.devices import cpu_device  # noqa: E402
+from autotune.levers._registry import LEVERS  # noqa: E402 - after the importorskip above
+from autotune.levers.attention import ATTN_IMPLEMENTATIONS  # noqa: E402 - after the importorskip above
+from autotune.levers.packing import PACKING, REFUSED_PACKINGS  # noqa: E402 - after the importorskip above
+from autotune.spec.devices import cpu_device  # noqa: E402 - after the importorskip above
 
 # Distinct lengths (so each sample is found again in a row bfd reorders longest first), none a
 # multiple of another, the longest several times the shortest.

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from autotune.runner._sample_lengths import SampleLengths, count  # noqa: E402
+from autotune.runner._sample_lengths import SampleLengths, count  # noqa: E402 - after the importorskip above
 
 LENGTHS = (37, 11, 64, 23)
 
