@@ -35,6 +35,43 @@ class FirstStepClock(TrainerCallback):
             self._written = True
 
 
+class StepEnds(TrainerCallback):
+    """The ``time.perf_counter()`` at the end of each optimizer step of a plain run."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter())
+
+
+class AnonPeak:
+    """The peak of this process's RSS minus its file-backed pages, sampled every 20 ms on a thread
+    (as autotune records it too) from :meth:`start` until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak_bytes = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._done.set()
+        return self.peak_bytes
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._done.wait(0.02):
+            info = me.memory_info()
+            self.peak_bytes = max(self.peak_bytes, info.rss - info.shared)
+
+
 def plain_trainer_command(
     args_file: Path, model: str, seq_len: int, steps: int, ranks: int, weight_dtype: str = "fp32"
 ) -> list[str]:

@@ -41,7 +41,6 @@ def plain_trainer_run(
 ) -> dict:
     """Train the exported arguments with transformers alone; return throughput and peak RSS."""
     import resource
-    import time
 
     import torch
     from transformers import (
@@ -49,7 +48,6 @@ def plain_trainer_run(
         AutoModelForCausalLM,
         AutoModelForSequenceClassification,
         Trainer,
-        TrainerCallback,
         TrainingArguments,
     )
 
@@ -86,27 +84,10 @@ def plain_trainer_run(
             label = row if causal else torch.tensor(index % 2)
             return {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": label}
 
-    class StepEnds(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
+    from benchmarks._common import AnonPeak, StepEnds
 
-        def on_step_end(self, args, state, control, **kwargs):
-            self.times.append(time.perf_counter())
-
-    import threading
-
-    import psutil
-
-    peak_anon = [0]
-    done = threading.Event()
-
-    def sample_anon() -> None:  # RSS minus file-backed pages, as autotune records it too
-        me = psutil.Process()
-        while not done.wait(0.02):
-            info = me.memory_info()
-            peak_anon[0] = max(peak_anon[0], info.rss - info.shared)
-
-    threading.Thread(target=sample_anon, daemon=True).start()
+    anon = AnonPeak()
+    anon.start()
     clock = StepEnds()
     arguments = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="plain-"),
@@ -118,7 +99,7 @@ def plain_trainer_run(
         **exported,
     )
     Trainer(model=model_instance, args=arguments, train_dataset=RandomTokens(), callbacks=[clock]).train()
-    done.set()
+    peak_anon = anon.stop()
     cuda = {}
     if torch.cuda.is_initialized():
         # As autotune's CUDA probe counts it: the allocator's peak plus what lives outside it, here from
@@ -137,7 +118,7 @@ def plain_trainer_run(
     step_times.sort()
     peaks = {
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "peak_anon_rss_bytes": peak_anon[0],
+        "peak_anon_rss_bytes": peak_anon,
     }
     rank_peaks = [peaks]
     if world_size > 1:  # every rank's peaks to rank 0 (the Trainer's process group is still up)
