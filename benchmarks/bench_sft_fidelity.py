@@ -242,6 +242,11 @@ def main() -> None:
     parser.add_argument("--confirm-top", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="Alternating plain / autotune measurements.")
     parser.add_argument("--plain-steps", type=int, default=20, help="Timed steps of the plain run, after 3 warm-up.")
+    parser.add_argument(
+        "--remeasure-steps",
+        type=int,
+        help="Measured steps of each re-measurement by the runner (default: the search's --max-measure-steps).",
+    )
     parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory: measure its winner again.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode, with:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -282,6 +287,13 @@ def main() -> None:
     workload = study_workload(root, options)
     if not (root / "model").is_dir():
         save_model(workload, root / "model")
+    if options.remeasure_steps is not None:  # after the plan: the prepared rows stay the search's
+        import dataclasses
+
+        shorter = dataclasses.replace(
+            workload.measure, min_steps=options.remeasure_steps, max_steps=options.remeasure_steps
+        )
+        workload = dataclasses.replace(workload, measure=shorter)
     rows = trial_rows(workload, winner.config)
     print(f"winner #{winner.number}: {winner.config.short()}; exported {root / 'best.json'}; {load_average()}")
 
@@ -292,7 +304,9 @@ def main() -> None:
         print(
             f"round {index + 1}: plain {plain_runs[-1]['real_tokens_per_s']:.0f} tokens/s "
             f"({plain_runs[-1]['attn_implementation']}, {plain_runs[-1]['weight_dtype']}), "
-            f"autotune {autotune_runs[-1]['real_tokens_per_s']:.0f} tokens/s; {load_average()}",
+            f"autotune {autotune_runs[-1]['real_tokens_per_s']:.0f} tokens/s; peak RSS plain "
+            f"{plain_runs[-1]['peak_rss_bytes'] / 1024**2:.0f} MiB, autotune {autotune_runs[-1]['peak_rss_bytes'] / 1024**2:.0f} MiB; "
+            f"{load_average()}",
             flush=True,
         )
 
