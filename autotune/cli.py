@@ -124,10 +124,25 @@ def search(
     packing: Annotated[
         bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")
     ] = SearchOptions.packing,
+    trainer: Annotated[
+        str | None,
+        typer.Option(
+            help="trainer (transformers' Trainer) or sft (TRL's SFTTrainer on your rows); default: sft for a "
+            "--dataset of messages or prompt/completion rows, else trainer."
+        ),
+    ] = None,
+    loss_on: Annotated[
+        str | None,
+        typer.Option(
+            help="--trainer sft: the tokens the loss is taken on: all, completion (prompt/completion rows) or "
+            "assistant (chat rows); default: TRL's (completion for prompt/completion rows, else all)."
+        ),
+    ] = None,
     base_args: Annotated[
         str | None,
         typer.Option(
-            help="JSON of TrainingArguments you fix (learning_rate, ...): kept in every trial and the export."
+            help="JSON of TrainingArguments (SFTConfig under --trainer sft) you fix (learning_rate, ...): kept in "
+            "every trial and the export."
         ),
     ] = None,
     peft: Annotated[
@@ -312,13 +327,14 @@ def estimate(
     console.print(f"estimator: {fit.describe()}")
 
 
-def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202
+def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202 - specs typed where the heavy imports load, after the options are checked
     """The memory model fitted on a study's measured trials, refusing a study of another model, length or device."""
     from autotune.storage import load_study
     from autotune.study import check_identity, measured_trials, memory_fit_from_trials
 
     study = load_study(storage, study_name)
-    check_identity(study, {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name})
+    expected = {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name}
+    check_identity(study, expected, keys=expected)
     return memory_fit_from_trials(model_spec, seq_len, prior, measured_trials(study))
 
 
@@ -351,14 +367,16 @@ def export(
     out: Annotated[
         str | None,
         typer.Option(
-            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml."
+            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml, "
+            "best_trl_sft.sh, best_axolotl.yaml, best_llama_factory.yaml."
         ),
     ] = None,
     fmt: Annotated[
         str,
         typer.Option(
             "--format",
-            help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.",
+            help="json (TrainingArguments(**json.load(f)); SFTConfig's under --trainer sft), cli (HF example script "
+            "flags), python, accelerate; an SFT study also: trl (the `trl sft` line), axolotl, llama-factory (YAML).",
         ),
     ] = "json",
     storage: StorageOption = DEFAULT_STORAGE,

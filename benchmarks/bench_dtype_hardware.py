@@ -44,7 +44,7 @@ def main() -> None:
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
     for name, x, y in (("fp32", a, b), ("bf16", a.bfloat16(), b.bfloat16())):
-        print(f"matmul {n}^3 {name}: {2 * n**3 * rate(lambda: x @ y) / 1e9:.2f} GFLOP/s")  # noqa: B023
+        print(f"matmul {n}^3 {name}: {2 * n**3 * rate(lambda: x @ y) / 1e9:.2f} GFLOP/s")  # noqa: B023 - called in this iteration
     with torch.autocast("cpu", dtype=torch.bfloat16):
         print(f"matmul {n}^3 fp32 inputs under bf16 autocast: {2 * n**3 * rate(lambda: a @ b) / 1e9:.2f} GFLOP/s")
     measure = MeasureSettings(warmup_steps=2, min_steps=4, max_steps=8, max_seconds=20.0, cv_target=0.05)

@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.levers import TrialConfig
 from autotune.result._loss import LOSS_GROWTH_TOLERANCE, compare_losses
 from autotune.runner import TrialJob, Workload, run_isolated
-from autotune.study._seeds import hf_default_config
+from autotune.study._seeds import default_config
 from benchmarks._common import load_average
 
 # (label, knobs changed from the HF default, base args, expected healthy; None: depends on the model)
@@ -63,12 +63,12 @@ def main() -> None:
     parser.add_argument("--out", help="Write every curve as JSON here.")
     options = parser.parse_args()
     print(load_average())
-    default_config = TrialConfig(**{**vars(hf_default_config()), "pin_memory": False})
+    baseline = TrialConfig(**{**vars(default_config()), "pin_memory": False})
     root = tempfile.mkdtemp(prefix="loss-spread-")
-    default = run(options.model, options.seq_len, default_config, {}, f"{root}/default")
+    default = run(options.model, options.seq_len, baseline, {}, f"{root}/default")
     assert default.status == "ok", default.error
     print(
-        f"HF default ({default_config.short()}): {default.measured_steps} measured steps from step "
+        f"HF default ({baseline.short()}): {default.measured_steps} measured steps from step "
         f"{default.loss_measured_from}, loss first {default.loss_first} last {default.loss_last}"
     )
     cases = CASES + ([COMPILE_CASE] if options.compile else [])
@@ -77,7 +77,7 @@ def main() -> None:
         f"{'config':32} {'status':9} {'shared steps':>12} {'step 1':>7} {'end loss':>9} {'default':>9} {'excess':>8}  verdict (tolerance {LOSS_GROWTH_TOLERANCE:.0%})"
     )
     for index, (label, knobs, base_args, healthy) in enumerate(cases):
-        config = TrialConfig(**{**vars(default_config), **knobs})
+        config = TrialConfig(**{**vars(baseline), **knobs})
         result = run(options.model, options.seq_len, config, base_args, f"{root}/case-{index}")
         comparison = compare_losses(result.loss_curve, default.loss_curve)
         excess = f"{comparison.relative_excess:+.1%}" if comparison else "-"

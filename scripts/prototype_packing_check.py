@@ -68,7 +68,7 @@ def decoder_configs(init_range: float = INIT_RANGE) -> dict[str, Any]:
     """llama-tiny from the catalog, and a Qwen2 config scaled down the same way."""
     from transformers import AutoConfig
 
-    from autotune.models import _catalog_config
+    from autotune.spec.models import _catalog_config
 
     llama = _catalog_config("llama-tiny")
     qwen_values = {k: v for k, v in _qwen_entry().items() if not k.startswith("_autotune")}
@@ -91,7 +91,7 @@ def decoder_configs(init_range: float = INIT_RANGE) -> dict[str, Any]:
 
 
 def _qwen_entry() -> dict[str, Any]:
-    from autotune.models import catalog_entry
+    from autotune.spec.models import catalog_entry
 
     return catalog_entry("qwen2.5-0.5b")
 

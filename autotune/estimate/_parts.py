@@ -114,7 +114,7 @@ def estimate_peak(
     else:  # ZeRO and FSDP reduce through their own collectives, not DDP's buckets
         gradients += ddp_bucket_bytes(gradients, fit.ranks)
     activations = int(activation_bytes(model, traits, seq_len, device_kind, shape) * fit.activation_scale)
-    logits = logits_bytes(model, traits, seq_len, shape)
+    logits = logits_bytes(model, traits, seq_len, shape, device_kind)
     return MemoryEstimate(
         weights_bytes=weights,
         gradients_bytes=gradients,
@@ -311,6 +311,11 @@ def activation_bytes(
     tokens, h = shape.tokens, model.hidden_size
     layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(traits, shape)
+    if traits.activations_offloaded:
+        # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host
+        # memory as the forward makes it and brings each back for its layer's backward: the device
+        # holds about the working layers of checkpointing's backward (counted so, a bound).
+        return int(CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     if traits.recompute:
         return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
     return (model.num_layers + 1) * layer + embeddings
@@ -328,7 +333,13 @@ def packed_mask_bytes(traits: MemoryTraits, shape: MicroBatchShape) -> int:
     return shape.row_tokens * shape.row_tokens
 
 
-def logits_bytes(model: ModelSpec, traits: MemoryTraits, seq_len: int, shape: MicroBatchShape | None = None) -> int:
+def logits_bytes(
+    model: ModelSpec,
+    traits: MemoryTraits,
+    seq_len: int,
+    shape: MicroBatchShape | None = None,
+    device_kind: str = "cuda",
+) -> int:
     """The language-model head's logits and the loss's tensors at their peak: ``12 b s V`` bytes.
 
     transformers' loss upcasts the logits to fp32, cross-entropy keeps its fp32 log-softmax for the
@@ -337,22 +348,48 @@ def logits_bytes(model: ModelSpec, traits: MemoryTraits, seq_len: int, shape: Mi
     16-bit logits of mixed precision are freed before the backward). Classification heads produce
     ``b x labels``: nothing to count. Not scaled by the fit: the count is exact.
 
-    A fused loss that never makes the ``b s V`` logits counts its own tensors (``traits.logits``:
-    Liger's fused linear cross-entropy, ``autotune.levers.kernels``).
+    Under TRL's SFTTrainer every model's head is fused and chunked (``ModelSpec.fused_lm_head``):
+    :func:`fused_lm_head_bytes`, whatever the levers say (TRL applies Liger's layer kernels only). A
+    fused loss that never makes the ``b s V`` logits otherwise counts its own tensors
+    (``traits.logits``: Liger's fused linear cross-entropy, ``autotune.levers.kernels``).
     """
     if model.task not in ("causal-lm", "masked-lm"):
         return 0
     tokens = (shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)).tokens
+    if model.fused_lm_head:
+        return fused_lm_head_bytes(model, tokens, device_kind)
     if traits.logits is not None:
         return traits.logits(model, tokens)
     return 3 * 4 * tokens * model.vocab_size
 
 
+# TRL's chunked log-probabilities (trl/kernels/chunked_logprob.py): tiles of at most this many tokens
+# (TOKEN_CHUNK_SIZE) by this many vocabulary columns (trl/trainer/utils.py:1506).
+FUSED_HEAD_TILE_TOKENS = 4096
+FUSED_HEAD_TILE_COLUMNS = 32768
+# fp32 tile-sized tensors alive at once: on CUDA the Triton kernels read the tile's matmul output and
+# write its gradient in place; off CUDA the torch fallback (``_forward_tile``, ``_backward_tile``)
+# keeps the tile, its fp32 copy, the exponentials and their product or the gradient.
+FUSED_HEAD_TILE_COPIES = {"cuda": 2, "cpu": 4}
+
+
+def fused_lm_head_bytes(model: ModelSpec, tokens: int, device_kind: str) -> int:
+    """TRL's fused language-model head at its peak: one tile of ``min(tokens, 4096)`` tokens by
+    ``min(V, 32768)`` columns, in fp32, :data:`FUSED_HEAD_TILE_COPIES` times, and the per-token fp32
+    outputs it keeps for the backward (log-probability, entropy, running max and sums: 8 floats a token)."""
+    tile = min(tokens, FUSED_HEAD_TILE_TOKENS) * min(model.vocab_size, FUSED_HEAD_TILE_COLUMNS)
+    return 4 * (FUSED_HEAD_TILE_COPIES.get(device_kind, 2) * tile + 8 * tokens)
+
+
 def micro_batch_shape(traits: MemoryTraits, seq_len: int, lengths: Sequence[int] | None = None) -> MicroBatchShape:
     """The fullest micro-batch a trial can meet, which sets its peak memory: ``rows`` samples of
     ``seq_len`` where no lengths are known (synthetic tokens, or the bound), else the fullest one its
-    batching makes of the data's lengths (``Batching.fullest``: padded to the longest, flattened)."""
+    batching makes of the data's lengths (``Batching.fullest``: padded to the longest, flattened, packed).
+    A flattened batching without known lengths is one row of ``rows x seq_len`` tokens (its mask is
+    that row's square)."""
     if lengths is None or not len(lengths):
+        if traits.batching.flattened:
+            return MicroBatchShape(rows=1, row_tokens=traits.rows * seq_len)
         return MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
     return traits.batching.fullest(traits.rows, seq_len, lengths)
 

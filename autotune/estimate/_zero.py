@@ -101,7 +101,7 @@ def deepspeed_buffer_elements(model: ModelSpec, stage: int) -> tuple[int, int]:
 
 def _filled(value: object, trainer_fill: int) -> int:
     """A bucket size of the config: the Trainer's fill where it says ``auto``."""
-    return trainer_fill if value == "auto" else int(value)  # type: ignore[call-overload]
+    return trainer_fill if value == "auto" else int(value)  # type: ignore[call-overload]  # a DeepSpeed config value: a number or "auto"
 
 
 def zero_state_bytes(model: ModelSpec, traits: MemoryTraits, ranks: int, device_kind: str) -> ZeroStates:

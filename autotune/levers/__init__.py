@@ -24,6 +24,7 @@ from autotune.levers._trial_config import (
     trainer_parts,
     training_arguments_kwargs,
     trial_batching,
+    with_levers_off_explicit,
 )
 from autotune.levers.batch import (
     BATCH_LIMITS,
@@ -76,6 +77,7 @@ __all__ = [
     "tensor_core_note",
     "trainer_parts",
     "training_arguments_kwargs",
+    "with_levers_off_explicit",
     "trial_batching",
     "update_ignores_gradient_scale",
     "zero_offloads",

@@ -40,7 +40,7 @@ class Batching:
 
     The trial child shapes its batches with it (``autotune.runner``), and the estimator takes its
     fullest micro-batch from the same object (``MemoryTraits.batching``), so both agree by construction.
-    A lever that shapes batches otherwise (padding, and packing to come) returns a subclass from its
+    A lever that shapes batches otherwise (padding, TRL's packing) returns a subclass from its
     ``to_batching`` hook.
 
     Attributes:
@@ -94,6 +94,9 @@ class MemoryTraits:
         rows: Sequences per micro-batch.
         batching: How samples become micro-batches (its fullest one sets the peak).
         recompute: Full (per-layer) activation checkpointing.
+        activations_offloaded: Every saved activation moves to host memory as the forward makes it
+            and comes back for its layer's backward (TRL's activation offloading, CUDA): the device
+            holds about the working layers of the backward.
         half_autocast: Matmul inputs in 16 bits over fp32 master weights (autocast, fp16/bf16).
         weight_bytes: Bytes per weight, and per gradient and parameter-dtype optimizer state.
         optimizer: The optimizer by its ``transformers`` name (its states: ``autotune.levers.optimizer``).
@@ -112,6 +115,7 @@ class MemoryTraits:
     rows: int = 1
     batching: Batching = PADDED
     recompute: bool = False
+    activations_offloaded: bool = False
     half_autocast: bool = False
     weight_bytes: int = 4
     optimizer: str = "adamw_torch"

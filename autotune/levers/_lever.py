@@ -40,6 +40,10 @@ def _runs_everywhere(_value: Any, _device: DeviceSpec) -> str:
     return ""
 
 
+def _under_every_trainer(_value: Any, _trainer: str) -> str:
+    return ""
+
+
 def _no_preference(_device: DeviceSpec, _choices: Sequence[Any]) -> tuple[Any, ...]:
     return ()
 
@@ -54,6 +58,9 @@ class Lever:
         default: The value of a config whose space does not search the lever (the HF default's).
         doc: One line for users (search_spaces/README.md says more).
         choices: The values a space may name; ``None``: any value :attr:`least` allows.
+        refused: Values a space may not name, each with the reason it is never searched (a value that
+            would train something else than the user's run, such as samples attending across their
+            boundary).
         least: For integer levers, the smallest value allowed.
         auto_choices: Where set, a space may write ``auto`` for the lever: the choices for a device
             (those :attr:`emulated_on` names are then left out).
@@ -80,6 +87,9 @@ class Lever:
             names; ``""`` at the default.
         label: The value's words in tables and logs; ``""`` where it goes without saying.
         unavailable_on: Why a value cannot run on a device here (driver, package); ``""`` if it can.
+        unavailable_with_trainer: Why a value cannot run under the study's trainer (``trainer``, the
+            transformers ``Trainer``; ``sft``, TRL's ``SFTTrainer``: ``autotune.spec.sft``); ``""``
+            if it can.
         no_effect_on: Why a value would change nothing on a device (a search would measure another
             value under its name); ``""`` if it matters. Removed from a searched space, but kept where
             the user fixed it in ``--base-args``.
@@ -120,6 +130,7 @@ class Lever:
     default: Any
     doc: str
     choices: tuple[Any, ...] | None = None
+    refused: Mapping[Any, str] = dataclasses.field(default_factory=dict)
     least: int | None = None
     auto_choices: Callable[[DeviceSpec], list[Any]] | None = None
     absent_means_auto: bool = True
@@ -134,6 +145,7 @@ class Lever:
     export_note: Callable[[Any], str] = lambda value: ""
     label: Callable[[Any], str] = lambda value: ""
     unavailable_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
+    unavailable_with_trainer: Callable[[Any, str], str] = _under_every_trainer
     no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     emulated_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]]], str] | None = None
@@ -153,6 +165,9 @@ class Lever:
         """A space's list of choices for this lever, checked; raises ``ValueError`` saying what is wrong."""
         if not values:
             raise ValueError("needs at least one choice" + self._range_words())
+        refused = [v for v in values if v in self.refused]
+        if refused:
+            raise ValueError(f"{refused[0]} is refused: {self.refused[refused[0]]}")
         if self.choices is not None:
             unknown = [v for v in values if v not in self.choices]
             if unknown:

@@ -23,8 +23,9 @@ from autotune.levers.distributed import (
 )
 from autotune.levers.fsdp import FSDP, fsdp_or_zero
 from autotune.levers.kernels import LIGER
-from autotune.levers.memory_savers import CHECKPOINTING, EMPTY_CACHE_STEPS
+from autotune.levers.memory_savers import ACTIVATION_OFFLOADING, CHECKPOINTING, EMPTY_CACHE_STEPS
 from autotune.levers.optimizer import OPTIM
+from autotune.levers.packing import PACKING
 from autotune.levers.precision import (
     DTYPE,
     WEIGHT_DTYPE,
@@ -51,6 +52,8 @@ LEVERS: dict[str, Lever] = {
         WEIGHT_DTYPE,
         ZERO,
         FSDP,
+        PACKING,
+        ACTIVATION_OFFLOADING,
     )
 }
 

@@ -12,6 +12,8 @@ name none.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+import warnings
 from typing import Any
 
 from autotune.levers._hooks import PADDED, TRANSFORMERS_TRAINER, Batching, MemoryTraits, TrainerParts
@@ -43,6 +45,8 @@ class TrialConfig:
     weight_dtype: str = "fp32"
     zero: str = "off"
     fsdp: str = "off"
+    packing: str = "off"
+    activation_offloading: bool = False
 
     @property
     def global_batch(self) -> int:
@@ -138,6 +142,41 @@ def lever_values_from_base_args(base_args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Fields whose value TrainingArguments judges against the process that builds it (TF32 needs an
+# Ampere GPU) or that pull in a whole integration (DeepSpeed, FSDP): left out of the comparison below,
+# where they resolve no other lever field.
+_NOT_COMPARED = ("tf32", "deepspeed", "fsdp", "fsdp_config", "use_cpu")
+
+
+def with_levers_off_explicit(kwargs: dict[str, Any], arguments_class: type) -> dict[str, Any]:
+    """``kwargs`` for ``arguments_class``, a ``TrainingArguments`` subclass whose defaults differ (TRL's
+    ``SFTConfig``: bf16 on, gradient checkpointing on; trl/trainer/base_config.py:54-75, :107-108).
+
+    A lever at its default writes nothing: it means ``TrainingArguments``' own value. Under a subclass
+    that resolves a lever field otherwise, that field is written with ``TrainingArguments``' resolved
+    value, so a config means the same run under either class (``fp32`` is no bf16 autocast, ``checkpointing:
+    false`` no checkpointing). Both classes are built with the levers' own fields to resolve them
+    (``bf16`` follows ``fp16`` in SFTConfig: ``bf16 = not fp16``).
+    """
+    from transformers import TrainingArguments
+
+    if arguments_class is TrainingArguments:
+        return kwargs
+    declared = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+    subclass_declared = {f.name: f.default for f in dataclasses.fields(arguments_class)}
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields if field in declared}
+    differing = sorted(f for f in lever_fields - set(kwargs) if declared[f] != subclass_declared.get(f))
+    if not differing:
+        return kwargs
+    levers_only = {k: v for k, v in kwargs.items() if k in lever_fields and k not in _NOT_COMPARED}
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers 5.24 warns that gradient_checkpointing is deprecated
+        plain = TrainingArguments(output_dir=scratch, use_cpu=True, **levers_only)
+        subclass = arguments_class(output_dir=scratch, use_cpu=True, **levers_only)
+    explicit = {f: getattr(plain, f) for f in differing if getattr(plain, f) != getattr(subclass, f)}
+    return {**kwargs, **explicit}
+
+
 def model_build_kwargs(config: TrialConfig) -> dict[str, Any]:
     """The keyword arguments of the model's ``from_config`` the config's levers set (each lever's
     ``to_model_build``): what ``autotune.spec.models.build_model`` is called with in the child."""
@@ -160,22 +199,27 @@ def trial_batching(config: TrialConfig) -> Batching:
     return shaped[0][1] if shaped else PADDED
 
 
-def trainer_parts(config: TrialConfig) -> TrainerParts:
-    """The trainer the config trains through: the classes one lever may choose (``transformers``'
-    ``Trainer`` and ``TrainingArguments`` otherwise) and every lever's keyword arguments for it.
+def trainer_parts(config: TrialConfig, trainer: TrainerParts = TRANSFORMERS_TRAINER) -> TrainerParts:
+    """The trainer the config trains through: the workload's (``trainer``: ``transformers``' ``Trainer``
+    and ``TrainingArguments``, or TRL's ``SFTTrainer`` and ``SFTConfig`` under ``--trainer sft``), or the
+    classes one lever may choose over the Trainer's, and every lever's keyword arguments for it.
 
     Raises:
-        ValueError: Two levers choose the trainer.
+        ValueError: Two levers choose the trainer, or a lever chooses one over the workload's.
     """
-    chosen = TRANSFORMERS_TRAINER
-    kwargs: dict[str, Any] = {}
+
+    def classes(parts: TrainerParts) -> tuple[str, str]:
+        return parts.trainer, parts.arguments
+
+    chosen = trainer
+    kwargs: dict[str, Any] = dict(trainer.kwargs)
     for lever in LEVERS.values():
         parts = lever.to_trainer(getattr(config, lever.name))
         if parts is None:
             continue
-        if (parts.trainer, parts.arguments) != (TRANSFORMERS_TRAINER.trainer, TRANSFORMERS_TRAINER.arguments):
-            if chosen is not TRANSFORMERS_TRAINER:
-                raise ValueError(f"lever {lever.name} chooses a trainer another lever chose too")
+        if classes(parts) != classes(TRANSFORMERS_TRAINER):
+            if classes(chosen) != classes(TRANSFORMERS_TRAINER):
+                raise ValueError(f"lever {lever.name} chooses a trainer, and the trial has its trainer already")
             chosen = parts
         kwargs.update(parts.kwargs)
     return dataclasses.replace(chosen, kwargs=kwargs)

@@ -140,6 +140,12 @@ def _padding_unavailable_for_model(value: str, model: ModelSpec, choices: Mappin
     return padding_free_unsupported(model, list(choices.get("attn_implementation") or [None]))
 
 
+def _padding_unavailable_with_trainer(value: str, trainer: str) -> str:
+    if trainer == "sft":
+        return "under --trainer sft TRL's collator batches the samples (its levers: packing off, padding_free, bfd)"
+    return ""
+
+
 PADDING = Lever(
     name="padding",
     value_type=str,
@@ -158,6 +164,7 @@ PADDING = Lever(
         else ""
     ),
     unavailable_for_model=_padding_unavailable_for_model,
+    unavailable_with_trainer=_padding_unavailable_with_trainer,
     fallback="max_length",
     needs_real_data=True,
     # It sets the tokens of the fullest micro-batch (Batching.fullest).

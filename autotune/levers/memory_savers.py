@@ -65,3 +65,37 @@ EMPTY_CACHE_STEPS = Lever(
     # It returns cached blocks to the device between steps: it does not change the tensors alive at
     # the peak, which is what the estimate counts.
 )
+
+
+def _offloading_unavailable_on(value: bool, device: DeviceSpec) -> str:
+    if value and device.kind != "cuda":
+        # trl/models/activation_offloading.py:151-152 asks torch.accelerator for the device to offload
+        # from: without one SFTTrainer fails when it is built (sft_trainer.py:1189-1191; ran on the CPU).
+        return "TRL's activation offloading moves activations from an accelerator to the host: it needs CUDA"
+    return ""
+
+
+def _offloading_unavailable_with_trainer(value: bool, trainer: str) -> str:
+    if value and trainer != "sft":
+        return "it is TRL's (SFTConfig.activation_offloading): train with --trainer sft"
+    return ""
+
+
+ACTIVATION_OFFLOADING = Lever(
+    name="activation_offloading",
+    value_type=bool,
+    default=False,
+    doc="--trainer sft: TRL's activation offloading, saved activations kept in pinned host memory (CUDA)",
+    in_every_space=False,
+    fields=("activation_offloading",),
+    # trl/trainer/sft_trainer.py:1189-1193: training_step runs under the offloading context.
+    to_training_args=lambda value: {"activation_offloading": True} if value else {},
+    from_training_args=lambda args: bool(args["activation_offloading"]),
+    label=lambda value: "offload-act" if value else "",
+    unavailable_on=_offloading_unavailable_on,
+    unavailable_with_trainer=_offloading_unavailable_with_trainer,
+    fallback=False,
+    memory_parts=("activations",),
+    memory_device_kinds=("cuda",),
+    memory=lambda value, traits: dataclasses.replace(traits, activations_offloaded=value),
+)

@@ -10,7 +10,7 @@ options from here without importing the layers a plan calls.
 
 from __future__ import annotations
 
-from autotune.plan._base_args import load_base_args
+from autotune.plan._base_args import arguments_class, load_base_args
 from autotune.plan._checks import port, positive_int, positive_seconds
 from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions
 from autotune.plan._plan import Plan, plan
@@ -20,6 +20,7 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "SearchOptions",
+    "arguments_class",
     "load_base_args",
     "plan",
     "port",

@@ -12,6 +12,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.levers import LEVERS, PRECISION_FIELDS, read_deepspeed_config
 from autotune.spec.files import read_user_file
+from autotune.spec.sft import REFUSED_SFT_FIELDS, TRAINER_CLASSES
 
 # Fields autotune decides itself; a --base-args file may not set them.
 REFUSED_BASE_FIELDS = {
@@ -28,42 +29,56 @@ CREDENTIAL_SUFFIX = "_token"
 CREDENTIAL_ENVIRONMENT = "HF_TOKEN"
 
 
-def load_base_args(path: str) -> dict[str, Any]:
-    """Read and check a ``--base-args`` JSON file of TrainingArguments the user fixes.
+def arguments_class(trainer: str) -> type:
+    """The arguments class of a trainer (``autotune.spec.sft.TRAINER_CLASSES``): ``TrainingArguments``,
+    or TRL's ``SFTConfig`` under ``--trainer sft``."""
+    import importlib
 
-    Every key must be a ``TrainingArguments`` field, and ``TrainingArguments`` must accept the
-    values (checked here, in the parent, so that no trial fails on them).
+    module, _, name = TRAINER_CLASSES[trainer][1].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
+    """Read and check a ``--base-args`` JSON file of the arguments the user fixes.
+
+    Every key must be a field of the trainer's arguments class (``TrainingArguments``; under
+    ``--trainer sft`` TRL's ``SFTConfig``), and that class must accept the values (checked here, in
+    the parent, by building it, so that no trial fails on them).
 
     Raises:
         AutotuneError: Unreadable or not a JSON object, an unknown or refused field, or a value
-            ``TrainingArguments`` rejects; one line naming the field.
+            the arguments class rejects; one line naming the field.
     """
-    from transformers import TrainingArguments
-
+    arguments_type = arguments_class(trainer)
+    class_name = arguments_type.__name__
+    refused_fields = {**REFUSED_BASE_FIELDS, **(REFUSED_SFT_FIELDS if trainer == "sft" else {})}
     text = read_user_file(path, "--base-args", "UTF-8 JSON")
     try:
         base_args = json.loads(text)
     except json.JSONDecodeError as exc:
         raise AutotuneError(f"--base-args {path}: not valid JSON ({exc})") from None
     if not isinstance(base_args, dict):
-        raise AutotuneError(f"--base-args {path}: expected a JSON object of TrainingArguments fields")
-    fields = [f.name for f in dataclasses.fields(TrainingArguments) if f.init]
+        raise AutotuneError(f"--base-args {path}: expected a JSON object of {class_name} fields")
+    fields = [f.name for f in dataclasses.fields(arguments_type) if f.init]
     for key in base_args:
-        if key in REFUSED_BASE_FIELDS:
-            raise AutotuneError(f"--base-args {path}: remove {key}: {REFUSED_BASE_FIELDS[key]}")
+        if key in refused_fields:
+            raise AutotuneError(f"--base-args {path}: remove {key}: {refused_fields[key]}")
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             if key in LEVERS and LEVERS[key].acts_on != "training_args":
                 what = "a model argument" if LEVERS[key].acts_on == "model" else "the data collator's choice"
                 hint = f" (it is {what}: search it with {key} in the --space YAML)"
-            raise AutotuneError(f"--base-args {path}: {key} is not a TrainingArguments field{hint}")
+            if trainer != "sft" and key in _sft_fields():
+                hint = " (it is an SFTConfig field: train with --trainer sft)"
+            raise AutotuneError(f"--base-args {path}: {key} is not a {class_name} field{hint}")
         if key.endswith(CREDENTIAL_SUFFIX):
             raise AutotuneError(
                 f"--base-args {path}: remove {key}: a credential is never stored in the study or the export; set the "
                 f"{CREDENTIAL_ENVIRONMENT} environment variable instead (trials never reach the Hub)"
             )
-    check_base_arg_types(path, base_args)
+    check_base_arg_types(path, base_args, arguments_type)
+    check_base_arg_choices(path, base_args, arguments_type)
     check_finite(path, base_args)
     check_base_arg_knobs(path, base_args)
     if base_args.get("deepspeed"):
@@ -75,15 +90,27 @@ def load_base_args(path: str) -> dict[str, Any]:
     checked = {k: v for k, v in base_args.items() if k not in PRECISION_FIELDS}
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            arguments = TrainingArguments(output_dir=scratch, use_cpu=True, **checked)
+            arguments = arguments_type(output_dir=scratch, use_cpu=True, **checked)
         except Exception as exc:  # noqa: BLE001 - whatever __post_init__ raises (ValueError, AttributeError, ...) is the user's value
-            raise AutotuneError(f"--base-args {path}: TrainingArguments rejects them: {_first_line(exc)}") from None
+            raise AutotuneError(f"--base-args {path}: {class_name} rejects them: {_first_line(exc)}") from None
     if base_args.get("deepspeed"):
         check_deepspeed(path, base_args, arguments)
     return base_args
 
 
-def check_base_arg_types(path: str, base_args: dict[str, Any]) -> None:
+def _sft_fields() -> set[str]:
+    """The fields TRL's ``SFTConfig`` adds to ``TrainingArguments`` (empty without TRL)."""
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return set()
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    return {f.name for f in dataclasses.fields(SFTConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def check_base_arg_types(path: str, base_args: dict[str, Any], arguments: type | None = None) -> None:
     """Each value has the type ``TrainingArguments`` declares for its field (``learning_rate: float``, ...).
 
     ``TrainingArguments`` is a dataclass and does not check types itself: ``"fast"`` as a learning
@@ -98,7 +125,7 @@ def check_base_arg_types(path: str, base_args: dict[str, Any]) -> None:
     from pydantic import TypeAdapter, ValidationError
     from transformers import TrainingArguments
 
-    hints = typing.get_type_hints(TrainingArguments)
+    hints = typing.get_type_hints(arguments or TrainingArguments)
     for key, value in base_args.items():
         try:
             TypeAdapter(hints[key]).validate_python(value, strict=True)
@@ -108,8 +135,28 @@ def check_base_arg_types(path: str, base_args: dict[str, Any]) -> None:
             raise AutotuneError(f"--base-args {path}: {key} {value!r}: {reason} ({expected})") from None
 
 
+def check_base_arg_choices(path: str, base_args: dict[str, Any], arguments: type) -> None:
+    """Each value is one of the choices its field declares (``field(metadata={"choices": ...})``, what
+    ``HfArgumentParser`` and the ``trl sft`` command line enforce). Neither class checks them itself:
+    ``SFTConfig(loss_type="mse")`` is built, and every trial would fail when SFTTrainer starts
+    (trl/trainer/sft_trainer.py:1042-1043).
+
+    Raises:
+        AutotuneError: The first value outside its field's choices, with the choices.
+    """
+    for field in dataclasses.fields(arguments):
+        choices = field.metadata.get("choices")
+        if field.name in base_args and choices is not None and base_args[field.name] not in list(choices):
+            raise AutotuneError(
+                f"--base-args {path}: {field.name} {base_args[field.name]!r}: give one of {', '.join(map(str, choices))}"
+            )
+
+
 def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:
-    """Values that ``TrainingArguments`` accepts but with which no trial can train.
+    """Values that ``TrainingArguments`` accepts but with which no trial can train, or that autotune refuses.
+
+    A lever value the lever refuses (``Lever.refused``: TRL's wrapped packing, which lets samples
+    attend across their boundary) is refused here too, with its reason.
 
     A value below a lever's least (a zero batch or accumulation) passes ``TrainingArguments`` and
     fails in the Trainer; ``bf16`` and ``fp16`` together are refused by
@@ -127,6 +174,11 @@ def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:
             value = base_args.get(field)
             if isinstance(value, (int, float)) and value < lever.least:
                 raise AutotuneError(f"--base-args {path}: {field} {base_args[field]}: give {lever.least} or more")
+    for lever in LEVERS.values():
+        if lever.refused and lever.from_training_args and any(field in base_args for field in lever.fields):
+            value = lever.from_training_args(base_args)
+            if value in lever.refused:
+                raise AutotuneError(f"--base-args {path}: {lever.name} {value} is refused: {lever.refused[value]}")
     if base_args.get("bf16") and base_args.get("fp16"):
         raise AutotuneError(
             f"--base-args {path}: bf16 and fp16 are both true: keep one (or leave both out to search dtype)"

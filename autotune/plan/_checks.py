@@ -63,6 +63,18 @@ def dataset_options(dataset: str | None, text_column: str | None, packing: bool)
         )
 
 
+def trainer_options(trainer: str | None, loss_on: str | None) -> None:
+    """``--trainer`` and ``--loss-on`` name known values; ``--loss-on`` is SFTTrainer's (``autotune.spec.sft``)."""
+    from autotune.spec.sft import LOSS_ON, TRAINERS
+
+    if trainer is not None and trainer not in TRAINERS:
+        raise AutotuneError(f"--trainer {trainer}: choose one of {', '.join(TRAINERS)}")
+    if loss_on is not None and loss_on not in LOSS_ON:
+        raise AutotuneError(f"--loss-on {loss_on}: choose one of {', '.join(LOSS_ON)}")
+    if loss_on is not None and trainer == "trainer":
+        raise AutotuneError("--loss-on chooses SFTTrainer's loss: use it with --trainer sft (or leave --trainer out)")
+
+
 def seq_len_fits(seq_len: int, model_name: str, max_positions: int) -> None:
     """``--seq-len`` is positive and within the model's position table (``max_positions``; 0: unbounded)."""
     positive_int("--seq-len", seq_len)

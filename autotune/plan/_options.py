@@ -23,6 +23,7 @@ from autotune.plan._checks import (
     one_of,
     positive_int,
     positive_seconds,
+    trainer_options,
 )
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class PlanOptions:
     dataset: str | None = None
     text_column: str | None = None
     packing: bool = False
+    # --trainer: trainer or sft (TRL's SFTTrainer); None: sft for chat / prompt-completion rows (autotune.spec.sft).
+    trainer: str | None = None
+    loss_on: str | None = None  # --trainer sft: all, completion or assistant; None: TRL's default for the rows
     base_args: str | None = None
     peft: str | None = None  # lora, qlora, or an adapter config file (autotune.spec.peft)
     global_batch: int | None = None
@@ -82,6 +86,7 @@ class PlanOptions:
         non_negative_int("--warmup-steps", self.warmup_steps)
         positive_seconds("--compile-timeout", self.compile_timeout)
         dataset_options(self.dataset, self.text_column, self.packing)
+        trainer_options(self.trainer, self.loss_on)
 
     def worker_devices(self) -> list[DeviceSpec]:
         """The device of each worker: ``--gpus 0,1`` gives one worker per GPU, ``--workers N`` N on the CPU.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
 from autotune.plan._checks import seq_len_fits, worker_share
@@ -77,11 +77,12 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         load_callback,
         trial_memory_prior,
     )
-    from autotune.space import load_space
+    from autotune.space import default_space_path, load_space
     from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
     from autotune.spec.measure import MeasureSettings
     from autotune.spec.measured_peaks import load_measured_peaks
     from autotune.spec.models import resolve_model
+    from autotune.spec.sft import for_trainer, resolve_loss_on
 
     options.check()
     available = psutil.virtual_memory().available if available_memory_bytes is None else available_memory_bytes
@@ -92,11 +93,21 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     model = resolve_model(options.model, options.task)
     seq_len_fits(options.seq_len, options.model, model.max_positions)
     notes: list[str] = []
+    trainer, data, first_row = study_trainer(options, model.task, notes)
+    model = for_trainer(model, trainer)
     if options.peft is not None:  # frozen base, trainable adapters: what every trial trains
         from autotune.spec.peft import with_peft
 
         model = with_peft(model, options.peft, device, notes)
-    base_args = load_base_args(options.base_args) if options.base_args else {}
+    base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
+    loss_on = "all"
+    if data is not None:  # --trainer sft
+        loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row)
+        if options.space is None:
+            notes.append(
+                f"search space: {os.path.relpath(default_space_path(trainer))}, the default for a decoder LLM under "
+                "TRL's SFTTrainer (--space to give another)"
+            )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
     address_space = None
@@ -119,6 +130,8 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         compile_timeout_s=options.compile_timeout,
         host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available),
         devices_per_trial=options.devices_per_trial,
+        trainer=trainer,
+        loss_on=loss_on,
     )
     space = load_space(
         options.space,
@@ -133,9 +146,25 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         ceiling_bytes=ceiling,
         ranks=options.devices_per_trial,
         memory_fit=workload.memory_prior,
+        trainer=trainer,
     )
     notes += space.notes
-    if options.dataset is not None:
+    if data is not None:  # --trainer sft: the rows as they are, for TRL to prepare in every trial
+        from autotune.spec.dataset import prepare_sft_rows
+
+        assert options.dataset is not None  # study_trainer: sft trains on rows
+        dataset = prepare_sft_rows(
+            options.dataset,
+            model,
+            data,
+            loss_on,
+            space.largest_global_batch,
+            options.warmup_steps + options.max_measure_steps,
+            os.path.join(options.work_dir, "datasets"),
+            notes,
+        )
+        workload = dataclasses.replace(workload, dataset=dataset)
+    elif options.dataset is not None:
         from autotune.spec.dataset import prepare_dataset
 
         dataset = prepare_dataset(
@@ -159,6 +188,39 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         worker_devices=tuple(devices),
         worker_rank_devices=rank_device_numbers(groups),
     )
+
+
+def study_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[str, str | None, dict[str, Any]]:
+    """The study's trainer (``--trainer``, else chosen from the ``--dataset`` rows' columns), the rows'
+    SFT format (``None`` under the Trainer) and the first row (``autotune.spec.sft``), with a note
+    saying which trainer trains.
+
+    Raises:
+        AutotuneError: ``--trainer sft`` where it cannot train (no rows it reads, not a causal LM,
+            the Trainer's ``--packing`` or ``--text-column``, TRL not installed), or ``--loss-on``
+            under the Trainer.
+    """
+    import importlib.util
+
+    from autotune.spec.dataset import peek_rows
+    from autotune.spec.sft import TRAINER_WORDS, check_sft_workload, choose_trainer, data_format
+
+    columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})
+    trainer = choose_trainer(options.trainer, columns)
+    if trainer != "sft":
+        if options.loss_on is not None:
+            raise AutotuneError(
+                f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
+                f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
+            )
+        return trainer, None, first_row
+    if importlib.util.find_spec("trl") is None:
+        raise AutotuneError("--trainer sft trains through TRL's SFTTrainer: pip install 'autotune[sft]'")
+    check_sft_workload(task, options.packing, options.text_column)
+    data = data_format(columns or [])
+    how = "--trainer sft" if options.trainer else f"the --dataset holds {data} rows; --trainer trainer for the Trainer"
+    notes.append(f"trainer: {TRAINER_WORDS[trainer]} on your rows, TRL preparing them in every trial ({how})")
+    return trainer, data, first_row
 
 
 def device_groups(devices: list[DeviceSpec], devices_per_trial: int) -> list[list[DeviceSpec]]:

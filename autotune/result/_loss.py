@@ -342,6 +342,7 @@ class WinnerLoss:
         default: Its result.
         comparison: The two over their shared measured steps (``None``: no usable reference or too
             few shared steps; :meth:`describe` says which).
+        baseline: The default trial's name in words (``HF default``; ``TRL default`` under SFTTrainer).
     """
 
     winner_trial: int
@@ -349,30 +350,31 @@ class WinnerLoss:
     default_trial: int | None
     default: TrialResult | None
     comparison: LossComparison | None
+    baseline: str = "HF default"
 
     def describe(self) -> str:
-        """One sentence on whether the winner trains as the HF default does (losses per sample)."""
+        """One sentence on whether the winner trains as the default (:attr:`baseline`) does (losses per sample)."""
         note = accumulation_note(self.winner)
         return self._describe() + (f"; winner #{self.winner_trial}: {note}" if note else "")
 
     def _describe(self) -> str:
         own = f"first {_loss_text(self.winner.loss_first)}, last {_loss_text(self.winner.loss_last)} over its measured steps"
         if self.default_trial is None or self.default is None:
-            return f"training loss of winner #{self.winner_trial}: {own}; the HF default trial has not run, so only non-finite values were checked"
+            return f"training loss of winner #{self.winner_trial}: {own}; the {self.baseline} trial has not run, so only non-finite values were checked"
         if self.default_trial == self.winner_trial:
-            return f"training loss: the winner is the HF default trial #{self.winner_trial} itself ({own})"
+            return f"training loss: the winner is the {self.baseline} trial #{self.winner_trial} itself ({own})"
         if self.default.status not in RAN_NORMALLY_STATUSES:
             return (
-                f"training loss of winner #{self.winner_trial}: {own}; the HF default #{self.default_trial} is "
+                f"training loss of winner #{self.winner_trial}: {own}; the {self.baseline} #{self.default_trial} is "
                 f"{self.default.status}, so it gives no reference loss (only non-finite values were checked)"
             )
         if self.comparison is None:
             return (
                 f"training loss of winner #{self.winner_trial}: {own}; it shares fewer than {MIN_SHARED_STEPS} measured "
-                f"steps with the HF default #{self.default_trial}, so they were not compared"
+                f"steps with the {self.baseline} #{self.default_trial}, so they were not compared"
             )
         return (
-            f"training loss, winner #{self.winner_trial} vs HF default #{self.default_trial}: "
+            f"training loss, winner #{self.winner_trial} vs {self.baseline} #{self.default_trial}: "
             + self.comparison.describe("winner", "default")
         )
 
@@ -386,7 +388,7 @@ class WinnerLoss:
             f"{steps[i]}: {self.comparison.trial_losses[i]:.4g} / {self.comparison.default_losses[i]:.4g}"
             for i in picked
         ]
-        return "loss by step (winner / HF default): " + ", ".join(pairs)
+        return f"loss by step (winner / {self.baseline}): " + ", ".join(pairs)
 
 
 def accumulation_note(result: TrialResult) -> str | None:
@@ -402,14 +404,17 @@ def _loss_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def winner_loss(trials: Sequence[FrozenTrial], winner_trial: int, winner: TrialResult) -> WinnerLoss:
-    """The winner's loss against the HF default's (see :class:`WinnerLoss`)."""
+def winner_loss(
+    trials: Sequence[FrozenTrial], winner_trial: int, winner: TrialResult, baseline: str = "HF default"
+) -> WinnerLoss:
+    """The winner's loss against the default trial's, ``baseline`` in words (see :class:`WinnerLoss`)."""
     found = hf_default_result(trials)
     if found is None:
-        return WinnerLoss(winner_trial, winner, None, None, None)
+        return WinnerLoss(winner_trial, winner, None, None, None, baseline)
     default_trial, default = found
     usable = default.status in RAN_NORMALLY_STATUSES and default_trial != winner_trial
-    return WinnerLoss(winner_trial, winner, default_trial, default, compare_with(winner, default) if usable else None)
+    comparison = compare_with(winner, default) if usable else None
+    return WinnerLoss(winner_trial, winner, default_trial, default, comparison, baseline)
 
 
 def diverged_trials(trials: Sequence[FrozenTrial]) -> list[tuple[int, TrialResult]]:

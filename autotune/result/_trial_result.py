@@ -89,6 +89,10 @@ class TrialResult:
     real_tokens_per_s: float = (
         0.0  # non-padding tokens per second over the measured steps (--dataset); else tokens_per_s
     )
+    # The token-weighted mean sample length (sum s_i^2 / sum s_i over the measured steps' samples, read
+    # from the batches) the attention term of the FLOPs counts each token over; --seq-len for
+    # synthetic tokens (autotune.spec.flops.model_tflops).
+    attention_context: float = 0.0
     model_tflops: float = 0.0  # useful work per second (no recomputation), the ranking metric
     hardware_tflops: float = 0.0  # work the device did per second (recomputation included)
     mfu: float | None = None  # model TFLOPs / datasheet peak for the dtype used

@@ -62,6 +62,10 @@ class Workload:
             (one GPU each; ``device`` is the first), made visible to the trial and to nothing else.
         host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use (what offload moves
             off the device counts against it); ``None``: not checked.
+        trainer: ``--trainer``: ``trainer`` (the transformers Trainer) or ``sft`` (TRL's SFTTrainer,
+            which prepares and batches ``dataset`` itself: ``autotune.spec.sft``).
+        loss_on: ``--loss-on`` under ``sft``: the tokens the loss is taken on (``all``, ``completion``,
+            ``assistant``); it changes the labels, not the work of a step.
     """
 
     model: ModelSpec
@@ -80,6 +84,8 @@ class Workload:
     devices_per_trial: int = 1
     host_ceiling_bytes: int | None = None
     rank_devices: tuple[int, ...] = ()
+    trainer: str = "trainer"
+    loss_on: str = "all"
 
     @classmethod
     def for_model(

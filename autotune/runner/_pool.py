@@ -20,6 +20,7 @@ from autotune.runner._deadlines import POLL_S, TrialDeadlines, finished
 from autotune.runner._failures import classify_exit
 from autotune.runner._job import TrialJob
 from autotune.runner._ranks import run_ranks
+from autotune.runner._side_effects import TRIAL_ENVIRONMENT
 from autotune.runner._watch import ChildWatch
 
 # Imported once by the forkserver: every child starts with torch and transformers loaded
@@ -35,6 +36,9 @@ _context: ForkServerContext | None = None
 def forkserver_context() -> ForkServerContext:
     global _context
     if _context is None:
+        # The forkserver inherits this environment and imports transformers (hence huggingface_hub,
+        # which reads its telemetry switch once) before any child sets its own.
+        os.environ.update(TRIAL_ENVIRONMENT)
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
         _start_forkserver_deaf_to_ctrl_c()

@@ -47,7 +47,11 @@ TRIAL_OVERRIDES: dict[str, TrialOverride] = {
 # report its progress to the job's controller as the user's run's (transformers/training_args.py,
 # ``__post_init__``; integrations/integration_utils.py, ``is_kubeflow_available``). Set in every
 # trial child's environment (runner._limits.child_environment).
-TRIAL_ENVIRONMENT = {"DISABLE_KUBEFLOW_INTEGRATION": "TRUE"}
+# TRL's trainers send a usage ping to the Hub when built (trl/trainer/base_trainer.py,
+# ``_send_telemetry``) unless huggingface_hub's telemetry is off, which it reads from
+# ``HF_HUB_DISABLE_TELEMETRY`` once, when it is imported (huggingface_hub/constants.py:244): so it is
+# also in the forkserver's environment before its preload imports transformers (runner._pool).
+TRIAL_ENVIRONMENT = {"DISABLE_KUBEFLOW_INTEGRATION": "TRUE", "HF_HUB_DISABLE_TELEMETRY": "1"}
 # The DeepSpeed config's own reporting (deepspeed/monitor/config.py: each writes files or reports to
 # a service from every rank that trains): switched off in a trial's copy of the config.
 DEEPSPEED_MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet")

@@ -7,8 +7,8 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 
 from __future__ import annotations
 
-import importlib
 import platform
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,10 +19,12 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from autotune.levers import (
     Batching,
+    TrainerParts,
     model_build_kwargs,
     trainer_parts,
     training_arguments_kwargs,
     trial_batching,
+    with_levers_off_explicit,
 )
 from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
 from autotune.runner._callbacks import load_callback
@@ -38,6 +40,8 @@ from autotune.runner._precision import (
     ran_dtype,
     utilisation_defect,
 )
+from autotune.runner._sample_lengths import SampleLengths
+from autotune.runner._sft import build_sft_trainer, class_named, fullest_batch
 from autotune.runner._side_effects import trial_overrides
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.devices import DeviceSpec
@@ -47,6 +51,7 @@ from autotune.spec.flops import utilisation
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft
+from autotune.spec.sft import TRAINER_CLASSES
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -138,27 +143,20 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
         model_build_s = time.perf_counter() - build_started
         batching = trial_batching(job.config)
-        trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
-        kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
-        args = arguments_class(**{**kwargs, **harness_arguments(job, batching)})
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
         # this step was skipped; its scalar read waits for work the timer's synchronize waits for anyway.
         recorder = LossRecorder()
-        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder))
-        trainer = trainer_class(
-            model=model,
-            args=args,
-            train_dataset=build_dataset(job, batching),
-            data_collator=build_collator(job, batching),
-            callbacks=[
-                recorder,
-                timer,
-                *(load_callback(name)() for name in workload.callbacks),
-                *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
-            ],
-            **trainer_kwargs,
-        )
+        lengths = SampleLengths()
+        timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder, lengths))
+        callbacks = [
+            recorder,
+            timer,
+            *(load_callback(name)() for name in workload.callbacks),
+            *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
+        ]
+        trainer = build_trainer(job, model, batching, callbacks)
         recorder.attach(trainer)  # its probe of the model's loss runs one forward: before the autocast hooks
+        lengths.attach(trainer)
         autocast = AutocastRecorder(torch, workload.device.kind)
         if job.config.compiled_as is None:
             # Not on a model torch.compile traces: dynamo would trace the hook (and guard on its state),
@@ -167,9 +165,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         peaks, peak_batch = probe.peaks(), ""
-        varying = workload.dataset is not None and batching.varies
+        varying = batches_vary(job, batching)
         if varying:
-            peaks, peak_batch = worst_case_peaks(trainer, batching, probe, peaks)
+            peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
     finally:
@@ -181,13 +179,17 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     diverged = nonfinite_reason(record, stats.measured_steps)
     # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
     trained = trained_fraction(stats.measured_steps, record.skipped_measured)
-    # Batches of different lengths (padding longest / padding_free) differ in cost by design: their
-    # throughput is the mean over the measured steps, not the median of a window.
+    # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
+    # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
     samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
+    if workload.trainer == "sft":  # the samples trained, however TRL's packing puts them in rows
+        samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
-    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s)
+    # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
+    context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
+    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
     hardware_tflops = hardware_tflops_of(
-        workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s
+        workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s, context
     )
     # The peak of the precision that ran (read back from torch), not of the lever's name.
     peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
@@ -201,6 +203,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * workload.seq_len,
         real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
+        attention_context=context or float(workload.seq_len),
         model_tflops=model_tflops,
         hardware_tflops=hardware_tflops,
         mfu=None if mfu is not None and mfu > 1 else mfu,
@@ -240,10 +243,11 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
 
 
 def worst_case_peaks(
-    trainer: Trainer, batching: Batching, probe: MemoryProbe, measured: dict[str, int]
+    trainer: Trainer, job: TrialJob, batching: Batching, probe: MemoryProbe, measured: dict[str, int]
 ) -> tuple[dict[str, int], str]:
     """One more optimizer step, after the timed ones, on the fullest batch the data can produce
-    (:func:`autotune.runner._loader.worst_case_batch`), through the Trainer's own ``training_step``
+    (:func:`autotune.runner._loader.worst_case_batch`; under SFTTrainer the longest prepared rows
+    through TRL's collator, :func:`autotune.runner._sft.fullest_batch`), through the Trainer's own ``training_step``
     (its autocast, its accelerator) and optimizer: the trial's peak is the larger of the two, so a
     config that fits stays inside memory for the whole run, not only for the batches it was timed on.
 
@@ -251,11 +255,14 @@ def worst_case_peaks(
         The peaks after it (``measured_steps_peak_bytes``: the timed steps' ceiling figure), and
         which batch set the ceiling's figure.
     """
-    from autotune.runner._loader import worst_case_batch
+    if job.workload.trainer == "sft":
+        batch, words = fullest_batch(trainer, trainer.args.per_device_train_batch_size)
+    else:
+        from autotune.runner._loader import worst_case_batch
 
-    batch, words = worst_case_batch(
-        trainer.train_dataset, trainer.args.per_device_train_batch_size, batching, trainer.data_collator
-    )
+        batch, words = worst_case_batch(
+            trainer.train_dataset, trainer.args.per_device_train_batch_size, batching, trainer.data_collator
+        )
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -275,6 +282,7 @@ def runtime_readings(
         else accelerator_autocast_dtype(str(getattr(trainer.accelerator, "mixed_precision", "no")))
     )
     found = {
+        "trainer": type(trainer).__name__,  # the class that trained: Trainer, or TRL's SFTTrainer
         "matmul_precision": cuda_matmul_precision(torch) if device_kind == "cuda" else "ieee",
         "autocast_dtype": autocast_dtype or "",
         "autocast_read_from": "forward hook" if autocast.seen else "accelerator",
@@ -295,16 +303,42 @@ def build_collator(job: TrialJob, batching: Batching) -> Any:
     return batching.collator(dataset.pad_token_id, job.workload.model.model_type)
 
 
+def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list[Any]) -> Trainer:
+    """The trial's trainer (:func:`trainer_of`), with exactly the levers' arguments and the harness's:
+    the transformers ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the user's rows,
+    which it prepares and batches itself (``runner._sft``)."""
+    workload = job.workload
+    trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
+    kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
+    # Under a subclass whose defaults differ (SFTConfig), each lever field at its default is written.
+    kwargs = {**with_levers_off_explicit(kwargs, arguments_class), **harness_arguments(job, batching)}
+    if workload.trainer == "sft":
+        return build_sft_trainer(job, model, (trainer_class, arguments_class, trainer_kwargs), kwargs, callbacks)
+    return trainer_class(
+        model=model,
+        args=arguments_class(**kwargs),
+        train_dataset=build_dataset(job, batching),
+        data_collator=build_collator(job, batching),
+        callbacks=callbacks,
+        **trainer_kwargs,
+    )
+
+
 def trainer_of(job: TrialJob) -> tuple[type, type, dict[str, Any]]:
-    """The trainer class, its arguments class and the trainer's keyword arguments the trial's levers
-    choose (:func:`autotune.levers.trainer_parts`; ``transformers``' ``Trainer`` otherwise)."""
-    parts = trainer_parts(job.config)
-    return _class_named(parts.trainer), _class_named(parts.arguments), parts.kwargs
+    """The trainer class, its arguments class and the trainer's keyword arguments of the trial: the
+    workload's trainer (``--trainer``: ``autotune.spec.sft.TRAINER_CLASSES``), or one a lever chooses
+    over the Trainer's, with every lever's keyword arguments (:func:`autotune.levers.trainer_parts`)."""
+    trainer, arguments = TRAINER_CLASSES[job.workload.trainer]
+    parts = trainer_parts(job.config, TrainerParts(trainer=trainer, arguments=arguments))
+    return class_named(parts.trainer), class_named(parts.arguments), parts.kwargs
 
 
-def _class_named(name: str) -> type:
-    module, _, attr = name.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def batches_vary(job: TrialJob, batching: Batching) -> bool:
+    """Whether micro-batches differ in tokens: the user's data padded to each batch's longest or
+    flattened (``Batching.varies``), and every batching of SFTTrainer's (its collator pads to the
+    longest, and packed rows are filled to different lengths). The trial then also measures the
+    fullest batch once (:func:`worst_case_peaks`)."""
+    return job.workload.dataset is not None and (batching.varies or job.workload.trainer == "sft")
 
 
 def tokens_counted(job: TrialJob, batching: Batching) -> str:
@@ -318,7 +352,7 @@ def tokens_counted(job: TrialJob, batching: Batching) -> str:
     return batching.counts_tokens
 
 
-def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns StepTimer's callback type
+def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # noqa: ANN202 - StepTimer's callback type
     threshold = job.prune_below_samples_per_s
     if threshold is None:
         return None
@@ -329,6 +363,9 @@ def _pruner(job: TrialJob, recorder: LossRecorder):  # noqa: ANN202 - returns St
         skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
         trained = trained_fraction(len(timer.step_times), skipped)
         samples_per_step = job.config.global_batch * trained
+        if job.workload.trainer == "sft":  # the samples trained per step, as the result counts them
+            steps = timer.measured_step_numbers
+            samples_per_step = trained * lengths.totals(steps)[0] / max(len(steps), 1)
         return clearly_slower(timer.step_times, samples_per_step, threshold, job.prune_step_noise, timer.settings)
 
     return losing
@@ -342,6 +379,8 @@ def versions(device: DeviceSpec) -> dict[str, str]:
         "python": platform.python_version(),
         "device": device.name,
     }
+    if "trl" in sys.modules:  # the SFTTrainer's version, where it trained
+        found["trl"] = str(sys.modules["trl"].__version__)
     if device.kind == "cuda":
         found["cuda"] = str(torch.version.cuda)
         try:

@@ -22,6 +22,7 @@ from autotune.space._narrow import (
     filter_for_data,
     filter_for_device,
     filter_for_model,
+    filter_for_trainer,
     narrow_by_memory,
     tensor_core_note,
 )
@@ -30,18 +31,24 @@ from autotune.space._space_file import read_space_file
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 
-__all__ = ["SearchSpace", "default_space_path", "load_space"]
+__all__ = ["DEFAULT_SPACES", "SearchSpace", "default_space_path", "load_space"]
 
 
-def default_space_path() -> str:
-    """The default search space's YAML: the repository's ``search_spaces/`` when autotune runs from a
-    source tree (``PYTHONPATH=repo``, or an editable install), else the installed package's copy,
-    ``autotune.spaces``, which exists only through pyproject's ``package-dir`` mapping."""
+# The default space of each trainer: decoder LLMs under TRL's SFTTrainer get the LLM space.
+DEFAULT_SPACES = {"trainer": "default.yaml", "sft": "llm.yaml"}
+
+
+def default_space_path(trainer: str = "trainer") -> str:
+    """The default search space's YAML for ``trainer`` (:data:`DEFAULT_SPACES`): the repository's
+    ``search_spaces/`` when autotune runs from a source tree (``PYTHONPATH=repo``, or an editable
+    install), else the installed package's copy, ``autotune.spaces``, which exists only through
+    pyproject's ``package-dir`` mapping."""
+    name = DEFAULT_SPACES[trainer]
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autotune/
-    source_tree = os.path.join(os.path.dirname(package_dir), "search_spaces", "default.yaml")
+    source_tree = os.path.join(os.path.dirname(package_dir), "search_spaces", name)
     if os.path.isfile(source_tree):
         return source_tree
-    return str(resources.files("autotune.spaces").joinpath("default.yaml"))
+    return str(resources.files("autotune.spaces").joinpath(name))
 
 
 def load_space(
@@ -58,11 +65,12 @@ def load_space(
     ceiling_bytes: int | None = None,
     memory_fit: MemoryFit | None = None,
     ranks: int = 1,
+    trainer: str = "trainer",
 ) -> SearchSpace:
     """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
     Args:
-        path: The YAML file; ``None`` for the default space.
+        path: The YAML file; ``None`` for the trainer's default space (:data:`DEFAULT_SPACES`).
         device: Choices it cannot run are removed, with a note.
         model: If given, choices its architecture cannot use are removed.
         base_args: TrainingArguments the user fixed: the levers they set are fixed to match.
@@ -77,15 +85,17 @@ def load_space(
             larger one may not fit); without them ZeRO is off and the micro-batches all stay.
         memory_fit: See ``ceiling_bytes``.
         ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch.
+        trainer: ``--trainer``: choices the trainer does not train are removed, with a note.
 
     Raises:
         AutotuneError: Unreadable or invalid YAML, or nothing left that can run. (``--global-batch``
             and ``--max-global-batch`` themselves are checked with the other options,
             ``autotune.plan``.)
     """
-    path = path or default_space_path()
+    path = path or default_space_path(trainer)
     parsed = read_space_file(path)
     space = filter_for_device(parsed, device, source=path)
+    space = filter_for_trainer(space, trainer)
     if model is not None:
         space = filter_for_model(space, model)
     space = filter_for_data(space, real_data, packing)

@@ -79,6 +79,24 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
     return SearchSpace(choices=choices, notes=tuple(notes), source=source)
 
 
+def filter_for_trainer(space: SearchSpace, trainer: str) -> SearchSpace:
+    """Remove choices the study's trainer does not train (``--trainer``: TRL's packing under the
+    Trainer, the Trainer's own collators under SFTTrainer), a note each; a lever left with no
+    choice keeps its fallback, or is left out."""
+    notes = list(space.notes)
+    choices = dict(space.choices)
+    for name, values in space.choices.items():
+        lever = LEVERS.get(name)
+        if lever is None:
+            continue
+        kept = _keep(lever, values, lambda v: lever.unavailable_with_trainer(v, trainer), notes)  # noqa: B023 - called by _keep in this iteration
+        if kept:
+            choices[name] = kept
+        else:
+            del choices[name]
+    return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
+
+
 def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str], value: Any) -> str:
     """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value the device only
     emulates is left out of ``auto`` and kept, with a note, where the space lists it."""

@@ -73,6 +73,8 @@ class SpaceFile(BaseModel):
     weight_dtype: list[StrictStr] = ["fp32"]
     zero: list[StrictStr] | StrictStr = AUTO
     fsdp: list[StrictStr] | None = None
+    packing: list[StrictStr] | None = None
+    activation_offloading: list[StrictBool] | None = None
     # Constraints on micro_batch x grad_accum (not levers): --global-batch / --max-global-batch override.
     global_batch: StrictInt | None = None
     max_global_batch: StrictInt | None = None

@@ -16,6 +16,11 @@ Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
 * With ``packing``, documents are tokenized in the parent, concatenated and cut into blocks of
   exactly ``--seq-len`` tokens (no padding); the child only reads the blocks.
 
+Under ``--trainer sft`` (:func:`prepare_sft_rows`) the parent keeps the rows as they are (the
+columns of their format: ``messages``, ``prompt``/``completion`` or ``text``) and finds the
+tokenizer (the model's, else the synthetic one: ``autotune.spec.synthetic_tokenizer``); TRL's
+``SFTTrainer`` prepares them in each trial (``autotune.runner``).
+
 The ``padding`` lever shapes a batch (:func:`autotune.runner.training_collator`): ``max_length`` pads every sample to
 ``--seq-len`` (the padding is paid for in every matmul), ``longest`` pads to the batch's longest
 sample, ``padding_free`` flattens the batch into one row. Trials count the real (non-padding)
@@ -110,16 +115,8 @@ def prepare_dataset(
         AutotuneError: Unreadable data, no usable column, no tokenizer, token ids outside the
             model's vocabulary, or fewer samples than one global batch.
     """
-    try:
-        import datasets
-    except ImportError:
-        raise AutotuneError(
-            f"--dataset {path}: reading your data needs the datasets package: pip install 'autotune[data]'"
-        ) from None
-
-    datasets.disable_progress_bars()
-    user_path_kind(Path(path).expanduser(), "--dataset", allowed=("file", "directory"))
-    source = Path(path).expanduser().resolve()
+    _datasets(path)
+    source = _source(path)
     length = global_batch * (steps + 1)
     tokenizer_dir = _tokenizer_dir(model)
     key = _fingerprint(source, tokenizer_dir, text_column, packing, seq_len, model.vocab_size, length)
@@ -160,6 +157,127 @@ def prepare_dataset(
         length=length,
         packing=packing,
     )
+
+
+def peek_rows(path: str) -> tuple[list[str], dict[str, Any]]:
+    """The columns of the user's data and its first row, read without loading the rest (a
+    ``save_to_disk`` directory is memory-mapped; a file is streamed): what decides the trainer.
+
+    Raises:
+        AutotuneError: No such path, or data that cannot be read.
+    """
+    datasets = _datasets(path)
+    source = _source(path)
+    if source.is_dir():
+        rows = _read(source, path, "")
+        return list(rows.column_names), dict(rows[0])
+    if source.stat().st_size == 0:
+        raise AutotuneError(f"--dataset {path}: the file is empty; it holds no samples")
+    builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
+    try:
+        first = next(iter(datasets.load_dataset(builder, data_files=str(source), split="train", streaming=True)), None)
+    except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
+        raise AutotuneError(f"--dataset {path}: cannot read it ({_root_cause(exc)})") from None
+    if first is None:
+        raise AutotuneError(f"--dataset {path}: it holds no samples")
+    return list(first), dict(first)
+
+
+def prepare_sft_rows(
+    path: str,
+    model: ModelSpec,
+    data: str,
+    loss_on: str,
+    global_batch: int,
+    steps: int,
+    cache_root: str,
+    notes: list[str],
+) -> PreparedDataset:
+    """Read and check the user's rows once for ``--trainer sft``, and write what the trials hand SFTTrainer.
+
+    The rows keep their format's columns untouched (TRL prepares them in each trial); as many as a
+    trial can take, the longest kept (by their characters, a proxy for tokens) so the fullest batch
+    the data makes is met (``autotune.runner``: worst-case batch). The tokenizer is the ``--model``
+    directory's (or its Hugging Face cache entry's), else the synthetic tokenizer with a note.
+
+    Args:
+        data: The rows' format (``autotune.spec.sft.FORMATS``).
+        loss_on: The study's loss: the tokenizer's chat template must mark the assistant's tokens for
+            ``assistant`` (``autotune.spec.sft.check_chat_template``).
+        notes: Where the synthetic tokenizer's note goes.
+
+    Raises:
+        AutotuneError: Unreadable data, a tokenizer that cannot load, is larger than the model's
+            vocabulary or cannot render the rows, or fewer rows than one global batch.
+    """
+    from autotune.spec.sft import FORMAT_COLUMNS, check_chat_template
+    from autotune.spec.synthetic_tokenizer import tokenizer_dir as synthetic_tokenizer_dir
+
+    _datasets(path)
+    source = _source(path)
+    tokenizer_dir = _tokenizer_dir(model)
+    if tokenizer_dir is None:
+        tokenizer_dir = synthetic_tokenizer_dir(os.path.join(cache_root, "tokenizers"), model.vocab_size)
+        notes.append(
+            f"{model.name} has no tokenizer here: the synthetic word-level tokenizer tokenizes {path} "
+            "(one corpus word is one token, a ChatML chat template; token counts are the corpus's words)"
+        )
+    check_chat_template(_load_tokenizer(tokenizer_dir, model, path), loss_on, data)  # fits the vocabulary too
+    length = global_batch * (steps + 1)
+    key = _fingerprint(source, tokenizer_dir, f"sft:{data}", False, 0, model.vocab_size, length)
+    prepared_dir = Path(cache_root) / f"dataset-{key}"
+    columns = list(FORMAT_COLUMNS[data])
+    if not (prepared_dir / _META_FILE).is_file():
+        with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:
+            rows = _read(source, path, scratch).select_columns(columns)
+            chosen: Any = range(min(length, rows.num_rows))
+            if rows.num_rows > length:
+                sizes = _row_characters(rows)
+                chosen = _sample_with_the_longest(sizes, length, global_batch)
+            meta = {"column": data, "num_samples": rows.num_rows, "column_read": data, "tokenizer_dir": tokenizer_dir}
+            _save_atomically(rows.select(chosen), {**meta, "pad_token_id": 0}, prepared_dir)
+    meta = json.loads((prepared_dir / _META_FILE).read_text())
+    if meta["num_samples"] < global_batch:
+        raise AutotuneError(
+            f"--dataset {path}: {meta['num_samples']} rows is less than one global batch of the search space "
+            f"({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
+        )
+    return PreparedDataset(
+        label=f"{source} ({data} rows, prepared by SFTTrainer)",
+        source=str(source),
+        prepared_dir=str(prepared_dir.resolve()),
+        column=data,
+        tokenizer_dir=meta["tokenizer_dir"],
+        pad_token_id=int(meta["pad_token_id"]),
+        num_samples=int(meta["num_samples"]),
+        length=length,
+        packing=False,
+    )
+
+
+def _row_characters(rows: Any) -> Any:
+    """Each row's size in characters of its JSON form (chat rows are lists of messages)."""
+    import numpy
+
+    return numpy.array([len(json.dumps(row, ensure_ascii=False)) for row in rows])
+
+
+def _datasets(path: str) -> Any:
+    """The ``datasets`` package, its progress bars off; one line where it is not installed."""
+    try:
+        import datasets
+    except ImportError:
+        raise AutotuneError(
+            f"--dataset {path}: reading your data needs the datasets package: pip install 'autotune[data]'"
+        ) from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def _source(path: str) -> Path:
+    """The ``--dataset`` path, resolved, after the one check of what it is (``spec.files.user_path_kind``)."""
+    user_path_kind(Path(path).expanduser(), "--dataset", allowed=("file", "directory"))
+    return Path(path).expanduser().resolve()
 
 
 def _read(source: Path, path: str, cache_dir: str) -> Any:
@@ -207,7 +325,7 @@ def _library_logs_quiet() -> Iterator[None]:
 
 def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]  # the chain's cause is an exception too
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 

@@ -466,7 +466,7 @@ def nvml_device_handle(pynvml, device_id: str, index: int):  # noqa: ANN001, ANN
     return handle
 
 
-def _legacy_mig_handle(pynvml, parent, device_id: str, index: int):  # noqa: ANN001, ANN202
+def _legacy_mig_handle(pynvml, parent, device_id: str, index: int):  # noqa: ANN001, ANN202 - pynvml ships no types
     """The MIG device ``MIG-GPU-<uuid>/<gi>/<ci>`` names: the parent's MIG device of that GPU instance."""
     try:
         gpu_instance = int(device_id.split("/")[1])
@@ -482,14 +482,14 @@ def _legacy_mig_handle(pynvml, parent, device_id: str, index: int):  # noqa: ANN
     raise AutotuneError(f"--gpu {index}: GPU instance {gpu_instance} of {device_id} does not exist")
 
 
-def _is_mig(pynvml, handle) -> bool:  # noqa: ANN001
+def _is_mig(pynvml, handle) -> bool:  # noqa: ANN001 - pynvml ships no types
     try:
         return bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
     except pynvml.NVMLError:
         return False  # a driver without MIG support
 
 
-def _mig_enabled(pynvml, handle) -> bool:  # noqa: ANN001
+def _mig_enabled(pynvml, handle) -> bool:  # noqa: ANN001 - pynvml ships no types
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError:
@@ -497,7 +497,7 @@ def _mig_enabled(pynvml, handle) -> bool:  # noqa: ANN001
     return current == pynvml.NVML_DEVICE_MIG_ENABLE
 
 
-def _mig_uuids(pynvml, parent) -> str:  # noqa: ANN001
+def _mig_uuids(pynvml, parent) -> str:  # noqa: ANN001 - pynvml ships no types
     found = []
     for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
         try:

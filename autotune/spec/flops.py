@@ -35,7 +35,7 @@ def attention_width(spec: ModelSpec) -> int:
     return spec.num_heads * int(head_dim)
 
 
-def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+def attention_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
     """Training FLOPs per token of the attention score and value matmuls (QK^T and AV).
 
     PaLM (Chowdhery et al. 2022), appendix B: ``12 * L * H * Q * T``. Per layer and token the
@@ -46,7 +46,7 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 12 * spec.num_layers * attention_width(spec) * seq_len
 
 
-def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+def model_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
     """Useful training FLOPs per token: forward + backward, no recomputation.
 
     PaLM (Chowdhery et al. 2022), appendix B: ``6N + 12 * L * H * Q * T`` per token, where N is the
@@ -77,7 +77,7 @@ def weight_flops_per_token(spec: ModelSpec) -> int:
     return 4 * spec.num_non_embedding_params + 6 * spec.peft.adapter_params
 
 
-def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
+def recompute_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
     """FLOPs that full activation checkpointing adds per token: one more forward of every block.
 
     Forward cost is a third of training cost (2N of 6N; ``4 * L * H * Q * T`` of the attention
@@ -89,12 +89,12 @@ def recompute_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 2 * (spec.num_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
 
 
-def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> int:
+def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> float:
     """Useful training FLOPs for one sequence of ``seq_len`` tokens (the ranking metric's numerator)."""
     return model_flops_per_token(spec, seq_len) * seq_len
 
 
-def hardware_flops_per_sample(spec: ModelSpec, seq_len: int, checkpointing: bool) -> int:
+def hardware_flops_per_sample(spec: ModelSpec, seq_len: float, checkpointing: bool) -> float:
     """FLOPs the device executes for one sequence, counting recomputation under checkpointing."""
     flops = model_flops_per_token(spec, seq_len)
     if checkpointing:
@@ -112,25 +112,41 @@ def utilisation(achieved_tflops: float, peak_tflops: float | None) -> float | No
     return achieved_tflops / peak_tflops
 
 
-def model_tflops(spec: ModelSpec, seq_len: int, samples_per_s: float, real_tokens_per_s: float | None = None) -> float:
+def model_tflops(
+    spec: ModelSpec,
+    seq_len: int,
+    samples_per_s: float,
+    real_tokens_per_s: float | None = None,
+    context: float | None = None,
+) -> float:
     """Useful TFLOPs per second: the ranking's figure.
 
     With synthetic tokens every token is real: ``samples/s x model_flops_per_sample``. With the
     user's data (``real_tokens_per_s`` given) padding is not useful work: only the real tokens
-    count, each at :func:`model_flops_per_token` for ``seq_len``. Its attention term assumes a
-    ``seq_len`` context, an upper bound for shorter samples; it is the same for every
-    configuration of one study, so the ranking follows real tokens/s.
+    count, every one forward and backward (a loss on the completion or the assistant's tokens only
+    changes the labels, not this work). The attention term counts each sample over its own length:
+    ``12 L H Q sum s_i^2`` for samples of ``s_i`` tokens, whether padded to their batch's longest or
+    flattened and packed beside others, which is ``real tokens x context`` with ``context`` the
+    token-weighted mean sample length ``sum s_i^2 / sum s_i`` the trial read from its batches
+    (``autotune.runner``); without it, ``seq_len`` (an upper bound).
     """
     if real_tokens_per_s is None:
         return samples_per_s * model_flops_per_sample(spec, seq_len) / 1e12
-    return real_tokens_per_s * model_flops_per_token(spec, seq_len) / 1e12
+    return real_tokens_per_s * model_flops_per_token(spec, context or seq_len) / 1e12
 
 
 def hardware_tflops(
-    spec: ModelSpec, seq_len: int, samples_per_s: float, checkpointing: bool, real_tokens_per_s: float | None = None
+    spec: ModelSpec,
+    seq_len: int,
+    samples_per_s: float,
+    checkpointing: bool,
+    real_tokens_per_s: float | None = None,
+    context: float | None = None,
 ) -> float:
     """TFLOPs per second the device executed, recomputation included; with the user's data, on
-    real tokens (the work spent on padding is not counted: a lower bound)."""
+    real tokens over their own lengths as :func:`model_tflops` counts them (the work spent on
+    padding is not counted: a lower bound)."""
     if real_tokens_per_s is None:
         return samples_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / 1e12
-    return real_tokens_per_s * hardware_flops_per_sample(spec, seq_len, checkpointing) / seq_len / 1e12
+    attended = context or seq_len
+    return real_tokens_per_s * hardware_flops_per_sample(spec, attended, checkpointing) / attended / 1e12

@@ -102,6 +102,9 @@ class ModelSpec:
         local_dir: The local directory the config came from, if any (tokenizer lives there too).
         peft: The adapters every trial trains instead of the whole model (``--peft``), with their
             counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
+        fused_lm_head: The loss is taken through a fused, chunked language-model head that never
+            makes the ``b x s x V`` logits: TRL's SFTTrainer patches every model so
+            (trl/trainer/sft_trainer.py:1142-1147). Set by :func:`autotune.spec.sft.for_trainer`.
     """
 
     name: str
@@ -121,6 +124,7 @@ class ModelSpec:
     num_block_params: int
     local_dir: str | None = None
     peft: PeftSpec | None = None
+    fused_lm_head: bool = False
 
     @property
     def model_type(self) -> str:

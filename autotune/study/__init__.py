@@ -22,7 +22,7 @@ from autotune.study._loop import measured_trials
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest, default_study_name, prepare_request
 from autotune.study._run import SearchHooks, search
 from autotune.study._screening import margin_for, memory_fit_from_trials
-from autotune.study._seeds import hf_default_config
+from autotune.study._seeds import default_config
 from autotune.study._setup import check_identity, open_study
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
     "SearchRequest",
     "check_identity",
     "default_study_name",
-    "hf_default_config",
+    "default_config",
     "margin_for",
     "measured_trials",
     "memory_fit_from_trials",

@@ -229,12 +229,12 @@ class DistinctThompsonSampler(BaseSampler):
 
     def _untaken(self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey]) -> list[dict[str, Any]] | None:
         """Every untaken config of a space small enough to enumerate, else ``None``."""
-        sizes: list[int] = [len(d.choices) for d in search_space.values()]  # type: ignore[attr-defined]
+        sizes: list[int] = [len(d.choices) for d in search_space.values()]  # type: ignore[attr-defined]  # autotune's spaces are categorical
         if math.prod(sizes) > MAX_ENUMERATED:
             return None
         names = list(search_space)
         configs = []
-        for values in itertools.product(*(search_space[n].choices for n in names)):  # type: ignore[attr-defined]
+        for values in itertools.product(*(search_space[n].choices for n in names)):  # type: ignore[attr-defined]  # autotune's spaces are categorical
             params = dict(zip(names, values))
             if params_key({**self._fixed, **params}) not in taken:
                 configs.append(params)
@@ -247,7 +247,7 @@ class DistinctThompsonSampler(BaseSampler):
         if untaken is not None:
             return untaken[int(rng.randint(len(untaken)))]
         for _ in range(DRAWN_CANDIDATES):
-            params = {n: d.choices[int(rng.randint(len(d.choices)))] for n, d in search_space.items()}  # type: ignore[attr-defined]
+            params = {n: d.choices[int(rng.randint(len(d.choices)))] for n, d in search_space.items()}  # type: ignore[attr-defined]  # categorical
             if params_key({**self._fixed, **params}) not in taken:
                 return params
         return {}

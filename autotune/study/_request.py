@@ -70,6 +70,8 @@ class SearchRequest:
             "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
             "base_args": workload.base_args,
             "peft": workload.model.peft.identity() if workload.model.peft else None,
+            # Only under SFTTrainer, so studies of the Trainer written before the option resume unchanged.
+            **({"trainer": workload.trainer, "loss_on": workload.loss_on} if workload.trainer != "trainer" else {}),
             # Only where it is not 1, so studies written before the option resume unchanged.
             **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
         }

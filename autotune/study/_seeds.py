@@ -1,8 +1,10 @@
 """The first two trials of every new study: the baseline the user would run, and a best-practice guess.
 
-* ``hf-default``: the ``TrainingArguments`` defaults of the installed transformers (read from the
-  dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), snapped to the
-  search space's choices. Measuring it is what makes "speedup over the default" a measured figure.
+* ``hf-default``: the defaults of the trainer's arguments class as installed: ``TrainingArguments``
+  (read from the dataclass, not remembered: transformers 5 defaults to ``adamw_torch_fused``), or
+  under ``--trainer sft`` TRL's ``SFTConfig`` (bf16, activation checkpointing, micro-batch 8, fused
+  AdamW, no packing), snapped to the search space's choices. Measuring it is what makes "speedup
+  over the default" a measured figure, and its loss is what every trial's is judged against.
 * ``best-practice``: what a performance guide would try first on this device (bf16 where the device
   has matmul hardware for it, else fp16 on CUDA, else fp32: a CPU without bf16 instructions emulates
   bf16 slower than fp32; fused AdamW; no checkpointing; the largest micro-batch the estimator fits
@@ -50,17 +52,34 @@ class Seed:
     notes: tuple[str, ...] = ()
 
 
-def hf_default_config() -> TrialConfig:
-    """The lever values that reproduce ``TrainingArguments()``'s defaults in the installed transformers:
-    the inverse of the mapping (:func:`autotune.levers.lever_values_from_base_args`) applied to them.
-    Levers that act outside ``TrainingArguments`` keep their own default (the model's attention, ...)."""
-    from transformers import TrainingArguments
+def default_config(trainer: str = "trainer") -> TrialConfig:
+    """The lever values that reproduce the trainer's arguments class at its defaults in the installed
+    version: ``TrainingArguments()``, or TRL's ``SFTConfig()`` under ``--trainer sft`` (bf16 on, activation
+    checkpointing on, no packing: trl/trainer/base_config.py:62-75, :107-108; sft_config.py).
 
+    Read from the class, not remembered: each field's declared default, and where a class declares
+    ``None`` for a lever's field and decides in ``__post_init__`` (``SFTConfig``'s ``bf16``, which becomes
+    ``not fp16``), the value it resolves to when built (on the CPU, which judges no device). The inverse
+    of the mapping (:func:`autotune.levers.lever_values_from_base_args`) turns them into lever values;
+    levers that act outside the arguments keep their own default (the model's attention, ...).
+    """
+    import tempfile
+    import warnings
+
+    from autotune.plan import arguments_class
+
+    cls = arguments_class(trainer)
     defaults = {
         field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[operator]  # a factory where no default
-        for field in dataclasses.fields(TrainingArguments)
+        for field in dataclasses.fields(cls)
         if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
     }
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields}
+    if any(defaults.get(field, 0) is None for field in lever_fields):
+        with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers 5.24: gradient_checkpointing is deprecated (TRL sets it)
+            resolved = cls(output_dir=scratch, use_cpu=True)
+        defaults.update({f: getattr(resolved, f) for f in lever_fields if f in defaults and defaults[f] is None})
     return TrialConfig(**lever_values_from_base_args(defaults))
 
 
@@ -136,7 +155,7 @@ def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
 
 def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(hf_default_config(), space, workload.device)
+    default_params, default_notes = snap_to_space(default_config(workload.trainer), space, workload.device)
     best = best_practice_config(space, workload)
     best_params, _ = snap_to_space(best, space, workload.device)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]

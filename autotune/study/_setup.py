@@ -82,11 +82,13 @@ def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable
         AutotuneError: Naming each difference, and what to do instead.
     """
     stored = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
-    names = list(keys) if keys is not None else list(expected)
+    # Both sides' keys: an identity names a setting only where it is not its default (the trainer,
+    # the ranks), so a study made under SFTTrainer differs from one of the Trainer by a key one lacks.
+    names = list(keys) if keys is not None else list(dict.fromkeys([*expected, *stored]))
     differs = [
-        f"{name} {stored.get(name)!r} there, {expected[name]!r} here"
+        f"{name} {stored.get(name)!r} there, {expected.get(name)!r} here"
         for name in names
-        if stored.get(name) != expected[name]
+        if stored.get(name) != expected.get(name)
     ]
     if differs:
         raise AutotuneError(

@@ -21,6 +21,7 @@ from autotune.result import (
     judged_trials,
     params_key,
 )
+from autotune.spec.sft import work_counted
 from autotune.storage import schema
 from autotune.units import format_bytes
 
@@ -313,6 +314,19 @@ def winner_summary(best: RankedTrial) -> str:
             f"{format_bytes(result.ceiling_bytes)} ceiling"
         )
     return f"#{best.number} ({best.config.short()}){measured}"
+
+
+def study_trainer(study: optuna.Study) -> str:
+    """The study's trainer (``trainer``, or ``sft``: TRL's SFTTrainer), from its identity."""
+    return str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("trainer", "trainer"))
+
+
+def describe_work_counted(study: optuna.Study) -> str | None:
+    """Under SFTTrainer, what the ranking's model TFLOPs count (``None`` for other studies)."""
+    identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
+    if identity.get("trainer") != "sft":
+        return None
+    return work_counted(str(identity.get("loss_on", "all")))
 
 
 def describe_ranking_basis(study: optuna.Study) -> str:

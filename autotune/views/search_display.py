@@ -31,6 +31,7 @@ from autotune.result import (
     precision_note,
     winner_loss,
 )
+from autotune.spec.sft import BASELINE_WORDS, DEFAULT_ARGUMENTS_WORDS
 from autotune.storage import schema
 from autotune.units import format_bytes
 from autotune.views.ranking import (
@@ -41,8 +42,10 @@ from autotune.views.ranking import (
     describe_ranking_basis,
     describe_standing,
     describe_winner,
+    describe_work_counted,
     speedup_over_default,
     study_ranking,
+    study_trainer,
 )
 
 # The terminal style of each status (a test checks it covers exactly autotune.result.Status).
@@ -213,7 +216,7 @@ class SearchView:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._live.update(self._render())
-        self._live.__exit__(*exc)  # type: ignore[arg-type]
+        self._live.__exit__(*exc)  # type: ignore[arg-type]  # the exit info this context manager was given, passed on as is
         if not self._console.is_terminal:
             # Rich ends the last render with a newline only on a terminal (rich/live.py: Live.stop);
             # in a log or a pipe the next line would run on from the progress bar.
@@ -351,6 +354,8 @@ def print_ranking(console: Console, study: Any, top: int) -> None:
     source = ranking[0].result.memory_source if ranking[0].result else ""
     console.print(trial_table(f"Feasible configurations of {study.study_name}, fastest first", ranking[:top], source))
     console.print(describe_winner(ranking))
+    if (counted := describe_work_counted(study)) is not None:
+        console.print(counted, markup=False, highlight=False, soft_wrap=True)
 
 
 def print_speedup(console: Console, study: Any) -> None:
@@ -359,12 +364,14 @@ def print_speedup(console: Console, study: Any) -> None:
     if speedup is None:
         return
     best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
-    default = f"HF default TrainingArguments (#{speedup.default_trial})"
+    trainer = study_trainer(study)
+    default = f"{DEFAULT_ARGUMENTS_WORDS[trainer]} (#{speedup.default_trial})"
+    over = f"speedup over {BASELINE_WORDS[trainer]}"
     if speedup.ratio is None:
-        console.print(f"speedup over HF default: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
+        console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
         return
     console.print(
-        f"speedup over HF default: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
+        f"{over}: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
         f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
     )
 
@@ -374,7 +381,8 @@ def print_winner_loss(console: Console, study: Any) -> None:
     ranking = study_ranking(study)
     if not ranking or ranking[0].result is None:
         return
-    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result)
+    baseline = BASELINE_WORDS[study_trainer(study)]
+    loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result, baseline)
     console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
     curve = loss.curve_text()
     if curve is not None:
@@ -387,7 +395,7 @@ def print_winner_loss(console: Console, study: Any) -> None:
     for number, result in faster:
         console.print(
             f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
-            f"({result.error or 'loss far above the HF default'})",
+            f"({result.error or f'loss far above the {baseline}'})",
             markup=False,
             highlight=False,
             soft_wrap=True,

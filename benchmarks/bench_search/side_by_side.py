@@ -17,7 +17,7 @@ from autotune.result import TrialResult
 from autotune.runner import TrialJob, Workload, child_address_space_budget, run_isolated
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
-from autotune.study import hf_default_config
+from autotune.study import default_config
 from autotune.units import format_bytes
 from benchmarks.bench_search.batch_recorder import BATCH_FILE
 from benchmarks.bench_search.grid import BENCH_MEASURE
@@ -36,7 +36,7 @@ def side_by_side(
     import psutil
 
     work = Path(tempfile.mkdtemp(prefix="bench-search-sbs-"))
-    default = hf_default_config()
+    default = default_config()
     contenders: dict[str, tuple[TrialConfig, dict[str, Any]]] = {
         "autotune winner": (winner, {}),
         "HF default TrainingArguments": (default, {}),

@@ -257,7 +257,12 @@ def test_the_fullest_micro_batch_under_each_padding():
     # Grouping by length changes typical steps, not the fullest one.
     grouped = TrialConfig(micro_batch=3, padding="longest", sampling="group_by_length")
     assert fullest(grouped, lengths) == fullest(dataclasses.replace(grouped, sampling="random"), lengths)
-    assert fullest(TrialConfig(micro_batch=3, padding="padding_free"), None) == MicroBatchShape(3, 512)
+    # Lengths unknown: the bound, three full samples, flattened into one row (its mask and scores are T x T).
+    assert fullest(TrialConfig(micro_batch=3, padding="padding_free"), None) == MicroBatchShape(1, 1536)
+    # TRL's bfd packing: one row of three packed rows, each filled up to seq_len, whatever the lengths.
+    for known in (None, lengths):
+        assert fullest(TrialConfig(micro_batch=3, packing="bfd"), known) == MicroBatchShape(1, 1536)
+    assert fullest(TrialConfig(micro_batch=3, packing="padding_free"), lengths) == MicroBatchShape(1, 1062)
 
 
 def test_padding_free_under_a_mask_based_kernel_pays_for_its_mask_and_scores(gpt2_tiny):
@@ -373,8 +378,12 @@ def test_a_real_trial_with_a_padding_lever_counts_real_tokens(
     assert record["collator"] == collator and sampler in record["sampler"]
     # Documents of 3-60 words, in 64-token slots: the real tokens are well under the slots.
     assert 0 < result.real_tokens_per_s < 0.9 * result.tokens_per_s
-    # The ranking's useful work counts the real tokens only.
-    assert result.model_tflops == pytest.approx(result.real_tokens_per_s * model_flops_per_token(model, 64) / 1e12)
+    # The ranking's useful work counts the real tokens only, the attention over each sample's own length
+    # (sum s_i^2 / sum s_i, read from the batches: under the 64-token slots).
+    assert 0 < result.attention_context < 64
+    assert result.model_tflops == pytest.approx(
+        result.real_tokens_per_s * model_flops_per_token(model, result.attention_context) / 1e12
+    )
 
 
 def test_the_trials_dataset_ends_where_its_length_does(gpt2_with_data):

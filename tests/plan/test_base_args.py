@@ -353,3 +353,37 @@ def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
     assert not list((tmp_path / "runs").glob("*/checkpoint-*"))  # no checkpoint written either
     exported = json.loads(run_cli_in_process("export", "--storage", storage, "--out", "-", cwd=tmp_path).stdout)
     assert {k: exported[k] for k in asked} == asked  # the user's run gets what it asked for
+
+
+# --- under --trainer sft: the arguments are TRL's SFTConfig
+
+
+def test_under_sft_base_args_are_sftconfig_fields_checked_by_sftconfig(tmp_path):
+    pytest.importorskip("trl")
+    fields = {"loss_type": "dft", "completion_only_loss": True, "learning_rate": 1e-4}
+    assert load_base_args(write_json(tmp_path, fields), "sft") == fields
+    with pytest.raises(
+        AutotuneError,
+        match="loss_type is not a TrainingArguments field \\(it is an SFTConfig field: train with --trainer sft\\)",
+    ):
+        load_base_args(write_json(tmp_path, {"loss_type": "dft"}))
+    # SFTConfig builds with it; SFTTrainer would refuse it in every trial (sft_trainer.py:1042).
+    with pytest.raises(AutotuneError, match="loss_type 'mse': give one of nll, dft, chunked_nll"):
+        load_base_args(write_json(tmp_path, {"loss_type": "mse"}), "sft")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_length": 512}, "remove max_length: autotune sets it from --seq-len"),
+        ({"model_init_kwargs": {"dtype": "bfloat16"}}, "remove model_init_kwargs: autotune builds the model itself"),
+        (
+            {"packing": True, "packing_strategy": "wrapped"},
+            "packing wrapped is refused: TRL's wrapped packing cuts samples mid-way",
+        ),
+    ],
+)
+def test_under_sft_what_autotune_sets_or_refuses_is_one_line(tmp_path, fields, message):
+    pytest.importorskip("trl")
+    with pytest.raises(AutotuneError, match=message):
+        load_base_args(write_json(tmp_path, fields), "sft")

@@ -13,7 +13,7 @@ from autotune.study import SearchBudget, SearchRequest
 
 
 def search_parameters() -> dict:
-    command = typer.main.get_command(app).commands["search"]  # type: ignore[attr-defined]
+    command = typer.main.get_command(app).commands["search"]  # type: ignore[attr-defined]  # Typer's app is a click Group
     return {param.name: param for param in command.params}
 
 

@@ -245,7 +245,7 @@ def readings(**overrides: int | None) -> CudaReadings:
         nvml_process_used=4 * GiB + 700 * MiB,
     )
     values.update(overrides)
-    return CudaReadings(**values)  # type: ignore[arg-type]
+    return CudaReadings(**values)  # type: ignore[arg-type]  # the fake's readings, each of its field's type
 
 
 def test_an_nvml_per_process_value_below_what_the_allocator_holds_is_discarded():

@@ -28,7 +28,11 @@ except MemoryError:
 
 
 def test_a_cpu_child_sees_no_gpu(cpu):
-    assert child_environment(cpu) == {"CUDA_VISIBLE_DEVICES": "", "DISABLE_KUBEFLOW_INTEGRATION": "TRUE"}
+    assert child_environment(cpu) == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "DISABLE_KUBEFLOW_INTEGRATION": "TRUE",
+        "HF_HUB_DISABLE_TELEMETRY": "1",  # TRL's SFTTrainer sends telemetry unless told not to
+    }
 
 
 def test_a_trial_inside_a_kubeflow_job_reports_nothing_to_its_controller(cpu, tmp_path, monkeypatch):

@@ -252,6 +252,45 @@ def test_shipped_spaces_load_on_the_cpu(cpu, name):
     assert space.size >= 1
 
 
+def test_the_llm_space_is_sfts_default_and_keeps_what_a_cpu_runs_with_a_note_for_the_rest(cpu):
+    """Under --trainer sft the LLM space is the default; on the CPU flash and flex attention, Liger,
+    activation offloading (CUDA) go, each with a note, and TRL's packing stays."""
+    from autotune.space import default_space_path
+    from autotune.spec.models import resolve_model
+
+    assert default_space_path("sft").endswith("llm.yaml") and default_space_path().endswith("default.yaml")
+    space = load_space(None, cpu, model=resolve_model("llama-tiny"), trainer="sft")
+    assert space.source.endswith("llm.yaml")
+    assert space.choices["packing"] == ["off", "padding_free", "bfd"]
+    assert space.choices["attn_implementation"] == ["sdpa", "eager"]
+    assert space.choices["dtype"] == ["bf16"] and space.choices["weight_dtype"] == ["fp32", "bf16"]
+    assert space.choices["liger"] == [False] and space.choices["activation_offloading"] == [False]
+    notes = "\n".join(space.notes)
+    for removed in ("flex_attention removed", "flash_attention_2 removed", "liger true removed"):
+        assert removed in notes
+    assert "activation_offloading true removed: TRL's activation offloading" in notes
+
+
+def test_each_trainer_keeps_its_own_batching_levers(tmp_path, cpu):
+    """TRL's packing under the Trainer and the Trainer's padding collators under SFTTrainer are
+    removed, a note each (the default value stays: it changes nothing)."""
+    path = tmp_path / "space.yaml"
+    path.write_text('packing: ["off", bfd]\npadding: [max_length, longest]\n')
+    under_trainer = load_space(str(path), cpu, real_data=True)
+    assert under_trainer.choices["packing"] == ["off"] and under_trainer.choices["padding"] == ["max_length", "longest"]
+    assert any("packing bfd removed: it is how TRL's SFTTrainer batches samples" in n for n in under_trainer.notes)
+    under_sft = load_space(str(path), cpu, real_data=True, trainer="sft")
+    assert under_sft.choices["packing"] == ["off", "bfd"] and under_sft.choices["padding"] == ["max_length"]
+    assert any("padding longest removed: under --trainer sft TRL's collator" in n for n in under_sft.notes)
+
+
+def test_a_space_naming_wrapped_packing_is_refused_with_its_reason(tmp_path, cpu):
+    path = tmp_path / "space.yaml"
+    path.write_text("packing: [bfd, wrapped]\n")
+    with pytest.raises(AutotuneError, match="packing: wrapped is refused: TRL's wrapped packing cuts samples mid-way"):
+        load_space(str(path), cpu, trainer="sft")
+
+
 # --- constrain_global_batch: a fixed or capped global batch, which (micro-batch, accumulation) pairs are searched
 
 

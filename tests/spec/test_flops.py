@@ -126,3 +126,23 @@ def test_utilisation_needs_a_known_peak():
     assert utilisation(100.0, 400.0) == 0.25
     assert utilisation(100.0, None) is None
     assert utilisation(100.0, 0.0) is None
+
+
+def test_real_tokens_attend_over_their_own_samples_not_the_rows(gpt2_tiny):
+    """With the user's data each sample's attention counts over its own length, whether padded to its
+    batch's longest or packed beside others: ``12 L H Q sum s_i^2``, i.e. real tokens x the context
+    ``sum s_i^2 / sum s_i`` the trial read; every real token counts ``6N`` (the loss's labels do not)."""
+    from autotune.spec.flops import attention_width, hardware_tflops, model_tflops, weight_flops_per_token
+
+    lengths = [10, 30, 60]
+    tokens, squares = sum(lengths), sum(n * n for n in lengths)
+    expected = (
+        tokens * weight_flops_per_token(gpt2_tiny) + 12 * gpt2_tiny.num_layers * attention_width(gpt2_tiny) * squares
+    )
+    context = squares / tokens
+    assert model_tflops(gpt2_tiny, 128, 0.0, tokens, context) * 1e12 == pytest.approx(expected)
+    # Without a context the row's length is the bound, above every packing of the same samples.
+    assert model_tflops(gpt2_tiny, 128, 0.0, tokens) > model_tflops(gpt2_tiny, 128, 0.0, tokens, context)
+    no_ckpt = hardware_tflops(gpt2_tiny, 128, 0.0, False, tokens, context)
+    assert no_ckpt == pytest.approx(model_tflops(gpt2_tiny, 128, 0.0, tokens, context))
+    assert hardware_tflops(gpt2_tiny, 128, 0.0, True, tokens, context) > no_ckpt

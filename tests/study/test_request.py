@@ -118,3 +118,71 @@ def test_the_default_study_name_is_model_device_and_seq_len(cpu, tmp_path):
     local = tmp_path / "my model"
     local.mkdir()
     assert default_study_name(str(local), cpu, 128) == "my-model-cpu-s128"  # a local directory: its name, made safe
+
+
+# --- the trainer of a study: SFTTrainer for chat rows, fixed for the study
+
+
+def sft_options(tmp_path, fmt: str = "messages", **changes) -> SearchOptions:
+    """``autotune search --model llama-tiny --dataset chat.jsonl --device cpu --seq-len 64`` (the LLM space)."""
+    from tests.support.sft import chat_file
+
+    settings = {
+        "model": "llama-tiny",
+        "device": "cpu",
+        "seq_len": 64,
+        "dataset": str(chat_file(tmp_path, fmt)),
+        "memory_ceiling": "8GiB",
+        "max_global_batch": 16,  # the corpus's 120 rows hold a global batch of 16
+        "work_dir": str(tmp_path / "runs"),
+    }
+    return SearchOptions(**{**settings, **changes})
+
+
+def test_chat_rows_train_under_sfttrainer_with_the_llm_space_and_the_synthetic_tokenizer(tmp_path):
+    pytest.importorskip("trl")
+    prepared = prepare_request(sft_options(tmp_path), 16 * GiB)
+    workload = prepared.request.workload
+    assert (workload.trainer, workload.loss_on) == ("sft", "all")
+    assert workload.model.fused_lm_head and workload.dataset.column == "messages"
+    assert prepared.request.space.source.endswith("llm.yaml")
+    notes = "\n".join(prepared.notes)
+    assert "trainer: TRL's SFTTrainer on your rows" in notes and "search space: search_spaces/llm.yaml" in notes
+    assert "the synthetic word-level tokenizer tokenizes" in notes
+    identity = prepared.request.identity()
+    assert identity["trainer"] == "sft" and identity["loss_on"] == "all"
+    pairs = prepare_request(sft_options(tmp_path, "prompt-completion"), 16 * GiB).request.workload
+    assert pairs.loss_on == "completion"  # TRL's default on prompt/completion rows
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"loss_on": "completion"}, "--loss-on completion needs prompt and completion columns"),
+        ({"packing": True}, "under --trainer sft TRL packs"),
+        ({"model": "bert-tiny"}, "--trainer sft trains causal language models"),
+        ({"trainer": "trainer", "loss_on": "all"}, "--loss-on chooses SFTTrainer's loss: use it with --trainer sft"),
+    ],
+)
+def test_what_sft_cannot_train_is_refused_before_any_trial(tmp_path, changes, message):
+    pytest.importorskip("trl")
+    with pytest.raises(AutotuneError, match=message):
+        options_given = sft_options(tmp_path, **changes)
+        options_given.check()
+        prepare_request(options_given, 16 * GiB)
+
+
+def test_a_study_of_one_trainer_is_not_resumed_under_the_other(tmp_path, sqlite_url):
+    """The same model, rows and length under the Trainer: refused, naming the trainer."""
+    pytest.importorskip("trl")
+    from autotune.storage import open_storage
+    from autotune.study import open_study
+
+    under_sft = prepare_request(sft_options(tmp_path, "text", trainer="sft"), 16 * GiB).request
+    open_study(open_storage(sqlite_url), "chat", under_sft)
+    assert under_sft.workload.trainer == "sft"
+    under_trainer = dataclasses.replace(
+        under_sft, workload=dataclasses.replace(under_sft.workload, trainer="trainer", loss_on="all")
+    )
+    with pytest.raises(AutotuneError, match="another setup \\(trainer 'sft' there, None here"):
+        open_study(open_storage(sqlite_url), "chat", under_trainer)

@@ -21,7 +21,7 @@ from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
 from autotune.study._seeds import (
     SEED_FILL_FRACTION,
     best_practice_config,
-    hf_default_config,
+    default_config,
     snap_to_space,
     study_seeds,
 )
@@ -46,7 +46,7 @@ FAKE_V100 = DeviceSpec(
 def test_the_hf_default_is_read_from_the_installed_training_arguments():
     from transformers import TrainingArguments
 
-    default = hf_default_config()
+    default = default_config()
     args = TrainingArguments(output_dir="unused")
     assert default.micro_batch == args.per_device_train_batch_size == 8
     assert default.grad_accum == args.gradient_accumulation_steps == 1
@@ -64,7 +64,7 @@ def test_a_default_outside_the_space_is_snapped_to_the_nearest_choice_with_a_not
             "pin_memory": [False],
         }
     )
-    params, notes = snap_to_space(hf_default_config(), space, cpu)
+    params, notes = snap_to_space(default_config(), space, cpu)
     assert params == {"micro_batch": 4, "dtype": "bf16", "optim": "adamw_torch", "pin_memory": False}
     assert len(notes) == 3  # micro_batch, dtype, optim; pin_memory on the CPU was explained by the space filter
     assert any("micro_batch 8 is not in the search space" in n and "4" in n for n in notes)
@@ -251,7 +251,7 @@ def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_stu
     study = optuna.load_study(study_name=searched_study.study_name, storage=searched_study.storage)
     first, second = study.trials[:2]
     assert first.user_attrs["seed"] == HF_DEFAULT and second.user_attrs["seed"] == BEST_PRACTICE
-    expected = dataclasses.replace(hf_default_config(), pin_memory=False)  # the CPU space drops pinning
+    expected = dataclasses.replace(default_config(), pin_memory=False)  # the CPU space drops pinning
     assert TrialConfig.from_params(first.params) == expected
     assert TrialConfig.from_params(second.params).dtype == ("bf16" if cpu.has_matmul_hardware("bf16") else "fp32")
     line = next(line for line in out.stdout.splitlines() if line.startswith("speedup over HF default"))

@@ -82,9 +82,9 @@ def install() -> None:
             raise socket.gaierror(socket.EAI_NONAME, "name unknown (the test's network guard)")
         return getaddrinfo(host, *args, **kwargs)
 
-    socket.socket.connect = guarded_connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign]
-    socket.getaddrinfo = guarded_getaddrinfo  # type: ignore[assignment]
+    socket.socket.connect = guarded_connect  # type: ignore[method-assign]  # the guard, for the test's duration
+    socket.socket.connect_ex = guarded_connect_ex  # type: ignore[method-assign]  # the guard, for the test's duration
+    socket.getaddrinfo = guarded_getaddrinfo  # type: ignore[assignment]  # the guard, for the test's duration
 
 
 def _is_address(host: str) -> bool:

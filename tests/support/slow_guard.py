@@ -60,7 +60,7 @@ def install() -> None:
     """Once per test process: the audit hook (it cannot be removed) and the guarded ``start``."""
     sys.addaudithook(_audit)
     base = multiprocessing.process.BaseProcess
-    base.start = _wrap_process_start(base.start)  # type: ignore[method-assign] - the real start, unless refused
+    base.start = _wrap_process_start(base.start)  # type: ignore[method-assign]  # the real start, unless refused
 
 
 def watch() -> None:

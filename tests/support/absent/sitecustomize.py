@@ -8,4 +8,4 @@ import os
 import sys
 
 for _name in filter(None, os.environ.get("AUTOTUNE_TEST_ABSENT", "").split(",")):
-    sys.modules[_name] = None  # type: ignore[assignment]
+    sys.modules[_name] = None  # type: ignore[assignment]  # None in sys.modules makes the import fail, as absent

@@ -1,0 +1,150 @@
+"""The ``packing`` lever: how TRL's ``SFTTrainer`` batches a trial's samples (``--trainer sft`` only).
+
+Under ``--trainer sft`` TRL prepares and batches the data itself (trl/trainer/sft_trainer.py,
+``_prepare_dataset`` and ``DataCollatorForLanguageModeling``); the Trainer path's ``padding``
+lever (its own collators) does not apply there. TRL has three ``SFTConfig`` fields for it,
+``packing``, ``packing_strategy`` and ``padding_free``, which are not independent: bfd packing
+forces ``padding_free`` on (sft_trainer.py:914-916). They are one lever here, so no trial is spent
+on two names of the same run:
+
+* ``off``: each sample its own row, the micro-batch padded to its longest sample (TRL's default);
+* ``padding_free``: the micro-batch's samples flattened into one row, no padding, position ids
+  restarting at each sample (``SFTConfig(padding_free=True)``). TRL trains it only with
+  ``max_length=None`` (sft_trainer.py:999-1004, "provide already truncated inputs"): the trial
+  truncates the tokenized samples to ``--seq-len`` as TRL's own truncation does, and the export
+  says so (``autotune.spec.sft``);
+* ``bfd``: samples packed best-fit-decreasing into rows of at most ``--seq-len`` tokens, each
+  micro-batch flattened into one row with position ids restarting at each sample
+  (``SFTConfig(packing=True, packing_strategy="bfd")``; trl/data_utils.py ``_pack_bfd``).
+
+Samples stay apart in both flattened forms because transformers builds the causal mask
+block-diagonal from the restarting position ids, for every attention implementation
+(transformers/masking_utils.py ``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices``),
+and the flash kernels read the boundaries TRL passes (``cu_seq_lens_q/k``).
+tests/levers/test_samples_stay_apart.py checks it per attention implementation, per-sample losses of
+a packed row against the same samples padded.
+
+``wrapped`` packing is refused: it concatenates samples and cuts rows of exactly ``max_length``
+mid-sample, with no sequence boundary (an all-ones mask, no position ids: trl/data_utils.py
+``_pack_wrapped``), so every sample attends to the one before it in its row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from autotune.levers._hooks import Batching, MemoryTraits, MicroBatchShape
+from autotune.levers._lever import Lever
+from autotune.levers.batching import Flattened
+
+if TYPE_CHECKING:
+    from autotune.spec.models import ModelSpec
+
+PACKINGS = ("off", "padding_free", "bfd")
+# Values a space or --base-args may name and autotune never searches, each with its reason.
+REFUSED_PACKINGS = {
+    "wrapped": (
+        "TRL's wrapped packing cuts samples mid-way and lets each attend to the one before it in its row "
+        "(no sequence boundary: trl/data_utils.py _pack_wrapped; tests/levers/test_samples_stay_apart.py); "
+        "search bfd, which keeps samples apart"
+    ),
+}
+_LABELS = {"padding_free": "padding-free", "bfd": "pack=bfd"}
+
+
+class TrlFlattened(Flattened):
+    """``packing: padding_free``: TRL's collator (``DataCollatorForLanguageModeling`` with
+    ``padding_free``, trl/trainer/sft_trainer.py:168-227) puts a micro-batch's samples in one row, position
+    ids restarting at each sample, no attention mask. SFTTrainer builds that collator itself (the trial
+    hands it none); its fullest micro-batch is the Trainer path's flattened one, the ``b`` longest samples."""
+
+    words = "flattened into one row by TRL's collator"
+
+    def collator(self, pad_token_id: int, model_type: str) -> Any:
+        return None
+
+
+class TrlPacked(TrlFlattened):
+    """``packing: bfd``: samples packed best-fit-decreasing into rows of at most ``--seq-len`` tokens
+    (trl/data_utils.py ``_pack_bfd``), each micro-batch of ``b`` packed rows flattened into one row by
+    TRL's collator. Its fullest micro-batch is ``b`` full rows, ``b x seq_len`` tokens in one row: the
+    bins fill up whatever the samples' lengths."""
+
+    words = "packed (bfd) into rows of --seq-len, flattened into one row by TRL's collator"
+
+    def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
+        return MicroBatchShape(rows=1, row_tokens=rows * seq_len)
+
+
+_BATCHINGS: dict[str, Batching] = {"padding_free": TrlFlattened(), "bfd": TrlPacked()}
+
+
+def _memory(value: str, traits: MemoryTraits) -> MemoryTraits:
+    return dataclasses.replace(traits, batching=_BATCHINGS[value]) if value in _BATCHINGS else traits
+
+
+def _to_training_args(value: str) -> dict[str, Any]:
+    if value == "bfd":
+        return {"packing": True, "packing_strategy": "bfd"}
+    if value == "padding_free":
+        # TRL refuses padding_free without packing unless max_length is None (sft_trainer.py:999-1004).
+        return {"padding_free": True, "max_length": None}
+    return {}
+
+
+def _from_training_args(args: Mapping[str, Any]) -> str:
+    if args.get("packing"):
+        return str(args.get("packing_strategy") or "bfd")
+    return "padding_free" if args.get("padding_free") else "off"
+
+
+def _unavailable_with_trainer(value: str, trainer: str) -> str:
+    if trainer != "sft":
+        return "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
+    return ""
+
+
+def _unavailable_for_model(value: str, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
+    if value == "off" or model.task == "causal-lm":
+        return ""
+    # Only the causal mask is made block-diagonal from position ids (masking_utils.py); an encoder's
+    # bidirectional mask ignores them, and a classification head takes one label per row.
+    return f"only a causal LM keeps flattened samples apart ({model.name} trains as {model.task})"
+
+
+def _export_note(value: str) -> str:
+    if value != "padding_free":
+        return ""
+    return (
+        "padding_free without packing: TRL trains it only with max_length=None (trl/trainer/sft_trainer.py:999-1004), "
+        "so the trials truncated each tokenized sample to --seq-len first, as TRL's own truncation does: "
+        "give SFTTrainer samples already truncated to that many tokens"
+    )
+
+
+PACKING = Lever(
+    name="packing",
+    value_type=str,
+    default="off",
+    doc="--trainer sft: off (padded to the batch's longest), padding_free, or bfd packing (SFTConfig)",
+    choices=PACKINGS,
+    refused=REFUSED_PACKINGS,
+    in_every_space=False,
+    fields=("packing", "packing_strategy", "padding_free", "max_length"),
+    to_training_args=_to_training_args,
+    from_training_args=_from_training_args,
+    label=lambda value: _LABELS.get(value, ""),
+    export_note=_export_note,
+    unavailable_with_trainer=_unavailable_with_trainer,
+    unavailable_for_model=_unavailable_for_model,
+    fallback="off",
+    # The child counts tokens and measures the fullest batch by its Batching; TRL prepares and
+    # collates the rows itself (autotune.runner._sft).
+    to_batching=lambda value: _BATCHINGS.get(value),
+    # It sets the fullest micro-batch: one flattened row (Batching.fullest), whose tokens (padding-free:
+    # the samples' own) the loss's tensors follow, and its T x T mask under a mask-based attention.
+    memory_parts=("activations", "logits"),
+    memory=_memory,
+)
