@@ -30,6 +30,7 @@ HEAVIEST_FIRST = (
     "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
     "tests/e2e/test_offline_install.py",
     "tests/e2e/test_byo_e2e.py",
+    "tests/e2e/test_sft_e2e.py",  # three SFTTrainer trials of llama-tiny
     "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
     "tests/e2e/test_lora_e2e.py",
     "tests/e2e/test_resume.py",
