@@ -24,23 +24,29 @@ from tests.support.postgres import postgres_server, postgres_url  # noqa: F401 -
 # A file not listed keeps its collection order after them.
 HEAVIEST_FIRST = (
     "tests/e2e/test_zero_e2e.py",
-    "tests/views/test_export.py",
-    "tests/study/test_postgres_killed_worker.py",
-    "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
-    "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
-    "tests/estimate/test_estimate.py",
-    "tests/e2e/test_byo_e2e.py",
-    "tests/study/test_postgres.py",
+    "tests/views/test_export.py",  # the searched study's first reader: it makes the study
     "tests/test_bad_state_search.py",
-    "tests/study/test_loop.py",
-    "tests/e2e/test_resume.py",
+    "tests/study/test_postgres.py",
+    "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
     "tests/e2e/test_offline_install.py",
-    "tests/study/test_confirm.py",
-    "tests/test_bad_state.py",
-    "tests/e2e/test_search_e2e.py",
+    "tests/e2e/test_byo_e2e.py",
+    "tests/e2e/test_sft_e2e.py",  # three SFTTrainer trials of llama-tiny
+    "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
     "tests/e2e/test_lora_e2e.py",
-    "tests/study/test_proposals.py",
+    "tests/e2e/test_resume.py",
+    "tests/study/test_postgres_killed_worker.py",
+    "tests/storage/test_storage.py",
     "tests/result/test_loss.py",
+    "tests/estimate/test_estimate.py",
+    "tests/e2e/test_small_micro_batch_e2e.py",
+    "tests/runner/test_faults.py",
+    "tests/e2e/test_search_e2e.py",
+    "tests/study/test_proposals.py",
+    "tests/plan/test_base_args.py",
+    "tests/study/test_loop.py",
+    "tests/study/test_confirm.py",
+    "tests/levers/test_weight_dtype.py",
+    "tests/test_bad_state.py",
     "tests/estimate/test_what_would_fit.py",
     "tests/study/test_small_ceiling.py",
     "tests/study/test_prune.py",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli, run_cli_in_process
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,8 @@ def byo_run(tmp_path_factory):
         "0",
         cwd=root,
     )
-    export = run_cli("export", "--storage", storage, "--out", "best.json", cwd=root)
+    # The search is the end-to-end run (`python -m autotune`); the export reads the study in this process.
+    export = run_cli_in_process("export", "--storage", storage, "--out", "best.json", cwd=root)
     return root, storage, search, export
 
 
@@ -101,5 +102,5 @@ def test_the_export_keeps_the_global_batch_and_the_base_args(byo_run):
     # The attention kernel was searched: a model argument, so the export says how to carry it.
     assert "attn_implementation" not in exported
     assert "note: the winner's model was built with attn_implementation=" in export.stderr
-    python_format = run_cli("export", "--storage", storage, "--format", "python", "--out", "-", cwd=root)
+    python_format = run_cli_in_process("export", "--storage", storage, "--format", "python", "--out", "-", cwd=root)
     assert "# note: the winner's model was built with attn_implementation=" in python_format.stdout

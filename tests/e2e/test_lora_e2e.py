@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -68,9 +68,12 @@ def test_every_trial_trained_the_adapters_and_its_tflops_use_the_lora_formula(lo
 
 def test_best_export_and_report_carry_the_adapters(lora_study, tmp_path):
     workdir, storage = lora_study
-    shown = run_cli("best", "--storage", storage, cwd=workdir)
+    # The study's readers in this process: the search above is the end-to-end run (`python -m autotune`).
+    shown = run_cli_in_process("best", "--storage", storage, cwd=workdir)
     assert shown.returncode == 0, shown.stderr
-    exported = run_cli("export", "--storage", storage, "--out", str(tmp_path / "best_args.json"), cwd=workdir)
+    exported = run_cli_in_process(
+        "export", "--storage", storage, "--out", str(tmp_path / "best_args.json"), cwd=workdir
+    )
     assert exported.returncode == 0, exported.stderr
     adapter_file = tmp_path / "best_args.adapter_config.json"
     assert json.loads(adapter_file.read_text()) == {**ADAPTER, "task_type": "CAUSAL_LM"}
@@ -80,6 +83,6 @@ def test_best_export_and_report_carry_the_adapters(lora_study, tmp_path):
 
     LoraConfig(**json.loads(adapter_file.read_text()))  # what the note tells the user to run
     TrainingArguments(output_dir=str(tmp_path / "run"), **json.loads((tmp_path / "best_args.json").read_text()))
-    report = run_cli("report", "--storage", storage, "--out", str(tmp_path / "report.html"), cwd=workdir)
+    report = run_cli_in_process("report", "--storage", storage, "--out", str(tmp_path / "report.html"), cwd=workdir)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "report.html").stat().st_size > 0

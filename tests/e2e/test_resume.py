@@ -19,7 +19,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.result import TrialResult
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 from tests.support.processes import wait_until_gone
 
 pytestmark = pytest.mark.slow
@@ -164,7 +164,10 @@ def test_ctrl_c_records_the_running_trial_as_interrupted_and_says_how_to_resume(
     queued = [t for t in trials if t.system_attrs.get("failed_trial") == 0]  # the resume runs it again
     assert [(t.state, t.params) for t in queued] == [(TrialState.WAITING, trials[0].params)]
 
-    listing = run_cli("best", "--all", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study-name", STUDY)
+    # The study's reader in this process: the search above is the real process the test is about.
+    listing = run_cli_in_process(
+        "best", "--all", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--study-name", STUDY, cwd=tmp_path
+    )
     assert listing.returncode == 0
     row = next(line for line in listing.stdout.splitlines() if line.lstrip("│ ").startswith("0 "))
     assert "interrupted" in row and "Ctrl-C" in row

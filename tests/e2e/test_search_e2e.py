@@ -8,7 +8,7 @@ import shutil
 import optuna
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli, run_cli_in_process
 from tests.support.searched_study import CEILING, SEARCH_TRIALS, SPACE
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_live_table_names_its_numbers(searched):
 
 def test_best_ranks_feasible_trials_fastest_first(searched):
     workdir, storage, _, _ = searched
-    shown = run_cli("best", "--storage", storage, cwd=workdir)
+    shown = run_cli_in_process("best", "--storage", storage, cwd=workdir)  # a reader: in this process
     assert shown.returncode == 0, shown.stderr
     assert "fastest first" in shown.stdout
     study = optuna.load_study(study_name="bert-tiny-cpu-s32", storage=storage)

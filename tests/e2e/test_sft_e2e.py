@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli, run_cli_in_process
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("trl")
@@ -25,7 +25,10 @@ packing: ["off", bfd]
 @pytest.fixture(scope="module")
 def sft_search(tmp_path_factory):
     root = tmp_path_factory.mktemp("sft-e2e")
-    corpus = run_cli("chat-corpus", "--out", "chat.jsonl", "--samples", "200", "--length-scale", "0.03", cwd=root)
+    # The corpus and the study's reader in this process; the search is the end-to-end run (`python -m autotune`).
+    corpus = run_cli_in_process(
+        "chat-corpus", "--out", "chat.jsonl", "--samples", "200", "--length-scale", "0.03", cwd=root
+    )
     assert corpus.returncode == 0, corpus.stderr
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'study.db'}"
@@ -37,7 +40,7 @@ def sft_search(tmp_path_factory):
         cwd=root,
         timeout=1500,
     )
-    best = run_cli("best", "--storage", storage, cwd=root)
+    best = run_cli_in_process("best", "--storage", storage, cwd=root)
     return search, best, storage
 
 

@@ -8,7 +8,7 @@ import pytest
 from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak
 from autotune.levers import TrialConfig
 from autotune.runner import trial_memory_prior
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli, run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +67,6 @@ def test_auto_searches_small_micro_batches_where_8_does_not_fit(tmp_path, cpu, g
     fitting = [t for t in study.trials if t.user_attrs.get("result", {}).get("status") == "ok"]
     assert fitting, [t.user_attrs.get("result", {}).get("status") for t in study.trials]
     assert all(t.params["micro_batch"] < 8 for t in fitting)
-    best = run_cli("best", "--storage", storage, cwd=tmp_path)
+    best = run_cli_in_process("best", "--storage", storage, cwd=tmp_path)  # the study's reader, in this process
     assert best.returncode == 0, best.stderr
     assert "mb=2" in best.stdout or "mb=4" in best.stdout

@@ -285,7 +285,7 @@ def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
 
     from autotune.spec.models import catalog_entry
     from tests.support.bad_input import TINY_SPACE
-    from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli
+    from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
     from tests.support.network_guard import LOG_VARIABLE, attempts, sitecustomize_dir
 
     asked = {
@@ -351,7 +351,7 @@ def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
     [trial] = [t for t in optuna.load_study(study_name=None, storage=storage).trials if t.state.is_finished()]
     assert trial.user_attrs["status"] == "ok", trial.user_attrs  # and it trained: a feasible trial
     assert not list((tmp_path / "runs").glob("*/checkpoint-*"))  # no checkpoint written either
-    exported = json.loads(run_cli("export", "--storage", storage, "--out", "-", cwd=tmp_path).stdout)
+    exported = json.loads(run_cli_in_process("export", "--storage", storage, "--out", "-", cwd=tmp_path).stdout)
     assert {k: exported[k] for k in asked} == asked  # the user's run gets what it asked for
 
 

@@ -131,7 +131,9 @@ def test_no_secret_is_stored_or_shown_anywhere_a_search_leaves_something(tmp_pat
     base_file.write_text(json.dumps({"learning_rate": 1e-4}))
 
     outputs: dict[str, str] = {}
-    refused = run_cli(*search, "--trials", "2", "--base-args", str(token_file), cwd=tmp_path, env=env)
+    # Refused before any trial: the entry point in this process. The search that runs trials is a real
+    # process, so that its trial children see HF_TOKEN.
+    refused = run_cli_in_process(*search, "--trials", "2", "--base-args", str(token_file), cwd=tmp_path, env=env)
     assert refused.returncode == 2 and "remove hub_token" in refused.stderr and "HF_TOKEN" in refused.stderr
     outputs["refused search"] = refused.stdout + refused.stderr
     token_file.unlink()  # the user's own file: what is scanned is what autotune wrote

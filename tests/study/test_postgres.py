@@ -8,16 +8,21 @@ pytest-xdist's --dist loadfile runs it beside these).
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import optuna
 import pytest
 from optuna.trial import TrialState
 
 from autotune.storage import open_storage
-from tests.support.cli import run_cli
-from tests.support.search_workers import STUDY, TINY_SPACE, runs_by_trial, search_command, start, study_trials
+from tests.support.cli import run_cli_in_process
+from tests.support.search_workers import (
+    STUDY,
+    TINY_SPACE,
+    runs_by_trial,
+    search_args,
+    search_command,
+    start,
+    study_trials,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -107,18 +112,9 @@ def test_workers_opening_a_new_study_at_once_set_it_up_once(postgres_url, cpu, t
 def test_a_password_in_the_url_is_never_printed_even_when_the_connection_fails(postgres_server, tmp_path):
     wrong_password = "wrong-" + postgres_server.password[::-1]
     url = postgres_server.url("postgres", password=wrong_password)
-    completed = run_cli(
-        "search",
-        "--model",
-        "bert-tiny",
-        "--device",
-        "cpu",
-        "--storage",
-        url,
-        "--trials",
-        "1",
-        cwd=tmp_path,
-        timeout=120,
+    # Refused before any trial: the entry point in this process (what a user sees is the same).
+    completed = run_cli_in_process(
+        "search", "--model", "bert-tiny", "--device", "cpu", "--storage", url, "--trials", "1", cwd=tmp_path
     )
     assert completed.returncode == 2
     assert "cannot open it" in completed.stderr
@@ -130,19 +126,14 @@ def test_a_password_given_as_a_query_parameter_is_used_and_never_printed(postgre
     """libpq reads ``?password=`` (SQLAlchemy hands the query to the driver): the search connects with
     it, and neither the search nor ``best`` nor a failed connection shows it."""
     url = postgres_url.replace(f":{postgres_server.password}@", "@") + f"?password={postgres_server.password}"
-    search = subprocess.run(
-        search_command(url, tmp_path / "runs", "--trials", "1"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        timeout=600,
-    )
+    # The test is about what is printed and stored, not about processes: the entry point in this process
+    # (a worker's arguments); the concurrent workers above are real processes.
+    search = run_cli_in_process(*search_args(url, tmp_path / "runs", "--trials", "1"), cwd=tmp_path)
     assert search.returncode == 0, search.stderr[-3000:]  # the query's password opened the database
-    best = run_cli("best", "--storage", url, cwd=tmp_path, timeout=300)
+    best = run_cli_in_process("best", "--storage", url, cwd=tmp_path)
     assert best.returncode == 0, best.stderr[-3000:]
     wrong = url.replace(postgres_server.password, "wrong-" + postgres_server.password[::-1])
-    refused = run_cli("best", "--storage", wrong, cwd=tmp_path, timeout=300)
+    refused = run_cli_in_process("best", "--storage", wrong, cwd=tmp_path)
     assert refused.returncode == 2 and "cannot open it" in refused.stderr
     assert "?password=***" in search.stdout and "?password=***" in refused.stderr  # named, redacted
     shown = search.stdout + search.stderr + best.stdout + best.stderr + refused.stdout + refused.stderr

@@ -43,8 +43,10 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
 
     ``run_cli`` (a real subprocess) stays the way to run a command whose behaviour is about processes
     (signals, a crash, a server, several workers), a search whose trials must see ``env`` (a forkserver
-    already running keeps the environment it started with), and, in tests/e2e/ and
-    tests/test_cli_errors.py, the real ``python -m autotune`` a user runs.
+    already running keeps the environment it started with), and the real ``python -m autotune`` a user
+    runs: each end-to-end search in tests/e2e/ and tests/test_cli_errors.py (the readers of the study an
+    end-to-end search made run here: an interpreter start each, under load tens of seconds, for nothing
+    the test is about).
 
     An exception escaping ``main`` is returned as exit 1 with its traceback on stderr, as a process
     would end, so a test of "no traceback" fails on it.

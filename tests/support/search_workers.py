@@ -20,10 +20,13 @@ FAST_HEARTBEATS = {"AUTOTUNE_HEARTBEAT_INTERVAL_S": "1", "AUTOTUNE_HEARTBEAT_GRA
 
 
 def search_command(storage: str, runs: Path, *extra: str) -> list[str]:
+    """A worker's `python -m autotune search` command line."""
+    return [sys.executable, "-m", "autotune", *search_args(storage, runs, *extra)]
+
+
+def search_args(storage: str, runs: Path, *extra: str) -> list[str]:
+    """The arguments after `autotune` (``run_cli_in_process`` takes them as they are)."""
     return [
-        sys.executable,
-        "-m",
-        "autotune",
         "search",
         "--model",
         "bert-tiny",
