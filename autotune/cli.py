@@ -367,14 +367,16 @@ def export(
     out: Annotated[
         str | None,
         typer.Option(
-            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml."
+            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml, "
+            "best_trl_sft.sh, best_axolotl.yaml, best_llama_factory.yaml."
         ),
     ] = None,
     fmt: Annotated[
         str,
         typer.Option(
             "--format",
-            help="json (TrainingArguments(**json.load(f))), cli (HF example script flags), python, accelerate.",
+            help="json (TrainingArguments(**json.load(f)); SFTConfig's under --trainer sft), cli (HF example script "
+            "flags), python, accelerate; an SFT study also: trl (the `trl sft` line), axolotl, llama-factory (YAML).",
         ),
     ] = "json",
     storage: StorageOption = DEFAULT_STORAGE,

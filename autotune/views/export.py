@@ -5,6 +5,10 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 ``cli`` for the flags HF example scripts parse with ``HfArgumentParser``, ``python`` for a
 ``TrainingArguments(...)`` snippet, ``accelerate`` for the part an accelerate config can carry
 (mixed precision, CPU, torch.compile).
+
+A study under ``--trainer sft`` trained TRL's ``SFTConfig``: its ``json``, ``cli`` and ``python`` are
+``SFTConfig``'s (:func:`autotune.views.sft_export.sft_config_arguments`), and three more formats say
+the same for the tools people launch (:data:`SFT_FORMATS`: ``trl sft``, axolotl, LLaMA-Factory).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ from autotune.spec.peft import export_note as peft_export_note
 from autotune.storage import schema
 from autotune.units import format_bytes
 from autotune.views.ranking import RankedTrial, study_ranking, winner_summary
+from autotune.views.sft_export import (
+    SftWinner,
+    axolotl_yaml,
+    llama_factory_yaml,
+    sft_config_arguments,
+    sft_config_note,
+    sft_flags,
+    trl_command,
+)
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -45,7 +58,20 @@ def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:
     (:func:`for_the_trainer`)."""
     best = winner(study)
     arguments = trained_arguments(study, best)
-    return arguments if fmt == "accelerate" else for_the_trainer(arguments, best.result)
+    if fmt == "accelerate":
+        return arguments
+    arguments = for_the_trainer(arguments, best.result)
+    if study_trainer(study) == "sft":  # the SFTConfig the trial trained with, every differing default written
+        identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
+        return sft_config_arguments(arguments, best.config, int(identity["seq_len"]), str(identity["loss_on"]))
+    return arguments
+
+
+def study_trainer(study: optuna.Study | None) -> str:
+    """The trainer of ``study``'s trials (``--trainer``, kept in its identity where it is not the Trainer)."""
+    if study is None:
+        return "trainer"
+    return str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("trainer", "trainer"))
 
 
 def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
@@ -150,12 +176,17 @@ def write_json(arguments: dict[str, Any], out: str) -> None:
     write_output(out, json_text(arguments))
 
 
-FORMATS = ("json", "cli", "python", "accelerate")
+# The formats of the tools built on TRL's SFTTrainer: a study under --trainer sft only.
+SFT_FORMATS = ("trl", "axolotl", "llama-factory")
+FORMATS = ("json", "cli", "python", "accelerate", *SFT_FORMATS)
 DEFAULT_OUT = {
     "json": "best_args.json",
     "cli": "best_args.txt",
     "python": "best_args.py",
     "accelerate": "accelerate_config.yaml",
+    "trl": "best_trl_sft.sh",
+    "axolotl": "best_axolotl.yaml",
+    "llama-factory": "best_llama_factory.yaml",
 }
 
 
@@ -207,14 +238,16 @@ def _parser_nargs() -> dict[str, Any]:
     return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
 
 
-def python_snippet(arguments: dict[str, Any], provenance: str = "") -> str:
-    """The ``python`` format: a ``TrainingArguments(...)`` call with every argument as a literal."""
+def python_snippet(arguments: dict[str, Any], provenance: str = "", trainer: str = "trainer") -> str:
+    """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
+    study) with every argument as a literal."""
+    module, name = ("trl", "SFTConfig") if trainer == "sft" else ("transformers", "TrainingArguments")
     lines = [f"# {line}" for line in provenance.splitlines()]
     lines += [
-        "from transformers import TrainingArguments",
+        f"from {module} import {name}",
         "",
         "# Add output_dir=... to choose where checkpoints go.",
-        "training_args = TrainingArguments(",
+        f"training_args = {name}(",
     ]
     lines += [f"    {name}={value!r}," for name, value in arguments.items()]
     lines.append(")")
@@ -288,13 +321,14 @@ def ranks_of(study: optuna.Study | None) -> int:
     return int((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("devices_per_trial", 1))
 
 
-def model_loading_note(best: RankedTrial) -> str | None:
-    """What the winner set outside TrainingArguments (the model build, the data collator): each such
-    lever's own note (``autotune.levers``)."""
+def model_loading_note(best: RankedTrial, trainer: str = "trainer") -> str | None:
+    """What the winner depends on that its arguments do not say (the model build, the data collator,
+    what TRL requires of the rows): each lever's own note (``autotune.levers``). Under SFT the model's
+    build is in the arguments' ``model_init_kwargs`` (:func:`autotune.views.sft_export.sft_config_note`)."""
     notes = [
         lever.export_note(getattr(best.config, lever.name))
         for lever in LEVERS.values()
-        if lever.acts_on != "training_args"
+        if not (trainer == "sft" and lever.acts_on == "model")
     ]
     return "; ".join(note for note in notes if note) or None
 
@@ -360,9 +394,11 @@ def export_notes(
     """What the winner depends on outside TrainingArguments: the model build, the allocator, the
     study's PEFT adapters (written beside ``out``), its DeepSpeed config; which batch set its peak;
     and what was changed for a Trainer that added up its micro-batches' losses."""
+    trainer = study_trainer(study)
     found = (
         launch_note(ranks_of(study)),
-        model_loading_note(best),
+        sft_config_note(winner_arguments(study, "json")) if study is not None and trainer == "sft" else None,
+        model_loading_note(best, trainer),
         allocator_note(best),
         peak_batch_note(best),
         deepspeed_note(best, out),
@@ -388,21 +424,48 @@ def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT
     return "\n".join(lines)
 
 
-def render(arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1) -> str:
-    """The text of ``arguments`` in one of :data:`FORMATS`.
+def render(
+    arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1, sft: SftWinner | None = None
+) -> str:
+    """The text of ``arguments`` in one of :data:`FORMATS`; ``sft``: the winner of an SFT study, whose
+    arguments are ``SFTConfig``'s (the formats of :data:`SFT_FORMATS` need it).
 
     Raises:
-        AutotuneError: An unknown format.
+        AutotuneError: An unknown format, or an SFT tool's format for a study of the Trainer.
     """
+    if fmt in SFT_FORMATS and sft is None:
+        raise AutotuneError(
+            f"--format {fmt} writes a TRL SFTTrainer run, and this study trained the transformers Trainer "
+            "(search with --trainer sft for it); use json, cli, python or accelerate"
+        )
     if fmt == "json":
         return json_text(arguments)
     if fmt == "cli":
+        if sft is not None:
+            return " ".join(shlex.quote(token) for token in sft_flags(arguments)) + "\n"
         return cli_flags(arguments)
     if fmt == "python":
-        return python_snippet(arguments, provenance)
+        return python_snippet(arguments, provenance, "sft" if sft is not None else "trainer")
+    if sft is not None and fmt in SFT_FORMATS:
+        tool = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
+        return tool(dataclasses.replace(sft, arguments=arguments, provenance=provenance))
     if fmt == "accelerate":
         return accelerate_config(arguments, provenance, ranks)
     raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
+
+
+def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | None:
+    """What the SFT tools' formats need of an SFT study's winner; ``None`` for a study of the Trainer."""
+    if study_trainer(study) != "sft":
+        return None
+    identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
+    return SftWinner(
+        arguments=arguments,
+        model=str(identity.get("model")),
+        dataset=str(identity.get("dataset")),
+        loss_on=str(identity.get("loss_on")),
+        peft=_peft_identity(study),
+    )
 
 
 def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
@@ -416,7 +479,11 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
     if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
         write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
     text = render(
-        with_deepspeed_config_path(arguments, out), fmt, provenance_of(study, best, out, fmt), ranks_of(study)
+        with_deepspeed_config_path(arguments, out),
+        fmt,
+        provenance_of(study, best, out, fmt),
+        ranks_of(study),
+        sft_winner(study, arguments),
     )
     write_output(out, text)
     peft_identity = _peft_identity(study)

@@ -1,0 +1,235 @@
+"""The export of an SFT study (``--trainer sft``): SFTConfig JSON read back by the real ``SFTConfig``, the
+``trl sft`` line parsed by TRL's own parser, the axolotl and LLaMA-Factory fragments parsed as YAML."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+
+import pytest
+import yaml
+
+from autotune.errors import AutotuneError
+from autotune.levers import TrialConfig, training_arguments_kwargs, with_levers_off_explicit
+from autotune.spec.sft import sft_arguments
+from autotune.views import sft_export
+from autotune.views.export import export_notes, render, winner_arguments
+
+pytest.importorskip("trl")
+
+SEQ_LEN = 64
+OUTPUT_DIR = tempfile.mkdtemp(prefix="sft-export-")
+LORA = {"adapter_config": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}}
+CONFIGS = {
+    "fp32": TrialConfig(micro_batch=4),
+    "bf16-ckpt-bfd-sdpa": TrialConfig(
+        micro_batch=2, grad_accum=2, dtype="bf16", checkpointing=True, packing="bfd", attn_implementation="sdpa"
+    ),
+    "bf16-weights-padding-free-eager": TrialConfig(
+        micro_batch=8, dtype="bf16", weight_dtype="bf16", packing="padding_free", attn_implementation="eager"
+    ),
+}
+
+
+def sft_study(config: TrialConfig, loss_on: str = "all", base_args: dict | None = None, peft: dict | None = None):
+    """An in-memory study of one feasible SFT trial of ``config``, as the search records it."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.result import Status, TrialResult
+    from autotune.storage import schema
+
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+    study.set_user_attr(schema.STUDY_BASE_ARGS, base_args or {})
+    identity = {
+        "model": "llama-tiny",
+        "task": "causal-lm",
+        "seq_len": SEQ_LEN,
+        "dataset": "chat.jsonl ('messages' 200 rows)",
+        "base_args": base_args or {},
+        "peft": peft,
+        "trainer": "sft",
+        "loss_on": loss_on,
+    }
+    study.set_user_attr(schema.STUDY_IDENTITY, identity)
+    params = {name: value for name, value in config.to_params().items() if value is not None}
+    result = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=params,
+            distributions={name: CategoricalDistribution([value]) for name, value in params.items()},
+            value=1.0,
+            user_attrs={schema.TRIAL_RESULT: result.to_dict()},
+            system_attrs={"constraints": [-1.0]},
+        )
+    )
+    return study
+
+
+def trial_sft_config_kwargs(config: TrialConfig, loss_on: str, base_args: dict | None = None) -> dict:
+    """The SFTConfig keyword arguments the trial child builds (runner._trial.build_trainer, less the harness's)."""
+    from trl import SFTConfig
+
+    kwargs = with_levers_off_explicit(training_arguments_kwargs(config, "cpu", base_args or {}), SFTConfig)
+    return sft_arguments(kwargs, SEQ_LEN, loss_on)
+
+
+def sft_config(**kwargs):
+    import warnings
+
+    from trl import SFTConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SFTConfig(**{"output_dir": OUTPUT_DIR, **kwargs})
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_sftconfig_json_loads_as_the_winners_sftconfig_with_its_differing_defaults_written(name):
+    config = CONFIGS[name]
+    study = sft_study(config, base_args={"warmup_steps": 3})
+    exported = json.loads(render(winner_arguments(study), "json"))
+    model_init = exported.pop("model_init_kwargs")
+    trial = trial_sft_config_kwargs(config, "all", {"warmup_steps": 3})
+    assert sft_config(**exported).to_dict() == sft_config(**trial).to_dict()
+    # Every field SFTConfig resolves otherwise than TrainingArguments is written, at the winner's value.
+    assert exported["bf16"] is (config.dtype == "bf16") and exported["activation_checkpointing"] is config.checkpointing
+    assert exported["learning_rate"] == 2e-05 and exported["logging_steps"] == 10 and exported["warmup_steps"] == 3
+    assert exported["packing"] is (config.packing == "bfd") and exported["padding_free"] is (
+        config.packing == "padding_free"
+    )
+    assert exported["max_length"] == (None if config.packing == "padding_free" else SEQ_LEN)
+    assert exported["completion_only_loss"] is False and exported["assistant_only_loss"] is False
+    # The model's build, which SFTTrainer applies when it loads the model by name.
+    assert model_init["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[config.weight_dtype]
+    assert model_init.get("attn_implementation") == config.attn_implementation
+
+
+def test_the_note_names_the_differing_defaults_and_model_init_kwargs():
+    from autotune.views.ranking import study_ranking
+
+    study = sft_study(CONFIGS["bf16-weights-padding-free-eager"])
+    notes = " ".join(export_notes(study_ranking(study)[0], study))
+    assert "SFTConfig's defaults differ from TrainingArguments' (bf16, gradient_checkpointing, learning_rate" in notes
+    assert '"dtype": "bfloat16"' in notes and "model_init_kwargs" in notes and "float32" in notes
+    assert "max_length=None" in notes  # the padding-free lever's own note: pre-truncated samples
+    assert "pass dtype=torch.bfloat16 to from_pretrained" not in notes  # said once, as model_init_kwargs
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("peft", [None, LORA], ids=["full", "lora"])
+def test_the_trl_sft_command_parses_with_trls_own_parser_into_the_same_sftconfig(name, peft):
+    from trl.scripts.sft import make_parser
+
+    config = CONFIGS[name]
+    study = sft_study(config, loss_on="assistant", peft=peft)
+    exported = winner_arguments(study)
+    text = render(exported, "trl", sft=sft_export_winner(study, exported))
+    command = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(command) == 1
+    tokens = shlex.split(command[0])
+    assert tokens[:2] == ["trl", "sft"]
+    script, parsed, model, _ = make_parser().parse_args_and_config(args=tokens[2:])
+    expected = {k: v for k, v in exported.items() if k != "model_init_kwargs"}
+    assert parsed.to_dict() == sft_config(**expected, output_dir=parsed.output_dir).to_dict()
+    assert parsed.assistant_only_loss is True
+    # trl sft puts ModelConfig's dtype and attention into model_init_kwargs (trl/scripts/sft.py:76-84).
+    assert model.dtype == exported["model_init_kwargs"]["dtype"]
+    assert model.attn_implementation == exported["model_init_kwargs"].get("attn_implementation")
+    assert model.model_name_or_path == "llama-tiny" and script.dataset_name == "./data"
+    assert model.use_peft is (peft is not None)
+    if peft is not None:
+        assert (model.lora_r, model.lora_alpha, model.lora_dropout) == (8, 16, 0.1)
+        assert model.lora_target_modules == ["q_proj", "v_proj"]
+
+
+def sft_export_winner(study, arguments):
+    from autotune.views.export import sft_winner
+
+    return sft_winner(study, arguments)
+
+
+def fragment(study, fmt: str) -> tuple[dict, list[str]]:
+    arguments = winner_arguments(study)
+    text = render(arguments, fmt, "provenance line", sft=sft_export_winner(study, arguments))
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    return yaml.safe_load(text), comments
+
+
+def test_the_axolotl_fragment_holds_the_knobs_under_axolotls_keys_and_says_what_it_cannot():
+    keys, comments = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], loss_on="assistant", peft=LORA), "axolotl")
+    assert comments[0] == "# provenance line" and "axolotl 0.19.0 schema" in comments[1]
+    assert keys["micro_batch_size"] == 2 and keys["gradient_accumulation_steps"] == 2
+    assert keys["sequence_len"] == SEQ_LEN and keys["sample_packing"] is True
+    assert keys["gradient_checkpointing"] is True and keys["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert keys["bf16"] is True and keys["attn_implementation"] == "sdpa" and keys["optimizer"] == "adamw_torch"
+    assert keys["train_on_inputs"] is False and keys["learning_rate"] == 2e-05
+    assert (keys["adapter"], keys["lora_r"], keys["lora_alpha"], keys["lora_target_modules"]) == (
+        "lora",
+        8,
+        16,
+        ["q_proj", "v_proj"],
+    )
+    # axolotl loads bf16 weights whenever bf16 is on: the winner's fp32 weights under bf16 autocast are said, not dropped.
+    assert any("cannot express float32 weights under bf16/fp16 autocast" in line for line in comments)
+    assert any("use_cpu" in line for line in comments)
+
+
+def test_the_llama_factory_fragment_holds_the_knobs_under_its_keys_and_says_what_it_cannot():
+    keys, comments = fragment(sft_study(CONFIGS["bf16-weights-padding-free-eager"]), "llama-factory")
+    assert "LLaMA-Factory 0.9.5" in comments[1]
+    assert keys["per_device_train_batch_size"] == 8 and keys["bf16"] is True and keys["pure_bf16"] is True
+    assert keys["flash_attn"] == "disabled" and keys["finetuning_type"] == "full"  # its default is lora
+    assert keys["disable_gradient_checkpointing"] is True and keys["train_on_prompt"] is True
+    assert "cutoff_len" not in keys and "max_length" not in keys and "padding_free" not in keys
+    assert any("padding_free=True" in line and "no padding-free batches" in line for line in comments)
+    assert any("max_length=None" in line for line in comments)
+    packed, _ = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], peft=LORA), "llama-factory")
+    assert packed["packing"] is True and packed["neat_packing"] is True and packed["cutoff_len"] == SEQ_LEN
+    assert packed["flash_attn"] == "sdpa" and packed["pure_bf16"] is False and packed["use_reentrant_gc"] is False
+    assert (packed["finetuning_type"], packed["lora_rank"], packed["lora_target"]) == ("lora", 8, "q_proj,v_proj")
+
+
+@pytest.mark.parametrize("fmt", ["axolotl", "llama-factory"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_exported_field_is_carried_or_named_in_a_comment(fmt, name):
+    """Nothing dropped silently: each SFTConfig field reaches a key (its mapper) or a "not expressible" line."""
+    study = sft_study(CONFIGS[name], base_args={"weight_decay": 0.1, "eval_packing": False})
+    arguments = winner_arguments(study)
+    keys, comments = fragment(study, fmt)
+    mappers = sft_export.AXOLOTL_KEYS if fmt == "axolotl" else sft_export.LLAMA_FACTORY_KEYS
+    for name_ in arguments:
+        mapped = name_ in mappers or (fmt == "llama-factory" and name_ in keys)
+        assert mapped or any(f"not expressible: {name_}=" in line for line in comments), name_
+    assert any("eval_packing=False" in line for line in comments)  # an SFT field neither tool has
+
+
+def test_the_sft_tools_formats_refuse_a_study_of_the_trainer():
+    with pytest.raises(AutotuneError, match="--format trl writes a TRL SFTTrainer run"):
+        render(training_arguments_kwargs(TrialConfig(), "cpu"), "trl")
+
+
+def test_the_python_snippet_of_an_sft_study_builds_sftconfig():
+    study = sft_study(CONFIGS["fp32"])
+    arguments = winner_arguments(study)
+    text = render(arguments, "python", sft=sft_export_winner(study, arguments))
+    assert "from trl import SFTConfig" in text and "training_args = SFTConfig(" in text
+    namespace: dict = {}
+    exec(
+        compile(text.replace("SFTConfig(", "SFTConfig(output_dir=__import__('tempfile').mkdtemp(),", 1), "s", "exec"),
+        namespace,
+    )
+    assert namespace["training_args"].bf16 is False and namespace["training_args"].max_length == SEQ_LEN
+
+
+def test_the_cli_flags_of_an_sft_study_parse_into_the_same_sftconfig():
+    from trl import SFTConfig, TrlParser
+
+    study = sft_study(CONFIGS["bf16-weights-padding-free-eager"])
+    arguments = winner_arguments(study)
+    tokens = shlex.split(render(arguments, "cli", sft=sft_export_winner(study, arguments)))
+    (parsed,) = TrlParser((SFTConfig,)).parse_args_into_dataclasses(args=[*tokens, "--output_dir", "x"])
+    assert parsed.model_init_kwargs == arguments["model_init_kwargs"]
+    assert parsed.max_length is None and parsed.padding_free is True and parsed.bf16 is True
