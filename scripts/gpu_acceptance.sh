@@ -195,7 +195,11 @@ step_llm() {
             --seq-len "$LLM_SEQ_LEN" --dataset chat.jsonl --device "$LLM_DEVICE" ${peft_args[@]+"${peft_args[@]}"} \
             --storage "$STORAGE" --study-name "$name" --work-dir "$OUT/runs-$name" --out "$OUT/llm.md" \
             --title "$model ($peft)" --expert "$LLM_EXPERT" --warmup-steps "$LLM_WARMUP" \
-            --max-measure-steps "$LLM_MEASURE") || return 1
+            --max-measure-steps "$LLM_MEASURE") || status=$?
+        if [[ $status -eq 124 ]]; then
+            echo "llm: $model ($peft) stopped at LLM_COMPARE_S=$LLM_COMPARE_S s; the rows measured are in $OUT/llm.md" >&2
+        fi
+        [[ $status -eq 0 ]] || return "$status"
     done
     echo "llm: results in $OUT/llm.md" >&2
 }

@@ -98,6 +98,7 @@ def compare(options: argparse.Namespace) -> None:
         "| run | config | real tokens/s | vs TRL default | MFU | measured peak | predicted peak (prior) | status |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    append(options.out, lines)  # each row as it is measured: a step stopped at its time limit keeps them
     base: float | None = None
     for index, (name, config) in enumerate(runs.items()):
         job = TrialJob(workload=workload, config=config, work_dir=str(Path(options.work_dir) / f"compare-{index}"))
@@ -109,16 +110,15 @@ def compare(options: argparse.Namespace) -> None:
         mfu = f"{result.mfu:.1%}" if result.mfu is not None and result.status == "ok" else "-"
         peak = f"{result.peak_memory_bytes / GiB:.2f} GiB" if result.peak_memory_bytes else "-"
         status = result.status if result.status == "ok" else f"{result.status}: {(result.error or '')[:120]}"
-        lines.append(
-            f"| {name} | {config.short()} | {tokens:.0f} | {ratio} | {mfu} | {peak} | {predicted / GiB:.2f} GiB | {status} |"
-        )
-        print(lines[-1], flush=True)
+        row = f"| {name} | {config.short()} | {tokens:.0f} | {ratio} | {mfu} | {peak} | {predicted / GiB:.2f} GiB | {status} |"
+        append(options.out, [row])
+        print(row, flush=True)
     args_file = Path(options.work_dir) / "best_args.json"
     write_json(winner_arguments(study), str(args_file))
     plain = run_plain(args_file, options, workload, best.config)
     recorded = best.result
     assert recorded is not None  # the winner is a measured trial
-    lines += [
+    lines = [
         "",
         f"The winner's export ({args_file.name}) in a plain SFTTrainer, a fresh process: "
         f"{plain['tokens_per_s']:.0f} tokens/s over {plain['steps']} steps after {PLAIN_WARMUP_STEPS} "
@@ -127,7 +127,11 @@ def compare(options: argparse.Namespace) -> None:
         *(f"- {note}" for note in notes),
         "",
     ]
-    with open(options.out, "a") as out:
+    append(options.out, lines)
+
+
+def append(path: str, lines: list[str]) -> None:
+    with open(path, "a") as out:
         out.write("\n".join(lines) + "\n")
 
 
