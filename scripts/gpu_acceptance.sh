@@ -46,7 +46,8 @@
 # GPU_ACCEPTANCE_LLM_COMPARE_S (160 a model), GPU_ACCEPTANCE_LLM_DEVICE (cuda:0; cpu for a dry run),
 # GPU_ACCEPTANCE_LLM_SAMPLES (2000 conversations), GPU_ACCEPTANCE_LLM_LENGTH_SCALE (1: public chat data's),
 # GPU_ACCEPTANCE_LLM_EXPERT (packing=bfd,liger=true,compile=inductor,dtype=bf16), GPU_ACCEPTANCE_LLM_STEPS
-# ("3 12": warm-up and measured steps a trial), GPU_ACCEPTANCE_LLM_SPACE (unset: the LLM space).
+# ("3 12": warm-up and measured steps a trial), GPU_ACCEPTANCE_LLM_PLAIN_STEPS (20: the plain SFTTrainer's
+# timed steps, after 2), GPU_ACCEPTANCE_LLM_SPACE (unset: the LLM space).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
@@ -75,6 +76,7 @@ LLM_SAMPLES="${GPU_ACCEPTANCE_LLM_SAMPLES:-2000}"
 LLM_LENGTH_SCALE="${GPU_ACCEPTANCE_LLM_LENGTH_SCALE:-1}"
 LLM_EXPERT="${GPU_ACCEPTANCE_LLM_EXPERT:-packing=bfd,liger=true,compile=inductor,dtype=bf16}"
 read -r LLM_WARMUP LLM_MEASURE <<< "${GPU_ACCEPTANCE_LLM_STEPS:-3 12}"
+LLM_PLAIN_STEPS="${GPU_ACCEPTANCE_LLM_PLAIN_STEPS:-20}"
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs
@@ -195,7 +197,7 @@ step_llm() {
             --seq-len "$LLM_SEQ_LEN" --dataset chat.jsonl --device "$LLM_DEVICE" ${peft_args[@]+"${peft_args[@]}"} \
             --storage "$STORAGE" --study-name "$name" --work-dir "$OUT/runs-$name" --out "$OUT/llm.md" \
             --title "$model ($peft)" --expert "$LLM_EXPERT" --warmup-steps "$LLM_WARMUP" \
-            --max-measure-steps "$LLM_MEASURE") || status=$?
+            --max-measure-steps "$LLM_MEASURE" --plain-steps "$LLM_PLAIN_STEPS") || status=$?
         if [[ $status -eq 124 ]]; then
             echo "llm: $model ($peft) stopped at LLM_COMPARE_S=$LLM_COMPARE_S s; the rows measured are in $OUT/llm.md" >&2
         fi

@@ -148,7 +148,10 @@ def run_plain(args_file: Path, options: argparse.Namespace, workload: Any, confi
         adapters = args_file.with_suffix(".adapters.json")
         adapters.write_text(json.dumps(workload.model.peft.adapter_config))
         command += ["--adapters", str(adapters)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=options.trial_timeout)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=options.trial_timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"plain SFTTrainer run: past --trial-timeout {options.trial_timeout:.0f} s") from None
     if done.returncode != 0:
         raise SystemExit(f"plain SFTTrainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]
