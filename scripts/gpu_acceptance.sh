@@ -25,7 +25,14 @@
 #             run: --no-screen) under a ceiling halfway between their predicted peaks
 #             (scripts/gpu_acceptance_offload.py); OUT_DIR/offload.md, and a failure unless 2+offload
 #             won and trained while zero 2 went over the ceiling. Needs deepspeed (cpu_adam is built once)
-#   all       every step in order, the search step until done, then offload
+#   llm       LLM fine-tuning under TRL's SFTTrainer (issue 27), inside one 10-minute call: the generated chat
+#             corpus (autotune chat-corpus), then for Qwen2.5-0.5B with LoRA and Llama-3.2-1B full fine-tune
+#             at seq len 2048: a search (--trainer sft by itself on chat rows; the LLM space) bounded to
+#             LLM_SEARCH_S, then TRL's default SFTConfig, the winner and an expert recipe (packing + Liger +
+#             compile + bf16) side by side, and the winner's export in a plain SFTTrainer
+#             (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
+#             liger-kernel: install from a wheelhouse written with scripts/wheelhouse.sh --llm
+#   all       every step in order, the search step until done, then offload (llm is run on its own)
 #
 # Environment: GPU_ACCEPTANCE_TRIALS (12), GPU_ACCEPTANCE_MODEL (bert-large-uncased),
 # GPU_ACCEPTANCE_SEQ_LEN (512), GPU_ACCEPTANCE_STEP_S (540), GPU_ACCEPTANCE_SEARCH_START_S (300),
@@ -34,11 +41,18 @@
 # GPU_ACCEPTANCE_PEFT (unset; `lora`, `qlora` or an adapter config file: a LoRA study, whose plain run
 # wraps the model as the export says), GPU_ACCEPTANCE_CEILING (unset: the device's; e.g. 24GiB to search
 # as on a smaller card).
+# The llm step's: GPU_ACCEPTANCE_LLM_RUNS ("qwen2.5-0.5b:lora llama-3.2-1b:full", model:adapters pairs),
+# GPU_ACCEPTANCE_LLM_SEQ_LEN (2048), GPU_ACCEPTANCE_LLM_TRIALS (6), GPU_ACCEPTANCE_LLM_SEARCH_S (120 a model),
+# GPU_ACCEPTANCE_LLM_COMPARE_S (160 a model), GPU_ACCEPTANCE_LLM_DEVICE (cuda:0; cpu for a dry run),
+# GPU_ACCEPTANCE_LLM_SAMPLES (2000 conversations), GPU_ACCEPTANCE_LLM_LENGTH_SCALE (1: public chat data's),
+# GPU_ACCEPTANCE_LLM_EXPERT (packing=bfd,liger=true,compile=inductor,dtype=bf16), GPU_ACCEPTANCE_LLM_STEPS
+# ("3 12": warm-up and measured steps a trial), GPU_ACCEPTANCE_LLM_PLAIN_STEPS (20: the plain SFTTrainer's
+# timed steps, after 2), GPU_ACCEPTANCE_LLM_SPACE (unset: the LLM space).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|offload|all [OUT_DIR]}"
+STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|offload|llm|all [OUT_DIR]}"
 OUT="$(mkdir -p "${2:-gpu_acceptance_out}" && cd "${2:-gpu_acceptance_out}" && pwd)"
 PYTHON="${PYTHON:-python3}"
 MODEL="${GPU_ACCEPTANCE_MODEL:-bert-large-uncased}"
@@ -52,6 +66,17 @@ if [[ "$SPACE" == */* ]]; then SPACE="$(realpath "$SPACE")"; else SPACE="$REPO/s
 SEARCH_EXTRA=()
 [[ -n "${GPU_ACCEPTANCE_PEFT:-}" ]] && SEARCH_EXTRA+=(--peft "$GPU_ACCEPTANCE_PEFT")
 [[ -n "${GPU_ACCEPTANCE_CEILING:-}" ]] && SEARCH_EXTRA+=(--memory-ceiling "$GPU_ACCEPTANCE_CEILING")
+LLM_RUNS="${GPU_ACCEPTANCE_LLM_RUNS:-qwen2.5-0.5b:lora llama-3.2-1b:full}"
+LLM_SEQ_LEN="${GPU_ACCEPTANCE_LLM_SEQ_LEN:-2048}"
+LLM_TRIALS="${GPU_ACCEPTANCE_LLM_TRIALS:-6}"
+LLM_SEARCH_S="${GPU_ACCEPTANCE_LLM_SEARCH_S:-120}"
+LLM_COMPARE_S="${GPU_ACCEPTANCE_LLM_COMPARE_S:-160}"
+LLM_DEVICE="${GPU_ACCEPTANCE_LLM_DEVICE:-cuda:0}"
+LLM_SAMPLES="${GPU_ACCEPTANCE_LLM_SAMPLES:-2000}"
+LLM_LENGTH_SCALE="${GPU_ACCEPTANCE_LLM_LENGTH_SCALE:-1}"
+LLM_EXPERT="${GPU_ACCEPTANCE_LLM_EXPERT:-packing=bfd,liger=true,compile=inductor,dtype=bf16}"
+read -r LLM_WARMUP LLM_MEASURE <<< "${GPU_ACCEPTANCE_LLM_STEPS:-3 12}"
+LLM_PLAIN_STEPS="${GPU_ACCEPTANCE_LLM_PLAIN_STEPS:-20}"
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs
@@ -69,7 +94,10 @@ autotune() {
 
 step_install() {
     if [[ -n "${WHEELHOUSE:-}" ]]; then
-        "$PYTHON" -m pip install --no-index --find-links "$WHEELHOUSE" autotune
+        local wanted=autotune
+        # A wheelhouse written with --llm holds TRL and liger-kernel: the llm step's extras go in with autotune.
+        if compgen -G "$WHEELHOUSE/trl-*.whl" > /dev/null; then wanted="autotune[sft,liger]"; fi
+        "$PYTHON" -m pip install --no-index --find-links "$WHEELHOUSE" "$wanted"
     else
         "$PYTHON" -m pip install "$REPO"
     fi
@@ -142,6 +170,42 @@ step_offload() {
     "$PYTHON" "$offload_py" check --storage "$STORAGE" --study-name offload --out "$OUT"
 }
 
+step_llm() {
+    local pair model peft name status space=() peft_args=()
+    local llm_py="$REPO/scripts/gpu_acceptance_llm.py"
+    [[ -n "${GPU_ACCEPTANCE_LLM_SPACE:-}" ]] && space=(--space "$(realpath "$GPU_ACCEPTANCE_LLM_SPACE")")
+    if ! "$PYTHON" -c "import autotune" 2>/dev/null; then
+        export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    autotune chat-corpus --out "$OUT/chat.jsonl" --samples "$LLM_SAMPLES" --length-scale "$LLM_LENGTH_SCALE"
+    echo "## LLM fine-tuning under TRL's SFTTrainer (scripts/gpu_acceptance.sh llm)" > "$OUT/llm.md"
+    for pair in $LLM_RUNS; do
+        model="${pair%%:*}" peft="${pair#*:}" name="llm-${pair//[:.]/-}" peft_args=() status=0
+        [[ "$peft" != full ]] && peft_args=(--peft "$peft")
+        echo "== llm: $model ($peft) search" >&2
+        # The search is stopped as by Ctrl-C at LLM_SEARCH_S (130, 124: its trials so far are kept).
+        (cd "$OUT" && timeout -k 20 -s INT "$LLM_SEARCH_S" "$PYTHON" -m autotune search --model "$model" \
+            --dataset chat.jsonl --device "$LLM_DEVICE" --seq-len "$LLM_SEQ_LEN" --trials "$LLM_TRIALS" \
+            ${peft_args[@]+"${peft_args[@]}"} ${space[@]+"${space[@]}"} --confirm-top 0 \
+            --warmup-steps "$LLM_WARMUP" --max-measure-steps "$LLM_MEASURE" \
+            --storage "$STORAGE" --study-name "$name" --work-dir "$OUT/runs-$name") || status=$?
+        if [[ $status -ne 0 && $status -ne 130 && $status -ne 124 ]]; then
+            return "$status"
+        fi
+        echo "== llm: $model ($peft) TRL default, winner, expert recipe, plain SFTTrainer" >&2
+        (cd "$OUT" && timeout -k 20 "$LLM_COMPARE_S" "$PYTHON" "$llm_py" compare --model "$model" \
+            --seq-len "$LLM_SEQ_LEN" --dataset chat.jsonl --device "$LLM_DEVICE" ${peft_args[@]+"${peft_args[@]}"} \
+            --storage "$STORAGE" --study-name "$name" --work-dir "$OUT/runs-$name" --out "$OUT/llm.md" \
+            --title "$model ($peft)" --expert "$LLM_EXPERT" --warmup-steps "$LLM_WARMUP" \
+            --max-measure-steps "$LLM_MEASURE" --plain-steps "$LLM_PLAIN_STEPS") || status=$?
+        if [[ $status -eq 124 ]]; then
+            echo "llm: $model ($peft) stopped at LLM_COMPARE_S=$LLM_COMPARE_S s; the rows measured are in $OUT/llm.md" >&2
+        fi
+        [[ $status -eq 0 ]] || return "$status"
+    done
+    echo "llm: results in $OUT/llm.md" >&2
+}
+
 run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is passed on, anything else stops
     local name="$1" status=0
     echo "== $name" >&2
@@ -153,7 +217,7 @@ run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is p
 }
 
 case "$STEP" in
-    install|devices|estimate|search|export|results|offload)
+    install|devices|estimate|search|export|results|offload|llm)
         run_step "$STEP"
         ;;
     all)
@@ -167,7 +231,7 @@ case "$STEP" in
         echo "gpu_acceptance: done; results in $OUT/results.md, $OUT/results.json and $OUT/offload.md" >&2
         ;;
     *)
-        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, offload, all)" >&2
+        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, offload, llm, all)" >&2
         exit 2
         ;;
 esac

@@ -2,11 +2,13 @@
 # Offline install: on a machine with a package index, write every wheel autotune needs for a target
 # Python and platform into one directory; copy it to a machine without one and install from it.
 #
-#   scripts/wheelhouse.sh --out DIR [--python-version 3.12] [--platform manylinux_2_17_x86_64]
+#   scripts/wheelhouse.sh --out DIR [--llm] [--python-version 3.12] [--platform manylinux_2_17_x86_64]
 #
 # Without --python-version/--platform the wheels are for the interpreter running this script
 # (PYTHON, default python3). DIR receives autotune's own wheel (`pip wheel --no-deps`) and, from
-# `pip download --only-binary=:all:`, its dependencies and theirs, except:
+# `pip download --only-binary=:all:`, its dependencies and theirs (with --llm, also its `sft` and `liger`
+# extras, TRL and liger-kernel, for scripts/gpu_acceptance.sh llm, and what they need: TRL's datasets
+# brings pyarrow and pandas, some 70 MB, past what the device tool carries if the target lacks them), except:
 #   * what the target interpreter already has (scripts/wheelhouse-excluded.txt: a CUDA torch and
 #     its stack), so that the interpreter's own torch is the one that trains;
 #   * plotly, which only `autotune report` needs (pyproject's [report] extra).
@@ -18,13 +20,14 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-OUT="" TARGET=()
+OUT="" TARGET=() LLM=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --out) OUT="$2"; shift 2 ;;
+        --llm) LLM=1; shift ;;
         --python-version) TARGET+=(--python-version "$2"); shift 2 ;;
         --platform) TARGET+=(--platform "$2"); shift 2 ;;
-        *) echo "wheelhouse: error: unknown argument $1 (--out DIR [--python-version X.Y] [--platform TAG])" >&2; exit 2 ;;
+        *) echo "wheelhouse: error: unknown argument $1 (--out DIR [--llm] [--python-version X.Y] [--platform TAG])" >&2; exit 2 ;;
     esac
 done
 if [[ -z "$OUT" ]]; then
@@ -45,6 +48,16 @@ cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/autotune" "$REPO/search_sp
 # autotune's requirements, less what the target has and what the search does not need.
 mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
 "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${REQUIREMENTS[@]}"
+# The sft and liger extras (TRL, liger-kernel) without their dependencies, then what they need that the
+# target lacks, with theirs (scripts/wheelhouse_requirements.py says why in two steps).
+if [[ $LLM -eq 1 ]]; then
+    mapfile -t EXTRAS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras "$OUT")
+    "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --no-deps --dest "$OUT" "${EXTRAS[@]}"
+    mapfile -t EXTRAS_NEED < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras-needs "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
+    if [[ ${#EXTRAS_NEED[@]} -gt 0 ]]; then
+        "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${EXTRAS_NEED[@]}"
+    fi
+fi
 # Their own dependencies may name a preinstalled project (optuna needs numpy): the target's is used.
 "$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --prune "$OUT" "$REPO/scripts/wheelhouse-excluded.txt"
 du -sh "$OUT" >&2

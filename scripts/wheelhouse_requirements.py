@@ -1,8 +1,16 @@
-"""scripts/wheelhouse.sh's two steps that read wheels (standard library only: any connected python runs it).
+"""scripts/wheelhouse.sh's steps that read wheels (standard library only: any connected python runs it).
 
-wheelhouse_requirements.py DIR EXCLUDED      autotune's requirements (its wheel in DIR), one a line,
-                                             less the projects EXCLUDED names
-wheelhouse_requirements.py --prune DIR EXCLUDED   delete the wheels in DIR of the projects EXCLUDED names
+wheelhouse_requirements.py DIR EXCLUDED            autotune's requirements (its wheel in DIR), one a line,
+                                                   less the projects EXCLUDED names
+wheelhouse_requirements.py --extras DIR            the requirements of autotune's WHEELHOUSE_EXTRAS (trl,
+                                                   liger-kernel), downloaded without their dependencies
+wheelhouse_requirements.py --extras-needs DIR EXCLUDED   what those extras' wheels in DIR require, less
+                                                   the projects EXCLUDED names (downloaded with theirs)
+wheelhouse_requirements.py --prune DIR EXCLUDED    delete the wheels in DIR of the projects EXCLUDED names
+
+The extras go in without their dependencies first because each names the target's own stack (TRL:
+transformers, accelerate; liger-kernel: torch, triton): resolved whole, pip would download a CUDA torch
+and its gigabytes of NVIDIA libraries into the wheelhouse, which the prune step would then have to chase.
 """
 
 from __future__ import annotations
@@ -11,6 +19,10 @@ import re
 import sys
 import zipfile
 from pathlib import Path
+
+# The extras the wheelhouse carries besides autotune's own requirements: scripts/gpu_acceptance.sh llm
+# trains through TRL's SFTTrainer (sft) and searches the liger lever (liger).
+WHEELHOUSE_EXTRAS = ("sft", "liger")
 
 
 def normalized(name: str) -> str:
@@ -27,33 +39,70 @@ def wheel_project(wheel: Path) -> str:
     return normalized(wheel.name.split("-", 1)[0])
 
 
-def autotune_requirements(directory: Path, excluded: set[str]) -> list[str]:
-    """The unconditional ``Requires-Dist`` of autotune's wheel (no extra), less the excluded projects."""
-    wheel = next(w for w in directory.glob("*.whl") if wheel_project(w) == "autotune")
+def requires_dist(wheel: Path) -> list[str]:
+    """A wheel's ``Requires-Dist`` lines, as written."""
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         lines = archive.read(metadata).decode().splitlines()
-    requirements = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+    return [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+
+
+def project_of(requirement: str) -> str:
+    found = re.match(r"[A-Za-z0-9._-]+", requirement)
+    return normalized(found.group(0)) if found else ""
+
+
+def unconditional(requirements: list[str], excluded: set[str]) -> list[str]:
+    """The requirements of no extra (an environment marker is kept, for pip to judge), less the excluded projects."""
+    return [r for r in requirements if "extra ==" not in r and project_of(r) not in excluded]
+
+
+def autotune_wheel(directory: Path) -> Path:
+    return next(w for w in directory.glob("*.whl") if wheel_project(w) == "autotune")
+
+
+def autotune_requirements(directory: Path, excluded: set[str]) -> list[str]:
+    """The unconditional ``Requires-Dist`` of autotune's wheel (no extra), less the excluded projects."""
+    return unconditional(requires_dist(autotune_wheel(directory)), excluded)
+
+
+def extra_requirements(directory: Path, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> list[str]:
+    """The requirements of ``extras`` in autotune's wheel, their ``; extra == "name"`` marker dropped."""
     kept = []
-    for requirement in requirements:
-        if "extra ==" in requirement:
-            continue
-        name = re.match(r"[A-Za-z0-9._-]+", requirement)
-        if name and normalized(name.group(0)) not in excluded:
+    for line in requires_dist(autotune_wheel(directory)):
+        requirement, _, marker = (part.strip() for part in line.partition(";"))
+        extra = re.fullmatch(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if extra and extra.group(1) in extras:
             kept.append(requirement)
     return kept
 
 
+def extras_needs(directory: Path, excluded: set[str], extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> list[str]:
+    """What the extras' own wheels in ``directory`` require unconditionally, less the excluded projects."""
+    projects = {project_of(r) for r in extra_requirements(directory, extras)}
+    needs: list[str] = []
+    for wheel in sorted(directory.glob("*.whl")):
+        if wheel_project(wheel) in projects:
+            needs += [r for r in unconditional(requires_dist(wheel), excluded) if r not in needs]
+    return needs
+
+
 def main(argv: list[str]) -> None:
-    prune = argv[:1] == ["--prune"]
-    directory, excluded_file = (Path(a) for a in argv[1 if prune else 0 :])
+    if argv[:1] == ["--extras"]:
+        print("\n".join(extra_requirements(Path(argv[1]))))
+        return
+    mode = argv[0] if argv[:1] in (["--prune"], ["--extras-needs"]) else ""
+    directory, excluded_file = (Path(a) for a in argv[1 if mode else 0 :])
     excluded = excluded_projects(excluded_file)
-    if prune:
+    if mode == "--prune":
         for wheel in directory.glob("*.whl"):
             if wheel_project(wheel) in excluded:
                 wheel.unlink()
         return
-    print("\n".join(autotune_requirements(directory, excluded)))
+    found = (
+        extras_needs(directory, excluded) if mode == "--extras-needs" else autotune_requirements(directory, excluded)
+    )
+    print("\n".join(found))
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         load_callback,
         trial_memory_prior,
     )
-    from autotune.space import default_space_path, load_space
+    from autotune.space import DEFAULT_SPACES, default_space_path, load_space
     from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
     from autotune.spec.measure import MeasureSettings
     from autotune.spec.measured_peaks import load_measured_peaks
@@ -103,11 +103,11 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     loss_on = "all"
     if data is not None:  # --trainer sft
         loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row)
-        if options.space is None:
-            notes.append(
-                f"search space: {os.path.relpath(default_space_path(trainer))}, the default for a decoder LLM under "
-                "TRL's SFTTrainer (--space to give another)"
-            )
+    if options.space is None and model.task in DEFAULT_SPACES:
+        notes.append(
+            f"search space: {os.path.relpath(default_space_path(model.task))}, the default for a model trained as "
+            f"{model.task} (--space to give another)"
+        )
     for callback_name in options.callbacks:
         load_callback(callback_name)  # a wrong name fails here, once, not in every trial
     address_space = None

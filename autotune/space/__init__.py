@@ -31,19 +31,21 @@ from autotune.space._space_file import read_space_file
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 
-__all__ = ["DEFAULT_SPACES", "SearchSpace", "default_space_path", "load_space"]
+__all__ = ["DEFAULT_SPACES", "FALLBACK_SPACE", "SearchSpace", "default_space_path", "load_space"]
 
 
-# The default space of each trainer: decoder LLMs under TRL's SFTTrainer get the LLM space.
-DEFAULT_SPACES = {"trainer": "default.yaml", "sft": "llm.yaml"}
+# The default space of each task (``ModelSpec.task``): a causal LM (a decoder LLM, trained by the
+# Trainer or by TRL's SFTTrainer) gets the LLM space; every other task, and no model, the default one.
+DEFAULT_SPACES = {"causal-lm": "llm.yaml"}
+FALLBACK_SPACE = "default.yaml"
 
 
-def default_space_path(trainer: str = "trainer") -> str:
-    """The default search space's YAML for ``trainer`` (:data:`DEFAULT_SPACES`): the repository's
-    ``search_spaces/`` when autotune runs from a source tree (``PYTHONPATH=repo``, or an editable
-    install), else the installed package's copy, ``autotune.spaces``, which exists only through
-    pyproject's ``package-dir`` mapping."""
-    name = DEFAULT_SPACES[trainer]
+def default_space_path(task: str | None = None) -> str:
+    """The default search space's YAML for a model trained as ``task`` (:data:`DEFAULT_SPACES`, else
+    :data:`FALLBACK_SPACE`): the repository's ``search_spaces/`` when autotune runs from a source tree
+    (``PYTHONPATH=repo``, or an editable install), else the installed package's copy,
+    ``autotune.spaces``, which exists only through pyproject's ``package-dir`` mapping."""
+    name = DEFAULT_SPACES.get(task or "", FALLBACK_SPACE)
     package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autotune/
     source_tree = os.path.join(os.path.dirname(package_dir), "search_spaces", name)
     if os.path.isfile(source_tree):
@@ -70,7 +72,8 @@ def load_space(
     """Read, validate and filter a search space: device, model, data, batch constraint, base arguments.
 
     Args:
-        path: The YAML file; ``None`` for the trainer's default space (:data:`DEFAULT_SPACES`).
+        path: The YAML file; ``None`` for the model's default space (:func:`default_space_path` of its
+            task; without a model, :data:`FALLBACK_SPACE`).
         device: Choices it cannot run are removed, with a note.
         model: If given, choices its architecture cannot use are removed.
         base_args: TrainingArguments the user fixed: the levers they set are fixed to match.
@@ -92,7 +95,7 @@ def load_space(
             and ``--max-global-batch`` themselves are checked with the other options,
             ``autotune.plan``.)
     """
-    path = path or default_space_path(trainer)
+    path = path or default_space_path(model.task if model is not None else None)
     parsed = read_space_file(path)
     space = filter_for_device(parsed, device, source=path)
     space = filter_for_trainer(space, trainer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from autotune.errors import AutotuneError
@@ -255,10 +257,8 @@ def test_shipped_spaces_load_on_the_cpu(cpu, name):
 def test_the_llm_space_is_sfts_default_and_keeps_what_a_cpu_runs_with_a_note_for_the_rest(cpu):
     """Under --trainer sft the LLM space is the default; on the CPU flash and flex attention, Liger,
     activation offloading (CUDA) go, each with a note, and TRL's packing stays."""
-    from autotune.space import default_space_path
     from autotune.spec.models import resolve_model
 
-    assert default_space_path("sft").endswith("llm.yaml") and default_space_path().endswith("default.yaml")
     space = load_space(None, cpu, model=resolve_model("llama-tiny"), trainer="sft")
     assert space.source.endswith("llm.yaml")
     assert space.choices["packing"] == ["off", "padding_free", "bfd"]
@@ -269,6 +269,43 @@ def test_the_llm_space_is_sfts_default_and_keeps_what_a_cpu_runs_with_a_note_for
     for removed in ("flex_attention removed", "flash_attention_2 removed", "liger true removed"):
         assert removed in notes
     assert "activation_offloading true removed: TRL's activation offloading" in notes
+
+
+@pytest.mark.parametrize(
+    ("task", "space_file"),
+    [
+        ("causal-lm", "llm.yaml"),
+        ("sequence-classification", "default.yaml"),
+        ("masked-lm", "default.yaml"),
+        (None, "default.yaml"),
+    ],
+)
+def test_the_default_space_follows_the_models_task(task, space_file):
+    assert default_space_path(task).endswith(f"search_spaces/{space_file}")
+
+
+def test_a_causal_lm_gets_the_llm_space_under_either_trainer_an_encoder_the_default_and_a_given_file_wins(
+    tmp_path, cpu
+):
+    """A decoder from the catalog, a local directory holding one, and either trainer: the LLM space; under
+    the Trainer TRL's levers go, each with a note. bert-tiny: the default space. --space: that file."""
+    from autotune.spec.models import resolve_model
+
+    llama = resolve_model("llama-tiny")
+    local = tmp_path / "my-decoder"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(resolve_model("gpt2-tiny").hf_config))
+    for model in (llama, resolve_model(str(local))):
+        assert model.task == "causal-lm"
+        under_trainer = load_space(None, cpu, model=model, trainer="trainer")
+        assert under_trainer.source.endswith("search_spaces/llm.yaml")
+        assert under_trainer.choices["packing"] == ["off"] and under_trainer.choices["activation_offloading"] == [False]
+        assert "packing bfd removed: it is how TRL's SFTTrainer batches samples" in "\n".join(under_trainer.notes)
+        assert load_space(None, cpu, model=model, trainer="sft").source.endswith("search_spaces/llm.yaml")
+    assert load_space(None, cpu, model=resolve_model("bert-tiny")).source.endswith("search_spaces/default.yaml")
+    assert load_space(None, cpu).source.endswith("search_spaces/default.yaml")  # no model: the default
+    given = write(tmp_path, "micro_batch: [8]\n")
+    assert load_space(given, cpu, model=llama, trainer="sft").source == given
 
 
 def test_each_trainer_keeps_its_own_batching_levers(tmp_path, cpu):

@@ -120,6 +120,25 @@ def test_the_default_study_name_is_model_device_and_seq_len(cpu, tmp_path):
     assert default_study_name(str(local), cpu, 128) == "my-model-cpu-s128"  # a local directory: its name, made safe
 
 
+@pytest.mark.parametrize(
+    ("model", "space", "printed"),
+    [("gpt2-tiny", None, "llm.yaml"), ("bert-tiny", None, None), ("gpt2-tiny", TINY_SPACE, None)],
+)
+def test_a_causal_lms_default_space_is_the_llm_space_and_the_notes_say_so(tmp_path, model, space, printed):
+    """The Trainer on synthetic tokens: a decoder gets search_spaces/llm.yaml, printed; an encoder the
+    default space, and a --space its own file, neither printed."""
+    prepared = prepare_request(options(tmp_path, model=model, space=space, memory_ceiling="8GiB"), 16 * GiB)
+    source = prepared.request.space.source
+    assert source == (space or str(REPO / "search_spaces" / (printed or "default.yaml")))
+    said = [note for note in prepared.notes if note.startswith("search space: ")]
+    if printed is None:
+        assert said == []
+    else:
+        assert said == [
+            f"search space: search_spaces/{printed}, the default for a model trained as causal-lm (--space to give another)"
+        ]
+
+
 # --- the trainer of a study: SFTTrainer for chat rows, fixed for the study
 
 

@@ -1,0 +1,262 @@
+"""scripts/gpu_acceptance.sh llm, after each model's search: three runs side by side and the export's plain run.
+
+    gpu_acceptance_llm.py compare --model M --seq-len S --dataset chat.jsonl [--peft lora] --device cuda:0
+        --storage URL --study-name NAME --work-dir DIR --out OUT/llm.md [--expert packing=bfd,liger=true,...]
+
+re-plans the study's workload (``autotune.plan.plan``, as its search did: the same model, adapters,
+rows and measured peaks), then measures in fresh trial children through the real runner
+(``autotune.runner.run_isolated``), one after another: TRL's default ``SFTConfig``
+(``default_config("sft")``), the study's winner and the expert recipe (packing + Liger + compile +
+bf16 on TRL's default; a lever the device cannot run is left out of it, with a note). For each it
+appends a row to OUT: real (trained) tokens/s, MFU, the measured peak against the memory prior's
+predicted one. Then the winner's export (``autotune.views.export.winner_arguments``) trains in a
+plain ``SFTTrainer`` in a fresh process (``plain``, below), and its tokens/s and peak are appended
+against the winner's.
+
+    gpu_acceptance_llm.py plain --args best_args.json --model M --seq-len S --rows DIR --tokenizer DIR
+        [--adapters adapter_config.json] [--attn sdpa] [--weight-dtype fp32] [--steps 20]
+
+what a user runs: the exported ``SFTConfig`` fields, a plain ``SFTTrainer`` on the same rows, no
+autotune in the loop; prints one ``plain-sft-result: {json}`` line (tokens/s from TRL's ``num_tokens``
+over the steps after the first two, the peak CUDA memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PLAIN_RESULT_MARK = "plain-sft-result: "
+GiB = 1024**3
+EXPERT_RECIPE = "packing=bfd,liger=true,compile=inductor,dtype=bf16"
+PLAIN_WARMUP_STEPS = 2
+
+
+def expert_config(trl_default: Any, recipe: str, device: Any, notes: list[str]) -> Any:
+    """TRL's default with the recipe's levers (``name=value,...``), less those the device cannot run."""
+    from autotune.levers import LEVERS
+
+    changes: dict[str, Any] = {}
+    for item in filter(None, recipe.split(",")):
+        name, _, text = item.partition("=")
+        lever = LEVERS[name.strip()]
+        value: Any = text.strip()
+        if lever.value_type is bool:
+            value = value.lower() == "true"
+        elif lever.value_type is int:
+            value = int(value)
+        reason = lever.unavailable_on(value, device)
+        if reason:
+            notes.append(f"expert recipe: {name}={text} left out on {device.name}: {reason}")
+            continue
+        changes[lever.name] = value
+    return dataclasses.replace(trl_default, **changes)
+
+
+def compare(options: argparse.Namespace) -> None:
+    from autotune.estimate import estimate_peak
+    from autotune.plan import SearchOptions, plan
+    from autotune.runner import TrialJob, run_isolated
+    from autotune.storage import load_study
+    from autotune.study._seeds import default_config
+    from autotune.views.export import winner, winner_arguments, write_json
+
+    search = SearchOptions(
+        model=options.model,
+        dataset=options.dataset,
+        seq_len=options.seq_len,
+        device=options.device,
+        peft=options.peft,
+        work_dir=options.work_dir,
+        warmup_steps=options.warmup_steps,
+        max_measure_steps=options.max_measure_steps,
+    )
+    planned = plan(search)
+    workload = planned.workload
+    study = load_study(options.storage, options.study_name)
+    best = winner(study)
+    notes: list[str] = []
+    trl_default = default_config("sft")
+    runs = {
+        "TRL default SFTConfig": trl_default,
+        f"autotune winner (#{best.number})": best.config,
+        "expert recipe": expert_config(trl_default, options.expert, workload.device, notes),
+    }
+    lines = [
+        f"### {options.title}",
+        "",
+        f"{options.model}{' + ' + options.peft if options.peft else ''}, seq len {options.seq_len}, {workload.device.name}, "
+        f"the generated chat corpus, one run each in a fresh trial child ({time.strftime('%Y-%m-%d %H:%M')})",
+        "",
+        "| run | config | real tokens/s | vs TRL default | MFU | measured peak | predicted peak (prior) | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    append(options.out, lines)  # each row as it is measured: a step stopped at its time limit keeps them
+    base: float | None = None
+    for index, (name, config) in enumerate(runs.items()):
+        job = TrialJob(workload=workload, config=config, work_dir=str(Path(options.work_dir) / f"compare-{index}"))
+        result = run_isolated(job, options.trial_timeout)
+        predicted = estimate_peak(workload.model, config, options.seq_len, workload.memory_prior).total_bytes
+        tokens = result.real_tokens_per_s if result.status == "ok" else 0.0
+        base = tokens if base is None else base
+        ratio = f"{tokens / base:.2f}x" if base else "-"
+        mfu = f"{result.mfu:.1%}" if result.mfu is not None and result.status == "ok" else "-"
+        peak = f"{result.peak_memory_bytes / GiB:.2f} GiB" if result.peak_memory_bytes else "-"
+        status = result.status if result.status == "ok" else f"{result.status}: {(result.error or '')[:120]}"
+        row = f"| {name} | {config.short()} | {tokens:.0f} | {ratio} | {mfu} | {peak} | {predicted / GiB:.2f} GiB | {status} |"
+        append(options.out, [row])
+        print(row, flush=True)
+    args_file = Path(options.work_dir) / "best_args.json"
+    write_json(winner_arguments(study), str(args_file))
+    plain = run_plain(args_file, options, workload, best.config)
+    recorded = best.result
+    assert recorded is not None  # the winner is a measured trial
+    lines = [
+        "",
+        f"The winner's export ({args_file.name}) in a plain SFTTrainer, a fresh process: "
+        f"{plain['tokens_per_s']:.0f} tokens/s over {plain['steps']} steps after {PLAIN_WARMUP_STEPS} "
+        f"(the study's record: {recorded.real_tokens_per_s:.0f} real tokens/s), peak "
+        f"{plain['peak_bytes'] / GiB:.2f} GiB (the study's: {(recorded.peak_memory_bytes or 0) / GiB:.2f} GiB).",
+        *(f"- {note}" for note in notes),
+        "",
+    ]
+    append(options.out, lines)
+
+
+def append(path: str, lines: list[str]) -> None:
+    with open(path, "a") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def run_plain(args_file: Path, options: argparse.Namespace, workload: Any, config: Any) -> dict[str, Any]:
+    """The export trained by :func:`plain` in a fresh process; its result line."""
+    dataset = workload.dataset
+    command = [
+        *(sys.executable, __file__, "plain", "--args", str(args_file), "--model", options.model),
+        *("--seq-len", str(options.seq_len), "--rows", dataset.prepared_dir, "--tokenizer", dataset.tokenizer_dir),
+        *("--attn", str(config.attn_implementation or "sdpa"), "--weight-dtype", config.weight_dtype),
+        *("--steps", str(options.plain_steps), "--device", options.device),
+    ]
+    if workload.model.peft is not None:
+        adapters = args_file.with_suffix(".adapters.json")
+        adapters.write_text(json.dumps(workload.model.peft.adapter_config))
+        command += ["--adapters", str(adapters)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=options.trial_timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"plain SFTTrainer run: past --trial-timeout {options.trial_timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise SystemExit(f"plain SFTTrainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]
+    return json.loads(line.removeprefix(PLAIN_RESULT_MARK))
+
+
+def plain(options: argparse.Namespace) -> None:
+    """A user's own SFTTrainer run of the exported fields (no autotune code in the training loop)."""
+    import datasets
+    import torch
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from autotune.spec.models import build_model, resolve_model
+
+    fields = json.loads(Path(options.args).read_text())
+    weights = {"fp32": "float32", "bf16": "bfloat16"}[options.weight_dtype]
+    model = build_model(
+        resolve_model(options.model).hf_config, "causal-lm", attn_implementation=options.attn, dtype=weights
+    )
+    if options.adapters:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**json.loads(Path(options.adapters).read_text())))
+    fields.setdefault("max_length", options.seq_len)
+    on_cpu = options.device == "cpu"
+    config = SFTConfig(
+        **{
+            **fields,
+            "output_dir": str(Path(options.args).parent / "plain-sft"),
+            "max_steps": PLAIN_WARMUP_STEPS + options.steps,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": [],
+            "use_cpu": on_cpu,
+        }
+    )
+
+    class Clock(TrainerCallback):
+        """Each step's end time, and TRL's cumulative ``num_tokens`` at each log."""
+
+        def __init__(self) -> None:
+            self.ends: list[float] = []
+            self.tokens: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if torch.cuda.is_available() and not on_cpu:
+                torch.cuda.synchronize()
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "num_tokens" in logs:
+                self.tokens.append(float(logs["num_tokens"]))
+
+    clock = Clock()
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=datasets.load_from_disk(options.rows),
+        processing_class=AutoTokenizer.from_pretrained(options.tokenizer, local_files_only=True),
+        callbacks=[clock],
+    )
+    if torch.cuda.is_available() and not on_cpu:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    first = PLAIN_WARMUP_STEPS - 1  # timed from the end of the last warm-up step
+    tokens = clock.tokens[-1] - clock.tokens[first]
+    seconds = clock.ends[-1] - clock.ends[first]
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and not on_cpu else 0
+    result = {"tokens_per_s": tokens / seconds, "steps": options.steps, "peak_bytes": peak}
+    print(PLAIN_RESULT_MARK + json.dumps(result), flush=True)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    both = argparse.ArgumentParser(add_help=False)
+    both.add_argument("--model", required=True)
+    both.add_argument("--seq-len", type=int, required=True)
+    both.add_argument("--device", default="cuda:0")
+    comparing = commands.add_parser("compare", parents=[both])
+    comparing.add_argument("--dataset", required=True)
+    comparing.add_argument("--peft")
+    comparing.add_argument("--storage", required=True)
+    comparing.add_argument("--study-name", required=True)
+    comparing.add_argument("--work-dir", required=True)
+    comparing.add_argument("--out", required=True)
+    comparing.add_argument("--title", required=True)
+    comparing.add_argument("--expert", default=EXPERT_RECIPE)
+    comparing.add_argument("--warmup-steps", type=int, default=3)
+    comparing.add_argument("--max-measure-steps", type=int, default=40)
+    comparing.add_argument("--plain-steps", type=int, default=20)
+    comparing.add_argument("--trial-timeout", type=float, default=300.0)
+    training = commands.add_parser("plain", parents=[both])
+    training.add_argument("--args", required=True)
+    training.add_argument("--rows", required=True)
+    training.add_argument("--tokenizer", required=True)
+    training.add_argument("--adapters")
+    training.add_argument("--attn", default="sdpa")
+    training.add_argument("--weight-dtype", default="fp32")
+    training.add_argument("--steps", type=int, default=20)
+    options = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    compare(options) if options.command == "compare" else plain(options)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
