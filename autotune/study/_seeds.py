@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -160,16 +160,23 @@ def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     best_params, _ = snap_to_space(best, space, workload.device)
     seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
     if best_params != default_params:
-        seeds.append(Seed(schema.SEED_BEST_PRACTICE, best_params, emulated_dtype_notes(space, workload.device, best)))
+        seeds.append(
+            Seed(
+                schema.SEED_BEST_PRACTICE,
+                best_params,
+                emulated_dtype_notes(space, workload.device, {**dataclasses.asdict(best), **best_params}),
+            )
+        )
     return seeds
 
 
-def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, best: TrialConfig) -> tuple[str, ...]:
+def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, seed: Mapping[str, Any]) -> tuple[str, ...]:
     """A note for each value the space lists that the device only emulates (``Lever.emulated_on``: bf16
-    on a CPU without bf16 instructions) and the best-practice seed therefore does not train with."""
+    on a CPU without bf16 instructions) and the best-practice seed (``seed``: its lever values as queued,
+    fitted to the space) therefore does not train with."""
     notes = []
     for lever in LEVERS.values():
-        chosen = getattr(best, lever.name)
+        chosen = seed[lever.name]
         for value in space.choices.get(lever.name, []):
             reason = lever.emulated_on(value, device)
             if reason and value != chosen:
