@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 from typing import Annotated
 
@@ -179,7 +178,14 @@ def search(
     import psutil
 
     from autotune.storage import open_storage, redact
-    from autotune.study import SearchHooks, SearchProgress, default_study_name, open_study, prepare_request
+    from autotune.study import (
+        SearchHooks,
+        SearchProgress,
+        default_study_name,
+        open_study,
+        prepare_request,
+        stop_as_on_ctrl_c,
+    )
     from autotune.study import search as run_study
     from autotune.views import search_display
     from autotune.views.dashboard import save_study_note
@@ -198,7 +204,7 @@ def search(
         printer.confirm_run,
         write_note=save_study_note,  # the dashboard's study note: ranked top configs, the winner's export
     )
-    received = _stop_as_on_ctrl_c()
+    received = stop_as_on_ctrl_c()
     try:
         outcome = run_study(study, prepared.request, prepared.budget, hooks)
     except KeyboardInterrupt:
@@ -210,31 +216,6 @@ def search(
     printer.results()
     if outcome.confirmation_interrupted:
         raise typer.Exit(128 + received[-1])  # the search's trials are recorded; the confirmation was cut short
-
-
-# Signals that end a search as Ctrl-C does (the running trials recorded interrupted and queued again):
-# `kill`, `docker stop` and batch schedulers send SIGTERM; a closed terminal or a dropped SSH session,
-# SIGHUP (POSIX "General Terminal Interface": the controlling process, then the foreground group).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _stop_as_on_ctrl_c() -> list[int]:
-    """Make each of :data:`STOP_SIGNALS` raise KeyboardInterrupt; returns the list the signals received
-    are appended to (SIGINT's number until one is), for the exit status: 128 + the signal, as shells report it.
-
-    A signal the search was started with ignored stays ignored: ``nohup`` ignores SIGHUP so that the
-    search outlives the terminal, and a shell starts background jobs with SIGINT ignored.
-    """
-    received = [int(signal.SIGINT)]
-
-    def stop(signum: int, frame: object) -> None:
-        received.append(signum)
-        raise KeyboardInterrupt
-
-    for stop_signal in STOP_SIGNALS:
-        if signal.getsignal(stop_signal) != signal.SIG_IGN:
-            signal.signal(stop_signal, stop)
-    return received
 
 
 @app.command()
@@ -270,7 +251,7 @@ def estimate(
     options.check()  # before the heavy imports: a wrong option is answered at once
     from autotune.estimate import estimate_json, largest_fitting, plan_rows, what_would_fit
     from autotune.plan import plan
-    from autotune.study import margin_for
+    from autotune.study import margin_for, memory_fit_of_study
     from autotune.units import format_bytes
     from autotune.views.plan_display import (
         estimate_short_table,
@@ -284,7 +265,7 @@ def estimate(
     model_spec, device_spec, ceiling = planned.workload.model, planned.workload.device, planned.workload.ceiling_bytes
     fit = planned.prior
     if storage is not None:
-        fit = _memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
+        fit = memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
     choices = planned.space.choices
     rows = plan_rows(model_spec, choices, seq_len, fit, ceiling)
     advice = what_would_fit(model_spec, choices, seq_len, fit, ceiling, device_spec)
@@ -325,17 +306,6 @@ def estimate(
     if shows_host_memory([row.estimate for row in rows]):
         console.print(host_memory_note(device_spec.kind))
     console.print(f"estimator: {fit.describe()}")
-
-
-def _memory_fit_of_study(storage: str, study_name: str | None, model_spec, seq_len: int, device_spec, prior):  # noqa: ANN001, ANN202 - specs typed where the heavy imports load, after the options are checked
-    """The memory model fitted on a study's measured trials, refusing a study of another model, length or device."""
-    from autotune.storage import load_study
-    from autotune.study import check_identity, measured_trials, memory_fit_from_trials
-
-    study = load_study(storage, study_name)
-    expected = {"model": model_spec.name, "seq_len": seq_len, "device": device_spec.name}
-    check_identity(study, expected, keys=expected)
-    return memory_fit_from_trials(model_spec, seq_len, prior, measured_trials(study))
 
 
 @app.command()

@@ -18,14 +18,16 @@ join a study), ``_seeds`` (its first trials), ``_proposals`` (the sampler, when 
 
 from __future__ import annotations
 
+from autotune.study._liveness import STOP_SIGNALS, stop_as_on_ctrl_c
 from autotune.study._loop import measured_trials
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest, default_study_name, prepare_request
 from autotune.study._run import SearchHooks, search
 from autotune.study._screening import margin_for, memory_fit_from_trials
 from autotune.study._seeds import default_config
-from autotune.study._setup import check_identity, open_study
+from autotune.study._setup import check_identity, memory_fit_of_study, open_study
 
 __all__ = [
+    "STOP_SIGNALS",
     "SearchBudget",
     "SearchHooks",
     "SearchProgress",
@@ -36,7 +38,9 @@ __all__ = [
     "margin_for",
     "measured_trials",
     "memory_fit_from_trials",
+    "memory_fit_of_study",
     "open_study",
     "prepare_request",
     "search",
+    "stop_as_on_ctrl_c",
 ]

@@ -10,6 +10,7 @@ records what it still holds as interrupted (:func:`interrupt_own_running`).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from typing import Any
@@ -161,3 +162,28 @@ class Heartbeat:
             except optuna.exceptions.StorageInternalError:
                 return  # a full disk, a busy database: the trial keeps running; the next tick retries
             self._last = now
+
+
+# Signals that end a search as Ctrl-C does (the running trials recorded interrupted and queued again):
+# `kill`, `docker stop` and batch schedulers send SIGTERM; a closed terminal or a dropped SSH session,
+# SIGHUP (POSIX "General Terminal Interface": the controlling process, then the foreground group).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_as_on_ctrl_c() -> list[int]:
+    """Make each of :data:`STOP_SIGNALS` raise KeyboardInterrupt; returns the list the signals received
+    are appended to (SIGINT's number until one is), for the exit status: 128 + the signal, as shells report it.
+
+    A signal the search was started with ignored stays ignored: ``nohup`` ignores SIGHUP so that the
+    search outlives the terminal, and a shell starts background jobs with SIGINT ignored.
+    """
+    received = [int(signal.SIGINT)]
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    for stop_signal in STOP_SIGNALS:
+        if signal.getsignal(stop_signal) != signal.SIG_IGN:
+            signal.signal(stop_signal, stop)
+    return received

@@ -16,10 +16,15 @@ import optuna
 from optuna.storages import RDBStorage
 
 from autotune.errors import AutotuneError
-from autotune.storage import schema
+from autotune.estimate import MemoryFit
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
+from autotune.storage import load_study, schema
 from autotune.study._liveness import worker_identity
+from autotune.study._loop import measured_trials
 from autotune.study._proposals import make_sampler
 from autotune.study._request import SearchRequest
+from autotune.study._screening import memory_fit_from_trials
 from autotune.study._seeds import enqueue_seeds, requeue_failed_seeds, study_seeds
 from autotune.units import format_bytes
 
@@ -131,3 +136,14 @@ def _wait_for_identity(study: optuna.Study, patience_s: float = 30.0) -> dict[st
             return None
         time.sleep(0.2)
     return identity
+
+
+def memory_fit_of_study(
+    storage: str, study_name: str | None, model: ModelSpec, seq_len: int, device: DeviceSpec, prior: MemoryFit
+) -> MemoryFit:
+    """The memory model fitted on a study's measured trials (``autotune estimate --storage``), refusing a
+    study of another model, length or device."""
+    study = load_study(storage, study_name)
+    expected = {"model": model.name, "seq_len": seq_len, "device": device.name}
+    check_identity(study, expected, keys=expected)
+    return memory_fit_from_trials(model, seq_len, prior, measured_trials(study))
