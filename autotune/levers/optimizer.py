@@ -52,17 +52,7 @@ STATES_IN_PARAM_DTYPE = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "
 # 8-bit AdamW; Adafactor: transformers/optimization.py, ``Adafactor.step``, ``grad / sqrt(EMA(grad**2))``;
 # Adagrad and RMSprop: torch/optim/adagrad.py, rmsprop.py) or take its sign (Lion), and decay the
 # weights apart from it. SGD's update is the gradient times the learning rate.
-SCALE_INVARIANT_OPTIMIZERS = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adafactor",
-    "adamw_bnb_8bit",
-    "paged_adamw_8bit",
-    "adamw_8bit",
-    "lion_8bit",
-    "adagrad",
-    "rmsprop",
-)
+SCALE_INVARIANT_OPTIMIZERS = tuple(name for name in OPTIMIZERS if name != "sgd")
 # Optimizers that add the weight decay to the gradient (torch/optim/adagrad.py, rmsprop.py, sgd.py:
 # ``grad.add(param, alpha=weight_decay)``): a k-times gradient then weighs the decay 1/k as much.
 COUPLED_WEIGHT_DECAY_OPTIMIZERS = ("adagrad", "rmsprop", "sgd")
