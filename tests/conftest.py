@@ -9,43 +9,53 @@ import pytest
 # Tests never reach a hub: names resolve from local dirs, the cache, or the catalog.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread per trial (every child inherits it): scripts/test.sh runs three workers on two
+# cores, and torch's OpenMP threads spin-wait when oversubscribed (GOMP_SPINCOUNT, libgomp's docs), so
+# two threads per trial made the whole suite 38 % slower and one DeepSpeed CPU-Adam trial 7x slower
+# (docs/benchmarks.md, "The test suite"). A developer's own OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
 from tests.support import slow_guard
 from tests.support.postgres import postgres_server, postgres_url  # noqa: F401 - fixtures
 
 # The files that take longest, heaviest first: what `--durations` showed (scripts/test.sh prints it in
-# every CI log; a fresh machine adds DeepSpeed's op builds, about 3 min, to the ZeRO e2e file). With
-# --dist loadfile pytest-xdist hands each worker whole files in this order (scripts/test.sh passes
-# --no-loadscope-reorder; xdist's default orders files by their number of tests, which put these
-# few-test files last and left one worker running them alone at the end). Longest first keeps the
-# three workers busy until the end (longest-processing-time-first scheduling, Graham 1969). The
-# searched study's first reader comes early, so that it is made while the other workers run these.
-# A file not listed keeps its collection order after them.
+# every CI log). With --dist loadfile pytest-xdist hands each worker whole files in this order
+# (scripts/test.sh passes --no-loadscope-reorder; xdist's default orders files by their number of
+# tests, which put these few-test files last and left one worker running them alone at the end).
+# Longest first keeps the three workers busy until the end (longest-processing-time-first scheduling,
+# Graham 1969). The searched study's first reader comes early, so that it is made while the other
+# workers run these. A file not listed keeps its collection order after them.
 HEAVIEST_FIRST = (
-    "tests/e2e/test_zero_e2e.py",
+    "tests/test_bad_state_search.py",  # eight searches under faults and signals
     "tests/views/test_export.py",  # the searched study's first reader: it makes the study
-    "tests/test_bad_state_search.py",
-    "tests/study/test_postgres.py",
     "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
     "tests/e2e/test_offline_install.py",
-    "tests/e2e/test_byo_e2e.py",
-    "tests/e2e/test_sft_e2e.py",  # three SFTTrainer trials of llama-tiny
     "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
-    "tests/e2e/test_lora_e2e.py",
     "tests/e2e/test_resume.py",
+    "tests/e2e/test_byo_e2e.py",
+    "tests/e2e/test_zero_e2e.py",
+    "tests/e2e/test_sft_e2e.py",  # three SFTTrainer trials of llama-tiny
     "tests/study/test_postgres_killed_worker.py",
-    "tests/storage/test_storage.py",
-    "tests/result/test_loss.py",
-    "tests/estimate/test_estimate.py",
-    "tests/e2e/test_small_micro_batch_e2e.py",
+    "tests/test_bench_sft_fidelity.py",
     "tests/runner/test_faults.py",
+    "tests/storage/test_storage.py",
+    "tests/test_bad_input.py",
+    "tests/study/test_postgres.py",
     "tests/e2e/test_search_e2e.py",
-    "tests/study/test_proposals.py",
-    "tests/plan/test_base_args.py",
     "tests/study/test_loop.py",
-    "tests/study/test_confirm.py",
+    "tests/e2e/test_small_micro_batch_e2e.py",
+    "tests/estimate/test_estimate.py",
+    "tests/e2e/test_lora_e2e.py",
+    "tests/study/test_proposals.py",
+    "tests/runner/test_sft.py",
     "tests/levers/test_weight_dtype.py",
+    "tests/plan/test_base_args.py",
+    "tests/result/test_loss.py",
+    "tests/test_cli_errors.py",
+    "tests/storage/test_open.py",
+    "tests/views/test_dashboard.py",
+    "tests/study/test_confirm.py",
     "tests/test_bad_state.py",
     "tests/estimate/test_what_would_fit.py",
     "tests/study/test_small_ceiling.py",

@@ -41,6 +41,8 @@ def test_a_trial_inside_a_kubeflow_job_reports_nothing_to_its_controller(cpu, tm
     from transformers import TrainingArguments
 
     monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://192.0.2.1:8443")  # as the job's controller injects it
+    # An in-process trial pool earlier in this test process may have set the switch in os.environ already.
+    monkeypatch.delenv("DISABLE_KUBEFLOW_INTEGRATION", raising=False)
     assert (
         "kubeflow" in TrainingArguments(output_dir=str(tmp_path), report_to="none").report_to
     )  # what a trial would do

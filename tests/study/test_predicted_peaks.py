@@ -29,6 +29,7 @@ def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_bes
         space=SearchSpace(choices={"micro_batch": [8, 16], "pin_memory": [False]}),
         work_root=str(tmp_path / "runs"),
         screen=False,  # both run: what is recorded for a trial that runs is the point
+        prune_ratio=0,  # and both run to the end: a loaded machine may slow the second below half the first
     )
     study = open_study(open_storage(sqlite_url), "predicted", request)
     run_one_trial(study, request, SearchProgress())
