@@ -21,11 +21,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # torch first, pinned: an open `torch` requirement with no torch installed pulls a multi-GB CUDA build.
-# --no-compile: pip would byte-compile every module of every package (torch's alone: 37 s against 11 s
-# on 2 cores); Python compiles the modules the tests import on first import instead, once.
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q --no-compile torch==2.13.0
+.venv/bin/pip install -q torch==2.13.0
 # DeepSpeed next (the [test] extra's own requirement lines, read from pyproject.toml), then its two C++ ops
 # built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on 2 cores, which would
 # otherwise happen inside the ZeRO tests' trials), while the rest installs and lint and types run.
@@ -33,14 +31,14 @@ mapfile -t deepspeed_requirements < <(python3 -c '
 import tomllib
 extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]
 print("\n".join(r for r in extra if r.startswith(("deepspeed", "ninja"))))')
-.venv/bin/pip install -q --no-compile "${deepspeed_requirements[@]}"
+.venv/bin/pip install -q "${deepspeed_requirements[@]}"
 mkdir -p .venv/logs
 op_builds=()
 for op in ShareMemCommBuilder CPUAdamBuilder; do
   .venv/bin/python scripts/build_deepspeed_ops.py "$op" > ".venv/logs/build-$op.log" 2>&1 &
   op_builds+=($!)
 done
-.venv/bin/pip install -q --no-compile -e '.[test]'
+.venv/bin/pip install -q -e '.[test]'
 
 # Lint, format and types first (seconds; mypy about a minute): a red line here names the file and the fix.
 .venv/bin/ruff check .
@@ -48,8 +46,12 @@ done
 .venv/bin/mypy
 
 export HF_HUB_OFFLINE=1
+# Bytecode caches written: a machine that sets PYTHONDONTWRITEBYTECODE (this one does) has every process
+# (each search, each forkserver, each rank) compile autotune's editable sources again, about 0.7 s each.
+unset PYTHONDONTWRITEBYTECODE
 status=0
-# Three workers: most of the wall time is waiting on child processes, heartbeats and timeouts.
+# Three workers on two cores (each trial with one OpenMP thread: tests/conftest.py); the cores are busy
+# throughout (vmstat), so a fourth worker would only share them.
 # --no-loadscope-reorder: files start in the order tests/conftest.py gives them (heaviest first).
 # --durations: every CI log shows where the time goes (the suite runs close to its time limit).
 .venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder --durations=40 "$@" || status=$?
