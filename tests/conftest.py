@@ -160,13 +160,19 @@ def sqlite_url(tmp_path):
 
 @pytest.fixture(scope="session")
 def searched_study(tmp_path_factory, worker_id):
-    """One real search with one real OOM, shared by the dashboard, report and export-format tests.
+    """One real search with one real OOM, shared by the dashboard, report and export-format tests:
+    made once for the whole run, not once per xdist worker (tests/support/made_once.py)."""
+    from tests.support.made_once import made_once, run_root
+    from tests.support.searched_study import make_searched_study
 
-    Made once for the whole run, not once per xdist worker: the workers share the base temp
-    directory's parent and take turns through a file lock (pytest-xdist's documented way, "Making
-    session-scoped fixtures execute only once").
-    """
-    from tests.support.searched_study import shared_searched_study
+    return made_once(run_root(tmp_path_factory, worker_id), "searched-study", make_searched_study)
 
-    base = tmp_path_factory.getbasetemp()
-    return shared_searched_study(base if worker_id == "master" else base.parent)
+
+@pytest.fixture(scope="session")
+def sft_study(tmp_path_factory, worker_id):
+    """One real ``--trainer sft`` search of llama-tiny on the chat corpus, shared by the SFT end-to-end
+    tests and the fidelity benchmark's test: made once for the whole run (tests/support/sft_study.py)."""
+    from tests.support.made_once import made_once, run_root
+    from tests.support.sft_study import make_sft_study
+
+    return made_once(run_root(tmp_path_factory, worker_id), "sft-study", make_sft_study)

@@ -27,6 +27,7 @@ from autotune.result import TrialResult
 from tests.support.bad_input import TINY_SPACE, assert_one_error_line, create_study
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
 from tests.support.filesystems import tmpfs
+from tests.support.processes import sigint_as_from_a_terminal
 
 pytestmark = pytest.mark.slow  # real searches, signals and mounts
 
@@ -162,8 +163,7 @@ def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
         stderr=open(cwd / f"{name}.err", "w"),
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
         start_new_session=True,  # its own process group: the test's SIGINT reaches it as a terminal's Ctrl-C would
-        # A test run in the background inherits SIGINT ignored, and Python then keeps ignoring it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_as_from_a_terminal,
     )
 
 

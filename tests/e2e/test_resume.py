@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from autotune.result import TrialResult
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
-from tests.support.processes import wait_until_gone
+from tests.support.processes import sigint_as_from_a_terminal, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,7 @@ def start(command: list[str], tmp_path: Path, name: str) -> subprocess.Popen:
         stdout=open(tmp_path / f"{name}.out", "w"),
         stderr=open(tmp_path / f"{name}.err", "w"),
         env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        preexec_fn=sigint_as_from_a_terminal,
     )
 
 

@@ -8,40 +8,19 @@ import json
 
 import pytest
 
-from tests.support.cli import run_cli, run_cli_in_process
+from tests.support.cli import run_cli_in_process
+from tests.support.sft_study import SEQ_LEN, STUDY_NAME, TRIALS
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("trl")
 
-SPACE = """\
-micro_batch: [4, 8]
-checkpointing: [true, false]
-dtype: [bf16]
-optim: [adamw_torch_fused]
-packing: ["off", bfd]
-"""
-
 
 @pytest.fixture(scope="module")
-def sft_search(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sft-e2e")
-    # The corpus and the study's reader in this process; the search is the end-to-end run (`python -m autotune`).
-    corpus = run_cli_in_process(
-        "chat-corpus", "--out", "chat.jsonl", "--samples", "200", "--length-scale", "0.03", cwd=root
-    )
-    assert corpus.returncode == 0, corpus.stderr
-    (root / "space.yaml").write_text(SPACE)
-    storage = f"sqlite:///{root / 'study.db'}"
-    search = run_cli(
-        *("search", "--model", "llama-tiny", "--dataset", "chat.jsonl", "--device", "cpu", "--trials", "3"),
-        # Short on purpose (the suite's CI budget): 32 tokens, one warm-up and two measured steps a trial.
-        *("--seq-len", "32", "--space", "space.yaml", "--storage", storage, "--work-dir", "runs"),
-        *("--warmup-steps", "1", "--max-measure-steps", "2", "--confirm-top", "0", "--prune-ratio", "0"),
-        cwd=root,
-        timeout=1500,
-    )
-    best = run_cli_in_process("best", "--storage", storage, cwd=root)
-    return search, best, storage
+def sft_search(sft_study):
+    """The run's SFT study (tests/support/sft_study.py: `python -m autotune search`, made once) and
+    `autotune best` on it, in this process."""
+    best = run_cli_in_process("best", "--storage", sft_study.storage, cwd=sft_study.root)
+    return sft_study.search, best, sft_study.storage
 
 
 def trials(storage: str) -> list:
@@ -49,7 +28,7 @@ def trials(storage: str) -> list:
 
     from autotune.storage import schema
 
-    study = optuna.load_study(study_name="llama-tiny-cpu-s32", storage=storage)
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
     found = []
     for trial in study.get_trials():
         result = trial.user_attrs[schema.TRIAL_RESULT]
@@ -62,7 +41,7 @@ def test_every_trial_trains_through_sfttrainer_from_trls_default(sft_search):
     assert search.returncode == 0, search.stderr[-3000:]
     assert "trainer: TRL's SFTTrainer on your rows" in search.stdout
     measured = trials(storage)
-    assert len(measured) == 3
+    assert len(measured) == TRIALS
     for _, result in measured:
         assert result["status"] == "ok", result.get("error")
         assert result["runtime"]["trainer"] == "SFTTrainer" and "trl" in result["versions"]
@@ -78,8 +57,8 @@ def test_the_ranking_is_model_tflops_of_real_tokens_and_best_says_what_they_coun
     assert best.returncode == 0, best.stderr
     measured = trials(storage)
     for _, result in measured:
-        assert result["real_tokens_per_s"] < result["samples_per_s"] * 32  # no padding counted
-        assert 0 < result["attention_context"] < 32
+        assert result["real_tokens_per_s"] < result["samples_per_s"] * SEQ_LEN  # no padding counted
+        assert 0 < result["attention_context"] < SEQ_LEN
     fastest, _ = max(measured, key=lambda pair: pair[1]["model_tflops"])
     assert f"winner: #{fastest.number} at" in best.stdout
     assert "model TFLOPs count every real (non-padding) token" in best.stdout.replace("\n", " ")

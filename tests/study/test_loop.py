@@ -18,6 +18,7 @@ from optuna.trial import TrialState, create_trial
 
 from autotune.study._loop import DONE, START, WAIT, cap_decision
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
+from tests.support.processes import sigint_as_from_a_terminal
 from tests.support.search_workers import runs_by_trial
 
 TINY_SPACE = str(REPO / "search_spaces" / "tiny-test.yaml")
@@ -131,6 +132,7 @@ def test_ctrl_c_stops_every_worker_and_records_its_trial_as_interrupted(tmp_path
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_as_from_a_terminal,
         env={**os.environ, "COLUMNS": "200"},
     )
     try:

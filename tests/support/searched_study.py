@@ -1,7 +1,7 @@
 """One real study for the tests of what people look at (dashboard, report, export formats).
 
 Built once per test run, whatever the number of xdist workers (the ``searched_study`` fixture in
-conftest.py, through ``shared_searched_study``): a real ``autotune search`` through the command
+conftest.py, through ``tests.support.made_once``): a real ``autotune search`` through the command
 line's entry point, in the test process that first asks (its trials are real children of that
 process's forkserver; tests/e2e/test_search_e2e.py resumes the study with ``python -m autotune``),
 then one more trial of the same study, of a config not measured yet, that really runs out of
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import pickle
 import subprocess
 from pathlib import Path
 
@@ -38,24 +37,6 @@ class SearchedStudy:
     study_name: str
     oom_trial_number: int
     search: subprocess.CompletedProcess
-
-
-def shared_searched_study(root: Path) -> SearchedStudy:
-    """The study of this test run under ``root``: made by the first worker that asks, read by the rest.
-
-    A failed search leaves no record, so the next worker that asks tries again (and fails the same way).
-    """
-    from filelock import FileLock
-
-    record = root / "searched-study.pickle"
-    with FileLock(str(root / "searched-study.lock")):
-        if record.exists():
-            return pickle.loads(record.read_bytes())
-        workdir = root / "searched-study"
-        workdir.mkdir(exist_ok=True)
-        study = make_searched_study(workdir)
-        record.write_bytes(pickle.dumps(study))
-        return study
 
 
 def make_searched_study(workdir: Path) -> SearchedStudy:
