@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -138,3 +140,25 @@ def load_average() -> str:
 def cv(values: list[float]) -> float:
     """Coefficient of variation (sample stdev over mean)."""
     return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
+
+
+def searched_winner(
+    reuse: str | None, prefix: str, search_and_export: Callable[[Path, str], None]
+) -> tuple[Path, str, Any]:
+    """The fidelity benchmarks' study: ``reuse``'s, else a fresh directory where ``search_and_export(root,
+    storage)`` runs the search and writes ``best.json``; returns the directory, the storage URL and the
+    ranking's winner (a :class:`autotune.views.ranking.RankedTrial` with a result)."""
+    import tempfile
+
+    import optuna
+
+    from autotune.views.ranking import study_ranking
+
+    root = Path(reuse) if reuse else Path(tempfile.mkdtemp(prefix=prefix))
+    storage = f"sqlite:///{root / 'study.db'}"
+    if not reuse:
+        search_and_export(root, storage)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
+    assert winner.result is not None
+    return root, storage, winner

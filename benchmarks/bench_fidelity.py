@@ -261,19 +261,12 @@ def main() -> None:
 
     import statistics
 
-    import optuna
-
-    from autotune.views.ranking import study_ranking
-    from benchmarks._common import load_average, run_plain_trainer
+    from benchmarks._common import load_average, run_plain_trainer, searched_winner
 
     print(load_average())
-    root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-fidelity-"))
-    storage = f"sqlite:///{root / 'study.db'}"
-    if not options.reuse:
-        search_and_export(options, root, storage)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
-    assert winner.result is not None
+    root, storage, winner = searched_winner(
+        options.reuse, "bench-fidelity-", lambda root, storage: search_and_export(options, root, storage)
+    )
     print(f"winner #{winner.number}: {winner.config.short()}; exported {root / 'best.json'}; {load_average()}")
 
     # The machine's load drifts (other jobs): the plain loop and autotune's runner measure the

@@ -271,19 +271,12 @@ def main() -> None:
 
     import statistics
 
-    import optuna
-
-    from autotune.views.ranking import study_ranking
-    from benchmarks._common import load_average
+    from benchmarks._common import load_average, searched_winner
 
     print(load_average())
-    root = Path(options.reuse) if options.reuse else Path(tempfile.mkdtemp(prefix="bench-sft-fidelity-"))
-    storage = f"sqlite:///{root / 'study.db'}"
-    if not options.reuse:
-        search_and_export(options, root, storage)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
-    assert winner.result is not None
+    root, storage, winner = searched_winner(
+        options.reuse, "bench-sft-fidelity-", lambda root, storage: search_and_export(options, root, storage)
+    )
     workload = study_workload(root, options)
     if not (root / "model").is_dir():
         save_model(workload, root / "model")
