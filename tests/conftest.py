@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One intra-op thread per trial (every child inherits it): scripts/test.sh runs three workers on two
 # cores, and torch's OpenMP threads spin-wait when oversubscribed (GOMP_SPINCOUNT, libgomp's docs), so
-# two threads per trial made the whole suite 38 % slower and one DeepSpeed CPU-Adam trial 7x slower
+# two threads per trial made the whole suite 38 % slower and one DeepSpeed CPU-Adam trial about 10x slower
 # (docs/benchmarks.md, "The test suite"). A developer's own OMP_NUM_THREADS wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
