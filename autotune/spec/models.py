@@ -369,11 +369,21 @@ def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
 
 
 def _count_params(hf_config: Any, task: str) -> tuple[int, int, int]:
-    """Exact parameter counts from the model built on the meta device (no weights allocated).
+    """Exact parameter counts from the model built on the meta device (no weights allocated), kept on disk
+    per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build imports the
+    architecture's modeling code, seconds at every search start).
 
     Returns:
         (all parameters, lookup-only embedding parameters, transformer-block parameters).
     """
+    from autotune.spec.derived_cache import cached
+
+    key = {"config": hf_config.to_dict(), "task": task}
+    counts = cached("param-counts", key, __file__, lambda: list(_count_params_on_meta(hf_config, task)))
+    return int(counts[0]), int(counts[1]), int(counts[2])
+
+
+def _count_params_on_meta(hf_config: Any, task: str) -> tuple[int, int, int]:
     import torch
 
     with torch.device("meta"):

@@ -63,24 +63,36 @@ def default_config(trainer: str = "trainer") -> TrialConfig:
     of the mapping (:func:`autotune.levers.lever_values_from_base_args`) turns them into lever values;
     levers that act outside the arguments keep their own default (the model's attention, ...).
     """
+    from autotune.spec.derived_cache import cached
+
+    # Kept on disk per trainer and installed versions (autotune.spec.derived_cache): reading them imports
+    # the arguments class, seconds at every search start.
+    defaults = cached("trainer-defaults", {"trainer": trainer}, __file__, lambda: _lever_field_defaults(trainer))
+    return TrialConfig(**lever_values_from_base_args(defaults))
+
+
+def _lever_field_defaults(trainer: str) -> dict[str, Any]:
+    """The trainer's arguments class at its defaults, for the fields levers map (JSON values: an enum's value)."""
+    import enum
     import tempfile
     import warnings
 
     from autotune.plan import arguments_class
 
     cls = arguments_class(trainer)
+    lever_fields = {field for lever in LEVERS.values() for field in lever.fields}
     defaults = {
         field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[operator]  # a factory where no default
         for field in dataclasses.fields(cls)
-        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        if field.name in lever_fields
+        and (field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING)
     }
-    lever_fields = {field for lever in LEVERS.values() for field in lever.fields}
-    if any(defaults.get(field, 0) is None for field in lever_fields):
+    if any(value is None for value in defaults.values()):
         with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # transformers 5.24: gradient_checkpointing is deprecated (TRL sets it)
             resolved = cls(output_dir=scratch, use_cpu=True)
-        defaults.update({f: getattr(resolved, f) for f in lever_fields if f in defaults and defaults[f] is None})
-    return TrialConfig(**lever_values_from_base_args(defaults))
+        defaults.update({f: getattr(resolved, f) for f, value in defaults.items() if value is None})
+    return {f: value.value if isinstance(value, enum.Enum) else value for f, value in defaults.items()}
 
 
 def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -> tuple[dict[str, Any], list[str]]:

@@ -1,0 +1,93 @@
+"""Figures kept on disk between processes (autotune/spec/derived_cache.py): the same inputs read the
+entry, any change computes a new one, and a damaged entry is computed again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autotune.spec.derived_cache import cached
+
+
+@pytest.fixture
+def cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "autotune" / "derived"
+
+
+def test_the_same_key_reads_the_entry_and_another_key_computes_its_own(cache_home):
+    calls: list[str] = []
+
+    def compute(value: str):
+        calls.append(value)
+        return {"figure": value}
+
+    assert cached("figure", {"a": 1}, __file__, lambda: compute("first")) == {"figure": "first"}
+    assert cached("figure", {"a": 1}, __file__, lambda: compute("second")) == {"figure": "first"}
+    assert cached("figure", {"a": 2}, __file__, lambda: compute("third")) == {"figure": "third"}
+    assert calls == ["first", "third"]
+    assert len(list(cache_home.glob("figure-*.json"))) == 2
+
+
+def test_a_changed_rule_is_a_new_entry(cache_home, tmp_path):
+    rules = tmp_path / "rules.py"
+    rules.write_text("RATE = 1\n")
+    assert cached("figure", {}, str(rules), lambda: 1) == 1
+    rules.write_text("RATE = 2\n")
+    assert cached("figure", {}, str(rules), lambda: 2) == 2
+
+
+def test_a_damaged_entry_is_computed_again_and_a_value_json_cannot_hold_is_not_kept(cache_home):
+    assert cached("figure", {}, __file__, lambda: [1, 2]) == [1, 2]
+    (entry,) = cache_home.glob("figure-*.json")
+    entry.write_text("{not json")
+    assert cached("figure", {}, __file__, lambda: [3, 4]) == [3, 4]
+    assert json.loads(entry.read_text())["value"] == [3, 4]
+    unkept = object()
+    assert cached("other", {}, __file__, lambda: unkept) is unkept
+    assert not list(cache_home.glob("other-*")) and not list(cache_home.glob("*.tmp"))
+
+
+def test_a_config_of_another_shape_is_counted_again(cache_home):
+    from transformers import AutoConfig
+
+    from autotune.spec.models import catalog_entry, spec_from_config
+
+    values = {k: v for k, v in catalog_entry("bert-tiny").items() if not k.startswith("_autotune")}
+    two = spec_from_config("bert-tiny", AutoConfig.for_model(**values), "catalog", None, None)
+    values["num_hidden_layers"] = 4
+    four = spec_from_config("bert-tiny", AutoConfig.for_model(**values), "catalog", None, None)
+    assert four.num_block_params == 2 * two.num_block_params
+    assert four.num_params == two.num_params + two.num_block_params
+    assert len(list(cache_home.glob("param-counts-*.json"))) == 2
+
+
+SEARCH_START = (
+    "import sys\n"
+    "from autotune.spec.models import resolve_model\n"
+    "from autotune.study import default_config\n"
+    "spec = resolve_model('bert-tiny')\n"
+    "config = default_config()\n"
+    "print(spec.num_params, config.micro_batch, 'transformers.models.bert.modeling_bert' in sys.modules,"
+    " 'transformers.training_args' in sys.modules)\n"
+)
+
+
+@pytest.mark.slow
+def test_a_second_search_start_imports_neither_the_modeling_code_nor_the_arguments_class(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    runs = [
+        subprocess.run([sys.executable, "-c", SEARCH_START], capture_output=True, text=True, env=env, timeout=300)
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+    first, second = (run.stdout.split() for run in runs)
+    assert first[2:] == ["True", "True"]  # computed: the model was built, the class read
+    assert second[:2] == first[:2]  # the same parameter count and defaults
+    assert second[2:] == ["False", "False"]
+    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 2  # the counts and the defaults
