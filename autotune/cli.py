@@ -103,8 +103,15 @@ def search(
         int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
     ] = SearchOptions.confirm_top,
     confirm_repeats: Annotated[
-        int, typer.Option(help="Re-runs of each config when confirming.")
+        int, typer.Option(help="Re-runs of each config when confirming, at most.")
     ] = SearchOptions.confirm_repeats,
+    confirm_budget: Annotated[
+        float,
+        typer.Option(
+            help="After the confirmation's first round (one re-run of each leading config, always run), start no "
+            "re-run that would take its time past this share of the search's time before it (above 0, up to 1)."
+        ),
+    ] = SearchOptions.confirm_budget,
     callbacks: Annotated[
         list[str] | None,
         typer.Option(
@@ -190,7 +197,9 @@ def search(
     from autotune.views import search_display
     from autotune.views.dashboard import save_study_note
 
-    printer = search_display.SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats)
+    printer = search_display.SearchPrinter(
+        console, err_console, options.trials, confirm_top, confirm_repeats, confirm_budget
+    )
     prepared = prepare_request(options, psutil.virtual_memory().available)
     printer.prepared(prepared.notes, prepared.request.workload.dataset)
     name = study_name or default_study_name(model, prepared.request.workload.device, seq_len)
