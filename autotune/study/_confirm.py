@@ -14,19 +14,19 @@ Confirmation in proportion (what it costs is recorded and printed):
   leader ahead of every other candidate by more than that is re-run alone.
 * From the second round on (two re-runs each: the least that shows noise), a candidate whose
   re-runs no longer reach the leader's slowest stops being re-run, and once none is left beside the
-  leader the order is settled: no more rounds. A clear leader costs two re-runs, not ``top_k x repeats``.
+  leader the order is settled: no more rounds. A clear leader costs two re-runs at most, not
+  ``top_k x repeats``.
 * A budget in proportion to the search it confirms (``--confirm-budget``, a share of the search's
   wall seconds before the confirmation, the clock of the time-share line,
-  :class:`autotune.result.TimeSpent`): no re-run after the first round starts that would take the
-  re-runs' seconds past it, judged by the mean re-run so far. Wall seconds, not the trials' summed
-  seconds: the re-runs run one at a time, so with several workers the summed seconds would let the
-  confirmation outgrow the search it confirms.
+  :class:`autotune.result.TimeSpent`; a resumed search's are this invocation's): no re-run after the
+  first round starts that would take the re-runs' seconds past it, judged by the mean re-run so far.
+  Wall seconds, not the trials' summed seconds: the re-runs run one at a time, so with several
+  workers the summed seconds would let the confirmation outgrow the search it confirms.
 
 The minimum, whatever the budget: the first round, one re-run of the leader and of each candidate
-within reach of it (at most ``top_k``: lower ``--confirm-top`` to bound it). The best of many single
-measurements is biased upwards (the winner is partly the luckiest), so a winner is never named on its
-search-time figure alone; and the candidates are compared on figures measured in the same period,
-interleaved. A second re-run of the leader is not part of the minimum: alone it cannot settle the
+within reach of it (at most ``top_k``: lower ``--confirm-top`` to bound it). The search's best figure
+is partly the luckiest (above), so a winner is never named on it alone; and the candidates are
+compared on figures measured in the same period, interleaved. A second re-run of the leader is not part of the minimum: alone it cannot settle the
 order (the others' second re-runs are needed for that), it only shows the leader's noise, so it is
 spent like any other re-run, where the budget allows (a clear leader gets it whenever the budget
 holds one re-run more than the first round). Before the first re-run nothing needs estimating: the
