@@ -319,7 +319,8 @@ class SearchPrinter:
             self._console.print(
                 f"confirming: re-running the leader and those of the top {self._confirm_top} feasible configs within "
                 f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled; "
-                f"after the first round, within {self._confirm_budget:.0%} of the search's time so far"
+                f"after the first round, within {self._confirm_budget:.0%} of the search's time so far",
+                soft_wrap=True,  # one line: the terminal wraps it, and a reader (or a test) finds it whole
             )
 
     def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
