@@ -1,7 +1,7 @@
 """The ``autotune`` command line: each command checks its options, makes one call, prints.
 
-All the work happens in the modules it calls (docs/architecture.md is the map). Options that several
-commands share are declared once, below.
+All the work happens in the modules it calls (docs/architecture.md is the map). Each option is declared
+once, with its help text, in ``autotune.plan.cli_options``; its default stays with its command.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from autotune.errors import AutotuneError
 from autotune.plan import EstimateOptions, SearchOptions
+from autotune.plan import cli_options as option
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -37,146 +37,46 @@ def _console(stderr: bool = False) -> Console:
 console = _console()
 err_console = _console(stderr=True)
 
-# Options shared by several commands.
-ModelOption = Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")]
-GpuOption = Annotated[int | None, typer.Option(help="CUDA device number.")]
-DeviceOption = Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default cpu unless --gpu).")]
-SeqLenOption = Annotated[int, typer.Option(help="Tokens per training sample.")]
-CeilingOption = Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a size (14GiB).")]
-SpaceOption = Annotated[str | None, typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")]
-TaskOption = Annotated[str | None, typer.Option(help="sequence-classification, causal-lm or masked-lm.")]
-StorageOption = Annotated[str, typer.Option(help="Optuna storage URL (sqlite:///file.db or postgresql://...).")]
-StudyOption = Annotated[str | None, typer.Option(help="Study name (default: the only study in the storage).")]
-
 
 @app.command()
 def search(
-    model: ModelOption,
-    gpu: GpuOption = None,
-    device: DeviceOption = None,
-    seq_len: SeqLenOption = SearchOptions.seq_len,
-    memory_ceiling: CeilingOption = SearchOptions.memory_ceiling,
-    host_memory_ceiling: Annotated[
-        str | None,
-        typer.Option(
-            help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available)."
-        ),
-    ] = None,
-    space: SpaceOption = None,
-    storage: StorageOption = DEFAULT_STORAGE,
-    study_name: Annotated[str | None, typer.Option(help="Default: <model>-<device>-s<seq-len>.")] = None,
-    trials: Annotated[int, typer.Option(help="Trials to run in this invocation.")] = SearchOptions.trials,
-    timeout: Annotated[float | None, typer.Option(help="Stop starting trials after this many seconds.")] = None,
-    trial_timeout: Annotated[
-        float, typer.Option(help="Kill a trial after this many seconds.")
-    ] = SearchOptions.trial_timeout,
-    compile_timeout: Annotated[
-        float,
-        typer.Option(
-            help="torch.compile trials: seconds to compile (until the first step ends), then --trial-timeout."
-        ),
-    ] = SearchOptions.compile_timeout,
-    task: TaskOption = None,
-    warmup_steps: Annotated[
-        int, typer.Option(help="Optimizer steps excluded from timing.")
-    ] = SearchOptions.warmup_steps,
-    max_measure_steps: Annotated[
-        int, typer.Option(help="Measured optimizer steps at most, per trial.")
-    ] = SearchOptions.max_measure_steps,
-    work_dir: Annotated[str, typer.Option(help="Where trials keep their logs.")] = SearchOptions.work_dir,
-    gpus: Annotated[
-        str | None, typer.Option(help="CUDA devices to use at once, e.g. 0,1,2,3: one trial per GPU.")
-    ] = None,
-    workers: Annotated[
-        int, typer.Option(help="CPU only: trials to run at once (they share the cores).")
-    ] = SearchOptions.workers,
-    devices_per_trial: Annotated[
-        int,
-        typer.Option(
-            help="Ranks each trial spans (torchrun-style data parallel): GPUs of --gpus per trial, or gloo ranks on the CPU."
-        ),
-    ] = SearchOptions.devices_per_trial,
-    max_total_trials: Annotated[
-        int | None, typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")
-    ] = None,
-    confirm_top: Annotated[
-        int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
-    ] = SearchOptions.confirm_top,
-    confirm_repeats: Annotated[
-        int, typer.Option(help="Re-runs of each config when confirming, at most.")
-    ] = SearchOptions.confirm_repeats,
-    confirm_budget: Annotated[
-        float,
-        typer.Option(
-            help="After the confirmation's first round (one re-run of each leading config, always run), start no "
-            "re-run that would take its time past this share of the search's time before it (above 0, up to 1)."
-        ),
-    ] = SearchOptions.confirm_budget,
-    callbacks: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--callback",
-            hidden=True,
-            help="module:Class of an extra TrainerCallback for every trial (repeatable); fault injection, probes.",
-        ),
-    ] = None,
-    dataset: Annotated[
-        str | None,
-        typer.Option(
-            help="Your data: a datasets.save_to_disk directory, or JSONL/text files (default: synthetic tokens)."
-        ),
-    ] = None,
-    text_column: Annotated[str | None, typer.Option(help="The --dataset column to train on (default: found).")] = None,
-    packing: Annotated[
-        bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")
-    ] = SearchOptions.packing,
-    trainer: Annotated[
-        str | None,
-        typer.Option(
-            help="trainer (transformers' Trainer) or sft (TRL's SFTTrainer on your rows); default: sft for a "
-            "--dataset of messages or prompt/completion rows, else trainer."
-        ),
-    ] = None,
-    loss_on: Annotated[
-        str | None,
-        typer.Option(
-            help="--trainer sft: the tokens the loss is taken on: all, completion (prompt/completion rows) or "
-            "assistant (chat rows); default: TRL's (completion for prompt/completion rows, else all)."
-        ),
-    ] = None,
-    base_args: Annotated[
-        str | None,
-        typer.Option(
-            help="JSON of TrainingArguments (SFTConfig under --trainer sft) you fix (learning_rate, ...): kept in "
-            "every trial and the export."
-        ),
-    ] = None,
-    peft: Annotated[
-        str | None,
-        typer.Option(help="Train LoRA adapters in every trial: lora, qlora, or your adapter_config.json / YAML."),
-    ] = None,
-    global_batch: Annotated[
-        int | None,
-        typer.Option(help="Search only micro-batch x accumulation = this (per device); the export keeps it."),
-    ] = None,
-    max_global_batch: Annotated[
-        int | None, typer.Option(help="Search only micro-batch x accumulation <= this.")
-    ] = None,
-    prune_ratio: Annotated[
-        float, typer.Option(help="Stop a trial measured below this fraction of the best feasible samples/s (0: never).")
-    ] = SearchOptions.prune_ratio,
-    screen: Annotated[
-        bool,
-        typer.Option(
-            "--screen/--no-screen", help="Skip configs the memory estimate or a measured OOM says cannot fit."
-        ),
-    ] = SearchOptions.screen,
-    patience: Annotated[
-        int | None,
-        typer.Option(
-            help="Stop once this many trials in a row did not raise the best model TFLOPs by more than the measured noise."
-        ),
-    ] = None,
+    model: option.Model,
+    gpu: option.Gpu = None,
+    device: option.Device = None,
+    seq_len: option.SeqLen = SearchOptions.seq_len,
+    memory_ceiling: option.Ceiling = SearchOptions.memory_ceiling,
+    host_memory_ceiling: option.HostCeiling = None,
+    space: option.Space = None,
+    storage: option.Storage = DEFAULT_STORAGE,
+    study_name: option.NewStudy = None,
+    trials: option.Trials = SearchOptions.trials,
+    timeout: option.Timeout = None,
+    trial_timeout: option.TrialTimeout = SearchOptions.trial_timeout,
+    compile_timeout: option.CompileTimeout = SearchOptions.compile_timeout,
+    task: option.Task = None,
+    warmup_steps: option.WarmupSteps = SearchOptions.warmup_steps,
+    max_measure_steps: option.MaxMeasureSteps = SearchOptions.max_measure_steps,
+    work_dir: option.WorkDir = SearchOptions.work_dir,
+    gpus: option.Gpus = None,
+    workers: option.Workers = SearchOptions.workers,
+    devices_per_trial: option.DevicesPerTrial = SearchOptions.devices_per_trial,
+    max_total_trials: option.MaxTotalTrials = None,
+    confirm_top: option.ConfirmTop = SearchOptions.confirm_top,
+    confirm_repeats: option.ConfirmRepeats = SearchOptions.confirm_repeats,
+    confirm_budget: option.ConfirmBudget = SearchOptions.confirm_budget,
+    callbacks: option.Callbacks = None,
+    dataset: option.Dataset = None,
+    text_column: option.TextColumn = None,
+    packing: option.Packing = SearchOptions.packing,
+    trainer: option.Trainer = None,
+    loss_on: option.LossOn = None,
+    base_args: option.BaseArgs = None,
+    peft: option.Peft = None,
+    global_batch: option.GlobalBatch = None,
+    max_global_batch: option.MaxGlobalBatch = None,
+    prune_ratio: option.PruneRatio = SearchOptions.prune_ratio,
+    screen: option.Screen = SearchOptions.screen,
+    patience: option.Patience = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
     # Every parameter but --storage and --study-name is a search option, by the same name.
@@ -229,46 +129,30 @@ def search(
 
 @app.command()
 def estimate(
-    model: ModelOption,
-    seq_len: SeqLenOption = EstimateOptions.seq_len,
-    gpu: GpuOption = None,
-    device: DeviceOption = None,
-    gpu_type: Annotated[
-        str | None, typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")
-    ] = None,
-    space: SpaceOption = None,
-    memory_ceiling: CeilingOption = EstimateOptions.memory_ceiling,
-    task: TaskOption = None,
-    storage: Annotated[
-        str | None, typer.Option(help="Calibrate on the measured trials of a study in this storage.")
-    ] = None,
-    study_name: StudyOption = None,
-    all_rows: Annotated[bool, typer.Option("--all", help="Every memory-distinct config, by part.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Every row as JSON (levers, parts in bytes, total).")] = False,
-    devices_per_trial: Annotated[
-        int, typer.Option(help="Ranks per trial (as search's): one rank's peak, with plain DDP's gradient buckets.")
-    ] = EstimateOptions.devices_per_trial,
-    peft: Annotated[
-        str | None,
-        typer.Option(help="Plan LoRA adapters (as search's --peft): lora, qlora, or your adapter_config.json / YAML."),
-    ] = None,
+    model: option.Model,
+    seq_len: option.SeqLen = EstimateOptions.seq_len,
+    gpu: option.Gpu = None,
+    device: option.Device = None,
+    gpu_type: option.GpuType = None,
+    space: option.Space = None,
+    memory_ceiling: option.Ceiling = EstimateOptions.memory_ceiling,
+    task: option.Task = None,
+    storage: option.CalibrationStorage = None,
+    study_name: option.Study = None,
+    all_rows: option.AllConfigs = False,
+    as_json: option.Json = False,
+    devices_per_trial: option.EstimateDevicesPerTrial = EstimateOptions.devices_per_trial,
+    peft: option.EstimatePeft = None,
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
     # Every parameter is an estimate option, by the same name.
     options = EstimateOptions(**locals())
     options.check()  # before the heavy imports: a wrong option is answered at once
-    from autotune.estimate import estimate_json, largest_fitting, plan_rows, what_would_fit
+    from autotune.estimate import estimate_json, plan_rows, what_would_fit
     from autotune.plan import plan
     from autotune.study import margin_for, memory_fit_of_study
-    from autotune.units import format_bytes
-    from autotune.views.plan_display import (
-        estimate_short_table,
-        estimate_table,
-        host_memory_note,
-        shows_host_memory,
-        what_would_fit_table,
-    )
+    from autotune.views.plan_display import estimate_title, print_estimate
 
     planned = plan(options)  # the search's plan: the same model, adapters, prior and space
     model_spec, device_spec, ceiling = planned.workload.model, planned.workload.device, planned.workload.ceiling_bytes
@@ -293,36 +177,26 @@ def estimate(
         }
         typer.echo(estimate_json(rows, header))
         return
-    for note in planned.notes:
-        console.print(f"[dim]note: {note}[/]")
-    memory = (
-        "peak RSS of the trial's process tree" if device_spec.kind == "cpu" else "device memory as nvidia-smi shows it"
+    print_estimate(
+        console,
+        estimate_title(model_spec.name, seq_len, where, device_spec.kind, ceiling),
+        rows,
+        notes=planned.notes,
+        advice=advice,
+        fit=fit,
+        screen_margin=margin_for(fit),
+        ceiling_bytes=ceiling,
+        device_kind=device_spec.kind,
+        space_size=planned.space.size if all_rows else None,
     )
-    title = f"Predicted peak memory ({memory}) of {model_spec.name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling)}"
-    if all_rows:
-        console.print(
-            estimate_table(
-                f"{title}: {len(rows)} memory-distinct configs of {planned.space.size}",
-                [(row.config, row.estimate) for row in rows],
-                ceiling,
-                margin_for(fit),
-            )
-        )
-    else:
-        console.print(estimate_short_table(title, largest_fitting(rows), ceiling))
-    if advice is not None:
-        console.print(what_would_fit_table(advice))
-    if shows_host_memory([row.estimate for row in rows]):
-        console.print(host_memory_note(device_spec.kind))
-    console.print(f"estimator: {fit.describe()}")
 
 
 @app.command()
 def best(
-    storage: StorageOption = DEFAULT_STORAGE,
-    study_name: StudyOption = None,
-    all: Annotated[bool, typer.Option("--all", help="Every trial, failures included, in trial order.")] = False,
-    top: Annotated[int, typer.Option(help="Rows to show.")] = 20,
+    storage: option.Storage = DEFAULT_STORAGE,
+    study_name: option.Study = None,
+    all: option.AllTrials = False,
+    top: option.Top = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
     from autotune.plan import positive_int
@@ -343,23 +217,10 @@ def best(
 
 @app.command()
 def export(
-    out: Annotated[
-        str | None,
-        typer.Option(
-            help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml, "
-            "best_trl_sft.sh, best_axolotl.yaml, best_llama_factory.yaml."
-        ),
-    ] = None,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help="json (TrainingArguments(**json.load(f)); SFTConfig's under --trainer sft), cli (HF example script "
-            "flags), python, accelerate; an SFT study also: trl (the `trl sft` line), axolotl, llama-factory (YAML).",
-        ),
-    ] = "json",
-    storage: StorageOption = DEFAULT_STORAGE,
-    study_name: StudyOption = None,
+    out: option.ExportOut = None,
+    fmt: option.ExportFormat = "json",
+    storage: option.Storage = DEFAULT_STORAGE,
+    study_name: option.Study = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
     from autotune.storage import load_study
@@ -380,11 +241,9 @@ def export(
 
 @app.command()
 def dashboard(
-    storage: StorageOption = DEFAULT_STORAGE,
-    host: Annotated[
-        str, typer.Option(help="Address to listen on. The dashboard has no login: keep it on loopback.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
+    storage: option.Storage = DEFAULT_STORAGE,
+    host: option.Host = "127.0.0.1",
+    port: option.Port = 8080,
 ) -> None:
     """Serve optuna-dashboard on the study storage: OOM and over-ceiling trials shown infeasible, a note per study."""
     from autotune.plan import port as check_port
@@ -406,9 +265,9 @@ def dashboard(
 
 @app.command()
 def report(
-    out: Annotated[str, typer.Option(help="HTML file to write (self-contained: opens offline).")] = "report.html",
-    storage: StorageOption = DEFAULT_STORAGE,
-    study_name: StudyOption = None,
+    out: option.ReportOut = "report.html",
+    storage: option.Storage = DEFAULT_STORAGE,
+    study_name: option.Study = None,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
     from autotune.storage import load_study
@@ -422,17 +281,11 @@ def report(
 
 @app.command()
 def devices(
-    calibrate: Annotated[
-        bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")
-    ] = False,
-    device: Annotated[str | None, typer.Option(help="With --calibrate: only this device (cpu, cuda:N).")] = None,
-    seconds: Annotated[float, typer.Option(help="With --calibrate: seconds of timed matmuls per dtype.")] = 1.0,
-    matrix_size: Annotated[
-        int | None, typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")
-    ] = None,
-    known: Annotated[
-        bool, typer.Option("--known", help="List the GPUs autotune estimate --gpu-type plans for.")
-    ] = False,
+    calibrate: option.Calibrate = False,
+    device: option.CalibrateDevice = None,
+    seconds: option.CalibrateSeconds = 1.0,
+    matrix_size: option.MatrixSize = None,
+    known: option.Known = False,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
     if known:
@@ -469,18 +322,11 @@ def devices(
 
 @app.command("chat-corpus")
 def chat_corpus(
-    out: Annotated[str, typer.Option(help="JSON lines file to write.")],
-    samples: Annotated[int, typer.Option(help="Conversations to write.")],
-    seed: Annotated[int, typer.Option(help="The corpus: the same seed writes the same conversations.")] = 0,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format", help="messages, prompt-completion (the last assistant turn is the completion) or text (ChatML)."
-        ),
-    ] = "messages",
-    length_scale: Annotated[
-        float, typer.Option(help="Multiply every turn's median length (1: public chat data's; 0.25 for --seq-len 256).")
-    ] = 1.0,
+    out: option.CorpusOut,
+    samples: option.Samples,
+    seed: option.Seed = 0,
+    fmt: option.CorpusFormat = "messages",
+    length_scale: option.LengthScale = 1.0,
 ) -> None:
     """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
     from autotune.spec.chat_corpus import write_jsonl

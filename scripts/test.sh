@@ -6,49 +6,60 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages: Chromium renders the HTML report in its test; the PostgreSQL server backs the
-# multi-worker tests (the suite starts its own server in a temp dir, on loopback).
+# multi-worker tests (the suite starts its own server in a temp dir, on loopback). Installed in the
+# background, while the Python packages install and lint and types run: only pytest needs them.
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)  # selenium drives chromium through it
-# DeepSpeed compiles its C++ ops (the zero lever's tests) with the system's C++ compiler.
-command -v g++ >/dev/null 2>&1 || need+=(g++)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing system packages: ${need[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+# DeepSpeed compiles its C++ ops (the zero lever's tests) with the system's C++ compiler: needed first.
+if ! command -v g++ >/dev/null 2>&1; then
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends g++ >/dev/null
+fi
+python3 -m venv .venv
+mkdir -p .venv/logs
+# Bytecode caches written: a machine that sets PYTHONDONTWRITEBYTECODE (this one does) has every process
+# (each search, each forkserver, each rank) compile autotune's editable sources and the libraries it
+# imports again, about 0.7 s for autotune alone; written once, read by every later process.
+unset PYTHONDONTWRITEBYTECODE
+system_packages=""
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing system packages in the background: ${need[*]}"
+  ( $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" ) \
+    > .venv/logs/apt.log 2>&1 &
+  system_packages=$!
 fi
 
-# torch first, pinned: an open `torch` requirement with no torch installed pulls a multi-GB CUDA build.
-python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
+# torch first, pinned, with pip: an open `torch` requirement with no torch installed pulls a multi-GB CUDA
+# build, and pip takes the CPU wheel a machine keeps on disk (its pip configuration's find-links).
 .venv/bin/pip install -q torch==2.13.0
-# DeepSpeed next (the [test] extra's own requirement lines, read from pyproject.toml), then its two C++ ops
-# built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on 2 cores, which would
-# otherwise happen inside the ZeRO tests' trials), while the rest installs and lint and types run.
-mapfile -t deepspeed_requirements < <(python3 -c '
-import tomllib
-extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]
-print("\n".join(r for r in extra if r.startswith(("deepspeed", "ninja"))))')
-.venv/bin/pip install -q "${deepspeed_requirements[@]}"
-mkdir -p .venv/logs
+# The rest with uv: it resolves and installs the [test] extra in seconds where pip takes about a minute
+# (measured on this 2-core machine, docs/benchmarks.md "The test suite"), and keeps the torch above.
+# No bytecode compiled here: each module's is written by the first process that imports it.
+.venv/bin/pip install -q uv
+.venv/bin/uv pip install -q --python .venv/bin/python -e '.[test]'
+# DeepSpeed's two C++ ops built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on
+# 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run.
 op_builds=()
 for op in ShareMemCommBuilder CPUAdamBuilder; do
   .venv/bin/python scripts/build_deepspeed_ops.py "$op" > ".venv/logs/build-$op.log" 2>&1 &
   op_builds+=($!)
 done
-.venv/bin/pip install -q -e '.[test]'
 
 # Lint, format and types first (seconds; mypy about a minute): a red line here names the file and the fix.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
+if [ -n "$system_packages" ] && ! wait "$system_packages"; then
+  echo "installing the system packages failed (${need[*]}):" >&2
+  cat .venv/logs/apt.log >&2
+  exit 1
+fi
+
 export HF_HUB_OFFLINE=1
-# Bytecode caches written: a machine that sets PYTHONDONTWRITEBYTECODE (this one does) has every process
-# (each search, each forkserver, each rank) compile autotune's editable sources again, about 0.7 s each.
-unset PYTHONDONTWRITEBYTECODE
 status=0
 # Three workers on two cores (each trial with one OpenMP thread: tests/conftest.py); the cores are busy
 # throughout (vmstat), so a fourth worker would only share them.

@@ -5,7 +5,9 @@
 naming its option; ``_base_args``: ``--base-args`` read and checked once; ``_plan``: :func:`plan`, the one
 call that turns options into a :class:`Plan` (the workload with its memory prior, and the space), which
 ``autotune search``, ``autotune estimate`` and the benchmarks make. Light: the command line declares its
-options from here without importing the layers a plan calls.
+options from here without importing the layers a plan calls. ``cli_options``: each option's Typer declaration
+(its type and help text), imported by name (``from autotune.plan import cli_options``), not through this
+face, so only the command line imports Typer.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def study_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[st
     """
     import importlib.util
 
-    from autotune.spec.dataset import peek_rows
+    from autotune.spec.dataset_files import peek_rows
     from autotune.spec.sft import TRAINER_WORDS, check_sft_workload, choose_trainer, data_format
 
     columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})

@@ -3,8 +3,8 @@
 A CPU trial's measured peak (``runner._memory_probe.CpuMemoryProbe``) is what the same training shows as a
 standalone process: the child's resident set plus the library pages the forkserver maps and the
 child does not (``unmapped_import_file_bytes``). The part of it no config moves is the resident set
-of an interpreter that has imported what a trial child imports: :data:`TRIAL_PROCESS_IMPORTS`, the
-modules the forkserver preloads. How many of those library pages are resident is a property of the
+of an interpreter that has imported what a trial child imports: :data:`CPU_TRIAL_PROCESS_IMPORTS`,
+the modules the forkserver preloads on the CPU. How many of those library pages are resident is a property of the
 installation and of the page cache, not a constant: in a venv pip has just written, more of torch's
 library pages are cached and mapped on each fault (the kernel's fault-around, ``mm/filemap.c``,
 ``filemap_map_pages``), so a constant baseline would put the prior well under a fresh venv's peaks.
@@ -31,9 +31,26 @@ from pathlib import Path
 
 from autotune.estimate import FALLBACK_CPU_PROCESS_BASELINE_BYTES
 
-# What a trial child has imported before it builds a model: the forkserver preloads exactly these
-# (runner._pool.PRELOAD is this list), so every child starts with them resident.
+# What a trial child has imported before it builds a model, on any device: the forkserver preloads
+# these (runner._pool.forkserver_context), so every child starts with them resident. (Not frozen out
+# of the garbage collector's reach with gc.freeze(): that changed how the measured steps page-fault,
+# against a plain run's; docs/benchmarks-archive.md, "Isolation overhead".)
 TRIAL_PROCESS_IMPORTS = ("autotune.runner._forkserver_signals", "autotune.runner._trial")
+# On the CPU, DeepSpeed too, where it is installed: every trial's Trainer imports it (transformers'
+# Trainer.__init__ calls accelerate's Accelerator.unwrap_model, which imports deepspeed whenever it is
+# installed: accelerate/utils/other.py, extract_model_from_parallel), about 1.3 s of CPU
+# per trial on this 2-core machine (py-spy, docs/benchmarks.md "The test suite"); imported once by the
+# forkserver instead. Not on CUDA: DeepSpeed's import probes the device unless told which it is
+# (torch.cuda.is_available(), which "poisons fork": torch/cuda/__init__.py), and the forkserver is the
+# process every trial forks from. The CPU memory prior's baseline measures this list (the CPU's).
+CPU_TRIAL_PROCESS_IMPORTS = (*TRIAL_PROCESS_IMPORTS, "autotune.runner._cpu_deepspeed")
+
+
+def trial_process_imports(device_kind: str) -> tuple[str, ...]:
+    """The modules the forkserver preloads for trials on ``device_kind`` (``cpu``, ``cuda``)."""
+    return CPU_TRIAL_PROCESS_IMPORTS if device_kind == "cpu" else TRIAL_PROCESS_IMPORTS
+
+
 # The measuring subprocess imports torch and transformers: seconds, a minute on a loaded machine.
 MEASURE_TIMEOUT_S = 300.0
 # Prints this interpreter's resident set once the trial's imports are loaded (/proc/self/status, kB).
@@ -72,11 +89,11 @@ def cpu_process_baseline_bytes() -> int:
 
 
 def installation_key() -> str:
-    """What the baseline depends on: the interpreter, the installed torch and transformers (their
-    versions and when their files were written: a reinstall into the same venv is a new one), and
-    the boot (the page cache does not survive it)."""
-    parts = [os.path.realpath(sys.executable), sys.prefix]
-    for package in ("torch", "transformers"):
+    """What the baseline depends on: the interpreter, the modules measured, the installed torch,
+    transformers and DeepSpeed (their versions and when their files were written: a reinstall into the
+    same venv is a new one), and the boot (the page cache does not survive it)."""
+    parts = [os.path.realpath(sys.executable), sys.prefix, ",".join(CPU_TRIAL_PROCESS_IMPORTS)]
+    for package in ("torch", "transformers", "deepspeed"):
         try:
             version = importlib.metadata.version(package)
             spec = importlib.util.find_spec(package)
@@ -98,10 +115,10 @@ def baseline_file() -> Path:
 
 
 def _measure() -> dict[str, int] | None:
-    """One fresh interpreter's resident figures after :data:`TRIAL_PROCESS_IMPORTS`; ``None`` if it fails."""
+    """One fresh interpreter's resident figures after :data:`CPU_TRIAL_PROCESS_IMPORTS`; ``None`` if it fails."""
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _MEASURE_SCRIPT, *TRIAL_PROCESS_IMPORTS],
+            [sys.executable, "-c", _MEASURE_SCRIPT, *CPU_TRIAL_PROCESS_IMPORTS],
             capture_output=True,
             text=True,
             timeout=MEASURE_TIMEOUT_S,

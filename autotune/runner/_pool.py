@@ -14,7 +14,7 @@ from multiprocessing.process import BaseProcess
 
 from autotune.errors import AutotuneError
 from autotune.result import Status, TrialResult
-from autotune.runner._baseline import TRIAL_PROCESS_IMPORTS
+from autotune.runner._baseline import trial_process_imports
 from autotune.runner._child import child_main
 from autotune.runner._deadlines import POLL_S, TrialDeadlines, finished
 from autotune.runner._failures import classify_exit
@@ -23,25 +23,36 @@ from autotune.runner._ranks import run_ranks
 from autotune.runner._side_effects import TRIAL_ENVIRONMENT
 from autotune.runner._watch import ChildWatch
 
-# Imported once by the forkserver: every child starts with torch and transformers loaded
-# (about 0.01 s per child instead of about 5 s). None of them initialises CUDA on import. The CPU
-# memory prior measures a process with the same imports (runner._baseline.cpu_process_baseline_bytes).
-PRELOAD = list(TRIAL_PROCESS_IMPORTS)
 # How long a child that sent its result may take to exit by itself before it is killed.
 EXIT_GRACE_S = 10.0
 
 _context: ForkServerContext | None = None
+_preload: tuple[str, ...] = ()
 
 
-def forkserver_context() -> ForkServerContext:
-    global _context
+def forkserver_context(device_kind: str) -> ForkServerContext:
+    """The process's one forkserver, started on first use with the imports of trials on ``device_kind``.
+
+    Imported once by the forkserver (``runner._baseline.trial_process_imports``): every child starts
+    with torch and transformers loaded (about 0.01 s per child instead of about 5 s). None of them
+    initialises CUDA on import. The CPU memory prior measures a process with the CPU's imports
+    (runner._baseline.cpu_process_baseline_bytes).
+
+    Raises:
+        RuntimeError: The forkserver runs already with another device's imports (a process runs the
+            trials of one device: its search's).
+    """
+    global _context, _preload
+    preload = trial_process_imports(device_kind)
     if _context is None:
         # The forkserver inherits this environment and imports transformers (hence huggingface_hub,
         # which reads its telemetry switch once) before any child sets its own.
         os.environ.update(TRIAL_ENVIRONMENT)
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
+        _context, _preload = multiprocessing.get_context("forkserver"), preload
+        _context.set_forkserver_preload(list(preload))
         _start_forkserver_deaf_to_ctrl_c()
+    elif preload != _preload:
+        raise RuntimeError(f"the forkserver preloaded {_preload} for another device than {device_kind!r}")
     return _context
 
 
@@ -90,7 +101,7 @@ def run_isolated(
     os.makedirs(job.work_dir, exist_ok=True)
     if job.workload.devices_per_trial > 1:
         return run_ranks(job, timeout_s, on_tick)
-    context = forkserver_context()
+    context = forkserver_context(job.workload.device.kind)
     receiver, sender = context.Pipe(duplex=False)
     lifeline_reader, lifeline = context.Pipe(duplex=False)
     process = context.Process(target=target, args=(sender, lifeline_reader, job), name="autotune-trial")

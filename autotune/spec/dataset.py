@@ -4,7 +4,7 @@ Synthetic tokens stay the default (``runner/_trial.py``). With ``--dataset``:
 
 * The orchestrator calls :func:`prepare_dataset` once, before any trial: it reads the data (a
   directory written by ``datasets.save_to_disk``, or JSON lines / JSON / CSV / Parquet / text
-  files), finds the text column (or ``input_ids``), checks it holds at least one global batch of
+  files: ``dataset_files``), finds the text column (or ``input_ids``), checks it holds at least one global batch of
   samples, and writes what the trials read as an Arrow dataset under the work directory: a random
   sample of as many rows as a trial can consume (the whole data if smaller), so preparing a large
   corpus costs one read, not a copy of it. A later run with the same source, tokenizer and space
@@ -32,24 +32,19 @@ the synthetic data (the label values do not change the cost of a step).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.spec.files import user_path_kind
+from autotune.spec.dataset_files import datasets_package, library_logs_quiet, read_rows, root_cause, source_path
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
-# File suffix -> the ``datasets`` builder that reads it; anything else is read as text, one sample a line.
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 # Documents tokenized per batch when packing (the batch size of HF's run_clm example).
 _PACKING_BATCH = 1000
 # What prepare_dataset learned about a prepared copy, saved next to it.
@@ -115,8 +110,8 @@ def prepare_dataset(
         AutotuneError: Unreadable data, no usable column, no tokenizer, token ids outside the
             model's vocabulary, or fewer samples than one global batch.
     """
-    _datasets(path)
-    source = _source(path)
+    datasets_package(path)
+    source = source_path(path)
     length = global_batch * (steps + 1)
     tokenizer_dir = _tokenizer_dir(model)
     key = _fingerprint(source, tokenizer_dir, text_column, packing, seq_len, model.vocab_size, length)
@@ -124,9 +119,9 @@ def prepare_dataset(
     if not (prepared_dir / _META_FILE).is_file():
         with (
             tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch,  # datasets' own cache, not kept
-            _library_logs_quiet(),
+            library_logs_quiet(),
         ):
-            rows = _read(source, path, scratch)
+            rows = read_rows(source, path, scratch)
             column = _pick_column(rows, text_column, path)
             holds_text = _holds_text(rows, column, path)
             tokenizer = _load_tokenizer(tokenizer_dir, model, path) if holds_text else None
@@ -159,30 +154,6 @@ def prepare_dataset(
     )
 
 
-def peek_rows(path: str) -> tuple[list[str], dict[str, Any]]:
-    """The columns of the user's data and its first row, read without loading the rest (a
-    ``save_to_disk`` directory is memory-mapped; a file is streamed): what decides the trainer.
-
-    Raises:
-        AutotuneError: No such path, or data that cannot be read.
-    """
-    datasets = _datasets(path)
-    source = _source(path)
-    if source.is_dir():
-        rows = _read(source, path, "")
-        return list(rows.column_names), dict(rows[0])
-    if source.stat().st_size == 0:
-        raise AutotuneError(f"--dataset {path}: the file is empty; it holds no samples")
-    builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
-    try:
-        first = next(iter(datasets.load_dataset(builder, data_files=str(source), split="train", streaming=True)), None)
-    except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
-        raise AutotuneError(f"--dataset {path}: cannot read it ({_root_cause(exc)})") from None
-    if first is None:
-        raise AutotuneError(f"--dataset {path}: it holds no samples")
-    return list(first), dict(first)
-
-
 def prepare_sft_rows(
     path: str,
     model: ModelSpec,
@@ -213,8 +184,8 @@ def prepare_sft_rows(
     from autotune.spec.sft import FORMAT_COLUMNS, check_chat_template
     from autotune.spec.synthetic_tokenizer import tokenizer_dir as synthetic_tokenizer_dir
 
-    _datasets(path)
-    source = _source(path)
+    datasets_package(path)
+    source = source_path(path)
     tokenizer_dir = _tokenizer_dir(model)
     if tokenizer_dir is None:
         tokenizer_dir = synthetic_tokenizer_dir(os.path.join(cache_root, "tokenizers"), model.vocab_size)
@@ -229,7 +200,7 @@ def prepare_sft_rows(
     columns = list(FORMAT_COLUMNS[data])
     if not (prepared_dir / _META_FILE).is_file():
         with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:
-            rows = _read(source, path, scratch).select_columns(columns)
+            rows = read_rows(source, path, scratch).select_columns(columns)
             chosen: Any = range(min(length, rows.num_rows))
             if rows.num_rows > length:
                 sizes = _row_characters(rows)
@@ -260,74 +231,6 @@ def _row_characters(rows: Any) -> Any:
     import numpy
 
     return numpy.array([len(json.dumps(row, ensure_ascii=False)) for row in rows])
-
-
-def _datasets(path: str) -> Any:
-    """The ``datasets`` package, its progress bars off; one line where it is not installed."""
-    try:
-        import datasets
-    except ImportError:
-        raise AutotuneError(
-            f"--dataset {path}: reading your data needs the datasets package: pip install 'autotune[data]'"
-        ) from None
-    datasets.disable_progress_bars()
-    return datasets
-
-
-def _source(path: str) -> Path:
-    """The ``--dataset`` path, resolved, after the one check of what it is (``spec.files.user_path_kind``)."""
-    user_path_kind(Path(path).expanduser(), "--dataset", allowed=("file", "directory"))
-    return Path(path).expanduser().resolve()
-
-
-def _read(source: Path, path: str, cache_dir: str) -> Any:
-    """The user's data as one ``datasets.Dataset`` (the ``train`` split of a saved DatasetDict)."""
-    import datasets
-
-    if source.is_file() and source.stat().st_size == 0:
-        # The datasets readers infer no schema from an empty file (a bare StopIteration).
-        raise AutotuneError(f"--dataset {path}: the file is empty; it holds no samples")
-    try:
-        if source.is_dir():
-            loaded = datasets.load_from_disk(str(source))
-        else:
-            builder = _FILE_BUILDERS.get(source.suffix.lower(), "text")
-            loaded = datasets.load_dataset(builder, data_files=str(source), split="train", cache_dir=cache_dir)
-    except FileNotFoundError:
-        raise AutotuneError(
-            f"--dataset {path}: a directory must hold a dataset written by datasets.save_to_disk"
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
-        raise AutotuneError(f"--dataset {path}: cannot read it ({_root_cause(exc)})") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        if "train" not in loaded and len(loaded) != 1:
-            raise AutotuneError(f"--dataset {path}: no 'train' split among {', '.join(loaded)}; save one split")
-        loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
-    if loaded.num_rows == 0:
-        raise AutotuneError(f"--dataset {path}: it holds no samples")
-    return loaded
-
-
-@contextlib.contextmanager
-def _library_logs_quiet() -> Iterator[None]:
-    """The ``datasets`` library's own log lines off while the data is read: a reader logs its failure
-    itself before raising it (``logger.error("Failed to load JSON from file ...")``, datasets
-    ``packaged_modules/json/json.py``), which autotune's one line then says with its cause."""
-    from datasets.utils import logging as datasets_logging
-
-    previous = datasets_logging.get_verbosity()
-    datasets_logging.set_verbosity(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        datasets_logging.set_verbosity(previous)
-
-
-def _root_cause(exc: BaseException) -> str:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]  # the chain's cause is an exception too
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def _pick_column(rows: Any, text_column: str | None, path: str) -> str:
@@ -393,7 +296,7 @@ def _load_tokenizer(tokenizer_dir: str | None, model: ModelSpec, path: str) -> A
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True, **NO_MODEL_CODE)
     except Exception as exc:  # noqa: BLE001 - any loader failure means "no usable tokenizer"
         raise AutotuneError(
-            f"--dataset {path}: cannot load the tokenizer of {model.name} ({_root_cause(exc)})"
+            f"--dataset {path}: cannot load the tokenizer of {model.name} ({root_cause(exc)})"
         ) from None
     if len(tokenizer) > model.vocab_size:
         raise AutotuneError(

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
-from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate
+from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate, MemoryFit, largest_fitting
 from autotune.levers import LEVERS, TrialConfig
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
@@ -31,6 +32,48 @@ def host_memory_note(device_kind: str) -> str:
             "device, so the predicted peak already holds it"
         )
     return "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory per rank, beside the device's peak"
+
+
+def estimate_title(model_name: str, seq_len: int, where: str, device_kind: str, ceiling_bytes: int) -> str:
+    """The title of ``autotune estimate``'s table: which memory is predicted, of what, where, under which ceiling."""
+    memory = "peak RSS of the trial's process tree" if device_kind == "cpu" else "device memory as nvidia-smi shows it"
+    return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling_bytes)}"
+
+
+def print_estimate(
+    console: Console,
+    title: str,
+    rows: Sequence[EstimateRow],
+    *,
+    notes: Sequence[str],
+    advice: FitAdvice | None,
+    fit: MemoryFit,
+    screen_margin: float,
+    ceiling_bytes: int,
+    device_kind: str,
+    space_size: int | None,
+) -> None:
+    """``autotune estimate``'s text: the plan's notes, the table (given the ``space_size``, every
+    memory-distinct config by part; else per setting the largest micro-batch that fits), what would
+    fit where nothing does, what the host column means, the estimator."""
+    for note in notes:
+        console.print(f"[dim]note: {note}[/]")
+    if space_size is not None:
+        console.print(
+            estimate_table(
+                f"{title}: {len(rows)} memory-distinct configs of {space_size}",
+                [(row.config, row.estimate) for row in rows],
+                ceiling_bytes,
+                screen_margin,
+            )
+        )
+    else:
+        console.print(estimate_short_table(title, largest_fitting(rows), ceiling_bytes))
+    if advice is not None:
+        console.print(what_would_fit_table(advice))
+    if shows_host_memory([row.estimate for row in rows]):
+        console.print(host_memory_note(device_kind))
+    console.print(f"estimator: {fit.describe()}")
 
 
 def estimate_table(

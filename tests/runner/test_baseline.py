@@ -21,7 +21,7 @@ MiB = 1024**2
 def light_cache(monkeypatch, tmp_path):
     """An empty cache directory and a light import list; the in-process memo cleared before and after."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(_baseline, "TRIAL_PROCESS_IMPORTS", ("json",))
+    monkeypatch.setattr(_baseline, "CPU_TRIAL_PROCESS_IMPORTS", ("json",))
     _baseline.cpu_process_baseline_bytes.cache_clear()
     yield tmp_path / "cache" / "autotune" / "process_baseline.json"
     _baseline.cpu_process_baseline_bytes.cache_clear()
@@ -53,7 +53,7 @@ def test_a_damaged_cache_is_measured_again(light_cache):
 
 @pytest.mark.slow
 def test_the_documented_constant_where_it_cannot_be_measured(light_cache, monkeypatch):
-    monkeypatch.setattr(_baseline, "TRIAL_PROCESS_IMPORTS", ("autotune_no_such_module",))
+    monkeypatch.setattr(_baseline, "CPU_TRIAL_PROCESS_IMPORTS", ("autotune_no_such_module",))
     assert _baseline.cpu_process_baseline_bytes() == FALLBACK_CPU_PROCESS_BASELINE_BYTES
     assert not light_cache.exists()  # nothing cached: the next process tries again
 

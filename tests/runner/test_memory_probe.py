@@ -58,7 +58,7 @@ def test_a_forkserver_child_counts_the_library_pages_a_fresh_process_maps():
     """The forkserver imported torch; its child maps those library pages only once it touches them."""
     from autotune.runner._pool import forkserver_context
 
-    context = forkserver_context()
+    context = forkserver_context("cpu")
     queue = context.Queue()
     child = context.Process(target=_unmapped_in_child, args=(queue,))
     child.start()

@@ -54,3 +54,29 @@ def test_sigkill_is_a_crash_and_keeps_the_memory_seen_from_outside(job_for):
     assert result.status == "crash"
     assert result.error == "killed by SIGKILL"
     assert result.memory_peaks["orchestrator_sampled_rss_tree_bytes"] > 300 * MiB
+
+
+def _report_imports(queue) -> None:
+    import os
+    import sys
+
+    queue.put(("transformers" in sys.modules, "deepspeed" in sys.modules, os.environ.get("DS_ACCELERATOR")))
+
+
+def test_a_cpu_trial_child_starts_with_deepspeed_loaded_and_a_forkserver_serves_one_device():
+    """Every trial's Trainer imports DeepSpeed where it is installed (runner._baseline.CPU_TRIAL_PROCESS_IMPORTS):
+    on the CPU the forkserver has, so no trial pays for it."""
+    from autotune.runner._pool import forkserver_context
+
+    deepspeed_installed = pytest.importorskip("deepspeed") is not None
+    context = forkserver_context("cpu")
+    queue = context.Queue()
+    child = context.Process(target=_report_imports, args=(queue,))
+    child.start()
+    has_transformers, has_deepspeed, accelerator = queue.get(timeout=300)
+    child.join()
+    assert has_transformers and has_deepspeed == deepspeed_installed and accelerator == "cpu"
+    # A CUDA trial must not fork from a process that imported DeepSpeed for the CPU (its environment
+    # names the CPU accelerator): the forkserver refuses instead of serving it.
+    with pytest.raises(RuntimeError, match="another device"):
+        forkserver_context("cuda")
