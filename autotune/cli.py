@@ -63,6 +63,7 @@ def search(
     max_total_trials: option.MaxTotalTrials = None,
     confirm_top: option.ConfirmTop = SearchOptions.confirm_top,
     confirm_repeats: option.ConfirmRepeats = SearchOptions.confirm_repeats,
+    confirm_budget: option.ConfirmBudget = SearchOptions.confirm_budget,
     callbacks: option.Callbacks = None,
     dataset: option.Dataset = None,
     text_column: option.TextColumn = None,
@@ -96,7 +97,9 @@ def search(
     from autotune.views import search_display
     from autotune.views.dashboard import save_study_note
 
-    printer = search_display.SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats)
+    printer = search_display.SearchPrinter(
+        console, err_console, options.trials, confirm_top, confirm_repeats, confirm_budget
+    )
     prepared = prepare_request(options, psutil.virtual_memory().available)
     printer.prepared(prepared.notes, prepared.request.workload.dataset)
     name = study_name or default_study_name(model, prepared.request.workload.device, seq_len)

@@ -165,6 +165,12 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "--warmup-steps -1": ([*tiny, "--warmup-steps", "-1"], "--warmup-steps -1: give 0 or more"),
         "--max-measure-steps 0": ([*tiny, "--max-measure-steps", "0"], "--max-measure-steps 0"),
         "--trials 0 names the option": ([*tiny, "--trials", "0"], "--trials 0: give a whole number above 0"),
+        "--confirm-budget 0": (
+            [*tiny, "--confirm-budget", "0"],
+            "--confirm-budget 0.0: give a fraction above 0, up to and including 1",
+        ),
+        "--confirm-budget 1.5": ([*tiny, "--confirm-budget", "1.5"], "--confirm-budget 1.5: give a fraction above 0"),
+        "--confirm-budget nan": ([*tiny, "--confirm-budget", "nan"], "--confirm-budget nan: give a fraction above 0"),
         "--text-column without --dataset": (
             [*tiny, "--text-column", "text"],
             "--text-column: only used with --dataset",
@@ -248,6 +254,9 @@ CASE_IDS = [
     "--warmup-steps -1",
     "--max-measure-steps 0",
     "--trials 0 names the option",
+    "--confirm-budget 0",
+    "--confirm-budget 1.5",
+    "--confirm-budget nan",
     "--text-column without --dataset",
     "--packing without --dataset",
     "--workers 1000",

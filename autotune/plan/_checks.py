@@ -41,6 +41,12 @@ def fraction_below_one(option: str, value: float, zero_words: str) -> None:
         raise AutotuneError(f"{option} {value}: give a fraction from {zero_words} up to, not including, 1")
 
 
+def fraction_up_to_one(option: str, value: float) -> None:
+    """``value`` is a fraction above 0, up to and including 1."""
+    if not 0 < value <= 1:  # `not` also refuses NaN
+        raise AutotuneError(f"{option} {value}: give a fraction above 0, up to and including 1")
+
+
 def one_of(*options: tuple[str, object]) -> None:
     """At most one of the (option, value) pairs is given (a value other than ``None``)."""
     given = [option for option, value in options if value is not None]

@@ -19,6 +19,7 @@ from autotune.errors import AutotuneError
 from autotune.plan._checks import (
     dataset_options,
     fraction_below_one,
+    fraction_up_to_one,
     non_negative_int,
     one_of,
     positive_int,
@@ -135,6 +136,9 @@ class SearchOptions(PlanOptions):
     patience: int | None = None
     confirm_top: int = 3
     confirm_repeats: int = 3
+    # No re-run after the confirmation's first round starts that would take its re-runs past this
+    # share of the search's time before it (autotune.study._confirm).
+    confirm_budget: float = 0.25
 
     def check(self) -> None:
         """The plan's checks, then the search's own (each names its option).
@@ -154,6 +158,7 @@ class SearchOptions(PlanOptions):
         fraction_below_one("--prune-ratio", self.prune_ratio, "0 (never prune)")
         if self.confirm_top < 0 or (self.confirm_top > 0 and self.confirm_repeats < 2):
             raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
+        fraction_up_to_one("--confirm-budget", self.confirm_budget)  # checked with --confirm-top 0 too: never ignored
 
     @classmethod
     def from_command(cls, values: Mapping[str, Any]) -> SearchOptions:

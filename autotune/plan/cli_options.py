@@ -69,7 +69,14 @@ MaxTotalTrials = Annotated[
 ConfirmTop = Annotated[
     int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
 ]
-ConfirmRepeats = Annotated[int, typer.Option(help="Re-runs of each config when confirming.")]
+ConfirmRepeats = Annotated[int, typer.Option(help="Re-runs of each config when confirming, at most.")]
+ConfirmBudget = Annotated[
+    float,
+    typer.Option(
+        help="After the confirmation's first round (one re-run of each leading config, always run), start no "
+        "re-run that would take its time past this share of the search's time before it (above 0, up to 1)."
+    ),
+]
 Callbacks = Annotated[
     list[str] | None,
     typer.Option(

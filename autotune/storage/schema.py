@@ -67,6 +67,11 @@ STUDY_BASE_ARGS = "base_args"
 STUDY_SEED_NOTES = "seed_notes"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_TIME_SPENT = "time_spent"
+# Why a confirmation stopped (its record's ``stopped``): no candidate beside the leader could still be
+# ahead; the budget allowed no more re-runs; every round ran.
+CONFIRMATION_SETTLED = "settled"
+CONFIRMATION_BUDGET = "budget"
+CONFIRMATION_ALL_ROUNDS = "all rounds"
 # Study system attr.
 STUDY_SETUP_BY = "autotune_setup_by"
 

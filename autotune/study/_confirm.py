@@ -14,7 +14,28 @@ Confirmation in proportion (what it costs is recorded and printed):
   leader ahead of every other candidate by more than that is re-run alone.
 * From the second round on (two re-runs each: the least that shows noise), a candidate whose
   re-runs no longer reach the leader's slowest stops being re-run, and once none is left beside the
-  leader the order is settled: no more rounds. A clear leader costs two re-runs, not ``top_k x repeats``.
+  leader the order is settled: no more rounds. A clear leader costs two re-runs at most, not
+  ``top_k x repeats``.
+* A budget in proportion to the search it confirms (``--confirm-budget``, a share of the search's
+  wall seconds before the confirmation, the clock of the time-share line,
+  :class:`autotune.result.TimeSpent`; a resumed search's are this invocation's): no re-run after the
+  first round starts that would take the re-runs' seconds past it, judged by the mean re-run so far.
+  Wall seconds, not the trials' summed seconds: the re-runs run one at a time, so with several
+  workers the summed seconds would let the confirmation outgrow the search it confirms.
+
+The minimum, whatever the budget: the first round, one re-run of the leader and of each candidate
+within reach of it (at most ``top_k``: lower ``--confirm-top`` to bound it). The search's best figure
+is partly the luckiest (above), so a winner is never named on it alone; and the candidates are
+compared on figures measured in the same period, interleaved. A second re-run of the leader is not part of the minimum: alone it cannot settle the
+order (the others' second re-runs are needed for that), it only shows the leader's noise, so it is
+spent like any other re-run, where the budget allows (a clear leader gets it whenever the budget
+holds one re-run more than the first round). Before the first re-run nothing needs estimating: the
+first round runs in full, and each later re-run is judged by the mean of those before it.
+
+A budget that stops the re-runs may leave the order unsettled: the candidates still in question (not
+shown behind the leader by two re-runs each) then tie with the leader, whatever their re-runs say,
+and the record says that the budget stopped it (``stopped``: ``settled``, ``budget`` or ``all
+rounds``, :mod:`autotune.storage.schema`).
 
 Two candidates tie when their re-runs overlap: the leader's slowest re-run is no faster than the
 other's fastest. Tied candidates are then ordered by peak memory, smaller first (same speed, more
@@ -23,7 +44,8 @@ reliably feasible and leaves the feasible ranking.
 
 Optuna lets no one write to a finished trial, so the outcome is a study user attr
 (``confirmation``, :mod:`autotune.storage.schema`): the candidates considered, one entry per re-run
-trial number, and the runs and seconds the re-runs took; each run replaces the last one, so a
+trial number, the runs and seconds the re-runs took, the budget (its share, the search's seconds it
+is a share of, its seconds) and why the re-runs stopped; each run replaces the last one, so a
 confirmation never outlives the search that made it.
 """
 
@@ -32,13 +54,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import optuna
 
 from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig
+from autotune.plan import SearchOptions
 from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed, judged_trials
 from autotune.runner import run_isolated
 from autotune.spec.measure import PRUNE_NOISE_FLOOR, coefficient_of_variation
@@ -162,12 +185,15 @@ def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
     )
 
 
-def mark_ties(confirmations: list[Confirmation]) -> list[Confirmation]:
-    """Flag the candidates whose re-runs overlap the leader's (and the leader, if any does).
+def mark_ties(confirmations: list[Confirmation], unsettled: Collection[int] = ()) -> list[Confirmation]:
+    """Flag the candidates whose re-runs overlap the leader's, and those in ``unsettled`` (and the
+    leader, if any other is flagged).
 
     The leader is the feasible candidate with the highest confirmed median. Another ties with it
     when the leader's slowest re-run is no faster than the other's fastest: with a handful of
     re-runs that is the plain reading of "within noise", free of any distribution assumption.
+    ``unsettled``: the candidates still in question when the budget stopped the re-runs (their
+    order with the leader was not settled, as after a single re-run each), tied whatever their re-runs.
     """
     feasible = [c for c in confirmations if c.feasible and c.samples_per_s is not None]
     if not feasible:
@@ -176,7 +202,8 @@ def mark_ties(confirmations: list[Confirmation]) -> list[Confirmation]:
     tied = {
         c.trial_number
         for c in feasible
-        if c is not leader and min(leader.runs_samples_per_s) <= max(c.runs_samples_per_s)
+        if c is not leader
+        and (c.trial_number in unsettled or min(leader.runs_samples_per_s) <= max(c.runs_samples_per_s))
     }
     if tied:
         tied.add(leader.trial_number)
@@ -190,9 +217,13 @@ def confirm_top(
     repeats: int = 3,
     on_run: Callable[[int, int, TrialResult], None] | None = None,
     run_trial: Callable[..., TrialResult] = run_isolated,
+    *,
+    search_s: float,
+    budget_fraction: float = SearchOptions.confirm_budget,
 ) -> list[Confirmation]:
     """Re-measure the leader and those of the top-k feasible trials within the noise of it,
-    interleaved, until their order is settled, and record the outcome in the study (module docstring).
+    interleaved, until their order is settled or the budget is spent, and record the outcome in the
+    study (module docstring).
 
     Args:
         study: The study searched with ``request``.
@@ -202,6 +233,9 @@ def confirm_top(
         on_run: Called after every re-run with (round, trial number, result).
         run_trial: Runs a :class:`autotune.runner.TrialJob` (``run_isolated``'s signature), as in
             :func:`._loop.run_search`.
+        search_s: The search's wall seconds before the confirmation (what the budget is a share of).
+        budget_fraction: ``--confirm-budget``: no re-run after the first round starts that would take
+            the re-runs' seconds past this share of ``search_s``, by the mean re-run so far.
 
     Returns:
         One :class:`Confirmation` per candidate re-run, fastest confirmed first (empty with no feasible trial).
@@ -220,29 +254,46 @@ def confirm_top(
     configs = {number: config for number, config, _ in leaders}
     noise = noise_fraction(study)
     active = within_reach_of_the_leader({number: figure for number, _, figure in leaders}, noise)
+    budget_s = budget_fraction * search_s
     runs: dict[int, list[TrialResult]] = {number: [] for number in active}
+    seconds, count = 0.0, 0
+    stopped = schema.CONFIRMATION_ALL_ROUNDS
     for round_index in range(repeats):
         shift = round_index % len(active)
         for number in active[shift:] + active[:shift]:
+            # The first round always runs (the minimum, module docstring); a later re-run only where
+            # one more of the mean so far keeps the re-runs within the budget.
+            if round_index >= 1 and seconds + seconds / count > budget_s:
+                stopped = schema.CONFIRMATION_BUDGET
+                break
             # A confirmation is measured in full: no early stop.
             job = make_job(request, configs[number], f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
             result = run_trial(job, request.trial_timeout_s)
             runs[number].append(result)
+            seconds, count = seconds + result.wall_s, count + 1
             if on_run is not None:
                 on_run(round_index, number, result)
+        if stopped == schema.CONFIRMATION_BUDGET:
+            break
         if round_index >= 1:  # two re-runs each: noise can be seen; drop who can no longer be ahead
             active = still_in_question([summarise(number, runs[number]) for number in active])
             if len(active) <= 1:
-                break  # the order is settled (a leader alone: its two re-runs confirm its figure)
-    confirmations = mark_ties([summarise(number, results) for number, results in runs.items()])
+                stopped = schema.CONFIRMATION_SETTLED  # a leader alone: its two re-runs confirm its figure
+                break
+    unsettled = active if stopped == schema.CONFIRMATION_BUDGET else []
+    confirmations = mark_ties([summarise(number, results) for number, results in runs.items()], unsettled)
     record = {
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "top_k": top_k,
         "repeats": repeats,
         "candidates": [number for number, _, _ in leaders],
         "noise": noise,
-        "runs": sum(len(results) for results in runs.values()),
-        "seconds": sum(result.wall_s for results in runs.values() for result in results),
+        "runs": count,
+        "seconds": seconds,
+        "budget_fraction": budget_fraction,
+        "search_s": search_s,
+        "budget_s": budget_s,
+        "stopped": stopped,
         "trials": {str(c.trial_number): c.to_attr() for c in confirmations},
     }
     study.set_user_attr(schema.STUDY_CONFIRMATION, record)

@@ -101,7 +101,9 @@ class SearchBudget:
         patience: Stop once this many trials in a row did not raise the best feasible model TFLOPs
             by more than the measured noise (``None``: never).
         confirm_top: Leading configs :func:`autotune.study.search` re-measures at the end (0: none).
-        confirm_repeats: Re-runs of each of them (:mod:`._confirm`).
+        confirm_repeats: Re-runs of each of them at most (:mod:`._confirm`).
+        confirm_budget: No re-run after the confirmation's first round starts that would take its
+            re-runs past this share of the search's time before it (:mod:`._confirm`).
     """
 
     trials: int | None = None
@@ -110,6 +112,7 @@ class SearchBudget:
     patience: int | None = None
     confirm_top: int = SearchOptions.confirm_top
     confirm_repeats: int = SearchOptions.confirm_repeats
+    confirm_budget: float = SearchOptions.confirm_budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +174,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         options.patience,
         options.confirm_top,
         options.confirm_repeats,
+        options.confirm_budget,
     )
     return PreparedSearch(request=request, notes=tuple(notes), budget=budget)
 

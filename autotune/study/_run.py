@@ -7,7 +7,7 @@
 2. fails and re-queues the trials of runs that died (:func:`._liveness.recover_orphans`);
 3. runs the trial loop (:func:`._loop.run_search`) inside the caller's live view;
 4. says why it stopped (:func:`._proposals.stop_reason`: the space measured, ``--patience``);
-5. re-measures the leaders (:func:`._confirm.confirm_top`);
+5. re-measures the leaders (:func:`._confirm.confirm_top`), within a share of the wall time so far;
 6. records where its wall time went (:class:`autotune.result.TimeSpent`, the study's ``time_spent``);
 7. has the caller's writer write the study's note (the dashboard's: this package shows nothing,
    see docs/architecture.md).
@@ -140,7 +140,14 @@ def search(
     if budget.confirm_top > 0:
         try:
             confirmations = confirm_top(
-                study, request, budget.confirm_top, budget.confirm_repeats, on_confirm_run, run_trial
+                study,
+                request,
+                budget.confirm_top,
+                budget.confirm_repeats,
+                on_confirm_run,
+                run_trial,
+                search_s=confirm_started - started,  # the time-share line's clock, up to the confirmation
+                budget_fraction=budget.confirm_budget,
             )
         except KeyboardInterrupt:
             interrupted = True  # the search's own trials are recorded; the ranking stands on them

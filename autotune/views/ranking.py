@@ -265,10 +265,12 @@ def describe_winner(ranking: list[RankedTrial]) -> str:
     leader = ranking[0]
     if leader.confirmation is None:
         return f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s (single measurement, not confirmed)"
-    sentence = (
-        f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, the median of "
-        f"{leader.confirmation.get('repeats', 0)} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
-    )
+    repeats = int(leader.confirmation.get("repeats", 0))
+    if repeats >= 2:
+        how = f"the median of {repeats} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
+    else:  # the budget allowed the first round only: one figure shows no run-to-run noise
+        how = f"from {repeats} interleaved re-run (no run-to-run noise seen)"
+    sentence = f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, {how}"
     tied = [r for r in ranking[1:] if r.ties_with_leader]
     if leader.ties_with_leader and tied:
         others = ", ".join(
@@ -347,26 +349,45 @@ def describe_ranking_basis(study: optuna.Study) -> str:
 
 
 def describe_confirmation(study: optuna.Study) -> str | None:
-    """One line: which candidates the study's last confirmation re-ran, how often, and what it cost;
-    ``None`` where there is none. Candidates more than the noise behind the leader were not re-run,
-    and the re-runs stopped once the order was settled (:mod:`autotune.study._confirm`)."""
+    """One line: which candidates the study's last confirmation re-ran, how often, what it cost
+    against its budget and why it stopped; ``None`` where there is none. Candidates more than the
+    noise behind the leader were not re-run, and the re-runs stopped once the order was settled or
+    the budget was spent, the order then possibly unsettled (:mod:`autotune.study._confirm`)."""
     record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
     if "candidates" not in record:
         return None
     rerun = sorted(int(number) for number in record.get("trials") or {})
     left = [int(number) for number in record["candidates"] if int(number) not in rerun]
     width = f"2 x the measured noise of {float(record.get('noise', 0.0)):.1%}"
-    candidates = record["candidates"]
     if not rerun:
         return None
     runs = int(record.get("runs", 0))
     text = (
-        f"confirmation: {runs} re-runs of {', '.join(f'#{n}' for n in rerun)} in {float(record.get('seconds', 0.0)):.0f} s "
-        f"(of at most {len(candidates) * int(record.get('repeats', 0))})"
+        f"confirmation: {runs} re-run{'s' * (runs != 1)} of {', '.join(f'#{n}' for n in rerun)} in "
+        f"{float(record.get('seconds', 0.0)):.0f} s "
+        f"({_how_the_confirmation_stopped(record)})"
     )
     if left:
         text += f"; {', '.join(f'#{n}' for n in left)} not re-run (behind the leader by more than {width})"
     return text
+
+
+def _how_the_confirmation_stopped(record: dict[str, Any]) -> str:
+    """The budget and why the re-runs stopped, with the candidates tied with the leader; a record
+    written before the budget existed says how many re-runs it allowed at most."""
+    if "stopped" not in record:
+        return f"of at most {len(record['candidates']) * int(record.get('repeats', 0))}"
+    budget = (
+        f"budget {float(record['budget_s']):.0f} s: {float(record['budget_fraction']):.0%} of the search's "
+        f"{float(record['search_s']):.0f} s"
+    )
+    tied = sorted(int(number) for number, values in record["trials"].items() if values.get("ties_with_leader"))
+    ties = f": {', '.join(f'#{n}' for n in tied)} tie within noise" if tied else ""
+    if record["stopped"] == schema.CONFIRMATION_SETTLED:
+        return f"{budget}; stopped once the order was settled"
+    if record["stopped"] == schema.CONFIRMATION_BUDGET:
+        return f"{budget}; stopped by the budget{' before the order was settled' if tied else ''}{ties}"
+    return f"{budget}; all {int(record.get('repeats', 0))} rounds run{ties}"
 
 
 def describe_distinct(trials: Sequence[FrozenTrial]) -> str:

@@ -153,7 +153,12 @@ def trial_cells(
         notes.append(f"attempt {result.attempts}")
     if confirmation:
         runs = confirmation.get("repeats", 0)
-        notes.append(f"confirmed: {runs} re-runs, CV {confirmation.get('cv', 0.0):.1%}")
+        # One re-run (the budget allowed the first round only) shows no run-to-run noise: no CV then.
+        notes.append(
+            f"confirmed: {runs} re-runs, CV {confirmation.get('cv', 0.0):.1%}"
+            if runs >= 2
+            else f"confirmed: {runs} re-run"
+        )
         if confirmation.get("ties_with_leader"):
             notes.append("ties with the leader (within noise)")
         if not confirmation.get("feasible", True):
@@ -253,17 +258,24 @@ class SearchPrinter:
     Args:
         console: Standard output; ``err_console``: where interruptions are told.
         n_trials: Trials this invocation may run (the progress bar's total).
-        confirm_top, confirm_repeats: The confirmation asked for (0 leaders: none).
+        confirm_top, confirm_repeats, confirm_budget: The confirmation asked for (0 leaders: none).
     """
 
     def __init__(
-        self, console: Console, err_console: Console, n_trials: int, confirm_top: int, confirm_repeats: int
+        self,
+        console: Console,
+        err_console: Console,
+        n_trials: int,
+        confirm_top: int,
+        confirm_repeats: int,
+        confirm_budget: float,
     ) -> None:
         self._console = console
         self._err_console = err_console
         self._n_trials = n_trials
         self._confirm_top = confirm_top
         self._confirm_repeats = confirm_repeats
+        self._confirm_budget = confirm_budget
         self._study: Any = None
 
     def prepared(self, notes: Sequence[str], dataset: Any) -> None:
@@ -306,7 +318,9 @@ class SearchPrinter:
         if self._confirm_top > 0:
             self._console.print(
                 f"confirming: re-running the leader and those of the top {self._confirm_top} feasible configs within "
-                f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled"
+                f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled; "
+                f"after the first round, within {self._confirm_budget:.0%} of the search's time so far",
+                soft_wrap=True,  # one line: the terminal wraps it, and a reader (or a test) finds it whole
             )
 
     def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:

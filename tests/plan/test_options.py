@@ -44,7 +44,7 @@ def test_the_request_and_the_budget_take_their_defaults_from_the_options():
     assert request_defaults["screen"] is SearchOptions.screen is True
     budget = SearchBudget()
     assert (
-        (budget.confirm_top, budget.confirm_repeats)
-        == (SearchOptions.confirm_top, SearchOptions.confirm_repeats)
-        == (3, 3)
+        (budget.confirm_top, budget.confirm_repeats, budget.confirm_budget)
+        == (SearchOptions.confirm_top, SearchOptions.confirm_repeats, SearchOptions.confirm_budget)
+        == (3, 3, 0.25)
     )

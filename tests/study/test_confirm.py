@@ -127,10 +127,10 @@ def test_confirm_validates_its_arguments(tiny_workload, tmp_path):
         work_root=str(tmp_path),
     )
     with pytest.raises(AutotuneError, match="at least 2"):
-        confirm_top(study, request, top_k=2, repeats=1)
+        confirm_top(study, request, top_k=2, repeats=1, search_s=60.0)
     with pytest.raises(AutotuneError, match="at least 1"):
-        confirm_top(study, request, top_k=0, repeats=3)
-    assert confirm_top(study, request, top_k=2, repeats=2) == []  # no feasible trial: nothing to confirm
+        confirm_top(study, request, top_k=0, repeats=3, search_s=60.0)
+    assert confirm_top(study, request, top_k=2, repeats=2, search_s=60.0) == []  # no feasible trial: nothing to confirm
 
 
 def test_candidates_are_the_top_k_feasible_by_search_figure_each_config_once():
@@ -179,29 +179,36 @@ def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_pa
         "2",
         "--confirm-repeats",
         "2",
+        "--confirm-budget",
+        "0.01",
         cwd=tmp_path,
     )
     assert searched.returncode == 0, searched.stderr
     assert (
         "confirming: re-running the leader and those of the top 2 feasible configs within the measured noise of it, "
-        "interleaved, up to 2 times each, until their order is settled" in searched.stdout
+        "interleaved, up to 2 times each, until their order is settled; after the first round, within 1% of the "
+        "search's time so far" in searched.stdout
     )
     assert "confirmation: " in searched.stdout and "time: " in searched.stdout.splitlines()[-1]
     reruns = re.findall(r"round (\d)/2: #(\d+) ok", searched.stdout)
     study = optuna.load_study(study_name=None, storage=storage)
-    confirmed = study.user_attrs[CONFIRMATION_ATTR]["trials"]
-    assert set(confirmed) == {number for _, number in reruns}
-    assert study.user_attrs[CONFIRMATION_ATTR]["runs"] == len(reruns)
-    # Interleaved: every candidate in round 1, then every one again in round 2, the order rotated.
-    round_1 = [number for round_, number in reruns if round_ == "1"]
-    round_2 = [number for round_, number in reruns if round_ == "2"]
-    assert [round_ for round_, _ in reruns] == ["1"] * len(round_1) + ["2"] * len(round_2)
-    # The leader, and the other where its search figure was within the noise of the leader's.
-    assert len(set(round_1)) == len(round_1) >= 1
-    assert round_2 == round_1[1:] + round_1[:1]
-    assert "winner: #" in searched.stdout and "interleaved re-runs" in searched.stdout
-    for record in confirmed.values():
-        assert record["repeats"] == 2 and len(record["runs_samples_per_s"]) == 2 and record["samples_per_s"] > 0
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    confirmed = record["trials"]
+    assert set(confirmed) == {number for _, number in reruns}, searched.stdout
+    assert record["runs"] == len(reruns)
+    # 1% of a search of two trials holds no re-run, let alone two (a re-run takes about as long as a
+    # trial): the first round (the leader, and the other where its search figure was within the noise
+    # of the leader's) runs all the same, a second does not.
+    assert [round_ for round_, _ in reruns] == ["1"] * len(reruns) and len(set(reruns)) == len(reruns) >= 1, reruns
+    assert record["stopped"] == "budget" and record["budget_fraction"] == 0.01, searched.stdout
+    assert record["budget_s"] == pytest.approx(0.01 * record["search_s"]) and record["search_s"] > 0
+    assert (
+        f"(budget {record['budget_s']:.0f} s: 1% of the search's {record['search_s']:.0f} s; stopped by the budget"
+        in searched.stdout
+    )
+    assert "winner: #" in searched.stdout and "interleaved re-run (no run-to-run noise seen)" in searched.stdout
+    for values in confirmed.values():
+        assert values["repeats"] == 1 and len(values["runs_samples_per_s"]) == 1 and values["samples_per_s"] > 0
     exported = run_cli_in_process("export", "--storage", storage, "--out", str(tmp_path / "best.json"), cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     winner = study_ranking(study)[0]
@@ -231,20 +238,21 @@ def test_a_leader_ahead_by_more_than_the_noise_is_rerun_alone_twice(confirm_requ
     # Step-time CVs of 2 %: the noise counts as its 5 % floor, each interval +-10 %: 70 x 1.1 < 100 x 0.9.
     study = _study_with({8: ok(100.0), 16: ok(70.0), 32: ok(60.0)})
     runner = ScriptedReruns({8: [97.0, 99.0, 98.0]})
-    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=400.0)
     assert runner.ran == [8, 8]  # two re-runs show its noise; nothing else to settle
     assert [(c.trial_number, c.samples_per_s, c.repeats) for c in confirmations] == [(0, 98.0, 2)]
     record = study.user_attrs[CONFIRMATION_ATTR]
-    assert (record["candidates"], record["runs"], record["seconds"], list(record["trials"])) == (
+    assert (record["candidates"], record["runs"], record["seconds"], list(record["trials"]), record["stopped"]) == (
         [0, 1, 2],
         2,
         20.0,
         ["0"],
+        "settled",
     )
     assert [r.number for r in study_ranking(study)] == [0, 1, 2]
     assert describe_confirmation(study) == (
-        "confirmation: 2 re-runs of #0 in 20 s (of at most 9); #1, #2 not re-run (behind the leader by more than "
-        "2 x the measured noise of 2.0%)"
+        "confirmation: 2 re-runs of #0 in 20 s (budget 100 s: 25% of the search's 400 s; stopped once the order "
+        "was settled); #1, #2 not re-run (behind the leader by more than 2 x the measured noise of 2.0%)"
     )
 
 
@@ -252,21 +260,79 @@ def test_only_candidates_within_the_noise_are_rerun_and_the_rounds_stop_once_the
     study = _study_with({8: ok(100.0), 16: ok(95.0), 32: ok(60.0)})
     # #1's re-runs stay below #0's slowest: settled after two rounds, the third never runs.
     runner = ScriptedReruns({8: [100.0, 102.0, 101.0], 16: [90.0, 92.0, 91.0]})
-    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    # A budget of 40 s holds the two rounds (four re-runs of 10 s) exactly: what stops them is the order.
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=160.0)
     assert runner.ran == [8, 16, 16, 8]  # interleaved, the order rotated; micro-batch 32 (#2) never
     assert [c.trial_number for c in confirmations] == [0, 1] and not any(c.ties_with_leader for c in confirmations)
     record = study.user_attrs[CONFIRMATION_ATTR]
     assert (record["runs"], record["seconds"], sorted(record["trials"])) == (4, 40.0, ["0", "1"])
+    assert (record["budget_s"], record["stopped"]) == (40.0, "settled")
     assert [r.number for r in study_ranking(study)] == [0, 1, 2]
     assert describe_confirmation(study) == (
-        "confirmation: 4 re-runs of #0, #1 in 40 s (of at most 9); #2 not re-run (behind the leader by more than "
-        "2 x the measured noise of 2.0%)"
+        "confirmation: 4 re-runs of #0, #1 in 40 s (budget 40 s: 25% of the search's 160 s; stopped once the order "
+        "was settled); #2 not re-run (behind the leader by more than 2 x the measured noise of 2.0%)"
     )
 
 
 def test_candidates_that_keep_overlapping_are_rerun_every_round_and_tie(confirm_request):
     study = _study_with({8: ok(100.0), 16: ok(98.0)})
     runner = ScriptedReruns({8: [100.0, 97.0, 101.0], 16: [99.0, 100.0, 96.0]})
-    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner)
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=400.0)
     assert len(runner.ran) == 6
     assert all(c.ties_with_leader and c.repeats == 3 for c in confirmations)
+    assert study.user_attrs[CONFIRMATION_ATTR]["stopped"] == "all rounds"
+    assert describe_confirmation(study) == (
+        "confirmation: 6 re-runs of #0, #1 in 60 s (budget 100 s: 25% of the search's 400 s; all 3 rounds run: "
+        "#0, #1 tie within noise)"
+    )
+
+
+def test_a_budget_that_allows_only_the_first_round_stops_there_and_leaves_the_order_unsettled(confirm_request):
+    # Three candidates within the noise of each other; #0 needs 3 GiB, #1 1 GiB, #2 2 GiB.
+    study = _study_with({8: ok(100.0, 3 * GiB), 16: ok(99.0, GiB), 32: ok(98.0, 2 * GiB)})
+    runner = ScriptedReruns({8: [104.0, 103.0], 16: [95.0, 96.0], 32: [90.0, 91.0]})
+    # 25% of a 40 s search: 10 s. The first round (three re-runs, 30 s) runs all the same: the minimum.
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=40.0)
+    assert runner.ran == [8, 16, 32]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["runs"], record["seconds"], record["budget_s"], record["stopped"]) == (3, 30.0, 10.0, "budget")
+    # One re-run each cannot tell them apart: their single figures differ, yet all three count as ties.
+    assert all(c.ties_with_leader and c.repeats == 1 for c in confirmations)
+    assert [r.number for r in study_ranking(study)] == [1, 2, 0]  # tied: smaller peak memory first
+    assert describe_confirmation(study) == (
+        "confirmation: 3 re-runs of #0, #1, #2 in 30 s (budget 10 s: 25% of the search's 40 s; stopped by the budget "
+        "before the order was settled: #0, #1, #2 tie within noise)"
+    )
+    winner = describe_winner(study_ranking(study))
+    assert winner.startswith("winner: #1 at 95.0 samples/s, from 1 interleaved re-run (no run-to-run noise seen)")
+    assert "ties within noise with #2" in winner and "#0" in winner
+
+
+def test_the_budget_is_judged_before_each_rerun_by_the_mean_rerun_so_far(confirm_request):
+    study = _study_with({8: ok(100.0), 16: ok(98.0)})
+    runner = ScriptedReruns({8: [100.0, 97.0, 101.0], 16: [99.0, 100.0, 96.0]})
+    # 30 s: after the first round (20 s) one re-run of 10 s more fits, a second does not.
+    confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=120.0)
+    assert runner.ran == [8, 16, 16]  # the second round, rotated, stops half-way
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["runs"], record["seconds"], record["stopped"]) == (3, 30.0, "budget")
+    assert record["trials"]["0"]["ties_with_leader"] and record["trials"]["1"]["ties_with_leader"]
+
+
+def test_a_clear_leader_is_settled_within_a_budget_of_two_reruns(confirm_request):
+    study = _study_with({8: ok(100.0), 16: ok(70.0)})
+    runner = ScriptedReruns({8: [97.0, 99.0]})
+    confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=20.0, budget_fraction=1.0)
+    assert runner.ran == [8, 8]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["runs"], record["budget_s"], record["stopped"]) == (2, 20.0, "settled")
+    assert not record["trials"]["0"]["ties_with_leader"]
+    # Half that budget stops it after its first re-run: the budget, not the order, stopped it.
+    study = _study_with({8: ok(100.0), 16: ok(70.0)})
+    runner = ScriptedReruns({8: [97.0, 99.0]})
+    confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=20.0, budget_fraction=0.5)
+    assert runner.ran == [8]
+    assert study.user_attrs[CONFIRMATION_ATTR]["stopped"] == "budget"
+    assert describe_confirmation(study).startswith(
+        "confirmation: 1 re-run of #0 in 10 s (budget 10 s: 50% of the search's 20 s; stopped by the budget); "
+    )

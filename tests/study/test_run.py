@@ -117,7 +117,9 @@ def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that
         on_confirm_run=lambda round_index, number, result: events.append(("confirm run", round_index, number)),
         write_note=lambda written: events.append(("note written", schema.STUDY_CONFIRMATION in written.user_attrs)),
     )
-    outcome = search(study, request, SearchBudget(trials=5, confirm_top=1, confirm_repeats=2), hooks)
+    # A budget of 1% of the search's time: the leader's first re-run (the minimum) and no second.
+    budget = SearchBudget(trials=5, confirm_top=1, confirm_repeats=2, confirm_budget=0.01)
+    outcome = search(study, request, budget, hooks)
 
     assert outcome.recorded == (kept.number,) and outcome.requeued == (orphan.number,)
     assert outcome.finished == 1  # the re-queued trial; then both configs are measured
@@ -137,15 +139,18 @@ def test_search_records_recovers_runs_stops_confirms_and_writes_the_note_in_that
         "view left",
         "loop ended",
         "confirm run",
-        "confirm run",
         "note written",
     ]
     assert "recorded now" in events[0][1] and f"trial(s) {kept.number} " in events[0][1]
     assert "queued again" in events[1][1] and f"trial(s) {orphan.number} " in events[1][1]
     assert events[3][1] == events[4][1] == rerun and events[4][2] == "ok"
     assert events[6] == ("loop ended", outcome.stop_reason)
-    assert events[7][1:] == (0, kept.number) and events[8][1:] == (1, kept.number)
-    assert events[9] == ("note written", True)  # written after the confirmation was recorded
+    assert events[7][1:] == (0, kept.number)
+    assert events[8] == ("note written", True)  # written after the confirmation was recorded
+    record = study.user_attrs[schema.STUDY_CONFIRMATION]
+    # The search's wall time before the confirmation, the time-share line's clock, is what the budget is a share of.
+    assert record["stopped"] == "budget" and 0 < record["search_s"] <= outcome.time_spent.wall_s
+    assert record["budget_s"] == pytest.approx(0.01 * record["search_s"])
     assert study.trials[kept.number].state == optuna.trial.TrialState.COMPLETE
     assert not pending.exists()  # recorded once: the file is renamed
 
