@@ -44,7 +44,7 @@ def cached(kind: str, key: Any, computing_module: str, compute: Callable[[], T])
     """
     path = cache_dir() / f"{kind}-{_digest(key, computing_module)}.json"
     with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_text())["value"]  # type: ignore[no-any-return]  # what compute() returned
+        return json.loads(path.read_text())["value"]  # what compute() returned, as JSON gives it back
     value = compute()
     with contextlib.suppress(OSError, TypeError, ValueError):  # not kept: computed again next time
         path.parent.mkdir(parents=True, exist_ok=True)
