@@ -376,10 +376,14 @@ def _count_params(hf_config: Any, task: str) -> tuple[int, int, int]:
     Returns:
         (all parameters, lookup-only embedding parameters, transformer-block parameters).
     """
+    import copy
+
     from autotune.spec.derived_cache import cached
 
+    # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
+    # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
     key = {"config": hf_config.to_dict(), "task": task}
-    counts = cached("param-counts", key, __file__, lambda: list(_count_params_on_meta(hf_config, task)))
+    counts = cached("param-counts", key, __file__, lambda: list(_count_params_on_meta(copy.deepcopy(hf_config), task)))
     return int(counts[0]), int(counts[1]), int(counts[2])
 
 
