@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.estimate import FALLBACK_CPU_PROCESS_BASELINE_BYTES
+from autotune.spec.files import autotune_cache_dir
 
 # What a trial child has imported before it builds a model, on any device: the forkserver preloads
 # these (runner._pool.forkserver_context), so every child starts with them resident. (Not frozen out
@@ -110,8 +111,7 @@ def installation_key() -> str:
 
 def baseline_file() -> Path:
     """Where measured baselines are kept: the user's cache directory, beside ``peaks.json``."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "autotune" / "process_baseline.json"
+    return autotune_cache_dir() / "process_baseline.json"
 
 
 def _measure() -> dict[str, int] | None:

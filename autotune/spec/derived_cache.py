@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from autotune.spec.files import autotune_cache_dir
+
 T = TypeVar("T")
 
 # What every entry depends on besides its own key.
@@ -29,8 +31,7 @@ _LIBRARIES = ("torch", "transformers", "trl")
 
 def cache_dir() -> Path:
     """Where the entries live: the user's cache directory, beside ``peaks.json``."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "autotune" / "derived"
+    return autotune_cache_dir() / "derived"
 
 
 def cached(kind: str, key: Any, computing_module: str, compute: Callable[[], T]) -> T:

@@ -134,3 +134,9 @@ def read_user_file(path: str, option: str, expected: str, max_bytes: int | None 
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise AutotuneError(f"{option} {path}: not a text file ({expected} expected)") from None
+
+
+def autotune_cache_dir() -> Path:
+    """autotune's directory in the user's cache (``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``):
+    measured peaks, the CPU process baseline and figures derived from configs live there."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "autotune"

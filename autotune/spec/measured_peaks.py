@@ -18,6 +18,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.spec.devices import DeviceSpec
+from autotune.spec.files import autotune_cache_dir
 
 PEAKS_FILE_ENV = "AUTOTUNE_PEAKS_FILE"
 
@@ -46,8 +47,7 @@ def peaks_file() -> Path:
     override = os.environ.get(PEAKS_FILE_ENV)
     if override:
         return Path(override).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "autotune" / "peaks.json"
+    return autotune_cache_dir() / "peaks.json"
 
 
 def _read_store(path: Path) -> dict[str, Any]:
