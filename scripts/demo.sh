@@ -6,10 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/pip install -q torch==2.13.0   # the CPU build; on a GPU box install your CUDA build instead
-# The rest with uv (seconds where pip takes about a minute; it keeps the torch above), with bytecode
-# compiled, as pip would: every later `autotune` process reads it instead of compiling the libraries.
+# With uv (seconds where pip takes about a minute), with bytecode compiled, as pip would: every later
+# `autotune` process reads it instead of compiling the libraries. torch pinned: the CPU build where the
+# machine keeps it (pip's find-links, passed on: uv does not read pip's configuration); on a GPU box
+# install your CUDA build first instead (an open `torch` requirement pulls a multi-GB CUDA build).
 .venv/bin/pip install -q uv
-.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e '.[bnb,report]'
+source scripts/pip_find_links.sh
+.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${find_links[@]}" torch==2.13.0 -e '.[bnb,report]'
 HF_HUB_OFFLINE=1 .venv/bin/autotune search --model bert-tiny --device cpu --seq-len 128 --trials 12 \
   --space search_spaces/quick.yaml "$@"

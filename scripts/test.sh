@@ -32,14 +32,14 @@ if [ ${#need[@]} -gt 0 ]; then
   system_packages=$!
 fi
 
-# torch first, pinned, with pip: an open `torch` requirement with no torch installed pulls a multi-GB CUDA
-# build, and pip takes the CPU wheel a machine keeps on disk (its pip configuration's find-links).
-.venv/bin/pip install -q torch==2.13.0
-# The rest with uv: it resolves and installs the [test] extra in seconds where pip takes about a minute
-# (measured on this 2-core machine, docs/benchmarks.md "The test suite"), and keeps the torch above.
+# Everything with uv: it installs the [test] extra in seconds where pip takes about a minute, and torch's
+# wheel in 7 s where pip takes 32 s (measured on this 2-core machine, docs/benchmarks.md "The test suite").
+# torch pinned: an open `torch` requirement pulls a multi-GB CUDA build. uv does not read pip's
+# configuration, so pip's find-links (where a machine keeps wheels, such as torch's CPU build) are passed on.
 # No bytecode compiled here: each module's is written by the first process that imports it.
 .venv/bin/pip install -q uv
-.venv/bin/uv pip install -q --python .venv/bin/python -e '.[test]'
+source scripts/pip_find_links.sh
+.venv/bin/uv pip install -q --python .venv/bin/python "${find_links[@]}" torch==2.13.0 -e '.[test]'
 # DeepSpeed's two C++ ops built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on
 # 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run.
 op_builds=()

@@ -63,7 +63,7 @@ class Lever:
             boundary).
         least: For integer levers, the smallest value allowed.
         auto_choices: Where set, a space may write ``auto`` for the lever: the choices for a device
-            (those :attr:`emulated_on` names are then left out).
+            (those :attr:`slow_on` names are then left out).
         absent_means_auto: With :attr:`auto_choices`: a space that does not name the lever means
             ``auto`` (``True``), or the default alone (``False``).
         in_every_space: ``True``: a space that does not name the lever fixes it at ``default``;
@@ -93,10 +93,11 @@ class Lever:
         no_effect_on: Why a value would change nothing on a device (a search would measure another
             value under its name); ``""`` if it matters. Removed from a searched space, but kept where
             the user fixed it in ``--base-args``.
-        emulated_on: Why a value runs on a device without hardware made for it (bf16 on a CPU
-            without bf16 instructions: correct, but slower than the default); ``""`` if it has
-            hardware. Left out of ``auto`` with a note; kept, with a note, where a space lists it
-            (it may be what fits in memory).
+        slow_on: Why a value, though it runs on a device, costs there far more than it can win: bf16
+            on a CPU without bf16 instructions (emulated, slower than fp32), torch.compile on a CPU
+            (minutes of C++ code generation per trial); ``""`` where it does not. Left out of
+            ``auto`` with a note; kept, with a note, where a space lists it (it may be what fits in
+            memory, or what the user means to measure).
         unavailable_for_model: Why a value cannot run with a model, given the space's other choices;
             ``""`` if it can (``None``: every value runs with every model).
         fallback: The value kept where a filter removes every choice (it runs everywhere); ``None``:
@@ -147,7 +148,7 @@ class Lever:
     unavailable_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     unavailable_with_trainer: Callable[[Any, str], str] = _under_every_trainer
     no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
-    emulated_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
+    slow_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]]], str] | None = None
     fallback: Any = None
     needs_real_data: bool = False

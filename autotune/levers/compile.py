@@ -51,6 +51,21 @@ def _from_training_args(args: Mapping[str, Any]) -> str:
     return f"{backend}{COMPILE_MODE_SEPARATOR}{mode}" if mode else backend
 
 
+# ``compile: auto``: no compile, inductor, and inductor's CUDA-graph modes (the device filter drops
+# those where there is no CUDA device, and leaves out what is slow there: ``_slow_on``).
+AUTO_COMPILE_CHOICES = ("off", "inductor", "inductor:reduce-overhead", "inductor:max-autotune")
+
+
+def _slow_on(value: str, device: DeviceSpec) -> str:
+    """On a CPU, inductor writes and compiles C++ for every new shape, and a trial's micro-batch is a
+    new shape: its warm-up took 40 s of a 57 s bert-tiny trial at micro-batch 64 on a 2-core CPU
+    (6 s from inductor's cache, which a new micro-batch misses), more than the trial's measurement,
+    and compiled trials measured no faster there (docs/benchmarks.md, "Time to the answer")."""
+    if device.kind == "cpu" and value != "off":
+        return "on a CPU, inductor generates and compiles C++ for every new shape: about a minute of warm-up per trial on a few cores, more than the trial's measurement"
+    return ""
+
+
 def _unavailable_on(value: str, device: DeviceSpec) -> str:
     if value == "cudagraphs" and device.kind != "cuda":
         return "it needs a CUDA device"
@@ -65,13 +80,16 @@ COMPILE = Lever(
     name="compile",
     value_type=str,
     default="off",
-    doc="off, a torch.compile backend, or inductor:<mode>",
+    doc="off, a torch.compile backend, or inductor:<mode>; auto: off, inductor and its CUDA-graph modes where they pay",
     choices=COMPILE_CHOICES,
+    auto_choices=lambda device: list(AUTO_COMPILE_CHOICES),
+    absent_means_auto=False,
     fields=("torch_compile", "torch_compile_backend", "torch_compile_mode"),
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: f"compile={value}" if value != "off" else "",
     unavailable_on=_unavailable_on,
+    slow_on=_slow_on,
     # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
     best_practice=lambda device, choices: ["off"],
 )

@@ -50,7 +50,7 @@ def _emulated_on(value: str, device: DeviceSpec) -> str:
 
 def _auto_dtypes(device: DeviceSpec) -> list[str]:
     """``dtype: auto``: the dtypes the device trains in; the device filter then leaves out those it
-    only emulates (:attr:`Lever.emulated_on`), with a note."""
+    only emulates (:attr:`Lever.slow_on`), with a note."""
     return [dtype for dtype in DTYPES if dtype in device.supported_dtypes]
 
 
@@ -67,7 +67,7 @@ DTYPE = Lever(
     from_training_args=_from_training_args,
     label=lambda value: value,
     unavailable_on=_unavailable_on,
-    emulated_on=_emulated_on,
+    slow_on=_emulated_on,
     memory_parts=("weights", "activations"),
     memory=lambda value, traits: dataclasses.replace(traits, half_autocast=value in HALF_DTYPES),
     best_practice=_dtype_best_practice,
@@ -147,7 +147,7 @@ WEIGHT_DTYPE = Lever(
         )
     ),
     unavailable_on=_weight_dtype_unavailable_on,
-    emulated_on=_emulated_on,
+    slow_on=_emulated_on,
     memory_parts=("weights", "gradients", "optimizer states", "activations"),
     memory=lambda value, traits: dataclasses.replace(traits, weight_bytes=WEIGHT_BYTES[value]),
 )

@@ -28,6 +28,8 @@ class TimeSpent:
             Trainer's set-up, the end of the trial (the worst-case batch, the result).
         pruned_s: The whole wall time of the trials stopped early.
         confirmation_s: The confirmation's re-runs (with what happened between them).
+        confirmation_measured_s: Of those, the re-runs' measured steps: with :attr:`measured_s`, the
+            wall time spent measuring configs that were not pruned.
         trials: Trials run to the end of their measurement (or failed); ``pruned``: stopped early;
             ``screened``: not run; ``confirmation_runs``: re-runs of the confirmation.
     """
@@ -38,6 +40,7 @@ class TimeSpent:
     startup_s: float = 0.0
     pruned_s: float = 0.0
     confirmation_s: float = 0.0
+    confirmation_measured_s: float = 0.0
     trials: int = 0
     pruned: int = 0
     screened: int = 0
@@ -45,10 +48,15 @@ class TimeSpent:
 
     @classmethod
     def of_search(
-        cls, results: Iterable[TrialResult], wall_s: float, confirmation_s: float = 0.0, confirmation_runs: int = 0
+        cls,
+        results: Iterable[TrialResult],
+        wall_s: float,
+        confirmation_s: float = 0.0,
+        reruns: Iterable[TrialResult] = (),
     ) -> TimeSpent:
-        """From the results of the trials a search ran (repeats answered from the record left out)."""
-        results = list(results)
+        """From the results of the trials a search ran (repeats answered from the record left out)
+        and of its confirmation's re-runs."""
+        results, reruns = list(results), list(reruns)
         ran = [r for r in results if r.status not in (Status.SCREENED, Status.PRUNED, Status.INTERRUPTED)]
         pruned = [r for r in results if r.status == Status.PRUNED]
         return cls(
@@ -58,10 +66,11 @@ class TimeSpent:
             startup_s=sum(max(r.wall_s - r.measured_s - r.warmup_s, 0.0) for r in ran),
             pruned_s=sum(r.wall_s for r in pruned),
             confirmation_s=confirmation_s,
+            confirmation_measured_s=sum(r.measured_s for r in reruns),
             trials=len(ran),
             pruned=len(pruned),
             screened=sum(r.status == Status.SCREENED for r in results),
-            confirmation_runs=confirmation_runs,
+            confirmation_runs=len(reruns),
         )
 
     @property
@@ -81,7 +90,12 @@ class TimeSpent:
             f"warm-up and compile {self.share(self.warmup_s):.0%}",
             f"process start-up and model build {self.share(self.startup_s):.0%}",
             f"pruned trials {self.share(self.pruned_s):.0%} ({self.pruned})",
-            f"confirmation {self.share(self.confirmation_s):.0%} ({self.confirmation_runs} re-runs)",
+            f"confirmation {self.share(self.confirmation_s):.0%} ({self.confirmation_runs} re-runs"
+            + (
+                f", {self.share(self.confirmation_measured_s):.0%} in measured steps)"
+                if self.confirmation_runs
+                else ")"
+            ),
             f"screening and other {self.share(self.other_s):.0%}"
             + (f" ({self.screened} screened)" if self.screened else ""),
         ]

@@ -57,7 +57,7 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
     """Remove choices the device cannot run (or on which they change nothing), with a note for each;
     fail if a lever is left empty.
 
-    A value the device only emulates (:attr:`Lever.emulated_on`) is left out of ``auto`` and kept
+    A value that is slow on the device (:attr:`Lever.slow_on`) is left out of ``auto`` and kept
     where the space lists it, with a note either way.
     """
     notes: list[str] = []
@@ -98,15 +98,15 @@ def filter_for_trainer(space: SearchSpace, trainer: str) -> SearchSpace:
 
 
 def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str], value: Any) -> str:
-    """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value the device only
-    emulates is left out of ``auto`` and kept, with a note, where the space lists it."""
+    """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value that is slow on the
+    device is left out of ``auto`` and kept, with a note, where the space lists it."""
     reason = lever.unavailable_on(value, device) or lever.no_effect_on(value, device)
-    emulated = lever.emulated_on(value, device)
-    if reason or not emulated:
+    slow = lever.slow_on(value, device)
+    if reason or not slow:
         return reason
     if auto:
-        return f"{emulated}; list it in the space ({lever.name}: [...]) to search it anyway"
-    notes.append(f"{lever.name} {yaml_word(value)} kept because the space lists it: {emulated}")
+        return f"{slow}; list it in the space ({lever.name}: [...]) to search it anyway"
+    notes.append(f"{lever.name} {yaml_word(value)} kept because the space lists it: {slow}")
     return ""
 
 

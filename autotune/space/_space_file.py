@@ -64,7 +64,7 @@ class SpaceFile(BaseModel):
     optim: list[StrictStr] = ["adamw_torch"]
     dataloader_workers: list[StrictInt] = [0]
     pin_memory: list[StrictBool] = [True]
-    compile: list[StrictStr] = ["off"]
+    compile: list[StrictStr] | StrictStr = ["off"]
     attn_implementation: list[StrictStr] | None = None
     liger: list[StrictBool] | None = None
     padding: list[StrictStr] | None = None

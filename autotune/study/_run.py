@@ -155,7 +155,7 @@ def search(
         _results_of_this_search(study, started_at),
         wall_s=time.perf_counter() - started,
         confirmation_s=time.perf_counter() - confirm_started,
-        confirmation_runs=len(reruns),
+        reruns=reruns,
     )
     study.set_user_attr(schema.STUDY_TIME_SPENT, spent.to_dict())
     if hooks.write_note is not None:

@@ -176,23 +176,24 @@ def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
             Seed(
                 schema.SEED_BEST_PRACTICE,
                 best_params,
-                emulated_dtype_notes(space, workload.device, {**dataclasses.asdict(best), **best_params}),
+                slow_value_notes(space, workload.device, {**dataclasses.asdict(best), **best_params}),
             )
         )
     return seeds
 
 
-def emulated_dtype_notes(space: SearchSpace, device: DeviceSpec, seed: Mapping[str, Any]) -> tuple[str, ...]:
-    """A note for each value the space lists that the device only emulates (``Lever.emulated_on``: bf16
-    on a CPU without bf16 instructions) and the best-practice seed (``seed``: its lever values as queued,
+def slow_value_notes(space: SearchSpace, device: DeviceSpec, seed: Mapping[str, Any]) -> tuple[str, ...]:
+    """A note for each value the space lists that is slow on the device (``Lever.slow_on``: bf16 on a
+    CPU without bf16 instructions, torch.compile on a CPU) and the best-practice seed (``seed``: its lever values as queued,
     fitted to the space) therefore does not train with."""
     notes = []
     for lever in LEVERS.values():
         chosen = seed[lever.name]
         for value in space.choices.get(lever.name, []):
-            reason = lever.emulated_on(value, device)
+            reason = lever.slow_on(value, device)
             if reason and value != chosen:
-                notes.append(f"best-practice seed trains in {lever.label(chosen) or chosen}, not {value}: {reason}")
+                label = lever.label(chosen) or f"{lever.name} {chosen}"
+                notes.append(f"best-practice seed trains in {label}, not {value}: {reason}")
     return tuple(notes)
 
 

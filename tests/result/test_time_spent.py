@@ -20,14 +20,16 @@ def test_each_trials_seconds_land_in_one_place_and_the_rest_is_other():
         ran("oom", wall_s=3.0),  # ran out of memory before a measured step: all start-up
         ran("interrupted", wall_s=7.0, measured_s=5.0),  # queued to run again: not a trial of this search
     ]
-    spent = TimeSpent.of_search(results, wall_s=100.0, confirmation_s=30.0, confirmation_runs=4)
+    reruns = [ran("ok", wall_s=8.0, measured_s=5.0, warmup_s=1.0) for _ in range(4)]
+    spent = TimeSpent.of_search(results, wall_s=100.0, confirmation_s=30.0, reruns=reruns)
     assert (spent.measured_s, spent.warmup_s, spent.startup_s) == (18.0, 5.0, 5.0 + 2.0 + 3.0)
-    assert (spent.pruned_s, spent.confirmation_s) == (4.0, 30.0)
+    assert (spent.pruned_s, spent.confirmation_s, spent.confirmation_measured_s) == (4.0, 30.0, 20.0)
     assert (spent.trials, spent.pruned, spent.screened, spent.confirmation_runs) == (3, 1, 1, 4)
     assert spent.other_s == pytest.approx(100.0 - 18.0 - 5.0 - 10.0 - 4.0 - 30.0)
     assert spent.line() == (
         "time: 1 min 40 s in all: measured steps 18% (3 trials), warm-up and compile 5%, process start-up and "
-        "model build 10%, pruned trials 4% (1), confirmation 30% (4 re-runs), screening and other 33% (1 screened)"
+        "model build 10%, pruned trials 4% (1), confirmation 30% (4 re-runs, 20% in measured steps), screening and "
+        "other 33% (1 screened)"
     )
     assert TimeSpent.from_dict(spent.to_dict()) == spent
 

@@ -128,6 +128,26 @@ def test_a_space_that_lists_an_emulated_dtype_keeps_it_with_a_note(tmp_path):
     assert load_space(write(tmp_path, "micro_batch: [8]\n"), FAKE_CPU_WITH_BF16).choices["dtype"] == ["fp32"]
 
 
+def test_compile_auto_leaves_inductor_out_on_a_cpu_with_a_note_and_keeps_it_where_listed(tmp_path, cpu):
+    """On a CPU inductor's C++ warm-up costs more than a trial measures (issue 29): the default space
+    (``compile: auto``) searches no compile there, with one note; a space that lists inductor keeps it,
+    with a note; on a GPU ``auto`` is inductor and its CUDA-graph modes."""
+    default = load_space(default_space_path(), cpu)
+    assert default.choices["compile"] == ["off"]
+    assert [note for note in default.notes if note.startswith("compile inductor removed")] == [
+        "compile inductor removed: on a CPU, inductor generates and compiles C++ for every new shape: about a "
+        "minute of warm-up per trial on a few cores, more than the trial's measurement; list it in the space "
+        "(compile: [...]) to search it anyway"
+    ]
+    listed = load_space(write(tmp_path, 'compile: ["off", inductor]\n'), cpu)
+    assert listed.choices["compile"] == ["off", "inductor"]
+    assert any(note.startswith("compile inductor kept because the space lists it: on a CPU") for note in listed.notes)
+    ampere = DeviceSpec("cuda", 0, "fake A100", 40 * GiB, ("fp32", "fp16", "tf32", "bf16"), (8, 0))
+    on_gpu = load_space(write(tmp_path, "compile: auto\n"), ampere)
+    assert on_gpu.choices["compile"] == ["off", "inductor", "inductor:reduce-overhead", "inductor:max-autotune"]
+    assert not any(note.startswith("compile") for note in on_gpu.notes)
+
+
 def test_dtype_auto_on_a_gpu_is_what_its_tensor_cores_run(tmp_path):
     path = write(tmp_path, "dtype: auto\n")
     assert load_space(path, FAKE_V100).choices["dtype"] == ["fp32", "fp16"]
