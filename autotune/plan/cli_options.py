@@ -67,14 +67,19 @@ MaxTotalTrials = Annotated[
     int | None, typer.Option(help="Study-wide cap over all workers and machines: complete + running trials.")
 ]
 ConfirmTop = Annotated[
-    int, typer.Option(help="At the end, re-measure this many leading configs interleaved (0: skip).")
+    int,
+    typer.Option(
+        help="At the end, re-measure this many leading configs interleaved, and the HF default beside them for the "
+        "speedup (0: skip)."
+    ),
 ]
 ConfirmRepeats = Annotated[int, typer.Option(help="Re-runs of each config when confirming, at most.")]
 ConfirmBudget = Annotated[
     float,
     typer.Option(
-        help="After the confirmation's first round (one re-run of each leading config, always run), start no "
-        "re-run that would take its time past this share of the search's time before it (above 0, up to 1)."
+        help="After the confirmation's first round (one re-run of each leading config and of the HF default, "
+        "always run), start no re-run that would take its time past this share of the search's time before it "
+        "(above 0, up to 1)."
     ),
 ]
 Callbacks = Annotated[

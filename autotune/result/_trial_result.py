@@ -154,6 +154,14 @@ class TrialResult:
         return self.status in FEASIBLE_STATUSES
 
     @property
+    def ran_and_fit(self) -> bool:
+        """Ran under the ceiling with a measured throughput: a figure to compare against. A pruned
+        trial counts: it was stopped for being slow, and its median is measured."""
+        return (
+            self.status in RAN_NORMALLY_STATUSES and self.status not in INFEASIBLE_STATUSES and self.samples_per_s > 0
+        )
+
+    @property
     def measured_losses(self) -> list[float | None]:
         """The loss of each measured step (warm-up left out), ``None`` where it was not finite."""
         return self.loss_curve[max(self.loss_measured_from - 1, 0) :] if self.loss_measured_from else []
@@ -260,6 +268,30 @@ def params_key(params: dict[str, Any]) -> ParamsKey:
 def is_budget_trial(trial: FrozenTrial) -> bool:
     """A trial of the user's budget: it ran, or was screened; not a repeat answered from the record."""
     return schema.TRIAL_REUSED_FROM not in trial.user_attrs
+
+
+def hf_default_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The study's HF-default seed trial (``seed`` ``hf-default``): the first that finished complete or
+    pruned, ``None`` if none did. The speedup line compares the winner with it, and confirmation
+    re-runs it beside the leaders for that (:mod:`autotune.study._confirm`)."""
+    return next(
+        (
+            trial
+            for trial in sorted(trials, key=lambda t: t.number)
+            if trial.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT
+            and trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        ),
+        None,
+    )
+
+
+def comparable_hf_default(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The HF-default seed trial where it ran and fit (:attr:`TrialResult.ran_and_fit`): a figure the
+    winner's can be compared with, which confirmation re-runs; ``None`` where it ran out of memory, went
+    over the ceiling or failed."""
+    default = hf_default_trial(trials)
+    result = TrialResult.from_trial(default) if default is not None else None
+    return default if result is not None and result.ran_and_fit else None
 
 
 def came_back_counts(trials: Iterable[FrozenTrial]) -> dict[int, int]:

@@ -24,6 +24,13 @@ key                       written by                                     read by
                           where its wall time went (``TimeSpent``)       note
 ========================  =============================================  ==================================
 
+The ``confirmation`` record's keys: ``measured_at``, ``top_k``, ``repeats``, ``candidates`` (the top-k
+trial numbers considered), ``reference`` (the HF-default seed trial re-run beside them, so the speedup
+over it compares re-runs of the same period; ``None`` where it was a candidate re-run already or did not
+run and fit; absent from records written before it), ``noise``, ``runs``, ``seconds``,
+``budget_fraction``, ``search_s``, ``budget_s``, ``stopped`` (``CONFIRMATION_*`` below), ``trials``
+(trial number -> its re-runs' summary, ``Confirmation.to_attr``).
+
 Study system attributes: ``autotune_setup_by`` (study set-up, while it sets a new study up; read
 by a joining worker waiting for the identity).
 

@@ -6,6 +6,13 @@ winner, the leader and those of the top-k feasible trials that could still be ah
 again, interleaved (round r runs them in an order rotated by r), so slow drifts of the machine hit
 all of them alike. Each candidate's confirmed figure is the median of its re-runs.
 
+The study's HF-default seed trial (:func:`autotune.result.comparable_hf_default`) is re-run with them,
+interleaved alike, where it ran and fit and is not a candidate re-run already: the speedup over the
+default then compares re-runs measured in the same period, not the winner's re-run with the default's
+single search-time figure, taken at another moment of the machine's life. From its first re-run on
+it follows the candidates' rules (it stays while it could still be ahead, it ties, it may lead:
+on a flat landscape that is the truth), and the record names it (``reference``).
+
 Confirmation in proportion (what it costs is recorded and printed):
 
 * Only candidates whose search-time interval overlaps the leader's are re-run, the leader with
@@ -14,8 +21,8 @@ Confirmation in proportion (what it costs is recorded and printed):
   leader ahead of every other candidate by more than that is re-run alone.
 * From the second round on (two re-runs each: the least that shows noise), a candidate whose
   re-runs no longer reach the leader's slowest stops being re-run, and once none is left beside the
-  leader the order is settled: no more rounds. A clear leader costs two re-runs at most, not
-  ``top_k x repeats``.
+  leader the order is settled: no more rounds. A clear leader costs two re-runs at most (and the
+  HF default's two, where it is re-run), not ``top_k x repeats``.
 * A budget in proportion to the search it confirms (``--confirm-budget``, a share of the search's
   wall seconds before the confirmation, the clock of the time-share line,
   :class:`autotune.result.TimeSpent`; a resumed search's are this invocation's): no re-run after the
@@ -23,8 +30,9 @@ Confirmation in proportion (what it costs is recorded and printed):
   Wall seconds, not the trials' summed seconds: the re-runs run one at a time, so with several
   workers the summed seconds would let the confirmation outgrow the search it confirms.
 
-The minimum, whatever the budget: the first round, one re-run of the leader and of each candidate
-within reach of it (at most ``top_k``: lower ``--confirm-top`` to bound it). The search's best figure
+The minimum, whatever the budget: the first round, one re-run of the leader, of each candidate
+within reach of it (at most ``top_k``: lower ``--confirm-top`` to bound it) and of the HF default
+where it is re-run (above). The search's best figure
 is partly the luckiest (above), so a winner is never named on it alone; and the candidates are
 compared on figures measured in the same period, interleaved. A second re-run of the leader is not part of the minimum: alone it cannot settle the
 order (the others' second re-runs are needed for that), it only shows the leader's noise, so it is
@@ -43,10 +51,10 @@ headroom). A candidate with a re-run that ran out of memory or went over the cei
 reliably feasible and leaves the feasible ranking.
 
 Optuna lets no one write to a finished trial, so the outcome is a study user attr
-(``confirmation``, :mod:`autotune.storage.schema`): the candidates considered, one entry per re-run
-trial number, the runs and seconds the re-runs took, the budget (its share, the search's seconds it
-is a share of, its seconds) and why the re-runs stopped; each run replaces the last one, so a
-confirmation never outlives the search that made it.
+(``confirmation``, :mod:`autotune.storage.schema`): the candidates considered, the HF default re-run
+beside them, one entry per re-run trial number, the runs and seconds the re-runs took, the budget
+(its share, the search's seconds it is a share of, its seconds) and why the re-runs stopped; each
+run replaces the last one, so a confirmation never outlives the search that made it.
 """
 
 from __future__ import annotations
@@ -62,7 +70,14 @@ import optuna
 from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig
 from autotune.plan import SearchOptions
-from autotune.result import FAILED_STATUSES, Status, TrialResult, feasible_by_speed, judged_trials
+from autotune.result import (
+    FAILED_STATUSES,
+    Status,
+    TrialResult,
+    comparable_hf_default,
+    feasible_by_speed,
+    judged_trials,
+)
 from autotune.runner import run_isolated
 from autotune.spec.measure import PRUNE_NOISE_FLOOR, coefficient_of_variation
 from autotune.storage import schema
@@ -221,9 +236,9 @@ def confirm_top(
     search_s: float,
     budget_fraction: float = SearchOptions.confirm_budget,
 ) -> list[Confirmation]:
-    """Re-measure the leader and those of the top-k feasible trials within the noise of it,
-    interleaved, until their order is settled or the budget is spent, and record the outcome in the
-    study (module docstring).
+    """Re-measure the leader and those of the top-k feasible trials within the noise of it, with
+    the HF default beside them, interleaved, until their order is settled or the budget is spent,
+    and record the outcome in the study (module docstring).
 
     Args:
         study: The study searched with ``request``.
@@ -238,7 +253,8 @@ def confirm_top(
             the re-runs' seconds past this share of ``search_s``, by the mean re-run so far.
 
     Returns:
-        One :class:`Confirmation` per candidate re-run, fastest confirmed first (empty with no feasible trial).
+        One :class:`Confirmation` per trial re-run (the HF default's too), fastest confirmed first
+        (empty with no feasible trial).
 
     Raises:
         AutotuneError: ``top_k`` below 1 or ``repeats`` below 2.
@@ -254,6 +270,13 @@ def confirm_top(
     configs = {number: config for number, config, _ in leaders}
     noise = noise_fraction(study)
     active = within_reach_of_the_leader({number: figure for number, _, figure in leaders}, noise)
+    # The HF default beside them, unless it is one (module docstring): the speedup over it then
+    # compares re-runs of the same period.
+    default = comparable_hf_default(judged_trials(study.get_trials(deepcopy=False)))
+    reference = default if default is not None and default.number not in active else None
+    if reference is not None:
+        configs[reference.number] = TrialConfig.from_params(reference.params)
+        active.append(reference.number)
     budget_s = budget_fraction * search_s
     runs: dict[int, list[TrialResult]] = {number: [] for number in active}
     seconds, count = 0.0, 0
@@ -287,6 +310,7 @@ def confirm_top(
         "top_k": top_k,
         "repeats": repeats,
         "candidates": [number for number, _, _ in leaders],
+        "reference": None if reference is None else reference.number,
         "noise": noise,
         "runs": count,
         "seconds": seconds,

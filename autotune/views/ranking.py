@@ -11,17 +11,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.levers import TrialConfig
 from autotune.result import (
-    INFEASIBLE_STATUSES,
-    RAN_NORMALLY_STATUSES,
     Status,
     TrialResult,
     came_back_counts,
     feasible_by_speed,
+    hf_default_trial,
     is_budget_trial,
     judged_trials,
     params_key,
 )
-from autotune.spec.sft import work_counted
+from autotune.spec.sft import BASELINE_WORDS, work_counted
 from autotune.storage import schema
 from autotune.units import format_bytes
 
@@ -174,29 +173,37 @@ class SpeedupOverDefault:
     Attributes:
         default_trial: Number of the ``hf-default`` trial.
         default_status: Its status (``ok``, ``oom``, ``screened``, ...).
-        default_samples_per_s: Its measured throughput (0 if it did not run or did not fit).
+        default_ran_and_fit: It ran under the ceiling with a measured throughput (a pruned one too).
+        default_samples_per_s: Its throughput, measured as ``best_samples_per_s`` is.
         best_trial: Number of the best feasible trial.
-        best_samples_per_s: Its throughput (the confirmed median where there is one).
+        best_samples_per_s: Its throughput.
         best_config: Its lever values.
+        rerun_medians: Both figures are medians of the confirmation's interleaved re-runs; else both
+            are search-time figures, one measurement each.
+        within_noise: The confirmation found the two tied within noise (they are different trials).
     """
 
     default_trial: int
     default_status: Status
+    default_ran_and_fit: bool
     default_samples_per_s: float
     best_trial: int
     best_samples_per_s: float
     best_config: TrialConfig
+    rerun_medians: bool = False
+    within_noise: bool = False
 
     @property
     def ratio(self) -> float | None:
-        """Best samples/s over default samples/s; ``None`` if the default did not run and fit.
-
-        A pruned default counts: it was stopped for being slow, and its median is measured.
-        """
-        ran_and_fit = self.default_status in RAN_NORMALLY_STATUSES and self.default_status not in INFEASIBLE_STATUSES
-        if not ran_and_fit or self.default_samples_per_s <= 0:
+        """Best samples/s over default samples/s; ``None`` if the default did not run and fit."""
+        if not self.default_ran_and_fit or self.default_samples_per_s <= 0:
             return None
         return self.best_samples_per_s / self.default_samples_per_s
+
+    @property
+    def compared(self) -> str:
+        """Which figures the ratio compares, in words."""
+        return "re-run medians, interleaved" if self.rerun_medians else "search-time figures, one measurement each"
 
 
 def speedup_over_default(
@@ -204,33 +211,45 @@ def speedup_over_default(
 ) -> SpeedupOverDefault | None:
     """Compare the winner with the ``hf-default`` seed; ``None`` if either is missing.
 
+    Like with like: the two confirmed medians where both were re-run (confirmation re-runs the
+    default beside the leaders, :mod:`autotune.study._confirm`), else the two search-time figures,
+    never a re-run against a single measurement taken at another moment of the machine's life (a
+    record written before the default was re-run, a default whose re-runs did not fit, a winner the
+    confirmation did not cover).
+
     Args:
         trials: The study's trials.
         confirmations: The study's confirmation records (``ranking.confirmations_of``), so the
-            winner is the one the ranking and the export name, at its confirmed median.
+            winner is the one the ranking and the export name.
     """
-    default = next(
-        (
-            t
-            for t in sorted(trials, key=lambda t: t.number)
-            if t.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT
-            and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        ),
-        None,
-    )
+    default = hf_default_trial(trials)
     ranking = feasible_ranking(trials, confirmations)
     if default is None or not ranking:
         return None
+    best = ranking[0]
     result = TrialResult.from_trial(default) or TrialResult(status=Status.ERROR)
-    # Compare like with like: where the default was re-measured too, its confirmed median.
-    default_confirmed = ((confirmations or {}).get(default.number) or {}).get("samples_per_s")
+    default_rerun = (confirmations or {}).get(default.number) or {}
+    confirmed_best, confirmed_default = best.confirmed_samples_per_s, default_rerun.get("samples_per_s")
+    if confirmed_best is not None and confirmed_default is not None:
+        best_figure, default_figure, rerun_medians = confirmed_best, float(confirmed_default), True
+    else:
+        # Like with like: a re-run median is never set against a single measurement. A default that
+        # did not fit has no figure to compare: the winner's is then the ranking's.
+        best_figure = best.result.samples_per_s if result.ran_and_fit and best.result else best.samples_per_s
+        default_figure, rerun_medians = result.samples_per_s, False
     return SpeedupOverDefault(
         default_trial=default.number,
         default_status=result.status,
-        default_samples_per_s=default_confirmed or result.samples_per_s,
-        best_trial=ranking[0].number,
-        best_samples_per_s=ranking[0].samples_per_s,
-        best_config=ranking[0].config,
+        default_ran_and_fit=result.ran_and_fit,
+        default_samples_per_s=default_figure,
+        best_trial=best.number,
+        best_samples_per_s=best_figure,
+        best_config=best.config,
+        rerun_medians=rerun_medians,
+        within_noise=rerun_medians
+        and best.number != default.number
+        and best.ties_with_leader
+        and bool(default_rerun.get("ties_with_leader")),
     )
 
 
@@ -349,27 +368,36 @@ def describe_ranking_basis(study: optuna.Study) -> str:
 
 
 def describe_confirmation(study: optuna.Study) -> str | None:
-    """One line: which candidates the study's last confirmation re-ran, how often, what it cost
-    against its budget and why it stopped; ``None`` where there is none. Candidates more than the
-    noise behind the leader were not re-run, and the re-runs stopped once the order was settled or
-    the budget was spent, the order then possibly unsettled (:mod:`autotune.study._confirm`)."""
+    """One line: which candidates the study's last confirmation re-ran, and the HF default beside
+    them, how often, what it cost against its budget and why it stopped; ``None`` where there is
+    none. Candidates more than the noise behind the leader were not re-run, and the re-runs stopped
+    once the order was settled or the budget was spent, the order then possibly unsettled
+    (:mod:`autotune.study._confirm`)."""
     record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
     if "candidates" not in record:
         return None
-    rerun = sorted(int(number) for number in record.get("trials") or {})
-    left = [int(number) for number in record["candidates"] if int(number) not in rerun]
+    reference = record.get("reference")
+    recorded = {int(number) for number in record.get("trials") or {}}
+    rerun = sorted(recorded - {reference})
+    left = [int(number) for number in record["candidates"] if int(number) not in recorded]
     width = f"2 x the measured noise of {float(record.get('noise', 0.0)):.1%}"
     if not rerun:
         return None
     runs = int(record.get("runs", 0))
     text = (
-        f"confirmation: {runs} re-run{'s' * (runs != 1)} of {', '.join(f'#{n}' for n in rerun)} in "
+        f"confirmation: {runs} re-run{'s' * (runs != 1)} of {', '.join(f'#{n}' for n in rerun)}{default_beside(study, reference)} in "
         f"{float(record.get('seconds', 0.0)):.0f} s "
         f"({_how_the_confirmation_stopped(record)})"
     )
     if left:
         text += f"; {', '.join(f'#{n}' for n in left)} not re-run (behind the leader by more than {width})"
     return text
+
+
+def default_beside(study: optuna.Study, number: int | None) -> str:
+    """`` and the HF default #0 for the speedup`` (the TRL default under SFTTrainer): the HF-default
+    seed trial re-run beside the confirmation's candidates; empty for ``None``."""
+    return "" if number is None else f" and the {BASELINE_WORDS[study_trainer(study)]} #{number} for the speedup"
 
 
 def _how_the_confirmation_stopped(record: dict[str, Any]) -> str:

@@ -26,7 +26,9 @@ from autotune.result import (
     TimeSpent,
     TrialResult,
     accumulation_note,
+    comparable_hf_default,
     diverged_trials,
+    judged_trials,
     memory_source_description,
     precision_note,
     winner_loss,
@@ -37,6 +39,7 @@ from autotune.units import format_bytes
 from autotune.views.ranking import (
     RankedTrial,
     confirmations_of,
+    default_beside,
     describe_confirmation,
     describe_distinct,
     describe_ranking_basis,
@@ -316,10 +319,13 @@ class SearchPrinter:
             self._console.print(f"search done: {reason}", markup=False, highlight=False)
         self._console.print(describe_distinct(self._study.get_trials(deepcopy=False)), markup=False, highlight=False)
         if self._confirm_top > 0:
+            default = comparable_hf_default(judged_trials(self._study.get_trials(deepcopy=False)))
+            beside = default_beside(self._study, None if default is None else default.number)
             self._console.print(
                 f"confirming: re-running the leader and those of the top {self._confirm_top} feasible configs within "
-                f"the measured noise of it, interleaved, up to {self._confirm_repeats} times each, until their order is settled; "
-                f"after the first round, within {self._confirm_budget:.0%} of the search's time so far",
+                f"the measured noise of it{beside}, interleaved, up to {self._confirm_repeats} times each, until "
+                f"their order is settled; after the first round, within {self._confirm_budget:.0%} of the search's "
+                "time so far",
                 soft_wrap=True,  # one line: the terminal wraps it, and a reader (or a test) finds it whole
             )
 
@@ -384,9 +390,10 @@ def print_speedup(console: Console, study: Any) -> None:
     if speedup.ratio is None:
         console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
         return
+    tie = ", within noise of the default" if speedup.within_noise else ""
     console.print(
-        f"{over}: [bold]{speedup.ratio:.2f}x[/] (winner {best}; {default} at "
-        f"{speedup.default_samples_per_s:.1f} samples/s; steady-state medians, same ceiling)"
+        f"{over}: [bold]{speedup.ratio:.2f}x[/]{tie} (winner {best}; {default} at "
+        f"{speedup.default_samples_per_s:.1f} samples/s; {speedup.compared}, same ceiling)"
     )
 
 

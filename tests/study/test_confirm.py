@@ -7,11 +7,14 @@ import re
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
-from autotune.result import TrialResult
+from autotune.result import TrialResult, comparable_hf_default
 from autotune.space import SearchSpace
+from autotune.storage.schema import SEED_HF_DEFAULT
 from autotune.storage.schema import STUDY_CONFIRMATION as CONFIRMATION_ATTR
+from autotune.storage.schema import TRIAL_SEED as SEED
 from autotune.study import SearchRequest
 from autotune.study._confirm import (
     confirm_top,
@@ -19,7 +22,14 @@ from autotune.study._confirm import (
     mark_ties,
     summarise,
 )
-from autotune.views.ranking import describe_confirmation, describe_winner, feasible_ranking, study_ranking
+from autotune.views.ranking import (
+    confirmations_of,
+    describe_confirmation,
+    describe_winner,
+    feasible_ranking,
+    speedup_over_default,
+    study_ranking,
+)
 from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
 
 GiB = 1024**3
@@ -66,16 +76,21 @@ def test_overlapping_reruns_tie_and_separated_ones_do_not():
     assert not alone[1].ties_with_leader and not alone[3].ties_with_leader
 
 
-def _study_with(results: dict[int, TrialResult]) -> optuna.Study:
+def _study_with(results: dict[int, TrialResult], default: TrialResult | None = None) -> optuna.Study:
+    """Trials of ``results`` (micro-batch -> result) in order; ``default`` first where given: trial #0,
+    the HF-default seed, at micro-batch 64 (recorded as ``tell`` records it: pruned, or complete)."""
     study = optuna.create_study(direction="maximize")
     distribution = CategoricalDistribution([8, 16, 32, 64])
-    for micro_batch, result in results.items():
+    seeded = [] if default is None else [(64, default, {SEED: SEED_HF_DEFAULT})]
+    for micro_batch, result, attrs in seeded + [(mb, result, {}) for mb, result in results.items()]:
+        pruned = result.status == "pruned"
         study.add_trial(
             optuna.trial.create_trial(
+                state=TrialState.PRUNED if pruned else TrialState.COMPLETE,
                 params={"micro_batch": micro_batch},
                 distributions={"micro_batch": distribution},
-                value=result.model_tflops,
-                user_attrs={"result": result.to_dict()},
+                value=None if pruned else result.model_tflops,
+                user_attrs={"result": result.to_dict(), **attrs},
             )
         )
     return study
@@ -184,21 +199,25 @@ def test_search_confirms_at_the_end_and_export_takes_the_confirmed_winner(tmp_pa
         cwd=tmp_path,
     )
     assert searched.returncode == 0, searched.stderr
+    study = optuna.load_study(study_name=None, storage=storage)
+    default = comparable_hf_default(study.trials)  # trial #0, where it ran and fit: re-run for the speedup
+    beside = "" if default is None else f" and the HF default #{default.number} for the speedup"
     assert (
-        "confirming: re-running the leader and those of the top 2 feasible configs within the measured noise of it, "
-        "interleaved, up to 2 times each, until their order is settled; after the first round, within 1% of the "
-        "search's time so far" in searched.stdout
+        f"confirming: re-running the leader and those of the top 2 feasible configs within the measured noise of it"
+        f"{beside}, interleaved, up to 2 times each, until their order is settled; after the first round, within 1% "
+        "of the search's time so far" in searched.stdout
     )
     assert "confirmation: " in searched.stdout and "time: " in searched.stdout.splitlines()[-1]
     reruns = re.findall(r"round (\d)/2: #(\d+) ok", searched.stdout)
-    study = optuna.load_study(study_name=None, storage=storage)
     record = study.user_attrs[CONFIRMATION_ATTR]
     confirmed = record["trials"]
     assert set(confirmed) == {number for _, number in reruns}, searched.stdout
+    # The first round, the minimum, re-runs the default too (a candidate, or beside them).
+    assert default is None or str(default.number) in confirmed, searched.stdout
     assert record["runs"] == len(reruns)
     # 1% of a search of two trials holds no re-run, let alone two (a re-run takes about as long as a
-    # trial): the first round (the leader, and the other where its search figure was within the noise
-    # of the leader's) runs all the same, a second does not.
+    # trial): the first round (the leader, the other where its search figure was within the noise of
+    # the leader's, and the HF default) runs all the same, a second does not.
     assert [round_ for round_, _ in reruns] == ["1"] * len(reruns) and len(set(reruns)) == len(reruns) >= 1, reruns
     assert record["stopped"] == "budget" and record["budget_fraction"] == 0.01, searched.stdout
     assert record["budget_s"] == pytest.approx(0.01 * record["search_s"]) and record["search_s"] > 0
@@ -336,3 +355,67 @@ def test_a_clear_leader_is_settled_within_a_budget_of_two_reruns(confirm_request
     assert describe_confirmation(study).startswith(
         "confirmation: 1 re-run of #0 in 10 s (budget 10 s: 50% of the search's 20 s; stopped by the budget); "
     )
+
+
+@pytest.mark.parametrize("top_k", [2, 3])  # the default not among the candidates; among them, out of reach
+@pytest.mark.parametrize("status", ["ok", "pruned"])  # a pruned default was stopped for being slow: measured
+def test_the_hf_default_is_rerun_beside_the_leader_and_the_speedup_compares_the_reruns(confirm_request, top_k, status):
+    # #0 the HF default (micro-batch 64) at 50 samples/s; #1 the leader at 100, clear of #2 at 70.
+    default = TrialResult(status=status, samples_per_s=50.0, peak_memory_bytes=GiB, ceiling_bytes=4 * GiB, wall_s=10.0)
+    study = _study_with({8: ok(100.0), 16: ok(70.0)}, default=default)
+    runner = ScriptedReruns({8: [97.0, 99.0, 98.0], 64: [52.0, 51.0, 50.0]})
+    confirmations = confirm_top(study, confirm_request, top_k=top_k, repeats=3, run_trial=runner, search_s=400.0)
+    # The default joins the first round, interleaved, and leaves once its re-runs cannot reach the leader's.
+    assert runner.ran == [8, 64, 64, 8]
+    assert [(c.trial_number, c.samples_per_s) for c in confirmations] == [(1, 98.0), (0, 51.5)]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["reference"], sorted(record["trials"]), record["runs"], record["stopped"]) == (
+        0,
+        ["0", "1"],
+        4,
+        "settled",
+    )
+    speedup = speedup_over_default(study.get_trials(), confirmations_of(study))
+    assert (speedup.best_samples_per_s, speedup.default_samples_per_s, speedup.rerun_medians) == (98.0, 51.5, True)
+    assert speedup.ratio == pytest.approx(98.0 / 51.5) and not speedup.within_noise
+    # With top_k 3 the default is a candidate too: re-run, so not among those left behind.
+    assert describe_confirmation(study) == (
+        "confirmation: 4 re-runs of #1 and the HF default #0 for the speedup in 40 s (budget 100 s: 25% of the "
+        "search's 400 s; stopped once the order was settled); #2 not re-run (behind the leader by more than 2 x "
+        "the measured noise of 2.0%)"
+    )
+
+
+def test_an_hf_default_as_fast_as_the_leader_ties_with_it(confirm_request):
+    # A flat landscape: the default's re-runs reach the leader's every round, so it stays to the last and ties.
+    study = _study_with({8: ok(100.0, 2 * GiB)}, default=ok(90.0, 3 * GiB))
+    runner = ScriptedReruns({8: [102.0, 99.0, 101.0], 64: [99.0, 100.0, 98.0]})
+    confirm_top(study, confirm_request, top_k=1, repeats=3, run_trial=runner, search_s=400.0)
+    assert runner.ran == [8, 64, 64, 8, 8, 64]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["candidates"], record["reference"], record["stopped"]) == ([1], 0, "all rounds")
+    assert record["trials"]["0"]["ties_with_leader"] and record["trials"]["1"]["ties_with_leader"]
+    speedup = speedup_over_default(study.get_trials(), confirmations_of(study))
+    assert (speedup.best_trial, speedup.best_samples_per_s, speedup.default_samples_per_s) == (1, 101.0, 99.0)
+    assert speedup.within_noise
+
+
+def test_an_hf_default_among_the_rerun_candidates_is_rerun_once_a_round(confirm_request):
+    study = _study_with({8: ok(98.0)}, default=ok(100.0))  # the default leads, #1 within its noise
+    runner = ScriptedReruns({64: [100.0, 97.0, 101.0], 8: [99.0, 100.0, 96.0]})
+    confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=400.0)
+    assert runner.ran == [64, 8, 8, 64, 64, 8]
+    record = study.user_attrs[CONFIRMATION_ATTR]
+    assert (record["candidates"], record["reference"], sorted(record["trials"])) == ([0, 1], None, ["0", "1"])
+    assert describe_confirmation(study).startswith("confirmation: 6 re-runs of #0, #1 in 60 s")
+
+
+@pytest.mark.parametrize("status", ["oom", "over_ceiling"])
+def test_an_hf_default_that_did_not_fit_is_not_rerun(confirm_request, status):
+    default = TrialResult(status=status, samples_per_s=0.0, peak_memory_bytes=5 * GiB, ceiling_bytes=4 * GiB)
+    study = _study_with({8: ok(100.0), 16: ok(70.0)}, default=default)
+    runner = ScriptedReruns({8: [97.0, 99.0]})
+    confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=400.0)
+    assert runner.ran == [8, 8]
+    assert study.user_attrs[CONFIRMATION_ATTR]["reference"] is None
+    assert speedup_over_default(study.get_trials(), confirmations_of(study)).ratio is None
