@@ -41,9 +41,12 @@ holds one re-run more than the first round). Before the first re-run nothing nee
 first round runs in full, and each later re-run is judged by the mean of those before it.
 
 A budget that stops the re-runs may leave the order unsettled: the candidates still in question (not
-shown behind the leader by two re-runs each) then tie with the leader, whatever their re-runs say,
-and the record says that the budget stopped it (``stopped``: ``settled``, ``budget`` or ``all
-rounds``, :mod:`autotune.storage.schema`).
+shown behind the leader by two re-runs each) are flagged ``unsettled``, the record says that the
+budget stopped it (``stopped``: ``settled``, ``budget`` or ``all rounds``,
+:mod:`autotune.storage.schema`), and the winner's line names them. Their order stays that of their
+re-run medians, the best evidence measured in one period: peak memory is no evidence of speed, so it
+breaks ties only (below). (Ordering unsettled candidates by memory named, on a noisy 2-core CPU, a
+winner at 129.6 samples/s over two at 151.7 and 153.9 for 12 MiB less memory: issue 29.)
 
 Two candidates tie when their re-runs overlap: the leader's slowest re-run is no faster than the
 other's fastest. Tied candidates are then ordered by peak memory, smaller first (same speed, more
@@ -116,6 +119,8 @@ class Confirmation:
         feasible: No re-run ran out of memory or went over the ceiling, and at least one finished.
         ties_with_leader: Within noise of the fastest confirmed candidate (the leader too, when
             any other ties with it).
+        unsettled: Still in question beside the leader when the budget stopped the re-runs (the
+            leader too, when any other is).
         figures: Throughput-derived figures at the confirmed median (model and hardware TFLOPs,
             MFU, HFU): each is proportional to samples/s for one config, so they are scaled from a
             re-run by the median over that re-run's samples/s.
@@ -130,6 +135,7 @@ class Confirmation:
     statuses: tuple[Status, ...]
     feasible: bool
     ties_with_leader: bool = False
+    unsettled: bool = False
     figures: dict[str, float | None] = dataclasses.field(default_factory=dict)
 
     def to_attr(self) -> dict[str, Any]:
@@ -201,28 +207,30 @@ def summarise(trial_number: int, runs: list[TrialResult]) -> Confirmation:
 
 
 def mark_ties(confirmations: list[Confirmation], unsettled: Collection[int] = ()) -> list[Confirmation]:
-    """Flag the candidates whose re-runs overlap the leader's, and those in ``unsettled`` (and the
-    leader, if any other is flagged).
+    """Flag the candidates whose re-runs overlap the leader's (ties), and those in ``unsettled`` (the
+    leader too, where any other is flagged).
 
     The leader is the feasible candidate with the highest confirmed median. Another ties with it
     when the leader's slowest re-run is no faster than the other's fastest: with a handful of
     re-runs that is the plain reading of "within noise", free of any distribution assumption.
     ``unsettled``: the candidates still in question when the budget stopped the re-runs (their
-    order with the leader was not settled, as after a single re-run each), tied whatever their re-runs.
+    order with the leader was not settled, as after a single re-run each); a flag, not a tie: they
+    keep the order of their re-run medians (module docstring).
     """
     feasible = [c for c in confirmations if c.feasible and c.samples_per_s is not None]
     if not feasible:
         return confirmations
     leader = max(feasible, key=lambda c: c.samples_per_s or 0.0)
-    tied = {
-        c.trial_number
-        for c in feasible
-        if c is not leader
-        and (c.trial_number in unsettled or min(leader.runs_samples_per_s) <= max(c.runs_samples_per_s))
-    }
-    if tied:
-        tied.add(leader.trial_number)
-    return [dataclasses.replace(c, ties_with_leader=c.trial_number in tied) for c in confirmations]
+    tied = {c.trial_number for c in feasible if min(leader.runs_samples_per_s) <= max(c.runs_samples_per_s)}
+    open_question = {c.trial_number for c in feasible if c.trial_number in unsettled}
+    return [
+        dataclasses.replace(
+            c,
+            ties_with_leader=len(tied) > 1 and c.trial_number in tied,
+            unsettled=len(open_question) > 1 and c.trial_number in open_question,
+        )
+        for c in confirmations
+    ]
 
 
 def confirm_top(

@@ -36,6 +36,7 @@ class RankedTrial:
         result: What it measured (``None`` for trials still running).
         confirmed_samples_per_s: Median of the end-of-search re-measurement, if it was confirmed.
         ties_with_leader: Within noise of the top trial after confirmation.
+        unsettled: Still in question beside the top trial when the confirmation's budget ran out.
         confirmation: The whole confirmation record (re-runs, their CV, peak memory), if any.
     """
 
@@ -45,6 +46,7 @@ class RankedTrial:
     result: TrialResult | None
     confirmed_samples_per_s: float | None = None
     ties_with_leader: bool = False
+    unsettled: bool = False
     confirmation: dict[str, Any] | None = None
 
     @property
@@ -109,6 +111,7 @@ def to_ranked(trial: FrozenTrial, confirmation: dict[str, Any] | None = None) ->
         result=TrialResult.from_trial(trial) if trial.state.is_finished() else None,
         confirmed_samples_per_s=(confirmation or {}).get("samples_per_s"),
         ties_with_leader=bool((confirmation or {}).get("ties_with_leader", False)),
+        unsettled=bool((confirmation or {}).get("unsettled", False)),
         confirmation=confirmation,
     )
 
@@ -123,11 +126,12 @@ def feasible_ranking(
     config that pads less ranks higher for the same samples/s. With synthetic tokens model TFLOPs
     is proportional to samples/s for one model and sequence length.
 
-    Order: confirmed trials first, by their confirmed median, with the leader and every trial
-    tied with it (within noise) ordered by peak memory, smaller first; then unconfirmed trials by
-    their search-time figure (a single measurement does not outrank a confirmed one). A trial
-    whose confirmation found it infeasible (a re-run ran out of memory or went over the ceiling)
-    is left out.
+    Order: the confirmed leader (the fastest confirmed median) first, with every trial tied with it
+    (within noise) ordered by peak memory, smaller first: a single measurement never outranks the
+    confirmed winner (the best of many single figures is partly the luckiest). Then every other
+    trial by its figure, the confirmed median where there is one (the HF default, re-run for the
+    speedup, is not put above faster configs for having been re-run). A trial whose confirmation
+    found it infeasible (a re-run ran out of memory or went over the ceiling) is left out.
 
     Args:
         trials: The study's trials.
@@ -141,12 +145,11 @@ def feasible_ranking(
     ]
     ranked = [r for r in ranked if r.confirmation is None or r.confirmation.get("feasible", True)]
     confirmed = sorted((r for r in ranked if r.confirmed), key=_useful_work_first)
-    unconfirmed = sorted((r for r in ranked if not r.confirmed), key=_useful_work_first)
-    tied = [r for r in confirmed if r.ties_with_leader]
-    if tied:
-        tied.sort(key=lambda r: (r.peak_memory_bytes, -r.samples_per_s))
-        confirmed = tied + [r for r in confirmed if not r.ties_with_leader]
-    return confirmed + unconfirmed
+    if not confirmed:
+        return sorted(ranked, key=_useful_work_first)
+    head = [r for r in confirmed if r.ties_with_leader] or confirmed[:1]
+    head.sort(key=lambda r: (r.peak_memory_bytes, -r.samples_per_s))
+    return head + sorted((r for r in ranked if r not in head), key=_useful_work_first)
 
 
 def _useful_work_first(row: RankedTrial) -> tuple[float, float]:
@@ -181,6 +184,7 @@ class SpeedupOverDefault:
         rerun_medians: Both figures are medians of the confirmation's interleaved re-runs; else both
             are search-time figures, one measurement each.
         within_noise: The confirmation found the two tied within noise (they are different trials).
+        not_told_apart: The confirmation's budget ran out before the two were told apart.
     """
 
     default_trial: int
@@ -192,6 +196,7 @@ class SpeedupOverDefault:
     best_config: TrialConfig
     rerun_medians: bool = False
     within_noise: bool = False
+    not_told_apart: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -250,6 +255,10 @@ def speedup_over_default(
         and best.number != default.number
         and best.ties_with_leader
         and bool(default_rerun.get("ties_with_leader")),
+        not_told_apart=rerun_medians
+        and best.number != default.number
+        and best.unsettled
+        and bool(default_rerun.get("unsettled")),
     )
 
 
@@ -299,6 +308,10 @@ def describe_winner(ranking: list[RankedTrial]) -> str:
             f"; it ties within noise with {others}, and is preferred for its smaller peak memory "
             f"({format_bytes(leader.peak_memory_bytes)})"
         )
+    open_question = [r for r in ranking[1:] if r.unsettled and not r.ties_with_leader]
+    if leader.unsettled and open_question:
+        others = ", ".join(f"#{r.number} ({r.samples_per_s:.1f} samples/s)" for r in open_question)
+        sentence += f"; the budget stopped the re-runs before {others} could be told apart from it"
     return sentence
 
 
@@ -411,10 +424,17 @@ def _how_the_confirmation_stopped(record: dict[str, Any]) -> str:
     )
     tied = sorted(int(number) for number, values in record["trials"].items() if values.get("ties_with_leader"))
     ties = f": {', '.join(f'#{n}' for n in tied)} tie within noise" if tied else ""
+    # A record written before ``unsettled`` existed flagged the unsettled candidates as ties.
+    unsettled = sorted(int(number) for number, values in record["trials"].items() if values.get("unsettled")) or tied
     if record["stopped"] == schema.CONFIRMATION_SETTLED:
         return f"{budget}; stopped once the order was settled"
     if record["stopped"] == schema.CONFIRMATION_BUDGET:
-        return f"{budget}; stopped by the budget{' before the order was settled' if tied else ''}{ties}"
+        if not unsettled:
+            return f"{budget}; stopped by the budget{ties}"
+        order = f"{', '.join(f'#{n}' for n in unsettled)} not told apart"
+        return f"{budget}; stopped by the budget before the order was settled: {order}" + (
+            f"; {', '.join(f'#{n}' for n in tied)} tie within noise" if tied and tied != unsettled else ""
+        )
     return f"{budget}; all {int(record.get('repeats', 0))} rounds run{ties}"
 
 

@@ -391,6 +391,8 @@ def print_speedup(console: Console, study: Any) -> None:
         console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
         return
     tie = ", within noise of the default" if speedup.within_noise else ""
+    if speedup.not_told_apart and not speedup.within_noise:
+        tie = ", not told apart from the default before the confirmation's budget ran out"
     console.print(
         f"{over}: [bold]{speedup.ratio:.2f}x[/]{tie} (winner {best}; {default} at "
         f"{speedup.default_samples_per_s:.1f} samples/s; {speedup.compared}, same ceiling)"

@@ -63,8 +63,14 @@ def _ok(samples_per_s: float) -> TrialResult:
     )
 
 
-def _rerun(samples_per_s: float, ties_with_leader: bool = False) -> dict:
-    return {"samples_per_s": samples_per_s, "ties_with_leader": ties_with_leader, "feasible": True, "repeats": 2}
+def _rerun(samples_per_s: float, ties_with_leader: bool = False, unsettled: bool = False) -> dict:
+    return {
+        "samples_per_s": samples_per_s,
+        "ties_with_leader": ties_with_leader,
+        "unsettled": unsettled,
+        "feasible": True,
+        "repeats": 2,
+    }
 
 
 def _speedup_line(study) -> str:
@@ -98,6 +104,19 @@ def test_a_winner_rerun_without_the_default_is_compared_at_the_search_time_figur
     # A default that did not fit has no figure to compare: the winner is given at the ranking's figure.
     line = _speedup_line(_seeded_study(TrialResult(status="oom"), SEARCHED, record))
     assert line.endswith("did not fit (oom); winner #1 mb=8 ga=1 fp32 adamw_torch at 90.0 samples/s")
+
+
+def test_the_speedup_says_when_the_budget_ran_out_before_the_winner_and_the_default_were_told_apart():
+    record = {
+        **CANDIDATES,
+        "reference": 0,
+        "trials": {"1": _rerun(90.0, unsettled=True), "2": _rerun(80.0), "0": _rerun(88.0, unsettled=True)},
+    }
+    line = _speedup_line(_seeded_study(_ok(50.0), SEARCHED, record))
+    assert line.startswith(
+        "speedup over HF default: 1.02x, not told apart from the default before the confirmation's budget ran out "
+        "(winner #1"
+    )
 
 
 def test_the_speedup_says_when_the_winner_ties_with_the_default_within_noise():
