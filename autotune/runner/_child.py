@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import signal
 import threading
@@ -32,6 +33,12 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
         job: The trial to run.
     """
     os.setsid()
+    # A process the forkserver starts takes "forkserver" as its default start method (CPython's
+    # multiprocessing/spawn.py: prepare(); tests/runner/test_child.py), so the Trainer's DataLoader
+    # workers started through a new forkserver that imported torch from scratch: 8-15 s of every trial
+    # with workers on a 2-core CPU (issue 29), which the user's run, a plain `python` process with the
+    # platform's default, never pays. Back to that default.
+    multiprocessing.set_start_method(None, force=True)
     signal.signal(
         signal.SIGINT, signal.default_int_handler
     )  # the forkserver ignores it (autotune/runner/_forkserver_signals.py)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,15 @@ def test_the_child_runs_in_its_own_session_with_its_devices_environment_and_logs
     # Ctrl-C in the terminal reaches only the orchestrator.
     assert record["sid"] == record["pgid"] == record["pid"] != os.getpid()
     assert os.getsid(0) != record["sid"]
+    # Its DataLoader workers start as a plain `python` run's do (the platform's default start method),
+    # not through a new forkserver that imports torch from scratch (seconds per trial: issue 29).
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import multiprocessing; print(multiprocessing.get_start_method())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert record["start_method"] == fresh.stdout.strip()
     assert record["env"] == {
         "CUDA_VISIBLE_DEVICES": "",
         "PYTORCH_ALLOC_CONF": "expandable_segments:False",

@@ -8,6 +8,7 @@ transformers (the child imports this module; the test only names it).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class RecordChildSetup(TrainerCallback):
             "pid": os.getpid(),
             "sid": os.getsid(0),
             "pgid": os.getpgid(0),
+            "start_method": multiprocessing.get_start_method(),
             "env": {
                 name: os.environ.get(name)
                 for name in ("CUDA_VISIBLE_DEVICES", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
