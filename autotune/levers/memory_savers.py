@@ -13,7 +13,17 @@ if TYPE_CHECKING:
 
 
 def checkpointing_field() -> str:
-    """``activation_checkpointing`` in transformers 5 (``gradient_checkpointing`` is its deprecated alias)."""
+    """``activation_checkpointing`` in transformers 5 (``gradient_checkpointing`` is its deprecated alias).
+
+    Kept on disk per installed versions (:mod:`autotune.spec.derived_cache`): it is read from the
+    arguments class, whose import cost a search's parent 4-5 s of CPU at its end (the study note names
+    the winner's arguments; py-spy of a one-trial CPU search, issue 29)."""
+    from autotune.spec.derived_cache import cached
+
+    return str(cached("checkpointing-field", {}, __file__, _checkpointing_field_of_transformers))
+
+
+def _checkpointing_field_of_transformers() -> str:
     from transformers import TrainingArguments
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}

@@ -36,12 +36,13 @@ class MeasureSettings:
     warmup_steps: int = 3
     min_steps: int = 8
     max_steps: int = 40
-    # 15 s, not more: a window of steps is as noisy as the machine from one window to the next, and
-    # on a shared CPU that is 8-10 % for a fixed matmul loop (docs/benchmarks.md, "Repeatability")
-    # while 8 steps at a 10 % step CV already put the median within about 3.5 %. A longer window buys
-    # precision the next run does not reproduce; the leaders' re-runs (confirmation) answer that noise.
-    # At 30 s, a trial whose steps missed the CV target cost twice as much for nothing (issue 29).
-    max_seconds: float = 15.0
+    # 10 s, not more: a window of steps is as noisy as the machine from one window to the next, and
+    # on a shared CPU a fixed matmul loop moves by 8-10 % from one 10 s window to the next
+    # (docs/benchmarks.md, "Repeatability"), while 8 steps at a 10 % step CV already put the median
+    # within about 3.5 %. A longer window buys precision the next run does not reproduce; the
+    # leaders' re-runs (confirmation) answer that noise. At 30 s, a trial whose steps missed the CV
+    # target (most of them on this 2-core CPU) cost three times as much for nothing (issue 29).
+    max_seconds: float = 10.0
     cv_target: float = 0.05
     prune_after_steps: int = 3
 

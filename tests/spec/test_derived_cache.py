@@ -70,10 +70,12 @@ SEARCH_START = (
     "import sys\n"
     "from autotune.spec.models import resolve_model\n"
     "from autotune.study import default_config\n"
+    "from autotune.levers import TrialConfig, training_arguments_kwargs\n"
     "spec = resolve_model('bert-tiny')\n"
     "config = default_config()\n"
-    "print(spec.num_params, config.micro_batch, 'transformers.models.bert.modeling_bert' in sys.modules,"
-    " 'transformers.training_args' in sys.modules)\n"
+    "arguments = training_arguments_kwargs(TrialConfig(checkpointing=True), 'cpu')\n"  # as the study note asks
+    "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0],"
+    " 'transformers.models.bert.modeling_bert' in sys.modules, 'transformers.training_args' in sys.modules)\n"
 )
 
 
@@ -87,7 +89,8 @@ def test_a_second_search_start_imports_neither_the_modeling_code_nor_the_argumen
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     first, second = (run.stdout.split() for run in runs)
-    assert first[2:] == ["True", "True"]  # computed: the model was built, the class read
-    assert second[:2] == first[:2]  # the same parameter count and defaults
-    assert second[2:] == ["False", "False"]
-    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 2  # the counts and the defaults
+    assert first[3:] == ["True", "True"]  # computed: the model was built, the class read
+    assert second[:3] == first[:3]  # the same parameter count, defaults and checkpointing field
+    assert second[3:] == ["False", "False"]
+    # the counts, the defaults and the checkpointing field's name
+    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 3
