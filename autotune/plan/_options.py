@@ -26,6 +26,7 @@ from autotune.plan._checks import (
     positive_seconds,
     trainer_options,
 )
+from autotune.spec.measure import MeasureSettings
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -52,7 +53,7 @@ class PlanOptions:
     task: str | None = None
     # torch.compile trials: seconds to compile (until the first optimizer step ends), then trial_timeout.
     compile_timeout: float = 1800.0
-    warmup_steps: int = 3
+    warmup_steps: int = MeasureSettings.warmup_steps
     max_measure_steps: int = 40
     work_dir: str = "autotune_runs"
     callbacks: tuple[str, ...] = ()
