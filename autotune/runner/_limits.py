@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.runner._side_effects import TRIAL_ENVIRONMENT
-from autotune.spec.devices import DeviceSpec, visible_device_id
+from autotune.spec.devices import DeviceSpec
+from autotune.spec.nvml_devices import visible_device_id
 from autotune.units import GiB
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from autotune.spec.devices import nvml_device_handle, visible_device_id
+from autotune.spec.nvml_devices import nvml_device_handle, visible_device_id
 
 
 def _nvml_handle():  # noqa: ANN202 - a pynvml handle

@@ -425,7 +425,10 @@ def _how_the_confirmation_stopped(record: dict[str, Any]) -> str:
     tied = sorted(int(number) for number, values in record["trials"].items() if values.get("ties_with_leader"))
     ties = f": {', '.join(f'#{n}' for n in tied)} tie within noise" if tied else ""
     # A record written before ``unsettled`` existed flagged the unsettled candidates as ties.
-    unsettled = sorted(int(number) for number, values in record["trials"].items() if values.get("unsettled")) or tied
+    if all("unsettled" in values for values in record["trials"].values()):
+        unsettled = sorted(int(number) for number, values in record["trials"].items() if values["unsettled"])
+    else:
+        unsettled = tied
     if record["stopped"] == schema.CONFIRMATION_SETTLED:
         return f"{budget}; stopped once the order was settled"
     if record["stopped"] == schema.CONFIRMATION_BUDGET:

@@ -22,7 +22,8 @@ from autotune.runner import child_environment
 from autotune.runner._failures import is_oom_exception, memory_pressure
 from autotune.runner._memory_probe import CudaMemoryProbe, CudaReadings, cuda_peaks, failure_memory_pressure
 from autotune.spec.ceiling import fits, parse_ceiling
-from autotune.spec.devices import cuda_device, visible_device_id
+from autotune.spec.devices import cuda_device
+from autotune.spec.nvml_devices import visible_device_id
 
 MiB = 1024**2
 GiB = 1024**3
