@@ -25,6 +25,7 @@ import yaml
 from autotune.errors import AutotuneError
 from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
 from autotune.result import TrialResult, accumulation_note
+from autotune.spec.derived_cache import cached
 from autotune.spec.files import write_output
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -231,7 +232,18 @@ def cli_flags(arguments: dict[str, Any]) -> str:
 
 
 def _parser_nargs() -> dict[str, Any]:
-    """How many values ``HfArgumentParser`` reads for each TrainingArguments flag (``--name`` only)."""
+    """How many values ``HfArgumentParser`` reads for each TrainingArguments flag (``--name`` only).
+
+    Kept on disk (:mod:`autotune.spec.derived_cache`): every search's study note renders the ``cli``
+    format, and importing ``TrainingArguments`` to build the parser costs a search's parent process
+    about 4 s of CPU more than its start already spent (transformers imports PEFT, and PEFT
+    bitsandbytes, under it; measured on a 2-core machine) for a figure that changes only with the
+    installed transformers.
+    """
+    return cached("parser-nargs", {}, __file__, _parser_nargs_of_transformers)
+
+
+def _parser_nargs_of_transformers() -> dict[str, Any]:
     from transformers import HfArgumentParser, TrainingArguments
 
     parser = HfArgumentParser(TrainingArguments)

@@ -74,7 +74,9 @@ SEARCH_START = (
     "spec = resolve_model('bert-tiny')\n"
     "config = default_config()\n"
     "arguments = training_arguments_kwargs(TrialConfig(checkpointing=True), 'cpu')\n"  # as the study note asks
-    "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0],"
+    "from autotune.views.export import render\n"
+    "flags = render(arguments, 'cli')\n"  # the note's command-line flags: the parser's nargs
+    "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0], len(flags),"
     " 'transformers.models.bert.modeling_bert' in sys.modules, 'transformers.training_args' in sys.modules)\n"
 )
 
@@ -89,8 +91,8 @@ def test_a_second_search_start_imports_neither_the_modeling_code_nor_the_argumen
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     first, second = (run.stdout.split() for run in runs)
-    assert first[3:] == ["True", "True"]  # computed: the model was built, the class read
-    assert second[:3] == first[:3]  # the same parameter count, defaults and checkpointing field
-    assert second[3:] == ["False", "False"]
-    # the counts, the defaults and the checkpointing field's name
-    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 3
+    assert first[4:] == ["True", "True"]  # computed: the model was built, the class read
+    assert second[:4] == first[:4]  # the same parameter count, defaults, checkpointing field and flags
+    assert second[4:] == ["False", "False"]
+    # the counts, the defaults, the checkpointing field's name and the parser's nargs
+    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 4
