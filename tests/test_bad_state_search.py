@@ -76,7 +76,9 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
 
         (mount / "filler").unlink()
         # The next run needs no fault in its children: the entry point in this process (run_cli_in_process).
-        second = run_cli_in_process(*_search_on(storage, runs, "--trials", "1"), cwd=tmp_path)
+        # Capped at the one trial the study holds: it records the kept result and measures nothing more
+        # (a trial would start this process's forkserver, the slowest part of the test, for nothing it asserts).
+        second = run_cli_in_process(*_search_on(storage, runs, "--max-total-trials", "1"), cwd=tmp_path)
         assert second.returncode == 0, second.stderr[-3000:]
         assert (
             f"trial(s) {kept['trial']} measured while the storage could not record them: recorded now" in second.stdout
