@@ -35,7 +35,9 @@ class MeasureSettings:
 
     # 1: the first step allocates (optimizer states, the allocator's pools, lazy initialisation); from
     # the second on a step is close to steady (bert-tiny on this CPU, four configs, each step over the
-    # median of steps 4 on: step 1 1.10-1.60, step 2 0.86-1.29, step 3 0.84-1.09; issue 29). One step
+    # median of steps 4 on: step 1 1.10-1.60, step 2 0.86-1.29, step 3 0.84-1.09; again with
+    # --warmup-steps 0, three configs: step 1 1.10-2.44, step 2 1.07-1.09, and the figure with step 2
+    # in the window 1.000-1.005 times the figure without; issue 29). One step
     # of 1.29 cannot move the figure, the median of the window, by more than half the gap between two
     # neighbouring steps; nor can it stop a config that could win: the early stop after one measured
     # step needs it below ``prune ratio x best`` by three step-time CVs, so a config as fast as the best
