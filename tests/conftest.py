@@ -29,7 +29,7 @@ from tests.support.postgres import postgres_server, postgres_url  # noqa: F401 -
 HEAVIEST_FIRST = (
     "tests/test_bad_state_search.py",  # eight searches under faults and signals
     "tests/views/test_export.py",  # the searched study's first reader: it makes the study
-    "tests/study/test_postgres_faults.py",  # a restart, a 60 s pause and a drop under two workers
+    "tests/study/test_postgres_faults.py",  # a restart, a pause and a drop under two workers
     "tests/e2e/test_offline_install.py",
     "tests/runner/test_ranks.py",  # two-rank trials, the killed-rank search among them
     "tests/e2e/test_resume.py",

@@ -33,12 +33,18 @@ class MeasureSettings:
             noise is stopped (:func:`clearly_slower`).
     """
 
-    # 2: the first step allocates (optimizer states, the allocator's pools, lazy initialisation) and
-    # the second may still (bert-tiny on this CPU, four configs, each step over the median of steps
-    # 4 on: step 1 1.10-1.60, step 2 0.86-1.29, step 3 0.84-1.09; issue 29); the figure is the median
-    # of the last ``min_steps`` steps, which one slow step does not move. Compiling steps are excluded
-    # whatever this says. A third warm-up step cost up to 10 s of a 1024-sample step here.
-    warmup_steps: int = 2
+    # 1: the first step allocates (optimizer states, the allocator's pools, lazy initialisation); from
+    # the second on a step is close to steady (bert-tiny on this CPU, four configs, each step over the
+    # median of steps 4 on: step 1 1.10-1.60, step 2 0.86-1.29, step 3 0.84-1.09; again with
+    # --warmup-steps 0, three configs: step 1 1.10-2.44, step 2 1.07-1.09, and the figure with step 2
+    # in the window 1.000-1.005 times the figure without; issue 29). One step
+    # of 1.29 cannot move the figure, the median of the window, by more than half the gap between two
+    # neighbouring steps; nor can it stop a config that could win: the early stop after one measured
+    # step needs it below ``prune ratio x best`` by three step-time CVs, so a config as fast as the best
+    # is stopped only if that step is more than 2.3 times its steady time (0.5 ratio, 5 % CV). Compiling
+    # steps are excluded whatever this says. Each warm-up step beyond the first cost up to 10 s of a
+    # 1024-sample step here, and 13 % of the README's CPU search at 2 (docs/benchmarks.md, issue 29).
+    warmup_steps: int = 1
     min_steps: int = 8
     max_steps: int = 40
     # 10 s, not more: a window of steps is as noisy as the machine from one window to the next, and

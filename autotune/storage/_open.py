@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.event
 import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
@@ -42,6 +43,18 @@ SQLITE_LOCK_NOTICE_S = 1.0
 HEARTBEAT_INTERVAL_S = 10
 HEARTBEAT_GRACE_S = 60
 TABLE_CREATION_ATTEMPTS = 4
+# How long a search waits for a PostgreSQL server that went away after it connected: a restart
+# (`pg_ctl restart`, a minor-version upgrade) refuses connections for seconds, a managed database's
+# failover for up to about two minutes. The trial children train on meanwhile; only the search's calls
+# to the study wait. A server never reached (a wrong host or port) fails at once (open_storage).
+POSTGRES_RECONNECT_WAIT_S = 120
+# What libpq and the server say while a server is down or not yet serving: the operating system's
+# refusal, then the postmaster's answers during shut-down, start-up and recovery (PostgreSQL's
+# src/backend/tcop/backend_startup.c, "the database system is ..."). Anything else (a wrong password,
+# a dropped database) is not waited out.
+_SERVER_RESTARTING = re.compile(
+    r"Connection refused|the database system is (starting up|shutting down|in recovery mode|not yet accepting)"
+)
 
 
 def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, existing: bool = False) -> RDBStorage:
@@ -73,13 +86,16 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
     try:
         for attempt in range(1, TABLE_CREATION_ATTEMPTS + 1):
             try:
-                return storage_class(
+                storage = storage_class(
                     driver_url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=heartbeat_interval_s,
                     grace_period=grace_s,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
                 )
+                if not url.startswith("sqlite:"):
+                    _wait_for_a_restarting_server(storage.engine, url, POSTGRES_RECONNECT_WAIT_S)
+                return storage
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
                 # Workers starting together on an empty database all create Optuna's tables; on
                 # PostgreSQL the losers fail ("duplicate key ... pg_type"). Once they exist, it opens.
@@ -90,6 +106,39 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
     except Exception as exc:  # noqa: BLE001 - any driver error means "cannot open" to the user
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise AutotuneError(f"--storage {redact(url)}: cannot open it ({scrub_password(reason, url)[:200]})") from None
+
+
+def _wait_for_a_restarting_server(engine: sqlalchemy.engine.Engine, url: str, wait_s: float) -> None:
+    """Make every later connection of ``engine`` wait up to ``wait_s`` for a server that is restarting.
+
+    ``pool_pre_ping`` finds a pooled connection dead after a restart and opens a new one; while the
+    server is down that fails with "Connection refused", which Optuna turns into a
+    StorageInternalError that would end the search. SQLAlchemy's ``do_connect`` event lets a listener
+    open the DBAPI connection itself (docs.sqlalchemy.org/en/20/core/events.html,
+    DialectEvents.do_connect): this one retries while the error is a restart's, with one line on
+    stderr, and gives up with the driver's error after ``wait_s``.
+    """
+
+    @sqlalchemy.event.listens_for(engine, "do_connect")
+    def connect_when_the_server_is_back(dialect: Any, record: Any, cargs: Any, cparams: Any) -> Any:
+        deadline, delay, told = time.monotonic() + wait_s, 0.25, False
+        while True:
+            try:
+                return dialect.connect(*cargs, **cparams)
+            except dialect.loaded_dbapi.OperationalError as exc:
+                if not _SERVER_RESTARTING.search(str(exc)) or time.monotonic() + delay > deadline:
+                    raise
+                if not told:
+                    reason = scrub_password(str(exc).strip().splitlines()[0], url)
+                    print(
+                        f"autotune: the study's database is not answering ({reason}); "
+                        f"waiting up to {wait_s:.0f} s for it to come back",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    told = True
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
 
 def with_postgres_driver(url: str) -> str:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.storage import open_storage
@@ -65,3 +66,22 @@ def test_a_search_says_it_waits_and_goes_on_once_the_lock_is_released(tmp_path, 
     assert capsys.readouterr().err == (
         f"autotune: waiting for {url}: another process holds a lock on it (giving up after 120 s)\n"
     )
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_call_while_the_postgres_server_restarts_waits_for_it(postgres_server, postgres_url, capsys):
+    storage = open_storage(postgres_url)
+    study = optuna.create_study(storage=storage, study_name="restarting")
+    capsys.readouterr()
+    postgres_server.control.stop_serving()  # the pooled connection dies; a new one is refused until it is back
+    back = threading.Timer(3.0, postgres_server.control.serve_again)
+    back.start()
+    try:
+        trial = study.ask()  # without the wait: StorageInternalError (Connection refused)
+    finally:
+        back.join()
+    assert trial.number == 0 and study.trials[0].state == optuna.trial.TrialState.RUNNING
+    notice = capsys.readouterr().err.splitlines()
+    assert len(notice) == 1 and notice[0].startswith("autotune: the study's database is not answering (")
+    assert "Connection refused" in notice[0] and postgres_server.password not in notice[0]

@@ -1,5 +1,5 @@
 """The PostgreSQL server fails under two `autotune search` processes sharing a study (a real server,
-tests/support/postgres.py): restarted, then paused for 60 s, mid-trial, the search goes on and loses no
+tests/support/postgres.py): restarted, then paused for four heartbeat grace periods, mid-trial, the search goes on and loses no
 finished trial; its database dropped, each process ends with one line and leaves no process behind.
 Workers killed, and concurrency: tests/study/test_postgres.py, test_postgres_killed_worker.py."""
 
@@ -16,11 +16,14 @@ from optuna.trial import TrialState
 
 from autotune.storage import open_storage
 from tests.support.processes import wait_until_gone
-from tests.support.search_workers import search_command, start, study_trials
+from tests.support.search_workers import FAST_HEARTBEATS, search_command, start, study_trials
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-PAUSE_S = 60
+# Four of the workers' heartbeat grace periods (FAST_HEARTBEATS): long enough that a running trial's
+# heartbeat goes silent past the grace, so the stale-trial path runs, as it would after a 60 s pause under
+# the default 60 s grace.
+PAUSE_S = 4 * int(FAST_HEARTBEATS["AUTOTUNE_HEARTBEAT_GRACE_S"])
 
 
 def _two_workers(url: str, runs: Path, cwd: Path) -> list[subprocess.Popen]:

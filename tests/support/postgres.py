@@ -104,6 +104,7 @@ class _ServerProcess:
         os.chown(self.root, self.uid, self.gid)
         self.data = self.root / "data"
         self.log = self.root / "server.log"
+        self.options = ""  # the postmaster options of the last start (serve_again reuses them)
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
         as_other_user = self.uid != os.geteuid()
@@ -152,6 +153,7 @@ class _ServerProcess:
             )
             try:
                 self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o", options, "start")
+                self.options = options
                 return port
             except RuntimeError as exc:
                 last_error = exc
@@ -161,6 +163,14 @@ class _ServerProcess:
         """Stop the server (fast: every connection is closed) and start it again, on the same port with
         the same options (pg_ctl reuses those of the previous start: ``postmaster.opts``)."""
         self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-m", "fast", "restart")
+
+    def stop_serving(self) -> None:
+        """Shut the server down (fast: every connection is closed); ``serve_again`` brings it back."""
+        self.run("pg_ctl", "-D", str(self.data), "-w", "-m", "fast", "stop")
+
+    def serve_again(self) -> None:
+        """Start the server stopped by ``stop_serving`` on the same port with the same options."""
+        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o", self.options, "start")
 
     def processes(self) -> list:
         """The postmaster and every process it forked (backends, checkpointer, ...), as psutil processes."""
