@@ -345,6 +345,21 @@ def test_a_budget_that_allows_only_the_first_round_stops_there_and_leaves_the_or
     )
 
 
+def test_a_budget_stop_leaves_in_question_only_the_reruns_within_the_noise_of_the_leaders(confirm_request):
+    # The demo of issue 29: one re-run each, the HF default's (#0) at half the leader's; with the noise at
+    # its 5 % floor (+-10 %), #2's 170 is within reach of the leader #1's 180 (180 x 0.9 <= 170 x 1.1), #3's
+    # 140 and the default's 89 are not: only #1 and #2 stay in question, and the speedup is told apart.
+    default = TrialResult(status="ok", samples_per_s=98.0, peak_memory_bytes=GiB, ceiling_bytes=4 * GiB, wall_s=10.0)
+    study = _study_with({8: ok(190.0), 16: ok(189.0), 32: ok(185.0)}, default=default)
+    runner = ScriptedReruns({8: [180.0, 181.0], 16: [170.0, 171.0], 32: [140.0, 141.0], 64: [89.0, 90.0]})
+    confirmations = confirm_top(study, confirm_request, top_k=3, repeats=3, run_trial=runner, search_s=40.0)
+    assert runner.ran == [8, 16, 32, 64]  # the first round only: the budget (10 s) is spent
+    assert {c.trial_number: c.unsettled for c in confirmations} == {0: False, 1: True, 2: True, 3: False}
+    assert describe_confirmation(study).endswith("before the order was settled: #1, #2 not told apart)")
+    speedup = speedup_over_default(study.get_trials(), confirmations_of(study))
+    assert speedup.ratio == pytest.approx(180.0 / 89.0) and not speedup.not_told_apart
+
+
 def test_the_budget_is_judged_before_each_rerun_by_the_mean_rerun_so_far(confirm_request):
     study = _study_with({8: ok(100.0), 16: ok(98.0)})
     runner = ScriptedReruns({8: [100.0, 97.0, 101.0], 16: [99.0, 100.0, 96.0]})
