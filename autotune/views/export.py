@@ -4,7 +4,7 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 :func:`autotune.levers._trial_config.training_arguments_kwargs`): ``json`` for ``TrainingArguments(**json.load(f))``,
 ``cli`` for the flags HF example scripts parse with ``HfArgumentParser``, ``python`` for a
 ``TrainingArguments(...)`` snippet, ``accelerate`` for the part an accelerate config can carry
-(mixed precision, CPU, torch.compile).
+(mixed precision, CPU, torch.compile); each rendered by :mod:`autotune.views.trainer_formats`.
 
 A study under ``--trainer sft`` trained TRL's ``SFTConfig``: its ``json``, ``cli`` and ``python`` are
 ``SFTConfig``'s (:func:`autotune.views.sft_export.sft_config_arguments`), and three more formats say
@@ -14,18 +14,15 @@ the same for the tools people launch (:data:`SFT_FORMATS`: ``trl sft``, axolotl,
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 from typing import Any
 
 import optuna
-import yaml
 
 from autotune.errors import AutotuneError
 from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
 from autotune.result import TrialResult, accumulation_note
-from autotune.spec.derived_cache import cached
 from autotune.spec.files import write_output
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -41,6 +38,7 @@ from autotune.views.sft_export import (
     sft_flags,
     trl_command,
 )
+from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -189,129 +187,6 @@ DEFAULT_OUT = {
     "axolotl": "best_axolotl.yaml",
     "llama-factory": "best_llama_factory.yaml",
 }
-
-
-def json_text(arguments: dict[str, Any]) -> str:
-    """The ``json`` format (see :func:`write_json`)."""
-    return json.dumps(arguments, indent=2, sort_keys=True) + "\n"
-
-
-def cli_flags(arguments: dict[str, Any]) -> str:
-    """The ``cli`` format: one shell-quoted line of ``--field value`` flags for ``HfArgumentParser``.
-
-    Booleans that are on become a bare ``--flag`` where the parser reads that as True, else
-    ``--flag True``; off ones are spelled ``--flag False``. Lists become several values where the parser takes several
-    (``nargs="+"``), one value where it takes one (``report_to``: ``str | list[str]``); dicts
-    become JSON, which ``TrainingArguments`` parses for its dict fields. ``None`` and empty lists
-    mean "the default" and are left out.
-
-    Raises:
-        AutotuneError: A list of several values for a field the parser takes one value of.
-    """
-    nargs = _parser_nargs()
-    tokens: list[str] = []
-    for name, value in arguments.items():
-        if value is None or (isinstance(value, (list, tuple)) and not value):
-            continue
-        if value is True:
-            tokens += [f"--{name}"] if nargs.get(name) == "?" else [f"--{name}", "True"]
-        elif value is False:
-            tokens += [f"--{name}", "False"]
-        elif isinstance(value, (list, tuple)):
-            if len(value) > 1 and nargs.get(name) not in ("+", "*"):
-                raise AutotuneError(
-                    f"--format cli cannot carry {name}={list(value)!r}: script parsers take one value for it; "
-                    "use --format json or python"
-                )
-            tokens += [f"--{name}", *(str(item) for item in value)]
-        elif isinstance(value, dict):
-            tokens += [f"--{name}", json.dumps(value, sort_keys=True)]
-        else:
-            tokens += [f"--{name}", str(value)]
-    return " ".join(shlex.quote(token) for token in tokens) + "\n"
-
-
-def _parser_nargs() -> dict[str, Any]:
-    """How many values ``HfArgumentParser`` reads for each TrainingArguments flag (``--name`` only).
-
-    Kept on disk (:mod:`autotune.spec.derived_cache`): every search's study note renders the ``cli``
-    format, and importing ``TrainingArguments`` to build the parser costs a search's parent process
-    about 4 s of CPU more than its start already spent (transformers imports PEFT, and PEFT
-    bitsandbytes, under it; measured on a 2-core machine) for a figure that changes only with the
-    installed transformers.
-    """
-    return cached("parser-nargs", {}, __file__, _parser_nargs_of_transformers)
-
-
-def _parser_nargs_of_transformers() -> dict[str, Any]:
-    from transformers import HfArgumentParser, TrainingArguments
-
-    parser = HfArgumentParser(TrainingArguments)
-    return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
-
-
-def python_snippet(arguments: dict[str, Any], provenance: str = "", trainer: str = "trainer") -> str:
-    """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
-    study) with every argument as a literal."""
-    module, name = ("trl", "SFTConfig") if trainer == "sft" else ("transformers", "TrainingArguments")
-    lines = [f"# {line}" for line in provenance.splitlines()]
-    lines += [
-        f"from {module} import {name}",
-        "",
-        "# Add output_dir=... to choose where checkpoints go.",
-        f"training_args = {name}(",
-    ]
-    lines += [f"    {name}={value!r}," for name, value in arguments.items()]
-    lines.append(")")
-    return "\n".join(lines) + "\n"
-
-
-def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: int = 1) -> str:
-    """The ``accelerate`` format: an ``accelerate launch --config_file`` YAML, for scripts that build
-    their own ``Accelerator()``.
-
-    An accelerate config carries mixed precision, CPU use, torch.compile (dynamo) and the processes
-    of a winner measured on ``ranks`` ranks (``num_processes``, data parallel: ``MULTI_GPU``, or
-    ``MULTI_CPU`` with ``use_cpu``; accelerate.utils.DistributedType); the comment at its top lists
-    the winner's other arguments, which belong in the script.
-    """
-    if arguments.get("bf16"):
-        mixed_precision = "bf16"
-    elif arguments.get("fp16"):
-        mixed_precision = "fp16"
-    else:
-        mixed_precision = "no"
-    config: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "NO" if ranks == 1 else "MULTI_CPU" if arguments.get("use_cpu") else "MULTI_GPU",
-        "num_machines": 1,
-        "num_processes": ranks,
-        "machine_rank": 0,
-        "mixed_precision": mixed_precision,
-        "use_cpu": bool(arguments.get("use_cpu", False)),
-        "debug": False,
-    }
-    if arguments.get("torch_compile"):
-        config["dynamo_config"] = {
-            # accelerate names backends in upper case (accelerate.utils.DynamoBackend).
-            "dynamo_backend": str(arguments.get("torch_compile_backend") or "inductor").upper(),
-            "dynamo_mode": str(arguments.get("torch_compile_mode") or "default"),
-        }
-    carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode"}
-    rest = {name: value for name, value in arguments.items() if name not in carried}
-    header = [f"# {line}" for line in provenance.splitlines()]
-    header += [
-        "# accelerate launch --config_file <this file> train.py",
-        "# accelerate has no config field for these; set them in your script:",
-    ]
-    header += [f"#   {name} = {value!r}" for name, value in rest.items()]
-    if arguments.get("tf32"):
-        header.append("#   (tf32: torch.backends.cuda.matmul.allow_tf32 = True before training)")
-    if "gradient_accumulation_steps" in rest:
-        header.append(
-            f"#   (accumulation: Accelerator(gradient_accumulation_steps={rest['gradient_accumulation_steps']!r}))"
-        )
-    return "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
 
 
 def launch_note(ranks: int) -> str | None:
