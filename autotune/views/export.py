@@ -31,13 +31,12 @@ from autotune.units import format_bytes
 from autotune.views.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.views.sft_export import (
     SftWinner,
-    axolotl_yaml,
-    llama_factory_yaml,
     sft_config_arguments,
     sft_config_note,
     sft_flags,
     trl_command,
 )
+from autotune.views.sft_tool_yaml import axolotl_yaml, llama_factory_yaml
 from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet
 
 

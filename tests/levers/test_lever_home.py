@@ -179,8 +179,9 @@ ALLOWED = {
     # The keys of SFTConfig and of its model_init_kwargs that the SFT export translates into other tools'
     # keys (trl sft flags, axolotl, LLaMA-Factory): the arguments' fields, written by the levers' own
     # to_training_args / to_model_build; the export reads them, never a lever.
+    *(("autotune/views/sft_export.py", name) for name in ("packing", "dtype", "attn_implementation")),
     *(
-        ("autotune/views/sft_export.py", name)
+        ("autotune/views/sft_tool_yaml.py", name)
         for name in ("packing", "dtype", "attn_implementation", "optim", "activation_offloading")
     ),
 }

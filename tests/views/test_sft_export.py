@@ -13,7 +13,7 @@ import yaml
 from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig, training_arguments_kwargs, with_levers_off_explicit
 from autotune.spec.sft import sft_arguments
-from autotune.views import sft_export
+from autotune.views import sft_tool_yaml
 from autotune.views.export import export_notes, render, winner_arguments
 
 pytest.importorskip("trl")
@@ -199,7 +199,7 @@ def test_every_exported_field_is_carried_or_named_in_a_comment(fmt, name):
     study = sft_study(CONFIGS[name], base_args={"weight_decay": 0.1, "eval_packing": False})
     arguments = winner_arguments(study)
     keys, comments = fragment(study, fmt)
-    mappers = sft_export.AXOLOTL_KEYS if fmt == "axolotl" else sft_export.LLAMA_FACTORY_KEYS
+    mappers = sft_tool_yaml.AXOLOTL_KEYS if fmt == "axolotl" else sft_tool_yaml.LLAMA_FACTORY_KEYS
     for name_ in arguments:
         mapped = name_ in mappers or (fmt == "llama-factory" and name_ in keys)
         assert mapped or any(f"not expressible: {name_}=" in line for line in comments), name_

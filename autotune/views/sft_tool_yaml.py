@@ -1,0 +1,306 @@
+"""An SFT study's winner as axolotl and LLaMA-Factory YAML fragments: each field of its ``SFTConfig``
+arguments (:func:`autotune.views.sft_export.sft_config_arguments`) mapped to the tool's key, or named in
+a ``not expressible`` comment line; nothing is dropped silently (docs/facts.md, "SFT export keys", with
+the sources).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import yaml
+
+from autotune.views.sft_export import SftWinner, comment_lines, header_lines
+
+# Where the sources of each fragment's keys are (docs/facts.md, "SFT export keys", has the lines).
+AXOLOTL_SOURCE = (
+    "axolotl 0.19.0 schema (axolotl/utils/schemas/config.py, training.py, peft.py; integrations/liger/args.py); "
+    "docs: https://docs.axolotl.ai/docs/config-reference.html"
+)
+LLAMA_FACTORY_SOURCE = (
+    "LLaMA-Factory 0.9.5 (src/llamafactory/hparams/model_args.py, data_args.py, finetuning_args.py; its "
+    "TrainingArguments subclass transformers' Seq2SeqTrainingArguments, so their keys pass unchanged); "
+    "docs: https://llamafactory.readthedocs.io/en/latest/advanced/arguments.html"
+)
+
+
+# ---- YAML fragments ---------------------------------------------------------------------------------
+
+# Each mapper: (the SFTConfig value, every argument) -> (the tool's keys, comment lines).
+Mapper = Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+
+
+def _same(key: str) -> Mapper:
+    return lambda value, _args: ({key: value}, [])
+
+
+def _not_expressible(tool: str, why: str = "") -> Mapper:
+    def mapper(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        return {}, [f"{tool} cannot express {value!r}" + (f": {why}" if why else "")]
+
+    return mapper
+
+
+def _nothing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    return {}, []  # said by another field's mapper
+
+
+def _fragment(
+    winner: SftWinner,
+    tool: str,
+    source: str,
+    mappers: Mapping[str, Mapper],
+    passthrough: bool,
+    adapters: Callable[[Mapping[str, Any] | None], tuple[dict[str, Any], list[str]]],
+) -> str:
+    """The YAML fragment: each argument through its mapper; without one, the same key where the tool
+    takes every ``TrainingArguments`` field (``passthrough``: LLaMA-Factory), else a comment line."""
+    from transformers import TrainingArguments
+
+    plain_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    keys: dict[str, Any] = {}
+    unsaid: list[str] = []
+    for name, value in winner.arguments.items():
+        if name in mappers:
+            said, comments = mappers[name](value, winner.arguments)
+            unsaid += [f"{name}={value!r}: {line}" for line in comments]
+            keys.update(said)
+        elif passthrough and name in plain_fields:
+            keys[name] = value
+        else:
+            unsaid.append(f"{name}={value!r}: {tool} has no key for it")
+    adapter_keys, adapter_comments = adapters(winner.peft)
+    keys.update(adapter_keys)
+    unsaid += adapter_comments
+    lines = header_lines(winner, source)
+    lines += comment_lines([f"not expressible: {line}" for line in unsaid])
+    return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
+
+
+def _axolotl_dtype(dtype: str, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # axolotl derives the weights' dtype from bf16/fp16 (utils/config/__init__.py:198-203): bf16 on loads bf16 weights.
+    if dtype == "bfloat16":
+        return {"bfloat16": True}, []
+    if dtype == "float32" and (args.get("bf16") or args.get("fp16")):
+        return {}, [
+            "axolotl cannot express float32 weights under bf16/fp16 autocast: it loads the weights in half precision then"
+        ]
+    return {}, []
+
+
+def _axolotl_attention(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    attn = value.get("attn_implementation")
+    keys, comments = _axolotl_dtype(str(value.get("dtype", "float32")), args)
+    if attn is not None:
+        keys["attn_implementation"] = attn  # axolotl >= 0.17 (schemas/config.py:790-856)
+    return keys, comments
+
+
+def _axolotl_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if not value:
+        return {"gradient_checkpointing": False}, []
+    # Unset kwargs give axolotl's SFT use_reentrant=True (utils/config/__init__.py:395-401); the winner ran
+    # transformers' default, use_reentrant=False (modeling_utils.py:3158), unless its arguments say otherwise.
+    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
+    return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False, **kwargs}}, []
+
+
+def _axolotl_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    return {"sample_packing": bool(value)}, []
+
+
+def _axolotl_liger(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if not value:
+        return {}, []
+    # TRL applies Liger's layer kernels only, never its fused cross-entropy (sft_trainer.py:1127-1140).
+    return {
+        "plugins": ["axolotl.integrations.liger.LigerPlugin"],
+        "liger_rope": True,
+        "liger_rms_norm": True,
+        "liger_glu_activation": True,
+    }, []
+
+
+def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # train_on_inputs: false masks the prompt; chat_template datasets train the assistant's turns by default
+    # (roles_to_train: ["assistant"], schemas/datasets.py:163-175).
+    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
+    return {"train_on_inputs": on_all}, []
+
+
+AXOLOTL_KEYS: dict[str, Mapper] = {
+    "per_device_train_batch_size": _same("micro_batch_size"),
+    "gradient_accumulation_steps": _same("gradient_accumulation_steps"),
+    "activation_checkpointing": _axolotl_checkpointing,
+    "gradient_checkpointing": _axolotl_checkpointing,
+    "bf16": _same("bf16"),
+    "fp16": _same("fp16"),
+    "tf32": _same("tf32"),
+    "optim": _same("optimizer"),
+    "learning_rate": _same("learning_rate"),
+    "logging_steps": _same("logging_steps"),
+    "dataloader_num_workers": _same("dataloader_num_workers"),
+    "dataloader_pin_memory": _same("dataloader_pin_memory"),
+    "torch_compile": _same("torch_compile"),
+    "torch_compile_backend": _same("torch_compile_backend"),
+    "torch_compile_mode": _same("torch_compile_mode"),
+    "torch_empty_cache_steps": _same("torch_empty_cache_steps"),
+    "deepspeed": _same("deepspeed"),
+    "max_length": lambda value, args: (
+        ({"sequence_len": value}, [])
+        if value is not None
+        else ({}, ["axolotl has no untruncated length: give it samples already truncated to --seq-len"])
+    ),
+    "packing": _axolotl_packing,
+    "packing_strategy": lambda value, args: (
+        ({}, []) if value == "bfd" else ({}, [f"axolotl packs its own way (multipack), not {value!r}"])
+    ),
+    "padding_free": lambda value, args: (
+        ({}, [])
+        if not value or args.get("packing")
+        else ({}, ["axolotl has no padding-free batches without packing (sample_packing is the nearest)"])
+    ),
+    "completion_only_loss": _loss_on_axolotl,
+    "assistant_only_loss": _nothing,
+    "activation_offloading": lambda value, args: ({"activation_offloading": True} if value else {}, []),
+    "use_liger_kernel": _axolotl_liger,
+    "train_sampling_strategy": lambda value, args: (
+        ({"group_by_length": True}, [])
+        if value == "group_by_length"
+        else ({}, [f"axolotl has no train_sampling_strategy {value!r}"])
+    ),
+    "model_init_kwargs": _axolotl_attention,
+    "use_cpu": lambda value, args: (
+        {},
+        ["axolotl trains on GPUs; the winner was measured on the CPU"] if value else [],
+    ),
+}
+
+
+def axolotl_yaml(winner: SftWinner) -> str:
+    """An axolotl config fragment of the winner's knobs, to merge into a config that names
+    ``base_model`` and ``datasets`` (``type: chat_template``)."""
+    return _fragment(winner, "axolotl", AXOLOTL_SOURCE, AXOLOTL_KEYS, passthrough=False, adapters=_axolotl_peft)
+
+
+def _axolotl_peft(peft: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """axolotl's adapter keys (schemas/peft.py:31-80); without adapters it trains the whole model."""
+    if peft is None:
+        return {}, []
+    config = dict(peft.get("adapter_config", {}))
+    keys: dict[str, Any] = {"adapter": "qlora" if peft.get("quantize") == "4bit" else "lora"}
+    names = {"r": "lora_r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout"}
+    keys.update({names[k]: config.pop(k) for k in list(config) if k in names})
+    targets = config.pop("target_modules", None)
+    comments = []
+    if targets == "all-linear":
+        keys["lora_target_linear"] = True
+    elif targets is not None:
+        keys["lora_target_modules"] = [targets] if isinstance(targets, str) else list(targets)
+    else:
+        comments.append("LoRA target_modules: peft's default for the architecture; name them in lora_target_modules")
+    if peft.get("quantize") == "4bit":
+        keys["load_in_4bit"] = True
+    comments += [f"LoRA {k}={v!r}: axolotl has no key for it" for k, v in config.items()]
+    return keys, comments
+
+
+# LLaMA-Factory's flash_attn (hparams/model_args.py:117-120; extras/constants.py:147-152).
+_LF_ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
+
+
+def _lf_model_init(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # LLaMA-Factory loads the checkpoint's dtype and upcasts trainable weights to fp32 unless pure_bf16
+    # (model/loader.py:154, model/adapter.py:337-349).
+    keys: dict[str, Any] = {"pure_bf16": value.get("dtype") == "bfloat16"}
+    comments = []
+    attn = value.get("attn_implementation")
+    if attn is not None:
+        if attn in _LF_ATTENTION:
+            keys["flash_attn"] = _LF_ATTENTION[attn]
+        else:
+            comments.append(f"LLaMA-Factory has no flash_attn value for attn_implementation={attn!r}")
+    return keys, comments
+
+
+def _lf_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # use_reentrant_gc defaults to true (model/model_utils/checkpointing.py:177-198); the winner ran
+    # transformers' use_reentrant=False (modeling_utils.py:3158).
+    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
+    if not value:
+        return {"disable_gradient_checkpointing": True}, []
+    return {"disable_gradient_checkpointing": False, "use_reentrant_gc": bool(kwargs.get("use_reentrant", False))}, []
+
+
+def _lf_loss_on(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # train_on_prompt: false (the default) trains the responses only (hparams/data_args.py:50-57).
+    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
+    return {"train_on_prompt": on_all}, []
+
+
+def _lf_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # neat_packing: block-diagonal attention, samples kept apart as TRL's bfd keeps them (data_args.py:108-115).
+    return ({"packing": True, "neat_packing": True}, []) if value else ({"packing": False}, [])
+
+
+LLAMA_FACTORY_KEYS: dict[str, Mapper] = {
+    "max_length": lambda value, args: (
+        ({"cutoff_len": value}, [])
+        if value is not None
+        else ({}, ["LLaMA-Factory always truncates at cutoff_len: set it to the study's --seq-len"])
+    ),
+    "packing": _lf_packing,
+    "packing_strategy": lambda value, args: (
+        ({}, []) if value == "bfd" else ({}, [f"LLaMA-Factory has no packing strategy {value!r}"])
+    ),
+    "padding_free": lambda value, args: (
+        ({}, [])
+        if not value or args.get("packing")
+        else ({}, ["LLaMA-Factory has no padding-free batches without packing (neat_packing is the nearest)"])
+    ),
+    # LLaMA-Factory turns checkpointing on itself and passes its own kwargs (hparams/model_args.py:145-152).
+    "activation_checkpointing": lambda value, args: _lf_checkpointing(value, args),
+    "gradient_checkpointing": lambda value, args: _lf_checkpointing(value, args),
+    "use_liger_kernel": lambda value, args: ({"enable_liger_kernel": bool(value)}, []),
+    "completion_only_loss": _lf_loss_on,
+    "assistant_only_loss": _nothing,
+    "activation_offloading": lambda value, args: (
+        ({}, ["LLaMA-Factory has no activation offloading key (use_unsloth_gc is a different mechanism)"])
+        if value
+        else ({}, [])
+    ),
+    "model_init_kwargs": _lf_model_init,
+}
+
+
+def llama_factory_yaml(winner: SftWinner) -> str:
+    """A LLaMA-Factory config fragment of the winner's knobs (``llamafactory-cli train``), to merge into a
+    config that names ``model_name_or_path``, ``stage: sft``, ``dataset`` and ``template``."""
+    return _fragment(
+        winner, "LLaMA-Factory", LLAMA_FACTORY_SOURCE, LLAMA_FACTORY_KEYS, passthrough=True, adapters=_lf_peft
+    )
+
+
+def _lf_peft(peft: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """LLaMA-Factory's adapter keys (hparams/finetuning_args.py:69-90, model_args.py:279-294);
+    ``finetuning_type`` is always written, since it defaults to lora (finetuning_args.py:460-467)."""
+    if peft is None:
+        return {"finetuning_type": "full"}, []
+    config = dict(peft.get("adapter_config", {}))
+    keys: dict[str, Any] = {"finetuning_type": "lora"}
+    names = {"r": "lora_rank", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout"}
+    keys.update({names[k]: config.pop(k) for k in list(config) if k in names})
+    targets = config.pop("target_modules", None)
+    comments = []
+    if targets == "all-linear":
+        keys["lora_target"] = "all"
+    elif targets is not None:
+        keys["lora_target"] = targets if isinstance(targets, str) else ",".join(targets)
+    else:
+        comments.append("LoRA target_modules: peft's default for the architecture; name them in lora_target")
+    if peft.get("quantize") == "4bit":
+        keys.update({"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": "nf4"})
+    comments += [f"LoRA {k}={v!r}: LLaMA-Factory has no key for it" for k, v in config.items()]
+    return keys, comments
