@@ -136,7 +136,9 @@ def test_replaying_the_gpu_lora_study_measures_micro_batch_2_within_8_trials(lor
     assert statuses[:8].count("screened") == 4  # as on the GPU: half of the first 8 proposals
     assert len(runner.ran) == 8  # ... and still 8 measured configs: screened proposals cost no trial
     assert 2 in [c.micro_batch for c in runner.ran]
-    assert len(study.trials) == 12
+    # Every trial is a measured config or a screened proposal: none failed or was left waiting. (How many
+    # proposals after the eighth are screened follows the draws, which the installed versions move.)
+    assert len(study.trials) == len(runner.ran) + statuses.count("screened")
 
 
 @pytest.mark.parametrize("seed", range(8))
