@@ -245,7 +245,7 @@ def _allowed_values(lever: Lever, device: DeviceSpec, model: ModelSpec, choices:
         for v in values
         if not lever.unavailable_on(v, device)
         and not lever.no_effect_on(v, device)
-        and (lever.unavailable_for_model is None or not lever.unavailable_for_model(v, model, choices))
+        and (lever.unavailable_for_model is None or not lever.unavailable_for_model(v, model, choices, {}))
     ]
 
 

@@ -98,8 +98,8 @@ class Lever:
             (minutes of C++ code generation per trial); ``""`` where it does not. Left out of
             ``auto`` with a note; kept, with a note, where a space lists it (it may be what fits in
             memory, or what the user means to measure).
-        unavailable_for_model: Why a value cannot run with a model, given the space's other choices;
-            ``""`` if it can (``None``: every value runs with every model).
+        unavailable_for_model: Why a value cannot run with a model, given the space's other choices
+            and the user's ``--base-args``; ``""`` if it can (``None``: every value runs with every model).
         fallback: The value kept where a filter removes every choice (it runs everywhere); ``None``:
             a lever with no choice left is an error the user must fix in the space.
         needs_real_data: Values other than ``default`` only change batches of samples of different
@@ -149,7 +149,7 @@ class Lever:
     unavailable_with_trainer: Callable[[Any, str], str] = _under_every_trainer
     no_effect_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
     slow_on: Callable[[Any, DeviceSpec], str] = _runs_everywhere
-    unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]]], str] | None = None
+    unavailable_for_model: Callable[[Any, ModelSpec, Mapping[str, list[Any]], Mapping[str, Any]], str] | None = None
     fallback: Any = None
     needs_real_data: bool = False
     memory_parts: tuple[str, ...] = ()

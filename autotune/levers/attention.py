@@ -73,7 +73,9 @@ def _flash_attn_import_error() -> str | None:
     return None
 
 
-def _unavailable_for_model(value: str, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
+def _unavailable_for_model(
+    value: str, model: ModelSpec, _choices: Mapping[str, list[Any]], _base_args: Mapping[str, Any]
+) -> str:
     """Why ``model`` cannot be built with ``value`` (first line of transformers' error); '' if it can.
 
     Asks transformers itself: the model is built on the meta device (no memory), which runs the same

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
-from autotune.levers.attention import FLASH_ATTENTIONS
+from autotune.levers._samples_apart import flattened_rows_leak, flattening_collator
 
 if TYPE_CHECKING:
     import torch
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 # ``padding_free``: the batch flattened into one row (DataCollatorWithFlattening). The Trainer's
 # ``data_collator``, not a TrainingArguments field (:class:`PaddedToLongest`, :class:`Flattened`).
 PADDINGS = ("max_length", "longest", "padding_free")
-# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
-_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
 # What each ``padding`` choice other than the default means for the user's training script.
 _COLLATOR_NOTES = {
     "longest": "padded to their longest sample: tokenize without padding and pass DataCollatorWithPadding(tokenizer)",
@@ -32,29 +30,47 @@ _COLLATOR_NOTES = {
 SAMPLINGS = ("random", "group_by_length")
 
 
-def padding_free_unsupported(model: ModelSpec, attention: list[str | None]) -> str:
+def padding_free_unsupported(
+    model: ModelSpec, attention: list[str | None], trainer: str, base_args: Mapping[str, Any], checkpointing: list[bool]
+) -> str:
     """Why the model cannot train on flattened batches with every one of these attention choices; '' if it can.
 
-    ``DataCollatorWithFlattening`` (transformers/data/data_collator.py) puts a batch's samples in one
-    row with ``position_ids`` restarting at each sample, and no attention mask. Two things keep the
-    samples apart: the flash kernels (varlen, from the position ids), or the causal mask, which
-    transformers/masking_utils.py builds block-diagonal from the position ids
-    (``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices``) for every implementation.
-    The bidirectional mask of encoders (``create_bidirectional_mask``) ignores them: a BERT would
-    attend across samples. Classification heads take one label per sample, which the flattened
-    row no longer has.
+    A flattened row holds several samples, ``position_ids`` restarting at each and no attention mask
+    (``DataCollatorWithFlattening``, transformers/data/data_collator.py; TRL's padding-free collator).
+    Whether they stay apart depends on the architecture, the kernel and the trial's cache together
+    (:mod:`autotune.levers._samples_apart`, which asks the installed transformers: BLOOM and MPT build
+    their own masks and ignore the position ids; a cache turns the packed-sequence mask off; an
+    encoder's bidirectional mask ignores them), so each attention choice is checked with the user's
+    ``use_cache`` (the Trainer's only: SFTTrainer passes ``use_cache=False``) and every checkpointing
+    choice (checkpointing turns a cache off in training). Classification heads take one label per
+    sample, which the flattened row no longer has.
     """
     if model.task == "sequence-classification":
         return "a classification head needs one row per sample"
-    if model.task == "causal-lm":
-        return ""
-    others = sorted({a or "the model's default" for a in attention if a not in FLASH_ATTENTIONS})
-    if others:
-        return (
-            f"{model.name} is an encoder: under {', '.join(others)} attention its samples would attend to each "
-            "other in a flattened row (only flash attention keeps them apart)"
-        )
+    use_cache = trainer == "trainer" and bool(base_args.get("use_cache", False))
+    for kernel in attention:
+        for recomputes in checkpointing if use_cache else [False]:
+            reason = flattened_rows_leak(model, kernel, trainer, use_cache, recomputes)
+            if reason and use_cache and not flattened_rows_leak(model, kernel, trainer):
+                return (
+                    f"{reason}; --base-args use_cache true gives the model a cache in training, and with one transformers "
+                    "builds no packed-sequence mask (masking_utils.py _preprocess_mask_arguments): drop use_cache "
+                    "(training needs no cache), or fix gradient_checkpointing true, which turns it off"
+                )
+            if reason:
+                return reason
     return ""
+
+
+def checkpointing_values(choices: Mapping[str, list[Any]], base_args: Mapping[str, Any]) -> list[bool]:
+    """The checkpointing a trial of the space may run with: the one ``--base-args`` fixes, else the
+    space's choices (the lever's default where the space has none)."""
+    from autotune.levers.memory_savers import CHECKPOINTING
+
+    assert CHECKPOINTING.from_training_args is not None
+    if any(field in base_args for field in CHECKPOINTING.fields):
+        return [bool(CHECKPOINTING.from_training_args(base_args))]
+    return [bool(v) for v in choices.get(CHECKPOINTING.name, [CHECKPOINTING.default])]
 
 
 def _longest_first(seq_len: int, lengths: Sequence[int]) -> list[int]:
@@ -96,10 +112,7 @@ class Flattened(Batching):
     words = "flattened into one row"
 
     def collator(self, pad_token_id: int, model_type: str) -> Any:
-        from transformers import DataCollatorWithFlattening
-
-        start = pad_token_id + 1 if model_type in _POSITIONS_AFTER_PADDING else 0
-        return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
+        return flattening_collator(pad_token_id, model_type)
 
     def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
         return MicroBatchShape(rows=1, row_tokens=sum(_longest_first(seq_len, lengths)[:rows]))
@@ -134,10 +147,13 @@ def _padding_memory(value: str, traits: MemoryTraits) -> MemoryTraits:
     return dataclasses.replace(traits, batching=_BATCHINGS[value])
 
 
-def _padding_unavailable_for_model(value: str, model: ModelSpec, choices: Mapping[str, list[Any]]) -> str:
-    if value != "padding_free":
+def _padding_unavailable_for_model(
+    value: str, model: ModelSpec, choices: Mapping[str, list[Any]], base_args: Mapping[str, Any]
+) -> str:
+    if not _BATCHINGS[value].flattened:
         return ""
-    return padding_free_unsupported(model, list(choices.get("attn_implementation") or [None]))
+    attention = list(choices.get("attn_implementation") or [None])
+    return padding_free_unsupported(model, attention, "trainer", base_args, checkpointing_values(choices, base_args))
 
 
 def _padding_unavailable_with_trainer(value: str, trainer: str) -> str:

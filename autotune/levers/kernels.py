@@ -43,7 +43,9 @@ def liger_unsupported(model: ModelSpec) -> str:
     return ""
 
 
-def _unavailable_for_model(value: bool, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
+def _unavailable_for_model(
+    value: bool, model: ModelSpec, _choices: Mapping[str, list[Any]], _base_args: Mapping[str, Any]
+) -> str:
     return liger_unsupported(model) if value else ""
 
 

@@ -17,12 +17,16 @@ on two names of the same run:
   micro-batch flattened into one row with position ids restarting at each sample
   (``SFTConfig(packing=True, packing_strategy="bfd")``; trl/data_utils.py ``_pack_bfd``).
 
-Samples stay apart in both flattened forms because transformers builds the causal mask
-block-diagonal from the restarting position ids, for every attention implementation
-(transformers/masking_utils.py ``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices``),
-and the flash kernels read the boundaries TRL passes (``cu_seq_lens_q/k``).
-tests/levers/test_samples_stay_apart.py checks it per attention implementation, per-sample losses of
-a packed row against the same samples padded.
+Samples stay apart in both flattened forms only where the model keeps them apart: transformers
+builds the causal mask block-diagonal from the restarting position ids (transformers/masking_utils.py
+``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices``) for the models that build it
+through ``create_causal_mask`` with them, and the flash kernels read the boundaries TRL passes
+(``cu_seq_lens_q/k``) where the model passes them on; BLOOM and MPT (ALiBi) do neither. Both values
+are refused for a model that would let its samples see each other, asked of the installed transformers
+(:mod:`autotune.levers._samples_apart`, under SFTTrainer's ``use_cache=False``);
+tests/levers/test_flattened_rows_apart.py checks the rule per model family, and
+tests/levers/test_samples_stay_apart.py per attention implementation, per-sample losses of a packed row
+against the same samples padded.
 
 ``wrapped`` packing is refused: it concatenates samples and cuts rows of exactly ``max_length``
 mid-sample, with no sequence boundary (an all-ones mask, no position ids: trl/data_utils.py
@@ -37,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.levers._hooks import Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
-from autotune.levers.batching import Flattened
+from autotune.levers.batching import Flattened, padding_free_unsupported
 
 if TYPE_CHECKING:
     from autotune.spec.models import ModelSpec
@@ -106,12 +110,17 @@ def _unavailable_with_trainer(value: str, trainer: str) -> str:
     return ""
 
 
-def _unavailable_for_model(value: str, model: ModelSpec, _choices: Mapping[str, list[Any]]) -> str:
-    if value == "off" or model.task == "causal-lm":
+def _unavailable_for_model(
+    value: str, model: ModelSpec, choices: Mapping[str, list[Any]], base_args: Mapping[str, Any]
+) -> str:
+    batching = _BATCHINGS.get(value)
+    if batching is None or not batching.flattened:
         return ""
-    # Only the causal mask is made block-diagonal from position ids (masking_utils.py); an encoder's
-    # bidirectional mask ignores them, and a classification head takes one label per row.
-    return f"only a causal LM keeps flattened samples apart ({model.name} trains as {model.task})"
+    if model.task != "causal-lm":
+        # A classification head takes one label per row; SFTTrainer trains causal LMs.
+        return f"only a causal LM keeps flattened samples apart ({model.name} trains as {model.task})"
+    attention = list(choices.get("attn_implementation") or [None])
+    return padding_free_unsupported(model, attention, "sft", base_args, [False])
 
 
 def _export_note(value: str) -> str:

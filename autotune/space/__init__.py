@@ -100,14 +100,14 @@ def load_space(
     space = filter_for_device(parsed, device, source=path)
     space = filter_for_trainer(space, trainer)
     if model is not None:
-        space = filter_for_model(space, model)
+        space = filter_for_model(space, model, base_args)
     space = filter_for_data(space, real_data, packing)
     if global_batch is None and max_global_batch is None:
         global_batch, max_global_batch = parsed.global_batch, parsed.max_global_batch
         if global_batch is not None and max_global_batch is not None:
             raise AutotuneError(f"--space {path}: give global_batch or max_global_batch, not both")
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
-    space = apply_base_args(space, base_args or {}, device)
+    space = apply_base_args(space, base_args or {}, device, model)
     memory = (
         PriorPredictions(model, seq_len, memory_fit, ceiling_bytes)
         if model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None

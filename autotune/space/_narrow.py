@@ -110,16 +110,17 @@ def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str
     return ""
 
 
-def filter_for_model(space: SearchSpace, model: ModelSpec) -> SearchSpace:
+def filter_for_model(space: SearchSpace, model: ModelSpec, base_args: Mapping[str, Any] | None = None) -> SearchSpace:
     """Remove choices the model cannot use (attention kernels its architecture lacks, Liger for a
-    model type it has no kernels for, padding-free batches it cannot keep apart), a note each."""
+    model type it has no kernels for, flattened batches whose samples it would not keep apart with
+    the space's kernels and the user's ``--base-args``), a note each."""
     notes = list(space.notes)
     choices = dict(space.choices)
     for lever in LEVERS.values():
         if lever.unavailable_for_model is None or lever.name not in choices:
             continue
         rule = lever.unavailable_for_model
-        kept = _keep(lever, choices[lever.name], lambda v: rule(v, model, choices), notes)  # noqa: B023 - called by _keep in this iteration
+        kept = _keep(lever, choices[lever.name], lambda v: rule(v, model, choices, base_args or {}), notes)  # noqa: B023 - called by _keep in this iteration
         if not kept:
             raise AutotuneError(
                 f"search space {space.source}: {model.name} supports none of {lever.name} {choices[lever.name]} "
@@ -254,7 +255,9 @@ def _per_rank_share(
     return SearchSpace(choices=per_rank.choices, notes=(*space.notes, note), source=space.source)
 
 
-def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: DeviceSpec) -> SearchSpace:
+def apply_base_args(
+    space: SearchSpace, base_args: dict[str, Any], device: DeviceSpec, model: ModelSpec | None = None
+) -> SearchSpace:
     """Fix every lever a ``--base-args`` field sets, to the value that reproduces that field.
 
     The user's TrainingArguments win over the search: such a lever keeps one choice (a note says so)
@@ -263,7 +266,8 @@ def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: Devic
     already fixed the batch levers (micro-batch and accumulation).
 
     Raises:
-        AutotuneError: The device cannot run a fixed value (bf16 on a GPU without it, ...).
+        AutotuneError: The device cannot run a fixed value (bf16 on a GPU without it, ...), or the
+            model cannot (TRL's packing for a model that would let the packed samples see each other).
     """
     notes = list(space.notes)
     choices = dict(space.choices)
@@ -278,6 +282,12 @@ def apply_base_args(space: SearchSpace, base_args: dict[str, Any], device: Devic
             raise AutotuneError(
                 f"--base-args {fields} asks for {name} {value!r}, which {device.label} cannot run: {reason}"
             )
+        if model is not None and lever.unavailable_for_model is not None:
+            reason = lever.unavailable_for_model(value, model, choices, base_args)
+            if reason:
+                raise AutotuneError(
+                    f"--base-args {fields} asks for {name} {value!r}, which {model.name} cannot run: {reason}"
+                )
         if choices.get(name) != [value]:
             searched = len(choices.get(name, [])) > 1
             notes.append(
