@@ -196,10 +196,15 @@ LengthScale = Annotated[
 # --- verify -----------------------------------------------------------------------------------------------
 VerifyDevice = Annotated[
     str | None,
-    typer.Option(help="Measure on this device (cpu, cuda:N) instead of the search's; it must be the study's kind."),
+    typer.Option(
+        help="Measure on this device (cpu, cuda:N) instead of the search's: the same device model the study measured on."
+    ),
 ]
 VerifyGpu = Annotated[
-    int | None, typer.Option(help="Measure on this CUDA device instead of the search's; it must be the study's kind.")
+    int | None,
+    typer.Option(
+        help="Measure on this CUDA device instead of the search's: the same device model the study measured on."
+    ),
 ]
 Repeats = Annotated[int, typer.Option(help="Re-runs of the winner and of the trainer's default each, interleaved.")]
 Tolerance = Annotated[
