@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from autotune.errors import AutotuneError
-from autotune.plan import EstimateOptions, SearchOptions
+from autotune.plan import EstimateOptions, SearchOptions, VerifyOptions
 from autotune.plan import cli_options as option
 from autotune.storage import DEFAULT_STORAGE
 
@@ -277,6 +277,38 @@ def report(
     write_report(study, out)
     if out != "-":  # `--out -` keeps stdout to the page itself
         console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
+
+
+@app.command()
+def verify(
+    storage: option.Storage = DEFAULT_STORAGE,
+    study_name: option.Study = None,
+    device: option.VerifyDevice = None,
+    gpu: option.VerifyGpu = None,
+    repeats: option.Repeats = VerifyOptions.repeats,
+    tolerance: option.Tolerance = None,
+    callbacks: option.Callbacks = None,
+) -> None:
+    """Measure the study's winner and the trainer's default again, interleaved, on the study's device: exit 0
+    if its answer still holds on today's install, 1 if it regressed beyond the noise (run it after `pip install -U`)."""
+    options = VerifyOptions(storage, study_name, device, gpu, repeats, tolerance, tuple(callbacks or ()))
+    options.check()  # before the heavy imports: a wrong option is answered at once
+    from autotune.storage import load_study
+    from autotune.study import stop_as_on_ctrl_c
+    from autotune.study import verify as verify_study
+    from autotune.views.verify import VerifyPrinter, study_answer
+
+    study = load_study(storage, study_name)
+    answer = study_answer(study)
+    printer = VerifyPrinter(console, study, answer, repeats)
+    printer.started()
+    received = stop_as_on_ctrl_c()
+    try:
+        verification = verify_study(study, answer, options, printer.rerun)
+    except KeyboardInterrupt:
+        err_console.print("verify interrupted: nothing was recorded")
+        raise typer.Exit(128 + received[-1]) from None
+    raise typer.Exit(printer.finished(verification))
 
 
 @app.command()

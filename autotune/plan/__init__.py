@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from autotune.plan._base_args import arguments_class, load_base_args
 from autotune.plan._checks import port, positive_int, positive_seconds
-from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions
+from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions, VerifyOptions
 from autotune.plan._plan import Plan, plan
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Plan",
     "PlanOptions",
     "SearchOptions",
+    "VerifyOptions",
     "arguments_class",
     "load_base_args",
     "plan",

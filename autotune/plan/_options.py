@@ -210,3 +210,38 @@ class EstimateOptions(PlanOptions):
         from autotune.spec.devices import known_gpu
 
         return [known_gpu(self.gpu_type).device()]
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    """The ``verify`` command's options: which study, where to measure again, how often, what is allowed.
+
+    Attributes:
+        storage: The storage the study lives in.
+        study_name: The study (default: the only one in the storage).
+        device: Measure on this device (``cpu``, ``cuda:N``) instead of the one the search used.
+        gpu: Measure on this CUDA device instead of the one the search used.
+        repeats: Re-runs of the winner and of the trainer's default each, interleaved.
+        tolerance: The slowdown (and memory growth) allowed, as a fraction of the recorded figure,
+            instead of the study's measured noise; ``None``: the noise decides.
+        callbacks: ``--callback`` classes the re-runs add (never the search's: what it measured with
+            them is compared with what today measures without).
+    """
+
+    storage: str
+    study_name: str | None = None
+    device: str | None = None
+    gpu: int | None = None
+    repeats: int = 3
+    tolerance: float | None = None
+    callbacks: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Each option's own check (the study, and the device by the plan, are read later).
+
+        Raises:
+            AutotuneError: One line naming the option.
+        """
+        positive_int("--repeats", self.repeats)
+        if self.tolerance is not None:
+            fraction_below_one("--tolerance", self.tolerance, "0 (no regression allowed)")

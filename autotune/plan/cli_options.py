@@ -192,3 +192,25 @@ CorpusFormat = Annotated[
 LengthScale = Annotated[
     float, typer.Option(help="Multiply every turn's median length (1: public chat data's; 0.25 for --seq-len 256).")
 ]
+
+# --- verify -----------------------------------------------------------------------------------------------
+VerifyDevice = Annotated[
+    str | None,
+    typer.Option(
+        help="Measure on this device (cpu, cuda:N) instead of the search's: the same device model the study measured on."
+    ),
+]
+VerifyGpu = Annotated[
+    int | None,
+    typer.Option(
+        help="Measure on this CUDA device instead of the search's: the same device model the study measured on."
+    ),
+]
+Repeats = Annotated[int, typer.Option(help="Re-runs of the winner and of the trainer's default each, interleaved.")]
+Tolerance = Annotated[
+    float | None,
+    typer.Option(
+        help="The slowdown (or memory growth) allowed, as a fraction of the recorded figure (0.1: 10 %), instead "
+        "of the study's measured noise."
+    ),
+]

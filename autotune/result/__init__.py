@@ -2,7 +2,8 @@
 
 ``_trial_result``: :class:`TrialResult`, the JSON record of one trial (status, throughput, FLOPs, memory by
 source), stored in the trial's user attrs, and :class:`Status`, the one vocabulary of how a trial ended and its
-groups. ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
+groups. ``_verification``: what ``autotune verify`` compares (:class:`StudyAnswer`) and finds
+(:class:`Verification`). ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
 loss (:func:`judge_against_default`, :func:`judged_trials`).
 """
 
@@ -46,6 +47,7 @@ from autotune.result._trial_result import (
     params_key,
     precision_note,
 )
+from autotune.result._verification import FigureCheck, Judgement, StudyAnswer, Verification, VersionChange
 
 __all__ = [
     "FAILED_STATUSES",
@@ -53,14 +55,19 @@ __all__ = [
     "INFEASIBLE_STATUSES",
     "MEMORY_EXCEEDED_STATUSES",
     "PEAK_MEASURED_STATUSES",
+    "FigureCheck",
+    "Judgement",
     "ParamsKey",
     "RAN_NORMALLY_STATUSES",
     "RETRIED_STATUSES",
     "Status",
+    "StudyAnswer",
     "TimeSpent",
     "TrialResult",
     "UNFINISHED_LABELS",
     "UNKNOWN_EXCESS_GIB",
+    "Verification",
+    "VersionChange",
     "accumulation_note",
     "came_back_counts",
     "comparable_hf_default",

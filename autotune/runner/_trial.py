@@ -7,14 +7,13 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import transformers
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from autotune.levers import (
@@ -371,16 +370,29 @@ def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # n
     return losing
 
 
+# The libraries a trial's speed and memory depend on, by distribution name: recorded with every trial, so
+# `autotune verify` can say which of them changed since the study measured (an upgrade can slow a run
+# down: a transformers nightly made a 750-step run take 43 h, unsloth#1144). Read from the installed
+# metadata (importlib.metadata): the child imports none of them for it.
+RECORDED_DISTRIBUTIONS = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "peft",
+    "deepspeed",
+    "bitsandbytes",
+    "liger-kernel",
+)
+NOT_INSTALLED = "not installed"
+
+
 def versions(device: DeviceSpec) -> dict[str, str]:
-    """The software a trial ran on, and the device's name, kept with its result."""
-    found = {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "device": device.name,
-    }
-    if "trl" in sys.modules:  # the SFTTrainer's version, where it trained
-        found["trl"] = str(sys.modules["trl"].__version__)
+    """The software a trial ran on (each of :data:`RECORDED_DISTRIBUTIONS`, Python, CUDA and the driver
+    on a GPU) and the device's name, kept with its result."""
+    found = {name: installed_version(name) for name in RECORDED_DISTRIBUTIONS}
+    found["python"] = platform.python_version()
+    found["device"] = device.name
     if device.kind == "cuda":
         found["cuda"] = str(torch.version.cuda)
         try:
@@ -390,3 +402,11 @@ def versions(device: DeviceSpec) -> dict[str, str]:
         except Exception:  # noqa: BLE001 - the driver version is informative only
             pass
     return found
+
+
+def installed_version(distribution: str) -> str:
+    """``distribution``'s installed version, from its metadata (nothing imported), or ``not installed``."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return NOT_INSTALLED

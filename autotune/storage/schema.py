@@ -22,6 +22,9 @@ key                       written by                                     read by
 ``confirmation``          confirmation (:mod:`autotune.study._confirm`)  ranking, export, report, dashboard
 ``time_spent``            the end of a search (:mod:`autotune.study._run`): ``search``'s last line, the dashboard
                           where its wall time went (``TimeSpent``)       note
+``search_options``        study set-up, and each search that resumes or  ``verify``
+                          joins it: the ``search`` options as typed      (:mod:`autotune.study._verify`):
+                          (``SearchOptions``, by field name)             the workload planned again
 ========================  =============================================  ==================================
 
 The ``confirmation`` record's keys: ``measured_at``, ``top_k``, ``repeats``, ``candidates`` (the top-k
@@ -30,6 +33,10 @@ over it compares re-runs of the same period; ``None`` where it was a candidate r
 run and fit; absent from records written before it), ``noise``, ``runs``, ``seconds``,
 ``budget_fraction``, ``search_s``, ``budget_s``, ``stopped`` (``CONFIRMATION_*`` below), ``trials``
 (trial number -> its re-runs' summary, ``Confirmation.to_attr``).
+
+A trial's ``result`` records the versions it ran with (``TrialResult.versions``: each library of
+``autotune.runner._trial.RECORDED_DISTRIBUTIONS``, ``not installed`` where absent, Python, the device's
+name, CUDA and the driver on a GPU; trials recorded before a library joined that list lack its key).
 
 Study system attributes: ``autotune_setup_by`` (study set-up, while it sets a new study up; read
 by a joining worker waiting for the identity).
@@ -74,6 +81,7 @@ STUDY_BASE_ARGS = "base_args"
 STUDY_SEED_NOTES = "seed_notes"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_TIME_SPENT = "time_spent"
+STUDY_SEARCH_OPTIONS = "search_options"
 # Why a confirmation stopped (its record's ``stopped``): no candidate beside the leader could still be
 # ahead; the budget allowed no more re-runs; every round ran.
 CONFIRMATION_SETTLED = "settled"

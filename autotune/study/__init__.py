@@ -13,7 +13,8 @@ Modules, in the order a search meets them: ``_request`` (what to search), ``_set
 join a study), ``_seeds`` (its first trials), ``_proposals`` (the sampler, when the search is done), ``_loop`` (ask -> reuse | screen | run -> tell),
 ``_screening`` (configs known not to fit), ``_liveness`` (heartbeats, dead workers' trials),
 ``_record`` (``tell`` and the memory constraint), ``_confirm`` (interleaved re-runs of the leaders),
-``_run`` (:func:`search`: all of it in order).
+``_run`` (:func:`search`: all of it in order). ``_verify`` (:func:`verify`: ``autotune verify``, the study's
+answer measured again on today's install, through the confirmation's re-runs) reads a study a search made.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from autotune.study._run import SearchHooks, search
 from autotune.study._screening import margin_for, memory_fit_from_trials
 from autotune.study._seeds import default_config
 from autotune.study._setup import check_identity, memory_fit_of_study, open_study
+from autotune.study._verify import verify
 
 __all__ = [
     "STOP_SIGNALS",
@@ -43,4 +45,5 @@ __all__ = [
     "prepare_request",
     "search",
     "stop_as_on_ctrl_c",
+    "verify",
 ]

@@ -147,6 +147,22 @@ class Confirmation:
         return values
 
 
+def in_round_order(numbers: list[int], round_index: int) -> list[int]:
+    """The order round ``round_index`` re-runs ``numbers`` in: rotated by the round (A B, then B A), so a
+    slow drift of the machine hits them alike (interleaved)."""
+    shift = round_index % len(numbers)
+    return numbers[shift:] + numbers[:shift]
+
+
+def rerun(
+    request: SearchRequest, config: TrialConfig, label: str, run_trial: Callable[..., TrialResult] = run_isolated
+) -> TrialResult:
+    """One re-run of ``config`` in a trial child, as the search runs a trial, measured in full (no early
+    stop: a re-run's figure is the point), in a work directory named after ``label``."""
+    job = make_job(request, config, label, prune_below_samples_per_s=None)
+    return run_trial(job, request.trial_timeout_s)
+
+
 def confirmation_candidates(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig]]:
     """The ``top_k`` feasible trials by their search-time throughput (earlier confirmations ignored):
     (trial number, config), fastest first."""
@@ -159,11 +175,17 @@ def _leaders(study: optuna.Study, top_k: int) -> list[tuple[int, TrialConfig, fl
     return [(trial.number, TrialConfig.from_params(trial.params), result.samples_per_s) for trial, result in leaders]
 
 
+def interval_width(noise: float) -> float:
+    """The half-width of a single measurement's interval, as a fraction: ``2 x noise``, the noise at least
+    :data:`PRUNE_NOISE_FLOOR`."""
+    return INTERVAL_NOISES * max(noise, PRUNE_NOISE_FLOOR)
+
+
 def within_reach_of_the_leader(figures: dict[int, float], noise: float) -> list[int]:
     """The candidates (trial number -> search-time samples/s, the leader first) whose interval
     ``figure x (1 +- 2 x noise)`` overlaps the leader's, the leader with them; only the leader where
     none does. ``noise`` counts as at least :data:`PRUNE_NOISE_FLOOR`."""
-    width = INTERVAL_NOISES * max(noise, PRUNE_NOISE_FLOOR)
+    width = interval_width(noise)
     leader = max(figures, key=lambda number: figures[number])
     lowest_of_leader = figures[leader] * (1 - width)
     return [n for n in figures if n == leader or figures[n] * (1 + width) >= lowest_of_leader]
@@ -307,16 +329,13 @@ def confirm_top(
     seconds, count = 0.0, 0
     stopped = schema.CONFIRMATION_ALL_ROUNDS
     for round_index in range(repeats):
-        shift = round_index % len(active)
-        for number in active[shift:] + active[:shift]:
+        for number in in_round_order(active, round_index):
             # The first round always runs (the minimum, module docstring); a later re-run only where
             # one more of the mean so far keeps the re-runs within the budget.
             if round_index >= 1 and seconds + seconds / count > budget_s:
                 stopped = schema.CONFIRMATION_BUDGET
                 break
-            # A confirmation is measured in full: no early stop.
-            job = make_job(request, configs[number], f"{number}-confirm-{round_index}", prune_below_samples_per_s=None)
-            result = run_trial(job, request.trial_timeout_s)
+            result = rerun(request, configs[number], f"{number}-confirm-{round_index}", run_trial)
             runs[number].append(result)
             seconds, count = seconds + result.wall_s, count + 1
             if on_run is not None:

@@ -95,13 +95,17 @@ def noise_fraction(study: Study) -> float:
     """
     record = study.user_attrs.get(schema.STUDY_CONFIRMATION) or {}
     confirmation_cvs = [float(t["cv"]) for t in (record.get("trials") or {}).values() if t.get("repeats", 0) >= 2]
-    if confirmation_cvs:
-        return statistics.median(confirmation_cvs)
-    step_cvs = [
-        r.step_time_cv
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if (r := TrialResult.from_trial(t)) is not None and r.status == "ok" and r.step_time_cv > 0
-    ]
+    results = [TrialResult.from_trial(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    return measured_noise(confirmation_cvs, [r for r in results if r is not None])
+
+
+def measured_noise(rerun_cvs: list[float], results: Iterable[TrialResult]) -> float:
+    """The noise of a throughput measured by runs of configs: the median run-to-run CV of the configs
+    re-run at least twice (``rerun_cvs``) where there is one, else the median step-time CV of
+    ``results`` that ran and fit, else :data:`DEFAULT_NOISE`."""
+    if rerun_cvs:
+        return statistics.median(rerun_cvs)
+    step_cvs = [r.step_time_cv for r in results if r.status == "ok" and r.step_time_cv > 0]
     return statistics.median(step_cvs) if step_cvs else DEFAULT_NOISE
 
 

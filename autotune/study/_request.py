@@ -43,6 +43,9 @@ class SearchRequest:
         screen: Skip configs the estimator or a measured OOM says cannot fit (:mod:`._screening`).
         prune_ratio: Stop a trial once its throughput is below this fraction of the best feasible
             one; 0 never.
+        options: The ``search`` options it was prepared from (:func:`prepare_request`), which the
+            study records so ``autotune verify`` can measure the same workload again; ``None`` for a
+            request made outside the command line (tests, benchmarks): nothing is recorded then.
     """
 
     workload: Workload
@@ -53,6 +56,7 @@ class SearchRequest:
     work_root: str = SearchOptions.work_dir
     screen: bool = SearchOptions.screen
     prune_ratio: float = SearchOptions.prune_ratio
+    options: SearchOptions | None = None
 
     @property
     def ceiling_bytes(self) -> int:
@@ -166,6 +170,7 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
         work_root=options.work_dir,
         screen=options.screen,
         prune_ratio=options.prune_ratio,
+        options=options,
     )
     budget = SearchBudget(
         options.trials,

@@ -8,6 +8,7 @@ by ``search`` when it resumes or joins a study and by ``estimate --storage`` whe
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -61,6 +62,7 @@ def open_study(
             f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
         )
     check_same_ceiling(study, request.ceiling_bytes)
+    record_search_options(study, request)
     requeue_failed_seeds(study)
     return study
 
@@ -73,6 +75,7 @@ def _set_up(study: optuna.Study, request: SearchRequest) -> None:
     study.set_user_attr(schema.STUDY_CEILING_BYTES, workload.ceiling_bytes)
     study.set_user_attr(schema.STUDY_DEVICE_KIND, workload.device.kind)
     study.set_user_attr(schema.STUDY_BASE_ARGS, workload.base_args)
+    record_search_options(study, request)
     study.set_metric_names([schema.METRIC_NAME])
     seeds = study_seeds(request.space, workload)
     enqueue_seeds(study, seeds)  # before the identity: a joining worker's first ask gets a seed
@@ -80,8 +83,23 @@ def _set_up(study: optuna.Study, request: SearchRequest) -> None:
     study.set_user_attr(schema.STUDY_IDENTITY, request.identity())
 
 
-def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable[str] | None = None) -> None:
-    """Refuse a study whose identity differs from ``expected`` (on ``keys``, or all of them).
+def record_search_options(study: optuna.Study, request: SearchRequest) -> None:
+    """Keep the options of the search that opens the study (the last one, on a resume), as typed: what
+    ``autotune verify`` plans the same workload from (:mod:`._verify`). A request made outside the
+    command line has none, and leaves the record as it was."""
+    if request.options is not None:
+        study.set_user_attr(schema.STUDY_SEARCH_OPTIONS, dataclasses.asdict(request.options))
+
+
+# What a search or an estimate that meets another setup's study is told to do.
+NEW_STUDY_REMEDY = "pass a new --study-name to start one, or the options that study was made with"
+
+
+def check_identity(
+    study: optuna.Study, expected: dict[str, Any], keys: Iterable[str] | None = None, remedy: str = NEW_STUDY_REMEDY
+) -> None:
+    """Refuse a study whose identity differs from ``expected`` (on ``keys``, or all of them); the line
+    ends with ``remedy``.
 
     Raises:
         AutotuneError: Naming each difference, and what to do instead.
@@ -98,8 +116,7 @@ def check_identity(study: optuna.Study, expected: dict[str, Any], keys: Iterable
     if differs:
         raise AutotuneError(
             f"study {study.study_name!r} measured {stored.get('model')} at seq len {stored.get('seq_len')} on "
-            f"{stored.get('device')}: another setup ({', '.join(differs)}); pass a new --study-name to start one, "
-            "or the options that study was made with"
+            f"{stored.get('device')}: another setup ({', '.join(differs)}); {remedy}"
         )
 
 

@@ -367,3 +367,27 @@ class SigkillRankOneAtMicroBatch8(SigkillRankOneAtStep):
     def fire(self, args, kwargs) -> None:
         if args.per_device_train_batch_size == 8:
             super().fire(args, kwargs)
+
+
+class SlowSteps(TrainerCallback):
+    """Not a fault, a slower install: every optimizer step takes ``1 + factor`` times its own time (it
+    sleeps ``factor`` x the time the step took, at its end), as a library that got slower everywhere
+    would: every config's throughput falls by the same factor, and the speedup between two configs
+    stays as it was. ``autotune verify`` of a study searched with it finds the answer faster than
+    recorded without it, and slower with :class:`SlowerSteps`."""
+
+    factor = 3.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._began = time.perf_counter()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.factor * (time.perf_counter() - self._began))
+        return control
+
+
+class SlowerSteps(SlowSteps):
+    """:class:`SlowSteps` at 16 times each step's own time: four times as slow as :class:`SlowSteps`."""
+
+    factor = 15.0

@@ -1,0 +1,200 @@
+"""``autotune verify``: a study's answer measured again, judged against its record, one verdict.
+
+The scenario is real: a search of bert-tiny recorded with a callback that makes every step four times
+as long as its own time (``tests.support.faults.SlowSteps``, a slower install), then verified without
+it (faster than recorded: exit 0) and with one that makes them four times longer still (``SlowerSteps``:
+a regression, exit 1), each re-run a real trial child. The judgement's rule and the versions' comparison
+are tested on their own; the bad inputs are one line each, exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.result import Judgement, TrialResult, VersionChange
+from autotune.runner._trial import NOT_INSTALLED, RECORDED_DISTRIBUTIONS
+from autotune.storage import schema
+from autotune.study._verify import changed_versions, judge
+from tests.support.bad_input import assert_one_error_line
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
+
+STUDY = "slow-install"
+
+
+# --- the judgement: the confirmation's rule, or --tolerance -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("today", "noise", "tolerance", "expected"),
+    [
+        (100.0, 0.05, None, Judgement.WITHIN),
+        # Intervals of +-10 % (2 x 5 %): 81 reaches up to 89.1, the record down to 90: apart; 82 reaches 90.2.
+        (81.0, 0.05, None, Judgement.WORSE),
+        (82.0, 0.05, None, Judgement.WITHIN),
+        (123.0, 0.05, None, Judgement.BETTER),
+        # A noisier period widens both intervals: 2 x 20 %.
+        (50.0, 0.20, None, Judgement.WITHIN),
+        (40.0, 0.20, None, Judgement.WORSE),
+        # The noise counts as at least the floor (5 %), however quiet the study was.
+        (83.0, 0.001, None, Judgement.WITHIN),
+        # --tolerance replaces the noise: 10 % of the record either way.
+        (91.0, 0.20, 0.1, Judgement.WITHIN),
+        (89.0, 0.20, 0.1, Judgement.WORSE),
+        (111.0, 0.0, 0.1, Judgement.BETTER),
+        (None, 0.05, None, Judgement.NOT_MEASURED),
+    ],
+)
+def test_a_figure_is_judged_against_its_record_by_the_noise_or_the_tolerance(today, noise, tolerance, expected):
+    assert judge(100.0, today, noise, tolerance) == expected
+
+
+def test_less_is_better_for_peak_memory():
+    assert judge(100.0, 130.0, 0.05, None, higher_is_better=False) == Judgement.WORSE
+    assert judge(100.0, 70.0, 0.05, None, higher_is_better=False) == Judgement.BETTER
+    assert judge(100.0, 105.0, 0.05, 0.1, higher_is_better=False) == Judgement.WITHIN
+
+
+def test_the_versions_that_changed_and_those_never_recorded():
+    recorded = {"torch": "2.12.0", "transformers": "4.57.1", "python": "3.11.9", "device": "cpu"}
+    today = {"torch": "2.13.0", "transformers": "4.57.1", "accelerate": "1.15.0", "python": "3.11.9", "device": "x"}
+    assert changed_versions(recorded, today) == (
+        VersionChange("torch", "2.12.0", "2.13.0"),
+        VersionChange("accelerate", None, "1.15.0"),
+    )
+    assert changed_versions(recorded, {}) == ()  # no re-run recorded any: nothing to compare
+
+
+# --- bad input: one line, exit 2, nothing measured ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["--repeats", "0"], "--repeats 0"),
+        (["--tolerance", "1.5"], "--tolerance 1.5"),
+        (["--tolerance", "-0.1"], "--tolerance -0.1"),
+    ],
+)
+def test_bad_options_are_refused_before_the_study_is_read(args, phrase, tmp_path):
+    completed = run_cli_in_process("verify", "--storage", f"sqlite:///{tmp_path / 'none.db'}", *args, cwd=tmp_path)
+    assert_one_error_line(completed, phrase)
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_study_with_no_winner_has_nothing_to_verify(tmp_path):
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    optuna.create_study(storage=url, study_name="empty", direction="maximize")
+    assert_one_error_line(run_cli_in_process("verify", "--storage", url, cwd=tmp_path), "no winner to verify")
+
+
+def test_a_storage_without_a_study_is_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'absent.db'}"
+    optuna.create_study(storage=url, study_name="other", direction="maximize")
+    completed = run_cli_in_process("verify", "--storage", url, "--study-name", "absent", cwd=tmp_path)
+    assert_one_error_line(completed, "absent")
+
+
+# --- the scenario: a study recorded on a slow install -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_study(tmp_path_factory) -> tuple[Path, str]:
+    """A real search of two configs (the HF default's micro-batch 8, and 32), every trial slowed down
+    by :class:`tests.support.faults.SlowSteps`."""
+    workdir = tmp_path_factory.mktemp("verify")
+    space = workdir / "space.yaml"
+    space.write_text("micro_batch: [8, 32]\n")
+    url = f"sqlite:///{workdir / 'study.db'}"
+    search = run_cli_in_process(
+        "search",
+        "--model",
+        "bert-tiny",
+        *FAST_SEARCH_ARGS,
+        "--space",
+        str(space),
+        "--storage",
+        url,
+        "--study-name",
+        STUDY,
+        "--memory-ceiling",
+        "2GiB",
+        "--trials",
+        "2",
+        "--prune-ratio",
+        "0",  # both configs measured to the end, so the winner and the default are two trials
+        "--callback",
+        "tests.support.faults:SlowSteps",
+        cwd=workdir,
+    )
+    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
+    return workdir, url
+
+
+def _verify(slow_study: tuple[Path, str], *args: str):
+    workdir, url = slow_study
+    before = optuna.load_study(study_name=STUDY, storage=url)
+    trials, attrs = len(before.trials), before.user_attrs
+    completed = run_cli_in_process("verify", "--storage", url, *args, cwd=workdir)
+    after = optuna.load_study(study_name=STUDY, storage=url)
+    assert (len(after.trials), after.user_attrs) == (trials, attrs)  # verify writes nothing into the study
+    assert "Traceback" not in completed.stdout + completed.stderr, completed.stderr[-3000:]
+    return completed
+
+
+@pytest.mark.slow
+def test_each_trial_records_the_versions_it_ran_with(slow_study):
+    study = optuna.load_study(study_name=STUDY, storage=slow_study[1])
+    assert schema.STUDY_SEARCH_OPTIONS in study.user_attrs  # what verify plans the workload from
+    for trial in study.trials:
+        versions = TrialResult.from_trial(trial).versions
+        for name in RECORDED_DISTRIBUTIONS:
+            try:
+                installed = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                installed = NOT_INSTALLED
+            assert versions[name] == installed, (name, versions)
+
+
+@pytest.mark.slow
+def test_without_the_slow_callback_the_answer_holds_faster_than_recorded(slow_study):
+    completed = _verify(slow_study, "--repeats", "2")
+    out = completed.stdout
+    assert completed.returncode == 0, out[-3000:] + completed.stderr[-3000:]
+    assert re.search(r"^winner #\d+ samples/s: .* faster than recorded$", out, re.MULTILINE), out
+    assert "verdict: the study's answer holds on today's install" in out.splitlines()[-1]
+    # Interleaved: A B, then B A.
+    rounds = re.findall(r"round (\d)/2: (winner|HF default) #", out)
+    assert rounds == [("1", "winner"), ("1", "HF default"), ("2", "HF default"), ("2", "winner")], out
+    assert "versions: none changed" in out
+    assert "ran with --callback tests.support.faults:SlowSteps; these re-runs with none" in out
+
+
+@pytest.mark.slow
+def test_with_a_heavier_callback_the_answer_regressed(slow_study):
+    # A quarter of the recorded speed, judged by --tolerance: however noisy the machine is today.
+    args = ("--repeats", "1", "--tolerance", "0.5", "--callback", "tests.support.faults:SlowerSteps")
+    completed = _verify(slow_study, *args)
+    out = completed.stdout
+    assert completed.returncode == 1, out[-3000:] + completed.stderr[-3000:]
+    verdict = out.splitlines()[-1]
+    assert verdict.startswith("verdict: REGRESSED: ") and "winner slower than recorded" in verdict, out
+    assert "judged against: --tolerance 50% of each recorded figure" in out
+
+
+@pytest.mark.slow
+def test_a_device_not_present_and_a_study_of_another_device_are_one_line(slow_study, tmp_path):
+    workdir, url = slow_study
+    completed = run_cli_in_process("verify", "--storage", url, "--device", "cuda:7", cwd=workdir)
+    assert_one_error_line(completed, "CUDA device")
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    optuna.copy_study(from_study_name=STUDY, from_storage=url, to_storage=copy)
+    study = optuna.load_study(study_name=STUDY, storage=copy)
+    study.set_user_attr(schema.STUDY_IDENTITY, {**study.user_attrs[schema.STUDY_IDENTITY], "device": "AMD EPYC 9654"})
+    assert_one_error_line(run_cli_in_process("verify", "--storage", copy, cwd=workdir), "measured on AMD EPYC 9654")
+    study.set_user_attr(schema.STUDY_SEARCH_OPTIONS, None)  # as a study made before they were recorded
+    assert_one_error_line(run_cli_in_process("verify", "--storage", copy, cwd=workdir), "does not record the options")
