@@ -162,7 +162,10 @@ def test_each_trial_records_the_versions_it_ran_with(slow_study):
 
 @pytest.mark.slow
 def test_without_the_slow_callback_the_answer_holds_faster_than_recorded(slow_study):
-    completed = _verify(slow_study, "--repeats", "2")
+    # Four times the recorded speed, judged by --tolerance: the study's noise on a loaded 2-core machine
+    # (CI's three test workers) widens the intervals until 4x is within reach (seen: 49 % step-time noise,
+    # intervals of +-98 %); the rule by noise is tested on its own above.
+    completed = _verify(slow_study, "--repeats", "2", "--tolerance", "0.5")
     out = completed.stdout
     assert completed.returncode == 0, out[-3000:] + completed.stderr[-3000:]
     assert re.search(r"^winner #\d+ samples/s: .* faster than recorded$", out, re.MULTILINE), out
