@@ -13,6 +13,8 @@ from autotune.storage._open import (
     open_storage,
     redact,
     require_sqlite_file,
+    scrub_password,
+    sqlite_file,
     storage_failure,
 )
 
@@ -24,5 +26,7 @@ __all__ = [
     "redact",
     "require_sqlite_file",
     "schema",
+    "scrub_password",
+    "sqlite_file",
     "storage_failure",
 ]
