@@ -221,16 +221,20 @@ def export(
     fmt: option.ExportFormat = "json",
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
+    force: option.Force = False,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.storage import load_study
+    from autotune.spec.files import Destination
+    from autotune.storage import load_study, storage_files
     from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
 
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     out = out or DEFAULT_OUT[fmt]
+    destination = Destination(out, force, keep=storage_files(storage))
+    destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    best_trial = export_winner(study, fmt, out)
+    best_trial = export_winner(study, fmt, destination)
     if out != "-":
         console.print(
             f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
@@ -268,13 +272,17 @@ def report(
     out: option.ReportOut = "report.html",
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
+    force: option.Force = False,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
-    from autotune.storage import load_study
+    from autotune.spec.files import Destination
+    from autotune.storage import load_study, storage_files
     from autotune.views.report import write_report
 
+    destination = Destination(out, force, keep=storage_files(storage))
+    destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    write_report(study, out)
+    write_report(study, destination)
     if out != "-":  # `--out -` keeps stdout to the page itself
         console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
 
@@ -327,11 +335,13 @@ def chat_corpus(
     seed: option.Seed = 0,
     fmt: option.CorpusFormat = "messages",
     length_scale: option.LengthScale = 1.0,
+    force: option.Force = False,
 ) -> None:
     """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
     from autotune.spec.chat_corpus import write_jsonl
+    from autotune.spec.files import Destination
 
-    tokens = write_jsonl(out, samples, seed, fmt, length_scale)
+    tokens = write_jsonl(Destination(out, force), samples, seed, fmt, length_scale)
     console.print(f"wrote {out}: {samples} conversations ({fmt}), {tokens} tokens under the synthetic tokenizer")
 
 

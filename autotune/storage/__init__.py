@@ -14,8 +14,8 @@ from autotune.storage._open import (
     redact,
     require_sqlite_file,
     scrub_password,
-    sqlite_file,
     storage_failure,
+    storage_files,
 )
 
 __all__ = [
@@ -27,6 +27,6 @@ __all__ = [
     "require_sqlite_file",
     "schema",
     "scrub_password",
-    "sqlite_file",
     "storage_failure",
+    "storage_files",
 ]

@@ -205,6 +205,18 @@ def sqlite_file(storage_url: str) -> str:
     return storage_url.removeprefix("sqlite:///").partition("?")[0]
 
 
+def storage_files(storage_url: str) -> tuple[str, ...]:
+    """The files a ``sqlite:///`` storage lives in: the database and SQLite's journals of it (rollback,
+    write-ahead log and its index: https://www.sqlite.org/tempfiles.html), which no command writes over;
+    none for a server's database."""
+    if not storage_url.startswith("sqlite:///"):
+        return ()
+    path = sqlite_file(storage_url)
+    if path in ("", ":memory:"):
+        return ()
+    return (path, *(path + suffix for suffix in ("-journal", "-wal", "-shm")))
+
+
 def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
     """Return once no other connection holds a lock that keeps this command off the SQLite file.
 
