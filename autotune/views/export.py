@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 from typing import Any
 
 import optuna
@@ -37,6 +36,7 @@ from autotune.views.sft_export import (
     trl_command,
 )
 from autotune.views.sft_tool_yaml import axolotl_yaml, llama_factory_yaml
+from autotune.views.text import shell_line
 from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet
 
 
@@ -328,7 +328,7 @@ def render(
         return json_text(arguments)
     if fmt == "cli":
         if sft is not None:
-            return " ".join(shlex.quote(token) for token in sft_flags(arguments)) + "\n"
+            return shell_line(sft_flags(arguments))
         return cli_flags(arguments)
     if fmt == "python":
         return python_snippet(arguments, provenance, "sft" if sft is not None else "trainer")
