@@ -205,13 +205,14 @@ def best(
     from autotune.storage import load_study
     from autotune.views.ranking import all_trials, confirmations_of, describe_distinct
     from autotune.views.search_display import print_ranking, trial_table
+    from autotune.views.text import for_rich
 
     study = load_study(storage, study_name)
     if not all:
         print_ranking(console, study, top)
         return
     rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
-    console.print(trial_table(f"All trials of {study.study_name}", rows))
+    console.print(trial_table(f"All trials of {for_rich(study.study_name)}", rows))
     console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
@@ -221,22 +222,27 @@ def export(
     fmt: option.ExportFormat = "json",
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
+    force: option.Force = False,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
-    from autotune.storage import load_study
+    from autotune.spec.files import Destination
+    from autotune.storage import load_study, storage_files
     from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
+    from autotune.views.text import for_rich
 
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     out = out or DEFAULT_OUT[fmt]
+    destination = Destination(out, force, keep=storage_files(storage))
+    destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    best_trial = export_winner(study, fmt, out)
+    best_trial = export_winner(study, fmt, destination)
     if out != "-":
         console.print(
-            f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
+            f"wrote {for_rich(out)} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
     for note in export_notes(best_trial, study, out, fmt):
-        err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself
+        err_console.print(f"note: {for_rich(note)}")  # stderr: `--out -` keeps stdout to the export itself
 
 
 @app.command()
@@ -268,15 +274,22 @@ def report(
     out: option.ReportOut = "report.html",
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
+    force: option.Force = False,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
-    from autotune.storage import load_study
+    from autotune.spec.files import Destination
+    from autotune.storage import load_study, storage_files
     from autotune.views.report import write_report
+    from autotune.views.text import for_rich
 
+    destination = Destination(out, force, keep=storage_files(storage))
+    destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    write_report(study, out)
+    write_report(study, destination)
     if out != "-":  # `--out -` keeps stdout to the page itself
-        console.print(f"wrote {out}: report of study {study.study_name!r} ({len(study.trials)} trials)")
+        console.print(
+            f"wrote {for_rich(out)}: report of study {for_rich(repr(study.study_name))} ({len(study.trials)} trials)"
+        )
 
 
 @app.command()
@@ -359,12 +372,24 @@ def chat_corpus(
     seed: option.Seed = 0,
     fmt: option.CorpusFormat = "messages",
     length_scale: option.LengthScale = 1.0,
+    force: option.Force = False,
 ) -> None:
     """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
     from autotune.spec.chat_corpus import write_jsonl
+    from autotune.spec.files import Destination
 
-    tokens = write_jsonl(out, samples, seed, fmt, length_scale)
+    tokens = write_jsonl(Destination(out, force), samples, seed, fmt, length_scale)
     console.print(f"wrote {out}: {samples} conversations ({fmt}), {tokens} tokens under the synthetic tokenizer")
+
+
+def error_text(error: BaseException | str) -> str:
+    """What an error line shows of an error's text: the secrets of every storage this process opened
+    scrubbed (a driver's words may carry them), control characters escaped (a study name or a trial's
+    error read from a shared storage may hold a terminal's escape sequences)."""
+    from autotune.storage import scrub_password
+    from autotune.views.text import printable
+
+    return printable(scrub_password(str(error)))
 
 
 def main() -> None:
@@ -375,7 +400,7 @@ def main() -> None:
     try:
         app()
     except AutotuneError as exc:
-        err_console.print(f"autotune: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"autotune: error: {error_text(exc)}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except optuna.exceptions.StorageInternalError as exc:
         # A full disk or a lost database at ask, at the start of a trial: nothing measured is at stake
@@ -383,7 +408,7 @@ def main() -> None:
         from autotune.storage import storage_failure
 
         err_console.print(
-            f"autotune: error: the study storage failed ({storage_failure(exc)}); free space or fix the database, "
+            f"autotune: error: the study storage failed ({error_text(storage_failure(exc))}); free space or fix the database, "
             f"then run the same command again",
             markup=False,
             highlight=False,

@@ -164,6 +164,13 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "--timeout -5": ([*tiny, "--timeout", "-5"], "--timeout -5.0"),
         "--warmup-steps -1": ([*tiny, "--warmup-steps", "-1"], "--warmup-steps -1: give 0 or more"),
         "--max-measure-steps 0": ([*tiny, "--max-measure-steps", "0"], "--max-measure-steps 0"),
+        # A step count is bounded: 99999999999 warm-up steps made the seed trial allocate 6.4 TB for its rows,
+        # recorded as the config's out-of-memory (issue 38).
+        "--warmup-steps 99999999999": (
+            [*tiny, "--warmup-steps", "99999999999"],
+            "--warmup-steps 99999999999: at most 10,000 steps",
+        ),
+        "--max-measure-steps 10001": ([*tiny, "--max-measure-steps", "10001"], "--max-measure-steps 10001: at most"),
         "--trials 0 names the option": ([*tiny, "--trials", "0"], "--trials 0: give a whole number above 0"),
         "--confirm-budget 0": (
             [*tiny, "--confirm-budget", "0"],
@@ -253,6 +260,8 @@ CASE_IDS = [
     "--timeout -5",
     "--warmup-steps -1",
     "--max-measure-steps 0",
+    "--warmup-steps 99999999999",
+    "--max-measure-steps 10001",
     "--trials 0 names the option",
     "--confirm-budget 0",
     "--confirm-budget 1.5",

@@ -56,7 +56,9 @@ def test_report_on_a_full_disk_keeps_the_previous_report(searched_study, tmp_pat
         assert first.returncode == 0, first.stderr[-3000:]
         good = previous.read_bytes()
         fill_file_system(str(mount))
-        second = run_cli_in_process("report", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path)
+        second = run_cli_in_process(
+            "report", "--storage", searched_study.storage, "--out", str(previous), "--force", cwd=tmp_path
+        )
         assert_one_error_line(second, "No space left on device")
         assert previous.read_bytes() == good
         assert sorted(p.name for p in mount.iterdir()) == ["filler", "report.html"]  # no temporary file left
@@ -71,7 +73,7 @@ def test_export_onto_a_full_disk_keeps_the_previous_export(searched_study, tmp_p
         previous.write_text('{"previous": true}\n')
         fill_file_system(str(mount))
         completed = run_cli_in_process(
-            "export", "--storage", searched_study.storage, "--out", str(previous), cwd=tmp_path
+            "export", "--storage", searched_study.storage, "--out", str(previous), "--force", cwd=tmp_path
         )
         assert_one_error_line(completed, "No space left on device")
         assert previous.read_text() == '{"previous": true}\n'

@@ -22,9 +22,11 @@ REFUSED_BASE_FIELDS = {
 }
 
 # A credential is never stored in the study (a database a team shares), the report or the export.
-# Which fields hold one is transformers' own rule: those whose name ends with "_token", the fields
-# TrainingArguments itself hides when it prints or serialises itself (transformers/training_args.py,
-# ``__str__`` and ``to_dict``). Today that is ``hub_token``, which the Hub client reads from HF_TOKEN.
+# Which fields hold one is transformers' own rule: the TrainingArguments fields whose name ends with
+# "_token", which TrainingArguments hides when it prints or serialises itself (transformers/training_args.py,
+# ``__str__`` and ``to_dict``). Today that is ``hub_token``, which the Hub client reads from HF_TOKEN. The
+# rule is read on TrainingArguments' own fields, not on a subclass's: TRL's SFTConfig adds ``eos_token`` and
+# ``pad_token``, a token's text (trl/trainer/sft_config.py), which are no credential.
 CREDENTIAL_SUFFIX = "_token"
 CREDENTIAL_ENVIRONMENT = "HF_TOKEN"
 
@@ -72,7 +74,7 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
             if trainer != "sft" and key in _sft_fields():
                 hint = " (it is an SFTConfig field: train with --trainer sft)"
             raise AutotuneError(f"--base-args {path}: {key} is not a {class_name} field{hint}")
-        if key.endswith(CREDENTIAL_SUFFIX):
+        if key in credential_fields():
             raise AutotuneError(
                 f"--base-args {path}: remove {key}: a credential is never stored in the study or the export; set the "
                 f"{CREDENTIAL_ENVIRONMENT} environment variable instead (trials never reach the Hub)"
@@ -96,6 +98,13 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
     if base_args.get("deepspeed"):
         check_deepspeed(path, base_args, arguments)
     return base_args
+
+
+def credential_fields() -> frozenset[str]:
+    """The arguments fields that hold a credential (:data:`CREDENTIAL_SUFFIX` on ``TrainingArguments``' own fields)."""
+    from transformers import TrainingArguments
+
+    return frozenset(f.name for f in dataclasses.fields(TrainingArguments) if f.name.endswith(CREDENTIAL_SUFFIX))
 
 
 def _sft_fields() -> set[str]:

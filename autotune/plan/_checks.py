@@ -15,6 +15,11 @@ from autotune.units import format_bytes
 
 # The highest TCP port number (RFC 793: ports are 16-bit); 0 asks the system for any free port.
 MAX_PORT = 65535
+# Optimizer steps a trial may be asked to warm up or measure, at most (--warmup-steps, --max-measure-steps).
+# A trial takes global batch x (steps + 1) rows (runner/_sft.py, runner/_loader.py): an unbounded count is
+# an allocation the argument caused, which a trial would record as an out-of-memory of its config (issue 38:
+# --warmup-steps 99999999999 asked for 6.4 TB). Ten thousand steps outlast any trial's steady state by far.
+MAX_STEPS = 10_000
 
 
 def positive_int(option: str, value: int | None) -> None:
@@ -27,6 +32,14 @@ def positive_seconds(option: str, value: float | None) -> None:
     """``value`` (when given) is a number of seconds above zero."""
     if value is not None and not value > 0:  # `not >` also refuses NaN
         raise AutotuneError(f"{option} {value}: give a number of seconds above 0")
+
+
+def step_count(option: str, value: int) -> None:
+    """``value`` is a number of optimizer steps a trial can take: at most :data:`MAX_STEPS`."""
+    if value > MAX_STEPS:
+        raise AutotuneError(
+            f"{option} {value}: at most {MAX_STEPS:,} steps (a trial measures its steady state in tens of steps)"
+        )
 
 
 def non_negative_int(option: str, value: int) -> None:

@@ -24,6 +24,7 @@ from autotune.plan._checks import (
     one_of,
     positive_int,
     positive_seconds,
+    step_count,
     trainer_options,
 )
 from autotune.spec.measure import MeasureSettings
@@ -86,6 +87,8 @@ class PlanOptions:
             positive_int(option, value)
         one_of(("--global-batch", self.global_batch), ("--max-global-batch", self.max_global_batch))
         non_negative_int("--warmup-steps", self.warmup_steps)
+        step_count("--warmup-steps", self.warmup_steps)
+        step_count("--max-measure-steps", self.max_measure_steps)
         positive_seconds("--compile-timeout", self.compile_timeout)
         dataset_options(self.dataset, self.text_column, self.packing)
         trainer_options(self.trainer, self.loss_on)

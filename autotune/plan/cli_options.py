@@ -165,6 +165,12 @@ ExportFormat = Annotated[
     ),
 ]
 ReportOut = Annotated[str, typer.Option(help="HTML file to write (self-contained: opens offline).")]
+Force = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Replace an existing --out file (never the study's database, which the command reads)."
+    ),
+]
 Host = Annotated[str, typer.Option(help="Address to listen on. The dashboard has no login: keep it on loopback.")]
 Port = Annotated[int, typer.Option(help="Port to listen on (0: any free port).")]
 

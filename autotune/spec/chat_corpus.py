@@ -42,13 +42,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
 from autotune.errors import AutotuneError
+from autotune.spec.files import Destination, writes_beside
+from autotune.units import format_bytes
 
 # The corpus's written forms (``--format``), as TRL's SFTTrainer reads them (trl/trainer/sft_trainer.py,
 # ``_prepare_dataset``): conversational language modeling (``messages``), conversational
@@ -210,25 +213,61 @@ def render_chatml(messages: list[dict[str, str]]) -> str:
     return rendered[0]
 
 
-def write_jsonl(out: str, samples: int, seed: int = 0, fmt: str = "messages", length_scale: float = 1.0) -> int:
+# --samples at most: five times UltraChat 200k's 207,865 conversations (module docstring), about 3 GB of
+# JSON lines at the public data's scale; a corpus any search reads is far smaller.
+MAX_SAMPLES = 1_000_000
+# Conversations drawn first to estimate the corpus's size, checked against the free space before writing.
+SIZE_PROBE_SAMPLES = 64
+
+
+def write_jsonl(
+    out: str | Destination, samples: int, seed: int = 0, fmt: str = "messages", length_scale: float = 1.0
+) -> int:
     """Write the corpus as JSON lines, one conversation a line, and return its total tokens
     (under the synthetic tokenizer, ChatML included).
 
+    The file is written whole or not at all (:class:`autotune.spec.files.Destination`: a temporary file
+    renamed at the end, removed on an error, a full disk or Ctrl-C), never over an existing file
+    unasked; a corpus the free space cannot hold (estimated from its first conversations) is refused
+    before anything is written.
+
     Raises:
-        AutotuneError: A sample count below 1, an unknown format or scale, or a path that cannot be written.
+        AutotuneError: A sample count below 1 or above :data:`MAX_SAMPLES`, an unknown format or scale,
+            a destination its rule refuses, too little free space, or a path that cannot be written.
     """
-    if samples < 1:
-        raise AutotuneError(f"--samples {samples}: give a whole number above 0")
+    destination = out if isinstance(out, Destination) else Destination(out)
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise AutotuneError(f"--samples {samples}: give a whole number from 1 to {MAX_SAMPLES:,}")
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     shape = DEFAULT_SHAPE.scaled(length_scale)
-    path = Path(out)
-    total = 0
+    destination.check(destination.out)
+    _check_free_space(destination.out, samples, seed, fmt, shape)
+
+    def write(stream: TextIO) -> int:
+        total = 0
+        for messages in conversations(samples, seed, shape):
+            stream.write(json.dumps(as_format(messages, fmt)) + "\n")
+            total += conversation_tokens(messages)
+        return total
+
+    return destination.stream(write)
+
+
+def _check_free_space(out: str, samples: int, seed: int, fmt: str, shape: ChatShape) -> None:
+    """Refuse a corpus larger than the free space of ``out``'s file system, its size estimated from its
+    first :data:`SIZE_PROBE_SAMPLES` conversations (standard output and devices are not checked)."""
+    if not writes_beside(out):
+        return
+    probe = min(samples, SIZE_PROBE_SAMPLES)
+    probed = sum(len(json.dumps(as_format(m, fmt)).encode()) + 1 for m in conversations(probe, seed, shape))
+    expected = probed * samples // probe
     try:
-        with path.open("w", encoding="utf-8") as stream:
-            for messages in conversations(samples, seed, shape):
-                stream.write(json.dumps(as_format(messages, fmt)) + "\n")
-                total += conversation_tokens(messages)
-    except OSError as exc:
-        raise AutotuneError(f"--out {out}: cannot write it ({exc.strerror or exc})") from None
-    return total
+        free = shutil.disk_usage(Path(out).resolve().parent).free
+    except OSError:
+        return  # no such directory: writing says so in one line
+    if expected > free:
+        raise AutotuneError(
+            f"--samples {samples}: the corpus would take about {format_bytes(expected)} and {out}'s file system has "
+            f"{format_bytes(free)} free: write fewer samples (or a smaller --length-scale), or free space"
+        )

@@ -201,6 +201,10 @@ def prepare_sft_rows(
     if not (prepared_dir / _META_FILE).is_file():
         with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:
             rows = read_rows(source, path, scratch).select_columns(columns)
+            if data == "text":  # the Trainer path's rule: a row of no text trains nothing but its end-of-text token
+                usable = _usable_rows(_has_text(rows.data.column("text")), path, "text")
+                if len(usable) < rows.num_rows:
+                    rows = rows.select(usable)
             chosen: Any = range(min(length, rows.num_rows))
             if rows.num_rows > length:
                 sizes = _row_characters(rows)
@@ -224,6 +228,29 @@ def prepare_sft_rows(
         length=length,
         packing=False,
     )
+
+
+def _has_text(values: Any) -> Any:
+    """Which values hold text beyond whitespace (a pyarrow boolean array, null for a null value)."""
+    import pyarrow.compute
+
+    return pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
+
+
+def _usable_rows(usable: Any, path: str, column: str) -> Any:
+    """The indices of the rows ``usable`` marks, the one rule of both trainers' paths: an empty row (no
+    text, no token) is skipped, as the Trainer's data collator would train it as padding alone, and
+    TRL's as its end-of-text token alone (8 samples of 1 token); data with no usable row is refused.
+
+    Raises:
+        AutotuneError: Every row is empty; the line names the column and the first row.
+    """
+    import pyarrow
+
+    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
+    if len(indices) == 0:
+        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty: give rows that hold text")
+    return indices
 
 
 def _row_characters(rows: Any) -> Any:
@@ -345,7 +372,7 @@ def _prepare_rows(
 
     values = rows.data.column(column)
     if holds_text:
-        usable = pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
+        usable = _has_text(values)
     else:
         usable = pyarrow.compute.greater(pyarrow.compute.list_value_length(values), 0)
         largest = pyarrow.compute.max(pyarrow.compute.list_flatten(values)).as_py() or 0
@@ -353,9 +380,7 @@ def _prepare_rows(
             raise AutotuneError(
                 f"--dataset {path}: token id {largest} is outside the model's vocabulary (vocab_size {model.vocab_size})"
             )
-    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
-    if len(indices) == 0:
-        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty")
+    indices = _usable_rows(usable, path, column)
     rows = rows.select_columns([column])
     if len(indices) < rows.num_rows:
         rows = rows.select(indices)

@@ -1,56 +1,154 @@
 """The files a user names on the command line, read once with one-line errors; and what a command writes
-(``export``, ``report``), never left half-written."""
+(``export``, ``report``, ``chat-corpus``): never over what it reads or an existing file unasked, never
+left half-written (:class:`Destination`)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TextIO, TypeVar
 
 from autotune.errors import AutotuneError
 
+T = TypeVar("T")
 
-def write_output(out: str, text: str) -> None:
-    """Write ``text`` to ``out``: ``-`` is standard output; a file is replaced whole or not at all.
 
-    A regular file is written to a temporary file beside it, flushed to disk, then renamed over it
-    (``os.replace``, atomic on POSIX within one file system): on a full disk the previous file stays
-    as it was instead of being truncated. A device or a pipe (``/dev/stdout``, a FIFO) is written
-    in place: renaming over it would replace the device node with a regular file.
+@dataclasses.dataclass(frozen=True)
+class Destination:
+    """Where a command writes what it made (``--out``), and the one rule of what it may write over.
 
-    Raises:
-        AutotuneError: ``out`` cannot be written (full disk, no such directory, no permission).
+    Nothing the command reads is written over, even with ``--force`` (``keep``: a study's database and
+    SQLite's journals of it, which ``export`` and ``report`` read); an existing regular file is replaced
+    only when the user asked (``--force``); ``-`` is standard output, and a device or a named pipe
+    (``/dev/stdout``) is written in place. What is written to a file is written whole or not at all.
     """
-    if out == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    path = Path(out)
-    try:
-        if path.exists() and not path.is_file():
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+
+    out: str
+    force: bool = False
+    keep: tuple[str, ...] = ()
+    option: str = "--out"
+
+    def check(self, path: str) -> None:
+        """The rule for one path this command would write (``out`` or a side file beside it).
+
+        Raises:
+            AutotuneError: ``path`` is a file the command reads, a directory, or an existing regular
+                file the user did not ask to replace; the line says what to do.
+        """
+        if path == "-":
             return
-        _replace_atomically(path, text)
-    except OSError as exc:
-        raise AutotuneError(
-            f"--out {out}: cannot write it ({exc.strerror or exc}); an existing file there is left unchanged"
-        ) from None
+        if any(_same_file(path, kept) for kept in self.keep):
+            raise AutotuneError(
+                f"{self.option} {path}: that is the study's database, which this command reads: choose another file"
+            )
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return  # nothing there (or unreachable: writing says why in one line)
+        if stat.S_ISDIR(mode):
+            raise AutotuneError(f"{self.option} {path}: it is a directory: name a file in it")
+        if stat.S_ISREG(mode) and not self.force:
+            raise AutotuneError(
+                f"{self.option} {path}: the file exists and autotune does not write over a file unasked: "
+                "pass --force to replace it, or choose another file"
+            )
+
+    @property
+    def side_files(self) -> bool:
+        """Whether files may be written beside ``out`` (a DeepSpeed config, adapters): only beside a regular
+        file, never for standard output (``./name`` would land in the working directory) or a device
+        (``/dev/null.adapter_config.json`` would land in ``/dev``)."""
+        return writes_beside(self.out)
+
+    def write(self, files: Mapping[str, str]) -> None:
+        """Write each file's text (``out`` and any side files), every path checked before the first is written.
+
+        Raises:
+            AutotuneError: A path the rule refuses (:meth:`check`), two that name one file, or a write that
+                failed (full disk, no such directory, no permission): an existing file is left unchanged.
+        """
+        paths = list(files)
+        for index, path in enumerate(paths):
+            self.check(path)
+            if any(_same_file(path, earlier) for earlier in paths[:index]):
+                raise AutotuneError(f"{self.option} {self.out}: {path} would be written twice: choose another name")
+        for path, text in files.items():
+            self.stream(functools.partial(_write_text, text=text), path)
+
+    def stream(self, write: Callable[[TextIO], T], path: str | None = None) -> T:
+        """Call ``write`` on an open text stream to ``path`` (default ``out``) and return what it returns.
+
+        A regular file is written to a temporary file beside it, flushed to disk, then renamed over it
+        (``os.replace``, atomic on POSIX within one file system): on a full disk, an error or Ctrl-C the
+        temporary file is removed and a previous file stays as it was. A device or a pipe is written in
+        place: renaming over it would replace the device node with a regular file.
+
+        Raises:
+            AutotuneError: The rule refuses ``path`` (:meth:`check`), or it cannot be written.
+        """
+        path = self.out if path is None else path
+        self.check(path)
+        if path == "-":
+            result = write(sys.stdout)
+            sys.stdout.flush()
+            return result
+        target = Path(path)
+        try:
+            if target.exists() and not target.is_file():
+                with open(target, "w", encoding="utf-8") as f:
+                    return write(f)
+            return _replace_atomically(target, write)
+        except OSError as exc:
+            raise AutotuneError(
+                f"{self.option} {path}: cannot write it ({exc.strerror or exc}); an existing file there is left unchanged"
+            ) from None
 
 
-def _replace_atomically(path: Path, text: str) -> None:
+def write_output(out: str, text: str, force: bool = False, keep: tuple[str, ...] = ()) -> None:
+    """Write ``text`` to ``out`` under :class:`Destination`'s rule (``-``: standard output)."""
+    Destination(out, force, keep).write({out: text})
+
+
+def _write_text(stream: TextIO, text: str) -> int:
+    return stream.write(text)
+
+
+def writes_beside(out: str) -> bool:
+    """Whether ``out`` is a regular file (or none yet), beside which side files may be written."""
+    if out == "-":
+        return False
+    try:
+        return stat.S_ISREG(os.stat(out).st_mode)
+    except OSError:
+        return True
+
+
+def _same_file(path: str, other: str) -> bool:
+    """Whether two paths name one file: the same inode where both exist (a hard or symbolic link), else
+    the same resolved path."""
+    with contextlib.suppress(OSError):
+        return os.path.samefile(path, other)
+    return os.path.realpath(path) == os.path.realpath(other)
+
+
+def _replace_atomically(path: Path, write: Callable[[TextIO], T]) -> T:
     """Temporary file in the target's directory, fsync, rename; the temporary file never stays behind."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as f:
-            f.write(text)
+            result = write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(temporary, _mode_for(path))
         os.replace(temporary, path)
+        return result
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

@@ -217,9 +217,8 @@ def apply_peft(model: Any, spec: PeftSpec, task: str, device: DeviceSpec) -> Any
 
 
 def adapter_config_path(out: str) -> str:
-    """Where the export writes the adapters beside ``out``: ``best_args.json`` -> ``best_args.adapter_config.json``."""
-    if out == "-":
-        return "adapter_config.json"
+    """Where the export writes the adapters beside ``out`` (a regular file: never beside standard output or
+    a device, :func:`autotune.spec.files.writes_beside`): ``best_args.json`` -> ``best_args.adapter_config.json``."""
     return f"{os.path.splitext(out)[0]}.adapter_config.json"
 
 
@@ -232,13 +231,21 @@ def adapter_config_json(peft_identity: dict[str, Any], task: str) -> str:
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
-def export_note(peft_identity: dict[str, Any], adapter_path: str) -> str:
-    """How a training script applies the study's adapters (said beside the exported arguments)."""
+def export_note(peft_identity: dict[str, Any], adapter_path: str | None, adapter_json: str = "") -> str:
+    """How a training script applies the study's adapters (said beside the exported arguments): from the
+    file written at ``adapter_path``, or, where none was written beside the export (standard output, a
+    device), from the config itself (``adapter_json``, :func:`adapter_config_json`)."""
     load = ""
     if peft_identity.get("quantize"):
         load = (
             "load the base 4-bit: from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
             "bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16)); then "
+        )
+    if adapter_path is None:
+        config = json.dumps(json.loads(adapter_json), sort_keys=True) if adapter_json else "{...}"
+        return (
+            f"the winner trained LoRA adapters (not written to a file beside this export; export to a file for "
+            f"one): {load}model = peft.get_peft_model(model, peft.LoraConfig(**{config})) before Trainer(model=model, ...)"
         )
     return (
         f"the winner trained LoRA adapters ({adapter_path}): {load}"

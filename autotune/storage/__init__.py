@@ -13,7 +13,9 @@ from autotune.storage._open import (
     open_storage,
     redact,
     require_sqlite_file,
+    scrub_password,
     storage_failure,
+    storage_files,
 )
 
 __all__ = [
@@ -24,5 +26,7 @@ __all__ = [
     "redact",
     "require_sqlite_file",
     "schema",
+    "scrub_password",
     "storage_failure",
+    "storage_files",
 ]

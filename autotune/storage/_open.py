@@ -65,6 +65,7 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
     file must exist (a misspelled path would otherwise become a new, empty database) and need not be
     writable (only ``search`` writes).
     """
+    _OPENED_URLS.add(url)
     if "://" not in url:
         raise AutotuneError(
             f"--storage {redact(url)!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
@@ -204,6 +205,18 @@ def sqlite_file(storage_url: str) -> str:
     return storage_url.removeprefix("sqlite:///").partition("?")[0]
 
 
+def storage_files(storage_url: str) -> tuple[str, ...]:
+    """The files a ``sqlite:///`` storage lives in: the database and SQLite's journals of it (rollback,
+    write-ahead log and its index: https://www.sqlite.org/tempfiles.html), which no command writes over;
+    none for a server's database."""
+    if not storage_url.startswith("sqlite:///"):
+        return ()
+    path = sqlite_file(storage_url)
+    if path in ("", ":memory:"):
+        return ()
+    return (path, *(path + suffix for suffix in ("-journal", "-wal", "-shm")))
+
+
 def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
     """Return once no other connection holds a lock that keeps this command off the SQLite file.
 
@@ -278,6 +291,12 @@ def _check_sqlite_writable(path: str) -> None:
 # one (``passfile``, a path) only hides a value that was never secret.
 _CREDENTIAL_WORDS = ("pass", "pwd", "secret", "token", "key", "auth", "credential")
 REDACTED = "***"
+# Where a parser may cut a credential into parts, each of which a driver's message can then carry alone:
+# SQLAlchemy's URL takes the password to the first "@" (sqlalchemy/engine/url.py, ``_parse_url``), so
+# ``u:Abc@SECRET@host`` reaches libpq as host ``SECRET@host``; a query value holds ``;`` or ``&``.
+_SECRET_PARTS = re.compile(r"[@:/?#&;=,\s\"']+")
+# The URLs this process opened (:func:`open_storage`): every error text is scrubbed of their secrets.
+_OPENED_URLS: set[str] = set()
 
 
 def redact(url: str) -> str:
@@ -285,7 +304,8 @@ def redact(url: str) -> str:
 
     Both places a driver takes a password from: the userinfo (``user:password@host``) and the query
     (``?password=...``, ``sslpassword=``, ``token=``, ... for every driver). Every command that prints a
-    storage URL, and every message that names one, shows it through this function.
+    storage URL, and every message that names one, shows it through this function; a driver's words go
+    through :func:`scrub_password`, which hides the same secrets.
     """
     shown, end = [], 0
     for start, stop in _credential_spans(url):
@@ -306,6 +326,12 @@ def url_secrets(url: str) -> list[str]:
     return sorted((secret for secret in found if secret), key=lambda secret: (-len(secret), secret))
 
 
+def _secret_parts(url: str) -> list[str]:
+    """The parts a parser may cut each credential of ``url`` into (:data:`_SECRET_PARTS`), longest first."""
+    parts = {part for secret in url_secrets(url) for part in _SECRET_PARTS.split(secret) if part and part != secret}
+    return sorted(parts, key=lambda part: (-len(part), part))
+
+
 def _decoded(text: str, *decoders: Any) -> set[str]:
     return {text, *(decode(text) for decode in decoders)}
 
@@ -315,10 +341,11 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
 
     The userinfo is read generously, so that a password written unescaped (``p@ss``, ``pa/ss``,
     ``pa?ss``) is hidden whole: the user name ends at the first ``:``, the password at the last ``@``
-    before the query that follows the first ``@``.
+    before the query that follows the first ``@``. In the query, a credential runs from its parameter's
+    ``=`` to the end of the URL: whatever follows it may be read as part of it (``password=a&b``, ``a#b``),
+    and a parameter is found wherever a parser may cut one (``sslmode=disable;password=...``: SQLAlchemy
+    splits at ``&`` alone, and libpq echoes the whole value in its refusal).
     """
-    from urllib.parse import unquote_plus
-
     spans: list[tuple[int, int]] = []
     scheme = url.find("://")
     rest = scheme + 3 if scheme >= 0 else 0
@@ -333,21 +360,26 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
         query_from = userinfo_end
     query = url.find("?", query_from)
     if query >= 0:
-        fragment = url.find("#", query)
-        position = query + 1
-        for parameter in url[query + 1 : fragment if fragment >= 0 else len(url)].split("&"):
-            name, equals, value = parameter.partition("=")
-            if equals and value and any(word in unquote_plus(name).lower() for word in _CREDENTIAL_WORDS):
-                value_start = position + len(name) + 1
-                spans.append((value_start, value_start + len(value)))
-            position += len(parameter) + 1
+        from urllib.parse import unquote_plus
+
+        for parameter in re.finditer(r"[^&;?=#]*=", url[query + 1 :]):
+            value_start = query + 1 + parameter.end()
+            if value_start < len(url) and any(w in unquote_plus(parameter.group()).lower() for w in _CREDENTIAL_WORDS):
+                spans.append((value_start, len(url)))
+                break
     return spans
 
 
-def scrub_password(text: str, url: str) -> str:
-    """``text`` (a driver's error message, say) with every credential of ``url`` and any URL in it redacted."""
-    for secret in url_secrets(url):
-        text = text.replace(secret, REDACTED)
+def scrub_password(text: str, url: str | None = None) -> str:
+    """``text`` (a driver's error message, say) with every secret of ``url`` redacted: each credential as
+    written and decoded, each part a parser may cut one into (as a whole word: the text keeps its other
+    words), and any URL in it shown through :func:`redact`. Without ``url``: the secrets of every storage
+    URL this process opened, which any error text may carry."""
+    for each in [url] if url is not None else sorted(_OPENED_URLS):
+        for secret in url_secrets(each):
+            text = text.replace(secret, REDACTED)
+        for part in _secret_parts(each):
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(part)}(?![A-Za-z0-9])", REDACTED, text)
     return re.sub(r"[a-z0-9+]+://\S+", lambda m: redact(m.group(0)), text)
 
 
@@ -371,5 +403,5 @@ def storage_failure(exc: BaseException) -> str:
     """The database's own reason under Optuna's generic ``StorageInternalError`` ("database or disk is full")."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
-    text = str(exc).strip()
+    text = scrub_password(str(exc)).strip()  # a lost server's words name its host, where a secret may be
     return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 from typing import Any
 
 import optuna
@@ -23,7 +22,7 @@ import optuna
 from autotune.errors import AutotuneError
 from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
 from autotune.result import TrialResult, accumulation_note
-from autotune.spec.files import write_output
+from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
 from autotune.storage import schema
@@ -37,6 +36,7 @@ from autotune.views.sft_export import (
     trl_command,
 )
 from autotune.views.sft_tool_yaml import axolotl_yaml, llama_factory_yaml
+from autotune.views.text import shell_line
 from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet
 
 
@@ -167,13 +167,6 @@ def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | Non
     return {**arguments, "tf32": True}
 
 
-def write_json(arguments: dict[str, Any], out: str) -> None:
-    """JSON that both ``TrainingArguments(output_dir=..., **json.load(f))`` and
-    ``HfArgumentParser(TrainingArguments).parse_json_file(f)`` accept (the parser needs an output_dir
-    only when none is given, so one is not written: the user chooses where to save)."""
-    write_output(out, json_text(arguments))
-
-
 # The formats of the tools built on TRL's SFTTrainer: a study under --trainer sft only.
 SFT_FORMATS = ("trl", "axolotl", "llama-factory")
 FORMATS = ("json", "cli", "python", "accelerate", *SFT_FORMATS)
@@ -245,17 +238,17 @@ def peak_batch_note(best: RankedTrial) -> str | None:
 
 
 def deepspeed_config_path(out: str) -> str:
-    """Where the export writes the winner's DeepSpeed config beside ``out``:
-    ``best_args.json`` -> ``best_args.deepspeed.json``."""
-    if out == "-":
-        return "deepspeed_config.json"
+    """Where the export writes the winner's DeepSpeed config beside ``out`` (a regular file:
+    :func:`autotune.spec.files.writes_beside`): ``best_args.json`` -> ``best_args.deepspeed.json``."""
     return f"{os.path.splitext(out)[0]}.deepspeed.json"
 
 
 def with_deepspeed_config_path(arguments: dict[str, Any], out: str) -> dict[str, Any]:
     """The arguments naming the DeepSpeed config file by path (``TrainingArguments(deepspeed=path)``),
-    as scripts and launchers pass it; unchanged without ZeRO."""
-    if not isinstance(arguments.get("deepspeed"), dict):
+    as scripts and launchers pass it; unchanged without ZeRO, or where no file is written beside ``out``
+    (standard output, a device): there the config stays a dict in the arguments, which
+    ``TrainingArguments`` takes as it is, and as JSON text from a flag (its ``_VALID_DICT_FIELDS``)."""
+    if not isinstance(arguments.get("deepspeed"), dict) or not writes_beside(out):
         return arguments
     return {**arguments, "deepspeed": deepspeed_config_path(out)}
 
@@ -267,7 +260,12 @@ def deepspeed_note(best: RankedTrial, out: str) -> str | None:
         return None
     zero = deepspeed.get("zero_optimization", {})
     stage = f"stage {zero.get('stage')}" + (" with offload" if "offload_optimizer" in zero else "")
-    note = f"the winner trains with DeepSpeed ZeRO {stage}: its config is {deepspeed_config_path(out)}, which the arguments name"
+    where = (
+        f"its config is {deepspeed_config_path(out)}, which the arguments name"
+        if writes_beside(out)
+        else "its config is in the arguments (deepspeed), since no file is written beside --out " + out
+    )
+    note = f"the winner trains with DeepSpeed ZeRO {stage}: {where}"
     host = (best.result.memory_peaks if best.result else {}).get(schema.TRIAL_PREDICTED_HOST_BYTES)
     if host:
         note += f"; offload keeps {format_bytes(host)} per rank in host RAM (estimate)"
@@ -293,7 +291,9 @@ def export_notes(
     notes = [note for note in found if note is not None]
     peft_identity = _peft_identity(study)
     if peft_identity is not None:
-        notes.append(peft_export_note(peft_identity, adapter_config_path(out)))
+        task = str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("task", "")) if study is not None else ""
+        beside = adapter_config_path(out) if writes_beside(out) else None
+        notes.append(peft_export_note(peft_identity, beside, adapter_config_json(peft_identity, task)))
     return notes
 
 
@@ -328,7 +328,7 @@ def render(
         return json_text(arguments)
     if fmt == "cli":
         if sft is not None:
-            return " ".join(shlex.quote(token) for token in sft_flags(arguments)) + "\n"
+            return shell_line(sft_flags(arguments))
         return cli_flags(arguments)
     if fmt == "python":
         return python_snippet(arguments, provenance, "sft" if sft is not None else "trainer")
@@ -354,16 +354,18 @@ def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | No
     )
 
 
-def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
-    """Write the winner's arguments in ``fmt`` to ``out`` (``-``: standard output).
+def export_winner(study: optuna.Study, fmt: str, destination: Destination) -> RankedTrial:
+    """Write the winner's arguments in ``fmt`` to ``destination`` (``-``: standard output), with its
+    DeepSpeed config and adapters beside it where it is a regular file (:attr:`Destination.side_files`;
+    elsewhere the arguments and the notes carry them); every file under the destination's one rule.
 
     Returns:
         The trial that was exported.
     """
+    out = destination.out
     best = winner(study)
     arguments = winner_arguments(study, fmt)
-    if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
-        write_output(deepspeed_config_path(out), json_text(arguments["deepspeed"]))
+    files: dict[str, str] = {}
     text = render(
         with_deepspeed_config_path(arguments, out),
         fmt,
@@ -371,9 +373,13 @@ def export_winner(study: optuna.Study, fmt: str, out: str) -> RankedTrial:
         ranks_of(study),
         sft_winner(study, arguments),
     )
-    write_output(out, text)
-    peft_identity = _peft_identity(study)
-    if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments
-        task = str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("task", ""))
-        write_output(adapter_config_path(out), adapter_config_json(peft_identity, task))
+    files[out] = text
+    if destination.side_files:
+        if isinstance(arguments.get("deepspeed"), dict):  # ZeRO: the config as JSON beside, named by path
+            files[deepspeed_config_path(out)] = json_text(arguments["deepspeed"])
+        peft_identity = _peft_identity(study)
+        if peft_identity is not None:  # --peft: the adapters the trials trained, beside the arguments
+            task = str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("task", ""))
+            files[adapter_config_path(out)] = adapter_config_json(peft_identity, task)
+    destination.write(files)
     return best

@@ -15,6 +15,7 @@ from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.units import format_bytes
 from autotune.views.search_display import format_tflops
+from autotune.views.text import for_rich
 
 HOST_COLUMN = "host RAM (offload)"
 
@@ -57,7 +58,7 @@ def print_estimate(
     memory-distinct config by part; else per setting the largest micro-batch that fits), what would
     fit where nothing does, what the host column means, the estimator."""
     for note in notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {for_rich(note)}[/]")
     if space_size is not None:
         console.print(
             estimate_table(

@@ -18,7 +18,7 @@ from autotune.errors import AutotuneError
 from autotune.result import (
     memory_source_description,
 )
-from autotune.spec.files import write_output
+from autotune.spec.files import Destination
 from autotune.storage import schema
 from autotune.storage.schema import METRIC_NAME
 from autotune.units import format_bytes
@@ -154,12 +154,12 @@ def report_html(study: optuna.Study) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_report(study: optuna.Study, out: str) -> None:
-    """Write :func:`report_html` to ``out`` (``-``: standard output), replacing a file whole or not at all.
+def write_report(study: optuna.Study, destination: Destination) -> None:
+    """Write :func:`report_html` to ``destination`` (``-``: standard output), under its one rule.
 
     Raises:
-        AutotuneError: The study has no trials, or ``out`` cannot be written.
+        AutotuneError: The study has no trials, or the destination's rule refuses it or it cannot be written.
     """
     if not study.get_trials(deepcopy=False):
         raise AutotuneError(f"study {study.study_name!r} has no trials yet: run `autotune search` first")
-    write_output(out, report_html(study))
+    destination.write({destination.out: report_html(study)})

@@ -50,6 +50,7 @@ from autotune.views.ranking import (
     study_ranking,
     study_trainer,
 )
+from autotune.views.text import for_rich, printable
 
 # The terminal style of each status (a test checks it covers exactly autotune.result.Status).
 STATUS_STYLE: dict[str, str] = {
@@ -179,7 +180,7 @@ def trial_cells(
         peak_cell(result),
         _fmt(result.step_time_cv, ".1%") if ran else "-",
         f"{result.wall_s:.0f}s",
-        "; ".join(notes)[:90],
+        for_rich("; ".join(notes)[:90]),  # a trial's error holds whatever its exception said
     ]
 
 
@@ -285,10 +286,10 @@ class SearchPrinter:
         """The request's notes (what the space filtered out; last, what MFU is measured against) and
         the user's data (a ``data.PreparedDataset``, or ``None`` for synthetic tokens)."""
         for note in notes[:-1]:
-            self._console.print(f"[dim]note: {note}[/]")
+            self._console.print(f"[dim]note: {for_rich(note)}[/]")
         if dataset is not None:
-            self._console.print(f"dataset {dataset.label}: {dataset.num_samples} samples")
-        self._console.print(f"[dim]note: {notes[-1]}[/]")
+            self._console.print(f"dataset {for_rich(dataset.label)}: {dataset.num_samples} samples")
+        self._console.print(f"[dim]note: {for_rich(notes[-1])}[/]")
 
     def study_opened(self, study: Any, storage_label: str, request: Any) -> SearchView:
         """The study (an ``optuna.Study``) and what it searches (a ``SearchRequest``), in one line; how
@@ -297,9 +298,9 @@ class SearchPrinter:
         workload = request.workload
         if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
             for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
-                self._console.print(f"[dim]note: {note}[/]")
+                self._console.print(f"[dim]note: {for_rich(note)}[/]")
         self._console.print(
-            f"study [bold]{study.study_name}[/] in {storage_label}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
+            f"study [bold]{for_rich(study.study_name)}[/] in {for_rich(storage_label)}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
             f"params, {workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), "
             f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, "
             f"{len(study.trials)} trials so far"
@@ -311,7 +312,7 @@ class SearchPrinter:
         return SearchView(self._console, self._n_trials, workload.ceiling_bytes, probe_source)
 
     def note(self, line: str) -> None:
-        self._console.print(f"note: {line}")
+        self._console.print(f"note: {for_rich(line)}")
 
     def loop_ended(self, reason: str | None) -> None:
         """Why the search stopped early, if it did, how many distinct configs it measured, the confirmation to come."""
@@ -331,7 +332,9 @@ class SearchPrinter:
 
     def confirm_run(self, round_index: int, number: int, result: TrialResult) -> None:
         figure = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else result.error[:60]
-        self._console.print(f"  round {round_index + 1}/{self._confirm_repeats}: #{number} {result.status}, {figure}")
+        self._console.print(
+            f"  round {round_index + 1}/{self._confirm_repeats}: #{number} {result.status}, {for_rich(figure)}"
+        )
 
     def interrupted(self) -> None:
         self._err_console.print(
@@ -369,10 +372,11 @@ def print_ranking(console: Console, study: Any, top: int) -> None:
     """The feasible trials of a study (an ``optuna.Study``), fastest first, and the winner in words."""
     ranking = study_ranking(study)
     if not ranking:
-        console.print(f"study {study.study_name!r}: no feasible trial yet (see `autotune best --all`)")
+        console.print(f"study {for_rich(repr(study.study_name))}: no feasible trial yet (see `autotune best --all`)")
         return
     source = ranking[0].result.memory_source if ranking[0].result else ""
-    console.print(trial_table(f"Feasible configurations of {study.study_name}, fastest first", ranking[:top], source))
+    title = f"Feasible configurations of {for_rich(study.study_name)}, fastest first"
+    console.print(trial_table(title, ranking[:top], source))
     console.print(describe_winner(ranking))
     if (counted := describe_work_counted(study)) is not None:
         console.print(counted, markup=False, highlight=False, soft_wrap=True)
@@ -418,7 +422,7 @@ def print_winner_loss(console: Console, study: Any) -> None:
     for number, result in faster:
         console.print(
             f"not ranked: #{number} ran at {result.samples_per_s:.1f} samples/s but does not train "
-            f"({result.error or f'loss far above the {baseline}'})",
+            f"({printable(result.error) or f'loss far above the {baseline}'})",
             markup=False,
             highlight=False,
             soft_wrap=True,

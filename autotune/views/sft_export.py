@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import tempfile
 import warnings
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from typing import Any
 from autotune.levers import TrialConfig, model_build_kwargs, with_levers_off_explicit
 from autotune.levers.memory_savers import checkpointing_field
 from autotune.spec.sft import sft_arguments
+from autotune.views.text import comment_lines, shell_line
 
 # The SFT fields written even where the winner left them at TRL's default: what decides how the
 # rows are batched (sft_config.py:222-258).
@@ -101,10 +101,6 @@ class SftWinner:
     loss_on: str
     peft: dict[str, Any] | None = None
     provenance: str = ""
-
-
-def comment_lines(lines: list[str]) -> list[str]:
-    return [f"# {line}" for line in lines]
 
 
 def header_lines(winner: SftWinner, source: str) -> list[str]:
@@ -198,4 +194,4 @@ def trl_command(winner: SftWinner) -> str:
             *(f"not expressible: {line}" for line in unsaid),
         ]
     )
-    return "\n".join(lines) + "\n" + " ".join(shlex.quote(t) for t in tokens) + "\n"
+    return "\n".join(lines) + "\n" + shell_line(tokens)

@@ -7,13 +7,13 @@ flags), ``python`` (a ``TrainingArguments(...)`` or ``SFTConfig(...)`` call) and
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 import yaml
 
 from autotune.errors import AutotuneError
 from autotune.spec.derived_cache import cached
+from autotune.views.text import comment_lines, shell_line
 
 
 def json_text(arguments: dict[str, Any]) -> str:
@@ -53,7 +53,7 @@ def cli_flags(arguments: dict[str, Any]) -> str:
             tokens += [f"--{name}", json.dumps(value, sort_keys=True)]
         else:
             tokens += [f"--{name}", str(value)]
-    return " ".join(shlex.quote(token) for token in tokens) + "\n"
+    return shell_line(tokens)
 
 
 def _parser_nargs() -> dict[str, Any]:
@@ -79,7 +79,7 @@ def python_snippet(arguments: dict[str, Any], provenance: str = "", trainer: str
     """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
     study) with every argument as a literal."""
     module, name = ("trl", "SFTConfig") if trainer == "sft" else ("transformers", "TrainingArguments")
-    lines = [f"# {line}" for line in provenance.splitlines()]
+    lines = comment_lines([provenance] if provenance else [])
     lines += [
         f"from {module} import {name}",
         "",
@@ -124,12 +124,12 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: in
         }
     carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode"}
     rest = {name: value for name, value in arguments.items() if name not in carried}
-    header = [f"# {line}" for line in provenance.splitlines()]
+    header = comment_lines([provenance] if provenance else [])
     header += [
         "# accelerate launch --config_file <this file> train.py",
         "# accelerate has no config field for these; set them in your script:",
     ]
-    header += [f"#   {name} = {value!r}" for name, value in rest.items()]
+    header += comment_lines([f"{name} = {value!r}" for name, value in rest.items()], prefix="#   ")
     if arguments.get("tf32"):
         header.append("#   (tf32: torch.backends.cuda.matmul.allow_tf32 = True before training)")
     if "gradient_accumulation_steps" in rest:

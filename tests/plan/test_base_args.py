@@ -387,3 +387,13 @@ def test_under_sft_what_autotune_sets_or_refuses_is_one_line(tmp_path, fields, m
     pytest.importorskip("trl")
     with pytest.raises(AutotuneError, match=message):
         load_base_args(write_json(tmp_path, fields), "sft")
+
+
+def test_a_token_s_text_is_no_credential_under_sft(tmp_path):
+    """SFTConfig's eos_token and pad_token hold a token's text (trl/trainer/sft_config.py): kept, while the
+    credential field SFTConfig inherits (hub_token) is still refused; a credential is known by its field."""
+    pytest.importorskip("trl")
+    text = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    assert load_base_args(write_json(tmp_path, text), trainer="sft") == text
+    with pytest.raises(AutotuneError, match="remove hub_token: a credential is never stored"):
+        load_base_args(write_json(tmp_path, {**text, "hub_token": "hf_planted"}, "hub.json"), trainer="sft")

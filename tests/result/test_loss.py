@@ -185,6 +185,7 @@ def runaway_run_in_order(tmp_path_factory, bert_tiny, cpu):
 
 @pytest.mark.slow
 def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_run_in_order, tmp_path):
+    from autotune.spec.files import Destination
     from autotune.storage.schema import SEED_HF_DEFAULT as HF_DEFAULT
     from autotune.storage.schema import TRIAL_SEED as SEED_ATTR
     from autotune.views.export import export_winner
@@ -200,7 +201,7 @@ def test_a_runaway_loss_is_diverged_never_ranked_never_exported(runaway_run_in_o
     # Recorded like an infeasible config: COMPLETE, value 0, a violated constraint; the sampler avoids it.
     assert runaway.state == TrialState.COMPLETE and runaway.value == 0.0 and runaway.system_attrs["constraints"][0] > 0
     assert [r.number for r in study_ranking(study)] == [default.number]
-    assert export_winner(study, "json", str(tmp_path / "best.json")).number == default.number
+    assert export_winner(study, "json", Destination(str(tmp_path / "best.json"))).number == default.number
     assert study.best_trial.number == default.number
 
 

@@ -147,7 +147,8 @@ def test_the_command_writes_the_corpus(tmp_path):
 @pytest.mark.parametrize(
     ("args", "phrase"),
     [
-        (["--samples", "0"], "--samples 0: give a whole number above 0"),
+        (["--samples", "0"], "--samples 0: give a whole number from 1 to 1,000,000"),
+        (["--samples", "100000000000000"], "--samples 100000000000000: give a whole number from 1 to 1,000,000"),
         (["--samples", "3", "--format", "csv"], "--format 'csv' is not known"),
         (["--samples", "3", "--length-scale", "-1"], "--length-scale -1.0: give a number above 0"),
         (["--samples", "3", "--out", "missing/dir/chat.jsonl"], "cannot write it"),
@@ -158,3 +159,27 @@ def test_bad_input_is_one_line(tmp_path, args, phrase):
     result = run_cli_in_process("chat-corpus", *out, *args, cwd=tmp_path)
     assert result.returncode == 2
     assert phrase in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_existing_file_is_replaced_only_with_force(tmp_path):
+    (tmp_path / "chat.jsonl").write_text("the user's data\n")
+    refused = run_cli_in_process("chat-corpus", "--out", "chat.jsonl", "--samples", "3", cwd=tmp_path)
+    assert refused.returncode == 2 and "pass --force to replace it" in refused.stderr
+    assert (tmp_path / "chat.jsonl").read_text() == "the user's data\n"
+    forced = run_cli_in_process("chat-corpus", "--out", "chat.jsonl", "--samples", "3", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert len((tmp_path / "chat.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.slow  # mounts a real tmpfs
+def test_a_corpus_larger_than_the_free_space_is_refused_before_writing(tmp_path):
+    """On a 1 MiB file system, 100,000 conversations (some 300 MB) are refused in one line, nothing written.
+    (Whatever still fails while writing leaves no partial file: tests/spec/test_files.py, and the report on a
+    full disk in tests/test_bad_state.py, through the same Destination.)"""
+    from tests.support.bad_input import assert_one_error_line
+    from tests.support.filesystems import tmpfs
+
+    with tmpfs(tmp_path / "small", "1m") as mount:
+        refused = run_cli_in_process("chat-corpus", "--out", "chat.jsonl", "--samples", "100000", cwd=mount)
+        assert_one_error_line(refused, "--samples 100000: the corpus would take about")
+        assert list(mount.iterdir()) == []

@@ -270,3 +270,26 @@ def test_a_dataset_shorter_than_one_global_batch_stops_before_any_trial(tmp_path
         "batch of the search space (16); give more data, or cap the batch with --global-batch / --max-global-batch"
     )
     assert not (tmp_path / "study.db").exists() and not list((tmp_path / "runs").glob("trial-*"))
+
+
+def test_empty_text_rows_follow_one_rule_under_both_trainers(tmp_path):
+    """A ``text`` row holding nothing (or only whitespace) trains nothing but its end-of-text token under
+    SFTTrainer (8 samples of 1 token rank ``ok``): skipped as the Trainer path skips it, and data of empty
+    rows alone refused in one line by both."""
+    pytest.importorskip("trl")
+    from autotune.spec.dataset import prepare_sft_rows
+    from autotune.spec.models import resolve_model
+    from autotune.spec.sft import for_trainer
+
+    model = for_trainer(resolve_model("llama-tiny"), "sft")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "  ", "\n"] * 4))
+    with pytest.raises(AutotuneError, match="every 'text' value is empty"):
+        prepare_sft_rows(str(empty), model, "text", "all", 8, 3, str(tmp_path / "cache"), [])
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "hello world"] * 10))
+    prepared = prepare_sft_rows(str(mixed), model, "text", "all", 8, 3, str(tmp_path / "cache"), [])
+    assert prepared.num_samples == 10
+    import datasets
+
+    assert set(datasets.load_from_disk(prepared.prepared_dir)["text"]) == {"hello world"}

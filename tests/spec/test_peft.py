@@ -159,7 +159,6 @@ def test_a_study_of_other_adapters_is_refused():
 def test_the_adapter_config_goes_beside_the_exported_arguments():
     assert adapter_config_path("best_args.json") == "best_args.adapter_config.json"
     assert adapter_config_path("out/args.txt") == "out/args.adapter_config.json"
-    assert adapter_config_path("-") == "adapter_config.json"
 
 
 class FakeParams4bit(torch.nn.Parameter):

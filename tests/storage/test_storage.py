@@ -35,11 +35,11 @@ from tests.support.cli import FAST_SEARCH_ARGS, run_cli, run_cli_in_process
         ("postgresql://u@127.0.0.1/db?password=hunter2", "postgresql://u@127.0.0.1/db?password=***"),
         (
             "postgresql+psycopg://u:a@h/db?sslmode=require&sslpassword=b&application_name=x",
-            "postgresql+psycopg://u:***@h/db?sslmode=require&sslpassword=***&application_name=x",
+            "postgresql+psycopg://u:***@h/db?sslmode=require&sslpassword=***",  # what follows a credential too
         ),
         (
             "postgresql:///db?host=/run/pg&user=u&PASSWORD=hunter2#x",
-            "postgresql:///db?host=/run/pg&user=u&PASSWORD=***#x",
+            "postgresql:///db?host=/run/pg&user=u&PASSWORD=***",
         ),
         ("mysql+pymysql://u:p%40ss@h/db?passwd=hunter2", "mysql+pymysql://u:***@h/db?passwd=***"),
         ("postgresql://u:p@ss@h/db", "postgresql://u:***@h/db"),  # an unescaped @ in the password
@@ -49,10 +49,13 @@ from tests.support.cli import FAST_SEARCH_ARGS, run_cli, run_cli_in_process
         ("sqlite:///study.db?password=hunter2", "sqlite:///study.db?password=***"),
         (
             "snowflake://u@acct/db?token=t0k&private_key_file_pwd=k3y&api_key=z",
-            "snowflake://u@acct/db?token=***&private_key_file_pwd=***&api_key=***",
+            "snowflake://u@acct/db?token=***",
         ),
         ("sqlite:////data/a@b/study.db", "sqlite:////data/a@b/study.db"),  # nothing secret: shown as given
         ("postgresql://u@h:5432/db?sslmode=require", "postgresql://u@h:5432/db?sslmode=require"),
+        # A credential where a parser other than SQLAlchemy's cuts the query (libpq echoes the whole value).
+        ("postgresql://u@h/db?sslmode=disable;password=hunter2", "postgresql://u@h/db?sslmode=disable;password=***"),
+        ("postgresql://u@h/db?password=ab&cd", "postgresql://u@h/db?password=***"),
     ],
 )
 def test_every_credential_of_a_storage_url_is_redacted(url, shown):
@@ -64,6 +67,40 @@ def test_a_drivers_message_loses_the_password_as_written_and_as_decoded():
     assert url_secrets(url) == ["p%40ss", "s3cr3t", "p@ss"]
     message = 'FATAL: password "p@ss" rejected; key "s3cr3t" for postgresql://u:p%40ss@h/db?sslpassword=s3cr3t'
     assert "p@ss" not in scrub_password(message, url) and "s3cr3t" not in scrub_password(message, url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # SQLAlchemy ends the password at the first "@": libpq is handed the host "SECRET@host.invalid".
+        "postgresql://u:Abc@SECRET@host.invalid/db",
+        # SQLAlchemy splits the query at "&" alone: libpq refuses the sslmode "disable;password=SECRET".
+        "postgresql://u@localhost/db?sslmode=disable;password=SECRET",
+    ],
+)
+def test_the_drivers_own_words_lose_every_part_of_a_secret(url):
+    """The real driver (psycopg2) refuses each URL in its own words, which carry a part of the secret that
+    the URL's parser cut off; the line autotune prints shows neither the URL's secret nor any part of it."""
+    pytest.importorskip("psycopg2")
+    from autotune.errors import AutotuneError
+    from autotune.storage import open_storage
+
+    with pytest.raises(AutotuneError, match="cannot open it") as refused:
+        open_storage(url)
+    assert "SECRET" not in str(refused.value)
+    assert "host.invalid" in str(refused.value) or "sslmode" in str(refused.value)  # the driver's reason stays
+
+
+def test_any_error_text_loses_the_secrets_of_every_storage_this_process_opened():
+    """A storage failure after the storage opened (a lost server's words name its host) goes through the
+    same redaction, although the error that carries it knows no URL."""
+    from autotune.errors import AutotuneError
+    from autotune.storage import open_storage, storage_failure
+
+    with pytest.raises(AutotuneError):
+        open_storage("postgresql://u:Xyz@PLANTED@host.invalid/db")
+    lost = RuntimeError('could not translate host name "PLANTED@host.invalid" to address')
+    assert storage_failure(lost) == 'could not translate host name "***@host.invalid" to address'
 
 
 def _dashboard_responses(storage: str, cwd: Path) -> tuple[str, list[bytes]]:

@@ -75,6 +75,7 @@ def test_the_runaway_was_stored_unjudged(told_before_the_default):
 
 def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, tmp_path):
     from autotune.result import diverged_trials
+    from autotune.spec.files import Destination
     from autotune.study._confirm import confirmation_candidates
     from autotune.views.dashboard import dashboard_app, open_dashboard_storage, study_note
     from autotune.views.export import export_winner
@@ -85,7 +86,7 @@ def test_every_reader_names_the_hf_default_the_winner(told_before_the_default, t
     study, url, default, runaway = told_before_the_default
     trials = study.get_trials()
     assert [r.number for r in study_ranking(study)] == [default]
-    assert export_winner(study, "json", str(tmp_path / "best.json")).number == default
+    assert export_winner(study, "json", Destination(str(tmp_path / "best.json"))).number == default
     assert [number for number, _ in confirmation_candidates(study, 3)] == [default]
     assert speedup_over_default(trials).best_trial == default
     assert [number for number, _ in diverged_trials(trials)] == [runaway]

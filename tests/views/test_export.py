@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shlex
 from typing import TYPE_CHECKING
 
@@ -185,20 +186,18 @@ def test_export_to_standard_output_and_an_unknown_format(searched_study):
     assert wrong.stderr.count("\n") == 1 and "choose one of json, cli, python, accelerate" in wrong.stderr
 
 
-def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_name_it(tmp_path):
-    """The DeepSpeed config the trial trained with, as JSON beside the arguments; the note says the
-    host RAM offload needs (the prediction recorded with the trial)."""
+def one_trial_study(storage: str | None, params: dict, identity: dict | None = None):
+    """A study of one feasible trial of ``params`` (CPU), in ``storage`` (``None``: in memory)."""
     import optuna
     from optuna.distributions import CategoricalDistribution
 
-    from autotune.levers import deepspeed_config
     from autotune.result import Status, TrialResult
     from autotune.storage import schema
-    from autotune.views.export import deepspeed_config_path, export_notes, export_winner
-    from autotune.views.ranking import study_ranking
 
-    study = optuna.create_study(direction="maximize")
+    study = optuna.create_study(storage=storage, direction="maximize", study_name="one-trial")
     study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+    if identity is not None:
+        study.set_user_attr(schema.STUDY_IDENTITY, identity)
     result = TrialResult(
         status=Status.OK,
         samples_per_s=10.0,
@@ -208,18 +207,83 @@ def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_n
     )
     study.add_trial(
         optuna.trial.create_trial(
-            params={"zero": "2+offload", "dtype": "bf16"},
-            distributions={
-                "zero": CategoricalDistribution(["off", "2+offload"]),
-                "dtype": CategoricalDistribution(["bf16"]),
-            },
+            params=params,
+            distributions={name: CategoricalDistribution(["off", value]) for name, value in params.items()},
             value=1.0,
             user_attrs={schema.TRIAL_RESULT: result.to_dict()},
             system_attrs={"constraints": [-1.0]},
         )
     )
+    return study
+
+
+PEFT_IDENTITY = {"task": "causal-lm", "peft": {"adapter_config": {"r": 8, "lora_alpha": 16}, "quantize": None}}
+
+
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_a_command_never_writes_over_the_study_it_reads(command, tmp_path):
+    """`export --out autotune.db` / `report --out autotune.db` (even with --force, or through a link) is one
+    line, and the study reads as before; an existing file of the user's is replaced only with --force."""
+    from tests.support.bad_input import assert_one_error_line
+
+    one_trial_study(f"sqlite:///{tmp_path / 'autotune.db'}", {"micro_batch": 16})
+    before = (tmp_path / "autotune.db").read_bytes()
+    (tmp_path / "link.db").symlink_to(tmp_path / "autotune.db")
+    for out in ("autotune.db", "link.db", "autotune.db-journal"):
+        for force in ([], ["--force"]):
+            refused = run_cli_in_process(command, "--out", out, *force, cwd=tmp_path)
+            assert_one_error_line(refused, f"--out {out}: that is the study's database, which this command reads")
+    assert (tmp_path / "autotune.db").read_bytes() == before
+    (tmp_path / "mine.txt").write_text("the user's file\n")
+    refused = run_cli_in_process(command, "--out", "mine.txt", cwd=tmp_path)
+    assert_one_error_line(refused, "--out mine.txt: the file exists and autotune does not write over a file unasked")
+    assert (tmp_path / "mine.txt").read_text() == "the user's file\n"
+    forced = run_cli_in_process(command, "--out", "mine.txt", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "mine.txt").read_text() != "the user's file\n"
+
+
+def test_side_files_are_written_only_beside_a_regular_out_file(tmp_path):
+    """A --peft and ZeRO winner: beside a file, its adapters and DeepSpeed config are files (never over one
+    unasked); to standard output or a device nothing else is written anywhere, and the export and its
+    notes carry both themselves."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    one_trial_study(storage, {"zero": "2+offload", "dtype": "bf16"}, PEFT_IDENTITY)
+    work = tmp_path / "work"
+    work.mkdir()
+    shown = run_cli_in_process("export", "--storage", storage, "--out", "-", cwd=work)
+    assert shown.returncode == 0, shown.stderr
+    assert list(work.iterdir()) == []  # no ./adapter_config.json, no ./deepspeed_config.json
+    arguments = json.loads(shown.stdout)
+    assert arguments["deepspeed"]["zero_optimization"]["stage"] == 2  # the config itself, not a file's name
+    assert "peft.LoraConfig(**{" in shown.stderr and '"lora_alpha": 16' in shown.stderr
+    devices_before = sorted(os.listdir("/dev"))
+    to_device = run_cli_in_process("export", "--storage", storage, "--out", "/dev/null", cwd=work)
+    assert to_device.returncode == 0, to_device.stderr
+    assert sorted(os.listdir("/dev")) == devices_before and list(work.iterdir()) == []
+
+    (work / "best_args.adapter_config.json").write_text("the user's adapters\n")
+    refused = run_cli_in_process("export", "--storage", storage, cwd=work)
+    assert refused.returncode == 2 and "best_args.adapter_config.json: the file exists" in refused.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["best_args.adapter_config.json"]  # nothing written
+    written = run_cli_in_process("export", "--storage", storage, "--force", cwd=work)
+    assert written.returncode == 0, written.stderr
+    assert json.loads((work / "best_args.adapter_config.json").read_text())["r"] == 8
+    assert json.loads((work / "best_args.json").read_text())["deepspeed"] == "best_args.deepspeed.json"
+    assert json.loads((work / "best_args.deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
+
+
+def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_name_it(tmp_path):
+    """The DeepSpeed config the trial trained with, as JSON beside the arguments; the note says the
+    host RAM offload needs (the prediction recorded with the trial)."""
+    from autotune.levers import deepspeed_config
+    from autotune.spec.files import Destination
+    from autotune.views.export import deepspeed_config_path, export_notes, export_winner
+    from autotune.views.ranking import study_ranking
+
+    study = one_trial_study(None, {"zero": "2+offload", "dtype": "bf16"})
     out = str(tmp_path / "best_args.json")
-    export_winner(study, "json", out)
+    export_winner(study, "json", Destination(out))
     arguments = json.loads((tmp_path / "best_args.json").read_text())
     assert arguments["deepspeed"] == deepspeed_config_path(out) == str(tmp_path / "best_args.deepspeed.json")
     assert json.loads((tmp_path / "best_args.deepspeed.json").read_text()) == deepspeed_config("2+offload")
