@@ -224,7 +224,7 @@ def export(
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
     from autotune.storage import load_study
-    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
+    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner, exported_as
 
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
@@ -233,7 +233,8 @@ def export(
     best_trial = export_winner(study, fmt, out)
     if out != "-":
         console.print(
-            f"wrote {out} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
+            f"wrote {out} ({fmt}: {exported_as(study, fmt)}): trial #{best_trial.number}, "
+            f"{best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
     for note in export_notes(best_trial, study, out, fmt):
         err_console.print(f"note: {note}")  # stderr: `--out -` keeps stdout to the export itself

@@ -175,6 +175,22 @@ def write_json(arguments: dict[str, Any], out: str) -> None:
     write_output(out, json_text(arguments))
 
 
+def exported_as(study: optuna.Study, fmt: str) -> str:
+    """What the export in ``fmt`` holds, in words: an SFT study's arguments are ``SFTConfig``'s, which
+    ``TrainingArguments`` refuses (``assistant_only_loss``, ``max_length``, ...), a Trainer study's
+    ``TrainingArguments``'."""
+    cls = "SFTConfig" if study_trainer(study) == "sft" else "TrainingArguments"
+    return {
+        "json": f"{cls}(**json) keyword arguments",
+        "cli": f"{cls} flags for HfArgumentParser",
+        "python": f"{'an' if cls == 'SFTConfig' else 'a'} {cls}(...) snippet",
+        "accelerate": "an accelerate launch config",
+        "trl": "a `trl sft` command line",
+        "axolotl": "an axolotl config fragment",
+        "llama-factory": "a LLaMA-Factory config fragment",
+    }[fmt]
+
+
 # The formats of the tools built on TRL's SFTTrainer: a study under --trainer sft only.
 SFT_FORMATS = ("trl", "axolotl", "llama-factory")
 FORMATS = ("json", "cli", "python", "accelerate", *SFT_FORMATS)

@@ -137,14 +137,14 @@ def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_stud
     from transformers import HfArgumentParser, TrainingArguments
 
     from autotune.storage import load_study
-    from autotune.views.export import DEFAULT_OUT, winner_arguments
+    from autotune.views.export import DEFAULT_OUT, exported_as, winner_arguments
 
     out = tmp_path / DEFAULT_OUT[fmt]
     shown = run_cli_in_process(
         "export", "--format", fmt, "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir
     )
     assert shown.returncode == 0, shown.stderr
-    assert f"wrote {out} ({fmt}): trial #" in shown.stdout
+    assert f"wrote {out} ({fmt}: {exported_as(load_study(searched_study.storage, None), fmt)}): trial #" in shown.stdout
     kwargs = winner_arguments(load_study(searched_study.storage, None))
     text = out.read_text()
     if fmt == "json":

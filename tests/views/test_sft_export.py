@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig, training_arguments_kwargs, with_levers_off_explicit
 from autotune.spec.sft import sft_arguments
 from autotune.views import sft_tool_yaml
-from autotune.views.export import export_notes, render, winner_arguments
+from autotune.views.export import export_notes, exported_as, render, winner_arguments
 
 pytest.importorskip("trl")
 
@@ -326,3 +326,19 @@ def test_axolotl_padding_free_batches_are_its_batch_flattening_where_the_attenti
         )
     packed, _ = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], device_kind="cuda"), "axolotl")
     assert "batch_flattening" not in packed  # axolotl refuses it beside sample_packing
+
+
+def test_the_export_says_an_sft_studys_arguments_are_sftconfigs_which_trainingarguments_refuses():
+    """`wrote best_args.json (json: ...)` names the class: TrainingArguments(**json) refuses an SFT study's."""
+    from transformers import TrainingArguments
+
+    study = sft_study(CONFIGS["fp32"], loss_on="assistant")
+    exported = json.loads(render(winner_arguments(study), "json"))
+    assert exported_as(study, "json") == "SFTConfig(**json) keyword arguments"
+    assert exported_as(study, "python") == "an SFTConfig(...) snippet"
+    assert sft_config(**exported).assistant_only_loss is True
+    with pytest.raises(TypeError, match="assistant_only_loss"):
+        TrainingArguments(output_dir=OUTPUT_DIR, **exported)
+    trainer_study = sft_study(CONFIGS["fp32"])
+    trainer_study.set_user_attr("identity", {})  # a study of the Trainer: no trainer in its identity
+    assert exported_as(trainer_study, "json") == "TrainingArguments(**json) keyword arguments"
