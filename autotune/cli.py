@@ -227,7 +227,7 @@ def export(
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
     from autotune.spec.files import Destination
     from autotune.storage import load_study, storage_files
-    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner
+    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner, exported_as
     from autotune.views.text import for_rich
 
     if fmt not in FORMATS:
@@ -239,7 +239,8 @@ def export(
     best_trial = export_winner(study, fmt, destination)
     if out != "-":
         console.print(
-            f"wrote {for_rich(out)} ({fmt}): trial #{best_trial.number}, {best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
+            f"wrote {for_rich(out)} ({fmt}: {exported_as(study, fmt)}): trial #{best_trial.number}, "
+            f"{best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
     for note in export_notes(best_trial, study, out, fmt):
         err_console.print(f"note: {for_rich(note)}")  # stderr: `--out -` keeps stdout to the export itself

@@ -25,7 +25,15 @@ HostCeiling = Annotated[
         help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available)."
     ),
 ]
-Space = Annotated[str | None, typer.Option(help="Search space YAML (default: search_spaces/default.yaml).")]
+# The default of each task is autotune.space.DEFAULT_SPACES' (not imported here: the command line stays light;
+# tests/plan/test_options.py checks these words against it).
+Space = Annotated[
+    str | None,
+    typer.Option(
+        help="Search space YAML (default: search_spaces/llm.yaml for a causal-lm model, "
+        "search_spaces/default.yaml for any other task)."
+    ),
+]
 Task = Annotated[str | None, typer.Option(help="sequence-classification, causal-lm or masked-lm.")]
 Peft = Annotated[
     str | None,

@@ -10,6 +10,7 @@ loss (:func:`judge_against_default`, :func:`judged_trials`).
 from __future__ import annotations
 
 from autotune.result._loss import (
+    ACCUMULATION_MEANING,
     accumulation_note,
     diverged_trials,
     judge_against_default,
@@ -66,6 +67,7 @@ __all__ = [
     "TrialResult",
     "UNFINISHED_LABELS",
     "UNKNOWN_EXCESS_GIB",
+    "ACCUMULATION_MEANING",
     "Verification",
     "VersionChange",
     "accumulation_note",

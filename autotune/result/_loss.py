@@ -391,13 +391,17 @@ class WinnerLoss:
         return f"loss by step (winner / {self.baseline}): " + ", ".join(pairs)
 
 
+# What ``gradients xk`` means, for k accumulated micro-batches (the trial tables say it once, under the table).
+ACCUMULATION_MEANING = "the Trainer adds up {steps} micro-batch mean losses (loss shown per sample)"
+
+
 def accumulation_note(result: TrialResult) -> str | None:
     """The one sentence on a trial whose Trainer adds up its micro-batches' mean losses
     (:attr:`TrialResult.gradient_scale` above 1); ``None`` for any other."""
     if result.gradient_scale <= 1:
         return None
     steps = result.gradient_scale
-    return f"gradients x{steps}: the Trainer adds up {steps} micro-batch mean losses (loss shown per sample)"
+    return f"gradients x{steps}: {ACCUMULATION_MEANING.format(steps=steps)}"
 
 
 def _loss_text(value: float | None) -> str:

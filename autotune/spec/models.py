@@ -172,6 +172,22 @@ def _catalog_index() -> dict[str, str]:
     return index
 
 
+def catalog_name_of(name: str) -> str | None:
+    """The catalog entry ``--model name`` resolves to (by file name or Hub id, any case); ``None`` for a
+    local directory (resolved before the catalog, as :func:`resolve_model` does) or a name the catalog
+    does not hold. Read without transformers: the export asks it of a study's model."""
+    if Path(name).expanduser().is_dir():
+        return None
+    return _catalog_index().get(name.lower())
+
+
+def catalog_hub_id(catalog_name: str) -> str | None:
+    """The Hub repository a catalog entry's config was published in, which a tool loads the model from by
+    name (``from_pretrained``); ``None`` for autotune's made-up test configs, which have no checkpoint."""
+    hub_id = catalog_entry(catalog_name)["_autotune_hub_id"]
+    return None if hub_id is None else str(hub_id)
+
+
 def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
 

@@ -50,6 +50,8 @@ key                       written by                                     read by
                           whole :class:`autotune.result.TrialResult`     ranking, export, report, dashboard
 ``status``                ``tell``: the result's status alone            the dashboard's trial table
 ``seed``                  seeds (``hf-default``, ``best-practice``)      ranking (speedup over the default)
+``seed_instead_of``       seeds: the levers the space could not hold     the speedup line (names the
+                          at the default's value, with that value        nearest config so)
 ``reused_from``           the trial loop: the trial this repeat's        ranking (left out), screening
                           result was copied from
 ``proposed_again``        the sampler (:mod:`autotune.study._proposals`):  ``best --all``, the dashboard note
@@ -94,6 +96,7 @@ STUDY_SETUP_BY = "autotune_setup_by"
 TRIAL_RESULT = "result"
 TRIAL_STATUS = "status"
 TRIAL_SEED = "seed"
+TRIAL_SEED_INSTEAD_OF = "seed_instead_of"
 TRIAL_REUSED_FROM = "reused_from"
 TRIAL_PROPOSED_AGAIN = "proposed_again"
 TRIAL_FIRST_ATTEMPT = "first_attempt"

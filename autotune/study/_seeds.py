@@ -45,11 +45,14 @@ class Seed:
         label: ``hf-default`` or ``best-practice`` (the trial's ``seed`` user attr).
         params: Optuna params: every lever of the space, each one of its choices.
         notes: What had to change to fit the space, one line each.
+        instead_of: The levers the space could not hold at the config's value, with that value (the
+            trial's ``seed_instead_of`` user attr: the speedup line names the nearest config so).
     """
 
     label: str
     params: dict[str, Any]
     notes: tuple[str, ...] = ()
+    instead_of: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def default_config(trainer: str = "trainer") -> TrialConfig:
@@ -105,19 +108,28 @@ def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -
     """
     wanted = config.to_params()
     params: dict[str, Any] = {}
-    notes: list[str] = []
     for name, choices in space.choices.items():
         if name not in wanted:  # a batch limit (global_batch, ...): one choice, accumulation follows from it
             params[name] = choices[0]
             continue
         value = wanted[name]
-        if value in choices:
-            params[name] = value
-            continue
-        params[name] = nearest_choice(LEVERS[name], value, choices)
-        if not LEVERS[name].no_effect_on(value, device):
-            notes.append(f"{name} {value} is not in the search space: seeded with the nearest choice, {params[name]}")
+        params[name] = value if value in choices else nearest_choice(LEVERS[name], value, choices)
+    notes = [
+        f"{name} {value} is not in the search space: seeded with the nearest choice, {params[name]}"
+        for name, value in moved_from(config, params, device).items()
+    ]
     return params, notes
+
+
+def moved_from(config: TrialConfig, params: Mapping[str, Any], device: DeviceSpec) -> dict[str, Any]:
+    """The levers ``params`` (``config`` snapped to a space) hold at another value than ``config``, each
+    with ``config``'s value; not those whose value changes nothing on the device."""
+    wanted = config.to_params()
+    return {
+        name: wanted[name]
+        for name, value in params.items()
+        if name in wanted and value != wanted[name] and not LEVERS[name].no_effect_on(wanted[name], device)
+    }
 
 
 def nearest_choice(lever: Lever, value: Any, choices: Sequence[Any]) -> Any:
@@ -167,10 +179,12 @@ def best_practice_config(space: SearchSpace, workload: Workload) -> TrialConfig:
 
 def study_seeds(space: SearchSpace, workload: Workload) -> list[Seed]:
     """The HF default and the best-practice guess, as params of the space (one seed if they coincide)."""
-    default_params, default_notes = snap_to_space(default_config(workload.trainer), space, workload.device)
+    default = default_config(workload.trainer)
+    default_params, default_notes = snap_to_space(default, space, workload.device)
     best = best_practice_config(space, workload)
     best_params, _ = snap_to_space(best, space, workload.device)
-    seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes))]
+    instead_of = moved_from(default, default_params, workload.device)
+    seeds = [Seed(schema.SEED_HF_DEFAULT, default_params, tuple(default_notes), instead_of)]
     if best_params != default_params:
         seeds.append(
             Seed(
@@ -198,9 +212,10 @@ def slow_value_notes(space: SearchSpace, device: DeviceSpec, seed: Mapping[str, 
 
 
 def enqueue_seeds(study: optuna.Study, seeds: Sequence[Seed]) -> None:
-    """Queue the seeds as the study's first trials, each marked with its label."""
+    """Queue the seeds as the study's first trials, each marked with its label (and what the space could not hold)."""
     for seed in seeds:
-        study.enqueue_trial(seed.params, user_attrs={schema.TRIAL_SEED: seed.label})
+        instead_of = {schema.TRIAL_SEED_INSTEAD_OF: seed.instead_of} if seed.instead_of else {}
+        study.enqueue_trial(seed.params, user_attrs={schema.TRIAL_SEED: seed.label, **instead_of})
 
 
 def requeue_failed_seeds(study: optuna.Study) -> list[str]:
@@ -222,6 +237,8 @@ def requeue_failed_seeds(study: optuna.Study) -> list[str]:
     queued = []
     for label, trials in trials_by_seed.items():
         if all(t.state == TrialState.FAIL for t in trials):
-            study.enqueue_trial(trials[-1].params, user_attrs={schema.TRIAL_SEED: label})
+            instead_of = trials[-1].user_attrs.get(schema.TRIAL_SEED_INSTEAD_OF)
+            moved = {schema.TRIAL_SEED_INSTEAD_OF: instead_of} if instead_of else {}
+            study.enqueue_trial(trials[-1].params, user_attrs={schema.TRIAL_SEED: label, **moved})
             queued.append(label)
     return queued

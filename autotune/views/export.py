@@ -30,6 +30,7 @@ from autotune.units import format_bytes
 from autotune.views.ranking import RankedTrial, study_ranking, winner_summary
 from autotune.views.sft_export import (
     SftWinner,
+    model_to_load,
     sft_config_arguments,
     sft_config_note,
     sft_flags,
@@ -167,6 +168,22 @@ def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | Non
     return {**arguments, "tf32": True}
 
 
+def exported_as(study: optuna.Study, fmt: str) -> str:
+    """What the export in ``fmt`` holds, in words: an SFT study's arguments are ``SFTConfig``'s, which
+    ``TrainingArguments`` refuses (``assistant_only_loss``, ``max_length``, ...), a Trainer study's
+    ``TrainingArguments``'."""
+    cls = "SFTConfig" if study_trainer(study) == "sft" else "TrainingArguments"
+    return {
+        "json": f"{cls}(**json) keyword arguments",
+        "cli": f"{cls} flags for HfArgumentParser",
+        "python": f"{'an' if cls == 'SFTConfig' else 'a'} {cls}(...) snippet",
+        "accelerate": "an accelerate launch config",
+        "trl": "a `trl sft` command line",
+        "axolotl": "an axolotl config fragment",
+        "llama-factory": "a LLaMA-Factory config fragment",
+    }[fmt]
+
+
 # The formats of the tools built on TRL's SFTTrainer: a study under --trainer sft only.
 SFT_FORMATS = ("trl", "axolotl", "llama-factory")
 FORMATS = ("json", "cli", "python", "accelerate", *SFT_FORMATS)
@@ -181,15 +198,34 @@ DEFAULT_OUT = {
 }
 
 
-def launch_note(ranks: int) -> str | None:
+def launch_note(ranks: int, deepspeed: bool = False) -> str | None:
     """How to launch a winner measured on ``ranks`` ranks: torch's launcher, one process per device
-    (the trials ran exactly so: autotune/runner/_launch.py), the global batch shared by all."""
-    if ranks == 1:
+    (the trials ran exactly so: autotune/runner/_launch.py), the global batch shared by all.
+
+    A winner that trains with DeepSpeed needs the launcher on one rank too: DeepSpeed initialises
+    torch.distributed from the launcher's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and LOCAL_RANK,
+    and without them looks for MPI (deepspeed/comm/comm.py, ``init_distributed`` -> ``mpi_discovery``):
+    a plain ``python your_script.py`` fails there (``No module named 'mpi4py'``, or an MPI world it
+    did not ask for)."""
+    if ranks == 1 and not deepspeed:
         return None
+    command = f"`torchrun --nproc-per-node {ranks} your_script.py`"
+    if not deepspeed:
+        return (
+            f"the winner was measured on {ranks} ranks: launch {command} "
+            f"(or `accelerate launch --num_processes {ranks}`); the global batch is per_device_train_batch_size "
+            f"x gradient_accumulation_steps x {ranks}"
+        )
+    batch = (
+        f"; the global batch is per_device_train_batch_size x gradient_accumulation_steps x {ranks}"
+        if ranks > 1
+        else ""
+    )
     return (
-        f"the winner was measured on {ranks} ranks: launch `torchrun --nproc-per-node {ranks} your_script.py` "
-        f"(or `accelerate launch --num_processes {ranks}`); the global batch is per_device_train_batch_size "
-        f"x gradient_accumulation_steps x {ranks}"
+        f"the winner trains with DeepSpeed, which needs a launcher even on one rank: launch {command} (or "
+        f"`deepspeed --num_gpus {ranks} your_script.py` on GPUs, or `accelerate launch` with --format accelerate's "
+        f"config); a plain `python your_script.py` fails in DeepSpeed's mpi_discovery (deepspeed/comm/comm.py: it "
+        f"looks for MPI when the launcher's RANK, WORLD_SIZE and MASTER_ADDR are not set){batch}"
     )
 
 
@@ -280,7 +316,7 @@ def export_notes(
     and what was changed for a Trainer that added up its micro-batches' losses."""
     trainer = study_trainer(study)
     found = (
-        launch_note(ranks_of(study)),
+        launch_note(ranks_of(study), _trains_with_deepspeed(study, best)),
         sft_config_note(winner_arguments(study, "json")) if study is not None and trainer == "sft" else None,
         model_loading_note(best, trainer),
         allocator_note(best),
@@ -295,6 +331,13 @@ def export_notes(
         beside = adapter_config_path(out) if writes_beside(out) else None
         notes.append(peft_export_note(peft_identity, beside, adapter_config_json(peft_identity, task)))
     return notes
+
+
+def _trains_with_deepspeed(study: optuna.Study | None, best: RankedTrial) -> bool:
+    """Whether the winner's arguments name a DeepSpeed config: its ``zero`` lever's, or the user's ``--base-args``."""
+    if study is None:
+        return training_arguments_kwargs(best.config, "cuda").get("deepspeed") is not None
+    return trained_arguments(study, best).get("deepspeed") is not None
 
 
 def _peft_identity(study: optuna.Study | None) -> dict[str, Any] | None:
@@ -331,7 +374,10 @@ def render(
             return shell_line(sft_flags(arguments))
         return cli_flags(arguments)
     if fmt == "python":
-        return python_snippet(arguments, provenance, "sft" if sft is not None else "trainer")
+        if sft is None:
+            return python_snippet(arguments, provenance)
+        model_note = [sft.model_note] if sft.model_note else []
+        return python_snippet(arguments, "\n".join([*provenance.splitlines(), *model_note]), "sft", sft.model)
     if sft is not None and fmt in SFT_FORMATS:
         tool = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
         return tool(dataclasses.replace(sft, arguments=arguments, provenance=provenance))
@@ -345,12 +391,14 @@ def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | No
     if study_trainer(study) != "sft":
         return None
     identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
+    model, model_note = model_to_load(str(identity.get("model")))
     return SftWinner(
         arguments=arguments,
-        model=str(identity.get("model")),
+        model=model,
         dataset=str(identity.get("dataset")),
         loss_on=str(identity.get("loss_on")),
         peft=_peft_identity(study),
+        model_note=model_note,
     )
 
 

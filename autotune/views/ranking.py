@@ -185,6 +185,9 @@ class SpeedupOverDefault:
             are search-time figures, one measurement each.
         within_noise: The confirmation found the two tied within noise (they are different trials).
         not_told_apart: The confirmation's budget ran out before the two were told apart.
+        default_moved: Where the space could not hold the default: each lever the seed trial ran at
+            the nearest choice, ``micro_batch 4 instead of 8`` (its ``seed_instead_of``); empty where
+            it ran the default itself.
     """
 
     default_trial: int
@@ -197,6 +200,7 @@ class SpeedupOverDefault:
     rerun_medians: bool = False
     within_noise: bool = False
     not_told_apart: bool = False
+    default_moved: tuple[str, ...] = ()
 
     @property
     def ratio(self) -> float | None:
@@ -259,6 +263,10 @@ def speedup_over_default(
         and best.number != default.number
         and best.unsettled
         and bool(default_rerun.get("unsettled")),
+        default_moved=tuple(
+            f"{name} {default.params.get(name)} instead of {value}"
+            for name, value in (default.user_attrs.get(schema.TRIAL_SEED_INSTEAD_OF) or {}).items()
+        ),
     )
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from autotune.levers import TrialConfig
 from autotune.result import (
+    ACCUMULATION_MEANING,
     UNFINISHED_LABELS,
     Status,
     TimeSpent,
@@ -103,7 +104,10 @@ def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
 def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
     """One row per trial: its status, lever values and every measured figure with its unit."""
     source = memory_source_description(memory_source) or "see each trial's memory_source"
-    table = Table(title=title, caption=LEGEND.format(source=source), caption_justify="left")
+    caption = LEGEND.format(source=source)
+    if any(row.result is not None and accumulation_note(row.result) for row in rows):  # said once, not per row
+        caption += f" gradients xk: {ACCUMULATION_MEANING.format(steps='k')}."
+    table = Table(title=title, caption=caption, caption_justify="left")
     columns: list[tuple[str, JustifyMethod]] = [
         ("#", "right"),
         ("status", "left"),
@@ -151,7 +155,9 @@ def trial_cells(
     notes = [result.error] if result.error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
-    notes += [note for note in [precision_note(config.precision, result), accumulation_note(result)] if note]
+    notes += [note for note in [precision_note(config.precision, result)] if note]
+    if accumulation_note(result):  # explained once, under the table (trial_table's caption)
+        notes.append(f"gradients x{result.gradient_scale}")
     notes += result.defects
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
@@ -254,6 +260,15 @@ class SearchView:
         return f"running {', '.join(f'#{n}' for n in sorted(self._running))}" if self._running else ""
 
 
+def _trials_so_far(trials: Sequence[Any]) -> str:
+    """``3 trials run so far, 2 queued``: the trials that finished, then those running (another worker's)
+    and those queued (a new study's seeds) apart, since neither has run yet."""
+    finished = sum(1 for trial in trials if trial.state.is_finished())
+    waiting = {state: sum(1 for trial in trials if trial.state.name == state) for state in ("RUNNING", "WAITING")}
+    ran = f"{finished} trial{'s' * (finished != 1)} run so far" if finished else "no trial run yet"
+    return ran + "".join(f", {n} {'queued' if state == 'WAITING' else 'running'}" for state, n in waiting.items() if n)
+
+
 class SearchPrinter:
     """What ``autotune search`` prints around its live view: what was prepared, the study, the notes
     before the loop, why the loop stopped, each confirmation re-run (the hooks of
@@ -303,7 +318,7 @@ class SearchPrinter:
             f"study [bold]{for_rich(study.study_name)}[/] in {for_rich(storage_label)}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
             f"params, {workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), "
             f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, "
-            f"{len(study.trials)} trials so far"
+            f"{_trials_so_far(study.trials)}"
         )
         cpu = workload.device.kind == "cpu"
         probe_source = (
@@ -391,6 +406,9 @@ def print_speedup(console: Console, study: Any) -> None:
     trainer = study_trainer(study)
     default = f"{DEFAULT_ARGUMENTS_WORDS[trainer]} (#{speedup.default_trial})"
     over = f"speedup over {BASELINE_WORDS[trainer]}"
+    if speedup.default_moved:  # the space could not hold the default: its seed ran the nearest config
+        over = f"speedup over the nearest config to the {BASELINE_WORDS[trainer]} in this space"
+        default = f"that config (#{speedup.default_trial}: {', '.join(speedup.default_moved)})"
     if speedup.ratio is None:
         console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
         return

@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.levers import TrialConfig, model_build_kwargs, with_levers_off_explicit
 from autotune.levers.memory_savers import checkpointing_field
+from autotune.spec.models import catalog_hub_id, catalog_name_of
 from autotune.spec.sft import sft_arguments
 from autotune.views.text import comment_lines, shell_line
 
@@ -90,10 +91,29 @@ def sft_config_note(arguments: Mapping[str, Any]) -> str:
     )
 
 
+def model_to_load(name: str) -> tuple[str, str | None]:
+    """What a tool loads the study's ``--model`` by (``from_pretrained``), and a line where that is not the
+    name the study was given: a catalog entry's Hub id (``smollm2-135m`` -> ``HuggingFaceTB/SmolLM2-135M``),
+    or why a made-up catalog config has none. A directory or a Hub id is loaded as it was given."""
+    catalog_name = catalog_name_of(name)
+    if catalog_name is None:
+        return name, None
+    hub_id = catalog_hub_id(catalog_name)
+    if hub_id is None:
+        return name, (
+            f"model: {name} is a config autotune ships (autotune/catalog/{catalog_name}.json) with no checkpoint on "
+            "the Hub, so no tool loads it by that name: save a model built from it (save_pretrained) and give "
+            "its directory instead"
+        )
+    if hub_id == name:
+        return name, None
+    return hub_id, f"model: {hub_id}, the Hub repository of autotune's catalog entry {name!r}, which the study searched"
+
+
 @dataclasses.dataclass(frozen=True)
 class SftWinner:
     """What the tools' forms need of the winner: its ``SFTConfig`` arguments (:func:`sft_config_arguments`),
-    the study's model, data, loss and adapters."""
+    the study's model (as a tool loads it: :func:`model_to_load`, with its line), data, loss and adapters."""
 
     arguments: dict[str, Any]
     model: str
@@ -101,11 +121,14 @@ class SftWinner:
     loss_on: str
     peft: dict[str, Any] | None = None
     provenance: str = ""
+    model_note: str | None = None
 
 
 def header_lines(winner: SftWinner, source: str) -> list[str]:
-    """The comment lines at the top of each tool's form: the provenance and where its keys come from."""
-    return comment_lines([*winner.provenance.splitlines(), f"keys from {source}"])
+    """The comment lines at the top of each tool's form: the provenance, the model it loads where that
+    is not the name the study was given, and where its keys come from."""
+    model = [winner.model_note] if winner.model_note else []
+    return comment_lines([*winner.provenance.splitlines(), *model, f"keys from {source}"])
 
 
 # ---- trl sft ----------------------------------------------------------------------------------------

@@ -28,8 +28,10 @@ LLAMA_FACTORY_SOURCE = (
 
 # ---- YAML fragments ---------------------------------------------------------------------------------
 
-# Each mapper: (the SFTConfig value, every argument) -> (the tool's keys, comment lines).
+# Each mapper: (the SFTConfig value, every argument) -> (the tool's keys, comment lines). A comment line is
+# what the tool cannot express, or, starting with NOTE, what a reader of an expressed key must know.
 Mapper = Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+NOTE = "note: "
 
 
 def _same(key: str) -> Mapper:
@@ -51,21 +53,25 @@ def _fragment(
     winner: SftWinner,
     tool: str,
     source: str,
+    model_key: str,
     mappers: Mapping[str, Mapper],
     passthrough: bool,
     adapters: Callable[[Mapping[str, Any] | None], tuple[dict[str, Any], list[str]]],
 ) -> str:
-    """The YAML fragment: each argument through its mapper; without one, the same key where the tool
-    takes every ``TrainingArguments`` field (``passthrough``: LLaMA-Factory), else a comment line."""
+    """The YAML fragment: the model under ``model_key`` (the name the tool loads it by); each argument
+    through its mapper; without one, the same key where the tool takes every ``TrainingArguments``
+    field (``passthrough``: LLaMA-Factory), else a comment line."""
     from transformers import TrainingArguments
 
     plain_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    keys: dict[str, Any] = {}
+    keys: dict[str, Any] = {model_key: winner.model}
     unsaid: list[str] = []
+    notes: list[str] = []
     for name, value in winner.arguments.items():
         if name in mappers:
             said, comments = mappers[name](value, winner.arguments)
-            unsaid += [f"{name}={value!r}: {line}" for line in comments]
+            unsaid += [f"{name}={value!r}: {line}" for line in comments if not line.startswith(NOTE)]
+            notes += [f"{name}={value!r}: {line.removeprefix(NOTE)}" for line in comments if line.startswith(NOTE)]
             keys.update(said)
         elif passthrough and name in plain_fields:
             keys[name] = value
@@ -75,6 +81,7 @@ def _fragment(
     keys.update(adapter_keys)
     unsaid += adapter_comments
     lines = header_lines(winner, source)
+    lines += comment_lines([f"note: {line}" for line in notes])
     lines += comment_lines([f"not expressible: {line}" for line in unsaid])
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
 
@@ -123,6 +130,27 @@ def _axolotl_liger(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any],
     }, []
 
 
+# The attention kernels autotune searches that axolotl 0.19 runs on flattened (varlen) rows
+# (utils/schemas/enums.py:142-155, ATTN_IMPLS_SUPPORTING_PACKING).
+_AXOLOTL_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def _axolotl_padding_free(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # axolotl's padding-free batches without packing: batch_flattening (schemas/config.py:748-753; the
+    # collator DataCollatorWithFlattening, core/builders/causal.py:595-599), which it refuses beside
+    # sample_packing or without a varlen attention kernel (schemas/validation.py:1076-1089).
+    if not value or args.get("packing"):
+        return {}, []
+    attention = (args.get("model_init_kwargs") or {}).get("attn_implementation")
+    if attention in _AXOLOTL_VARLEN_ATTENTION:
+        return {"batch_flattening": True}, []
+    return {}, [
+        f"axolotl's padding-free batches (batch_flattening) need a varlen attention kernel "
+        f"({', '.join(_AXOLOTL_VARLEN_ATTENTION)}: schemas/validation.py:1076-1086), and the winner's attention is "
+        f"{attention or 'the model default'}: axolotl pads its batches then"
+    ]
+
+
 def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # train_on_inputs: false masks the prompt; chat_template datasets train the assistant's turns by default
     # (roles_to_train: ["assistant"], schemas/datasets.py:163-175).
@@ -157,11 +185,7 @@ AXOLOTL_KEYS: dict[str, Mapper] = {
     "packing_strategy": lambda value, args: (
         ({}, []) if value == "bfd" else ({}, [f"axolotl packs its own way (multipack), not {value!r}"])
     ),
-    "padding_free": lambda value, args: (
-        ({}, [])
-        if not value or args.get("packing")
-        else ({}, ["axolotl has no padding-free batches without packing (sample_packing is the nearest)"])
-    ),
+    "padding_free": _axolotl_padding_free,
     "completion_only_loss": _loss_on_axolotl,
     "assistant_only_loss": _nothing,
     "activation_offloading": lambda value, args: ({"activation_offloading": True} if value else {}, []),
@@ -180,9 +204,11 @@ AXOLOTL_KEYS: dict[str, Mapper] = {
 
 
 def axolotl_yaml(winner: SftWinner) -> str:
-    """An axolotl config fragment of the winner's knobs, to merge into a config that names
-    ``base_model`` and ``datasets`` (``type: chat_template``)."""
-    return _fragment(winner, "axolotl", AXOLOTL_SOURCE, AXOLOTL_KEYS, passthrough=False, adapters=_axolotl_peft)
+    """An axolotl config fragment of the winner's model (``base_model``) and knobs, to merge into a
+    config that names ``datasets`` (``type: chat_template``)."""
+    return _fragment(
+        winner, "axolotl", AXOLOTL_SOURCE, "base_model", AXOLOTL_KEYS, passthrough=False, adapters=_axolotl_peft
+    )
 
 
 def _axolotl_peft(peft: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
@@ -213,9 +239,16 @@ _LF_ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "flash_attention_2": "fa2"
 
 def _lf_model_init(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # LLaMA-Factory loads the checkpoint's dtype and upcasts trainable weights to fp32 unless pure_bf16
-    # (model/loader.py:154, model/adapter.py:337-349).
-    keys: dict[str, Any] = {"pure_bf16": value.get("dtype") == "bfloat16"}
+    # (model/loader.py:154, model/adapter.py:337-349); it refuses pure_bf16 unless a GPU (or an NPU) has
+    # bf16 ("This device does not support `pure_bf16`", hparams/parser.py:380-382), so never on the CPU.
+    bf16_weights = value.get("dtype") == "bfloat16"
+    keys: dict[str, Any] = {"pure_bf16": bf16_weights and not args.get("use_cpu")}
     comments = []
+    if bf16_weights and args.get("use_cpu"):
+        comments.append(
+            "LLaMA-Factory refuses pure_bf16 (bf16 weights) on the CPU (hparams/parser.py:380-382: a bf16 GPU "
+            "only): it trains the trainable weights in float32 there"
+        )
     attn = value.get("attn_implementation")
     if attn is not None:
         if attn in _LF_ATTENTION:
@@ -245,12 +278,24 @@ def _lf_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], li
     return ({"packing": True, "neat_packing": True}, []) if value else ({"packing": False}, [])
 
 
+def _lf_cutoff_len(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if value is None:
+        return {}, ["LLaMA-Factory always truncates at cutoff_len: set it to the study's --seq-len"]
+    if not args.get("packing"):
+        return {"cutoff_len": value}, []
+    # Under packing LLaMA-Factory takes one token off cutoff_len (hparams/data_args.py:188-189), truncates each
+    # sample to the rest and packs rows of up to that many tokens (data/processor/supervised.py:73-77, :186),
+    # then pads each row to the cutoff_len given (:218-232). One more keeps the winner's samples and rows.
+    return {"cutoff_len": value + 1}, [
+        f"{NOTE}cutoff_len is {value} + 1: under packing LLaMA-Factory subtracts one token from cutoff_len "
+        "(hparams/data_args.py:188-189), truncates samples and fills packed rows to what is left "
+        f"(data/processor/supervised.py:73-77, 186), then pads each row to the cutoff_len given (:218-232): so "
+        f"samples are cut at {value} tokens and rows hold up to {value} of them, as the winner's did (padded to {value + 1})"
+    ]
+
+
 LLAMA_FACTORY_KEYS: dict[str, Mapper] = {
-    "max_length": lambda value, args: (
-        ({"cutoff_len": value}, [])
-        if value is not None
-        else ({}, ["LLaMA-Factory always truncates at cutoff_len: set it to the study's --seq-len"])
-    ),
+    "max_length": _lf_cutoff_len,
     "packing": _lf_packing,
     "packing_strategy": lambda value, args: (
         ({}, []) if value == "bfd" else ({}, [f"LLaMA-Factory has no packing strategy {value!r}"])
@@ -276,10 +321,16 @@ LLAMA_FACTORY_KEYS: dict[str, Mapper] = {
 
 
 def llama_factory_yaml(winner: SftWinner) -> str:
-    """A LLaMA-Factory config fragment of the winner's knobs (``llamafactory-cli train``), to merge into a
-    config that names ``model_name_or_path``, ``stage: sft``, ``dataset`` and ``template``."""
+    """A LLaMA-Factory config fragment of the winner's model (``model_name_or_path``) and knobs
+    (``llamafactory-cli train``), to merge into a config that names ``stage: sft``, ``dataset`` and ``template``."""
     return _fragment(
-        winner, "LLaMA-Factory", LLAMA_FACTORY_SOURCE, LLAMA_FACTORY_KEYS, passthrough=True, adapters=_lf_peft
+        winner,
+        "LLaMA-Factory",
+        LLAMA_FACTORY_SOURCE,
+        "model_name_or_path",
+        LLAMA_FACTORY_KEYS,
+        passthrough=True,
+        adapters=_lf_peft,
     )
 
 

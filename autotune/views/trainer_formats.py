@@ -75,9 +75,12 @@ def _parser_nargs_of_transformers() -> dict[str, Any]:
     return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
 
 
-def python_snippet(arguments: dict[str, Any], provenance: str = "", trainer: str = "trainer") -> str:
+def python_snippet(
+    arguments: dict[str, Any], provenance: str = "", trainer: str = "trainer", model: str | None = None
+) -> str:
     """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
-    study) with every argument as a literal."""
+    study) with every argument as a literal; ``model``: the name an SFT study's model loads by, which
+    ``SFTTrainer(model=...)`` takes (it applies the arguments' ``model_init_kwargs`` then)."""
     module, name = ("trl", "SFTConfig") if trainer == "sft" else ("transformers", "TrainingArguments")
     lines = comment_lines([provenance] if provenance else [])
     lines += [
@@ -88,6 +91,11 @@ def python_snippet(arguments: dict[str, Any], provenance: str = "", trainer: str
     ]
     lines += [f"    {name}={value!r}," for name, value in arguments.items()]
     lines.append(")")
+    if model is not None:
+        lines += [
+            "# SFTTrainer(model=model_name, args=training_args, ...) loads it with model_init_kwargs.",
+            f"model_name = {model!r}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -99,6 +107,13 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: in
     of a winner measured on ``ranks`` ranks (``num_processes``, data parallel: ``MULTI_GPU``, or
     ``MULTI_CPU`` with ``use_cpu``; accelerate.utils.DistributedType); the comment at its top lists
     the winner's other arguments, which belong in the script.
+
+    A ZeRO winner's arguments name its DeepSpeed config file (``deepspeed``): the config is then
+    ``DEEPSPEED`` with that file, which ``accelerate launch`` hands to the script's ``Accelerator()``
+    (``ACCELERATE_USE_DEEPSPEED``, accelerate/utils/launch.py ``prepare_deepspeed_cmd_env``); any other
+    type trains without DeepSpeed, silently. accelerate refuses a ``mixed_precision`` in a config that
+    names a DeepSpeed file (accelerate/utils/dataclasses.py, ``DeepSpeedPlugin._deepspeed_config_checks``):
+    the precision, which fills the file's ``"auto"`` bf16/fp16, goes on the launch line instead.
     """
     if arguments.get("bf16"):
         mixed_precision = "bf16"
@@ -106,13 +121,21 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: in
         mixed_precision = "fp16"
     else:
         mixed_precision = "no"
+    deepspeed = arguments.get("deepspeed")
+    if deepspeed is not None and not isinstance(deepspeed, str):
+        raise AutotuneError("--format accelerate names the DeepSpeed config by its file: write it to a file first")
+    if deepspeed is not None:
+        distributed_type = "DEEPSPEED"
+    else:
+        distributed_type = "NO" if ranks == 1 else "MULTI_CPU" if arguments.get("use_cpu") else "MULTI_GPU"
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "NO" if ranks == 1 else "MULTI_CPU" if arguments.get("use_cpu") else "MULTI_GPU",
+        "distributed_type": distributed_type,
+        **({"deepspeed_config": {"deepspeed_config_file": deepspeed}} if deepspeed is not None else {}),
         "num_machines": 1,
         "num_processes": ranks,
         "machine_rank": 0,
-        "mixed_precision": mixed_precision,
+        **({"mixed_precision": mixed_precision} if deepspeed is None else {}),
         "use_cpu": bool(arguments.get("use_cpu", False)),
         "debug": False,
     }
@@ -122,13 +145,18 @@ def accelerate_config(arguments: dict[str, Any], provenance: str = "", ranks: in
             "dynamo_backend": str(arguments.get("torch_compile_backend") or "inductor").upper(),
             "dynamo_mode": str(arguments.get("torch_compile_mode") or "default"),
         }
-    carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode"}
+    carried = {"bf16", "fp16", "use_cpu", "torch_compile", "torch_compile_backend", "torch_compile_mode", "deepspeed"}
     rest = {name: value for name, value in arguments.items() if name not in carried}
     header = comment_lines([provenance] if provenance else [])
-    header += [
-        "# accelerate launch --config_file <this file> train.py",
-        "# accelerate has no config field for these; set them in your script:",
-    ]
+    if deepspeed is None:
+        header.append("# accelerate launch --config_file <this file> train.py")
+    else:
+        header += [
+            f"# accelerate launch --config_file <this file> --mixed_precision {mixed_precision} train.py",
+            "# (the DeepSpeed file's bf16/fp16 'auto' follow --mixed_precision, which accelerate refuses in a "
+            "config that names a DeepSpeed file)",
+        ]
+    header.append("# accelerate has no config field for these; set them in your script:")
     header += comment_lines([f"{name} = {value!r}" for name, value in rest.items()], prefix="#   ")
     if arguments.get("tf32"):
         header.append("#   (tf32: torch.backends.cuda.matmul.allow_tf32 = True before training)")

@@ -109,3 +109,44 @@ def test_an_op_that_cannot_be_built_is_a_classified_trial_failure_in_one_line(tm
     assert result["status"] == "error", result
     assert result["error"].startswith("could not build the C++ op deepspeed_shm_comm"), result["error"]
     assert "no-such-compiler: not found" in result["error"] and "\n" not in result["error"]
+
+
+def test_the_accelerate_export_of_a_zero_winner_trains_a_users_loop_under_deepspeed(tmp_path):
+    """`accelerate launch` with the export, as its header says, of a loop whose Accelerator() is told
+    nothing: it trains through DeepSpeed's engine at the winner's stage and precision (the config's
+    ``distributed_type: 'NO'`` trained it without DeepSpeed, silently)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from autotune.spec.files import Destination
+    from autotune.views.export import export_winner
+    from tests.support.zero_export import ACCELERATE_LOOP, zero_winner_study
+
+    out = tmp_path / "accelerate_config.yaml"
+    export_winner(zero_winner_study("2", dtype="bf16"), "accelerate", Destination(str(out)))
+    launch = next(line for line in out.read_text().splitlines() if line.startswith("# accelerate launch "))
+    args = launch.removeprefix("# accelerate launch ").replace("<this file>", str(out)).split()
+    command = [sys.executable, "-m", "accelerate.commands.launch", *args[:-1], str(ACCELERATE_LOOP)]
+    assert args[-1] == "train.py"
+    # DS_ACCELERATOR: the CPU winner's device, named as the trial children name it (runner/_cpu_deepspeed.py).
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    # Its own session: a launch that overruns is ended with the rank torchrun started under it.
+    launched = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = launched.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        os.killpg(launched.pid, signal.SIGKILL)
+        stdout, stderr = launched.communicate()
+    assert launched.returncode == 0, stderr[-3000:]
+    result = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT ")).split(" ", 1)[1])
+    assert result == {"distributed_type": "DEEPSPEED", "engine": "DeepSpeedEngine", "zero_stage": 2, "bf16": True}

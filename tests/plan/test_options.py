@@ -48,3 +48,17 @@ def test_the_request_and_the_budget_take_their_defaults_from_the_options():
         == (SearchOptions.confirm_top, SearchOptions.confirm_repeats, SearchOptions.confirm_budget)
         == (3, 3, 0.25)
     )
+
+
+def test_the_space_options_help_names_the_default_space_of_each_task():
+    """``search --help`` says which space a search reads without ``--space``: the task's (DEFAULT_SPACES),
+    else the fallback; not default.yaml for a causal LM, which gets llm.yaml."""
+    import typing
+
+    from autotune.plan import cli_options
+    from autotune.space import DEFAULT_SPACES, FALLBACK_SPACE
+
+    help_text = typing.get_args(cli_options.Space)[1].help
+    for task, name in DEFAULT_SPACES.items():
+        assert f"search_spaces/{name} for a {task} model" in help_text, help_text
+    assert f"search_spaces/{FALLBACK_SPACE} for any other task" in help_text, help_text

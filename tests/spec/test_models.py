@@ -5,7 +5,14 @@ import json
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.spec.models import build_model, catalog_entry, catalog_names, resolve_model
+from autotune.spec.models import (
+    build_model,
+    catalog_entry,
+    catalog_hub_id,
+    catalog_name_of,
+    catalog_names,
+    resolve_model,
+)
 
 # Today's decoders (issue 21): short name -> the Hub id whose published config.json the entry holds
 # (docs/catalog.md says where each was read and cross-checked).
@@ -87,12 +94,24 @@ def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_publ
 
 
 def test_every_catalog_entry_names_its_hub_id_and_answers_to_it():
+    """Every entry says where a tool loads its checkpoint from (the export names it): a Hub id, or
+    ``null`` for the made-up test models, which have none."""
     for name in catalog_names():
-        hub_id = catalog_entry(name).get("_autotune_hub_id")
+        hub_id = catalog_entry(name)["_autotune_hub_id"]
+        assert catalog_hub_id(name) == hub_id and catalog_name_of(name.upper()) == name
         if hub_id is None:
             assert name in ("gpt2-tiny", "llama-tiny")  # the made-up test models
             continue
+        assert catalog_name_of(hub_id.lower()) == name
         assert resolve_model(hub_id).hf_config == resolve_model(name).hf_config
+
+
+def test_a_directory_is_no_catalog_name(tmp_path, monkeypatch):
+    """A directory named as a catalog entry resolves to the directory first (resolve_model's order)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").mkdir()
+    assert catalog_name_of("gpt2") is None and catalog_name_of("./gpt2") is None
+    assert catalog_name_of("openai-community/gpt2") == "gpt2" and catalog_name_of("no-such-model") is None
 
 
 def test_estimate_plans_a_catalog_decoder_by_its_hub_id(tmp_path):

@@ -186,6 +186,30 @@ def test_a_new_study_queues_the_two_seeds_once(new_study, cpu):
     assert len(notes) == len(cpu.emulated_dtypes)
 
 
+def test_a_default_the_space_cannot_hold_is_queued_with_the_values_it_stands_in_for(tiny_workload):
+    """The HF-default seed of a space without micro-batch 8 runs the nearest choice: the trial records
+    the default's value (``seed_instead_of``), and keeps it when queued again, so the speedup line
+    names the config it measured."""
+    from optuna.trial import TrialState
+
+    from autotune.storage import schema
+    from autotune.study._seeds import enqueue_seeds, requeue_failed_seeds
+
+    space = SearchSpace(choices={"micro_batch": [4, 16], "pin_memory": [False]})
+    seeds = study_seeds(space, tiny_workload())
+    default = next(seed for seed in seeds if seed.label == HF_DEFAULT)
+    # pin_memory False changes nothing on the CPU (the space filter says so): not named.
+    assert default.params["micro_batch"] == 4 and default.instead_of == {"micro_batch": 8}
+    study = optuna.create_study(direction="maximize")
+    enqueue_seeds(study, seeds)
+    study.tell(study.ask(), state=TrialState.FAIL)  # the default's first attempt measured nothing
+    assert requeue_failed_seeds(study) == [HF_DEFAULT]
+    queued = [t for t in study.get_trials() if t.state == TrialState.WAITING and t.user_attrs["seed"] == HF_DEFAULT]
+    assert [t.user_attrs[schema.TRIAL_SEED_INSTEAD_OF] for t in queued] == [{"micro_batch": 8}]
+    best = next(t for t in study.get_trials() if t.user_attrs["seed"] == BEST_PRACTICE)
+    assert schema.TRIAL_SEED_INSTEAD_OF not in best.user_attrs
+
+
 def tell_seed(study: optuna.Study, status: str, samples_per_s: float) -> None:
     from autotune.study._record import tell
 

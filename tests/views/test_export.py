@@ -138,14 +138,14 @@ def test_export_command_writes_each_format_of_the_real_winner(fmt, searched_stud
     from transformers import HfArgumentParser, TrainingArguments
 
     from autotune.storage import load_study
-    from autotune.views.export import DEFAULT_OUT, winner_arguments
+    from autotune.views.export import DEFAULT_OUT, exported_as, winner_arguments
 
     out = tmp_path / DEFAULT_OUT[fmt]
     shown = run_cli_in_process(
         "export", "--format", fmt, "--storage", searched_study.storage, "--out", str(out), cwd=searched_study.workdir
     )
     assert shown.returncode == 0, shown.stderr
-    assert f"wrote {out} ({fmt}): trial #" in shown.stdout
+    assert f"wrote {out} ({fmt}: {exported_as(load_study(searched_study.storage, None), fmt)}): trial #" in shown.stdout
     kwargs = winner_arguments(load_study(searched_study.storage, None))
     text = out.read_text()
     if fmt == "json":
@@ -290,6 +290,54 @@ def test_a_zero_winner_exports_its_deepspeed_config_beside_the_arguments_which_n
     assert arguments["bf16"] is True and arguments["use_cpu"] is True
     note = " ".join(export_notes(study_ranking(study)[0], study, out))
     assert "ZeRO stage 2 with offload" in note and "3.00 GiB" in note and "host RAM" in note
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_zero_winners_note_gives_the_launch_that_works(ranks):
+    """A plain `python train.py` of DeepSpeed arguments fails in DeepSpeed's mpi_discovery (no launcher
+    environment, deepspeed/comm/comm.py): the note names torch's launcher, on one rank too."""
+    from autotune.storage import schema
+    from autotune.views.export import export_notes
+    from autotune.views.ranking import study_ranking
+    from tests.support.zero_export import zero_winner_study
+
+    study = zero_winner_study("2")
+    study.set_user_attr(schema.STUDY_IDENTITY, {"devices_per_trial": ranks})
+    note = " ".join(export_notes(study_ranking(study)[0], study))
+    assert f"launch `torchrun --nproc-per-node {ranks} your_script.py`" in note
+    assert "a plain `python your_script.py` fails in DeepSpeed's mpi_discovery" in note
+    assert ("global batch" in note) is (ranks > 1)
+
+
+def test_the_accelerate_export_of_a_zero_winner_launches_deepspeed_with_its_file(tmp_path):
+    """`accelerate launch --config_file <export>` hands the script's Accelerator() the DeepSpeed file: the
+    config is DEEPSPEED (``NO`` trains without DeepSpeed, silently), and leaves the precision, which
+    accelerate refuses beside a DeepSpeed file, to the launch line the header gives."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    from autotune.spec.files import Destination
+    from autotune.views.export import export_winner
+    from tests.support.zero_export import zero_winner_study
+
+    out = tmp_path / "accelerate_config.yaml"
+    export_winner(zero_winner_study("2"), "accelerate", Destination(str(out)))
+    text = out.read_text()
+    loaded = load_config_from_file(str(out))
+    deepspeed_file = str(tmp_path / "accelerate_config.deepspeed.json")
+    assert loaded.distributed_type.value == "DEEPSPEED" and loaded.mixed_precision is None
+    assert loaded.deepspeed_config == {"deepspeed_config_file": deepspeed_file}
+    launch = next(line for line in text.splitlines() if line.startswith("# accelerate launch"))
+    assert launch == "# accelerate launch --config_file <this file> --mixed_precision bf16 train.py"
+    assert "deepspeed = " not in text  # carried by the config, not left to the script
+    tokens = launch.removeprefix("# accelerate launch ").replace("<this file>", str(out)).split()
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(tokens))
+    assert args.use_deepspeed and not args.cpu  # accelerate's launch_command: the DeepSpeed launcher
+    args.deepspeed_fields_from_accelerate_config = ",".join(loaded.deepspeed_config)  # as launch_command sets it
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == deepspeed_file
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16" and env["ACCELERATE_CONFIG_DS_FIELDS"] == "deepspeed_config_file"
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])

@@ -36,12 +36,21 @@ def test_in_a_log_the_line_after_the_view_starts_on_its_own_line():
     assert any(line.startswith("trials") and "1/1" in line for line in lines[:-1])
 
 
-def _seeded_study(default: TrialResult, results: dict[int, TrialResult], confirmation: dict | None = None):
+def _seeded_study(
+    default: TrialResult,
+    results: dict[int, TrialResult],
+    confirmation: dict | None = None,
+    instead_of: dict | None = None,
+):
     """Trial #0 the HF-default seed (micro-batch 64), then ``results`` (micro-batch -> result), with a
-    confirmation record as ``autotune.study._confirm`` writes it."""
+    confirmation record as ``autotune.study._confirm`` writes it; ``instead_of``: the default's values the
+    space could not hold, as the seed records them."""
     study = optuna.create_study(direction="maximize")
     distribution = CategoricalDistribution([8, 16, 32, 64])
-    for micro_batch, result, attrs in [(64, default, {schema.TRIAL_SEED: schema.SEED_HF_DEFAULT})] + [
+    seed = {schema.TRIAL_SEED: schema.SEED_HF_DEFAULT}
+    if instead_of:
+        seed[schema.TRIAL_SEED_INSTEAD_OF] = instead_of
+    for micro_batch, result, attrs in [(64, default, seed)] + [
         (micro_batch, result, {}) for micro_batch, result in results.items()
     ]:
         study.add_trial(
@@ -150,3 +159,65 @@ def test_the_confirming_line_names_the_hf_default_rerun_for_the_speedup(tiny_wor
     confirming = next(line for line in out.getvalue().splitlines() if line.startswith("confirming: "))
     beside = "within the measured noise of it and the HF default #0 for the speedup, interleaved,"
     assert (beside in confirming) == mentioned, confirming
+
+
+def test_the_speedup_names_the_nearest_config_where_the_space_cannot_hold_the_default():
+    """A space without the default's micro-batch seeds the nearest choice: the line says which it measured."""
+    line = _speedup_line(_seeded_study(_ok(50.0), SEARCHED, instead_of={"micro_batch": 128}))
+    assert line == (
+        "speedup over the nearest config to the HF default in this space: 2.00x (winner #1 mb=8 ga=1 fp32 "
+        "adamw_torch at 100.0 samples/s; that config (#0: micro_batch 64 instead of 128) at 50.0 samples/s; "
+        "search-time figures, one measurement each, same ceiling)"
+    )
+
+
+def test_a_new_study_counts_no_trial_before_any_has_run(tiny_workload, tmp_path):
+    """Its queued seeds are not trials run: the line says they are queued."""
+    from optuna.trial import TrialState
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"micro_batch": 8})
+    study.enqueue_trial({"micro_batch": 16})
+    request = SearchRequest(
+        workload=tiny_workload(), space=SearchSpace({"micro_batch": [8, 16]}), work_root=str(tmp_path)
+    )
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=400)
+    SearchPrinter(console, console, n_trials=3, confirm_top=0, confirm_repeats=1, confirm_budget=0.25).study_opened(
+        study, "memory", request
+    )
+    assert [t.state for t in study.trials] == [TrialState.WAITING] * 2
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("study "))
+    assert line.endswith(", no trial run yet, 2 queued"), line
+    resumed = _seeded_study(_ok(50.0), SEARCHED)
+    out.truncate(0)
+    SearchPrinter(console, console, n_trials=3, confirm_top=0, confirm_repeats=1, confirm_budget=0.25).study_opened(
+        resumed, "memory", request
+    )
+    assert next(line for line in out.getvalue().splitlines() if "study " in line).endswith(", 3 trials run so far")
+
+
+def test_the_accumulation_note_is_said_once_under_the_table():
+    """Every ga>1 row marks its gradients; the sentence that explains it is under the table, once."""
+    from autotune.views.ranking import RankedTrial
+    from autotune.views.search_display import trial_table
+
+    rows = [
+        RankedTrial(number, "COMPLETE", TrialConfig(micro_batch=8, grad_accum=k), _scaled(k))
+        for number, k in enumerate([2, 4, 1, 2])
+    ]
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=160).print(trial_table("trials", rows))
+    text = out.getvalue()
+    assert text.count("the Trainer adds up") == 1, text
+    assert text.count("gradients x2") == 2 and text.count("gradients x4") == 1
+    plain = io.StringIO()
+    Console(file=plain, force_terminal=False, width=160).print(trial_table("trials", rows[2:3]))
+    assert "the Trainer adds up" not in plain.getvalue() and "gradients x" not in plain.getvalue()
+
+
+def _scaled(steps: int) -> TrialResult:
+    """A trial whose Trainer added up ``steps`` micro-batch mean losses (TrialResult.gradient_scale)."""
+    import dataclasses
+
+    return dataclasses.replace(_ok(10.0), gradient_scale=steps)

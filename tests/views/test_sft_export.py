@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig, training_arguments_kwargs, with_levers_off_explicit
 from autotune.spec.sft import sft_arguments
 from autotune.views import sft_tool_yaml
-from autotune.views.export import export_notes, render, winner_arguments
+from autotune.views.export import export_notes, exported_as, render, winner_arguments
 
 pytest.importorskip("trl")
 
@@ -32,7 +32,14 @@ CONFIGS = {
 }
 
 
-def sft_study(config: TrialConfig, loss_on: str = "all", base_args: dict | None = None, peft: dict | None = None):
+def sft_study(
+    config: TrialConfig,
+    loss_on: str = "all",
+    base_args: dict | None = None,
+    peft: dict | None = None,
+    model: str = "llama-tiny",
+    device_kind: str = "cpu",
+):
     """An in-memory study of one feasible SFT trial of ``config``, as the search records it."""
     import optuna
     from optuna.distributions import CategoricalDistribution
@@ -41,10 +48,10 @@ def sft_study(config: TrialConfig, loss_on: str = "all", base_args: dict | None 
     from autotune.storage import schema
 
     study = optuna.create_study(direction="maximize")
-    study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+    study.set_user_attr(schema.STUDY_DEVICE_KIND, device_kind)
     study.set_user_attr(schema.STUDY_BASE_ARGS, base_args or {})
     identity = {
-        "model": "llama-tiny",
+        "model": model,
         "task": "causal-lm",
         "seq_len": SEQ_LEN,
         "dataset": "chat.jsonl ('messages' 200 rows)",
@@ -160,7 +167,7 @@ def fragment(study, fmt: str) -> tuple[dict, list[str]]:
 
 def test_the_axolotl_fragment_holds_the_knobs_under_axolotls_keys_and_says_what_it_cannot():
     keys, comments = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], loss_on="assistant", peft=LORA), "axolotl")
-    assert comments[0] == "# provenance line" and "axolotl 0.19.0 schema" in comments[1]
+    assert comments[0] == "# provenance line" and "axolotl 0.19.0 schema" in comments[2]
     assert keys["micro_batch_size"] == 2 and keys["gradient_accumulation_steps"] == 2
     assert keys["sequence_len"] == SEQ_LEN and keys["sample_packing"] is True
     assert keys["gradient_checkpointing"] is True and keys["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
@@ -178,8 +185,10 @@ def test_the_axolotl_fragment_holds_the_knobs_under_axolotls_keys_and_says_what_
 
 
 def test_the_llama_factory_fragment_holds_the_knobs_under_its_keys_and_says_what_it_cannot():
-    keys, comments = fragment(sft_study(CONFIGS["bf16-weights-padding-free-eager"]), "llama-factory")
-    assert "LLaMA-Factory 0.9.5" in comments[1]
+    keys, comments = fragment(
+        sft_study(CONFIGS["bf16-weights-padding-free-eager"], device_kind="cuda"), "llama-factory"
+    )
+    assert "LLaMA-Factory 0.9.5" in comments[2]
     assert keys["per_device_train_batch_size"] == 8 and keys["bf16"] is True and keys["pure_bf16"] is True
     assert keys["flash_attn"] == "disabled" and keys["finetuning_type"] == "full"  # its default is lora
     assert keys["disable_gradient_checkpointing"] is True and keys["train_on_prompt"] is True
@@ -187,7 +196,7 @@ def test_the_llama_factory_fragment_holds_the_knobs_under_its_keys_and_says_what
     assert any("padding_free=True" in line and "no padding-free batches" in line for line in comments)
     assert any("max_length=None" in line for line in comments)
     packed, _ = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], peft=LORA), "llama-factory")
-    assert packed["packing"] is True and packed["neat_packing"] is True and packed["cutoff_len"] == SEQ_LEN
+    assert packed["packing"] is True and packed["neat_packing"] is True
     assert packed["flash_attn"] == "sdpa" and packed["pure_bf16"] is False and packed["use_reentrant_gc"] is False
     assert (packed["finetuning_type"], packed["lora_rank"], packed["lora_target"]) == ("lora", 8, "q_proj,v_proj")
 
@@ -233,3 +242,103 @@ def test_the_cli_flags_of_an_sft_study_parse_into_the_same_sftconfig():
     (parsed,) = TrlParser((SFTConfig,)).parse_args_into_dataclasses(args=[*tokens, "--output_dir", "x"])
     assert parsed.model_init_kwargs == arguments["model_init_kwargs"]
     assert parsed.max_length is None and parsed.padding_free is True and parsed.bf16 is True
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "HuggingFaceTB/smollm2-135M"])
+def test_every_form_that_names_a_catalog_model_names_its_hub_id(model):
+    """``trl sft --model_name_or_path smollm2-135m`` cannot load: every form names the Hub repository."""
+    from trl.scripts.sft import make_parser
+
+    study = sft_study(CONFIGS["fp32"], model=model)
+    arguments = winner_arguments(study)
+    winner = sft_export_winner(study, arguments)
+    texts = {
+        fmt: render(arguments, fmt, "provenance line", sft=winner)
+        for fmt in ("trl", "axolotl", "llama-factory", "python")
+    }
+    command = next(line for line in texts["trl"].splitlines() if not line.startswith("#"))
+    _, _, parsed_model, _ = make_parser().parse_args_and_config(args=shlex.split(command)[2:])
+    assert parsed_model.model_name_or_path == "HuggingFaceTB/SmolLM2-135M"
+    assert yaml.safe_load(texts["axolotl"])["base_model"] == "HuggingFaceTB/SmolLM2-135M"
+    assert yaml.safe_load(texts["llama-factory"])["model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M"
+    namespace: dict = {}
+    exec(compile(texts["python"].replace("SFTConfig(", "dict(", 1), "best_args.py", "exec"), namespace)
+    assert namespace["model_name"] == "HuggingFaceTB/SmolLM2-135M"
+    for text in texts.values():  # each says where the name comes from
+        assert "# model: HuggingFaceTB/SmolLM2-135M, the Hub repository of autotune's catalog entry" in text
+
+
+def test_a_made_up_catalog_model_is_said_to_have_no_checkpoint():
+    study = sft_study(CONFIGS["fp32"], model="llama-tiny")
+    arguments = winner_arguments(study)
+    text = render(arguments, "trl", "provenance line", sft=sft_export_winner(study, arguments))
+    assert (
+        "# model: llama-tiny is a config autotune ships (autotune/catalog/llama-tiny.json) with no checkpoint" in text
+    )
+
+
+def test_a_cpu_studys_llama_factory_fragment_never_asks_pure_bf16():
+    """LLaMA-Factory refuses pure_bf16 without a bf16 GPU (hparams/parser.py:380-382): a CPU study's bf16
+    weights are said, not written beside use_cpu."""
+    keys, comments = fragment(sft_study(CONFIGS["bf16-weights-padding-free-eager"]), "llama-factory")
+    assert keys["use_cpu"] is True and keys["pure_bf16"] is False and keys["bf16"] is True
+    assert any("refuses pure_bf16" in line and "hparams/parser.py:380-382" in line for line in comments)
+    on_gpu, _ = fragment(sft_study(CONFIGS["bf16-weights-padding-free-eager"], device_kind="cuda"), "llama-factory")
+    assert on_gpu["pure_bf16"] is True and "use_cpu" not in on_gpu
+
+
+def test_the_llama_factory_cutoff_len_under_packing_keeps_the_winners_length():
+    """LLaMA-Factory takes one token off cutoff_len under packing (hparams/data_args.py:188-189): the
+    fragment writes one more, and says why; without packing cutoff_len is the length itself."""
+    packed, comments = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"]), "llama-factory")
+    assert packed["packing"] is True and packed["cutoff_len"] == SEQ_LEN + 1
+    assert any(
+        line.startswith(f"# note: max_length={SEQ_LEN}: cutoff_len is {SEQ_LEN} + 1")
+        and "subtracts one token" in line
+        and "data_args.py:188-189" in line
+        for line in comments
+    )
+    unpacked, comments = fragment(sft_study(CONFIGS["fp32"]), "llama-factory")
+    assert unpacked["packing"] is False and unpacked["cutoff_len"] == SEQ_LEN
+    assert not any("cutoff_len" in line for line in comments)
+
+
+@pytest.mark.parametrize(
+    ("attention", "flattened"),
+    [("flash_attention_2", True), ("flex_attention", True), ("sdpa", False), ("eager", False)],
+)
+def test_axolotl_padding_free_batches_are_its_batch_flattening_where_the_attention_allows(attention, flattened):
+    """axolotl 0.19's batch_flattening (schemas/config.py:748-753) needs a varlen attention kernel and no
+    sample_packing (schemas/validation.py:1076-1089)."""
+    config = TrialConfig(micro_batch=4, dtype="bf16", packing="padding_free", attn_implementation=attention)
+    keys, comments = fragment(sft_study(config, device_kind="cuda"), "axolotl")
+    assert keys["sample_packing"] is False and keys["attn_implementation"] == attention
+    if flattened:
+        assert keys["batch_flattening"] is True
+        assert not any("padding_free" in line for line in comments)
+    else:
+        assert "batch_flattening" not in keys
+        assert any(
+            "padding_free=True: axolotl's padding-free batches (batch_flattening) need a varlen attention kernel"
+            in line
+            and f"the winner's attention is {attention}" in line
+            for line in comments
+        )
+    packed, _ = fragment(sft_study(CONFIGS["bf16-ckpt-bfd-sdpa"], device_kind="cuda"), "axolotl")
+    assert "batch_flattening" not in packed  # axolotl refuses it beside sample_packing
+
+
+def test_the_export_says_an_sft_studys_arguments_are_sftconfigs_which_trainingarguments_refuses():
+    """`wrote best_args.json (json: ...)` names the class: TrainingArguments(**json) refuses an SFT study's."""
+    from transformers import TrainingArguments
+
+    study = sft_study(CONFIGS["fp32"], loss_on="assistant")
+    exported = json.loads(render(winner_arguments(study), "json"))
+    assert exported_as(study, "json") == "SFTConfig(**json) keyword arguments"
+    assert exported_as(study, "python") == "an SFTConfig(...) snippet"
+    assert sft_config(**exported).assistant_only_loss is True
+    with pytest.raises(TypeError, match="assistant_only_loss"):
+        TrainingArguments(output_dir=OUTPUT_DIR, **exported)
+    trainer_study = sft_study(CONFIGS["fp32"])
+    trainer_study.set_user_attr("identity", {})  # a study of the Trainer: no trainer in its identity
+    assert exported_as(trainer_study, "json") == "TrainingArguments(**json) keyword arguments"
