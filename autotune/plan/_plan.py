@@ -162,6 +162,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
             options.warmup_steps + options.max_measure_steps,
             os.path.join(options.work_dir, "datasets"),
             notes,
+            options.seq_len,
         )
         workload = dataclasses.replace(workload, dataset=dataset)
     elif options.dataset is not None:
