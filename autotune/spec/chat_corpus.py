@@ -123,9 +123,8 @@ class ChatShape:
     max_rounds: int = 6
 
     def scaled(self, length_scale: float) -> ChatShape:
-        """The same shape with every median multiplied by ``length_scale``."""
-        if not length_scale > 0:
-            raise AutotuneError(f"--length-scale {length_scale}: give a number above 0 (1 is the public data's scale)")
+        """The same shape with every median multiplied by ``length_scale`` (``--length-scale``, within
+        :data:`LENGTH_SCALES`: ``autotune.plan`` checks it)."""
 
         def scale(lengths: LogNormal) -> LogNormal:
             return dataclasses.replace(lengths, median=lengths.median * length_scale)
@@ -136,6 +135,10 @@ class ChatShape:
 
 
 DEFAULT_SHAPE = ChatShape()
+# The --length-scale range: below it the longest median is under one token, above it at MAX_TURN_TOKENS,
+# so every turn is drawn at a bound (LogNormal.draw clips) and the scale changes nothing more.
+_LONGEST_MEDIAN = max(DEFAULT_SHAPE.system.median, DEFAULT_SHAPE.user.median, DEFAULT_SHAPE.assistant.median)
+LENGTH_SCALES = (1 / _LONGEST_MEDIAN, MAX_TURN_TOKENS / _LONGEST_MEDIAN)
 
 
 @functools.cache
@@ -214,11 +217,11 @@ def write_jsonl(out: str, samples: int, seed: int = 0, fmt: str = "messages", le
     """Write the corpus as JSON lines, one conversation a line, and return its total tokens
     (under the synthetic tokenizer, ChatML included).
 
+    ``samples``, ``seed`` and ``length_scale`` are the command line's, checked there (``autotune.plan.within``).
+
     Raises:
-        AutotuneError: A sample count below 1, an unknown format or scale, or a path that cannot be written.
+        AutotuneError: An unknown format, or a path that cannot be written.
     """
-    if samples < 1:
-        raise AutotuneError(f"--samples {samples}: give a whole number above 0")
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     shape = DEFAULT_SHAPE.scaled(length_scale)
