@@ -199,9 +199,9 @@ def best(
     top: option.Top = 20,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
-    from autotune.plan import positive_int
+    from autotune.plan import within
 
-    positive_int("--top", top)
+    within("--top", top)
     from autotune.storage import load_study
     from autotune.views.ranking import all_trials, confirmations_of, describe_distinct
     from autotune.views.search_display import print_ranking, trial_table
@@ -343,17 +343,20 @@ def devices(
             )
         console.print(known_gpus_table())
         return
-    from autotune.plan import positive_int, positive_seconds
+    from autotune.plan import matrix_fits_memory, within
     from autotune.runner import calibrate_device
     from autotune.spec.devices import list_devices, resolve_device
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
     from autotune.views.plan_display import calibrated_peaks_text, devices_table
 
-    positive_seconds("--seconds", seconds)
-    positive_int("--matrix-size", matrix_size)
+    within("--seconds", seconds)
+    within("--matrix-size", matrix_size)
     found = list_devices()
     if calibrate:
         targets = [resolve_device(device, None)] if device is not None else found
+        for spec in targets:  # every device checked before the first is measured
+            if matrix_size is not None:
+                matrix_fits_memory(matrix_size, spec.label, spec.total_memory_bytes)
         for spec in targets:
             console.print(
                 f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}"
@@ -376,8 +379,12 @@ def chat_corpus(
     force: option.Force = False,
 ) -> None:
     """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
+    from autotune.plan import within
     from autotune.spec.chat_corpus import write_jsonl
     from autotune.spec.files import Destination
+
+    for name, value in (("--samples", samples), ("--seed", seed), ("--length-scale", length_scale)):
+        within(name, value)
 
     tokens = write_jsonl(Destination(out, force), samples, seed, fmt, length_scale)
     console.print(f"wrote {out}: {samples} conversations ({fmt}), {tokens} tokens under the synthetic tokenizer")

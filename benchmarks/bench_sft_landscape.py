@@ -123,7 +123,15 @@ def main() -> None:
     model = for_trainer(resolve_model(MODEL), "sft")
     largest = max(config.micro_batch * config.grad_accum for config in variants.values())
     dataset = prepare_sft_rows(
-        str(data), model, "messages", "all", largest, settings.total_steps_cap, str(root / "datasets"), []
+        str(data),
+        model,
+        "messages",
+        "all",
+        largest,
+        settings.total_steps_cap,
+        str(root / "datasets"),
+        [],
+        options.seq_len,
     )
     workload = Workload.for_model(
         model,

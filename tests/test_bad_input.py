@@ -162,15 +162,21 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "--trial-timeout 0": ([*tiny, "--trial-timeout", "0"], "--trial-timeout 0.0: give a number of seconds above 0"),
         "--trial-timeout -1": ([*tiny, "--trial-timeout", "-1"], "--trial-timeout -1.0"),
         "--timeout -5": ([*tiny, "--timeout", "-5"], "--timeout -5.0"),
-        "--warmup-steps -1": ([*tiny, "--warmup-steps", "-1"], "--warmup-steps -1: give 0 or more"),
+        "--warmup-steps -1": (
+            [*tiny, "--warmup-steps", "-1"],
+            "--warmup-steps -1: give a whole number from 0, up to and including 10,000",
+        ),
         "--max-measure-steps 0": ([*tiny, "--max-measure-steps", "0"], "--max-measure-steps 0"),
         # A step count is bounded: 99999999999 warm-up steps made the seed trial allocate 6.4 TB for its rows,
         # recorded as the config's out-of-memory (issue 38).
         "--warmup-steps 99999999999": (
             [*tiny, "--warmup-steps", "99999999999"],
-            "--warmup-steps 99999999999: at most 10,000 steps",
+            "--warmup-steps 99999999999: give a whole number from 0, up to and including 10,000",
         ),
-        "--max-measure-steps 10001": ([*tiny, "--max-measure-steps", "10001"], "--max-measure-steps 10001: at most"),
+        "--max-measure-steps 10001": (
+            [*tiny, "--max-measure-steps", "10001"],
+            "--max-measure-steps 10001: give a whole number above 0, up to and including 10,000",
+        ),
         "--trials 0 names the option": ([*tiny, "--trials", "0"], "--trials 0: give a whole number above 0"),
         "--confirm-budget 0": (
             [*tiny, "--confirm-budget", "0"],

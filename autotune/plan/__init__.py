@@ -13,11 +13,12 @@ face, so only the command line imports Typer.
 from __future__ import annotations
 
 from autotune.plan._base_args import arguments_class, load_base_args
-from autotune.plan._checks import port, positive_int, positive_seconds
+from autotune.plan._checks import ACCEPTED, matrix_fits_memory, port, within
 from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions, VerifyOptions
 from autotune.plan._plan import Plan, plan
 
 __all__ = [
+    "ACCEPTED",
     "EstimateOptions",
     "Plan",
     "PlanOptions",
@@ -25,8 +26,8 @@ __all__ = [
     "VerifyOptions",
     "arguments_class",
     "load_base_args",
+    "matrix_fits_memory",
     "plan",
     "port",
-    "positive_int",
-    "positive_seconds",
+    "within",
 ]

@@ -6,11 +6,19 @@ runs before the first trial, so that a value that would make every trial fail (a
 measured step, a memory share too small for any config) costs neither a run nor the study's seed
 trials. Each function is pure: it takes the values and raises :class:`~autotune.errors.AutotuneError`
 with the option's name and how to fix it.
+
+What every numeric option of every command accepts is written once, in :data:`ACCEPTED`, and checked
+by one function, :func:`within`: a finite number (no NaN, no infinity: ``--trial-timeout inf`` would turn
+hang protection off), from its lowest meaningful value up to its highest (or what bounds it instead).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from autotune.errors import AutotuneError
+from autotune.spec.chat_corpus import LENGTH_SCALES, MAX_SAMPLES
 from autotune.units import format_bytes
 
 # The highest TCP port number (RFC 793: ports are 16-bit); 0 asks the system for any free port.
@@ -18,46 +26,15 @@ MAX_PORT = 65535
 # Optimizer steps a trial may be asked to warm up or measure, at most (--warmup-steps, --max-measure-steps).
 # A trial takes global batch x (steps + 1) rows (runner/_sft.py, runner/_loader.py): an unbounded count is
 # an allocation the argument caused, which a trial would record as an out-of-memory of its config (issue 38:
+# --warmup-steps 99999999999 asked for 6.4 TB). Ten thousand steps outlast any trial's steady state by far:
+# measuring stops after MeasureSettings.max_seconds (10 s) of measured steps, and past 10,000 steps each
+# would take under a millisecond, which no training step does.
+MAX_STEPS = 10_000
+# Optimizer steps a trial may be asked to warm up or measure, at most (--warmup-steps, --max-measure-steps).
+# A trial takes global batch x (steps + 1) rows (runner/_sft.py, runner/_loader.py): an unbounded count is
+# an allocation the argument caused, which a trial would record as an out-of-memory of its config (issue 38:
 # --warmup-steps 99999999999 asked for 6.4 TB). Ten thousand steps outlast any trial's steady state by far.
 MAX_STEPS = 10_000
-
-
-def positive_int(option: str, value: int | None) -> None:
-    """``value`` (when given) is a whole number above zero."""
-    if value is not None and value <= 0:
-        raise AutotuneError(f"{option} {value}: give a whole number above 0")
-
-
-def positive_seconds(option: str, value: float | None) -> None:
-    """``value`` (when given) is a number of seconds above zero."""
-    if value is not None and not value > 0:  # `not >` also refuses NaN
-        raise AutotuneError(f"{option} {value}: give a number of seconds above 0")
-
-
-def step_count(option: str, value: int) -> None:
-    """``value`` is a number of optimizer steps a trial can take: at most :data:`MAX_STEPS`."""
-    if value > MAX_STEPS:
-        raise AutotuneError(
-            f"{option} {value}: at most {MAX_STEPS:,} steps (a trial measures its steady state in tens of steps)"
-        )
-
-
-def non_negative_int(option: str, value: int) -> None:
-    """``value`` is zero or more."""
-    if value < 0:
-        raise AutotuneError(f"{option} {value}: give 0 or more")
-
-
-def fraction_below_one(option: str, value: float, zero_words: str) -> None:
-    """``value`` is a fraction from 0 up to, not including, 1 (``zero_words``: what 0 means)."""
-    if not 0 <= value < 1:
-        raise AutotuneError(f"{option} {value}: give a fraction from {zero_words} up to, not including, 1")
-
-
-def fraction_up_to_one(option: str, value: float) -> None:
-    """``value`` is a fraction above 0, up to and including 1."""
-    if not 0 < value <= 1:  # `not` also refuses NaN
-        raise AutotuneError(f"{option} {value}: give a fraction above 0, up to and including 1")
 
 
 def one_of(*options: tuple[str, object]) -> None:
@@ -69,8 +46,7 @@ def one_of(*options: tuple[str, object]) -> None:
 
 def port(value: int) -> None:
     """``--port`` is a TCP port number, or 0 for any free port."""
-    if not 0 <= value <= MAX_PORT:
-        raise AutotuneError(f"--port {value}: give a port from 1 to {MAX_PORT}, or 0 for any free port")
+    within("--port", value)
 
 
 def dataset_options(dataset: str | None, text_column: str | None, packing: bool) -> None:
@@ -95,8 +71,8 @@ def trainer_options(trainer: str | None, loss_on: str | None) -> None:
 
 
 def seq_len_fits(seq_len: int, model_name: str, max_positions: int) -> None:
-    """``--seq-len`` is positive and within the model's position table (``max_positions``; 0: unbounded)."""
-    positive_int("--seq-len", seq_len)
+    """``--seq-len`` is accepted and within the model's position table (``max_positions``; 0: unbounded)."""
+    within("--seq-len", seq_len)
     if max_positions and seq_len > max_positions:
         raise AutotuneError(f"--seq-len {seq_len} is longer than {model_name} allows ({max_positions} positions)")
 
@@ -118,4 +94,146 @@ def worker_share(workers: int, child_budget_bytes: int, smallest_peak_bytes: int
         raise AutotuneError(
             f"--workers {workers}: each trial would get {format_bytes(child_budget_bytes)} of memory, less than the "
             f"{format_bytes(smallest_peak_bytes)} the smallest config is estimated to need; use fewer workers"
+        )
+
+
+# --- every numeric option: what it accepts, written once, checked by one function (issue 38, section 7) -----
+
+
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    """The values a numeric option accepts: a finite number from ``low`` up to ``high``.
+
+    Attributes:
+        kind: What a value is, in words: ``a whole number``, ``a number of seconds``, ``a fraction``.
+        low: The lowest value; ``low_open``: not ``low`` itself, only above it.
+        high: The highest value; ``high_open``: not ``high`` itself, only below it. ``None``: no end of its
+            own, and ``bounded_by`` says what bounds the value instead.
+        low_words: What ``low`` means, said after it (``0 (never prune)``).
+        bounded_by: Where ``high`` is ``None``: the later check that bounds the value, or why nothing need.
+        words: The accepted values in words, where the ends alone do not say them (a port).
+    """
+
+    kind: str
+    low: float
+    high: float | None
+    low_open: bool = False
+    high_open: bool = False
+    low_words: str = ""
+    bounded_by: str = ""
+    words: str = ""
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` is accepted: finite (not NaN, not infinite) and within the ends."""
+        if not math.isfinite(value) or (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self) -> str:
+        """The accepted values in words: ``a whole number above 0, up to and including 1,000,000``."""
+        if self.words:
+            return self.words
+        low = f"{_number(self.low)}{f' ({self.low_words})' if self.low_words else ''}"
+        if self.high is None:
+            return f"{self.kind} above {low}" if self.low_open else f"{self.kind}, {low} or more"
+        start = f"above {low}" if self.low_open else f"from {low}"
+        end = (
+            f" up to, not including, {_number(self.high)}"
+            if self.high_open
+            else f", up to and including {_number(self.high)}"
+        )
+        return f"{self.kind} {start}{end}"
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+# A count of trials, runs or rows: a million trials of seconds each is weeks of device time; more is a typo.
+MAX_COUNT = 1_000_000
+# A trial's own time limits: a trial that runs past a day is hung, not slow.
+DAY_SECONDS = 86_400.0
+# Samples per optimizer step on one device: the largest batches trained (GPT-3: 1,536 sequences a step;
+# Llama 3: 16M tokens, 2,048 sequences of 8,192) are far below it, and each trial step trains them all.
+MAX_GLOBAL_BATCH = 65_536
+_COUNT = Accepted("a whole number", 0, MAX_COUNT, low_open=True)
+_TRIAL_SECONDS = Accepted("a number of seconds", 0, DAY_SECONDS, low_open=True)
+
+# Every numeric option of every command, by the name the command line gives it
+# (tests/plan/test_numeric_options.py checks that each command's numeric options are all here).
+ACCEPTED: dict[str, Accepted] = {
+    "--gpu": Accepted("a CUDA device number", 0, None, bounded_by="the GPUs here (autotune.spec.devices)"),
+    # The longest context of a released model (Llama 4 Scout: 10M tokens) is below 2**24; the model's
+    # own position table bounds it further (seq_len_fits).
+    "--seq-len": Accepted("a whole number", 0, 2**24, low_open=True),
+    "--workers": Accepted(
+        "a whole number", 0, None, low_open=True, bounded_by="each worker's share of memory (worker_share)"
+    ),
+    "--devices-per-trial": Accepted(
+        "a whole number", 0, None, low_open=True, bounded_by="the GPUs given, or the CPU's cores (cpu_ranks_fit)"
+    ),
+    "--global-batch": Accepted("a whole number", 0, MAX_GLOBAL_BATCH, low_open=True),
+    "--max-global-batch": Accepted("a whole number", 0, MAX_GLOBAL_BATCH, low_open=True),
+    "--warmup-steps": Accepted("a whole number", 0, MAX_STEPS),
+    "--max-measure-steps": Accepted("a whole number", 0, MAX_STEPS, low_open=True),
+    "--compile-timeout": _TRIAL_SECONDS,
+    "--trial-timeout": _TRIAL_SECONDS,
+    # The search's wall time: leave --timeout out for none; a month is the longest it means.
+    "--timeout": Accepted("a number of seconds", 0, 30 * DAY_SECONDS, low_open=True),
+    "--trials": _COUNT,
+    "--max-total-trials": _COUNT,
+    "--patience": _COUNT,
+    "--prune-ratio": Accepted("a fraction", 0, 1, high_open=True, low_words="never prune"),
+    "--confirm-top": Accepted("a whole number", 0, MAX_COUNT, low_words="skip"),
+    # A confirmation compares re-runs: one re-run has no spread to compare (autotune.study._confirm).
+    "--confirm-repeats": Accepted("a whole number", 2, MAX_COUNT),
+    "--confirm-budget": Accepted("a fraction", 0, 1, low_open=True),
+    "--top": _COUNT,
+    # autotune verify: re-runs of the winner and of the default each; the slowdown allowed (1: any).
+    "--repeats": _COUNT,
+    "--tolerance": Accepted("a fraction", 0, 1, high_open=True, low_words="no regression allowed"),
+    "--port": Accepted("a port", 0, MAX_PORT, words=f"a port from 1 to {MAX_PORT}, or 0 for any free port"),
+    # Timed matmuls per dtype: the best of one second already shows the peak; an hour is the longest it means.
+    "--seconds": Accepted("a number of seconds", 0, 3600, low_open=True),
+    "--matrix-size": Accepted(
+        "a whole number", 0, None, low_open=True, bounded_by="the device's memory (matrix_fits_memory)"
+    ),
+    # A generated corpus: about five times UltraChat 200k; the disk's free space is checked before writing.
+    "--samples": Accepted("a whole number", 0, MAX_SAMPLES, low_open=True),
+    # numpy.random.SeedSequence takes any whole number of 0 or more (numpy/random/bit_generator.pyx).
+    "--seed": Accepted("a whole number", 0, None, bounded_by="nothing: numpy takes any size"),
+    # Past either end every turn's median is at a bound of its own (chat_corpus.LENGTH_SCALES).
+    "--length-scale": Accepted("a number", *LENGTH_SCALES),
+}
+
+
+def within(option: str, value: float | None) -> None:
+    """``value`` (when given) is what ``option`` accepts (:data:`ACCEPTED`): finite and within its range.
+
+    Raises:
+        AutotuneError: One line naming the option, the value and the accepted range.
+    """
+    if value is not None and not ACCEPTED[option].holds(value):
+        raise AutotuneError(f"{option} {value}: give {ACCEPTED[option].describe()}")
+
+
+def matrix_fits_memory(matrix_size: int, device_label: str, memory_bytes: int) -> None:
+    """``--matrix-size`` n: the calibration's three n x n fp32 matrices (two operands, the product) fit
+    the device's memory (``autotune.runner.calibrate_device``)."""
+    needed = 3 * matrix_size**2 * 4
+    if needed > memory_bytes:
+        largest = math.isqrt(memory_bytes // 12)
+        raise AutotuneError(
+            f"--matrix-size {matrix_size}: three {matrix_size} x {matrix_size} fp32 matrices take {format_bytes(needed)}, "
+            f"more than {device_label}'s {format_bytes(memory_bytes)}; give at most {largest:,} (or leave it out)"
+        )
+
+
+def cpu_ranks_fit(devices_per_trial: int, cores: int) -> None:
+    """``--devices-per-trial`` on the CPU: one core at least for each rank (each gets ``cores // ranks``
+    threads, ``runner._limits.ranks_environment``); more ranks than cores measure their contention."""
+    if devices_per_trial > cores:
+        raise AutotuneError(
+            f"--devices-per-trial {devices_per_trial}: a CPU trial's ranks share this machine's {cores} cores; "
+            f"give at most {cores}"
         )

@@ -18,14 +18,9 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import AutotuneError
 from autotune.plan._checks import (
     dataset_options,
-    fraction_below_one,
-    fraction_up_to_one,
-    non_negative_int,
     one_of,
-    positive_int,
-    positive_seconds,
-    step_count,
     trainer_options,
+    within,
 )
 from autotune.spec.measure import MeasureSettings
 
@@ -77,19 +72,18 @@ class PlanOptions:
             AutotuneError: One line naming the option.
         """
         for option, value in (
+            ("--gpu", self.gpu),
             ("--seq-len", self.seq_len),
             ("--max-measure-steps", self.max_measure_steps),
             ("--devices-per-trial", self.devices_per_trial),
             ("--workers", self.workers),
             ("--global-batch", self.global_batch),
             ("--max-global-batch", self.max_global_batch),
+            ("--compile-timeout", self.compile_timeout),
         ):
-            positive_int(option, value)
+            within(option, value)
         one_of(("--global-batch", self.global_batch), ("--max-global-batch", self.max_global_batch))
-        non_negative_int("--warmup-steps", self.warmup_steps)
-        step_count("--warmup-steps", self.warmup_steps)
-        step_count("--max-measure-steps", self.max_measure_steps)
-        positive_seconds("--compile-timeout", self.compile_timeout)
+        within("--warmup-steps", self.warmup_steps)
         dataset_options(self.dataset, self.text_column, self.packing)
         trainer_options(self.trainer, self.loss_on)
 
@@ -155,14 +149,15 @@ class SearchOptions(PlanOptions):
             ("--trials", self.trials),
             ("--max-total-trials", self.max_total_trials),
             ("--patience", self.patience),
+            ("--trial-timeout", self.trial_timeout),
+            ("--timeout", self.timeout),
+            ("--prune-ratio", self.prune_ratio),
+            ("--confirm-top", self.confirm_top),
+            # Checked with --confirm-top 0 too: never ignored.
+            ("--confirm-repeats", self.confirm_repeats),
+            ("--confirm-budget", self.confirm_budget),
         ):
-            positive_int(option, value)
-        positive_seconds("--trial-timeout", self.trial_timeout)
-        positive_seconds("--timeout", self.timeout)
-        fraction_below_one("--prune-ratio", self.prune_ratio, "0 (never prune)")
-        if self.confirm_top < 0 or (self.confirm_top > 0 and self.confirm_repeats < 2):
-            raise AutotuneError("--confirm-top must be 0 (skip) or more, and --confirm-repeats at least 2")
-        fraction_up_to_one("--confirm-budget", self.confirm_budget)  # checked with --confirm-top 0 too: never ignored
+            within(option, value)
 
     @classmethod
     def from_command(cls, values: Mapping[str, Any]) -> SearchOptions:
@@ -245,6 +240,6 @@ class VerifyOptions:
         Raises:
             AutotuneError: One line naming the option.
         """
-        positive_int("--repeats", self.repeats)
-        if self.tolerance is not None:
-            fraction_below_one("--tolerance", self.tolerance, "0 (no regression allowed)")
+        within("--repeats", self.repeats)
+        within("--tolerance", self.tolerance)
+        within("--gpu", self.gpu)

@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
-from autotune.plan._checks import seq_len_fits, worker_share
+from autotune.plan._checks import cpu_ranks_fit, seq_len_fits, worker_share
 from autotune.plan._options import PlanOptions
 
 if TYPE_CHECKING:
@@ -162,6 +162,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
             options.warmup_steps + options.max_measure_steps,
             os.path.join(options.work_dir, "datasets"),
             notes,
+            options.seq_len,
         )
         workload = dataclasses.replace(workload, dataset=dataset)
     elif options.dataset is not None:
@@ -229,8 +230,12 @@ def device_groups(devices: list[DeviceSpec], devices_per_trial: int) -> list[lis
     two workers, each training 4-GPU trials); on the CPU every worker's ranks share the cores.
 
     Raises:
-        AutotuneError: The GPUs do not split into whole groups.
+        AutotuneError: The GPUs do not split into whole groups; more CPU ranks than cores.
     """
+    if devices[0].kind == "cpu":
+        from autotune.spec.devices import usable_cores
+
+        cpu_ranks_fit(devices_per_trial, usable_cores())
     if devices_per_trial == 1 or devices[0].kind == "cpu":
         return [[device] for device in devices]
     if len(devices) % devices_per_trial:

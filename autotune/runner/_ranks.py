@@ -41,6 +41,7 @@ from autotune.runner._launch import (
 )
 from autotune.runner._limits import ranks_environment
 from autotune.runner._watch import ChildWatch
+from autotune.spec.devices import usable_cores
 
 # Throughput figures that add up over the ranks (each rank measured its own share of the global batch).
 SUMMED_OVER_RANKS = ("samples_per_s", "tokens_per_s", "real_tokens_per_s", "model_tflops", "hardware_tflops")
@@ -78,7 +79,7 @@ def run_ranks(
     port = free_port() if port is None else port
     env = {
         **os.environ,
-        **ranks_environment(job.workload.device, ranks, job.workload.rank_devices, job.work_dir, _cpu_count()),
+        **ranks_environment(job.workload.device, ranks, job.workload.rank_devices, job.work_dir, usable_cores()),
         ORCHESTRATOR_PID_ENV: str(os.getpid()),
         RANK_PORT_ENV: str(port),
         # The ranks import what this process imports (the package, the user's --callback modules).
@@ -230,7 +231,3 @@ def _read_pid(path: str) -> int | None:
             return int(f.read())
     except (OSError, ValueError):
         return None
-
-
-def _cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

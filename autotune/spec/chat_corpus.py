@@ -126,9 +126,8 @@ class ChatShape:
     max_rounds: int = 6
 
     def scaled(self, length_scale: float) -> ChatShape:
-        """The same shape with every median multiplied by ``length_scale``."""
-        if not length_scale > 0:
-            raise AutotuneError(f"--length-scale {length_scale}: give a number above 0 (1 is the public data's scale)")
+        """The same shape with every median multiplied by ``length_scale`` (``--length-scale``, within
+        :data:`LENGTH_SCALES`: ``autotune.plan`` checks it)."""
 
         def scale(lengths: LogNormal) -> LogNormal:
             return dataclasses.replace(lengths, median=lengths.median * length_scale)
@@ -139,6 +138,10 @@ class ChatShape:
 
 
 DEFAULT_SHAPE = ChatShape()
+# The --length-scale range: below it the longest median is under one token, above it at MAX_TURN_TOKENS,
+# so every turn is drawn at a bound (LogNormal.draw clips) and the scale changes nothing more.
+_LONGEST_MEDIAN = max(DEFAULT_SHAPE.system.median, DEFAULT_SHAPE.user.median, DEFAULT_SHAPE.assistant.median)
+LENGTH_SCALES = (1 / _LONGEST_MEDIAN, MAX_TURN_TOKENS / _LONGEST_MEDIAN)
 
 
 @functools.cache
@@ -229,15 +232,14 @@ def write_jsonl(
     The file is written whole or not at all (:class:`autotune.spec.files.Destination`: a temporary file
     renamed at the end, removed on an error, a full disk or Ctrl-C), never over an existing file
     unasked; a corpus the free space cannot hold (estimated from its first conversations) is refused
-    before anything is written.
+    before anything is written. ``samples``, ``seed`` and ``length_scale`` are the command line's, checked
+    there (``autotune.plan.within``: ``--samples`` up to :data:`MAX_SAMPLES`).
 
     Raises:
-        AutotuneError: A sample count below 1 or above :data:`MAX_SAMPLES`, an unknown format or scale,
-            a destination its rule refuses, too little free space, or a path that cannot be written.
+        AutotuneError: An unknown format, a destination its rule refuses, too little free space, or a path
+            that cannot be written.
     """
     destination = out if isinstance(out, Destination) else Destination(out)
-    if not 1 <= samples <= MAX_SAMPLES:
-        raise AutotuneError(f"--samples {samples}: give a whole number from 1 to {MAX_SAMPLES:,}")
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     shape = DEFAULT_SHAPE.scaled(length_scale)

@@ -163,6 +163,7 @@ def prepare_sft_rows(
     steps: int,
     cache_root: str,
     notes: list[str],
+    seq_len: int,
 ) -> PreparedDataset:
     """Read and check the user's rows once for ``--trainer sft``, and write what the trials hand SFTTrainer.
 
@@ -175,13 +176,20 @@ def prepare_sft_rows(
         data: The rows' format (``autotune.spec.sft.FORMATS``).
         loss_on: The study's loss: the tokenizer's chat template must mark the assistant's tokens for
             ``assistant`` (``autotune.spec.sft.check_chat_template``).
-        notes: Where the synthetic tokenizer's note goes.
+        notes: Where the synthetic tokenizer's note and the count of rows TRL drops go.
+        seq_len: TRL's ``max_length``: what the rows are truncated to.
+
+    The rows are checked as TRL will read them (``autotune.spec.sft_rows``): every row the trials
+    train on, every time (the loss and ``seq_len`` decide what is trained), and the data's first
+    rows where it is read (a user's run starts there).
 
     Raises:
         AutotuneError: Unreadable data, a tokenizer that cannot load, is larger than the model's
-            vocabulary or cannot render the rows, or fewer rows than one global batch.
+            vocabulary or cannot render the rows, a row TRL or the chat template fails on, no row
+            left to train on within ``seq_len``, or fewer rows than one global batch.
     """
     from autotune.spec.sft import FORMAT_COLUMNS, check_chat_template
+    from autotune.spec.sft_rows import FIRST_ROWS, ROW_EXTRAS, check_rows, dropped_rows_note
     from autotune.spec.synthetic_tokenizer import tokenizer_dir as synthetic_tokenizer_dir
 
     datasets_package(path)
@@ -193,14 +201,16 @@ def prepare_sft_rows(
             f"{model.name} has no tokenizer here: the synthetic word-level tokenizer tokenizes {path} "
             "(one corpus word is one token, a ChatML chat template; token counts are the corpus's words)"
         )
-    check_chat_template(_load_tokenizer(tokenizer_dir, model, path), loss_on, data)  # fits the vocabulary too
+    tokenizer = _load_tokenizer(tokenizer_dir, model, path)
+    check_chat_template(tokenizer, loss_on, data)  # fits the vocabulary too
     length = global_batch * (steps + 1)
-    key = _fingerprint(source, tokenizer_dir, f"sft:{data}", False, 0, model.vocab_size, length)
+    # "rows-checked": the copy keeps TRL's per-row extras and which rows of the data it holds.
+    key = _fingerprint(source, tokenizer_dir, f"sft:{data}:rows-checked", False, 0, model.vocab_size, length)
     prepared_dir = Path(cache_root) / f"dataset-{key}"
-    columns = list(FORMAT_COLUMNS[data])
     if not (prepared_dir / _META_FILE).is_file():
         with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:
-            rows = read_rows(source, path, scratch).select_columns(columns)
+            rows = read_rows(source, path, scratch)
+            rows = rows.select_columns([*FORMAT_COLUMNS[data], *(c for c in ROW_EXTRAS if c in rows.column_names)])
             if data == "text":  # the Trainer path's rule: a row of no text trains nothing but its end-of-text token
                 usable = _usable_rows(_has_text(rows.data.column("text")), path, "text")
                 if len(usable) < rows.num_rows:
@@ -209,7 +219,11 @@ def prepare_sft_rows(
             if rows.num_rows > length:
                 sizes = _row_characters(rows)
                 chosen = _sample_with_the_longest(sizes, length, global_batch)
+            sampled = set(chosen)
+            first = [i for i in range(min(FIRST_ROWS, rows.num_rows)) if i not in sampled]
+            check_rows(((i, rows[i]) for i in first), tokenizer, data, loss_on, seq_len, path)
             meta = {"column": data, "num_samples": rows.num_rows, "column_read": data, "tokenizer_dir": tokenizer_dir}
+            meta["rows"] = [int(i) for i in chosen]
             _save_atomically(rows.select(chosen), {**meta, "pad_token_id": 0}, prepared_dir)
     meta = json.loads((prepared_dir / _META_FILE).read_text())
     if meta["num_samples"] < global_batch:
@@ -217,6 +231,9 @@ def prepare_sft_rows(
             f"--dataset {path}: {meta['num_samples']} rows is less than one global batch of the search space "
             f"({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
         )
+    sample = datasets_package(path).load_from_disk(str(prepared_dir))
+    dropped = check_rows(zip(meta["rows"], sample), tokenizer, data, loss_on, seq_len, path)
+    notes += filter(None, [dropped_rows_note(dropped, len(sample), seq_len, loss_on, path)])
     return PreparedDataset(
         label=f"{source} ({data} rows, prepared by SFTTrainer)",
         source=str(source),

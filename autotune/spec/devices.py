@@ -12,6 +12,7 @@ devices get none), and ``autotune devices --calibrate`` measures an achievable o
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 from autotune.errors import AutotuneError
@@ -281,6 +282,11 @@ def matmul_dtype(dtype: str, tf32_enabled: bool = False) -> str:
     it off for matmuls by default).
     """
     return "tf32" if dtype == "fp32" and tf32_enabled else dtype
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (which ``taskset`` and a cgroup's cpuset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_device(device: str | None, gpu: int | None) -> DeviceSpec:

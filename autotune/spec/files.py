@@ -200,6 +200,26 @@ def user_path_kind(path: str | Path, option: str, allowed: tuple[str, ...] = ("f
     return kind
 
 
+def writable_directory(path: str, option: str) -> None:
+    """``path`` is a directory autotune can write in, or one it can create: checked before anything is
+    written there, and nothing is left behind (a directory is made and removed at once to prove it;
+    permissions alone do not say it: root may write anywhere except where the file system refuses,
+    ``/proc``, a read-only mount).
+
+    Raises:
+        AutotuneError: The path (or the nearest part of it that exists) is not a directory
+            (:func:`user_path_kind`), or no directory can be made in it.
+    """
+    existing = Path(path).expanduser().absolute()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    user_path_kind(existing, option, ("directory",))  # names the part that is not a directory
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".autotune-probe-", dir=existing))
+    except OSError as exc:
+        raise AutotuneError(f"{option} {path}: cannot write in {existing} ({exc.strerror or exc})") from None
+
+
 def read_user_file(path: str, option: str, expected: str, max_bytes: int | None = None, size_hint: str = "") -> str:
     """The text of a file the user named on the command line (``--space``, ``--base-args``, ``--peft``).
 

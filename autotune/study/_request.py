@@ -147,12 +147,15 @@ def prepare_request(options: SearchOptions, available_memory_bytes: int) -> Prep
             space to its share of 90 % of it (:func:`autotune.runner.child_address_space_budget`).
 
     Raises:
-        AutotuneError: An option is malformed or contradicts another, the model or the space cannot
-            be read, the data is unusable, or (with screening) nothing in the space is predicted to fit.
+        AutotuneError: An option is malformed or contradicts another, ``--work-dir`` is no directory
+            autotune can write in, the model or the space cannot be read, the data is unusable, or (with
+            screening) nothing in the space is predicted to fit.
     """
     from autotune.runner import trial_overrides_note
+    from autotune.spec.files import writable_directory
     from autotune.spec.measured_peaks import peak_note
 
+    writable_directory(options.work_dir, "--work-dir")  # before the data is prepared there, or a trial starts
     planned = plan(options, available_memory_bytes)
     workload = planned.workload
     notes = list(planned.notes)

@@ -113,7 +113,7 @@ def test_a_plan_builds_the_memory_prior_once(tmp_path, monkeypatch):
         (PlanOptions(model="m", packing=True), "--packing: only used with --dataset"),
         (SearchOptions(model="m", trials=0), "--trials 0: give a whole number above 0"),
         (SearchOptions(model="m", prune_ratio=1.0), "--prune-ratio 1.0: give a fraction from 0 (never prune)"),
-        (SearchOptions(model="m", confirm_repeats=1), "--confirm-repeats at least 2"),
+        (SearchOptions(model="m", confirm_repeats=1), "--confirm-repeats 1: give a whole number from 2"),
         (SearchOptions(model="m", confirm_budget=0.0), "--confirm-budget 0.0: give a fraction above 0, up to and"),
         (SearchOptions(model="m", confirm_top=0, confirm_budget=1.5), "--confirm-budget 1.5: give a fraction above 0"),
         (EstimateOptions(model="m", all_rows=True, as_json=True), "give --all or --json, not both"),

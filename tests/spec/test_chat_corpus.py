@@ -12,6 +12,8 @@ from autotune.errors import AutotuneError
 from autotune.spec.chat_corpus import (
     DEFAULT_SHAPE,
     FORMATS,
+    LENGTH_SCALES,
+    MAX_TURN_TOKENS,
     as_format,
     conversation,
     conversation_tokens,
@@ -56,9 +58,11 @@ def test_length_scale_shrinks_the_medians_and_keeps_the_spread(lengths):
     assert abs(share_past(scaled, 256) - share_past(lengths, 1024)) < 0.06
 
 
-def test_a_bad_length_scale_is_refused():
-    with pytest.raises(AutotuneError, match="--length-scale 0"):
-        DEFAULT_SHAPE.scaled(0)
+def test_past_either_end_of_the_length_scales_every_median_is_at_a_bound():
+    """--length-scale accepts LENGTH_SCALES (autotune.plan checks it): past them a scale changes nothing."""
+    low, high = (DEFAULT_SHAPE.scaled(scale) for scale in LENGTH_SCALES)
+    assert max(shape.median for shape in (low.system, low.user, low.assistant)) == pytest.approx(1)
+    assert max(shape.median for shape in (high.system, high.user, high.assistant)) == pytest.approx(MAX_TURN_TOKENS)
 
 
 def test_the_same_seed_gives_the_same_corpus_and_another_seed_another():
@@ -147,10 +151,13 @@ def test_the_command_writes_the_corpus(tmp_path):
 @pytest.mark.parametrize(
     ("args", "phrase"),
     [
-        (["--samples", "0"], "--samples 0: give a whole number from 1 to 1,000,000"),
-        (["--samples", "100000000000000"], "--samples 100000000000000: give a whole number from 1 to 1,000,000"),
+        (["--samples", "0"], "--samples 0: give a whole number above 0, up to and including 1,000,000"),
+        (
+            ["--samples", "100000000000000"],
+            "--samples 100000000000000: give a whole number above 0, up to and including 1,000,000",
+        ),
         (["--samples", "3", "--format", "csv"], "--format 'csv' is not known"),
-        (["--samples", "3", "--length-scale", "-1"], "--length-scale -1.0: give a number above 0"),
+        (["--samples", "3", "--length-scale", "-1"], "--length-scale -1.0: give a number from 0.005"),
         (["--samples", "3", "--out", "missing/dir/chat.jsonl"], "cannot write it"),
     ],
 )

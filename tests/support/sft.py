@@ -32,7 +32,15 @@ def sft_workload(root: Path, fmt: str = "messages", loss_on: str = "all", **fiel
     model = for_trainer(resolve_model("llama-tiny"), "sft")
     measure = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=3, max_seconds=60.0, cv_target=1.0)
     dataset = prepare_sft_rows(
-        str(chat_file(root, fmt)), model, fmt, loss_on, 8, measure.total_steps_cap, str(root / "datasets"), []
+        str(chat_file(root, fmt)),
+        model,
+        fmt,
+        loss_on,
+        8,
+        measure.total_steps_cap,
+        str(root / "datasets"),
+        [],
+        fields.get("seq_len", SEQ_LEN),
     )
     settings = {"seq_len": SEQ_LEN, "ceiling_bytes": 8 * 1024**3, "measure": measure, "dataset": dataset}
     return Workload.for_model(model, trainer="sft", loss_on=loss_on, **{**settings, **fields})
