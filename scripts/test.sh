@@ -43,10 +43,10 @@ fi
 # that imports it.
 .venv/bin/pip install -q uv
 source scripts/pip_find_links.sh
-uv_pip=(.venv/bin/uv pip --quiet --python .venv/bin/python)
-"${uv_pip[@]}" sync --require-hashes requirements/lock-cpu-py311.txt
-"${uv_pip[@]}" install "${find_links[@]}" --constraint requirements/lock-cpu-py311.txt -r requirements/torch.txt
-"${uv_pip[@]}" install --no-deps -e .
+venv=(--quiet --python .venv/bin/python)
+.venv/bin/uv pip sync "${venv[@]}" --require-hashes requirements/lock-cpu-py311.txt
+.venv/bin/uv pip install "${venv[@]}" "${find_links[@]}" --constraint requirements/lock-cpu-py311.txt -r requirements/torch.txt
+.venv/bin/uv pip install "${venv[@]}" --no-deps -e .
 # DeepSpeed's two C++ ops built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on
 # 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run.
 op_builds=()
