@@ -16,6 +16,7 @@ MARK='<!-- scripts/latest.sh writes below this line -->'
 export HF_HUB_OFFLINE=1
 unset PYTHONDONTWRITEBYTECODE
 start=$(date +%s)
+commit=$(git describe --always --dirty)
 outcomes=()
 failed=0
 step() {  # step NAME COMMAND...: run it, its output in .venv-latest/logs/NAME.log, its outcome recorded
@@ -33,14 +34,23 @@ step() {  # step NAME COMMAND...: run it, its output in .venv-latest/logs/NAME.l
   fi
 }
 
+# The record's first lines, kept: everything up to the mark.
+kept=$(grep -n -x -F "$MARK" "$RECORD" | cut -d: -f1)
+if [ -z "$kept" ]; then
+  echo "latest: error: $RECORD lacks the line $MARK (the record goes below it): put it back" >&2
+  exit 2
+fi
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 mkdir -p "$VENV/logs"
 "$VENV/bin/pip" install -q uv
 PIP="$VENV/bin/pip" source scripts/pip_find_links.sh
-# --refresh: the package index asked again, not uv's cached answer (the newest releases of today).
-step install "$VENV/bin/uv" pip install --refresh --python "$VENV/bin/python" "${find_links[@]}" \
-  -r requirements/torch.txt -e '.[test]'
+install() {
+  # --refresh: the package index asked again, not uv's cached answer (the newest releases of today).
+  "$VENV/bin/uv" pip install --refresh --python "$VENV/bin/python" "${find_links[@]}" -r requirements/torch.txt -e '.[test]' &&
+    echo "$("$VENV/bin/uv" pip freeze --python "$VENV/bin/python" | wc -l) projects installed"
+}
+step install install
 # The fast loop less the one test that this venv fails on purpose: it holds the newest releases, not the lock.
 step fast-loop "$VENV/bin/python" -m pytest -q -m "not slow" -n 2 -p no:cacheprovider \
   --deselect tests/test_lock.py::test_this_environment_is_the_tested_set
@@ -51,21 +61,25 @@ step export "$VENV/bin/autotune" export --storage "sqlite:///$work/study.db" --o
 rm -rf "$work"
 
 {
-  sed "/^$MARK\$/q" "$RECORD"
+  head -n "$kept" "$RECORD"
   echo
-  echo "Last run: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $(($(date +%s) - start)) s," \
+  echo "Last run: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit, $(($(date +%s) - start)) s," \
     "on $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores)."
   echo
   echo "| step | outcome | its last line |"
   echo "|---|---|---|"
   printf '%s\n' "${outcomes[@]}"
+  failures=$(grep -h '^FAILED ' "$VENV"/logs/*.log | sed 's/^FAILED /- /')
+  if [ -n "$failures" ]; then
+    printf '\nFailed tests:\n\n%s\n' "$failures"
+  fi
   echo
   "$VENV/bin/python" scripts/lock.py drift "$LOCK"
   echo
   echo "Newer releases that pyproject.toml's ranges or other requirements keep out (\`uv pip list --outdated\`):"
   echo
   echo '```'
-  "$VENV/bin/uv" pip list --outdated --python "$VENV/bin/python" 2>&1
+  "$VENV/bin/uv" pip list --outdated --python "$VENV/bin/python" 2> /dev/null
   echo '```'
 } > "$RECORD.new"
 mv "$RECORD.new" "$RECORD"
