@@ -32,14 +32,21 @@ if [ ${#need[@]} -gt 0 ]; then
   system_packages=$!
 fi
 
-# Everything with uv: it installs the [test] extra in seconds where pip takes about a minute, and torch's
-# wheel in 7 s where pip takes 32 s (measured on this 2-core machine, docs/benchmarks.md "The test suite").
-# torch pinned: an open `torch` requirement pulls a multi-GB CUDA build. uv does not read pip's
-# configuration, so pip's find-links (where a machine keeps wheels, such as torch's CPU build) are passed on.
-# No bytecode compiled here: each module's is written by the first process that imports it.
+# The tested set, exactly: requirements/lock-cpu-py311.txt (bash scripts/lock.sh refreshes it) with every
+# file's hash checked, and nothing else (`uv pip sync` removes what the lock does not name; it keeps pip and
+# uv); then torch (requirements/torch.txt: outside the hashed lock, scripts/lock.sh says why), with the lock
+# as constraints, and autotune itself without resolving anything. tests/test_lock.py checks that the venv
+# the suite runs in is this set. With uv: the [test] extra in seconds where pip takes about a minute, and
+# torch's wheel in 7 s where pip takes 32 s (measured on this 2-core machine, docs/benchmarks.md "The test
+# suite"). uv does not read pip's configuration, so pip's find-links (where a machine keeps wheels, such as
+# torch's CPU build) are passed on. No bytecode compiled here: each module's is written by the first process
+# that imports it.
 .venv/bin/pip install -q uv
 source scripts/pip_find_links.sh
-.venv/bin/uv pip install -q --python .venv/bin/python "${find_links[@]}" torch==2.13.0 -e '.[test]'
+venv=(--quiet --python .venv/bin/python)
+.venv/bin/uv pip sync "${venv[@]}" --require-hashes requirements/lock-cpu-py311.txt
+.venv/bin/uv pip install "${venv[@]}" "${find_links[@]}" --constraint requirements/lock-cpu-py311.txt -r requirements/torch.txt
+.venv/bin/uv pip install "${venv[@]}" --no-deps -e .
 # DeepSpeed's two C++ ops built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on
 # 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run.
 op_builds=()

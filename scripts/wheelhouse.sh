@@ -12,6 +12,11 @@
 #   * what the target interpreter already has (scripts/wheelhouse-excluded.txt: a CUDA torch and
 #     its stack), so that the interpreter's own torch is the one that trains;
 #   * plotly, which only `autotune report` needs (pyproject's [report] extra).
+# Every project the lock (requirements/lock-cpu-py311.txt) holds comes at its locked version (the target's
+# own aside), and each file downloaded is checked against the lock's hashes (scripts/lock.py verify: every
+# file of a pinned release is hashed there, so another Python or platform is checked too); a target Python
+# that a locked release does not support fails in pip's resolution. What the lock does not hold
+# (liger-kernel, with --llm) is named.
 # On the target, into the interpreter that has torch (a venv made from a venv does not see it):
 #   python3 -m pip install --no-index --find-links DIR autotune
 # pip keeps every requirement the interpreter already satisfies and takes the rest from DIR; a wheel
@@ -45,19 +50,23 @@ SOURCE="$(mktemp -d)"
 trap 'rm -rf "$SOURCE"' EXIT
 cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/autotune" "$REPO/search_spaces" "$SOURCE/"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$SOURCE"
+LOCK="$REPO/requirements/lock-cpu-py311.txt"
+"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --constraints "$LOCK" "$REPO/scripts/wheelhouse-excluded.txt" > "$SOURCE/constraints.txt"
+DOWNLOAD=("$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --constraint "$SOURCE/constraints.txt" --dest "$OUT")
 # autotune's requirements, less what the target has and what the search does not need.
 mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
-"$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${REQUIREMENTS[@]}"
+"${DOWNLOAD[@]}" "${REQUIREMENTS[@]}"
 # The sft and liger extras (TRL, liger-kernel) without their dependencies, then what they need that the
 # target lacks, with theirs (scripts/wheelhouse_requirements.py says why in two steps).
 if [[ $LLM -eq 1 ]]; then
     mapfile -t EXTRAS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras "$OUT")
-    "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --no-deps --dest "$OUT" "${EXTRAS[@]}"
+    "${DOWNLOAD[@]}" --no-deps "${EXTRAS[@]}"
     mapfile -t EXTRAS_NEED < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras-needs "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
     if [[ ${#EXTRAS_NEED[@]} -gt 0 ]]; then
-        "$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --dest "$OUT" "${EXTRAS_NEED[@]}"
+        "${DOWNLOAD[@]}" "${EXTRAS_NEED[@]}"
     fi
 fi
 # Their own dependencies may name a preinstalled project (optuna needs numpy): the target's is used.
 "$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --prune "$OUT" "$REPO/scripts/wheelhouse-excluded.txt"
+"$PYTHON" "$REPO/scripts/lock.py" verify "$LOCK" "$OUT"
 du -sh "$OUT" >&2

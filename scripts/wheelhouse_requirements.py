@@ -7,6 +7,12 @@ wheelhouse_requirements.py --extras DIR            the requirements of autotune'
 wheelhouse_requirements.py --extras-needs DIR EXCLUDED   what those extras' wheels in DIR require, less
                                                    the projects EXCLUDED names (downloaded with theirs)
 wheelhouse_requirements.py --prune DIR EXCLUDED    delete the wheels in DIR of the projects EXCLUDED names
+wheelhouse_requirements.py --constraints LOCK EXCLUDED   the lock's pins as ``name==version``, one a line, less
+                                                   the projects EXCLUDED names (the target's own, at its versions)
+
+The lock's pins constrain versions only: pip's hash-checking mode refuses the open ranges of a wheel's own
+requirements ("all requirements must have their versions pinned with ==", pip 23.2 here), so the hashes are
+checked after the download (scripts/lock.py verify).
 
 The extras go in without their dependencies first because each names the target's own stack (TRL:
 transformers, accelerate; liger-kernel: torch, triton): resolved whole, pip would download a CUDA torch
@@ -20,14 +26,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+from lock import distribution_file, normalized, read_pins  # scripts/lock.py, beside this file
+
 # The extras the wheelhouse carries besides autotune's own requirements: scripts/gpu_acceptance.sh llm
 # trains through TRL's SFTTrainer (sft) and searches the liger lever (liger).
 WHEELHOUSE_EXTRAS = ("sft", "liger")
-
-
-def normalized(name: str) -> str:
-    """A project name as PEP 503 compares them (wheel file names use ``_`` for ``-``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def excluded_projects(path: Path) -> set[str]:
@@ -36,7 +39,8 @@ def excluded_projects(path: Path) -> set[str]:
 
 
 def wheel_project(wheel: Path) -> str:
-    return normalized(wheel.name.split("-", 1)[0])
+    found = distribution_file(wheel)
+    return found[0] if found else ""
 
 
 def requires_dist(wheel: Path) -> list[str]:
@@ -87,9 +91,17 @@ def extras_needs(directory: Path, excluded: set[str], extras: tuple[str, ...] = 
     return needs
 
 
+def locked_constraints(lock: Path, excluded: set[str]) -> list[str]:
+    """The lock's pins as ``name==version``, less the excluded projects (the target's own, at its versions)."""
+    return [f"{name}=={pin.version}" for name, pin in read_pins(lock).items() if name not in excluded]
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--extras"]:
         print("\n".join(extra_requirements(Path(argv[1]))))
+        return
+    if argv[:1] == ["--constraints"]:
+        print("\n".join(locked_constraints(Path(argv[1]), excluded_projects(Path(argv[2])))))
         return
     mode = argv[0] if argv[:1] in (["--prune"], ["--extras-needs"]) else ""
     directory, excluded_file = (Path(a) for a in argv[1 if mode else 0 :])

@@ -4,15 +4,12 @@ ceiling of scripts/gpu_acceptance.sh's offload step."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 from autotune.levers import TrialConfig
 from benchmarks.bench_zero import Row, offload_cost, table
-
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from tests.support.scripts import script
 
 MiB = 1024**2
 
@@ -61,11 +58,7 @@ def test_a_plain_run_of_several_ranks_or_a_deepspeed_config_is_launched_by_torch
 
 
 def test_the_gpu_offload_step_sets_its_ceiling_between_zero_2_with_and_without_offload():
-    # A script of scripts/ (run as a file by gpu_acceptance.sh), loaded from its path.
-    spec = importlib.util.spec_from_file_location("gpu_acceptance_offload", SCRIPTS / "gpu_acceptance_offload.py")
-    offload = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(offload)
-    offload_ceiling_bytes = offload.offload_ceiling_bytes
+    offload_ceiling_bytes = script("gpu_acceptance_offload").offload_ceiling_bytes
     from autotune.estimate import MemoryFit, estimate_peak
     from autotune.spec.models import resolve_model
 

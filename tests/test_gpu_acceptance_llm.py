@@ -3,20 +3,10 @@ extras (TRL, liger-kernel), and the expert recipe leaves out, with a note, what 
 
 from __future__ import annotations
 
-import importlib.util
 import zipfile
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-
-
-def script(name: str):
-    """A script of scripts/ (run as a file by gpu_acceptance.sh), loaded from its path."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.scripts import SCRIPTS, script
 
 
 def wheel(directory: Path, project: str, requires: list[str]) -> None:
