@@ -28,6 +28,9 @@ class Status(enum.StrEnum):
     # Ran, but does not train: a non-finite loss or weights, every measured step skipped by the grad
     # scaler, or a loss far above the HF default's over the same steps (autotune.result._loss).
     DIVERGED = "diverged"
+    # Ran, but torch.compile kept compiling after warm-up (batches of a new shape at every step, more
+    # than MeasureSettings.recompile_limit steps): stopped, no steady state to measure (issue 38, 10).
+    RECOMPILING = "recompiling"
     TIMEOUT = "timeout"  # killed at the trial timeout
     COMPILE_TIMEOUT = "compile_timeout"  # killed while torch.compile still compiled, at --compile-timeout (not retried)
     CRASH = "crash"  # the child died without a result (a signal, an exit code)
@@ -47,8 +50,9 @@ RAN_NORMALLY_STATUSES = frozenset({Status.OK, Status.PRUNED, Status.OVER_CEILING
 # not depend on the values trained (a NaN takes the bytes a number takes).
 PEAK_MEASURED_STATUSES = RAN_NORMALLY_STATUSES | {Status.DIVERGED}
 # Recorded as COMPLETE trials with value 0 and a violated constraint: the sampler learns to avoid
-# them. A diverged trial's constraint is not a memory figure (see measured_constraint_gib).
-INFEASIBLE_STATUSES = frozenset({Status.OVER_CEILING, Status.OOM, Status.SCREENED, Status.DIVERGED})
+# them. A diverged or recompiling trial's constraint is not a memory figure (see measured_constraint_gib):
+# the config is not one to train as it is, and the sampler must learn so, not retry it.
+INFEASIBLE_STATUSES = frozenset({Status.OVER_CEILING, Status.OOM, Status.SCREENED, Status.DIVERGED, Status.RECOMPILING})
 # Measured memory at or over the ceiling: a larger micro-batch of the same config cannot fit either.
 MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
 # Failures that say nothing about the config: recorded as FAIL trials, never counted, and a
@@ -203,7 +207,8 @@ def measured_constraint_gib(result: TrialResult) -> float:
     An OOM can strike with the peak seen so far under the ceiling (the CPU address-space limit,
     fragmentation); the config still did not fit, so its constraint must say so: samplers, Optuna's
     ``best_trial`` and the dashboard all read feasibility from this number alone. A ``diverged``
-    trial that fitted gets the same positive value: it is infeasible for numerics, not memory (this
+    or ``recompiling`` trial that fitted gets the same positive value: it is infeasible for numerics
+    or for compiling at every step, not memory (this
     one constraint is the only feasibility Optuna and the dashboard read). A screened trial's is
     predicted, not measured (``autotune.study._record.memory_constraint_gib``).
     """

@@ -77,6 +77,7 @@ class StepTimer(TrainerCallback):
         self.step_tokens: list[int] = []  # input tokens of each measured step (Trainer's count)
         self._tokens_at_last_step = 0
         self.stopped_early = False
+        self.recompiled_steps = 0  # steps after warm-up during which torch.compile compiled
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -99,7 +100,11 @@ class StepTimer(TrainerCallback):
         tokens, self._tokens_at_last_step = _tokens_seen(state) - self._tokens_at_last_step, _tokens_seen(state)
         if len(self.warmup_times) < self.settings.warmup_steps or compiled_during_step:
             # A recompilation after warm-up (a new shape, a guard failure) is not steady-state work.
+            recompiled = len(self.warmup_times) >= self.settings.warmup_steps
             self.warmup_times.append(elapsed)
+            self.recompiled_steps += recompiled
+            if self.still_compiling:
+                control.should_training_stop = True
             return control
         self.step_times.append(elapsed)
         self.measured_step_numbers.append(state.global_step)
@@ -110,6 +115,12 @@ class StepTimer(TrainerCallback):
             self.stopped_early = True
             control.should_training_stop = True
         return control
+
+    @property
+    def still_compiling(self) -> bool:
+        """More steps after warm-up compiled than ``recompile_limit`` allows: batches of a new shape
+        compile at every step, and the trial has no steady state to measure."""
+        return self.recompiled_steps > self.settings.recompile_limit
 
     def _window(self) -> list[float]:
         return self.step_times[-self.settings.min_steps :]

@@ -163,6 +163,8 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             autocast.attach(model)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
+        if timer.still_compiling:  # no steady state, and the fullest batch would compile once more
+            return still_compiling(job, timer, probe, started, model_build_s)
         peaks, peak_batch = probe.peaks(), ""
         varying = batches_vary(job, batching)
         if varying:
@@ -214,21 +216,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         measured_peak_tflops=measured_peak_tflops,
         step_time_median_s=stats.median_s,
         step_time_cv=stats.cv,
-        measured_steps=stats.measured_steps,
-        measured_s=stats.measured_s,
-        step_times_s=list(timer.step_times),
-        warmup_steps=stats.warmup_steps,
-        warmup_s=stats.warmup_s,
-        compile_s=stats.compile_s,
         steady=stats.converged,
-        setup_s=(timer.first_step_started_at or started) - started,
-        model_build_s=model_build_s,
-        peak_memory_bytes=peaks[probe.ceiling_source],
-        memory_source=probe.ceiling_source,
-        memory_peaks=peaks,
         peak_batch=peak_batch,
-        ceiling_bytes=workload.ceiling_bytes,
-        versions=versions(workload.device),
+        **steps_and_peaks(job, timer, probe.ceiling_source, peaks, started, model_build_s),
         loss_curve=record.curve,
         loss_measured_from=record.measured_from,
         loss_nonfinite=record.nonfinite,
@@ -238,6 +228,45 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         gradient_scale=recorder.gradient_scale,
         runtime=runtime,
         defects=defects,
+    )
+
+
+def still_compiling(
+    job: TrialJob, timer: StepTimer, probe: MemoryProbe, started: float, model_build_s: float
+) -> TrialResult:
+    """A trial stopped because torch.compile compiled again in more steps after warm-up than
+    ``recompile_limit`` allows (:attr:`StepTimer.still_compiling`): what it ran, and why it stopped."""
+    limit = job.workload.measure.recompile_limit
+    return TrialResult(
+        status=Status.RECOMPILING,
+        error=(
+            f"torch.compile compiled again in {timer.recompiled_steps} steps after warm-up (more than {limit}): "
+            f"batches of a new shape compile at every step, so there is no steady state to measure "
+            f"({timer.stats().compile_s:.0f} s compiling); compile with fixed shapes (padding max_length, no packing) or not at all"
+        ),
+        **steps_and_peaks(job, timer, probe.ceiling_source, probe.peaks(), started, model_build_s),
+    )
+
+
+def steps_and_peaks(
+    job: TrialJob, timer: StepTimer, source: str, peaks: dict[str, int], started: float, model_build_s: float
+) -> dict[str, Any]:
+    """The fields of a result that every trial which ran steps records: its steps, times and peaks."""
+    stats = timer.stats()
+    return dict(
+        measured_steps=stats.measured_steps,
+        measured_s=stats.measured_s,
+        step_times_s=list(timer.step_times),
+        warmup_steps=stats.warmup_steps,
+        warmup_s=stats.warmup_s,
+        compile_s=stats.compile_s,
+        setup_s=(timer.first_step_started_at or started) - started,
+        model_build_s=model_build_s,
+        peak_memory_bytes=peaks[source],
+        memory_source=source,
+        memory_peaks=peaks,
+        ceiling_bytes=job.workload.ceiling_bytes,
+        versions=versions(job.workload.device),
     )
 
 

@@ -57,12 +57,13 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
     """Remove choices the device cannot run (or on which they change nothing), with a note for each;
     fail if a lever is left empty.
 
-    A value that is slow on the device (:attr:`Lever.slow_on`) is left out of ``auto`` and kept
-    where the space lists it, with a note either way.
+    A value that is slow on the device (:attr:`Lever.slow_on`) is left out of ``auto`` and of a lever
+    the space names in ``leave_out_slow``, and kept where the space lists it, with a note either way.
     """
     notes: list[str] = []
     choices: dict[str, list[Any]] = {}
-    for name, values in parsed.model_dump(exclude=set(BATCH_LIMITS)).items():
+    leave_out_slow = set(getattr(parsed, "leave_out_slow", ()))
+    for name, values in parsed.model_dump(exclude={*BATCH_LIMITS, "leave_out_slow"}).items():
         if values is None:
             continue
         lever = LEVERS[name]
@@ -70,7 +71,8 @@ def filter_for_device(parsed: BaseModel, device: DeviceSpec, source: str = "") -
         if auto:
             assert lever.auto_choices is not None  # the space file takes `auto` only for such a lever
             values = lever.auto_choices(device)
-        kept = _keep(lever, values, functools.partial(_not_on_device, lever, device, auto, notes), notes)
+        leave_out = "auto" if auto else "leave_out_slow" if name in leave_out_slow else ""
+        kept = _keep(lever, values, functools.partial(_not_on_device, lever, device, leave_out, notes), notes)
         if not kept:
             raise AutotuneError(
                 f"search space {source}: no choice of {name} runs on {device.label} ({'; '.join(notes)}); add one that does"
@@ -97,15 +99,18 @@ def filter_for_trainer(space: SearchSpace, trainer: str) -> SearchSpace:
     return SearchSpace(choices=choices, notes=tuple(notes), source=space.source)
 
 
-def _not_on_device(lever: Lever, device: DeviceSpec, auto: bool, notes: list[str], value: Any) -> str:
+def _not_on_device(lever: Lever, device: DeviceSpec, leave_out: str, notes: list[str], value: Any) -> str:
     """Why ``value`` is not searched on ``device``; ``""`` to keep it. A value that is slow on the
-    device is left out of ``auto`` and kept, with a note, where the space lists it."""
+    device is left out where ``leave_out`` says why (``auto``, or the space's ``leave_out_slow``) and
+    kept, with a note, where the space lists it."""
     reason = lever.unavailable_on(value, device) or lever.no_effect_on(value, device)
     slow = lever.slow_on(value, device)
     if reason or not slow:
         return reason
-    if auto:
+    if leave_out == "auto":
         return f"{slow}; list it in the space ({lever.name}: [...]) to search it anyway"
+    if leave_out:
+        return f"{slow}; this space leaves it out (leave_out_slow: [{lever.name}]): list it in a space of your own (--space) to search it anyway"
     notes.append(f"{lever.name} {yaml_word(value)} kept because the space lists it: {slow}")
     return ""
 

@@ -78,9 +78,22 @@ class SpaceFile(BaseModel):
     # Constraints on micro_batch x grad_accum (not levers): --global-batch / --max-global-batch override.
     global_batch: StrictInt | None = None
     max_global_batch: StrictInt | None = None
+    # Levers whose listed choices that are slow on the device (``Lever.slow_on``) are left out, with a
+    # note, as ``auto`` leaves them out (not a lever): the LLM space lists ``compile: ["off", inductor]``,
+    # which keeps the GPU space what it is (``auto`` would add the CUDA-graph modes), and leaves
+    # inductor out on a CPU, where it costs more than a trial measures (issue 38, 10).
+    leave_out_slow: list[StrictStr] = []
 
     check_lever = field_validator(*LEVERS)(_check_lever)
     check_batch_limit = field_validator(*BATCH_LIMITS)(_check_batch_limit)
+
+    @field_validator("leave_out_slow")
+    @classmethod
+    def _check_leave_out_slow(cls, names: list[str]) -> list[str]:
+        unknown = [name for name in names if name not in LEVERS]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a lever (see search_spaces/README.md)")
+        return names
 
     def auto_levers(self) -> set[str]:
         """The levers the file leaves at ``auto`` (written, or left out where ``auto`` is the default)."""

@@ -27,6 +27,7 @@ class MeasureSettings:
         max_steps: Measured steps at most.
         max_seconds: Measured seconds at most (after warm-up).
         cv_target: Stop once the coefficient of variation of the last ``min_steps`` steps is below.
+        recompile_limit: Steps after warm-up that may compile before the trial is stopped (below).
         prune_after_steps: Measured steps after which early stop judges a trial by the median of
             what was measured so far against the pruning threshold alone. Before that, from the
             first measured step on, only a trial below the threshold by more than the step-time
@@ -56,6 +57,14 @@ class MeasureSettings:
     max_seconds: float = 10.0
     cv_target: float = 0.05
     prune_after_steps: int = 3
+    # Steps after warm-up that may compile (each left out of the statistics) before the trial is
+    # stopped as still compiling (``Status.RECOMPILING``). Dynamo's automatic dynamic shapes
+    # (torch._dynamo.config.automatic_dynamic_shapes, on by default; transformers passes dynamic=None)
+    # compile once more when a size first changes, then run the dynamic graph; a batch of yet another
+    # shape that still compiles is compiling at every step (issue 38, 10: a CPU SFT trial with inductor
+    # and packing ran 317 s at 0.009 steps/s), and past torch's recompile_limit (8) dynamo runs that code
+    # eager, another figure than the compiled one the trial is named for.
+    recompile_limit: int = 2
 
     @property
     def total_steps_cap(self) -> int:

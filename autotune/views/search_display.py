@@ -61,6 +61,7 @@ STATUS_STYLE: dict[str, str] = {
     Status.SCREENED: "magenta",
     Status.PRUNED: "cyan",
     Status.DIVERGED: "red",
+    Status.RECOMPILING: "red",
     Status.TIMEOUT: "red",
     Status.CRASH: "red",
     Status.ERROR: "red",

@@ -32,6 +32,7 @@ STORED = [
     "screened",
     "pruned",
     "diverged",
+    "recompiling",
     "timeout",
     "compile_timeout",
     "crash",
@@ -65,7 +66,13 @@ def test_the_groups_say_what_was_measured():
     assert FEASIBLE_STATUSES < RAN_NORMALLY_STATUSES
     assert not PEAK_MEASURED_STATUSES & (FAILED_STATUSES | {Status.OOM, Status.SCREENED})
     assert MEMORY_EXCEEDED_STATUSES < INFEASIBLE_STATUSES and RETRIED_STATUSES < FAILED_STATUSES
-    assert in_order(INFEASIBLE_STATUSES) == [Status.OVER_CEILING, Status.OOM, Status.SCREENED, Status.DIVERGED]
+    assert in_order(INFEASIBLE_STATUSES) == [
+        Status.OVER_CEILING,
+        Status.OOM,
+        Status.SCREENED,
+        Status.DIVERGED,
+        Status.RECOMPILING,
+    ]
 
 
 def test_maps_keyed_by_status_cover_exactly_the_vocabulary():

@@ -93,3 +93,25 @@ def test_rows_are_cycled_up_to_what_the_steps_take():
     assert cycled(rows, 2) is rows
     with pytest.raises(RuntimeError, match="left no row to train on"):
         cycled(rows.select([]), 4)
+
+
+@pytest.mark.slow
+def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and_labelled(tmp_path):
+    """padding_free flattens each batch into a row of a new length: dynamo compiles the first step's
+    shape, then again for the second (automatic dynamic shapes). With ``recompile_limit`` 0 that
+    second compile, after warm-up, stops the trial as ``recompiling`` (issue 38, 10), before any
+    measured step and without the fullest batch's extra step. The ``eager`` backend: dynamo's guards
+    and recompiles without inductor's C++, the cheapest real compile."""
+    from autotune.result import INFEASIBLE_STATUSES
+    from autotune.spec.measure import MeasureSettings
+
+    measure = MeasureSettings(
+        warmup_steps=1, min_steps=3, max_steps=3, max_seconds=60.0, cv_target=1.0, recompile_limit=0
+    )
+    config = TrialConfig(micro_batch=4, pin_memory=False, packing="padding_free", compile="eager")
+    result = run_isolated(TrialJob(sft_workload(tmp_path, measure=measure), config, str(tmp_path / "t")), 600)
+    assert result.status == "recompiling", result.error
+    assert result.status in INFEASIBLE_STATUSES  # recorded COMPLETE at 0, its constraint violated: not retried
+    assert result.error.startswith("torch.compile compiled again in 1 steps after warm-up (more than 0)")
+    assert result.warmup_steps == 2 and result.measured_steps == 0 and result.compile_s > 0
+    assert result.peak_memory_bytes > 0

@@ -114,6 +114,24 @@ def test_a_step_that_compiled_is_warmup_not_steady_state():
     assert timer.measured_step_numbers == [2, 3, 5, 6, 7]  # the Trainer's step numbers, warm-up and step 4 left out
 
 
+def test_steps_that_still_compile_after_warm_up_stop_the_trial_past_the_recompile_limit():
+    """Dynamo's automatic dynamic shapes compile once more when a size first changes: that step (and
+    up to ``recompile_limit`` such) is left out as today. One more compiling step after warm-up is a
+    batch of a new shape compiling at every step (issue 38, 10): the trial stops there, and says so."""
+    from autotune.runner._step_timer import StepTimer
+
+    settings = MeasureSettings(warmup_steps=1, min_steps=5, max_steps=40, max_seconds=1e9, cv_target=-1.0)
+    # Calls 1, 2, ...: the end of steps 1, 2, ...; every step compiles (packing, a new length each batch).
+    every_step = StepTimer(settings, lambda: None, compile_clock=ScriptedCompileClock(set(range(1, 100))))
+    assert drive(every_step, 100) == 1 + settings.recompile_limit + 1  # warm-up, the allowed, the one over
+    assert every_step.still_compiling and every_step.recompiled_steps == settings.recompile_limit + 1
+    assert every_step.stats().measured_steps == 0
+    # Compiling during warm-up and at the limit's count of later steps: measured to the end.
+    within = StepTimer(settings, lambda: None, compile_clock=ScriptedCompileClock({1, 3, 6}))
+    assert drive(within, 100) == 1 + 2 + 40
+    assert not within.still_compiling and within.recompiled_steps == 2
+
+
 def test_dynamo_compile_clock_advances_on_a_real_compile():
     import torch
 

@@ -291,6 +291,35 @@ def test_the_llm_space_is_sfts_default_and_keeps_what_a_cpu_runs_with_a_note_for
     assert "activation_offloading true removed: TRL's activation offloading" in notes
 
 
+def test_the_llm_space_leaves_inductor_out_on_a_cpu_with_a_note_and_keeps_its_gpu_choices(tmp_path, cpu):
+    """The LLM space lists ``compile: ["off", inductor]`` (not ``auto``: that would add the CUDA-graph
+    modes on a GPU) and names compile in ``leave_out_slow``: on a CPU inductor goes with one note, as
+    default.yaml's ``auto`` does (issue 38, 10: a CPU SFT search spent 317 s in one inductor trial);
+    on a GPU both choices stay; a space of the user's that lists inductor keeps it."""
+    from autotune.spec.models import resolve_model
+
+    llama = resolve_model("llama-tiny")
+    for trainer in ("sft", "trainer"):
+        space = load_space(None, cpu, model=llama, trainer=trainer)
+        assert space.source.endswith("llm.yaml") and space.choices["compile"] == ["off"]
+        assert [note for note in space.notes if note.startswith("compile")] == [
+            "compile inductor removed: on a CPU, inductor generates and compiles C++ for every new shape: about a "
+            "minute of warm-up per trial on a few cores, more than the trial's measurement; this space leaves it "
+            "out (leave_out_slow: [compile]): list it in a space of your own (--space) to search it anyway"
+        ]
+    ampere = DeviceSpec("cuda", 0, "fake A100", 40 * GiB, ("fp32", "fp16", "tf32", "bf16"), (8, 0))
+    on_gpu = load_space(None, ampere, model=llama, trainer="sft")
+    assert on_gpu.choices["compile"] == ["off", "inductor"]
+    assert not any(note.startswith("compile") for note in on_gpu.notes)
+    listed = load_space(write(tmp_path, 'compile: ["off", inductor]\n'), cpu, model=llama, trainer="sft")
+    assert listed.choices["compile"] == ["off", "inductor"]
+
+
+def test_leave_out_slow_names_levers_only(tmp_path, cpu):
+    with pytest.raises(AutotuneError, match=r"leave_out_slow: 'compiles' is not a lever"):
+        load_space(write(tmp_path, "leave_out_slow: [compiles]\n"), cpu)
+
+
 @pytest.mark.parametrize(
     ("task", "space_file"),
     [
