@@ -298,7 +298,7 @@ def devices(
         console.print(known_gpus_table())
         return
     from autotune.plan import positive_int, positive_seconds
-    from autotune.runner import calibrate_device
+    from autotune.runner import calibrate_bandwidth, calibrate_device
     from autotune.spec.devices import list_devices, resolve_device
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
     from autotune.views.plan_display import calibrated_peaks_text, devices_table
@@ -313,7 +313,8 @@ def devices(
                 f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}"
             )
             peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
-            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks)))
+            bandwidth = calibrate_bandwidth(spec, seconds=seconds)
+            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth), bandwidth))
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)
     for note in notes:

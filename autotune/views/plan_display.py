@@ -242,14 +242,20 @@ def known_gpus_table() -> Table:
     return table
 
 
-def calibrated_peaks_text(spec: DeviceSpec, peaks: Sequence[Any], path: object) -> str:
+def calibrated_peaks_text(
+    spec: DeviceSpec, peaks: Sequence[Any], path: object, bandwidth_gb_s: float | None = None
+) -> str:
     """``autotune devices --calibrate``'s lines for one device: each measured peak (a
-    ``calibrate.MeasuredMatmulPeak``), then where they were stored."""
+    ``calibrate.MeasuredMatmulPeak``), the measured memory bandwidth, then where they were stored."""
     lines = [
         f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
         f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
         for peak in peaks
     ]
+    if bandwidth_gb_s is not None:
+        lines.append(
+            f"  measured memory bandwidth {spec.label}: {bandwidth_gb_s:.1f} GB/s (best large copy, read + write)"
+        )
     return "\n".join([*lines, f"  stored in {path}"])
 
 
