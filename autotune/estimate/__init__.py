@@ -53,6 +53,7 @@ from autotune.estimate._plan_table import (
     largest_fitting,
     largest_peak_bytes,
     plan_rows,
+    predicted_winner,
     smallest_peak_bytes,
     what_would_fit,
 )
@@ -66,6 +67,7 @@ from autotune.estimate._prior import (
 from autotune.estimate._speed import (
     SpeedEstimate,
     SpeedFit,
+    SpeedModel,
     StepWork,
     TypicalBatch,
     estimate_speed,
@@ -73,7 +75,7 @@ from autotune.estimate._speed import (
     step_work,
     typical_micro_batch,
 )
-from autotune.estimate._speed_prior import cpu_nominal_peaks_tflops, fit_speed, speed_prior
+from autotune.estimate._speed_prior import cpu_nominal_peaks_tflops, fit_speed, speed_expected_error, speed_prior
 
 __all__ = [
     "CPU_CHILD_START_RSS_BYTES",
@@ -85,6 +87,7 @@ __all__ = [
     "MemoryFit",
     "SpeedEstimate",
     "SpeedFit",
+    "SpeedModel",
     "StepWork",
     "TypicalBatch",
     "UNCALIBRATED_MARGIN",
@@ -99,7 +102,9 @@ __all__ = [
     "memory_prior",
     "plan_rows",
     "predict_speed",
+    "predicted_winner",
     "smallest_peak_bytes",
+    "speed_expected_error",
     "speed_prior",
     "step_work",
     "typical_micro_batch",

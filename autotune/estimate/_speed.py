@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune.estimate._parts import layer_activation_bytes
 from autotune.levers import MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
@@ -327,3 +327,19 @@ def estimate_speed(
 ) -> SpeedEstimate | None:
     """:func:`step_work` then :func:`predict_speed`: one configuration's predicted speed on the fit's device."""
     return predict_speed(step_work(model, config, seq_len, fit.device_kind, matmul_dtype, lengths), fit)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedModel:
+    """The throughput prior of one workload: its device's rates, how a config's matmul dtype is read (the
+    workload's ``peak_dtype``: tf32 where TF32 is on), and the user's sample lengths where known."""
+
+    fit: SpeedFit
+    matmul_dtype: Callable[[TrialConfig], str]
+    lengths: tuple[int, ...] | None = None
+
+    def work(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> StepWork:
+        return step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
+
+    def estimate(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> SpeedEstimate | None:
+        return predict_speed(self.work(model, config, seq_len), self.fit)

@@ -155,3 +155,22 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
         return 0.0, -1.0
     slope = sum((c - mean_c) * (y - mean_y) for c, y in rows) / variance
     return slope, mean_y - slope * mean_c
+
+
+# The uncalibrated prior's error, as measured by benchmarks/bench_speed_prior.py (docs/benchmarks.md, "The
+# throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
+PRIOR_EXPECTED_ERROR = (
+    "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by up to "
+    "2x and it ranks configs within a few percent of each other no better than chance (docs/benchmarks.md, "
+    "'The throughput prior'); a study's trials calibrate it (--storage)"
+)
+
+
+def speed_expected_error(fit: SpeedFit) -> str:
+    """How far the fit's predictions may be off, in words: the worst error on the trials it was fitted on,
+    or the prior's measured error."""
+    if fit.points and fit.max_relative_error is not None:
+        return (
+            f"step time within {fit.max_relative_error:.0%} on the {fit.points} measured trial(s) it was calibrated on"
+        )
+    return PRIOR_EXPECTED_ERROR
