@@ -127,13 +127,137 @@ class Published:
     peft: str | None = None
 
 
+TORCHTUNE = "torchtune README, 'Memory and training speed' (batch 2, packed to 2048, torch.compile)"
+FOUNDRY = "llm-foundry scripts/train/benchmarking/README.md (8 GPUs, per GPU, bf16 amp, FSDP, flash attention)"
+# The MPT architectures of llm-foundry's yamls (scripts/train/yamls/pretrain/mpt-1b.yaml, mpt-7b.yaml):
+# tied embeddings, no biases, expansion ratio 4, vocabulary 50,368.
+MPT = {
+    "mpt-1b": {"d_model": 2048, "n_heads": 16, "n_layers": 24},
+    "mpt-7b": {"d_model": 4096, "n_heads": 32, "n_layers": 32},
+}
+# torchtune's single-device recipes (recipes/configs/llama3_1/8B_full_single_device.yaml,
+# 8B_lora_single_device.yaml, 8B_qlora_single_device.yaml): bf16 weights, activation checkpointing,
+# paged 8-bit AdamW for the full fine-tune, fused AdamW for the adapters; compiled (the README's note).
+FULL_8B = TrialConfig(
+    micro_batch=2, checkpointing=True, dtype="bf16", weight_dtype="bf16", optim="paged_adamw_8bit", compile="inductor"
+)
+ADAPTERS_8B = dataclasses.replace(FULL_8B, optim="adamw_torch_fused")
+# llm-foundry's MPT runs: amp_bf16 (fp32 master weights), no activation checkpointing, flash attention.
+MPT_RUN = TrialConfig(dtype="bf16", optim="adamw_torch_fused", attn_implementation="sdpa")
+PUBLISHED = (
+    Published("Llama-3.1-8B full", TORCHTUNE, "llama-3.1-8b", "NVIDIA RTX A6000", 2048, FULL_8B, 2579.0, None),
+    Published(
+        "Llama-3.1-8B LoRA", TORCHTUNE, "llama-3.1-8b", "NVIDIA RTX A6000", 2048, ADAPTERS_8B, 4699.0, None, "lora"
+    ),
+    Published(
+        "Llama-3.1-8B QLoRA",
+        TORCHTUNE,
+        "llama-3.1-8b",
+        "NVIDIA GeForce RTX 4090",
+        2048,
+        ADAPTERS_8B,
+        2413.0,
+        None,
+        "qlora",
+    ),
+    Published(
+        "MPT-1B",
+        FOUNDRY,
+        "mpt-1b",
+        "NVIDIA H100 80GB HBM3",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=14),
+        45455.0,
+        0.4182,
+    ),
+    Published(
+        "MPT-7B",
+        FOUNDRY,
+        "mpt-7b",
+        "NVIDIA H100 80GB HBM3",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=6),
+        10643.0,
+        0.4644,
+    ),
+    Published(
+        "MPT-7B",
+        FOUNDRY,
+        "mpt-7b",
+        "NVIDIA A100-SXM4-80GB",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=6, grad_accum=2),
+        4641.0,
+        0.6423,
+    ),
+)
+
+
+def published_model(name: str, workdir: Path):
+    if name not in MPT:
+        return resolve_model(name)
+    directory = workdir / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["MptForCausalLM"],
+        "model_type": "mpt",
+        "expansion_ratio": 4,
+        "max_seq_len": 2048,
+        "vocab_size": 50368,
+        "no_bias": True,
+        **MPT[name],
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    return resolve_model(str(directory))
+
+
+def gpu(name: str) -> DeviceSpec:
+    from autotune.spec.devices import KNOWN_GPUS, cuda_dtypes
+
+    known = next((g.device() for g in KNOWN_GPUS if g.nvml_name == name), None)
+    return known or DeviceSpec("cuda", 0, name, 48 * 2**30, cuda_dtypes((8, 6)), compute_capability=(8, 6))
+
+
+def published_check(figure: Published, workdir: Path) -> dict[str, Any]:
+    device = gpu(figure.gpu)
+    model = published_model(figure.model, workdir)
+    if figure.peft is not None:
+        from autotune.spec.peft import with_peft
+
+        model = with_peft(model, figure.peft, device, [])
+    speed = predict_speed(
+        step_work(model, figure.config, figure.seq_len, "cuda", figure.config.precision), speed_prior(device, {})
+    )
+    assert speed is not None
+    row: dict[str, Any] = {
+        "what": figure.what,
+        "gpu": figure.gpu,
+        "published_tokens_per_s": figure.tokens_per_s,
+        "predicted_tokens_per_s": speed.tokens_per_s,
+        "tokens_error": speed.tokens_per_s / figure.tokens_per_s - 1 if figure.tokens_per_s else None,
+        "published_mfu": figure.mfu,
+        "predicted_mfu": speed.mfu,
+        "source": figure.source,
+    }
+    if figure.peft is not None:  # what the published figure implies of the frozen base's 4N
+        row["published_mfu_implied"] = (
+            figure.tokens_per_s * speed.work.model_flops / speed.work.real_tokens / 1e12 / (speed.mfu_peak_tflops or 1)
+        )
+    return row
+
+
 def main() -> None:
+    import tempfile
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
     for name, (ceiling, flags) in GRID_CPUS.items():
         for label, kind in (("as inferred", flags), ("other CPU kind", AVX2 if flags == AVX512_BF16 else AVX512_BF16)):
             result = grid_check(DATA / name, kind, ceiling)
             print(label, json.dumps(result, indent=None, default=str))
+    with tempfile.TemporaryDirectory() as workdir:
+        for figure in PUBLISHED:
+            print(json.dumps(published_check(figure, Path(workdir)), default=str))
 
 
 if __name__ == "__main__":
