@@ -74,6 +74,7 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
     stored = json.loads(peaks_path.read_text())
     (record,) = stored.values()
     assert record["peaks_tflops"]["fp32"] > 0 and record["peaks_tflops"]["bf16"] > 0
+    assert record["bandwidth_gb_s"] > 0 and "measured memory bandwidth cpu:" in calibrated.stdout
     assert "*" in calibrated.stdout.split("Devices")[-1]  # the table shows the measured peaks
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
