@@ -149,18 +149,19 @@ def estimate(
     # Every parameter is an estimate option, by the same name.
     options = EstimateOptions(**locals())
     options.check()  # before the heavy imports: a wrong option is answered at once
-    from autotune.estimate import estimate_json, plan_rows, what_would_fit
+    from autotune.estimate import estimate_json, plan_rows, speed_expected_error, what_would_fit
     from autotune.plan import plan
-    from autotune.study import margin_for, memory_fit_of_study
+    from autotune.study import margin_for, memory_fit_of_study, speed_model_of_study
     from autotune.views.plan_display import estimate_title, print_estimate
 
     planned = plan(options)  # the search's plan: the same model, adapters, prior and space
     model_spec, device_spec, ceiling = planned.workload.model, planned.workload.device, planned.workload.ceiling_bytes
-    fit = planned.prior
+    fit, speed = planned.prior, planned.workload.speed_model()
     if storage is not None:
         fit = memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
+        speed = speed_model_of_study(storage, study_name, model_spec, seq_len, device_spec, speed)
     choices = planned.space.choices
-    rows = plan_rows(model_spec, choices, seq_len, fit, ceiling)
+    rows = plan_rows(model_spec, choices, seq_len, fit, ceiling, speed)
     advice = what_would_fit(model_spec, choices, seq_len, fit, ceiling, device_spec)
     where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
     if as_json:
@@ -172,6 +173,8 @@ def estimate(
             "device_memory_bytes": device_spec.total_memory_bytes,
             "ceiling_bytes": ceiling,
             "estimator": fit.describe(),
+            "speed_estimator": speed.fit.describe(),
+            "speed_expected_error": speed_expected_error(speed.fit),
             "space_notes": list(planned.notes),
             "nothing_fits": advice.sentence() if advice else None,
         }
@@ -184,6 +187,7 @@ def estimate(
         notes=planned.notes,
         advice=advice,
         fit=fit,
+        speed=speed.fit,
         screen_margin=margin_for(fit),
         ceiling_bytes=ceiling,
         device_kind=device_spec.kind,
@@ -344,7 +348,7 @@ def devices(
         console.print(known_gpus_table())
         return
     from autotune.plan import matrix_fits_memory, within
-    from autotune.runner import calibrate_device
+    from autotune.runner import calibrate_bandwidth, calibrate_device
     from autotune.spec.devices import list_devices, resolve_device
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
     from autotune.views.plan_display import calibrated_peaks_text, devices_table
@@ -362,7 +366,8 @@ def devices(
                 f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}"
             )
             peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
-            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks)))
+            bandwidth = calibrate_bandwidth(spec, seconds=seconds)
+            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth), bandwidth))
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)
     for note in notes:

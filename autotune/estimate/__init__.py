@@ -53,6 +53,7 @@ from autotune.estimate._plan_table import (
     largest_fitting,
     largest_peak_bytes,
     plan_rows,
+    predicted_winner,
     smallest_peak_bytes,
     what_would_fit,
 )
@@ -63,6 +64,18 @@ from autotune.estimate._prior import (
     MemoryFit,
     memory_prior,
 )
+from autotune.estimate._speed import (
+    SpeedEstimate,
+    SpeedFit,
+    SpeedModel,
+    StepWork,
+    TypicalBatch,
+    estimate_speed,
+    predict_speed,
+    step_work,
+    typical_micro_batch,
+)
+from autotune.estimate._speed_prior import cpu_nominal_peaks_tflops, fit_speed, speed_expected_error, speed_prior
 
 __all__ = [
     "CPU_CHILD_START_RSS_BYTES",
@@ -72,14 +85,28 @@ __all__ = [
     "MeasuredMemory",
     "MemoryEstimate",
     "MemoryFit",
+    "SpeedEstimate",
+    "SpeedFit",
+    "SpeedModel",
+    "StepWork",
+    "TypicalBatch",
     "UNCALIBRATED_MARGIN",
     "estimate_json",
+    "cpu_nominal_peaks_tflops",
     "estimate_peak",
+    "estimate_speed",
+    "fit_speed",
     "fit_memory",
     "largest_fitting",
     "largest_peak_bytes",
     "memory_prior",
     "plan_rows",
+    "predict_speed",
+    "predicted_winner",
     "smallest_peak_bytes",
+    "speed_expected_error",
+    "speed_prior",
+    "step_work",
+    "typical_micro_batch",
     "what_would_fit",
 ]

@@ -1,6 +1,7 @@
 """The planner's table (``autotune estimate``): every memory-distinct config of a space against the
-ceiling, and what would fit when none does (:func:`what_would_fit`, also the search's answer before
-its first trial)."""
+ceiling with its predicted speed (the throughput prior, :mod:`autotune.estimate._speed`), ordered by it
+among the configs that fit, and what would fit when none does (:func:`what_would_fit`, also the search's
+answer before its first trial)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.estimate._parts import MemoryEstimate, estimate_peak
 from autotune.estimate._prior import MemoryFit
+from autotune.estimate._speed import SpeedEstimate, SpeedModel
 from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
@@ -64,19 +66,45 @@ def largest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len:
 
 
 def plan_rows(
-    model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit, ceiling_bytes: int
+    model: ModelSpec,
+    choices: dict[str, list[Any]],
+    seq_len: int,
+    fit: MemoryFit,
+    ceiling_bytes: int,
+    speed: SpeedModel | None = None,
 ) -> list[EstimateRow]:
-    """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged."""
-    return estimate_rows(model, memory_distinct_configs(choices, fit.device_kind), seq_len, fit, ceiling_bytes)
+    """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged,
+    the configs that fit first, fastest first by the throughput prior (``speed``), the others after."""
+    configs = memory_distinct_configs(choices, fit.device_kind)
+    return by_predicted_speed(estimate_rows(model, configs, seq_len, fit, ceiling_bytes, speed))
 
 
 @dataclasses.dataclass(frozen=True)
 class EstimateRow:
-    """One config's prediction against the ceiling (``autotune estimate``)."""
+    """One config's prediction against the ceiling (``autotune estimate``), and its predicted speed
+    (``None``: no throughput prior, or no peak known for its matmul dtype)."""
 
     config: TrialConfig
     estimate: MemoryEstimate
     fits: bool
+    speed: SpeedEstimate | None = None
+
+
+def predicted_model_tflops(row: EstimateRow) -> float:
+    """The row's predicted model TFLOPs, the search's objective (0 where not predicted)."""
+    return row.speed.model_tflops if row.speed is not None else 0.0
+
+
+def by_predicted_speed(rows: Sequence[EstimateRow]) -> list[EstimateRow]:
+    """The rows that fit, by predicted model TFLOPs (the search's objective), fastest first; then the rest
+    in their order (a stable sort: rows without a prediction keep theirs)."""
+    return sorted(rows, key=lambda row: (not row.fits, -predicted_model_tflops(row) if row.fits else 0.0))
+
+
+def predicted_winner(rows: Sequence[EstimateRow]) -> EstimateRow | None:
+    """The config that fits with the highest predicted model TFLOPs; ``None`` where none is predicted."""
+    fitting = [row for row in rows if row.fits and row.speed is not None]
+    return max(fitting, key=predicted_model_tflops) if fitting else None
 
 
 def estimate_rows(
@@ -85,12 +113,15 @@ def estimate_rows(
     seq_len: int,
     fit: MemoryFit,
     ceiling_bytes: int,
+    speed: SpeedModel | None = None,
 ) -> list[EstimateRow]:
-    """Predict every config's peak and judge it against the ceiling (:func:`autotune.spec.ceiling.fits`)."""
+    """Predict every config's peak and judge it against the ceiling (:func:`autotune.spec.ceiling.fits`),
+    and its speed where a throughput prior is given."""
     rows = []
     for config in configs:
         estimate = estimate_peak(model, config, seq_len, fit)
-        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes)))
+        predicted = speed.estimate(model, config, seq_len) if speed is not None else None
+        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes), predicted))
     return rows
 
 
@@ -100,7 +131,9 @@ def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool
     smallest, marked ``False``.
 
     Returns:
-        (row, whether any micro-batch of that setting fits), in the order the settings first appear.
+        (row, whether any micro-batch of that setting fits): the settings that fit first, fastest first by
+        their row's predicted model TFLOPs (where predicted), then the others, each group in the order the
+        settings first appear.
     """
     groups: dict[tuple[Any, ...], list[EstimateRow]] = {}
     for row in rows:
@@ -112,13 +145,31 @@ def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool
             chosen.append((max(fitting, key=lambda row: size_of(row.config)), True))
         else:
             chosen.append((min(members, key=lambda row: size_of(row.config)), False))
-    return chosen
+    return sorted(chosen, key=lambda pair: (not pair[1], -predicted_model_tflops(pair[0]) if pair[1] else 0.0))
+
+
+def speed_json(speed: SpeedEstimate | None) -> dict[str, Any] | None:
+    """A predicted speed for scripts: the rates, the step's seconds by part (``None``: not predicted)."""
+    if speed is None:
+        return None
+    return {
+        "samples_per_s": speed.samples_per_s,
+        "tokens_per_s": speed.tokens_per_s,
+        "model_tflops": speed.model_tflops,
+        "mfu": speed.mfu,
+        "step_s": speed.step_s,
+        "step_parts_s": speed.parts(),
+    }
 
 
 def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
-    """Every row as JSON for scripts: the config's lever values, each part in bytes, the total, whether it fits."""
+    """Every row as JSON for scripts: the config's lever values, each part in bytes, the total, whether it
+    fits, its predicted speed (``predicted_speed``, ``null`` where not predicted); the rows in the table's
+    order and the predicted winner's config in the header (``predicted_winner``)."""
+    winner = predicted_winner(rows)
     document = {
         **header,
+        "predicted_winner": winner.config.to_params() if winner is not None else None,
         "rows": [
             {
                 "config": row.config.to_params(),
@@ -126,6 +177,7 @@ def estimate_json(rows: Sequence[EstimateRow], header: dict[str, Any]) -> str:
                 "total_bytes": row.estimate.total_bytes,
                 "host_bytes": row.estimate.host_bytes,
                 "fits": row.fits,
+                "predicted_speed": speed_json(row.speed),
             }
             for row in rows
         ],

@@ -6,14 +6,22 @@ trainer (and back), how tables name it, and what its value means for memory. The
 loops over :data:`LEVERS` and names no lever: ``TrialConfig`` has one field per lever
 (``autotune.levers._trial_config``), the search-space YAML one key per lever (``autotune.space``), the
 child builds the model, the batches and the trainer through the levers' hooks, the export writes what
-the mapping writes, and the estimator reads :class:`MemoryTraits` (``autotune.estimate``).
+the mapping writes, and the estimator reads :class:`MemoryTraits` and :class:`SpeedTraits` (``autotune.estimate``).
 
 How to add a lever: docs/architecture.md, "Adding a lever".
 """
 
 from __future__ import annotations
 
-from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape, SpaceMemory, TrainerParts
+from autotune.levers._hooks import (
+    PADDED,
+    Batching,
+    MemoryTraits,
+    MicroBatchShape,
+    SpaceMemory,
+    SpeedTraits,
+    TrainerParts,
+)
 from autotune.levers._lever import Lever
 from autotune.levers._registry import COMBINATION_RULES, LEVERS, NARROWED_BY_MEMORY
 from autotune.levers._trial_config import (
@@ -21,6 +29,7 @@ from autotune.levers._trial_config import (
     lever_values_from_base_args,
     memory_traits,
     model_build_kwargs,
+    speed_traits,
     trainer_parts,
     training_arguments_kwargs,
     trial_batching,
@@ -64,6 +73,7 @@ __all__ = [
     "MemoryTraits",
     "MicroBatchShape",
     "SpaceMemory",
+    "SpeedTraits",
     "TrainerParts",
     "TrialConfig",
     "constrain_global_batch",
@@ -74,6 +84,7 @@ __all__ = [
     "model_build_kwargs",
     "optimizer_in",
     "read_deepspeed_config",
+    "speed_traits",
     "tensor_core_note",
     "trainer_parts",
     "training_arguments_kwargs",

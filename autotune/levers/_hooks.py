@@ -7,7 +7,9 @@ Instead it answers, through its hooks, in that part's own words:
   (``Lever.memory``), and from which ``autotune.estimate`` computes every part;
 * the trial child's data: :class:`Batching`, how samples become micro-batches (``Lever.to_batching``);
 * the trial child's trainer: :class:`TrainerParts`, the trainer and its arguments' classes and any
-  keyword argument of the trainer (``Lever.to_trainer``).
+  keyword argument of the trainer (``Lever.to_trainer``);
+* the throughput prior's: :class:`SpeedTraits`, which every lever that changes a step's time beyond
+  what its :class:`MemoryTraits` already say sets its share of (``Lever.speed``).
 
 The model build's words are keyword arguments of ``from_config`` (``Lever.to_model_build``), and the
 Trainer's are ``TrainingArguments`` fields (``Lever.to_training_args``): plain dicts.
@@ -49,6 +51,8 @@ class Batching:
         varies: Micro-batches differ in tokens: the trial's throughput is the mean over its steps and the
             child measures the fullest batch once more after them.
         flattened: A micro-batch is one row of its samples side by side (kept apart by position ids).
+        packs: Samples are packed into rows of ``--seq-len`` tokens, so a micro-batch of ``b`` rows holds
+            ``b x seq_len`` tokens of however many samples fit (the throughput prior counts its samples so).
         counts_tokens: What the Trainer counts as input tokens (``include_num_input_tokens_seen``).
         words: How the fullest batch is built, for the trial's result.
     """
@@ -56,6 +60,7 @@ class Batching:
     pads_samples = True
     varies = False
     flattened = False
+    packs = False
     counts_tokens = "non_padding"
     words = "padded to --seq-len"
 
@@ -126,6 +131,39 @@ class MemoryTraits:
     zero_stage: int = 0
     zero_offload: bool = False
     fsdp_reshards: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedTraits:
+    """What a trial's lever values mean for its step time, in the throughput prior's words, beyond
+    what their :class:`MemoryTraits` say already (micro-batch, batching, recomputation, offloading,
+    weight bytes, attention kernel, fused loss, ZeRO: ``autotune.estimate`` reads those there).
+
+    Each lever that changes time otherwise sets its share through its ``speed`` hook; the prior
+    (``autotune.estimate``, docs/estimator.md "The throughput prior") names no lever.
+
+    Attributes:
+        micro_batches: Micro-batches per optimizer step (gradient accumulation): the optimizer's step
+            and the per-step overhead are shared by this many.
+        optimizer_step_bytes: Bytes the optimizer's step reads and writes per trainable parameter, for
+            fp32 parameters (memory-bound work, over the memory bandwidth).
+        optimizer_states_in_param_dtype: The optimizer's states (and so its traffic) are in the
+            parameters' dtype: half the bytes under bf16 weights.
+        optimizer_kernels_per_tensor: Kernels (CPU: ops) the optimizer runs per parameter tensor: a
+            for-loop optimizer (Adafactor) pays a launch per op per tensor, a foreach or fused one once
+            per op for all of them (counted as 0 here: its launches are few).
+        fuses_elementwise: The model's elementwise work is fused into fewer kernels (``torch.compile``'s
+            inductor): less memory traffic and fewer launches.
+        graphs: Launches replayed as CUDA graphs (compile's ``reduce-overhead`` modes): no per-kernel
+            launch cost.
+    """
+
+    micro_batches: int = 1
+    optimizer_step_bytes: float = 28.0
+    optimizer_states_in_param_dtype: bool = True
+    optimizer_kernels_per_tensor: int = 0
+    fuses_elementwise: bool = False
+    graphs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Every other part of autotune reads a lever through this record and its hooks, and never names a lever
 itself: the search-space YAML (``autotune.space``), the mapping to ``TrainingArguments`` and the model
 build (``autotune.levers._trial_config``), the trial child's batches and trainer (``autotune.runner``),
-the device / model / data filters, the seeds, the labels of tables and the report, and the memory
-estimate (``autotune.estimate``, through :class:`~autotune.levers._hooks.MemoryTraits`).
+the device / model / data filters, the seeds, the labels of tables and the report, the memory
+estimate (``autotune.estimate``, through :class:`~autotune.levers._hooks.MemoryTraits`) and the
+throughput prior (through those and :class:`~autotune.levers._hooks.SpeedTraits`).
 ``tests/levers/test_lever_home.py`` fails when a lever is known to one part and not another, and when
 a module outside ``autotune/levers/`` reads a lever by name.
 """
@@ -15,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.levers._hooks import Batching, MemoryTraits, SpaceMemory, TrainerParts
+from autotune.levers._hooks import Batching, MemoryTraits, SpaceMemory, SpeedTraits, TrainerParts
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -110,6 +111,10 @@ class Lever:
         memory: The value's share of the estimator's :class:`~autotune.levers._hooks.MemoryTraits`
             (the traits so far -> with this lever's set), applied on :attr:`memory_device_kinds` only;
             required where :attr:`memory_parts` is not empty.
+        speed: The value's share of the throughput prior's :class:`~autotune.levers._hooks.SpeedTraits`
+            (the traits so far -> with this lever's set), where the value changes a step's time in a way
+            its memory traits do not say (accumulation, the optimizer's step, compilation); ``None``:
+            none, or all of it said through ``memory``.
         grows_memory: A larger value never needs less memory, all else equal (the micro-batch): a
             config above a value that ran out of memory is screened, and the planner and the
             best-practice seed look for the largest value that fits.
@@ -155,6 +160,7 @@ class Lever:
     memory_parts: tuple[str, ...] = ()
     memory_device_kinds: tuple[str, ...] = ("cpu", "cuda")
     memory: Callable[[Any, MemoryTraits], MemoryTraits] | None = None
+    speed: Callable[[Any, SpeedTraits], SpeedTraits] | None = None
     grows_memory: bool = False
     narrow_auto: Callable[[list[Any], Mapping[str, list[Any]], SpaceMemory | None], tuple[list[Any], str]] | None = None
     best_practice: Callable[[DeviceSpec, Sequence[Any]], Sequence[Any]] = _no_preference

@@ -5,7 +5,7 @@ The runner trains with exactly :func:`training_arguments_kwargs` (plus measureme
 such as ``max_steps``), and ``autotune export`` writes exactly the same dict: what was measured is
 what the user gets. The child builds the model with :func:`model_build_kwargs`, its batches with
 :func:`trial_batching` and its trainer from :func:`trainer_parts`; the estimator reads
-:func:`memory_traits`. Each lever's own part lives with the lever (``autotune.levers``); these loops
+:func:`memory_traits` and the throughput prior :func:`speed_traits` too. Each lever's own part lives with the lever (``autotune.levers``); these loops
 name none.
 """
 
@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from autotune.levers._hooks import PADDED, TRANSFORMERS_TRAINER, Batching, MemoryTraits, TrainerParts
+from autotune.levers._hooks import PADDED, TRANSFORMERS_TRAINER, Batching, MemoryTraits, SpeedTraits, TrainerParts
 from autotune.levers._registry import LEVERS
 from autotune.levers.batch import BATCH_LIMITS
 
@@ -232,4 +232,14 @@ def memory_traits(config: TrialConfig, device_kind: str) -> MemoryTraits:
     for lever in LEVERS.values():
         if lever.memory is not None and lever.changes_memory_on(device_kind):
             traits = lever.memory(getattr(config, lever.name), traits)
+    return traits
+
+
+def speed_traits(config: TrialConfig) -> SpeedTraits:
+    """What the config's lever values mean for its step time beyond their memory traits: each lever's
+    ``speed`` hook (``autotune.estimate``'s throughput prior reads both)."""
+    traits = SpeedTraits()
+    for lever in LEVERS.values():
+        if lever.speed is not None:
+            traits = lever.speed(getattr(config, lever.name), traits)
     return traits

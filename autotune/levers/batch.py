@@ -205,4 +205,5 @@ GRAD_ACCUM = Lever(
     from_training_args=lambda args: int(args["gradient_accumulation_steps"]),
     label=lambda value: f"ga={value}",
     best_practice=_smallest,
+    speed=lambda value, traits: dataclasses.replace(traits, micro_batches=value),
 )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import SpeedTraits
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -76,6 +78,13 @@ def _unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
+def _speed(value: str, traits: SpeedTraits) -> SpeedTraits:
+    """Inductor fuses the model's elementwise chains into fewer kernels (the aot_eager / eager backends
+    run the same ops as eager); its CUDA-graph modes replay the step's launches as one graph."""
+    backend, mode = split_compile(value)
+    return dataclasses.replace(traits, fuses_elementwise=backend == "inductor", graphs=mode in CUDAGRAPH_COMPILE_MODES)
+
+
 COMPILE = Lever(
     name="compile",
     value_type=str,
@@ -90,6 +99,7 @@ COMPILE = Lever(
     label=lambda value: f"compile={value}" if value != "off" else "",
     unavailable_on=_unavailable_on,
     slow_on=_slow_on,
+    speed=_speed,
     # Compilation costs minutes of warm-up per trial: the search decides whether it pays.
     best_practice=lambda device, choices: ["off"],
 )

@@ -7,6 +7,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._hooks import SpeedTraits
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -58,6 +59,47 @@ SCALE_INVARIANT_OPTIMIZERS = tuple(name for name in OPTIMIZERS if name != "sgd")
 COUPLED_WEIGHT_DECAY_OPTIMIZERS = ("adagrad", "rmsprop", "sgd")
 
 
+# Bytes an optimizer's step reads and writes per fp32 parameter: memory-bound work, which the
+# throughput prior divides by the memory bandwidth. Counted from the installed implementations, one
+# pass over a parameter-sized fp32 tensor = 4 bytes:
+# * adamw_torch: torch/optim/adam.py ``_multi_tensor_adam`` (foreach): mul_ (weight decay) 2, lerp_ 3,
+#   mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2, addcdiv_ 4: 20 passes;
+# * adamw_torch_fused: one kernel (``_fused_adamw_``) reads param, grad, exp_avg, exp_avg_sq and writes
+#   three of them back: 7 passes;
+# * adafactor: transformers/optimization.py ``Adafactor.step``, per matrix: rms(p) 1, grad**2 2, + eps 2,
+#   row and column means 2, the factored outer product 1, mul_(grad) 3, rms(update) 1, div_ 2, mul_(lr) 2,
+#   -update 2, add_ 3: 21 passes;
+# * the bitsandbytes 8-bit optimizers: one kernel reading param and grad (fp32) and two 8-bit states
+#   and writing param and states: 16 bytes (lion: one state, 14);
+# * sgd (momentum 0, foreach add_): 3 passes; adagrad: addcmul_ 3, sqrt 2, add_ 2, addcdiv_ 4 = 11;
+#   rmsprop: mul_ 2 more, 13.
+STEP_BYTES_PER_PARAM = {
+    "adamw_torch": 80.0,
+    "adamw_torch_fused": 28.0,
+    "adafactor": 84.0,
+    "adamw_bnb_8bit": 16.0,
+    "paged_adamw_8bit": 16.0,
+    "adamw_8bit": 16.0,
+    "lion_8bit": 14.0,
+    "sgd": 12.0,
+    "adagrad": 44.0,
+    "rmsprop": 52.0,
+}
+# Kernels (on the CPU, ops) an optimizer runs per parameter tensor: Adafactor loops over the parameters
+# in Python, about 22 ops each (the step above); the foreach and fused optimizers run each op once over
+# every tensor, a launch cost that does not grow with the tensors (0 here).
+KERNELS_PER_TENSOR = {"adafactor": 22}
+
+
+def _speed(value: str, traits: SpeedTraits) -> SpeedTraits:
+    return dataclasses.replace(
+        traits,
+        optimizer_step_bytes=STEP_BYTES_PER_PARAM.get(value, STEP_BYTES_PER_PARAM["adamw_torch"]),
+        optimizer_kernels_per_tensor=KERNELS_PER_TENSOR.get(value, 0),
+        optimizer_states_in_param_dtype=value in STATES_IN_PARAM_DTYPE,
+    )
+
+
 def update_ignores_gradient_scale(optim: str, weight_decay: float) -> bool:
     """Whether ``optim`` makes the same update from k-times gradients (up to its epsilon), at this weight decay."""
     return optim in SCALE_INVARIANT_OPTIMIZERS and not (weight_decay and optim in COUPLED_WEIGHT_DECAY_OPTIMIZERS)
@@ -94,6 +136,7 @@ OPTIM = Lever(
     unavailable_on=_unavailable_on,
     memory_parts=("optimizer states",),
     memory=lambda value, traits: dataclasses.replace(traits, optimizer=value),
+    speed=_speed,
     best_practice=lambda device, choices: ["adamw_torch_fused", "adamw_torch"],
     nearest={"adamw_torch_fused": ("adamw_torch",), "adamw_torch": ("adamw_torch_fused",)},
     planner_column="optimizer",

@@ -77,6 +77,7 @@ class TrlPacked(TrlFlattened):
     bins fill up whatever the samples' lengths."""
 
     words = "packed (bfd) into rows of --seq-len, flattened into one row by TRL's collator"
+    packs = True
 
     def fullest(self, rows: int, seq_len: int, lengths: Sequence[int]) -> MicroBatchShape:
         return MicroBatchShape(rows=1, row_tokens=rows * seq_len)

@@ -12,7 +12,12 @@ Importing this face does not import torch or transformers (only the child's modu
 from __future__ import annotations
 
 from autotune.runner._baseline import cpu_process_baseline_bytes
-from autotune.runner._calibrate import calibrate_device, measure_matmul_peak
+from autotune.runner._calibrate import (
+    calibrate_bandwidth,
+    calibrate_device,
+    measure_matmul_peak,
+    measure_memory_bandwidth,
+)
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob, Workload, trial_memory_prior
 from autotune.runner._limits import allocator_settings, child_address_space_budget, child_environment
@@ -23,12 +28,14 @@ __all__ = [
     "TrialJob",
     "Workload",
     "allocator_settings",
+    "calibrate_bandwidth",
     "calibrate_device",
     "child_address_space_budget",
     "child_environment",
     "cpu_process_baseline_bytes",
     "load_callback",
     "measure_matmul_peak",
+    "measure_memory_bandwidth",
     "run_isolated",
     "trial_memory_prior",
     "trial_overrides_note",

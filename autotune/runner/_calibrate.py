@@ -1,4 +1,4 @@
-"""Measuring a device's achievable matmul peak per dtype (``autotune devices --calibrate``).
+"""Measuring a device's achievable matmul peak per dtype and its memory bandwidth (``autotune devices --calibrate``).
 
 The measured peaks are stored and read by :mod:`autotune.spec.measured_peaks`; this module runs the
 matmuls, on the CPU in this process, on a GPU in a fresh process pinned to it as trial children are.
@@ -18,6 +18,9 @@ from autotune.spec.measured_peaks import MeasuredMatmulPeak
 
 # Square matmul sizes: large enough to saturate the units, small enough to time in a second.
 DEFAULT_MATRIX_SIZE = {"cpu": 2048, "cuda": 8192}
+# Bytes copied to time the memory bandwidth: well past any cache (an H100's L2 is 50 MB, a server CPU's L3
+# tens of MB), small enough to copy in milliseconds.
+BANDWIDTH_BYTES = {"cpu": 256 * 2**20, "cuda": 1024 * 2**20}
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -66,6 +69,48 @@ def measure_matmul_peak(
     return MeasuredMatmulPeak(
         dtype=dtype, tflops=max(rates), median_tflops=statistics.median(rates), matrix_size=n, iterations=len(rates)
     )
+
+
+def measure_memory_bandwidth(
+    device_kind: str, nbytes: int | None = None, seconds: float = 0.5, min_iterations: int = 3
+) -> float:
+    """Time copies of one large buffer into another in this process; the best rate, GB/s (10^9 bytes).
+
+    A copy of ``n`` bytes reads ``n`` and writes ``n``: ``2 n`` bytes move (how STREAM's "Copy" counts).
+    One untimed copy first (page faults, clock ramp-up). This is the rate the throughput prior divides
+    memory-bound work by (``autotune.estimate``).
+    """
+    import torch
+
+    size = nbytes or BANDWIDTH_BYTES[device_kind]
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    synchronize = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
+    source = torch.ones(size // 4, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    synchronize()
+    rates: list[float] = []
+    started = time.perf_counter()
+    while len(rates) < min_iterations or time.perf_counter() - started < seconds:
+        t0 = time.perf_counter()
+        target.copy_(source)
+        synchronize()
+        rates.append(2 * source.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    return max(rates)
+
+
+def calibrate_bandwidth(device: DeviceSpec, seconds: float = 0.5) -> float:
+    """The memory bandwidth of ``device`` in GB/s: the CPU in this process, a GPU in a fresh process pinned to it."""
+    if device.kind == "cpu":
+        return measure_memory_bandwidth("cpu", seconds=seconds)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply(_bandwidth_pinned, (child_environment(device), seconds))
+
+
+def _bandwidth_pinned(environment: dict[str, str], seconds: float) -> float:
+    os.environ.update(environment)
+    return measure_memory_bandwidth("cuda", seconds=seconds)
 
 
 def calibrate_device(

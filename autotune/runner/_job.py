@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.estimate import MemoryFit, memory_prior
+from autotune.estimate import MemoryFit, SpeedModel, memory_prior, speed_prior
 from autotune.levers import TrialConfig
 from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._limits import allocator_settings
@@ -50,6 +51,7 @@ class Workload:
         address_space_bytes: CPU only: the child's RLIMIT_AS budget above its start-up size, so a
             runaway batch fails inside the child instead of swapping or OOM-killing the host.
         measured_peaks_tflops: Achievable peaks from ``autotune devices --calibrate``, by dtype.
+        measured_bandwidth_gb_s: The memory bandwidth the same calibration measured (``None``: never).
         allocator_env: The caching allocator's settings (``PYTORCH_ALLOC_CONF``,
             ``PYTORCH_CUDA_ALLOC_CONF``) of the process that made the workload; every child trains
             under exactly these, whatever the forkserver inherited when it started.
@@ -79,6 +81,7 @@ class Workload:
     callbacks: tuple[str, ...] = ()
     address_space_bytes: int | None = None
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
+    measured_bandwidth_gb_s: float | None = None
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
     compile_timeout_s: float | None = None
     devices_per_trial: int = 1
@@ -112,6 +115,14 @@ class Workload:
             ranks = fields.get("devices_per_trial", 1)
             fields = {**fields, "memory_prior": trial_memory_prior(device, allocator_env, ranks)}
         return cls(model=spec, device=device, seq_len=seq_len, ceiling_bytes=ceiling_bytes, **fields)
+
+    def speed_model(self) -> SpeedModel:
+        """The throughput prior of this workload (:mod:`autotune.estimate._speed`): the device's rates before
+        any trial (its measured peaks and bandwidth where calibrated; on a CPU the cores one trial's ranks
+        share), the matmul dtype of :meth:`peak_dtype`."""
+        cores = max(1, (os.cpu_count() or 1) // self.devices_per_trial)
+        fit = speed_prior(self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores)
+        return SpeedModel(fit, self.peak_dtype)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -29,12 +29,23 @@ class DatasheetEntry:
         peaks_tflops: Dense TFLOPS by dtype: ``fp32`` (CUDA cores), ``tf32`` and ``fp16``/``bf16``
             (tensor cores, fp32 accumulate). A dtype the GPU lacks is absent.
         source: Where the figures come from.
+        bandwidth_gb_s: Device memory bandwidth, GB/s (10^9 bytes), from the same datasheet; ``None``
+            where not listed.
+        matmul_fraction: The share of the datasheet peak a large matmul achieves (measured figures in
+            docs/facts.md: A100 ~271 of 312, H100 SXM ~795 of 989 bf16 TFLOPS); where none was
+            measured, :data:`TYPICAL_MATMUL_FRACTION`.
     """
 
     label: str
     pattern: str
     peaks_tflops: dict[str, float]
     source: str
+    bandwidth_gb_s: float | None = None
+    matmul_fraction: float | None = None
+
+
+# Achievable matmul peaks are typically 80-87 % of datasheet figures on GPUs (docs/facts.md).
+TYPICAL_MATMUL_FRACTION = 0.85
 
 
 # Dense datasheet peaks (without the 2:4 sparsity factor NVIDIA often quotes), figures collected in
@@ -43,56 +54,73 @@ class DatasheetEntry:
 # rather than the peak of a sibling. NVML names look like "NVIDIA H100 80GB HBM3" (SXM5),
 # "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090".
 DATASHEETS: tuple[DatasheetEntry, ...] = (
-    DatasheetEntry("V100 SXM2", r"\bV100-SXM2\b", {"fp32": 15.7, "fp16": 125.0}, "NVIDIA Tesla V100 datasheet"),
-    DatasheetEntry("V100 PCIe", r"\bV100-PCIE\b", {"fp32": 14.0, "fp16": 112.0}, "NVIDIA Tesla V100 datasheet"),
-    DatasheetEntry("V100S PCIe", r"\bV100S\b", {"fp32": 16.4, "fp16": 130.0}, "NVIDIA Tesla V100S datasheet"),
+    DatasheetEntry("V100 SXM2", r"\bV100-SXM2\b", {"fp32": 15.7, "fp16": 125.0}, "NVIDIA Tesla V100 datasheet", 900.0),
+    DatasheetEntry("V100 PCIe", r"\bV100-PCIE\b", {"fp32": 14.0, "fp16": 112.0}, "NVIDIA Tesla V100 datasheet", 900.0),
+    DatasheetEntry("V100S PCIe", r"\bV100S\b", {"fp32": 16.4, "fp16": 130.0}, "NVIDIA Tesla V100S datasheet", 1134.0),
     DatasheetEntry(
         "A100",
         r"\bA100\b",
         {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-        "NVIDIA A100 datasheet (SXM4 and PCIe, 40 and 80 GB)",
+        "NVIDIA A100 datasheet (SXM4 and PCIe, 40 and 80 GB; bandwidth of the 80 GB SXM4, 1,555 GB/s on the 40 GB)",
+        2039.0,
+        271 / 312,
     ),
     DatasheetEntry(
         "H100 PCIe",
         r"\bH100 PCIe\b",
         {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
         "NVIDIA H100 datasheet (sparsity figures halved)",
+        2000.0,
     ),
     DatasheetEntry(
         "H100 SXM",
         r"\bH100\b(?!.*\bNVL\b).*\b(HBM3|SXM\d?)\b",
         {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
         "NVIDIA H100 datasheet (sparsity figures halved)",
+        3350.0,
+        795 / 989,
     ),
     DatasheetEntry(
         "H200 SXM",
         r"\bH200\b(?!.*\bNVL\b)",
         {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
         "NVIDIA H200 datasheet (sparsity figures halved)",
+        4800.0,
     ),
     DatasheetEntry(
         "L4",
         r"\bL4\b",
         {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0},
         "NVIDIA L4 datasheet (sparsity figures halved)",
+        300.0,
     ),
     DatasheetEntry(
         "A10G",
         r"\bA10G\b",
         {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0},
         "NVIDIA A10 datasheet (AWS publishes no separate A10G figures)",
+        600.0,
+    ),
+    DatasheetEntry(
+        "RTX A6000",
+        r"\bRTX A6000\b",
+        {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8},
+        "NVIDIA RTX A6000 datasheet (sparsity figures halved; fp16/bf16 tensor with fp32 accumulate)",
+        768.0,
     ),
     DatasheetEntry(
         "RTX 3090",
         r"\bRTX 3090\b(?!\s*Ti\b)",
         {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0},
         "NVIDIA Ampere GA102 whitepaper (fp16/bf16 tensor with fp32 accumulate)",
+        936.0,
     ),
     DatasheetEntry(
         "RTX 4090",
         r"\bRTX 4090\b(?!\s*D\b)",
         {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2},
         "NVIDIA Ada Lovelace whitepaper (fp16/bf16 tensor with fp32 accumulate)",
+        1008.0,
     ),
 )
 

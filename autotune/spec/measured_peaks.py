@@ -77,8 +77,15 @@ def load_measured_peaks(device_name: str) -> dict[str, float]:
     return {dtype: float(value) for dtype, value in peaks.items() if isinstance(value, (int, float)) and value > 0}
 
 
-def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak]) -> Path:
-    """Store ``peaks`` under ``device.name``, keeping other devices' records; returns the file."""
+def load_measured_bandwidth(device_name: str) -> float | None:
+    """The memory bandwidth (GB/s) ``autotune devices --calibrate`` measured for ``device_name``; ``None`` if never."""
+    value = (load_calibration(device_name) or {}).get("bandwidth_gb_s")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak], bandwidth_gb_s: float | None = None) -> Path:
+    """Store ``peaks`` (and the memory bandwidth, GB/s) under ``device.name``, keeping other devices'
+    records; returns the file."""
     import torch
 
     path = peaks_file()
@@ -92,6 +99,10 @@ def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak]) -> Pat
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
     }
+    if bandwidth_gb_s is not None:
+        record["bandwidth_gb_s"] = bandwidth_gb_s
+    elif "bandwidth_gb_s" in previous:
+        record["bandwidth_gb_s"] = previous["bandwidth_gb_s"]
     if device.kind == "cpu":
         record["threads"] = torch.get_num_threads()  # a CPU's rate depends on how many cores torch uses
     store[device.name] = record

@@ -2,10 +2,13 @@
 
 Two Bayesian linear models over the searched knobs, each knob value one indicator feature:
 
-* **throughput**: ``log(model TFLOPs) = sum of one effect per knob value + noise``. Each knob value
-  multiplies throughput by a factor (bf16 by 1.3, checkpointing by 0.75, ...), the shape every
-  measured grid of docs/benchmarks.md has. Effects start at 0 with a wide prior (sd
-  :data:`THROUGHPUT_EFFECT_SD` in log space: a knob may change throughput several-fold); the
+* **throughput**: ``log(model TFLOPs) = log(the throughput prior's prediction) + sum of one effect per
+  knob value + noise``. The prior (``autotune.estimate``: FLOPs over the peak, bytes over the bandwidth,
+  overhead; calibrated on the trials that ran, :func:`calibrated_speed`) is the mean, so the effects learn
+  only its residual: each knob value multiplies the prior's figure by a factor, the shape every measured
+  grid of docs/benchmarks.md has. Effects start at 0 with the prior's per-knob error as their sd
+  (:data:`RESIDUAL_EFFECT_SD`); without a prior (no peak known for the device) the mean is 0 and the sd
+  wide (:data:`THROUGHPUT_EFFECT_SD` in log space: a knob may change throughput several-fold). The
   noise is the measured noise (``noise_fraction``) or what the fit leaves unexplained, if larger.
 * **peak memory**: ``log(peak) = log(autotune.estimate's prediction) + sum of effects + noise``.
   The effects learn where the estimator is off for this model and machine; before any trial the
@@ -25,17 +28,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.estimate import SpeedModel, fit_speed
+from autotune.levers import TrialConfig
 from autotune.result import PEAK_MEASURED_STATUSES, RAN_NORMALLY_STATUSES, Status, TrialResult, is_budget_trial
+from autotune.spec.models import ModelSpec
 
 # Prior sd of one knob value's effect on log throughput: e^1 = 2.7x either way.
 THROUGHPUT_EFFECT_SD = 1.0
+# ... and of its correction to the throughput prior, where there is one: about the prior's largest
+# per-knob-value error on the measured CPU grids (0.2-0.3 in log, docs/benchmarks.md, "The throughput prior").
+RESIDUAL_EFFECT_SD = 0.3
 # The least noise assumed on log throughput: run-to-run noise on a quiet CPU (docs/benchmarks.md).
 MIN_THROUGHPUT_NOISE = 0.02
 # Prior sd of one knob value's correction to the estimator, in log space: its stated error is
@@ -133,22 +142,31 @@ def observations(trials: Sequence[FrozenTrial], names: Sequence[str], ceiling_by
     return Observations(speed_configs, speeds, memory_configs, peaks)
 
 
-def throughput_posterior(encoding: KnobEncoding, observed: Observations, measured_noise: float) -> Posterior:
-    """Effects on log model TFLOPs. The noise is the measured one, or what a first fit leaves
-    unexplained where that is larger (a landscape the additive model fits only roughly)."""
+def throughput_posterior(
+    encoding: KnobEncoding,
+    observed: Observations,
+    measured_noise: float,
+    log_prior: Callable[[Params], float] | None = None,
+) -> Posterior:
+    """Effects on log model TFLOPs, over the throughput prior's ``log_prior`` where given (its residual).
+    The noise is the measured one, or what a first fit leaves unexplained where that is larger (a
+    landscape the additive model fits only roughly)."""
+    effect_sd = THROUGHPUT_EFFECT_SD if log_prior is None else RESIDUAL_EFFECT_SD
     if not observed.log_model_tflops:
-        return prior(encoding.width, THROUGHPUT_EFFECT_SD)
+        return prior(encoding.width, effect_sd)
     features = encoding.matrix(observed.throughput_configs)
     targets = np.asarray(observed.log_model_tflops)
+    if log_prior is not None:
+        targets = targets - np.asarray([log_prior(params) for params in observed.throughput_configs])
     targets = targets - targets.mean()  # the level is common to every config: only differences rank them
     noise = max(measured_noise, MIN_THROUGHPUT_NOISE)
-    posterior = fit(features, targets, THROUGHPUT_EFFECT_SD, noise)
+    posterior = fit(features, targets, effect_sd, noise)
     # Residual variance over the residual degrees of freedom (n - the fit's effective parameters).
     effective_parameters = float(np.trace(features @ posterior.cov @ features.T)) / noise**2
     residual = targets - features @ posterior.mean
     unexplained = float(residual @ residual) / max(len(targets) - effective_parameters, 1.0)
     if unexplained > noise**2:
-        posterior = fit(features, targets, THROUGHPUT_EFFECT_SD, math.sqrt(unexplained))
+        posterior = fit(features, targets, effect_sd, math.sqrt(unexplained))
     return posterior
 
 
@@ -160,3 +178,16 @@ def memory_posterior(
         return prior(encoding.width, MEMORY_EFFECT_SD)
     targets = np.asarray(observed.log_peak_bytes) - np.asarray([log_estimate(p) for p in observed.memory_configs])
     return fit(encoding.matrix(observed.memory_configs), targets, MEMORY_EFFECT_SD, MEMORY_NOISE)
+
+
+def calibrated_speed(
+    model: ModelSpec, seq_len: int, speed: SpeedModel, measured: Iterable[tuple[TrialConfig, TrialResult]]
+) -> SpeedModel:
+    """The throughput prior calibrated on the trials that ran (``autotune.estimate.fit_speed``: the device's
+    achievable fraction and per-step overhead, from each trial's median optimizer step)."""
+    points = [
+        (speed.work(model, config, seq_len), result.step_time_median_s)
+        for config, result in measured
+        if result.status in RAN_NORMALLY_STATUSES and result.step_time_median_s > 0
+    ]
+    return dataclasses.replace(speed, fit=fit_speed(points, speed.fit))

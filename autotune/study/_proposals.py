@@ -17,8 +17,9 @@ fastest among the untaken configs that draw to fit under the ceiling. So:
 * configs the memory model expects over the ceiling are left for last, so few runs are spent on
   configs that do not fit.
 
-Before ``n_startup_trials`` finished trials (the seed trials count among them) it proposes an untaken
-config uniformly at random.
+Before ``n_startup_trials`` finished trials (the seed trials count among them) it proposes the untaken
+config the throughput prior predicts fastest among those the memory estimate expects to fit (an untaken
+config uniformly at random where there is no throughput prior: no peak known for the device).
 
 :func:`stop_reason` says when the search is done: every config of the space measured or screened,
 or (``--patience K``) K trials in a row that did not raise the best by more than the noise.
@@ -41,9 +42,17 @@ from optuna.samplers._lazy_random_state import LazyRandomState
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.estimate import estimate_peak
+from autotune.estimate import SpeedFit, StepWork, estimate_peak, fit_speed, predict_speed
 from autotune.levers import LEVERS, TrialConfig
-from autotune.result import GIVEN_UP_STATUSES, ParamsKey, TrialResult, is_budget_trial, judged_trials, params_key
+from autotune.result import (
+    GIVEN_UP_STATUSES,
+    RAN_NORMALLY_STATUSES,
+    ParamsKey,
+    TrialResult,
+    is_budget_trial,
+    judged_trials,
+    params_key,
+)
 from autotune.spec.ceiling import fits
 from autotune.storage import schema
 from autotune.study import _landscape
@@ -172,8 +181,12 @@ class DistinctThompsonSampler(BaseSampler):
         log_peak_estimate: The estimator's log peak bytes of a config's params (the memory
             model's prior), or ``None`` to leave memory to screening.
         ceiling_bytes: The memory ceiling.
-        n_startup_trials: Random proposals first.
+        n_startup_trials: Proposals before the landscape model takes over (the prior's fastest, or random).
         seed: Makes the proposals reproducible (benchmarks, tests).
+        step_work: The throughput prior's count of one optimizer step of a config's params
+            (``autotune.estimate.step_work``); ``None``: no throughput prior.
+        speed_fit: The device's rates that turn it into time, before any trial (calibrated on the
+            trials that ran at each proposal, ``autotune.estimate.fit_speed``).
     """
 
     def __init__(
@@ -183,6 +196,8 @@ class DistinctThompsonSampler(BaseSampler):
         ceiling_bytes: int,
         n_startup_trials: int = STARTUP_TRIALS,
         seed: int | None = None,
+        step_work: Callable[[dict[str, Any]], StepWork] | None = None,
+        speed_fit: SpeedFit | None = None,
     ) -> None:
         self._distributions = dict(distributions)
         self._searched = {name: d for name, d in sorted(self._distributions.items()) if not d.single()}
@@ -190,6 +205,8 @@ class DistinctThompsonSampler(BaseSampler):
         self._log_peak_estimate = log_peak_estimate
         self._ceiling_bytes = ceiling_bytes
         self._n_startup_trials = n_startup_trials
+        self._step_work = step_work if speed_fit is not None else None
+        self._speed_fit = speed_fit
         self._rng = LazyRandomState(seed)
         # Workers of one process (one per GPU) ask from threads: one proposal at a time.
         self._lock = threading.Lock()
@@ -222,11 +239,13 @@ class DistinctThompsonSampler(BaseSampler):
             if untaken is not None and len(untaken) == 0:
                 return {}  # nothing left: the loop sees the repeat, records it and stops (autotune.study)
             finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and is_budget_trial(t)]
-            if len(finished) < self._n_startup_trials:
+            if len(finished) < self._n_startup_trials and self._step_work is None:
                 return self._random_untaken(search_space, taken, untaken)
             pool = untaken if untaken is not None else self._drawn_untaken(search_space, taken)
             if not pool:
                 return {}
+            if len(finished) < self._n_startup_trials:
+                return self._predicted_fastest(finished, pool)
             return self._thompson_choice(study, trial, finished, search_space, pool)
 
     # --- the candidates ---------------------------------------------------------------------------
@@ -261,6 +280,40 @@ class DistinctThompsonSampler(BaseSampler):
         unique = {params_key(params): params for params in drawn if params}
         return list(unique.values())
 
+    # --- the throughput prior ----------------------------------------------------------------------
+
+    def _calibrated_log_prior(self, finished: list[FrozenTrial]) -> Callable[[dict[str, Any]], float] | None:
+        """The throughput prior's log model TFLOPs of searched params, its rates calibrated on the trials
+        that ran (their achievable fraction and per-step overhead); ``None`` without a prior."""
+        if self._step_work is None or self._speed_fit is None:
+            return None
+        work = self._step_work
+        measured = []
+        for t in finished:
+            result = TrialResult.from_trial(t)
+            if result is not None and result.status in RAN_NORMALLY_STATUSES and result.step_time_median_s > 0:
+                measured.append((work({**self._fixed, **t.params}), result.step_time_median_s))
+        fit = fit_speed(measured, self._speed_fit)
+
+        def log_prior(params: dict[str, Any]) -> float:
+            predicted = predict_speed(work({**self._fixed, **params}), fit)
+            # A dtype without a known peak: the lowest figure, so the model tries it only once the rest is known.
+            return math.log(max(predicted.model_tflops, 1e-12)) if predicted is not None else math.log(1e-12)
+
+        return log_prior
+
+    def _predicted_fastest(self, finished: list[FrozenTrial], pool: list[dict[str, Any]]) -> dict[str, Any]:
+        """The untaken config the (calibrated) throughput prior predicts fastest among those the memory
+        estimate expects to fit (all of the pool where none is expected to, or without an estimate)."""
+        log_prior = self._calibrated_log_prior(finished)
+        assert log_prior is not None
+        expected = pool
+        if self._log_peak_estimate is not None:
+            peaks = np.exp(np.asarray([self._log_estimate(params) for params in pool]))
+            fitting = np.asarray(fits(peaks, self._ceiling_bytes))
+            expected = [params for params, fit in zip(pool, fitting) if fit] or pool
+        return max(expected, key=log_prior)
+
     # --- the choice -------------------------------------------------------------------------------
 
     def _thompson_choice(
@@ -276,13 +329,17 @@ class DistinctThompsonSampler(BaseSampler):
         encoding = _landscape.KnobEncoding(search_space)  # type: ignore[arg-type]  # autotune's spaces are categorical
         observed = _landscape.observations(finished, encoding.names, self._ceiling_bytes)
         pool = self._unmeasured_micro_batches_first(encoding, observed, pool)
-        speed_effects = _landscape.throughput_posterior(encoding, observed, noise_fraction(study)).draw(rng)
+        log_prior = self._calibrated_log_prior(finished)
+        posterior = _landscape.throughput_posterior(encoding, observed, noise_fraction(study), log_prior)
+        speed_effects = posterior.draw(rng)
         speed = encoding.matrix(pool) @ speed_effects
+        if log_prior is not None:
+            speed = speed + np.asarray([log_prior(params) for params in pool])
         fits = self._drawn_to_fit(encoding, observed, pool, rng)
         if not fits.any():
             return pool[int(np.argmax(speed))]  # none expected to fit: screening decides on the fastest
         choice = int(np.argmax(np.where(fits, speed, -np.inf)))
-        self._note_came_back(study, trial, finished, encoding, speed_effects, float(speed[choice]))
+        self._note_came_back(study, trial, finished, encoding, speed_effects, float(speed[choice]), log_prior)
         return pool[choice]
 
     def _unmeasured_micro_batches_first(
@@ -345,21 +402,27 @@ class DistinctThompsonSampler(BaseSampler):
         encoding: _landscape.KnobEncoding,
         speed_effects: np.ndarray,
         proposed_speed: float,
+        log_prior: Callable[[dict[str, Any]], float] | None = None,
     ) -> None:
         """Record on the new trial the measured trial the drawn landscape ranks above every untaken
         config: the one a sampler free to repeat would have proposed (dashboard, ``best --all``)."""
         feasible = [t for t in finished if (r := TrialResult.from_trial(t)) is not None and r.feasible]
         if not feasible:
             return
-        drawn = encoding.matrix([{n: t.params[n] for n in encoding.names} for t in feasible]) @ speed_effects
+        params = [{n: t.params[n] for n in encoding.names} for t in feasible]
+        drawn = encoding.matrix(params) @ speed_effects
+        if log_prior is not None:
+            drawn = drawn + np.asarray([log_prior(p) for p in params])
         best = int(np.argmax(drawn))
         if drawn[best] > proposed_speed:
             study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_PROPOSED_AGAIN, feasible[best].number)
 
 
 def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctThompsonSampler:
-    """The search's sampler, its memory model seeded by the estimator of the request's workload."""
+    """The search's sampler, its memory model seeded by the estimator of the request's workload and its
+    throughput model by the workload's throughput prior (``Workload.speed_model``)."""
     workload = request.workload
+    speed = workload.speed_model()
 
     @functools.cache
     def log_peak(key: ParamsKey) -> float:
@@ -367,8 +430,20 @@ def make_sampler(request: SearchRequest, seed: int | None = None) -> DistinctTho
         prior = workload.memory_prior
         return math.log(estimate_peak(workload.model, config, workload.seq_len, prior).total_bytes)
 
+    @functools.cache
+    def work(key: ParamsKey) -> StepWork:
+        return speed.work(workload.model, TrialConfig.from_params(dict(key)), workload.seq_len)
+
+    # A device without a known peak (a GPU missing from the datasheet table, never calibrated) gets no
+    # throughput prior, never an invented one.
+    known = bool(speed.fit.peaks_tflops)
     return DistinctThompsonSampler(
-        request.space.distributions(), lambda params: log_peak(params_key(params)), request.ceiling_bytes, seed=seed
+        request.space.distributions(),
+        lambda params: log_peak(params_key(params)),
+        request.ceiling_bytes,
+        seed=seed,
+        step_work=(lambda params: work(params_key(params))) if known else None,
+        speed_fit=speed.fit if known else None,
     )
 
 

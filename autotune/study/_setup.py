@@ -17,10 +17,11 @@ import optuna
 from optuna.storages import RDBStorage
 
 from autotune.errors import AutotuneError
-from autotune.estimate import MemoryFit
+from autotune.estimate import MemoryFit, SpeedModel
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 from autotune.storage import load_study, schema
+from autotune.study._landscape import calibrated_speed
 from autotune.study._liveness import worker_identity
 from autotune.study._loop import measured_trials
 from autotune.study._proposals import make_sampler
@@ -164,3 +165,14 @@ def memory_fit_of_study(
     expected = {"model": model.name, "seq_len": seq_len, "device": device.name}
     check_identity(study, expected, keys=expected)
     return memory_fit_from_trials(model, seq_len, prior, measured_trials(study))
+
+
+def speed_model_of_study(
+    storage: str, study_name: str | None, model: ModelSpec, seq_len: int, device: DeviceSpec, speed: SpeedModel
+) -> SpeedModel:
+    """The throughput prior calibrated on a study's measured trials (``autotune estimate --storage``),
+    refusing a study of another model, length or device."""
+    study = load_study(storage, study_name)
+    expected = {"model": model.name, "seq_len": seq_len, "device": device.name}
+    check_identity(study, expected, keys=expected)
+    return calibrated_speed(model, seq_len, speed, ((trial.config, trial.result) for trial in measured_trials(study)))

@@ -9,7 +9,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.estimate import EstimateRow, FitAdvice, MemoryEstimate, MemoryFit, largest_fitting
+from autotune.estimate import (
+    EstimateRow,
+    FitAdvice,
+    MemoryEstimate,
+    MemoryFit,
+    SpeedEstimate,
+    SpeedFit,
+    largest_fitting,
+    predicted_winner,
+    speed_expected_error,
+)
 from autotune.levers import LEVERS, TrialConfig
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
@@ -18,6 +28,36 @@ from autotune.views.search_display import format_tflops
 from autotune.views.text import for_rich
 
 HOST_COLUMN = "host RAM (offload)"
+# The throughput prior's columns (autotune.estimate._speed), and what they mean.
+SPEED_COLUMNS = ("samples/s", "tokens/s", "model TFLOPs", "MFU")
+SPEED_CAPTION = (
+    "samples/s, tokens/s, model TFLOPs, MFU: predicted, not measured: the throughput prior's prediction (compute over the matmul peak x achievable fraction, memory-bound "
+    "work over the bandwidth, overhead; docs/estimator.md); tokens/s counts real tokens; MFU against the datasheet "
+    "(GPU) or measured (CPU, MFU*) peak, '-' where none is known. Rows that fit come first, fastest first."
+)
+
+
+def speed_cells(speed: SpeedEstimate | None) -> list[str]:
+    """A row's predicted samples/s, tokens/s, model TFLOPs and MFU ('-' where not predicted)."""
+    if speed is None:
+        return ["-"] * len(SPEED_COLUMNS)
+    mfu = f"{speed.mfu:.1%}" if speed.mfu is not None else "-"
+    return [f"{speed.samples_per_s:.3g}", f"{speed.tokens_per_s:,.0f}", format_tflops(speed.model_tflops), mfu]
+
+
+def winner_line(rows: Sequence[EstimateRow], speed: SpeedFit) -> str:
+    """The predicted winner in one line: the config that fits with the highest predicted model TFLOPs, its
+    predicted rates, and the prediction's expected error."""
+    winner = predicted_winner(rows)
+    if winner is None or winner.speed is None:
+        return f"predicted winner: none (no config predicted to fit, or no peak known for {speed.device_kind})"
+    s = winner.speed
+    mfu = f", MFU {s.mfu:.1%}" if s.mfu is not None else ""
+    return (
+        f"predicted winner: {winner.config.short()}: {s.samples_per_s:.3g} samples/s, {s.tokens_per_s:,.0f} tokens/s, "
+        f"{format_tflops(s.model_tflops)} model TFLOPs{mfu} (predicted, not measured; expected error: "
+        f"{speed_expected_error(speed)})"
+    )
 
 
 def shows_host_memory(estimates: Sequence[MemoryEstimate]) -> bool:
@@ -49,14 +89,16 @@ def print_estimate(
     notes: Sequence[str],
     advice: FitAdvice | None,
     fit: MemoryFit,
+    speed: SpeedFit | None = None,
     screen_margin: float,
     ceiling_bytes: int,
     device_kind: str,
     space_size: int | None,
 ) -> None:
     """``autotune estimate``'s text: the plan's notes, the table (given the ``space_size``, every
-    memory-distinct config by part; else per setting the largest micro-batch that fits), what would
-    fit where nothing does, what the host column means, the estimator."""
+    memory-distinct config by part; else per setting the largest micro-batch that fits; with the throughput
+    prior's columns where ``speed`` is given), the predicted winner, what would fit where nothing does, what
+    the host column means, the estimators."""
     for note in notes:
         console.print(f"[dim]note: {for_rich(note)}[/]")
     if space_size is not None:
@@ -66,21 +108,31 @@ def print_estimate(
                 [(row.config, row.estimate) for row in rows],
                 ceiling_bytes,
                 screen_margin,
+                [row.speed for row in rows] if speed is not None else None,
             )
         )
     else:
-        console.print(estimate_short_table(title, largest_fitting(rows), ceiling_bytes))
+        console.print(estimate_short_table(title, largest_fitting(rows), ceiling_bytes, speed is not None))
+    if speed is not None:
+        console.print(winner_line(rows, speed))
     if advice is not None:
         console.print(what_would_fit_table(advice))
     if shows_host_memory([row.estimate for row in rows]):
         console.print(host_memory_note(device_kind))
     console.print(f"estimator: {fit.describe()}")
+    if speed is not None:
+        console.print(f"speed estimator: {speed.describe()}")
 
 
 def estimate_table(
-    title: str, rows: Sequence[tuple[TrialConfig, MemoryEstimate]], ceiling_bytes: int, screen_margin: float
+    title: str,
+    rows: Sequence[tuple[TrialConfig, MemoryEstimate]],
+    ceiling_bytes: int,
+    screen_margin: float,
+    speeds: Sequence[SpeedEstimate | None] | None = None,
 ) -> Table:
-    """Predicted peak memory per config, by part, against the ceiling (``autotune estimate``)."""
+    """Predicted peak memory per config, by part, against the ceiling (``autotune estimate``), and each
+    config's predicted speed where ``speeds`` are given (one per row)."""
     table = Table(
         title=title,
         caption=(
@@ -89,16 +141,17 @@ def estimate_table(
             "three fp32 b·s·V tensors of the LM loss; allocator: CUDA caching allocator's workspaces and "
             "fragmentation (0 on the CPU); context: CUDA context, or on the CPU the process baseline "
             f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "
-            "a search would not run it."
+            "a search would not run it." + (f" {SPEED_CAPTION}" if speeds is not None else "")
         ),
         caption_justify="left",
     )
     parts = list(rows[0][1].parts()) if rows else []
     host = shows_host_memory([estimate for _, estimate in rows])
-    headers = ["config", *parts, "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling"]
+    speed_headers = list(SPEED_COLUMNS) if speeds is not None else []
+    headers = ["config", *parts, "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling", *speed_headers]
     for header in headers:
         table.add_column(header, justify="left" if header == "config" else "right")
-    for config, estimate in rows:
+    for index, (config, estimate) in enumerate(rows):
         total = estimate.total_bytes
         if fits(total, ceiling_bytes):
             verdict = "[green]fits[/]"
@@ -113,6 +166,7 @@ def estimate_table(
             format_bytes(total),
             *host_cell,
             verdict,
+            *(speed_cells(speeds[index]) if speeds is not None else []),
         )
     return table
 
@@ -121,19 +175,23 @@ def _cell(value: Any) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int) -> Table:
+def estimate_short_table(
+    title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int, with_speed: bool = False
+) -> Table:
     """``autotune estimate``'s default: per setting of the other memory levers, the largest micro-batch
     predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`).
 
     The levers with a ``planner_column`` get a column of their own; every other lever that moves
     memory and is away from its default is shown under "other levers" as the config's label says it
     (weights=bf16, zero=2, ...); the micro-batch (a lever whose memory grows with its value) is the
-    one the table solves for.
+    one the table solves for. ``with_speed``: the throughput prior's columns too, the settings that fit
+    fastest first.
     """
     table = Table(
         title=title,
         caption="largest micro-batch: of the space's micro-batches, the largest whose predicted peak is at most the "
-        "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts).",
+        "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts)."
+        + (f" {SPEED_CAPTION}" if with_speed else ""),
         caption_justify="left",
     )
     host = shows_host_memory([row.estimate for row, _ in chosen])
@@ -145,11 +203,11 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
         "predicted peak",
         *([HOST_COLUMN] if host else []),
         "vs ceiling",
+        *(SPEED_COLUMNS if with_speed else ()),
     )
+    right = ("largest micro-batch", "predicted peak", HOST_COLUMN, *SPEED_COLUMNS)
     for header in headers:
-        table.add_column(
-            header, justify="right" if header in ("largest micro-batch", "predicted peak", HOST_COLUMN) else "left"
-        )
+        table.add_column(header, justify="right" if header in right else "left")
     others = [lever for lever in LEVERS.values() if lever.memory_parts and not lever.planner_column]
     for row, any_fits in chosen:
         config = row.config
@@ -172,6 +230,7 @@ def estimate_short_table(title: str, chosen: Sequence[tuple[EstimateRow, bool]],
             format_bytes(row.estimate.total_bytes),
             *([format_bytes(row.estimate.host_bytes)] if host else []),
             verdict,
+            *(speed_cells(row.speed if any_fits else None) if with_speed else []),
         )
     return table
 
@@ -243,14 +302,20 @@ def known_gpus_table() -> Table:
     return table
 
 
-def calibrated_peaks_text(spec: DeviceSpec, peaks: Sequence[Any], path: object) -> str:
+def calibrated_peaks_text(
+    spec: DeviceSpec, peaks: Sequence[Any], path: object, bandwidth_gb_s: float | None = None
+) -> str:
     """``autotune devices --calibrate``'s lines for one device: each measured peak (a
-    ``calibrate.MeasuredMatmulPeak``), then where they were stored."""
+    ``calibrate.MeasuredMatmulPeak``), the measured memory bandwidth, then where they were stored."""
     lines = [
         f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
         f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
         for peak in peaks
     ]
+    if bandwidth_gb_s is not None:
+        lines.append(
+            f"  measured memory bandwidth {spec.label}: {bandwidth_gb_s:.1f} GB/s (best large copy, read + write)"
+        )
     return "\n".join([*lines, f"  stored in {path}"])
 
 

@@ -319,9 +319,15 @@ def test_estimate_all_prints_every_memory_distinct_config_with_its_parts(tmp_pat
     assert out.returncode == 0, out.stderr
     for header in ("weights", "gradients", "optimizer states", "activations", "logits", "context", "predicted peak"):
         assert header in out.stdout
-    rows = [line for line in out.stdout.splitlines() if "mb=" in line]
+    rows = [line for line in out.stdout.splitlines() if "│ mb=" in line]
     assert len(rows) == 3 * 2 * 2 * 3  # micro-batch x checkpointing x dtype x optimizer (accumulation collapses)
-    assert any("fits" in row for row in rows) and any("over (would run)" in row for row in rows)
+    assert any("fits" in row for row in rows) and any("over" in row for row in rows)  # a narrow column wraps the rest
+    # The throughput prior's columns, the rows that fit first, and the predicted winner is the first of them.
+    assert "samples/s, tokens/s, model TFLOPs, MFU: predicted" in " ".join(out.stdout.split())
+    verdicts = ["fits" in row for row in rows]
+    assert verdicts == sorted(verdicts, reverse=True)
+    winner = next(line for line in out.stdout.splitlines() if line.startswith("predicted winner: "))
+    assert rows[0].split("│")[1].strip() in winner
     assert "estimator: prior" in out.stdout
 
 
@@ -344,6 +350,7 @@ def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_
         "estimate", "--model", "bert-tiny", "--seq-len", "32", "--storage", sqlite_url, cwd=tmp_path
     )
     assert same.returncode == 0 and "not calibrated: no measured trial" in same.stdout
+    assert "speed estimator: throughput prior" in same.stdout  # no trial ran: the throughput prior as is
 
 
 # --- the CUDA prior and planning for a GPU one does not have (issue 14) ----------------------------
@@ -409,6 +416,16 @@ def test_estimate_for_a_gpu_type_runs_without_a_gpu_and_json_has_every_row_by_pa
     for row in rows:
         assert row["total_bytes"] == sum(row["parts_bytes"].values())
         assert row["parts_bytes"]["allocator"] > 0 and row["fits"] == (row["total_bytes"] <= document["ceiling_bytes"])
+    # Predicted speed on the V100's datasheet: every row, MFU against its peak; the rows that fit first,
+    # fastest first by model TFLOPs, the first of them the predicted winner.
+    speeds = [row["predicted_speed"] for row in rows]
+    assert all(s["samples_per_s"] > 0 and s["tokens_per_s"] == 512 * s["samples_per_s"] for s in speeds)
+    assert all(0 < s["mfu"] < 1 and s["step_s"] == pytest.approx(sum(s["step_parts_s"].values())) for s in speeds)
+    fitting = [row for row in rows if row["fits"]]
+    assert rows[: len(fitting)] == fitting
+    tflops = [row["predicted_speed"]["model_tflops"] for row in fitting]
+    assert tflops == sorted(tflops, reverse=True) and document["predicted_winner"] == fitting[0]["config"]
+    assert "V100 SXM2 datasheet" in document["speed_estimator"] and "uncalibrated" in document["speed_expected_error"]
     short = run_cli_in_process(
         "estimate", "--model", "bert-large-uncased", "--seq-len", "512", "--gpu-type", "v100-16gb", cwd=tmp_path
     )

@@ -77,3 +77,17 @@ def test_the_mapping_writes_the_derived_pair():
     assert (config.micro_batch, config.grad_accum, config.global_batch) == (16, 4, 64)
     kwargs = training_arguments_kwargs(config, "cpu")
     assert kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"] == 64
+
+
+def test_the_levers_that_change_a_steps_time_say_so_through_their_speed_traits():
+    """Accumulation, the optimizer's step and compile's fusion reach the throughput prior through each
+    lever's own ``speed`` hook (autotune/levers/_hooks.py: SpeedTraits); a config at its defaults has none."""
+    from autotune.levers import SpeedTraits, speed_traits
+    from autotune.levers.optimizer import STEP_BYTES_PER_PARAM
+
+    assert speed_traits(TrialConfig()) == SpeedTraits(optimizer_step_bytes=STEP_BYTES_PER_PARAM["adamw_torch"])
+    traits = speed_traits(TrialConfig(grad_accum=4, optim="adafactor", compile="inductor:reduce-overhead"))
+    assert traits.micro_batches == 4 and traits.fuses_elementwise and traits.graphs
+    assert traits.optimizer_step_bytes == STEP_BYTES_PER_PARAM["adafactor"] and traits.optimizer_kernels_per_tensor > 0
+    assert not traits.optimizer_states_in_param_dtype  # Adafactor keeps fp32 states whatever the weights
+    assert not speed_traits(TrialConfig(compile="aot_eager")).fuses_elementwise  # the eager ops, traced

@@ -62,9 +62,15 @@ def test_search_and_estimate_predict_the_same_peak_through_the_one_plan(tmp_path
     planned = json.loads(out.stdout)
     assert planned["estimator"] == request.workload.memory_prior.describe()
     assert planned["ceiling_bytes"] == request.ceiling_bytes
-    # The same space (the same memory-distinct configs), each predicted at the same peak.
+    # The same space (the same memory-distinct configs, in the table's order: by predicted speed among
+    # those that fit), each predicted at the same peak and the same speed as the search's own prior.
     search_rows = memory_distinct_configs(request.space.choices, "cpu")
-    assert [TrialConfig(**row["config"]) for row in planned["rows"]] == search_rows
+    listed = [TrialConfig(**row["config"]) for row in planned["rows"]]
+    assert sorted(map(repr, listed)) == sorted(map(repr, search_rows)) and len(listed) == len(search_rows)
+    speed = request.workload.speed_model()
+    for row in planned["rows"]:
+        predicted = speed.estimate(request.workload.model, TrialConfig(**row["config"]), 64)
+        assert predicted is not None and row["predicted_speed"]["samples_per_s"] == predicted.samples_per_s
     assert any(row["fits"] for row in planned["rows"]) and not all(row["fits"] for row in planned["rows"])
     for row in planned["rows"]:
         config = TrialConfig(**row["config"])

@@ -18,3 +18,10 @@ def test_measure_matmul_peak_on_the_cpu():
 def test_calibrate_refuses_a_dtype_the_device_cannot_run(cpu):
     with pytest.raises(AutotuneError, match="cannot run fp16"):
         calibrate_device(cpu, dtypes=("fp16",))
+
+
+def test_measure_memory_bandwidth_on_the_cpu():
+    from autotune.runner import measure_memory_bandwidth
+
+    rate = measure_memory_bandwidth("cpu", nbytes=8 * 2**20, seconds=0.05)
+    assert 0.01 < rate < 10_000  # GB/s: a copy of 8 MiB moved at some rate a memory bus can have

@@ -74,6 +74,7 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
     stored = json.loads(peaks_path.read_text())
     (record,) = stored.values()
     assert record["peaks_tflops"]["fp32"] > 0 and record["peaks_tflops"]["bf16"] > 0
+    assert record["bandwidth_gb_s"] > 0 and "measured memory bandwidth cpu:" in calibrated.stdout
     assert "*" in calibrated.stdout.split("Devices")[-1]  # the table shows the measured peaks
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -103,3 +104,13 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
     assert result["measured_peak_tflops"] == record["peaks_tflops"][result["peak_dtype"]]
     assert result["mfu_measured"] == pytest.approx(result["model_tflops"] / result["measured_peak_tflops"])
     assert result["mfu"] is None  # a CPU has no datasheet peak
+
+
+def test_the_memory_bandwidth_is_stored_beside_the_peaks_and_kept_by_a_later_calibration(cpu, peaks_path):
+    from autotune.spec.measured_peaks import load_measured_bandwidth
+
+    assert load_measured_bandwidth(cpu.name) is None
+    save_calibration(cpu, [MeasuredMatmulPeak("fp32", 0.5, 0.4, 256, 5)], bandwidth_gb_s=12.5)
+    assert load_measured_bandwidth(cpu.name) == 12.5
+    save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 256, 5)])
+    assert load_measured_bandwidth(cpu.name) == 12.5

@@ -1,0 +1,345 @@
+"""The throughput prior: how long one optimizer step of a configuration takes on a device, before any trial.
+
+A step's time is a sum of parts a user can check by hand (docs/estimator.md, "The throughput prior"):
+
+* **compute**: the matmul FLOPs the device executes (:mod:`autotune.spec.flops`: ``6N`` per token, or
+  ``4N + 6 N_adapter`` under PEFT, the attention term over the length each position attends to, and
+  checkpointing's recomputed forward) over the peak of the dtype the matmuls run in times the share of it
+  a training step's matmuls reach (:attr:`SpeedFit.achievable_fraction`);
+* **memory**: memory-bound work over the memory bandwidth: the elementwise work around the matmuls
+  (each saved activation written and read, its gradient too: the memory model's per-layer activation
+  bytes, :func:`~autotune.estimate._parts.layer_activation_bytes`; fewer passes where ``torch.compile``
+  fuses them), the loss's logits (``V x tokens`` fp32 tensors, none where a fused loss keeps them in
+  chunks), the weights each matmul reads, and the optimizer's step (bytes per parameter, counted from
+  its implementation: ``autotune.levers.optimizer.STEP_BYTES_PER_PARAM``);
+* **host**: what crosses the host link (TRL's activation offloading, ZeRO offload);
+* **overhead**: a launch (on the CPU, an op's dispatch) per kernel, and a fixed cost per optimizer step.
+
+It reads a configuration through its :class:`~autotune.levers.MemoryTraits` and
+:class:`~autotune.levers.SpeedTraits`, never a lever by name. :func:`step_work` counts a step's work
+once per configuration; :func:`predict_speed` turns it into time with a device's rates
+(:class:`SpeedFit`), so a calibrated fit re-ranks a space without counting again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Sequence
+
+from autotune.estimate._parts import layer_activation_bytes
+from autotune.levers import MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
+from autotune.spec.flops import (
+    attention_flops_per_token,
+    model_flops_per_token,
+    recompute_flops_per_token,
+    weight_flops_per_token,
+)
+from autotune.spec.models import ModelSpec
+
+# Each saved activation is written in the forward and read in the backward, and its gradient written and
+# read in the backward: four passes over the memory model's saved bytes per layer in eager mode. Inductor
+# fuses each elementwise chain into one kernel that writes only what leaves it (what the backward saves)
+# and reads it back once: two passes. Checkpointing writes the forward's activations once more.
+ELEMENTWISE_PASSES = 4
+FUSED_ELEMENTWISE_PASSES = 2
+# The loss over ``V x tokens`` logits: transformers upcasts them to fp32, cross-entropy writes its fp32
+# log-softmax and the backward an fp32 gradient of the same size (the memory model's three fp32 tensors,
+# ``_parts.logits_bytes``), each written once and read once: 6 passes of 4 bytes.
+LOSS_BYTES_PER_LOGIT = 6 * 4
+# What the Trainer does to the gradients every optimizer step whatever the optimizer: clipping at
+# ``max_grad_norm`` (1.0 by default; torch.nn.utils.clip_grad_norm_ reads every gradient for the norm, then
+# scales it in place): 3 passes of the gradient's bytes per parameter.
+CLIP_PASSES = 3
+# Kernels (CPU: ops) per transformer layer per micro-batch in eager mode: about 35 in a block's forward
+# (transformers' modeling_llama.py: two RMSNorms of 6 ops, 4 projections, rotary ~10, attention, reshapes,
+# 2 residual adds, 5 in the MLP), about twice that in its backward. Inductor fuses the elementwise ones:
+# about a third are left (the matmuls, attention and the fused kernels between them).
+OPS_PER_LAYER = 100
+FUSED_OPS_SHARE = 1 / 3
+# Parameter tensors per layer, for a per-tensor optimizer (a block's projections, norms and biases).
+TENSORS_PER_LAYER = 12
+# What one kernel launch costs: on CUDA a few microseconds (NVIDIA's "Getting Started with CUDA Graphs",
+# which CUDA graphs remove); on the CPU torch's eager dispatch of one op, of the same order. An
+# order-of-magnitude figure: the fit on measured trials (``fit_speed``) absorbs its error into the
+# per-step overhead.
+OP_OVERHEAD_S = {"cpu": 10e-6, "cuda": 5e-6}
+# The Trainer's own work per optimizer step (scheduler, callbacks, zero_grad, logging checks): an
+# order-of-magnitude prior, replaced by the fit on measured trials.
+STEP_OVERHEAD_S = {"cpu": 2e-3, "cuda": 1e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class TypicalBatch:
+    """A typical micro-batch of a batching: how many samples, and which tokens the matmuls run over.
+
+    Attributes:
+        samples: Samples per micro-batch.
+        computed_tokens: Positions the matmuls run over, padding included.
+        real_tokens: The samples' own tokens (the useful work).
+        model_context: The token-weighted mean sample length (``sum s_i^2 / sum s_i``): the model FLOPs'
+            attention term, as the trial counts it (``autotune.spec.flops.model_tflops``).
+        attended_context: How many positions each position attends over in the kernel that runs: the
+            padded length, a flattened row's whole length under a mask-based kernel, the sample's own
+            under a kernel that reads the boundaries.
+    """
+
+    samples: float
+    computed_tokens: float
+    real_tokens: float
+    model_context: float
+    attended_context: float
+
+
+def typical_micro_batch(traits: MemoryTraits, seq_len: int, lengths: Sequence[int] | None = None) -> TypicalBatch:
+    """The typical micro-batch of ``traits.rows`` rows under ``traits.batching``; ``lengths``: the user's
+    samples' token lengths (``None``: every sample ``seq_len`` tokens, synthetic data)."""
+    rows, batching = traits.rows, traits.batching
+    clipped = [min(int(n), seq_len) for n in lengths or () if n > 0]
+    if not clipped:
+        computed = float(rows * seq_len)
+        attended = computed if batching.flattened and not traits.reads_boundaries else float(seq_len)
+        return TypicalBatch(rows, computed, computed, float(seq_len), attended)
+    mean = statistics.fmean(clipped)
+    context = sum(n * n for n in clipped) / sum(clipped)
+    if batching.packs:
+        computed = float(rows * seq_len)
+        attended = context if traits.reads_boundaries else computed
+        return TypicalBatch(computed / mean, computed, computed, context, attended)
+    if batching.flattened:
+        computed = rows * mean
+        return TypicalBatch(rows, computed, computed, context, context if traits.reads_boundaries else computed)
+    if batching.pads_samples:
+        return TypicalBatch(rows, float(rows * seq_len), rows * mean, context, float(seq_len))
+    chunks = [clipped[i : i + rows] for i in range(0, len(clipped) - rows + 1, rows)] or [clipped]
+    longest = statistics.fmean(max(chunk) for chunk in chunks)  # each batch padded to its longest
+    return TypicalBatch(rows, rows * longest, rows * mean, context, longest)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepWork:
+    """What one optimizer step of a configuration does, before a device's rates turn it into time.
+
+    Attributes:
+        matmul_flops: Matmul FLOPs executed, recomputation included (hardware FLOPs).
+        matmul_dtype: The dtype the matmuls run in (its peak bounds them).
+        memory_bytes: Memory-bound traffic (elementwise work, loss, weights read, optimizer step).
+        host_bytes: Bytes over the host link (offloading).
+        launches: Kernel launches (CPU: op dispatches).
+        micro_batches: Micro-batches per step.
+        samples: Samples per step.
+        real_tokens: The samples' own tokens per step.
+        model_flops: Useful FLOPs per step (the model TFLOPs' and MFU's numerator).
+    """
+
+    matmul_flops: float
+    matmul_dtype: str
+    memory_bytes: float
+    host_bytes: float
+    launches: float
+    micro_batches: int
+    samples: float
+    real_tokens: float
+    model_flops: float
+
+
+def step_work(
+    model: ModelSpec,
+    config: TrialConfig,
+    seq_len: int,
+    device_kind: str,
+    matmul_dtype: str,
+    lengths: Sequence[int] | None = None,
+) -> StepWork:
+    """Count one optimizer step of ``config`` (one rank's share where a trial spans several).
+
+    Args:
+        model: The model's shape (its ``peft``: the frozen base's ``4N``).
+        config: The lever values, read through their memory and speed traits on ``device_kind``.
+        seq_len: Tokens per sample (the padded length, the packed row's length).
+        device_kind: ``cpu`` or ``cuda``.
+        matmul_dtype: The dtype the matmuls run in (``Workload.peak_dtype``: tf32 for fp32 with TF32 on).
+        lengths: The user's samples' token lengths (``--dataset``); ``None``: synthetic, every sample full.
+    """
+    traits, speed = memory_traits(config, device_kind), speed_traits(config)
+    batch = typical_micro_batch(traits, seq_len, lengths)
+    k = speed.micro_batches
+    per_token = weight_flops_per_token(model) + attention_flops_per_token(model, batch.attended_context)
+    if traits.recompute:
+        per_token += recompute_flops_per_token(model, batch.attended_context)
+    layers = model.num_layers
+    rows = 1 if traits.batching.flattened else traits.rows  # a flattened micro-batch is one row
+    shape = MicroBatchShape(rows=rows, row_tokens=max(round(batch.computed_tokens / rows), 1))
+    layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
+    passes = FUSED_ELEMENTWISE_PASSES if speed.fuses_elementwise else ELEMENTWISE_PASSES
+    elementwise = layers * layer * (passes + (1 if traits.recompute else 0))
+    trainable = model.trainable_params
+    parameter_scale = traits.weight_bytes / 4
+    memory_per_batch = elementwise + loss_bytes(model, traits, batch.computed_tokens) + weight_read_bytes(model, traits)
+    optimizer_scale = parameter_scale if speed.optimizer_states_in_param_dtype else 1.0
+    optimizer = trainable * (speed.optimizer_step_bytes * optimizer_scale + CLIP_PASSES * 4 * parameter_scale)
+    host = 0.0
+    if traits.activations_offloaded:  # every saved tensor to the host in the forward and back for the backward
+        host += 2 * layers * layer * k
+    if traits.zero_offload:  # gradients down, updated 16-bit weights up, the step on the host
+        host += trainable * (4 + 2) + optimizer
+        optimizer = 0.0
+    launches_per_batch = (
+        0.0 if speed.graphs else OPS_PER_LAYER * layers * (FUSED_OPS_SHARE if speed.fuses_elementwise else 1.0)
+    )
+    tensors = TENSORS_PER_LAYER * layers + 5
+    return StepWork(
+        matmul_flops=k * batch.computed_tokens * per_token,
+        matmul_dtype=matmul_dtype,
+        memory_bytes=k * memory_per_batch + optimizer,
+        host_bytes=host,
+        launches=k * launches_per_batch + speed.optimizer_kernels_per_tensor * tensors,
+        micro_batches=k,
+        samples=k * batch.samples,
+        real_tokens=k * batch.real_tokens,
+        model_flops=k * batch.real_tokens * model_flops_per_token(model, batch.model_context),
+    )
+
+
+def loss_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
+    """The plain loss's traffic over the ``V x tokens`` logits (:data:`LOSS_BYTES_PER_LOGIT`); none for a
+    classification head, and none beyond the matmul where a fused loss (Liger's, TRL's chunked head) keeps
+    the logits in tiles it consumes at once."""
+    if model.task not in ("causal-lm", "masked-lm") or model.fused_lm_head or traits.logits is not None:
+        return 0.0
+    return LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size
+
+
+def weight_read_bytes(model: ModelSpec, traits: MemoryTraits) -> float:
+    """The weights the matmuls read per micro-batch: each compute weight in the forward and twice in the
+    backward (input and weight gradients), once more for a recomputed forward, in the bytes they run in
+    (autocast's 16-bit copy, written once per forward from the fp32 weight it reads)."""
+    params = model.num_non_embedding_params
+    reads = 3 + (1 if traits.recompute else 0)
+    if traits.half_autocast and traits.weight_bytes == 4:
+        return params * (2 * reads + (4 + 2) * (1 + (1 if traits.recompute else 0)))
+    return params * traits.weight_bytes * reads
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedFit:
+    """A device's rates, which turn a step's work into time (the prior before any trial, or fitted).
+
+    Attributes:
+        device_kind: ``cpu`` or ``cuda``.
+        peaks_tflops: Achievable matmul peak by dtype (measured by ``autotune devices --calibrate``, else
+            the datasheet's times its matmul fraction; on a CPU without a calibration, nominal figures).
+        mfu_peaks_tflops: What MFU is reported against, by dtype: the datasheet peak, or on a CPU the
+            measured one (MFU*); empty where none is known (no MFU, never an invented one).
+        peak_source: Where ``peaks_tflops`` come from, in words.
+        bandwidth_bytes_per_s: Memory bandwidth.
+        link_bytes_per_s: The host link's bandwidth (PCIe); on a CPU the memory bandwidth.
+        achievable_fraction: The share of ``peaks_tflops`` a training step's matmuls reach.
+        op_overhead_s: Seconds per kernel launch (CPU: per op).
+        step_overhead_s: Seconds per optimizer step of the Trainer's own work.
+        points: Measured trials the fit used (0: the prior).
+        max_relative_error: Worst ``|predicted - measured| / measured`` step time over those trials.
+    """
+
+    device_kind: str
+    peaks_tflops: dict[str, float]
+    mfu_peaks_tflops: dict[str, float]
+    peak_source: str
+    bandwidth_bytes_per_s: float
+    link_bytes_per_s: float
+    achievable_fraction: float
+    op_overhead_s: float
+    step_overhead_s: float
+    points: int = 0
+    max_relative_error: float | None = None
+
+    def describe(self) -> str:
+        """One line: the rates and where they come from."""
+        peaks = ", ".join(f"{d} {v:.3g}" for d, v in sorted(self.peaks_tflops.items()))
+        rates = (
+            f"matmul peaks {peaks} TFLOPS ({self.peak_source}) x {self.achievable_fraction:.0%} achievable, "
+            f"{self.bandwidth_bytes_per_s / 1e9:.0f} GB/s memory, {self.step_overhead_s * 1e3:.1f} ms per step"
+        )
+        if not self.points:
+            return f"throughput prior ({rates}; not calibrated: no measured trial)"
+        error = f", worst error {self.max_relative_error:.1%}" if self.max_relative_error is not None else ""
+        return f"throughput calibrated on {self.points} measured trial(s) ({rates}{error})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedEstimate:
+    """Predicted time of one optimizer step, by part, and the rates that follow."""
+
+    work: StepWork
+    compute_s: float
+    memory_s: float
+    host_s: float
+    overhead_s: float
+    mfu_peak_tflops: float | None
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.memory_s + self.host_s + self.overhead_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.work.samples / self.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real (non-padding) tokens per second."""
+        return self.work.real_tokens / self.step_s
+
+    @property
+    def model_tflops(self) -> float:
+        return self.work.model_flops / self.step_s / 1e12
+
+    @property
+    def mfu(self) -> float | None:
+        return self.model_tflops / self.mfu_peak_tflops if self.mfu_peak_tflops else None
+
+    def parts(self) -> dict[str, float]:
+        return {"compute": self.compute_s, "memory": self.memory_s, "host": self.host_s, "overhead": self.overhead_s}
+
+
+def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
+    """The step's time with the device's rates; ``None`` where the device's peak for the dtype is unknown."""
+    peak = fit.peaks_tflops.get(work.matmul_dtype)
+    if not peak:
+        return None
+    return SpeedEstimate(
+        work=work,
+        compute_s=work.matmul_flops / (peak * 1e12 * fit.achievable_fraction),
+        memory_s=work.memory_bytes / fit.bandwidth_bytes_per_s,
+        host_s=work.host_bytes / fit.link_bytes_per_s,
+        overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,
+        mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
+    )
+
+
+def estimate_speed(
+    model: ModelSpec,
+    config: TrialConfig,
+    seq_len: int,
+    fit: SpeedFit,
+    matmul_dtype: str,
+    lengths: Sequence[int] | None = None,
+) -> SpeedEstimate | None:
+    """:func:`step_work` then :func:`predict_speed`: one configuration's predicted speed on the fit's device."""
+    return predict_speed(step_work(model, config, seq_len, fit.device_kind, matmul_dtype, lengths), fit)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedModel:
+    """The throughput prior of one workload: its device's rates, how a config's matmul dtype is read (the
+    workload's ``peak_dtype``: tf32 where TF32 is on), and the user's sample lengths where known."""
+
+    fit: SpeedFit
+    matmul_dtype: Callable[[TrialConfig], str]
+    lengths: tuple[int, ...] | None = None
+
+    def work(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> StepWork:
+        return step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
+
+    def estimate(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> SpeedEstimate | None:
+        return predict_speed(self.work(model, config, seq_len), self.fit)

@@ -1,0 +1,176 @@
+"""The throughput prior's rates for a device before any trial (:func:`speed_prior`), and their calibration on
+a study's measured trials (:func:`fit_speed`): the achievable fraction of the matmul peak and the per-step
+overhead, as the memory prior's context and activation scale are fitted (:mod:`autotune.estimate._fit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from autotune.estimate._speed import OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, StepWork, predict_speed
+from autotune.spec.devices import TYPICAL_MATMUL_FRACTION, DeviceSpec
+
+# The share of the achievable matmul peak a whole training step's matmuls reach (shapes smaller than the
+# peak's square matmuls, attention, the loss): torchtitan's Llama-3 8B runs on A100 at 57-61 % MFU
+# (docs/facts.md), i.e. 0.59 of the datasheet's 312 TFLOPS over the A100's achievable matmul fraction of
+# 0.87 (271 TFLOPS): 0.68. The fit on measured trials replaces it per device.
+TRAINING_MATMUL_FRACTION = 0.68
+# A CPU without a calibration (``autotune devices --calibrate``): a nominal peak of ``cores x clock x
+# FLOPs per cycle``. fp32 FLOPs per cycle and core: two FMA ports of 8 (AVX2) or 16 (AVX-512) fp32 lanes,
+# 2 FLOPs each (Intel 64 and IA-32 Optimization Reference Manual; AMD's Zen 4 runs AVX-512 on 256-bit
+# units, half this: the calibration measures it). A nominal clock of 2.5 GHz.
+CPU_NOMINAL_CLOCK_HZ = 2.5e9
+CPU_FP32_FLOPS_PER_CYCLE = (("avx512f", 64), ("avx2", 32), ("asimd", 16))
+CPU_DEFAULT_FP32_FLOPS_PER_CYCLE = 8
+# bf16 over fp32 per cycle: AVX512-BF16's VDPBF16PS makes two bf16 products per fp32 lane (2x); AMX-BF16's
+# tile multiply does 1024 bf16 FLOPs per cycle and core against AVX-512's 64 fp32 (16x; Intel's
+# optimization manual, "Intel AMX"); Arm's BF16 (BFMMLA) 2x. Without any, bf16 is emulated: 57x slower
+# than fp32, measured on this project's AVX2 CPU (docs/facts.md, "bf16 on a CPU without bf16 instructions").
+CPU_BF16_SPEEDUP = (("amx_bf16", 16.0), ("avx512_bf16", 2.0), ("bf16", 2.0))
+CPU_EMULATED_SLOWDOWN = 57.0
+# A CPU's memory bandwidth where it was not measured: the order measured on this project's 2-core VMs
+# (2026-11-28, torch.add over 256 MB: 6.5-14.4 GB/s under load; a copy 5.2-5.4 GB/s).
+CPU_FALLBACK_BANDWIDTH_BYTES_PER_S = 24e9
+# The host link of a GPU, per direction, by compute capability major: PCIe 3.0 x16 (Volta) 16 GB/s, 4.0
+# (Ampere, Ada) 32 GB/s, 5.0 (Hopper) 64 GB/s (PCI-SIG's per-lane rates).
+PCIE_BYTES_PER_S = {7: 16e9, 8: 32e9, 9: 64e9}
+# The fit's bounds: a fraction outside them means the model is wrong for this setup, not that it needs
+# stretching.
+FRACTION_BOUNDS = (0.01, 1.0)
+# The fit needs this much relative spread in the trials' compute to tell a fraction from an overhead.
+MIN_COMPUTE_SPREAD = 0.25
+
+
+def cpu_nominal_peaks_tflops(device: DeviceSpec, cores: int) -> dict[str, float]:
+    """A CPU's nominal matmul peaks by dtype (``cores x clock x FLOPs per cycle``, the flags' speed-ups)."""
+    per_cycle = next(
+        (n for flag, n in CPU_FP32_FLOPS_PER_CYCLE if flag in device.cpu_flags), CPU_DEFAULT_FP32_FLOPS_PER_CYCLE
+    )
+    fp32 = cores * CPU_NOMINAL_CLOCK_HZ * per_cycle / 1e12
+    peaks = {"fp32": fp32}
+    if "bf16" in device.supported_dtypes:
+        if device.has_matmul_hardware("bf16"):
+            peaks["bf16"] = fp32 * next(x for flag, x in CPU_BF16_SPEEDUP if flag in device.cpu_flags)
+        else:
+            peaks["bf16"] = fp32 / CPU_EMULATED_SLOWDOWN
+    return peaks
+
+
+def speed_prior(
+    device: DeviceSpec,
+    measured_peaks_tflops: Mapping[str, float],
+    measured_bandwidth_gb_s: float | None = None,
+    cpu_cores: int = 1,
+) -> SpeedFit:
+    """The one throughput prior for a device: what every speed prediction starts from before a trial.
+
+    Args:
+        device: The device (a GPU's datasheet by its name; a CPU's flags).
+        measured_peaks_tflops: Achievable matmul peaks by dtype from ``autotune devices --calibrate``
+            (:func:`autotune.spec.measured_peaks.load_measured_peaks`); they win over the datasheet's.
+        measured_bandwidth_gb_s: Memory bandwidth measured by the same calibration, GB/s.
+        cpu_cores: On a CPU without a calibration, the cores its nominal peak counts (a trial's threads).
+    """
+    op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
+    measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
+    if device.kind == "cpu":
+        nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
+        source = "measured" if measured else f"nominal for {cpu_cores} core(s), not calibrated"
+        bandwidth = (measured_bandwidth_gb_s or 0) * 1e9 or CPU_FALLBACK_BANDWIDTH_BYTES_PER_S
+        return SpeedFit(
+            "cpu",
+            {**nominal, **measured},
+            dict(measured),
+            source,
+            bandwidth,
+            bandwidth,
+            TRAINING_MATMUL_FRACTION,
+            op,
+            step,
+        )
+    entry = device.datasheet_entry()
+    share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
+    datasheet = dict(entry.peaks_tflops) if entry else {}
+    peaks = {**{d: v * share for d, v in datasheet.items()}, **measured}
+    source = "measured" if measured else (f"{entry.label} datasheet x {share:.2f} matmul" if entry else "unknown")
+    bandwidth = (measured_bandwidth_gb_s or (entry.bandwidth_gb_s if entry else None) or 0) * 1e9
+    major = min(max((device.compute_capability or (8, 0))[0], 7), 9)
+    return SpeedFit(
+        "cuda",
+        peaks,
+        datasheet,
+        source,
+        bandwidth or float("inf"),
+        PCIE_BYTES_PER_S[major],
+        TRAINING_MATMUL_FRACTION,
+        op,
+        step,
+    )
+
+
+def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
+    """Fit ``step time = compute at the peak / fraction + memory + host + launches + overhead`` on measured
+    trials ((their step's work, their measured step time in seconds)) by least squares.
+
+    With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
+    per-step overhead; otherwise only the fraction, the overhead kept at the prior's.
+    """
+    rows = []  # (compute seconds at the peak, measured - the parts not fitted)
+    for work, seconds in measured:
+        predicted = predict_speed(work, dataclasses.replace(prior, achievable_fraction=1.0, step_overhead_s=0.0))
+        if predicted is None or seconds <= 0:
+            continue
+        rows.append((predicted.compute_s, seconds - predicted.memory_s - predicted.host_s - predicted.overhead_s))
+    if not rows:
+        return prior
+    computes = [c for c, _ in rows]
+    spread = (max(computes) - min(computes)) / max(max(computes), 1e-12)
+    inverse, overhead = None, prior.step_overhead_s
+    if len(rows) >= 2 and spread >= MIN_COMPUTE_SPREAD:
+        inverse, overhead = _least_squares(rows)
+        if inverse <= 0 or overhead < 0:
+            inverse, overhead = None, prior.step_overhead_s
+    if inverse is None:
+        inverse = sum(c * (y - overhead) for c, y in rows) / sum(c * c for c, _ in rows)
+    fraction = min(max(1 / inverse if inverse > 0 else FRACTION_BOUNDS[1], FRACTION_BOUNDS[0]), FRACTION_BOUNDS[1])
+    fitted = dataclasses.replace(
+        prior, achievable_fraction=fraction, step_overhead_s=max(overhead, 0.0), points=len(rows)
+    )
+    errors = []
+    for work, seconds in measured:
+        predicted = predict_speed(work, fitted)
+        if predicted is not None and seconds > 0:
+            errors.append(abs(predicted.step_s - seconds) / seconds)
+    return dataclasses.replace(fitted, max_relative_error=max(errors) if errors else None)
+
+
+def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
+    """``y = a c + o`` in the least-squares sense: (a, o)."""
+    n = len(rows)
+    mean_c = sum(c for c, _ in rows) / n
+    mean_y = sum(y for _, y in rows) / n
+    variance = sum((c - mean_c) ** 2 for c, _ in rows)
+    if variance == 0:
+        return 0.0, -1.0
+    slope = sum((c - mean_c) * (y - mean_y) for c, y in rows) / variance
+    return slope, mean_y - slope * mean_c
+
+
+# The uncalibrated prior's error, as measured by benchmarks/bench_speed_prior.py (docs/benchmarks.md, "The
+# throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
+PRIOR_EXPECTED_ERROR = (
+    "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by up to "
+    "2x and it ranks configs within a few percent of each other no better than chance (docs/benchmarks.md, "
+    "'The throughput prior'); a study's trials calibrate it (--storage)"
+)
+
+
+def speed_expected_error(fit: SpeedFit) -> str:
+    """How far the fit's predictions may be off, in words: the worst error on the trials it was fitted on,
+    or the prior's measured error."""
+    if fit.points and fit.max_relative_error is not None:
+        return (
+            f"step time within {fit.max_relative_error:.0%} on the {fit.points} measured trial(s) it was calibrated on"
+        )
+    return PRIOR_EXPECTED_ERROR

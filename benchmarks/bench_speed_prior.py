@@ -1,0 +1,264 @@
+"""The throughput prior against figures nobody tuned it on (docs/benchmarks.md, "The throughput prior").
+
+Two checks, no training:
+
+* every CPU grid of ``benchmarks/data``: the zero-trial prediction of each config's model TFLOPs against
+  the grid's measured figure (Spearman's rank correlation over the configs that fit), then the prior
+  calibrated on 3 trials (``fit_speed``: the 3 configs it predicts fastest, as the search's first
+  proposals are) and the measured speed of the config it then predicts fastest, against the grid's best;
+* published single-GPU figures (torchtune's README, llm-foundry's benchmarking tables), predicted from the
+  datasheet alone, side by side with what was published.
+
+The grids record the CPU's model name ("AMD EPYC") but not its flags: each grid is predicted for the CPU
+its own figures point to (``GRID_CPUS``, with the reason) and, beside it, for the other kind.
+
+    python -m benchmarks.bench_speed_prior
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from autotune.estimate import SpeedFit, StepWork, fit_speed, predict_speed, speed_prior, step_work
+from autotune.levers import TrialConfig
+from autotune.result import TrialResult
+from autotune.spec.ceiling import fits
+from autotune.spec.devices import DeviceSpec, matmul_dtype
+from autotune.spec.models import resolve_model
+
+DATA = Path(__file__).parent / "data"
+# The grids' ceilings (docs/benchmarks.md, "Search efficiency"), and the CPU flags their own figures point
+# to: bert-mini and gpt2-tiny ran at ~65-150 GFLOP/s with bf16 1.0-1.6x fp32 (native bf16: AVX512-BF16);
+# llama-tiny's bf16 grid ran at 3.5 GFLOP/s, the emulated rate of an AVX2 CPU (docs/facts.md).
+AVX512_BF16 = frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})
+AVX2 = frozenset({"avx2", "fma"})
+GRID_CPUS = {
+    "bench_grid_cpu.json": (int(1.25 * 2**30), AVX512_BF16),
+    "bench_grid_gpt2_cpu.json": (int(1.6 * 2**30), AVX512_BF16),
+    "bench_grid_llama_cpu.json": (980 * 2**20, AVX2),
+}
+CALIBRATION_TRIALS = 3
+
+
+def cpu(flags: frozenset[str]) -> DeviceSpec:
+    return DeviceSpec("cpu", None, "AMD EPYC (grid)", 24 * 2**30, ("fp32", "bf16"), cpu_flags=flags)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2
+            i = j + 1
+        return result
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+def grid_check(path: Path, flags: frozenset[str], ceiling: int) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    model = resolve_model(data["meta"]["model"])
+    seq_len = int(data["meta"]["seq_len"])
+    device = cpu(flags)
+    prior = speed_prior(device, {}, cpu_cores=2)
+    rows: list[tuple[TrialConfig, StepWork, TrialResult]] = []
+    for row in data["results"]:
+        result = TrialResult.from_dict(row["result"])
+        if result.status not in ("ok", "over_ceiling") or not fits(result.peak_memory_bytes, ceiling):
+            continue
+        config = TrialConfig(**row["params"])
+        rows.append((config, step_work(model, config, seq_len, "cpu", matmul_dtype(config.precision)), result))
+
+    def predicted(fit: SpeedFit) -> list[float]:
+        return [predict_speed(work, fit).model_tflops for _, work, _ in rows]  # type: ignore[union-attr]
+
+    measured = [result.model_tflops for _, _, result in rows]
+    zero = predicted(prior)
+    order = sorted(range(len(rows)), key=lambda i: -zero[i])
+    trials = [(rows[i][1], rows[i][2].step_time_median_s) for i in order[:CALIBRATION_TRIALS]]
+    calibrated_fit = fit_speed(trials, prior)
+    calibrated = predicted(calibrated_fit)
+    best = max(measured)
+    pick = max(range(len(rows)), key=lambda i: calibrated[i])
+    errors = [abs(p - m) / m for p, m in zip(calibrated, measured)]
+    return {
+        "grid": path.name,
+        "model": model.name,
+        "configs": len(rows),
+        "spread": best / min(measured),
+        "spearman_zero": spearman(zero, measured),
+        "spearman_3": spearman(calibrated, measured),
+        "zero_pick_vs_best": measured[order[0]] / best,
+        "pick_vs_best": measured[pick] / best,
+        "pick": rows[pick][0].short(),
+        "median_error_3": sorted(errors)[len(errors) // 2],
+        "fit": calibrated_fit.describe(),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """One published single-GPU figure and the config it was measured with."""
+
+    what: str
+    source: str
+    model: str
+    gpu: str
+    seq_len: int
+    config: TrialConfig
+    tokens_per_s: float | None
+    mfu: float | None
+    peft: str | None = None
+
+
+TORCHTUNE = "torchtune README, 'Memory and training speed' (batch 2, packed to 2048, torch.compile)"
+FOUNDRY = "llm-foundry scripts/train/benchmarking/README.md (8 GPUs, per GPU, bf16 amp, FSDP, flash attention)"
+# The MPT architectures of llm-foundry's yamls (scripts/train/yamls/pretrain/mpt-1b.yaml, mpt-7b.yaml):
+# tied embeddings, no biases, expansion ratio 4, vocabulary 50,368.
+MPT = {
+    "mpt-1b": {"d_model": 2048, "n_heads": 16, "n_layers": 24},
+    "mpt-7b": {"d_model": 4096, "n_heads": 32, "n_layers": 32},
+}
+# torchtune's single-device recipes (recipes/configs/llama3_1/8B_full_single_device.yaml,
+# 8B_lora_single_device.yaml, 8B_qlora_single_device.yaml): bf16 weights, activation checkpointing,
+# paged 8-bit AdamW for the full fine-tune, fused AdamW for the adapters; compiled (the README's note).
+FULL_8B = TrialConfig(
+    micro_batch=2, checkpointing=True, dtype="bf16", weight_dtype="bf16", optim="paged_adamw_8bit", compile="inductor"
+)
+ADAPTERS_8B = dataclasses.replace(FULL_8B, optim="adamw_torch_fused")
+# llm-foundry's MPT runs: amp_bf16 (fp32 master weights), no activation checkpointing, flash attention.
+MPT_RUN = TrialConfig(dtype="bf16", optim="adamw_torch_fused", attn_implementation="sdpa")
+PUBLISHED = (
+    Published("Llama-3.1-8B full", TORCHTUNE, "llama-3.1-8b", "NVIDIA RTX A6000", 2048, FULL_8B, 2579.0, None),
+    Published(
+        "Llama-3.1-8B LoRA", TORCHTUNE, "llama-3.1-8b", "NVIDIA RTX A6000", 2048, ADAPTERS_8B, 4699.0, None, "lora"
+    ),
+    Published(
+        "Llama-3.1-8B QLoRA",
+        TORCHTUNE,
+        "llama-3.1-8b",
+        "NVIDIA GeForce RTX 4090",
+        2048,
+        ADAPTERS_8B,
+        2413.0,
+        None,
+        "qlora",
+    ),
+    Published(
+        "MPT-1B",
+        FOUNDRY,
+        "mpt-1b",
+        "NVIDIA H100 80GB HBM3",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=14),
+        45455.0,
+        0.4182,
+    ),
+    Published(
+        "MPT-7B",
+        FOUNDRY,
+        "mpt-7b",
+        "NVIDIA H100 80GB HBM3",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=6),
+        10643.0,
+        0.4644,
+    ),
+    Published(
+        "MPT-7B",
+        FOUNDRY,
+        "mpt-7b",
+        "NVIDIA A100-SXM4-80GB",
+        2048,
+        dataclasses.replace(MPT_RUN, micro_batch=6, grad_accum=2),
+        4641.0,
+        0.6423,
+    ),
+)
+
+
+def published_model(name: str, workdir: Path):
+    if name not in MPT:
+        return resolve_model(name)
+    directory = workdir / name
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["MptForCausalLM"],
+        "model_type": "mpt",
+        "expansion_ratio": 4,
+        "max_seq_len": 2048,
+        "vocab_size": 50368,
+        "no_bias": True,
+        **MPT[name],
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    return resolve_model(str(directory))
+
+
+def gpu(name: str) -> DeviceSpec:
+    from autotune.spec.devices import KNOWN_GPUS, cuda_dtypes
+
+    known = next((g.device() for g in KNOWN_GPUS if g.nvml_name == name), None)
+    return known or DeviceSpec("cuda", 0, name, 48 * 2**30, cuda_dtypes((8, 6)), compute_capability=(8, 6))
+
+
+def published_check(figure: Published, workdir: Path) -> dict[str, Any]:
+    device = gpu(figure.gpu)
+    model = published_model(figure.model, workdir)
+    if figure.peft is not None:
+        from autotune.spec.peft import with_peft
+
+        model = with_peft(model, figure.peft, device, [])
+    speed = predict_speed(
+        step_work(model, figure.config, figure.seq_len, "cuda", figure.config.precision), speed_prior(device, {})
+    )
+    assert speed is not None
+    row: dict[str, Any] = {
+        "what": figure.what,
+        "gpu": figure.gpu,
+        "published_tokens_per_s": figure.tokens_per_s,
+        "predicted_tokens_per_s": speed.tokens_per_s,
+        "tokens_error": speed.tokens_per_s / figure.tokens_per_s - 1 if figure.tokens_per_s else None,
+        "published_mfu": figure.mfu,
+        "predicted_mfu": speed.mfu,
+        "source": figure.source,
+    }
+    if figure.peft is not None:  # what the published figure implies of the frozen base's 4N
+        row["published_mfu_implied"] = (
+            figure.tokens_per_s * speed.work.model_flops / speed.work.real_tokens / 1e12 / (speed.mfu_peak_tflops or 1)
+        )
+    return row
+
+
+def main() -> None:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args()
+    for name, (ceiling, flags) in GRID_CPUS.items():
+        for label, kind in (("as inferred", flags), ("other CPU kind", AVX2 if flags == AVX512_BF16 else AVX512_BF16)):
+            result = grid_check(DATA / name, kind, ceiling)
+            print(label, json.dumps(result, indent=None, default=str))
+    with tempfile.TemporaryDirectory() as workdir:
+        for figure in PUBLISHED:
+            print(json.dumps(published_check(figure, Path(workdir)), default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The throughput prior (autotune/estimate/_speed.py, _speed_prior.py): its arithmetic against hand-computed
+cases, its monotonicity, its device rates, and its calibration on measured step times."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.estimate import (
+    SpeedFit,
+    estimate_speed,
+    fit_speed,
+    predict_speed,
+    speed_prior,
+    step_work,
+    typical_micro_batch,
+)
+from autotune.estimate._speed import ELEMENTWISE_PASSES, LOSS_BYTES_PER_LOGIT, layer_activation_bytes
+from autotune.estimate._speed_prior import CPU_EMULATED_SLOWDOWN, TRAINING_MATMUL_FRACTION
+from autotune.levers import PADDED, MemoryTraits, TrialConfig, memory_traits
+from autotune.levers.batching import PaddedToLongest
+from autotune.levers.packing import TrlFlattened, TrlPacked
+from autotune.spec.devices import DeviceSpec, known_gpu
+from autotune.spec.flops import hardware_flops_per_sample, model_flops_per_sample
+from autotune.spec.models import resolve_model
+
+AVX2 = DeviceSpec("cpu", None, "test cpu", 8 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset({"avx2", "fma"}))
+AVX512_BF16 = dataclasses.replace(AVX2, cpu_flags=frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}))
+# Round rates for hand-computed cases: 1 TFLOPS at a fraction of 0.5, 1 GB/s, no overhead.
+ROUND = SpeedFit("cpu", {"fp32": 1.0}, {"fp32": 1.0}, "test", 1e9, 1e9, 0.5, 0.0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return resolve_model("bert-mini")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return resolve_model("gpt2-tiny")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return resolve_model("llama-tiny")
+
+
+def test_compute_is_the_hardware_flops_over_the_peak_times_the_fraction(bert):
+    """bert-mini (a classification head: no loss over a vocabulary) at micro-batch 4 of 128 tokens: the
+    compute part is 4 samples' hardware FLOPs (spec/flops.py) over 1 TFLOPS x 0.5."""
+    config = TrialConfig(micro_batch=4, checkpointing=True)
+    estimate = estimate_speed(bert, config, 128, ROUND, "fp32")
+    assert estimate is not None
+    assert estimate.compute_s == pytest.approx(4 * hardware_flops_per_sample(bert, 128, True) / 0.5e12)
+    assert estimate.work.model_flops == pytest.approx(4 * model_flops_per_sample(bert, 128))
+
+
+def test_memory_counts_the_elementwise_passes_the_loss_and_the_optimizer(gpt2):
+    """gpt2-tiny (an LM: the loss over 50,257 logits per token) at micro-batch 2 of 64 tokens, eager, fp32,
+    fused AdamW: every byte of the memory part, by hand."""
+    config = TrialConfig(micro_batch=2, optim="adamw_torch_fused")
+    work = step_work(gpt2, config, 64, "cpu", "fp32")
+    traits = memory_traits(config, "cpu")
+    layer = layer_activation_bytes(gpt2, traits, 64, "cpu")
+    elementwise = gpt2.num_layers * layer * ELEMENTWISE_PASSES
+    loss = LOSS_BYTES_PER_LOGIT * 2 * 64 * gpt2.vocab_size
+    weights = gpt2.num_non_embedding_params * 4 * 3  # fp32 weights read in the forward and twice in the backward
+    optimizer = gpt2.trainable_params * (28 + 3 * 4)  # one fused pass of 7 tensors, gradient clipping's 3
+    assert work.memory_bytes == pytest.approx(elementwise + loss + weights + optimizer)
+    estimate = predict_speed(work, ROUND)
+    assert estimate is not None and estimate.memory_s == pytest.approx(work.memory_bytes / 1e9)
+
+
+def test_a_fused_loss_and_compile_take_memory_traffic_away(gpt2):
+    plain = step_work(gpt2, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    compiled = step_work(gpt2, TrialConfig(micro_batch=4, compile="inductor"), 64, "cpu", "fp32")
+    assert compiled.memory_bytes < plain.memory_bytes and compiled.launches < plain.launches
+    fused = step_work(dataclasses.replace(gpt2, fused_lm_head=True), TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    assert plain.memory_bytes - fused.memory_bytes == pytest.approx(LOSS_BYTES_PER_LOGIT * 4 * 64 * gpt2.vocab_size)
+
+
+def test_lora_costs_four_n_for_the_frozen_base(llama):
+    from autotune.spec.peft import with_peft
+
+    lora = with_peft(llama, "lora", AVX2, [])
+    full = step_work(llama, TrialConfig(micro_batch=1), 32, "cpu", "fp32")
+    adapted = step_work(lora, TrialConfig(micro_batch=1), 32, "cpu", "fp32")
+    saved = 2 * llama.num_non_embedding_params - 6 * lora.peft.adapter_params  # type: ignore[union-attr]
+    assert full.matmul_flops - adapted.matmul_flops == pytest.approx(32 * saved)
+
+
+def test_gradient_accumulation_shares_the_optimizer_step(bert):
+    one = step_work(bert, TrialConfig(micro_batch=8, grad_accum=1), 128, "cpu", "fp32")
+    four = step_work(bert, TrialConfig(micro_batch=8, grad_accum=4), 128, "cpu", "fp32")
+    assert four.samples == 4 * one.samples and four.matmul_flops == pytest.approx(4 * one.matmul_flops)
+    assert four.memory_bytes < 4 * one.memory_bytes  # one optimizer step for the four micro-batches
+
+
+DEVICES = [AVX2, AVX512_BF16, known_gpu("h100-sxm").device(), known_gpu("a10g").device()]
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.name if d.kind == "cuda" else sorted(d.cpu_flags)[-1])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_more_recompute_is_never_faster_and_a_bigger_micro_batch_never_less_utilised(device, name, request):
+    model = request.getfixturevalue(name)
+    fit = speed_prior(device, {})
+    dtype = "bf16" if "bf16" in device.supported_dtypes else "fp32"
+    for optim in ("adamw_torch", "adafactor"):
+        utilisation = 0.0
+        for micro_batch in (1, 2, 4, 8, 16, 32):
+            config = TrialConfig(micro_batch=micro_batch, dtype=dtype, optim=optim)
+            plain = estimate_speed(model, config, 128, fit, dtype)
+            recomputed = estimate_speed(model, dataclasses.replace(config, checkpointing=True), 128, fit, dtype)
+            assert plain is not None and recomputed is not None
+            assert recomputed.step_s > plain.step_s
+            assert plain.model_tflops >= utilisation
+            utilisation = plain.model_tflops
+
+
+def test_the_cpu_prior_ranks_bf16_by_its_matmul_hardware(bert):
+    config = TrialConfig(micro_batch=16)
+    for device, bf16_faster in ((AVX2, False), (AVX512_BF16, True)):
+        fit = speed_prior(device, {}, cpu_cores=2)
+        fp32 = estimate_speed(bert, config, 128, fit, "fp32")
+        bf16 = estimate_speed(bert, dataclasses.replace(config, dtype="bf16"), 128, fit, "bf16")
+        assert fp32 is not None and bf16 is not None
+        assert (bf16.samples_per_s > fp32.samples_per_s) is bf16_faster
+    assert speed_prior(AVX2, {}).peaks_tflops["bf16"] == pytest.approx(
+        speed_prior(AVX2, {}).peaks_tflops["fp32"] / CPU_EMULATED_SLOWDOWN
+    )
+
+
+def test_measured_peaks_win_and_are_what_mfu_is_against_on_a_cpu():
+    fit = speed_prior(AVX2, {"fp32": 0.1, "bf16": 0.002}, measured_bandwidth_gb_s=12.0)
+    assert fit.peaks_tflops == {"fp32": 0.1, "bf16": 0.002} and fit.mfu_peaks_tflops == fit.peaks_tflops
+    assert fit.bandwidth_bytes_per_s == 12e9 and fit.peak_source == "measured"
+    assert speed_prior(AVX2, {}).mfu_peaks_tflops == {}  # no MFU against a nominal figure
+
+
+def test_a_gpu_prior_is_its_datasheet_and_an_unknown_gpu_predicts_nothing(bert):
+    h100 = known_gpu("h100-sxm").device()
+    fit = speed_prior(h100, {})
+    assert fit.peaks_tflops["bf16"] == pytest.approx(795.0)  # 989 x the measured matmul share 795/989
+    assert fit.mfu_peaks_tflops["bf16"] == 989.0 and fit.bandwidth_bytes_per_s == 3350e9
+    assert fit.achievable_fraction == TRAINING_MATMUL_FRACTION
+    unknown = dataclasses.replace(h100, name="NVIDIA Mystery GPU")
+    assert estimate_speed(bert, TrialConfig(), 128, speed_prior(unknown, {}), "bf16") is None
+
+
+def test_typical_micro_batches_by_hand():
+    lengths = [10, 30, 20, 40]  # mean 25, token-weighted mean (100 + 900 + 400 + 1600) / 100 = 30
+    padded = typical_micro_batch(MemoryTraits(rows=2, batching=PADDED), 64, lengths)
+    assert (padded.samples, padded.computed_tokens, padded.real_tokens, padded.model_context) == (2, 128, 50, 30)
+    longest = typical_micro_batch(MemoryTraits(rows=2, batching=PaddedToLongest()), 64, lengths)
+    assert longest.computed_tokens == 2 * (30 + 40) / 2 and longest.attended_context == 35
+    flat = typical_micro_batch(MemoryTraits(rows=2, batching=TrlFlattened()), 64, lengths)
+    assert flat.computed_tokens == 50 and flat.attended_context == 50  # a mask-based kernel attends the whole row
+    varlen = typical_micro_batch(MemoryTraits(rows=2, batching=TrlFlattened(), reads_boundaries=True), 64, lengths)
+    assert varlen.attended_context == 30
+    packed = typical_micro_batch(MemoryTraits(rows=2, batching=TrlPacked(), reads_boundaries=True), 64, lengths)
+    assert packed.computed_tokens == 128 and packed.samples == pytest.approx(128 / 25)
+    synthetic = typical_micro_batch(MemoryTraits(rows=2, batching=PADDED), 64)
+    assert (synthetic.samples, synthetic.real_tokens, synthetic.model_context) == (2, 128, 64)
+
+
+def test_fit_speed_recovers_the_fraction_and_the_overhead(bert):
+    """Step times made by the model itself at a fraction of 0.3 and 40 ms per step: the fit finds both."""
+    prior = speed_prior(AVX512_BF16, {}, cpu_cores=2)
+    truth = dataclasses.replace(prior, achievable_fraction=0.3, step_overhead_s=0.04)
+    measured = []
+    for micro_batch in (4, 16, 64):
+        work = step_work(bert, TrialConfig(micro_batch=micro_batch), 128, "cpu", "fp32")
+        measured.append((work, predict_speed(work, truth).step_s))  # type: ignore[union-attr]
+    fitted = fit_speed(measured, prior)
+    assert fitted.achievable_fraction == pytest.approx(0.3)
+    assert fitted.step_overhead_s == pytest.approx(0.04)
+    assert fitted.points == 3 and fitted.max_relative_error == pytest.approx(0.0, abs=1e-9)
+    assert "calibrated on 3" in fitted.describe()
+    one = fit_speed(measured[:1], prior)  # one trial: the fraction alone, the prior's overhead kept
+    assert one.step_overhead_s == prior.step_overhead_s and one.achievable_fraction != prior.achievable_fraction
+    assert fit_speed([], prior) is prior
