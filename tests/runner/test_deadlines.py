@@ -77,4 +77,7 @@ def test_the_compile_timeout_option_is_checked_like_the_trial_timeout(tmp_path):
         "search", "--model", "bert-tiny", "--device", "cpu", "--compile-timeout", "0", cwd=tmp_path
     )
     assert result.returncode == 2
-    assert result.stderr.strip() == "autotune: error: --compile-timeout 0.0: give a number of seconds above 0, up to and including 86,400"
+    assert (
+        result.stderr.strip()
+        == "autotune: error: --compile-timeout 0.0: give a number of seconds above 0, up to and including 86,400"
+    )
