@@ -339,23 +339,34 @@ def chat_corpus(
 
 def main() -> None:
     """Console entry point: user errors, and Click's errors in reading the command line, become one line on
-    stderr and exit status 2."""
+    stderr and exit status 2; what the libraries it imports print, warn or log goes to the debug log
+    (``autotune.quiet``)."""
     import optuna
 
+    from autotune.quiet import library_output_to_debug_log
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with library_output_to_debug_log():
+        sys.exit(_run())
+
+
+def _run() -> int:
+    """The command the command line names, run; its exit status."""
+    import optuna
+
     try:
         # Not standalone: Click's parse errors come here instead of its usage box; an Exit's status comes back.
         status = app(standalone_mode=False)
     except _click_exception() as exc:
         if type(exc).__name__ != "NoArgsIsHelpError":  # `autotune` alone prints the help, then exits 2
             _print_error(_usage_error(exc, sys.argv[1:]))
-        sys.exit(getattr(exc, "exit_code", 2))
+        return int(getattr(exc, "exit_code", 2))
     except typer.Abort:
         err_console.print("Aborted!")
-        sys.exit(1)
+        return 1
     except AutotuneError as exc:
         _print_error(str(exc))
-        sys.exit(2)
+        return 2
     except optuna.exceptions.StorageInternalError as exc:
         # A full disk or a lost database at ask, at the start of a trial: nothing measured is at stake
         # (a failed tell keeps its result, see study._record.tell_or_keep).
@@ -365,8 +376,8 @@ def main() -> None:
             f"the study storage failed ({storage_failure(exc)}); free space or fix the database, "
             f"then run the same command again"
         )
-        sys.exit(2)
-    sys.exit(status if isinstance(status, int) else 0)
+        return 2
+    return status if isinstance(status, int) else 0
 
 
 def _print_error(message: str) -> None:
