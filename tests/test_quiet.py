@@ -136,6 +136,7 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
         '"train_batch_size": "auto", "zero_optimization": {"stage": 7}}}'
     )
     (root / "sft.json").write_text('{"dataset_num_proc": "many"}')  # a field of TRL's SFTConfig only
+    (root / "learning_rate.json").write_text('{"learning_rate": 0.0001}')
     write_jsonl(str(root / "chat.jsonl"), 16, 0, "messages", 1.0)
     (root / "user_callbacks.py").write_text("import bitsandbytes  # a user's module imports a library\n")
     search = ["search", "--model", "bert-tiny", "--space", TINY_SPACE, "--seq-len", "32", "--trials", "1"]
@@ -168,6 +169,22 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
             ],
             "dataset_num_proc 'many'",
         ),
+        "--trainer sft, good --base-args, too few rows (SFTConfig built: transformers 5.24's FutureWarning)": (
+            [
+                "search",
+                "--model",
+                "llama-tiny",
+                "--dataset",
+                str(root / "chat.jsonl"),
+                "--seq-len",
+                "32",
+                "--trials",
+                "1",
+                "--base-args",
+                str(root / "learning_rate.json"),
+            ],
+            "less than one global batch",
+        ),
         "--callback not found (TrainerCallback, a user's module)": (
             [*search, "--callback", "user_callbacks:NoSuchCallback"],
             "has no TrainerCallback class named NoSuchCallback",
@@ -197,6 +214,17 @@ def test_bad_input_is_one_line_whatever_the_libraries_it_imports_say(tmp_path):
     for name in SHADOWED:
         for line in chatter_lines(name):
             assert line in logged, (name, line)
+    if _deprecates_gradient_checkpointing():  # SFTConfig sets it: every SFTConfig built warns
+        assert "`gradient_checkpointing` is deprecated" in logged
+
+
+def _deprecates_gradient_checkpointing() -> bool:
+    """transformers 5.24 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` and warns of the old name."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    return "activation_checkpointing" in {field.name for field in dataclasses.fields(TrainingArguments)}
 
 
 @pytest.mark.slow
