@@ -233,7 +233,8 @@ def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
     stderr says what the command waits for and for how long at most.
 
     Raises:
-        AutotuneError: The lock was still held after ``wait_s`` seconds.
+        AutotuneError: The lock was still held after ``wait_s`` seconds, or the file is not a whole SQLite
+            database (random bytes, a file cut short): the probe reads its header and schema first.
     """
     path = Path(sqlite_file(url))
     if str(path) in ("", ":memory:"):
