@@ -193,3 +193,96 @@ def test_not_writable_database_for_a_normal_user(tmp_path):
     assert [line for line in completed.stderr.splitlines() if line.strip()] == [
         f"autotune: error: --storage: cannot create {locked / 'study.db'} (is {locked} an existing, writable directory?)"
     ]
+
+
+# --- the command line itself: Click's parse errors, every option of every command -------------------------
+
+
+def _commands() -> dict[str, object]:
+    """Each command of the real ``autotune`` app as Click runs it (Typer's public ``get_command``)."""
+    import typer.main
+
+    from autotune.cli import app
+
+    return dict(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def _typed_options() -> list[tuple[str, str, type]]:
+    """(command, option, declared type) for every option declared ``int`` or ``float``, read from each
+    command function's own annotations."""
+    import typing
+
+    from autotune.cli import app
+
+    found = []
+    for info in app.registered_commands:
+        command = info.name or info.callback.__name__.replace("_", "-")
+        hints = typing.get_type_hints(info.callback)
+        for param in _commands()[command].params:
+            declared = {t for t in typing.get_args(hints[param.name]) or (hints[param.name],)} - {type(None)}
+            if declared in ({int}, {float}):
+                found.append((command, max(param.opts, key=len), declared.pop()))
+    return found
+
+
+def _required_arguments(command: str) -> list[str]:
+    """The command's required options, each with a value of its type (parsing stops at the bad one first)."""
+    return [arg for param in _commands()[command].params if param.required for arg in (param.opts[0], "1")]
+
+
+TYPED_OPTIONS = _typed_options()
+
+
+def test_the_typed_options_are_found():
+    found = {(command, option) for command, option, _ in TYPED_OPTIONS}
+    assert {
+        ("search", "--global-batch"),
+        ("search", "--prune-ratio"),
+        ("best", "--top"),
+        ("dashboard", "--port"),
+    } <= found
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "declared"), TYPED_OPTIONS, ids=[f"{c} {o}" for c, o, _ in TYPED_OPTIONS]
+)
+def test_a_value_not_of_its_options_type_is_one_line(tmp_path, command, option, declared):
+    """``--global-batch 2.5``: one line naming the option, the value and what it must be, not Click's usage box."""
+    value, words = ("2.5", "a whole number") if declared is int else ("fast", "a number")
+    for given in ([option, value], [f"{option}={value}"]):
+        completed = run_cli_in_process(command, *_required_arguments(command), *given, cwd=tmp_path)
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.splitlines() == [f"autotune: error: {option}: '{value}' is not {words}"]
+        assert completed.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["search", "--model", "x", "--no-such"], "No such option: --no-such"),
+        (["search"], "Missing option '--model'"),
+        (["best", "--top"], "Option '--top' requires an argument"),
+        (["search", "--model", "x", "--screen", "maybe"], "Got unexpected extra argument(s) (maybe)"),
+        (["serch"], "No such command 'serch'"),
+    ],
+    ids=["unknown option", "missing option", "missing value", "extra argument", "unknown command"],
+)
+def test_every_other_command_line_error_is_one_line(tmp_path, args, line):
+    completed = run_cli_in_process(*args, cwd=tmp_path)
+    command = f"autotune {args[0]}" if args[0] != "serch" else "autotune"
+    assert completed.returncode == 2, completed.stderr
+    [error] = completed.stderr.splitlines()
+    assert error.startswith(f"autotune: error: {line}") and error.endswith(f"; `{command} --help` lists the options")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["search", "--help"], ["chat-corpus", "--help"]])
+def test_help_still_prints_and_exits_0(tmp_path, args):
+    completed = run_cli_in_process(*args, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "Usage:" in completed.stdout and completed.stderr == ""
+
+
+def test_no_command_prints_the_help_and_exits_2(tmp_path):
+    completed = run_cli_in_process(cwd=tmp_path)
+    assert completed.returncode == 2
+    assert "Usage:" in completed.stdout and "Commands" in completed.stdout

@@ -201,8 +201,28 @@ def require_sqlite_file(storage_url: str) -> None:
 
 def sqlite_file(storage_url: str) -> str:
     """The file of a ``sqlite:///`` URL: its path without the query, which SQLAlchemy hands to the driver
-    (sqlalchemy/engine/url.py, ``make_url``: the database ends at ``?``)."""
-    return storage_url.removeprefix("sqlite:///").partition("?")[0]
+    (sqlalchemy/engine/url.py, ``make_url``: the database ends at ``?``).
+
+    With ``uri=true`` SQLAlchemy hands the database to SQLite as a URI (sqlalchemy/dialects/sqlite/pysqlite.py,
+    ``create_connect_args``), and SQLite reads a name that starts with ``file:`` as one: its path
+    percent-decoded, ``mode=memory`` no file at all (https://www.sqlite.org/uri.html). So
+    ``sqlite:///file:/data/study.db?mode=ro&uri=true``, SQLite's read-only open, names ``/data/study.db``.
+    """
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from sqlalchemy.util import asbool
+
+    database, _, query = storage_url.removeprefix("sqlite:///").partition("?")
+    parameters = {key: values[-1] for key, values in parse_qs(query).items()}
+    try:
+        as_uri = asbool(parameters.get("uri", False))
+    except ValueError:
+        as_uri = False  # not a boolean: the driver refuses it when the storage is opened
+    if not (as_uri and database.startswith("file:")):
+        return database
+    if parameters.get("mode") == "memory":
+        return ":memory:"
+    return unquote(urlsplit(database).path)
 
 
 def storage_files(storage_url: str) -> tuple[str, ...]:
@@ -226,7 +246,8 @@ def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
     stderr says what the command waits for and for how long at most.
 
     Raises:
-        AutotuneError: The lock was still held after ``wait_s`` seconds.
+        AutotuneError: The lock was still held after ``wait_s`` seconds, or the file is not a whole SQLite
+            database (random bytes, a file cut short): the probe reads its header and schema first.
     """
     path = Path(sqlite_file(url))
     if str(path) in ("", ":memory:"):
@@ -239,17 +260,22 @@ def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
             target = path.resolve().as_uri() + ("" if write else "?mode=ro")
             connection = sqlite3.connect(target, uri=True, timeout=SQLITE_LOCK_NOTICE_S)
             try:
-                if write:
-                    connection.execute("BEGIN IMMEDIATE")
-                    connection.rollback()
-                else:
-                    connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                missing = _header_fault(connection, path)
+                connection.rollback()
             finally:
                 connection.close()
-            return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 return  # not a lock: opening the storage says what is wrong
+        except sqlite3.DatabaseError as exc:
+            # Random bytes ("file is not a database") or a file cut short ("database disk image is
+            # malformed"): SQLite reads its header and schema on the first statement, here.
+            raise AutotuneError(_unreadable(path, str(exc))) from None
+        else:
+            if missing:
+                raise AutotuneError(_unreadable(path, missing))
+            return
         if time.monotonic() >= deadline:
             raise AutotuneError(
                 f"--storage {redact(url)}: another process has held a lock on this database for {wait_s:g} s (a search "
@@ -263,6 +289,33 @@ def _wait_for_sqlite_lock(url: str, wait_s: float, write: bool) -> None:
                 flush=True,
             )
             said = True
+
+
+def _header_fault(connection: sqlite3.Connection, path: Path) -> str:
+    """Why the file holds less than its header records (``""`` if it does not), read inside the probe's
+    transaction, where no writer changes the file.
+
+    A file cut inside its last page reads without an error from SQLite, which takes the missing bytes
+    for zeros (its pager zero-fills a short read), and hands the study's JSON back cut. The header
+    records the database's size in pages (https://www.sqlite.org/fileformat.html, "In-header database
+    size"); in WAL mode pages also live in the ``-wal`` file, so the comparison is the rollback
+    journal's only.
+    """
+    connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the header and the schema read
+    (mode,) = connection.execute("PRAGMA journal_mode").fetchone()
+    (pages,) = connection.execute("PRAGMA page_count").fetchone()
+    (page_size,) = connection.execute("PRAGMA page_size").fetchone()
+    size = path.stat().st_size
+    if size == 0 or str(mode).lower() == "wal" or size >= pages * page_size:
+        return ""  # an empty file is an empty database (SQLite counts the page it would write first)
+    return f"truncated: {size} bytes of the {pages * page_size} its header records"
+
+
+def _unreadable(path: Path, reason: str) -> str:
+    return (
+        f"{path} is not a readable study database ({reason}): pass the --storage of a study autotune wrote, "
+        "or restore this file from a backup"
+    )
 
 
 def _check_sqlite_writable(path: str) -> None:

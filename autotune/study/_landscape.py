@@ -89,8 +89,16 @@ class Posterior:
     cov: np.ndarray
 
     def draw(self, rng: np.random.RandomState) -> np.ndarray:
-        """One set of effects drawn from the posterior (Thompson sampling's one landscape)."""
-        return rng.multivariate_normal(self.mean, self.cov, check_valid="ignore")
+        """One set of effects drawn from the posterior (Thompson sampling's one landscape).
+
+        Through the covariance's Cholesky factor, the one lower-triangular factor with a positive diagonal
+        (every posterior here is positive definite: the prior's precision is added). NumPy's
+        ``RandomState.multivariate_normal`` factors it by SVD instead, whose vectors are not unique where
+        eigenvalues repeat (the prior's ``sd² I``, indicator features of equal counts): a seeded study
+        drew other landscapes on another CPU (OpenBLAS's AVX512 kernels against its AVX2 ones). The
+        same count of normal draws, so the generator's stream moves on as before.
+        """
+        return self.mean + np.linalg.cholesky(self.cov) @ rng.standard_normal(len(self.mean))
 
 
 def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float, noise_sd: float) -> Posterior:
@@ -98,7 +106,7 @@ def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float, noise_sd: fl
     width = features.shape[1]
     precision = features.T @ features / noise_sd**2 + np.eye(width) / prior_sd**2
     cov = np.linalg.inv(precision)
-    cov = (cov + cov.T) / 2  # symmetric to rounding, as multivariate_normal wants it
+    cov = (cov + cov.T) / 2  # symmetric to rounding, as a covariance is
     return Posterior(mean=cov @ features.T @ targets / noise_sd**2, cov=cov)
 
 

@@ -58,11 +58,13 @@ def open_study(
         _set_up(study, request)
         return study
     check_identity(study, request.identity())
+    # The ceiling before the space: the memory prior narrows the space under the ceiling, so a run that
+    # changed only the ceiling often plans another space too, and the ceiling is what the user changed.
+    check_same_ceiling(study, request.ceiling_bytes)
     if study.user_attrs.get(schema.STUDY_SPACE) != request.space.choices:
         raise AutotuneError(
             f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
         )
-    check_same_ceiling(study, request.ceiling_bytes)
     record_search_options(study, request)
     requeue_failed_seeds(study)
     return study

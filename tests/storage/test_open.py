@@ -1,6 +1,7 @@
 """Opening a study storage (autotune.storage._open): a SQLite file another process keeps locked is waited
 for with one line that says so, for a bounded time, by every command; a real lock held by a real sqlite3
-connection."""
+connection. A file that is not a whole SQLite database is one line for every command that opens one, and
+SQLite's own URI form (read-only) is read."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import optuna
 import pytest
 
 from autotune.storage import open_storage
-from autotune.storage._open import SQLITE_READ_TIMEOUT_S
-from tests.support.bad_input import create_study
-from tests.support.cli import run_cli
+from autotune.storage._open import SQLITE_READ_TIMEOUT_S, sqlite_file
+from tests.support.bad_input import TINY_SPACE, assert_one_error_line, create_study
+from tests.support.cli import run_cli, run_cli_in_process
 
 
 @contextlib.contextmanager
@@ -85,3 +86,79 @@ def test_a_call_while_the_postgres_server_restarts_waits_for_it(postgres_server,
     notice = capsys.readouterr().err.splitlines()
     assert len(notice) == 1 and notice[0].startswith("autotune: the study's database is not answering (")
     assert "Connection refused" in notice[0] and postgres_server.password not in notice[0]
+
+
+# --- a file that is not a whole SQLite database ------------------------------------------------------------
+
+
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 64)
+
+
+def _cut_at_a_page(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: 2 * 4096])  # a copy interrupted, a disk that filled while copying
+
+
+def _cut_inside_its_last_page(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-300])  # SQLite itself reads this one: zeros for the missing bytes
+
+
+DAMAGES = {
+    "random bytes": (_random_bytes, "(file is not a database)"),
+    "cut at a page": (_cut_at_a_page, "(database disk image is malformed)"),
+    "cut inside its last page": (_cut_inside_its_last_page, "(truncated: "),
+}
+STORAGE_COMMANDS = {
+    "search": ["search", "--model", "bert-tiny", "--space", TINY_SPACE, "--seq-len", "32", "--trials", "1"],
+    "best": ["best"],
+    "export": ["export", "--out", "best.json"],
+    "report": ["report", "--out", "report.html"],
+    "dashboard": ["dashboard", "--port", "0"],
+    "estimate": ["estimate", "--model", "bert-tiny", "--space", TINY_SPACE, "--seq-len", "32"],
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("command", STORAGE_COMMANDS)
+def test_a_damaged_study_file_is_one_line_for_every_command_that_opens_it(tmp_path, command, damage):
+    path = tmp_path / "study.db"
+    create_study(f"sqlite:///{path}", "damaged", 1024**3)
+    spoil, reason = DAMAGES[damage]
+    spoil(path)
+    damaged = path.read_bytes()
+    completed = run_cli_in_process(*STORAGE_COMMANDS[command], "--storage", f"sqlite:///{path}", cwd=tmp_path)
+    assert_one_error_line(completed, f"{path} is not a readable study database {reason}")
+    assert path.read_bytes() == damaged  # left as it was, for the user to restore or inspect
+    assert not list(tmp_path.glob("best.json")) + list(tmp_path.glob("report.html"))
+
+
+@pytest.mark.parametrize(
+    ("url", "file"),
+    [
+        ("sqlite:///study.db", "study.db"),
+        ("sqlite:////data/study.db?timeout=5", "/data/study.db"),
+        ("sqlite:///file:/data/study.db?mode=ro&uri=true", "/data/study.db"),
+        ("sqlite:///file:///data/my%20study.db?uri=1&mode=ro", "/data/my study.db"),
+        ("sqlite:///file:study.db?mode=ro&uri=true", "study.db"),
+        ("sqlite:///file:study.db?mode=ro", "file:study.db"),  # no uri=true: SQLite takes the name as it is
+        ("sqlite:///file:shared?mode=memory&cache=shared&uri=true", ":memory:"),
+    ],
+)
+def test_the_file_of_a_sqlite_url_is_the_one_sqlite_opens(url, file):
+    assert sqlite_file(url) == file
+
+
+@pytest.mark.parametrize("form", ["file:{path}", "file://{path}", "file:study.db"])
+def test_sqlites_read_only_uri_is_read(tmp_path, form):
+    """``sqlite:///file:PATH?mode=ro&uri=true`` (SQLite's read-only open, through SQLAlchemy) reads the study."""
+    path = tmp_path / "study.db"
+    create_study(f"sqlite:///{path}", "read-only", 1024**3)
+    before = path.read_bytes()
+    storage = f"sqlite:///{form.format(path=path)}?mode=ro&uri=true"
+    completed = run_cli_in_process("best", "--all", "--storage", storage, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert "All trials of read-only" in completed.stdout
+    assert path.read_bytes() == before
+    missing = run_cli_in_process("best", "--storage", storage.replace("study.db", "other.db"), cwd=tmp_path)
+    assert_one_error_line(missing, "no such database file")
+    assert not (tmp_path / "other.db").exists()

@@ -320,3 +320,44 @@ def test_the_first_proposals_after_the_seeds_are_the_predicted_fastest_configs_t
     run_search(study, request, SearchBudget(trials=3), run_trial=runner)
     assert runner.ran == sorted(fitting, key=lambda c: -predicted[c])[:3]
     assert all(c.dtype == "bf16" for c in runner.ran)
+
+
+# The same posterior and seed, drawn under two of OpenBLAS's kernel sets, both of which run on every
+# x86-64 CPU this project's machines have had (AVX2 ones, AVX512-BF16 ones): OPENBLAS_CORETYPE picks the
+# set in a DYNAMIC_ARCH build (NumPy's wheels: numpy.show_config()), the machine's stand-in here.
+_DRAW_ANOTHER_WAY = """
+import json, numpy as np
+from autotune.study._landscape import KnobEncoding, fit
+from optuna.distributions import CategoricalDistribution
+encoding = KnobEncoding({"micro_batch": CategoricalDistribution([1, 2, 4, 8]),
+                         "dtype": CategoricalDistribution(["fp32", "bf16"]),
+                         "optim": CategoricalDistribution(["adamw_torch", "adafactor", "sgd"])})
+configs = [{"micro_batch": mb, "dtype": dt, "optim": op} for mb, dt, op in
+           [(1, "fp32", "sgd"), (2, "bf16", "adamw_torch"), (8, "fp32", "adafactor"), (4, "bf16", "sgd")]]
+posterior = fit(encoding.matrix(configs), np.array([0.1, 0.4, 0.7, 0.5]), 0.5, 0.05)
+print(json.dumps([posterior.draw(np.random.RandomState(seed)).tolist() for seed in range(4)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_seeded_draw_is_the_same_whatever_the_cpus_blas_kernels():
+    """A seeded study proposes the same configs on every CPU: its posterior draws do not depend on the BLAS
+    kernels the CPU gets (multivariate_normal's SVD did: another basis where eigenvalues repeat)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    draws = {}  # (a NumPy on another BLAS ignores OPENBLAS_CORETYPE: the two are the same run)
+    for kernels in ("Haswell", "Prescott"):
+        done = subprocess.run(
+            [sys.executable, "-c", _DRAW_ANOTHER_WAY],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OPENBLAS_CORETYPE": kernels},
+            cwd=Path(__file__).resolve().parent.parent.parent,
+        )
+        assert done.returncode == 0, done.stderr
+        draws[kernels] = np.array(json.loads(done.stdout))
+    np.testing.assert_allclose(draws["Haswell"], draws["Prescott"], rtol=1e-9, atol=1e-12)

@@ -70,6 +70,20 @@ def test_open_study_refuses_another_setup_and_another_ceiling(sqlite_url, tiny_w
     )  # nothing added by a refused run
 
 
+def test_a_resume_under_another_ceiling_names_the_ceiling_even_where_the_space_changed_with_it(
+    sqlite_url, tiny_workload
+):
+    """A lower ceiling narrows the planned space (the memory prior drops what it predicts cannot fit,
+    more or less of it on each CPU): the answer names what the user changed, the ceiling."""
+    open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(ceiling_bytes=2 * GiB)))
+    narrowed = SearchSpace(choices={"micro_batch": [8], "pin_memory": [False]})
+    with pytest.raises(AutotuneError) as refused:
+        open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(ceiling_bytes=GiB), narrowed))
+    assert "was searched under a memory ceiling of 2.00 GiB, this run asks 1.00 GiB" in str(refused.value)
+    with pytest.raises(AutotuneError, match="was searched over another space"):  # the space alone still says so
+        open_study(open_storage(sqlite_url), "resumed", request_of(tiny_workload(ceiling_bytes=2 * GiB), narrowed))
+
+
 def test_a_study_made_outside_autotune_is_set_up_when_autotune_first_opens_it(sqlite_url, tiny_workload):
     made_by_hand = optuna.create_study(study_name="by-hand", storage=sqlite_url, direction="maximize")
     made_by_hand.enqueue_trial({"micro_batch": 8, "pin_memory": False})  # no setup mark, no identity
