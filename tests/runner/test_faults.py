@@ -70,6 +70,8 @@ def run_trial(study: optuna.Study, request) -> optuna.trial.FrozenTrial:
 def assert_consistent(study: optuna.Study) -> None:
     """No trial left RUNNING; every finished trial carries its result; states match statuses; the
     row the live table and `autotune best --all` show says the status and the reason."""
+    from rich.text import Text
+
     from autotune.views.search_display import trial_cells
 
     for trial in study.get_trials():
@@ -80,7 +82,8 @@ def assert_consistent(study: optuna.Study) -> None:
         assert result is not None, f"trial {trial.number} has no result"
         assert trial.user_attrs["status"] == result.status
         cells = trial_cells(trial.number, TrialConfig.from_params(trial.params), result)
-        assert result.status in cells[1] and result.error[:40] in cells[-1]
+        # The cells are Rich markup, a trial's error escaped in them (views.text.for_rich): read as shown.
+        assert result.status in cells[1] and result.error[:40] in Text.from_markup(cells[-1]).plain
         if result.status in ("crash", "timeout", "error", "interrupted"):
             assert trial.state == TrialState.FAIL and result.error
         elif result.status in ("oom", "over_ceiling"):
