@@ -123,12 +123,17 @@ def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -
 
 def moved_from(config: TrialConfig, params: Mapping[str, Any], device: DeviceSpec) -> dict[str, Any]:
     """The levers ``params`` (``config`` snapped to a space) hold at another value than ``config``, each
-    with ``config``'s value; not those whose value changes nothing on the device."""
+    with ``config``'s value; not those whose value changes nothing on the device, nor those ``config``
+    leaves to the library (``None``: TRL's ``SFTConfig`` names no ``attn_implementation``, and the model's
+    own default, SDPA, is what the space's ``sdpa`` runs; seen calling TRL's default "the nearest config")."""
     wanted = config.to_params()
     return {
         name: wanted[name]
         for name, value in params.items()
-        if name in wanted and value != wanted[name] and not LEVERS[name].no_effect_on(wanted[name], device)
+        if name in wanted
+        and wanted[name] is not None
+        and value != wanted[name]
+        and not LEVERS[name].no_effect_on(wanted[name], device)
     }
 
 
