@@ -19,7 +19,3 @@ from __future__ import annotations
 import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-from autotune.quiet import process_output_to_debug_log  # noqa: E402 - Ctrl-C ignored first
-
-process_output_to_debug_log()
