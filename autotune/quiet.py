@@ -17,9 +17,9 @@ Where it goes:
   root logger; what a library prints or logs through a handler of its own while it is imported, through
   an import hook (:class:`_QuietImports`), which gives a library's modules its
   ``sys.stdout`` and ``sys.stderr`` while they execute, so a handler made then keeps writing there.
-- In the forkserver that starts the trials: nowhere yet. Its stdout and stderr made the debug log's
-  (``os.dup2``) hid the lines the tests of a Ctrl-C and of a killed forkserver read (CI's fresh clone,
-  2026-11-28), so it was taken back: what its preloads log (bitsandbytes' line) can still reach the terminal.
+- In the forkserver that starts the trials (:func:`process_output_to_debug_log`, only where
+  :func:`in_forkserver_preload`): its stdout and stderr are the debug log; it imports torch and
+  transformers and writes nothing of autotune's.
 - In a trial: the trial's log, ``child.log`` (``runner/_child.py``, ``redirect_output``).
 
 ``AUTOTUNE_DEBUG=1`` leaves each library's output where the library sends it (the terminal).
@@ -86,6 +86,37 @@ def library_output_to_debug_log() -> Iterator[None]:
             sys.meta_path.remove(finder)
         logging.captureWarnings(False)
         root.removeHandler(handler)
+
+
+def in_forkserver_preload() -> bool:
+    """Whether this process is multiprocessing's forkserver importing its preload modules: its
+    ``main`` (``multiprocessing/forkserver.py``) is on the stack."""
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "main" and code.co_filename.endswith(os.path.join("multiprocessing", "forkserver.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def process_output_to_debug_log() -> None:
+    """This process's stdout and stderr, as files, become the debug log (the forkserver's: it prints
+    nothing of autotune's, and every trial it starts writes to its own log)."""
+    if shown():
+        return
+    path = debug_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return  # no debug log to be had: the output stays where it was
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class _DebugLog(logging.handlers.RotatingFileHandler):

@@ -15,6 +15,8 @@ import inspect
 import io
 import itertools
 import logging
+import os
+import subprocess
 import sys
 import threading
 import types
@@ -223,3 +225,23 @@ def _deprecates_gradient_checkpointing() -> bool:
     from transformers import TrainingArguments
 
     return "activation_checkpointing" in {field.name for field in dataclasses.fields(TrainingArguments)}
+
+
+@pytest.mark.slow
+def test_the_forkservers_output_goes_to_the_debug_log(tmp_path):
+    """What the libraries the forkserver preloads say would land in the middle of the search's table."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from autotune.quiet import process_output_to_debug_log; process_output_to_debug_log(); "
+            "print('preloaded'); print('preloaded too', file=sys.stderr)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, DEBUG_LOG_ENV: str(tmp_path / "debug.log")},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == "" and completed.stderr == ""
+    assert "preloaded\npreloaded too\n" in (tmp_path / "debug.log").read_text()

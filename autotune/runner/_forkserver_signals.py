@@ -19,3 +19,10 @@ from __future__ import annotations
 import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from autotune.quiet import in_forkserver_preload, process_output_to_debug_log  # noqa: E402 - Ctrl-C ignored first
+
+# Only in the forkserver itself: a process that imports this module for another reason (the memory
+# baseline's measuring interpreter, a test's probe) keeps its own output.
+if in_forkserver_preload():
+    process_output_to_debug_log()
