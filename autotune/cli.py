@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -18,6 +16,7 @@ from rich.console import Console
 from autotune.errors import AutotuneError
 from autotune.plan import EstimateOptions, SearchOptions, VerifyOptions
 from autotune.plan import cli_options as option
+from autotune.plan.cli_errors import click_exception, usage_error
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -427,9 +426,9 @@ def _run() -> int:
     try:
         # Not standalone: Click's parse errors come here instead of its usage box; an Exit's status comes back.
         status = app(standalone_mode=False)
-    except _click_exception() as exc:
+    except click_exception() as exc:
         if type(exc).__name__ != "NoArgsIsHelpError":  # `autotune` alone prints the help, then exits 2
-            _print_error(_usage_error(exc, sys.argv[1:]))
+            _print_error(usage_error(exc, sys.argv[1:], app))
         return int(getattr(exc, "exit_code", 2))
     except typer.Abort:
         err_console.print("Aborted!")
@@ -453,58 +452,3 @@ def _run() -> int:
 def _print_error(message: str) -> None:
     """The one error line: ``autotune: error:`` and the message through :func:`error_text`."""
     err_console.print(f"autotune: error: {error_text(message)}", markup=False, highlight=False, soft_wrap=True)
-
-
-# What a value that is not of its option's declared type is not (plan/cli_options.py declares these two).
-_NOT_A = {int: "a whole number", float: "a number"}
-
-
-def _click_exception() -> type[Exception]:
-    """Click's ``ClickException``, whichever Click Typer runs on: its own copy from 0.29 (``typer._click``),
-    Click itself before; reached through the class Typer exports, ``typer.BadParameter``."""
-    return next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
-
-
-def _usage_error(error: Exception, args: list[str]) -> str:
-    """Click's error in reading the command line, in one line: a value not of its option's type names the
-    option, the value and what it must be (``--global-batch: '2.5' is not a whole number``); any other (a
-    missing option, an unknown one, an extra argument) is Click's message and where the options are listed."""
-    param, ctx = getattr(error, "param", None), getattr(error, "ctx", None)
-    if isinstance(error, typer.BadParameter) and param is not None and ctx is not None:
-        expected = _declared_type(ctx.info_name, param.name)
-        given = _value_given(args, param.opts)
-        if expected in _NOT_A and given is not None:
-            return f"{max(param.opts, key=len)}: {given!r} is not {_NOT_A[expected]}"
-    message = " ".join(str(getattr(error, "format_message", error.__str__)()).split()).rstrip(".")
-    command = next((f"autotune {arg}" for arg in args[:1] if _command(arg) is not None), "autotune")
-    return f"{message}; `{command} --help` lists the options"
-
-
-def _command(name: str | None) -> Callable[..., Any] | None:
-    """The function of the command the command line calls ``name`` (``chat-corpus``: ``chat_corpus``)."""
-    for info in app.registered_commands:
-        callback = info.callback
-        if callback is not None and (info.name or callback.__name__.replace("_", "-")) == name:
-            return callback
-    return None
-
-
-def _declared_type(command: str | None, parameter: str | None) -> type | None:
-    """The type a command's parameter is declared with (``int`` for ``option.GlobalBatch``), ``None`` aside."""
-    import typing
-
-    callback = _command(command)
-    if callback is None:
-        return None
-    hint = typing.get_type_hints(callback).get(parameter or "")
-    return next((t for t in typing.get_args(hint) or (hint,) if t is not type(None)), None)
-
-
-def _value_given(args: list[str], opts: list[str]) -> str | None:
-    """The value the command line gave an option last (``--opt value`` or ``--opt=value``): the one Click read."""
-    given = None
-    for index, arg in enumerate(args):
-        name, equals, value = arg.partition("=")
-        if name in opts:
-            given = value if equals else next(iter(args[index + 1 : index + 2]), None)
-    return given
