@@ -409,10 +409,10 @@ def error_text(error: BaseException | str) -> str:
 def main() -> None:
     """Console entry point: user errors, and Click's errors in reading the command line, become one line on
     stderr and exit status 2; what the libraries it imports print, warn or log goes to the debug log
-    (``autotune.quiet``)."""
+    (``autotune.runner._quiet``)."""
     import optuna
 
-    from autotune.quiet import library_output_to_debug_log
+    from autotune.runner import library_output_to_debug_log
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with library_output_to_debug_log():

@@ -18,8 +18,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 
 # The layers, one folder each, in the order data flows (docs/architecture.md). The only modules at the
-# package root are the CLI, ``__main__``, the package face and the three foundations every layer may use.
-ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "quiet", "units"}
+# package root are the CLI, ``__main__``, the package face and the two foundations every layer may use.
+ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "units"}
 LAYERS = ("spec", "levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views")
 # For each layer, the layers it must never import. Upstream never names downstream; the study drives the
 # runner (the one edge to a later stage); the runner knows nothing of the study, the plan or the views;

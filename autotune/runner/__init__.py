@@ -22,6 +22,7 @@ from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob, Workload, trial_memory_prior
 from autotune.runner._limits import allocator_settings, child_address_space_budget, child_environment
 from autotune.runner._pool import run_isolated
+from autotune.runner._quiet import library_output_to_debug_log
 from autotune.runner._side_effects import trial_overrides_note
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "child_address_space_budget",
     "child_environment",
     "cpu_process_baseline_bytes",
+    "library_output_to_debug_log",
     "load_callback",
     "measure_matmul_peak",
     "measure_memory_bandwidth",

@@ -11,7 +11,7 @@ The libraries the forkserver preloads speak as they are imported (bitsandbytes 0
 CPU: "Failed to load CPU gemm_4bit_forward ..."), and its stdout and stderr are the search's terminal: that
 line landed in the middle of the trial table. The forkserver writes nothing of autotune's, and each trial
 it starts writes to its own log (``runner/_child.redirect_output``): its output goes to the debug log
-(``autotune.quiet``).
+(``autotune.runner._quiet``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-from autotune.quiet import in_forkserver_preload, process_output_to_debug_log  # noqa: E402 - Ctrl-C ignored first
+from autotune.runner._quiet import in_forkserver_preload, process_output_to_debug_log  # noqa: E402 - Ctrl-C ignored first
 
 # Only in the forkserver itself: a process that imports this module for another reason (the memory
 # baseline's measuring interpreter, a test's probe) keeps its own output.

@@ -1,4 +1,4 @@
-"""Library chatter kept off autotune's lines (autotune.quiet): what a library prints, warns or logs, at import
+"""Library chatter kept off autotune's lines (autotune.runner._quiet): what a library prints, warns or logs, at import
 or at run time, goes to the debug log; the command line's answers stay its own lines.
 
 Real packages on ``sys.path`` that chatter (tests/support/chatty.py): a new one imported in this process
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.quiet import DEBUG_ENV, DEBUG_LOG_ENV, debug_log_path, library_output_to_debug_log
+from autotune.runner._quiet import DEBUG_ENV, DEBUG_LOG_ENV, debug_log_path, library_output_to_debug_log
 from tests.support.chatty import chatter_lines, write_chatty_library, write_chatty_shadows
 from tests.support.cli import REPO, run_cli
 
@@ -234,7 +234,7 @@ def test_the_forkservers_output_goes_to_the_debug_log(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from autotune.quiet import process_output_to_debug_log; process_output_to_debug_log(); "
+            "import sys; from autotune.runner._quiet import process_output_to_debug_log; process_output_to_debug_log(); "
             "print('preloaded'); print('preloaded too', file=sys.stderr)",
         ],
         capture_output=True,
