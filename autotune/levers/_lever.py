@@ -89,7 +89,7 @@ class Lever:
         label: The value's words in tables and logs; ``""`` where it goes without saying.
         unavailable_on: Why a value cannot run on a device here (driver, package); ``""`` if it can.
         unavailable_with_trainer: Why a value cannot run under the study's trainer (``trainer``, the
-            transformers ``Trainer``; ``sft``, TRL's ``SFTTrainer``: ``autotune.spec.sft``); ``""``
+            transformers ``Trainer``; ``sft``, TRL's ``SFTTrainer``: ``autotune.trainers``); ``""``
             if it can.
         no_effect_on: Why a value would change nothing on a device (a search would measure another
             value under its name); ``""`` if it matters. Removed from a searched space, but kept where

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers._samples_apart import flattened_rows_leak, flattening_collator
+from autotune.trainers import get as trainer_named
+from autotune.trainers.hf_trainer import HF_TRAINER
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +49,7 @@ def padding_free_unsupported(
     """
     if model.task == "sequence-classification":
         return "a classification head needs one row per sample"
-    use_cache = trainer == "trainer" and bool(base_args.get("use_cache", False))
+    use_cache = trainer_named(trainer).honours_use_cache and bool(base_args.get("use_cache", False))
     for kernel in attention:
         for recomputes in checkpointing if use_cache else [False]:
             reason = flattened_rows_leak(model, kernel, trainer, use_cache, recomputes)
@@ -153,12 +155,16 @@ def _padding_unavailable_for_model(
     if not _BATCHINGS[value].flattened:
         return ""
     attention = list(choices.get("attn_implementation") or [None])
-    return padding_free_unsupported(model, attention, "trainer", base_args, checkpointing_values(choices, base_args))
+    return padding_free_unsupported(
+        model, attention, HF_TRAINER.name, base_args, checkpointing_values(choices, base_args)
+    )
 
 
 def _padding_unavailable_with_trainer(value: str, trainer: str) -> str:
-    if trainer == "sft":
-        return "under --trainer sft TRL's collator batches the samples (its levers: packing off, padding_free, bfd)"
+    if trainer_named(trainer).prepares_rows:
+        return (
+            f"under --trainer {trainer} TRL's collator batches the samples (its levers: packing off, padding_free, bfd)"
+        )
     return ""
 
 

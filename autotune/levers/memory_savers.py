@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.levers._lever import Lever
+from autotune.trainers import get as trainer_named
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -86,7 +87,7 @@ def _offloading_unavailable_on(value: bool, device: DeviceSpec) -> str:
 
 
 def _offloading_unavailable_with_trainer(value: bool, trainer: str) -> str:
-    if value and trainer != "sft":
+    if value and not trainer_named(trainer).offloads_activations:
         return "it is TRL's (SFTConfig.activation_offloading): train with --trainer sft"
     return ""
 

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers._hooks import Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers.batching import Flattened, padding_free_unsupported
+from autotune.trainers import get as trainer_named
+from autotune.trainers.sft import SFT
 
 if TYPE_CHECKING:
     from autotune.spec.models import ModelSpec
@@ -106,7 +108,7 @@ def _from_training_args(args: Mapping[str, Any]) -> str:
 
 
 def _unavailable_with_trainer(value: str, trainer: str) -> str:
-    if trainer != "sft":
+    if not trainer_named(trainer).prepares_rows:
         return "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
     return ""
 
@@ -121,7 +123,7 @@ def _unavailable_for_model(
         # A classification head takes one label per row; SFTTrainer trains causal LMs.
         return f"only a causal LM keeps flattened samples apart ({model.name} trains as {model.task})"
     attention = list(choices.get("attn_implementation") or [None])
-    return padding_free_unsupported(model, attention, "sft", base_args, [False])
+    return padding_free_unsupported(model, attention, SFT.name, base_args, [False])
 
 
 def _export_note(value: str) -> str:
@@ -151,7 +153,7 @@ PACKING = Lever(
     unavailable_for_model=_unavailable_for_model,
     fallback="off",
     # The child counts tokens and measures the fullest batch by its Batching; TRL prepares and
-    # collates the rows itself (autotune.runner._sft).
+    # collates the rows itself (autotune.trainers.sft).
     to_batching=lambda value: _BATCHINGS.get(value),
     # It sets the fullest micro-batch: one flattened row (Batching.fullest), whose tokens (padding-free:
     # the samples' own) the loss's tensors follow, and its T x T mask under a mask-based attention.
