@@ -44,10 +44,20 @@ __all__ = [
     "get",
     "identity_entries",
     "of_identity",
+    "option_help",
     "owner_of_field",
     "tool_form_owner",
     "with_model",
 ]
+
+
+def option_help() -> str:
+    """The ``--trainer`` option's help: each trainer, and which the rows choose when it is not given."""
+    chosen = "; ".join(
+        f"{kind.name} for a --dataset of {kind.chosen_words}" for kind in REGISTERED if kind.chosen_words
+    )
+    listed = " or ".join(f"{kind.name} ({kind.option_words})" for kind in REGISTERED)
+    return f"{listed}; default: {chosen}, else {DEFAULT.name}."
 
 
 def arguments_class(name: str) -> type:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.spec.models import ModelSpec
+if TYPE_CHECKING:
+    from autotune.spec.models import ModelSpec
 
 
 def class_named(name: str) -> type:
@@ -63,6 +64,9 @@ class TrainerKind(Protocol):
     Attributes:
         name: The ``--trainer`` value, and what a study's identity keeps.
         words: The trainer in words (``the transformers Trainer``).
+        option_words: The trainer in the ``--trainer`` option's help (``transformers' Trainer``).
+        chosen_words: The rows it is chosen for, in that help (``messages or prompt/completion rows``;
+            ``""`` where :attr:`chosen_for_formats` is empty).
         default_arguments_words: Its arguments class at its defaults, the first seed's baseline, in words.
         baseline_words: The same, short (tables, the loss comparison).
         trainer_class: The trainer class, ``module:Class``.
@@ -92,6 +96,8 @@ class TrainerKind(Protocol):
 
     name: str
     words: str
+    option_words: str
+    chosen_words: str
     default_arguments_words: str
     baseline_words: str
     trainer_class: str

@@ -15,6 +15,8 @@ class HfTrainer:
 
     name = "trainer"
     words = "the transformers Trainer"
+    option_words = "transformers' Trainer"
+    chosen_words = ""
     default_arguments_words = "HF default TrainingArguments"
     baseline_words = "HF default"
     trainer_class = "transformers:Trainer"

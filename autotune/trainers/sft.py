@@ -42,6 +42,8 @@ class SftTrainer:
 
     name = "sft"
     words = "TRL's SFTTrainer"
+    option_words = "TRL's SFTTrainer on your rows"
+    chosen_words = "messages or prompt/completion rows"
     default_arguments_words = "TRL's default SFTConfig"
     baseline_words = "TRL default"
     trainer_class = "trl:SFTTrainer"

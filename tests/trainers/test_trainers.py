@@ -82,3 +82,13 @@ def test_what_sft_cannot_train_is_refused_in_one_line():
     with pytest.raises(AutotuneError, match="--text-column picks the Trainer's text column"):
         SFT.check_workload("causal-lm", False, "body")
     SFT.check_workload("causal-lm", False, None)
+
+
+def test_the_trainer_option_says_every_trainer_and_which_the_rows_choose():
+    """``--trainer``'s help is the registry's: a trainer added there is in it, with the rows it is chosen for."""
+    text = trainers.option_help()
+    for kind in trainers.REGISTERED:
+        assert f"{kind.name} ({kind.option_words})" in text
+        if kind.chosen_for_formats:
+            assert f"{kind.name} for a --dataset of {kind.chosen_words}" in text
+    assert text.endswith(f"else {trainers.DEFAULT.name}.")
