@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import same_names
 from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers._samples_apart import flattened_rows_leak, flattening_collator
@@ -202,6 +203,16 @@ SAMPLING = Lever(
     choices=SAMPLINGS,
     in_every_space=False,
     fields=("train_sampling_strategy",),
+    tool_keys={
+        "axolotl": {
+            "train_sampling_strategy": lambda value, args: (
+                ({"group_by_length": True}, [])
+                if value == "group_by_length"
+                else ({}, [f"axolotl has no train_sampling_strategy {value!r}"])
+            )
+        },
+        "llama-factory": same_names("train_sampling_strategy"),
+    },
     # transformers/trainer.py: Trainer._get_train_sampler -> trainer_pt_utils.LengthGroupedSampler.
     to_training_args=lambda value: {"train_sampling_strategy": value} if value != "random" else {},
     from_training_args=lambda args: str(args["train_sampling_strategy"]),
