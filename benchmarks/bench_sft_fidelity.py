@@ -171,7 +171,7 @@ def save_model(workload: Any, model_dir: Path) -> None:
 
 
 def trial_rows(workload: Any, config: Any) -> int:
-    """How many rows the winner's trial trained on (``autotune.runner._sft``: cycled to what its steps take)."""
+    """How many rows the winner's trial trained on (``autotune.trainers.sft``: cycled to what its steps take)."""
     return config.global_batch * (workload.measure.total_steps_cap + 1)
 
 

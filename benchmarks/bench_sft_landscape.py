@@ -37,8 +37,8 @@ from autotune.spec.chat_corpus import write_jsonl
 from autotune.spec.dataset import prepare_sft_rows
 from autotune.spec.measure import MeasureSettings
 from autotune.spec.models import resolve_model
-from autotune.spec.sft import for_trainer
 from autotune.study._seeds import default_config
+from autotune.trainers import get, with_model
 from benchmarks._common import load_average
 
 MODEL = "llama-tiny"
@@ -120,7 +120,7 @@ def main() -> None:
     trl_default = dataclasses.replace(default_config("sft"), pin_memory=False)
     variants = lever_variants(trl_default, dataclasses.replace(best, pin_memory=False))
 
-    model = for_trainer(resolve_model(MODEL), "sft")
+    model = with_model(resolve_model(MODEL), get("sft"))
     largest = max(config.micro_batch * config.grad_accum for config in variants.values())
     dataset = prepare_sft_rows(
         str(data),

@@ -48,7 +48,7 @@ HEAVIEST_FIRST = (
     "tests/estimate/test_estimate.py",
     "tests/e2e/test_lora_e2e.py",
     "tests/study/test_proposals.py",
-    "tests/runner/test_sft.py",
+    "tests/trainers/test_sft.py",
     "tests/levers/test_weight_dtype.py",
     "tests/plan/test_base_args.py",
     "tests/result/test_loss.py",

@@ -1,7 +1,7 @@
 """The layout docs/architecture.md describes holds: no module reaches back up the flow.
 
-cli -> plan -> spec, levers, estimate, space -> study -> runner -> result -> storage -> views. The
-foundations (spec, levers) import no stage; the runner (what the child executes) knows nothing of the
+cli -> plan -> spec, trainers, levers, estimate, space -> study -> runner -> result -> storage -> views.
+The foundations (spec, trainers, levers) import no stage; the runner (what the child executes) knows nothing of the
 plan or the study; the study writes trials and knows nothing of how they are shown; the views read a
 study through the storage and the result, never through the study package. (That no module outside
 levers/ reads a lever by name is checked in tests/levers/test_lever_home.py.)
@@ -20,16 +20,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 # The layers, one folder each, in the order data flows (docs/architecture.md). The only modules at the
 # package root are the CLI, ``__main__``, the package face and the two foundations every layer may use.
 ROOT_MODULES = {"__init__", "__main__", "cli", "errors", "units"}
-LAYERS = ("spec", "levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views")
+LAYERS = ("spec", "trainers", "levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views")
 # For each layer, the layers it must never import. Upstream never names downstream; the study drives the
 # runner (the one edge to a later stage); the runner knows nothing of the study, the plan or the views;
 # the views read a study through the storage and the result, never through the study or the runner.
 FORBIDDEN = {
-    "spec": {"levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
+    "spec": {"trainers", "levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
+    # The trainers (autotune/trainers/) own what differs between trainers, down to how a trial builds its
+    # trainer object and what it exports: as data, or as functions of spec-level inputs, which the levers,
+    # the runner, the study and the views call; so they import only spec.
+    "trainers": {"levers", "estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
     "levers": {"estimate", "space", "plan", "study", "runner", "result", "storage", "views"},
     "estimate": {"space", "plan", "study", "runner", "result", "storage", "views"},
     "space": {"plan", "study", "runner", "result", "storage", "views"},
-    "storage": {"spec", "levers", "estimate", "space", "plan", "study", "runner", "result", "views"},
+    "storage": {"spec", "trainers", "levers", "estimate", "space", "plan", "study", "runner", "result", "views"},
     "result": {"estimate", "space", "plan", "study", "runner", "views"},
     "runner": {"plan", "study", "storage", "views"},
     "plan": {"study", "views"},

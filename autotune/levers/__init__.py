@@ -13,6 +13,7 @@ How to add a lever: docs/architecture.md, "Adding a lever".
 
 from __future__ import annotations
 
+from autotune.levers._exports import NOTE, TOOL_FORMS, CannotExpress, Mapper, nothing, same
 from autotune.levers._hooks import (
     PADDED,
     Batching,
@@ -26,6 +27,7 @@ from autotune.levers._lever import Lever
 from autotune.levers._registry import COMBINATION_RULES, LEVERS, NARROWED_BY_MEMORY
 from autotune.levers._trial_config import (
     TrialConfig,
+    lever_tool_keys,
     lever_values_from_base_args,
     memory_traits,
     model_build_kwargs,
@@ -54,6 +56,13 @@ from autotune.levers.optimizer import (
 from autotune.levers.precision import DTYPES, HALF_DTYPES, PRECISION_FIELDS, WEIGHT_TORCH_DTYPES
 
 __all__ = [
+    "NOTE",
+    "TOOL_FORMS",
+    "CannotExpress",
+    "Mapper",
+    "lever_tool_keys",
+    "nothing",
+    "same",
     "BATCH_LIMITS",
     "BNB_OPTIMIZERS",
     "COMBINATION_RULES",

@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from autotune.trainers.hf_trainer import HF_TRAINER
+
 if TYPE_CHECKING:
     from autotune.spec.models import ModelSpec
 
@@ -177,8 +179,8 @@ class TrainerParts:
         kwargs: Keyword arguments of the trainer's constructor (``compute_loss_func``, ...).
     """
 
-    trainer: str = "transformers:Trainer"
-    arguments: str = "transformers:TrainingArguments"
+    trainer: str = HF_TRAINER.trainer_class
+    arguments: str = HF_TRAINER.arguments_path
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

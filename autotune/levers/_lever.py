@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import Mapper
 from autotune.levers._hooks import Batching, MemoryTraits, SpaceMemory, SpeedTraits, TrainerParts
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Lever:
         label: The value's words in tables and logs; ``""`` where it goes without saying.
         unavailable_on: Why a value cannot run on a device here (driver, package); ``""`` if it can.
         unavailable_with_trainer: Why a value cannot run under the study's trainer (``trainer``, the
-            transformers ``Trainer``; ``sft``, TRL's ``SFTTrainer``: ``autotune.spec.sft``); ``""``
+            transformers ``Trainer``; ``sft``, TRL's ``SFTTrainer``: ``autotune.trainers``); ``""``
             if it can.
         no_effect_on: Why a value would change nothing on a device (a search would measure another
             value under its name); ``""`` if it matters. Removed from a searched space, but kept where
@@ -129,6 +130,10 @@ class Lever:
             in order, by value.
         planner_column: Its own column in ``autotune estimate``'s short table, under this header
             (``""``: shown among the other levers).
+        tool_keys: For each tool whose keys are not the arguments' fields (``_exports.TOOL_FORMS``:
+            axolotl, LLaMA-Factory), each of :attr:`fields` as the tool says it: a mapper to its keys, or
+            :class:`~autotune.levers._exports.CannotExpress` with why (the JSON, flag, Python and ``trl sft``
+            forms say :attr:`fields` by their own names). Every field of every tool is declared (a test).
     """
 
     name: str
@@ -167,6 +172,7 @@ class Lever:
     last_resort: bool = False
     nearest: Mapping[Any, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     planner_column: str = ""
+    tool_keys: Mapping[str, Mapping[str, Mapper]] = dataclasses.field(default_factory=dict)
 
     def check_choices(self, values: list[Any]) -> list[Any]:
         """A space's list of choices for this lever, checked; raises ``ValueError`` saying what is wrong."""

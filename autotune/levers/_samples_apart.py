@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.spec.derived_cache import cached
+from autotune.trainers import get as trainer_named
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +74,7 @@ def flattened_rows_leak(
         use_cache: The arguments' ``use_cache`` (the Trainer only).
         checkpointing: Gradient checkpointing on (it turns a cache off in training).
     """
-    use_cache = use_cache and trainer != "sft"  # SFTTrainer.compute_loss passes use_cache=False
+    use_cache = use_cache and trainer_named(trainer).honours_use_cache  # SFTTrainer passes use_cache=False
     key = {
         "config": model.hf_config,
         "task": model.task,
@@ -114,7 +115,7 @@ def _largest_difference(
         generator = torch.Generator().manual_seed(1)
         samples = [torch.randint(5, _VOCAB - 1, (n,), generator=generator).tolist() for n in PROBE_LENGTHS]
         batch = _flattened_batch(samples, trainer, getattr(built.config, "pad_token_id", None) or 0, model.model_type)
-        extra = {"use_cache": False} if trainer == "sft" else {}
+        extra = {} if trainer_named(trainer).honours_use_cache else {"use_cache": False}
         with torch.random.fork_rng():
             row = built(**{k: v for k, v in batch.items() if k != "labels"}, **extra).logits[0]
             worst, start = 0.0, 0
@@ -131,12 +132,9 @@ def _flattened_batch(samples: list[list[int]], trainer: str, pad_token_id: int, 
     """The row the trial's collator makes of ``samples``: the ``padding`` lever's (the Trainer,
     :func:`flattening_collator`), or the one SFTTrainer builds for ``padding_free`` and ``bfd`` (trl/trainer/
     sft_trainer.py: ``DataCollatorForLanguageModeling(padding_free=True)``)."""
-    if trainer == "sft":
-        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
-        return DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)(
-            [{"input_ids": s} for s in samples]
-        )
+    collator = trainer_named(trainer).padding_free_collator(pad_token_id)
+    if collator is not None:
+        return collator([{"input_ids": s} for s in samples])
     return dict(flattening_collator(pad_token_id, model_type)([{"input_ids": s} for s in samples]))
 
 

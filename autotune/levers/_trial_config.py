@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from typing import Any
 
+from autotune.levers._exports import Mapper
 from autotune.levers._hooks import PADDED, TRANSFORMERS_TRAINER, Batching, MemoryTraits, SpeedTraits, TrainerParts
 from autotune.levers._registry import LEVERS
 from autotune.levers.batch import BATCH_LIMITS
@@ -223,6 +224,12 @@ def trainer_parts(config: TrialConfig, trainer: TrainerParts = TRANSFORMERS_TRAI
             chosen = parts
         kwargs.update(parts.kwargs)
     return dataclasses.replace(chosen, kwargs=kwargs)
+
+
+def lever_tool_keys(tool: str) -> dict[str, Mapper]:
+    """Every lever field as the tool ``tool`` says it (each lever's ``tool_keys``: a mapper to the tool's
+    keys, or why it cannot), by field: what ``autotune.views.sft_tool_yaml`` reads."""
+    return {field: mapper for lever in LEVERS.values() for field, mapper in lever.tool_keys.get(tool, {}).items()}
 
 
 def memory_traits(config: TrialConfig, device_kind: str) -> MemoryTraits:

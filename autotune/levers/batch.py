@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.levers._exports import same, same_names
 from autotune.levers._hooks import SpaceMemory
 from autotune.levers._lever import Lever
 
@@ -183,6 +184,10 @@ MICRO_BATCH = Lever(
     least=1,
     auto_choices=auto_micro_batches,
     fields=("per_device_train_batch_size",),
+    tool_keys={
+        "axolotl": {"per_device_train_batch_size": same("micro_batch_size")},
+        "llama-factory": same_names("per_device_train_batch_size"),
+    },
     to_training_args=lambda value: {"per_device_train_batch_size": value},
     from_training_args=lambda args: int(args["per_device_train_batch_size"]),
     label=lambda value: f"mb={value}",
@@ -201,6 +206,10 @@ GRAD_ACCUM = Lever(
     doc="gradient_accumulation_steps",
     least=1,
     fields=("gradient_accumulation_steps",),
+    tool_keys={
+        "axolotl": same_names("gradient_accumulation_steps"),
+        "llama-factory": same_names("gradient_accumulation_steps"),
+    },
     to_training_args=lambda value: {"gradient_accumulation_steps": value},
     from_training_args=lambda args: int(args["gradient_accumulation_steps"]),
     label=lambda value: f"ga={value}",

@@ -6,9 +6,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import same_names
 from autotune.levers._hooks import PADDED, Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers._samples_apart import flattened_rows_leak, flattening_collator
+from autotune.trainers import get as trainer_named
+from autotune.trainers.hf_trainer import HF_TRAINER
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +50,7 @@ def padding_free_unsupported(
     """
     if model.task == "sequence-classification":
         return "a classification head needs one row per sample"
-    use_cache = trainer == "trainer" and bool(base_args.get("use_cache", False))
+    use_cache = trainer_named(trainer).honours_use_cache and bool(base_args.get("use_cache", False))
     for kernel in attention:
         for recomputes in checkpointing if use_cache else [False]:
             reason = flattened_rows_leak(model, kernel, trainer, use_cache, recomputes)
@@ -153,12 +156,16 @@ def _padding_unavailable_for_model(
     if not _BATCHINGS[value].flattened:
         return ""
     attention = list(choices.get("attn_implementation") or [None])
-    return padding_free_unsupported(model, attention, "trainer", base_args, checkpointing_values(choices, base_args))
+    return padding_free_unsupported(
+        model, attention, HF_TRAINER.name, base_args, checkpointing_values(choices, base_args)
+    )
 
 
 def _padding_unavailable_with_trainer(value: str, trainer: str) -> str:
-    if trainer == "sft":
-        return "under --trainer sft TRL's collator batches the samples (its levers: packing off, padding_free, bfd)"
+    if trainer_named(trainer).prepares_rows:
+        return (
+            f"under --trainer {trainer} TRL's collator batches the samples (its levers: packing off, padding_free, bfd)"
+        )
     return ""
 
 
@@ -196,6 +203,16 @@ SAMPLING = Lever(
     choices=SAMPLINGS,
     in_every_space=False,
     fields=("train_sampling_strategy",),
+    tool_keys={
+        "axolotl": {
+            "train_sampling_strategy": lambda value, args: (
+                ({"group_by_length": True}, [])
+                if value == "group_by_length"
+                else ({}, [f"axolotl has no train_sampling_strategy {value!r}"])
+            )
+        },
+        "llama-factory": same_names("train_sampling_strategy"),
+    },
     # transformers/trainer.py: Trainer._get_train_sampler -> trainer_pt_utils.LengthGroupedSampler.
     to_training_args=lambda value: {"train_sampling_strategy": value} if value != "random" else {},
     from_training_args=lambda args: str(args["train_sampling_strategy"]),

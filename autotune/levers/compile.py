@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import same_names
 from autotune.levers._hooks import SpeedTraits
 from autotune.levers._lever import Lever
 
@@ -94,6 +95,10 @@ COMPILE = Lever(
     auto_choices=lambda device: list(AUTO_COMPILE_CHOICES),
     absent_means_auto=False,
     fields=("torch_compile", "torch_compile_backend", "torch_compile_mode"),
+    tool_keys={
+        tool: same_names("torch_compile", "torch_compile_backend", "torch_compile_mode")
+        for tool in ("axolotl", "llama-factory")
+    },
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: f"compile={value}" if value != "off" else "",

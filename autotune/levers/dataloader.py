@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from autotune.levers._exports import same_names
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ DATALOADER_WORKERS = Lever(
     doc="dataloader_num_workers",
     least=0,
     fields=("dataloader_num_workers",),
+    tool_keys={tool: same_names("dataloader_num_workers") for tool in ("axolotl", "llama-factory")},
     to_training_args=lambda value: {"dataloader_num_workers": value},
     from_training_args=lambda args: int(args["dataloader_num_workers"]),
     label=lambda value: f"workers={value}" if value else "",
@@ -47,6 +49,7 @@ PIN_MEMORY = Lever(
     default=True,
     doc="dataloader_pin_memory",
     fields=("dataloader_pin_memory",),
+    tool_keys={tool: same_names("dataloader_pin_memory") for tool in ("axolotl", "llama-factory")},
     to_training_args=lambda value: {"dataloader_pin_memory": value},
     from_training_args=lambda args: bool(args["dataloader_pin_memory"]),
     no_effect_on=_pin_no_effect_on,

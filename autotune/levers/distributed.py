@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.levers._exports import same_names
 from autotune.levers._hooks import MemoryTraits, SpaceMemory
 from autotune.levers._lever import Lever
 from autotune.spec.files import read_user_file
@@ -185,6 +186,7 @@ ZERO = Lever(
     choices=ZERO_CHOICES,
     auto_choices=_auto_choices,
     fields=("deepspeed",),
+    tool_keys={tool: same_names("deepspeed") for tool in ("axolotl", "llama-factory")},
     to_training_args=lambda value: {} if value == "off" else {"deepspeed": deepspeed_config(value)},
     from_training_args=zero_from_training_args,
     label=_label,

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import CannotExpress, same_names
 from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
 from autotune.levers.distributed import zero_excludes
@@ -74,6 +75,11 @@ FSDP = Lever(
     choices=FSDP_CHOICES,
     in_every_space=False,  # searched where a space names it: off is the Trainer's own default
     fields=("fsdp", "fsdp_config"),
+    tool_keys={
+        # axolotl's FSDP keys are its own (fsdp_version, fsdp_config of its own fields): not mapped yet.
+        "axolotl": {field: CannotExpress("axolotl has no key for it") for field in ("fsdp", "fsdp_config")},
+        "llama-factory": same_names("fsdp", "fsdp_config"),
+    },
     to_training_args=fsdp_training_args,
     from_training_args=fsdp_from_training_args,
     label=lambda value: "" if value == "off" else f"fsdp={value}",

@@ -64,6 +64,18 @@ def _liger_memory(value: bool, traits: MemoryTraits) -> MemoryTraits:
     return dataclasses.replace(traits, logits=fused_linear_cross_entropy_bytes) if value else traits
 
 
+def _axolotl_liger(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if not value:
+        return {}, []
+    # TRL applies Liger's layer kernels only, never its fused cross-entropy (sft_trainer.py:1127-1140).
+    return {
+        "plugins": ["axolotl.integrations.liger.LigerPlugin"],
+        "liger_rope": True,
+        "liger_rms_norm": True,
+        "liger_glu_activation": True,
+    }, []
+
+
 LIGER = Lever(
     name="liger",
     value_type=bool,
@@ -71,6 +83,10 @@ LIGER = Lever(
     doc="use_liger_kernel: fused linear cross-entropy, RMSNorm, RoPE, SwiGLU kernels",
     in_every_space=False,
     fields=("use_liger_kernel",),
+    tool_keys={
+        "axolotl": {"use_liger_kernel": _axolotl_liger},
+        "llama-factory": {"use_liger_kernel": lambda value, args: ({"enable_liger_kernel": bool(value)}, [])},
+    },
     # transformers/trainer.py (Trainer.__init__) calls integrations/liger.py: apply_liger_kernel(model).
     to_training_args=lambda value: {"use_liger_kernel": True} if value else {},
     from_training_args=lambda args: bool(args["use_liger_kernel"]),

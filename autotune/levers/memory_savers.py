@@ -6,7 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import same_names
 from autotune.levers._lever import Lever
+from autotune.trainers import get as trainer_named
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -34,12 +36,35 @@ def _checkpointing_from_training_args(args: Mapping[str, Any]) -> bool:
     return any(bool(args[field]) for field in CHECKPOINTING.fields if field in args)
 
 
+def _axolotl_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if not value:
+        return {"gradient_checkpointing": False}, []
+    # Unset kwargs give axolotl's SFT use_reentrant=True (utils/config/__init__.py:395-401); the winner ran
+    # transformers' default, use_reentrant=False (modeling_utils.py:3158), unless its arguments say otherwise.
+    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
+    return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False, **kwargs}}, []
+
+
+def _lf_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # use_reentrant_gc defaults to true (model/model_utils/checkpointing.py:177-198); the winner ran
+    # transformers' use_reentrant=False (modeling_utils.py:3158).
+    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
+    if not value:
+        return {"disable_gradient_checkpointing": True}, []
+    return {"disable_gradient_checkpointing": False, "use_reentrant_gc": bool(kwargs.get("use_reentrant", False))}, []
+
+
 CHECKPOINTING = Lever(
     name="checkpointing",
     value_type=bool,
     default=False,
     doc="activation (gradient) checkpointing",
     fields=("activation_checkpointing", "gradient_checkpointing"),
+    tool_keys={
+        "axolotl": {field: _axolotl_checkpointing for field in ("activation_checkpointing", "gradient_checkpointing")},
+        # LLaMA-Factory turns checkpointing on itself and passes its own kwargs (hparams/model_args.py:145-152).
+        "llama-factory": {field: _lf_checkpointing for field in ("activation_checkpointing", "gradient_checkpointing")},
+    },
     to_training_args=lambda value: {checkpointing_field(): value},
     from_training_args=_checkpointing_from_training_args,
     label=lambda value: "ckpt" if value else "",
@@ -67,6 +92,7 @@ EMPTY_CACHE_STEPS = Lever(
     least=0,
     in_every_space=False,
     fields=("torch_empty_cache_steps",),
+    tool_keys={tool: same_names("torch_empty_cache_steps") for tool in ("axolotl", "llama-factory")},
     # transformers/trainer.py (training_step) -> accelerate/utils/memory.py: clear_device_cache.
     to_training_args=lambda value: {"torch_empty_cache_steps": value} if value else {},
     from_training_args=lambda args: int(args["torch_empty_cache_steps"] or 0),
@@ -86,7 +112,7 @@ def _offloading_unavailable_on(value: bool, device: DeviceSpec) -> str:
 
 
 def _offloading_unavailable_with_trainer(value: bool, trainer: str) -> str:
-    if value and trainer != "sft":
+    if value and not trainer_named(trainer).offloads_activations:
         return "it is TRL's (SFTConfig.activation_offloading): train with --trainer sft"
     return ""
 
@@ -98,6 +124,18 @@ ACTIVATION_OFFLOADING = Lever(
     doc="--trainer sft: TRL's activation offloading, saved activations kept in pinned host memory (CUDA)",
     in_every_space=False,
     fields=("activation_offloading",),
+    tool_keys={
+        "axolotl": {
+            "activation_offloading": lambda value, args: ({"activation_offloading": True} if value else {}, [])
+        },
+        "llama-factory": {
+            "activation_offloading": lambda value, args: (
+                ({}, ["LLaMA-Factory has no activation offloading key (use_unsloth_gc is a different mechanism)"])
+                if value
+                else ({}, [])
+            )
+        },
+    },
     # trl/trainer/sft_trainer.py:1189-1193: training_step runs under the offloading context.
     to_training_args=lambda value: {"activation_offloading": True} if value else {},
     from_training_args=lambda args: bool(args["activation_offloading"]),

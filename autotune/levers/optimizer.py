@@ -7,6 +7,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import same, same_names
 from autotune.levers._hooks import SpeedTraits
 from autotune.levers._lever import Lever
 
@@ -130,6 +131,7 @@ OPTIM = Lever(
     doc="a transformers optimizer name (TrainingArguments.optim)",
     choices=OPTIMIZERS,
     fields=("optim",),
+    tool_keys={"axolotl": {"optim": same("optimizer")}, "llama-factory": same_names("optim")},
     to_training_args=lambda value: {"optim": value},
     from_training_args=_from_training_args,
     label=lambda value: value,

@@ -39,9 +39,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from autotune.levers._exports import NOTE, Mapper
 from autotune.levers._hooks import Batching, MemoryTraits, MicroBatchShape
 from autotune.levers._lever import Lever
 from autotune.levers.batching import Flattened, padding_free_unsupported
+from autotune.trainers import get as trainer_named
+from autotune.trainers.sft import SFT
 
 if TYPE_CHECKING:
     from autotune.spec.models import ModelSpec
@@ -106,7 +109,7 @@ def _from_training_args(args: Mapping[str, Any]) -> str:
 
 
 def _unavailable_with_trainer(value: str, trainer: str) -> str:
-    if trainer != "sft":
+    if not trainer_named(trainer).prepares_rows:
         return "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
     return ""
 
@@ -121,7 +124,7 @@ def _unavailable_for_model(
         # A classification head takes one label per row; SFTTrainer trains causal LMs.
         return f"only a causal LM keeps flattened samples apart ({model.name} trains as {model.task})"
     attention = list(choices.get("attn_implementation") or [None])
-    return padding_free_unsupported(model, attention, "sft", base_args, [False])
+    return padding_free_unsupported(model, attention, SFT.name, base_args, [False])
 
 
 def _export_note(value: str) -> str:
@@ -134,6 +137,80 @@ def _export_note(value: str) -> str:
     )
 
 
+def _axolotl_max_length(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if value is None:
+        return {}, ["axolotl has no untruncated length: give it samples already truncated to --seq-len"]
+    return {"sequence_len": value}, []
+
+
+# The attention kernels autotune searches that axolotl 0.19 runs on flattened (varlen) rows
+# (utils/schemas/enums.py:142-155, ATTN_IMPLS_SUPPORTING_PACKING).
+_AXOLOTL_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def _axolotl_padding_free(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # axolotl's padding-free batches without packing: batch_flattening (schemas/config.py:748-753; the
+    # collator DataCollatorWithFlattening, core/builders/causal.py:595-599), which it refuses beside
+    # sample_packing or without a varlen attention kernel (schemas/validation.py:1076-1089).
+    if not value or args.get("packing"):
+        return {}, []
+    attention = (args.get("model_init_kwargs") or {}).get("attn_implementation")
+    if attention in _AXOLOTL_VARLEN_ATTENTION:
+        return {"batch_flattening": True}, []
+    return {}, [
+        f"axolotl's padding-free batches (batch_flattening) need a varlen attention kernel "
+        f"({', '.join(_AXOLOTL_VARLEN_ATTENTION)}: schemas/validation.py:1076-1086), and the winner's attention is "
+        f"{attention or 'the model default'}: axolotl pads its batches then"
+    ]
+
+
+def _lf_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # neat_packing: block-diagonal attention, samples kept apart as TRL's bfd keeps them (data_args.py:108-115).
+    return ({"packing": True, "neat_packing": True}, []) if value else ({"packing": False}, [])
+
+
+def _lf_cutoff_len(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    if value is None:
+        return {}, ["LLaMA-Factory always truncates at cutoff_len: set it to the study's --seq-len"]
+    if not args.get("packing"):
+        return {"cutoff_len": value}, []
+    # Under packing LLaMA-Factory takes one token off cutoff_len (hparams/data_args.py:188-189), truncates each
+    # sample to the rest and packs rows of up to that many tokens (data/processor/supervised.py:73-77, :186),
+    # then pads each row to the cutoff_len given (:218-232). One more keeps the winner's samples and rows.
+    return {"cutoff_len": value + 1}, [
+        f"{NOTE}cutoff_len is {value} + 1: under packing LLaMA-Factory subtracts one token from cutoff_len "
+        "(hparams/data_args.py:188-189), truncates samples and fills packed rows to what is left "
+        f"(data/processor/supervised.py:73-77, 186), then pads each row to the cutoff_len given (:218-232): so "
+        f"samples are cut at {value} tokens and rows hold up to {value} of them, as the winner's did (padded to {value + 1})"
+    ]
+
+
+# How axolotl and LLaMA-Factory say TRL's packing fields (docs/facts.md, "SFT export keys"): max_length is
+# also the SFT trainer's own field (from --seq-len), said the same way.
+_TOOL_KEYS: dict[str, dict[str, Mapper]] = {
+    "axolotl": {
+        "max_length": _axolotl_max_length,
+        "packing": lambda value, args: ({"sample_packing": bool(value)}, []),
+        "packing_strategy": lambda value, args: (
+            ({}, []) if value == "bfd" else ({}, [f"axolotl packs its own way (multipack), not {value!r}"])
+        ),
+        "padding_free": _axolotl_padding_free,
+    },
+    "llama-factory": {
+        "max_length": _lf_cutoff_len,
+        "packing": _lf_packing,
+        "packing_strategy": lambda value, args: (
+            ({}, []) if value == "bfd" else ({}, [f"LLaMA-Factory has no packing strategy {value!r}"])
+        ),
+        "padding_free": lambda value, args: (
+            ({}, [])
+            if not value or args.get("packing")
+            else ({}, ["LLaMA-Factory has no padding-free batches without packing (neat_packing is the nearest)"])
+        ),
+    },
+}
+
+
 PACKING = Lever(
     name="packing",
     value_type=str,
@@ -143,6 +220,7 @@ PACKING = Lever(
     refused=REFUSED_PACKINGS,
     in_every_space=False,
     fields=("packing", "packing_strategy", "padding_free", "max_length"),
+    tool_keys=_TOOL_KEYS,
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: _LABELS.get(value, ""),
@@ -151,7 +229,7 @@ PACKING = Lever(
     unavailable_for_model=_unavailable_for_model,
     fallback="off",
     # The child counts tokens and measures the fullest batch by its Batching; TRL prepares and
-    # collates the rows itself (autotune.runner._sft).
+    # collates the rows itself (autotune.trainers.sft).
     to_batching=lambda value: _BATCHINGS.get(value),
     # It sets the fullest micro-batch: one flattened row (Batching.fullest), whose tokens (padding-free:
     # the samples' own) the loss's tensors follow, and its T x T mask under a mask-based attention.

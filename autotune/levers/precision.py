@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.levers._exports import same_names
 from autotune.levers._lever import Lever
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ DTYPE = Lever(
     auto_choices=_auto_dtypes,
     absent_means_auto=False,
     fields=_FIELDS,
+    tool_keys={tool: same_names(*_FIELDS) for tool in ("axolotl", "llama-factory")},
     to_training_args=_to_training_args,
     from_training_args=_from_training_args,
     label=lambda value: value,

@@ -12,7 +12,8 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.levers import LEVERS, PRECISION_FIELDS, read_deepspeed_config
 from autotune.spec.files import read_user_file
-from autotune.spec.sft import REFUSED_SFT_FIELDS, TRAINER_CLASSES
+from autotune.trainers import DEFAULT, arguments_class, owner_of_field
+from autotune.trainers import get as trainer_named
 
 # Fields autotune decides itself; a --base-args file may not set them.
 REFUSED_BASE_FIELDS = {
@@ -31,16 +32,7 @@ CREDENTIAL_SUFFIX = "_token"
 CREDENTIAL_ENVIRONMENT = "HF_TOKEN"
 
 
-def arguments_class(trainer: str) -> type:
-    """The arguments class of a trainer (``autotune.spec.sft.TRAINER_CLASSES``): ``TrainingArguments``,
-    or TRL's ``SFTConfig`` under ``--trainer sft``."""
-    import importlib
-
-    module, _, name = TRAINER_CLASSES[trainer][1].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
+def load_base_args(path: str, trainer: str = DEFAULT.name) -> dict[str, Any]:
     """Read and check a ``--base-args`` JSON file of the arguments the user fixes.
 
     Every key must be a field of the trainer's arguments class (``TrainingArguments``; under
@@ -53,7 +45,7 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
     """
     arguments_type = arguments_class(trainer)
     class_name = arguments_type.__name__
-    refused_fields = {**REFUSED_BASE_FIELDS, **(REFUSED_SFT_FIELDS if trainer == "sft" else {})}
+    refused_fields = {**REFUSED_BASE_FIELDS, **trainer_named(trainer).refused_fields}
     text = read_user_file(path, "--base-args", "UTF-8 JSON")
     try:
         base_args = json.loads(text)
@@ -71,8 +63,8 @@ def load_base_args(path: str, trainer: str = "trainer") -> dict[str, Any]:
             if key in LEVERS and LEVERS[key].acts_on != "training_args":
                 what = "a model argument" if LEVERS[key].acts_on == "model" else "the data collator's choice"
                 hint = f" (it is {what}: search it with {key} in the --space YAML)"
-            if trainer != "sft" and key in _sft_fields():
-                hint = " (it is an SFTConfig field: train with --trainer sft)"
+            if (owner := owner_of_field(key, trainer)) is not None:
+                hint = f" (it is {owner.arguments_named} field: train with --trainer {owner.name})"
             raise AutotuneError(f"--base-args {path}: {key} is not a {class_name} field{hint}")
         if key in credential_fields():
             raise AutotuneError(
@@ -105,18 +97,6 @@ def credential_fields() -> frozenset[str]:
     from transformers import TrainingArguments
 
     return frozenset(f.name for f in dataclasses.fields(TrainingArguments) if f.name.endswith(CREDENTIAL_SUFFIX))
-
-
-def _sft_fields() -> set[str]:
-    """The fields TRL's ``SFTConfig`` adds to ``TrainingArguments`` (empty without TRL)."""
-    import importlib.util
-
-    if importlib.util.find_spec("trl") is None:
-        return set()
-    from transformers import TrainingArguments
-    from trl import SFTConfig
-
-    return {f.name for f in dataclasses.fields(SFTConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
 
 
 def check_base_arg_types(path: str, base_args: dict[str, Any], arguments: type | None = None) -> None:

@@ -24,14 +24,14 @@ from autotune.units import format_bytes
 # The highest TCP port number (RFC 793: ports are 16-bit); 0 asks the system for any free port.
 MAX_PORT = 65535
 # Optimizer steps a trial may be asked to warm up or measure, at most (--warmup-steps, --max-measure-steps).
-# A trial takes global batch x (steps + 1) rows (runner/_sft.py, runner/_loader.py): an unbounded count is
+# A trial takes global batch x (steps + 1) rows (trainers/sft.py, runner/_loader.py): an unbounded count is
 # an allocation the argument caused, which a trial would record as an out-of-memory of its config (issue 38:
 # --warmup-steps 99999999999 asked for 6.4 TB). Ten thousand steps outlast any trial's steady state by far:
 # measuring stops after MeasureSettings.max_seconds (10 s) of measured steps, and past 10,000 steps each
 # would take under a millisecond, which no training step does.
 MAX_STEPS = 10_000
 # Optimizer steps a trial may be asked to warm up or measure, at most (--warmup-steps, --max-measure-steps).
-# A trial takes global batch x (steps + 1) rows (runner/_sft.py, runner/_loader.py): an unbounded count is
+# A trial takes global batch x (steps + 1) rows (trainers/sft.py, runner/_loader.py): an unbounded count is
 # an allocation the argument caused, which a trial would record as an out-of-memory of its config (issue 38:
 # --warmup-steps 99999999999 asked for 6.4 TB). Ten thousand steps outlast any trial's steady state by far.
 MAX_STEPS = 10_000
@@ -59,14 +59,15 @@ def dataset_options(dataset: str | None, text_column: str | None, packing: bool)
 
 
 def trainer_options(trainer: str | None, loss_on: str | None) -> None:
-    """``--trainer`` and ``--loss-on`` name known values; ``--loss-on`` is SFTTrainer's (``autotune.spec.sft``)."""
-    from autotune.spec.sft import LOSS_ON, TRAINERS
+    """``--trainer`` and ``--loss-on`` name known values (``autotune.trainers``); ``--loss-on`` is
+    SFTTrainer's (``autotune.spec.sft``)."""
+    from autotune.spec.sft import LOSS_ON
+    from autotune.trainers import get as trainer_named
 
-    if trainer is not None and trainer not in TRAINERS:
-        raise AutotuneError(f"--trainer {trainer}: choose one of {', '.join(TRAINERS)}")
+    kind = trainer_named(trainer) if trainer is not None else None
     if loss_on is not None and loss_on not in LOSS_ON:
         raise AutotuneError(f"--loss-on {loss_on}: choose one of {', '.join(LOSS_ON)}")
-    if loss_on is not None and trainer == "trainer":
+    if loss_on is not None and kind is not None and not kind.chooses_loss:
         raise AutotuneError("--loss-on chooses SFTTrainer's loss: use it with --trainer sft (or leave --trainer out)")
 
 

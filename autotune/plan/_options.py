@@ -56,7 +56,7 @@ class PlanOptions:
     dataset: str | None = None
     text_column: str | None = None
     packing: bool = False
-    # --trainer: trainer or sft (TRL's SFTTrainer); None: sft for chat / prompt-completion rows (autotune.spec.sft).
+    # --trainer: trainer or sft (TRL's SFTTrainer); None: sft for chat / prompt-completion rows (autotune.trainers.choose).
     trainer: str | None = None
     loss_on: str | None = None  # --trainer sft: all, completion or assistant; None: TRL's default for the rows
     base_args: str | None = None

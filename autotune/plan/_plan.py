@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from autotune.runner import Workload
     from autotune.space import SearchSpace
     from autotune.spec.devices import DeviceSpec
+    from autotune.trainers import TrainerKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,8 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     from autotune.spec.measure import MeasureSettings
     from autotune.spec.measured_peaks import load_measured_bandwidth, load_measured_peaks
     from autotune.spec.models import resolve_model
-    from autotune.spec.sft import for_trainer, resolve_loss_on
+    from autotune.spec.sft import resolve_loss_on
+    from autotune.trainers import with_model
 
     options.check()
     available = psutil.virtual_memory().available if available_memory_bytes is None else available_memory_bytes
@@ -93,8 +95,9 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     model = resolve_model(options.model, options.task)
     seq_len_fits(options.seq_len, options.model, model.max_positions)
     notes: list[str] = []
-    trainer, data, first_row = study_trainer(options, model.task, notes)
-    model = for_trainer(model, trainer)
+    kind, data, first_row = plan_trainer(options, model.task, notes)
+    trainer = kind.name
+    model = with_model(model, kind)
     if options.peft is not None:  # frozen base, trainable adapters: what every trial trains
         from autotune.spec.peft import with_peft
 
@@ -153,7 +156,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     if data is not None:  # --trainer sft: the rows as they are, for TRL to prepare in every trial
         from autotune.spec.dataset import prepare_sft_rows
 
-        assert options.dataset is not None  # study_trainer: sft trains on rows
+        assert options.dataset is not None  # plan_trainer: a trainer that prepares rows has them
         dataset = prepare_sft_rows(
             options.dataset,
             model,
@@ -192,37 +195,32 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     )
 
 
-def study_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[str, str | None, dict[str, Any]]:
-    """The study's trainer (``--trainer``, else chosen from the ``--dataset`` rows' columns), the rows'
-    SFT format (``None`` under the Trainer) and the first row (``autotune.spec.sft``), with a note
-    saying which trainer trains.
+def plan_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[TrainerKind, str | None, dict[str, Any]]:
+    """The study's trainer (``--trainer``, else chosen from the ``--dataset`` rows' columns:
+    ``autotune.trainers.choose``), the rows' SFT format (``None`` under a trainer that does not prepare
+    the rows itself) and the first row (``autotune.spec.sft``), with a note saying which trainer trains.
 
     Raises:
         AutotuneError: ``--trainer sft`` where it cannot train (no rows it reads, not a causal LM,
             the Trainer's ``--packing`` or ``--text-column``, TRL not installed), or ``--loss-on``
             under the Trainer.
     """
-    import importlib.util
-
     from autotune.spec.dataset_files import peek_rows
-    from autotune.spec.sft import TRAINER_WORDS, check_sft_workload, choose_trainer, data_format
+    from autotune.spec.sft import data_format
+    from autotune.trainers import choose
 
     columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})
-    trainer = choose_trainer(options.trainer, columns)
-    if trainer != "sft":
-        if options.loss_on is not None:
-            raise AutotuneError(
-                f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
-                f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
-            )
-        return trainer, None, first_row
-    if importlib.util.find_spec("trl") is None:
-        raise AutotuneError("--trainer sft trains through TRL's SFTTrainer: pip install 'autotune[sft]'")
-    check_sft_workload(task, options.packing, options.text_column)
-    data = data_format(columns or [])
-    how = "--trainer sft" if options.trainer else f"the --dataset holds {data} rows; --trainer trainer for the Trainer"
-    notes.append(f"trainer: {TRAINER_WORDS[trainer]} on your rows, TRL preparing them in every trial ({how})")
-    return trainer, data, first_row
+    kind = choose(options.trainer, columns)
+    if not kind.chooses_loss and options.loss_on is not None:
+        raise AutotuneError(
+            f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
+            f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
+        )
+    kind.check_workload(task, options.packing, options.text_column)
+    data = data_format(columns or []) if kind.prepares_rows else None
+    if (note := kind.plan_note(bool(options.trainer), data)) is not None:
+        notes.append(note)
+    return kind, data, first_row
 
 
 def device_groups(devices: list[DeviceSpec], devices_per_trial: int) -> list[list[DeviceSpec]]:

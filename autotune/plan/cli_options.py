@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 
+from autotune import trainers
+
 # --- search and estimate: what a plan is built from -----------------------------------------------------
 Model = Annotated[str, typer.Option(help="Local model directory, Hugging Face id, or catalog name.")]
 Gpu = Annotated[int | None, typer.Option(help="CUDA device number.")]
@@ -106,10 +108,7 @@ TextColumn = Annotated[str | None, typer.Option(help="The --dataset column to tr
 Packing = Annotated[bool, typer.Option(help="Pack --dataset documents into full --seq-len blocks instead of padding.")]
 Trainer = Annotated[
     str | None,
-    typer.Option(
-        help="trainer (transformers' Trainer) or sft (TRL's SFTTrainer on your rows); default: sft for a "
-        "--dataset of messages or prompt/completion rows, else trainer."
-    ),
+    typer.Option(help=trainers.option_help()),
 ]
 LossOn = Annotated[
     str | None,

@@ -65,7 +65,7 @@ class Workload:
         host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use (what offload moves
             off the device counts against it); ``None``: not checked.
         trainer: ``--trainer``: ``trainer`` (the transformers Trainer) or ``sft`` (TRL's SFTTrainer,
-            which prepares and batches ``dataset`` itself: ``autotune.spec.sft``).
+            which prepares and batches ``dataset`` itself: ``autotune.trainers.sft``).
         loss_on: ``--loss-on`` under ``sft``: the tokens the loss is taken on (``all``, ``completion``,
             ``assistant``); it changes the labels, not the work of a step.
     """

@@ -40,7 +40,6 @@ from autotune.runner._precision import (
     utilisation_defect,
 )
 from autotune.runner._sample_lengths import SampleLengths
-from autotune.runner._sft import build_sft_trainer, class_named, fullest_batch
 from autotune.runner._side_effects import trial_overrides
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.devices import DeviceSpec
@@ -50,7 +49,8 @@ from autotune.spec.flops import utilisation
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft
-from autotune.spec.sft import TRAINER_CLASSES
+from autotune.trainers import TrialInputs, class_named
+from autotune.trainers import get as trainer_named
 
 
 class SyntheticTokens(torch.utils.data.Dataset):
@@ -183,7 +183,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
     # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
     samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
-    if workload.trainer == "sft":  # the samples trained, however TRL's packing puts them in rows
+    if trainer_named(workload.trainer).samples_counted_from_lengths:  # however packing puts them in rows
         samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
     # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
@@ -274,8 +274,8 @@ def worst_case_peaks(
     trainer: Trainer, job: TrialJob, batching: Batching, probe: MemoryProbe, measured: dict[str, int]
 ) -> tuple[dict[str, int], str]:
     """One more optimizer step, after the timed ones, on the fullest batch the data can produce
-    (:func:`autotune.runner._loader.worst_case_batch`; under SFTTrainer the longest prepared rows
-    through TRL's collator, :func:`autotune.runner._sft.fullest_batch`), through the Trainer's own ``training_step``
+    (:func:`autotune.runner._loader.worst_case_batch`; under a trainer that prepares its rows, the
+    longest prepared rows through its collator: :meth:`autotune.trainers.TrainerKind.fullest_batch`), through the Trainer's own ``training_step``
     (its autocast, its accelerator) and optimizer: the trial's peak is the larger of the two, so a
     config that fits stays inside memory for the whole run, not only for the batches it was timed on.
 
@@ -283,14 +283,14 @@ def worst_case_peaks(
         The peaks after it (``measured_steps_peak_bytes``: the timed steps' ceiling figure), and
         which batch set the ceiling's figure.
     """
-    if job.workload.trainer == "sft":
-        batch, words = fullest_batch(trainer, trainer.args.per_device_train_batch_size)
-    else:
+    fullest = trainer_named(job.workload.trainer).fullest_batch(trainer, trainer.args.per_device_train_batch_size)
+    if fullest is None:
         from autotune.runner._loader import worst_case_batch
 
-        batch, words = worst_case_batch(
+        fullest = worst_case_batch(
             trainer.train_dataset, trainer.args.per_device_train_batch_size, batching, trainer.data_collator
         )
+    batch, words = fullest
     trainer.training_step(trainer.model_wrapped, batch)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -332,41 +332,49 @@ def build_collator(job: TrialJob, batching: Batching) -> Any:
 
 
 def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list[Any]) -> Trainer:
-    """The trial's trainer (:func:`trainer_of`), with exactly the levers' arguments and the harness's:
-    the transformers ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the user's rows,
-    which it prepares and batches itself (``runner._sft``)."""
+    """The trial's trainer (:func:`trainer_of`), with exactly the levers' arguments and the harness's,
+    built by the workload's trainer (:meth:`autotune.trainers.TrainerKind.build`): the transformers
+    ``Trainer`` on autotune's batches, or TRL's ``SFTTrainer`` on the user's rows, which it prepares and
+    batches itself."""
     workload = job.workload
     trainer_class, arguments_class, trainer_kwargs = trainer_of(job)
     kwargs = training_arguments_kwargs(job.config, workload.device.kind, workload.base_args)
     # Under a subclass whose defaults differ (SFTConfig), each lever field at its default is written.
     kwargs = {**with_levers_off_explicit(kwargs, arguments_class), **harness_arguments(job, batching)}
-    if workload.trainer == "sft":
-        return build_sft_trainer(job, model, (trainer_class, arguments_class, trainer_kwargs), kwargs, callbacks)
-    return trainer_class(
+    prepared = workload.dataset
+    inputs = TrialInputs(
+        trainer_class=trainer_class,
+        arguments_class=arguments_class,
+        trainer_kwargs=trainer_kwargs,
+        arguments=kwargs,
         model=model,
-        args=arguments_class(**kwargs),
-        train_dataset=build_dataset(job, batching),
-        data_collator=build_collator(job, batching),
         callbacks=callbacks,
-        **trainer_kwargs,
+        seq_len=workload.seq_len,
+        loss_on=workload.loss_on,
+        rows_wanted=job.config.global_batch * (workload.measure.total_steps_cap + 1),
+        dataset=lambda: build_dataset(job, batching),
+        collator=lambda: build_collator(job, batching),
+        prepared_dir=prepared.prepared_dir if prepared is not None else None,
+        tokenizer_dir=prepared.tokenizer_dir if prepared is not None else None,
     )
+    return trainer_named(workload.trainer).build(inputs)
 
 
 def trainer_of(job: TrialJob) -> tuple[type, type, dict[str, Any]]:
     """The trainer class, its arguments class and the trainer's keyword arguments of the trial: the
-    workload's trainer (``--trainer``: ``autotune.spec.sft.TRAINER_CLASSES``), or one a lever chooses
-    over the Trainer's, with every lever's keyword arguments (:func:`autotune.levers.trainer_parts`)."""
-    trainer, arguments = TRAINER_CLASSES[job.workload.trainer]
-    parts = trainer_parts(job.config, TrainerParts(trainer=trainer, arguments=arguments))
+    workload's trainer (``--trainer``: :attr:`autotune.trainers.TrainerKind.trainer_class`), or one a lever
+    chooses over the Trainer's, with every lever's keyword arguments (:func:`autotune.levers.trainer_parts`)."""
+    kind = trainer_named(job.workload.trainer)
+    parts = trainer_parts(job.config, TrainerParts(trainer=kind.trainer_class, arguments=kind.arguments_path))
     return class_named(parts.trainer), class_named(parts.arguments), parts.kwargs
 
 
 def batches_vary(job: TrialJob, batching: Batching) -> bool:
     """Whether micro-batches differ in tokens: the user's data padded to each batch's longest or
-    flattened (``Batching.varies``), and every batching of SFTTrainer's (its collator pads to the
-    longest, and packed rows are filled to different lengths). The trial then also measures the
-    fullest batch once (:func:`worst_case_peaks`)."""
-    return job.workload.dataset is not None and (batching.varies or job.workload.trainer == "sft")
+    flattened (``Batching.varies``), and every batching of a trainer that prepares its rows (SFTTrainer's
+    collator pads to the longest, and packed rows are filled to different lengths). The trial then also
+    measures the fullest batch once (:func:`worst_case_peaks`)."""
+    return job.workload.dataset is not None and (batching.varies or trainer_named(job.workload.trainer).prepares_rows)
 
 
 def tokens_counted(job: TrialJob, batching: Batching) -> str:
@@ -391,7 +399,7 @@ def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # n
         skipped = skipped_among(timer.measured_step_numbers, recorder.skipped_steps)
         trained = trained_fraction(len(timer.step_times), skipped)
         samples_per_step = job.config.global_batch * trained
-        if job.workload.trainer == "sft":  # the samples trained per step, as the result counts them
+        if trainer_named(job.workload.trainer).samples_counted_from_lengths:  # as the result counts them
             steps = timer.measured_step_numbers
             samples_per_step = trained * lengths.totals(steps)[0] / max(len(steps), 1)
         return clearly_slower(timer.step_times, samples_per_step, threshold, job.prune_step_noise, timer.settings)

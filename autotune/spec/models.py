@@ -104,7 +104,7 @@ class ModelSpec:
             counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
         fused_lm_head: The loss is taken through a fused, chunked language-model head that never
             makes the ``b x s x V`` logits: TRL's SFTTrainer patches every model so
-            (trl/trainer/sft_trainer.py:1142-1147). Set by :func:`autotune.spec.sft.for_trainer`.
+            (trl/trainer/sft_trainer.py:1142-1147). Set by :func:`autotune.trainers.with_model`.
     """
 
     name: str

@@ -1,17 +1,14 @@
-"""The trainer of a study's trials (``--trainer``) and what SFT loss it trains (``--loss-on``): the
-workload's, fixed for a study and never searched, like ``--peft``.
+"""What an SFT study trains on and which loss (``--loss-on``): the workload's, fixed for a study and
+never searched, like ``--peft``. The trainer itself (``--trainer sft``, TRL's ``SFTTrainer``) is
+``autotune.trainers.sft``; this module holds the rows' formats and the loss, which the parent checks.
 
-* ``trainer``: the transformers ``Trainer`` with ``TrainingArguments``, on synthetic tokens or a
-  ``text`` column autotune tokenizes (``autotune.runner``).
-* ``sft``: TRL's ``SFTTrainer`` with ``SFTConfig`` (a ``TrainingArguments`` subclass), which is
-  what most people who fine-tune an LLM today launch, directly or under axolotl and LLaMA-Factory.
-  Each trial hands it the user's rows as they are (``messages`` rendered with the tokenizer's chat
-  template, ``prompt``/``completion``, or ``text``), and TRL prepares, truncates, packs and batches
-  them itself (trl/trainer/sft_trainer.py, ``_prepare_dataset`` and
-  ``DataCollatorForLanguageModeling``), exactly as the user's run does.
-
-By default a ``--dataset`` of chat (``messages``) or ``prompt``/``completion`` rows trains under
-``sft``, anything else under ``trainer``; ``--trainer sft`` also takes a ``text`` dataset.
+TRL's ``SFTTrainer`` is what most people who fine-tune an LLM today launch, directly or under axolotl
+and LLaMA-Factory. Each trial hands it the user's rows as they are (``messages`` rendered with the
+tokenizer's chat template, ``prompt``/``completion``, or ``text``), and TRL prepares, truncates, packs
+and batches them itself (trl/trainer/sft_trainer.py, ``_prepare_dataset`` and
+``DataCollatorForLanguageModeling``), exactly as the user's run does. By default a ``--dataset`` of
+chat (``messages``) or ``prompt``/``completion`` rows trains under ``sft``, anything else under
+``trainer``; ``--trainer sft`` also takes a ``text`` dataset.
 
 The loss (``--loss-on``): ``all`` tokens, the ``completion`` of prompt/completion rows, or what the
 ``assistant`` says in chat rows (``SFTConfig.completion_only_loss`` / ``assistant_only_loss``,
@@ -24,38 +21,16 @@ contradiction is refused.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.spec.models import ModelSpec
 
-TRAINERS = ("trainer", "sft")
-# Each trainer's class and its arguments' class, ``module:Class`` (the trial child imports them).
-TRAINER_CLASSES = {
-    "trainer": ("transformers:Trainer", "transformers:TrainingArguments"),
-    "sft": ("trl:SFTTrainer", "trl:SFTConfig"),
-}
-TRAINER_WORDS = {"trainer": "the transformers Trainer", "sft": "TRL's SFTTrainer"}
-# The words of each trainer's default arguments, the baseline the first seed trial measures: in full,
-# and short (tables, the loss comparison).
-DEFAULT_ARGUMENTS_WORDS = {"trainer": "HF default TrainingArguments", "sft": "TRL's default SFTConfig"}
-BASELINE_WORDS = {"trainer": "HF default", "sft": "TRL default"}
 LOSS_ON = ("all", "completion", "assistant")
 # The dataset formats TRL's SFTTrainer reads (trl/data_utils.py: is_conversational; sft_trainer.py
 # _prepare_dataset), by the columns that name them.
 FORMATS = ("messages", "prompt-completion", "text")
 FORMAT_COLUMNS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",)}
-# SFTConfig fields autotune sets itself under sft: a --base-args file may not.
-REFUSED_SFT_FIELDS = {
-    "max_length": "autotune sets it from --seq-len",
-    "model_init_kwargs": (
-        "autotune builds the model itself, and SFTTrainer ignores model_init_kwargs for a built model "
-        "(sft_trainer.py:697-708): search attn_implementation and weight_dtype in the --space YAML"
-    ),
-    "dataset_kwargs": "autotune hands SFTTrainer the rows as they are, for TRL to prepare",
-}
 
 
 def data_format(columns: Sequence[str]) -> str | None:
@@ -67,51 +42,6 @@ def data_format(columns: Sequence[str]) -> str | None:
     if "text" in columns:
         return "text"
     return None
-
-
-def choose_trainer(requested: str | None, columns: Sequence[str] | None) -> str:
-    """The study's trainer: ``--trainer`` if given, else ``sft`` for chat or prompt/completion rows.
-
-    Raises:
-        AutotuneError: An unknown trainer; ``sft`` without a dataset or on rows it cannot read.
-    """
-    if requested is not None and requested not in TRAINERS:
-        raise AutotuneError(f"--trainer {requested}: choose one of {', '.join(TRAINERS)}")
-    found = data_format(columns) if columns is not None else None
-    trainer = requested or ("sft" if found in ("messages", "prompt-completion") else "trainer")
-    if trainer != "sft":
-        return trainer
-    if columns is None:
-        raise AutotuneError(
-            "--trainer sft trains on your rows: give --dataset (chat rows: `autotune chat-corpus --out chat.jsonl`)"
-        )
-    if found is None:
-        raise AutotuneError(
-            f"--trainer sft: the dataset has no messages, prompt and completion, or text column "
-            f"(columns: {', '.join(columns)}); SFTTrainer reads one of those"
-        )
-    return trainer
-
-
-def check_sft_workload(task: str, packing_option: bool, text_column: str | None) -> None:
-    """What ``--trainer sft`` cannot train: a model that is not a causal LM, autotune's own ``--packing``.
-
-    Raises:
-        AutotuneError: One line naming the option to change.
-    """
-    if task != "causal-lm":
-        raise AutotuneError(
-            f"--trainer sft trains causal language models; the model trains as {task} (use --trainer trainer)"
-        )
-    if packing_option:
-        raise AutotuneError(
-            "--packing is the Trainer's packing; under --trainer sft TRL packs: search `packing: [off, bfd]` in the --space YAML"
-        )
-    if text_column is not None:
-        raise AutotuneError(
-            "--text-column picks the Trainer's text column; under --trainer sft SFTTrainer reads messages, "
-            "prompt/completion or text: rename the column, or set dataset_text_field in --base-args"
-        )
 
 
 def default_loss_on(data: str) -> str:
@@ -222,12 +152,6 @@ def sft_arguments(arguments: Mapping[str, Any], seq_len: int, loss_on: str) -> d
     lever off value already explicit where SFTConfig's default differs), the loss, and ``max_length``
     from ``--seq-len`` unless a lever set it."""
     return {**arguments, **loss_on_arguments(loss_on), "max_length": arguments.get("max_length", seq_len)}
-
-
-def for_trainer(model: ModelSpec, trainer: str) -> ModelSpec:
-    """The model as ``trainer`` trains it: under ``sft`` with TRL's fused language-model head, whose
-    chunks replace the logits in the memory estimate (``autotune.estimate``)."""
-    return dataclasses.replace(model, fused_lm_head=True) if trainer == "sft" else model
 
 
 def work_counted(loss_on: str) -> str:

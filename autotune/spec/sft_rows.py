@@ -24,7 +24,7 @@ from 1 in the order of the file):
   (sft_trainer.py:1392-1398), so that row is refused here.
 
 What TRL skips is counted, not refused: a row truncated to ``--seq-len`` tokens with no label left is
-dropped by TRL (sft_trainer.py:1455-1463; the child's own truncation does the same, ``runner._sft``):
+dropped by TRL (sft_trainer.py:1455-1463; the child's own truncation does the same, ``autotune.trainers.sft``):
 :func:`dropped_rows` says how many, and only data where every row is dropped is refused.
 
 Why the bounds are in-process: a subprocess with a timeout would bound everything but costs a process

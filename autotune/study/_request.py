@@ -24,6 +24,7 @@ from autotune.runner import Workload
 from autotune.space import SearchSpace
 from autotune.spec.devices import DeviceSpec
 from autotune.study._screening import refuse_if_nothing_fits
+from autotune.trainers import identity_entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +75,8 @@ class SearchRequest:
             "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
             "base_args": workload.base_args,
             "peft": workload.model.peft.identity() if workload.model.peft else None,
-            # Only under SFTTrainer, so studies of the Trainer written before the option resume unchanged.
-            **({"trainer": workload.trainer, "loss_on": workload.loss_on} if workload.trainer != "trainer" else {}),
+            # Not under the default trainer, so studies of the Trainer written before the option resume unchanged.
+            **identity_entries(workload.trainer, workload.loss_on),
             # Only where it is not 1, so studies written before the option resume unchanged.
             **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
         }

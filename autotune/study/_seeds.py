@@ -80,7 +80,7 @@ def _lever_field_defaults(trainer: str) -> dict[str, Any]:
     import tempfile
     import warnings
 
-    from autotune.plan import arguments_class
+    from autotune.trainers import arguments_class
 
     cls = arguments_class(trainer)
     lever_fields = {field for lever in LEVERS.values() for field in lever.fields}

@@ -8,7 +8,9 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 
 A study under ``--trainer sft`` trained TRL's ``SFTConfig``: its ``json``, ``cli`` and ``python`` are
 ``SFTConfig``'s (:func:`autotune.views.sft_export.sft_config_arguments`), and three more formats say
-the same for the tools people launch (:data:`SFT_FORMATS`: ``trl sft``, axolotl, LLaMA-Factory).
+the same for the tools people launch (:data:`TOOL_FORMATS`, each a trainer's ``tool_forms``: ``trl
+sft``, axolotl, LLaMA-Factory). What a study's trainer exports is its trainer's answer
+(``autotune.trainers``: ``arguments_subclass``, ``tool_forms``, ``exported_as``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
 from autotune.storage import schema
+from autotune.trainers import DEFAULT, REGISTERED, TrainerKind, tool_form_owner
 from autotune.units import format_bytes
-from autotune.views.ranking import RankedTrial, study_ranking, winner_summary
+from autotune.views.ranking import RankedTrial, study_ranking, study_trainer, winner_summary
 from autotune.views.sft_export import (
     SftWinner,
     model_to_load,
@@ -60,17 +63,10 @@ def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:
     if fmt == "accelerate":
         return arguments
     arguments = for_the_trainer(arguments, best.result)
-    if study_trainer(study) == "sft":  # the SFTConfig the trial trained with, every differing default written
+    if study_trainer(study).arguments_subclass:  # the SFTConfig the trial trained with, every differing default written
         identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
         return sft_config_arguments(arguments, best.config, int(identity["seq_len"]), str(identity["loss_on"]))
     return arguments
-
-
-def study_trainer(study: optuna.Study | None) -> str:
-    """The trainer of ``study``'s trials (``--trainer``, kept in its identity where it is not the Trainer)."""
-    if study is None:
-        return "trainer"
-    return str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("trainer", "trainer"))
 
 
 def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
@@ -172,21 +168,16 @@ def exported_as(study: optuna.Study, fmt: str) -> str:
     """What the export in ``fmt`` holds, in words: an SFT study's arguments are ``SFTConfig``'s, which
     ``TrainingArguments`` refuses (``assistant_only_loss``, ``max_length``, ...), a Trainer study's
     ``TrainingArguments``'."""
-    cls = "SFTConfig" if study_trainer(study) == "sft" else "TrainingArguments"
-    return {
-        "json": f"{cls}(**json) keyword arguments",
-        "cli": f"{cls} flags for HfArgumentParser",
-        "python": f"{'an' if cls == 'SFTConfig' else 'a'} {cls}(...) snippet",
-        "accelerate": "an accelerate launch config",
-        "trl": "a `trl sft` command line",
-        "axolotl": "an axolotl config fragment",
-        "llama-factory": "a LLaMA-Factory config fragment",
-    }[fmt]
+    kind = study_trainer(study)
+    if fmt not in kind.exported_as:  # a tool's form of another trainer, which render refuses
+        kind = tool_form_owner(fmt) or kind
+    return kind.exported_as[fmt]
 
 
-# The formats of the tools built on TRL's SFTTrainer: a study under --trainer sft only.
-SFT_FORMATS = ("trl", "axolotl", "llama-factory")
-FORMATS = ("json", "cli", "python", "accelerate", *SFT_FORMATS)
+# The formats of the tools built on a trainer (TRL's SFTTrainer: trl, axolotl, LLaMA-Factory): a study
+# of that trainer only.
+TOOL_FORMATS = tuple(fmt for kind in REGISTERED for fmt in kind.tool_forms)
+FORMATS = ("json", "cli", "python", "accelerate", *TOOL_FORMATS)
 DEFAULT_OUT = {
     "json": "best_args.json",
     "cli": "best_args.txt",
@@ -236,14 +227,14 @@ def ranks_of(study: optuna.Study | None) -> int:
     return int((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("devices_per_trial", 1))
 
 
-def model_loading_note(best: RankedTrial, trainer: str = "trainer") -> str | None:
+def model_loading_note(best: RankedTrial, trainer: TrainerKind = DEFAULT) -> str | None:
     """What the winner depends on that its arguments do not say (the model build, the data collator,
     what TRL requires of the rows): each lever's own note (``autotune.levers``). Under SFT the model's
     build is in the arguments' ``model_init_kwargs`` (:func:`autotune.views.sft_export.sft_config_note`)."""
     notes = [
         lever.export_note(getattr(best.config, lever.name))
         for lever in LEVERS.values()
-        if not (trainer == "sft" and lever.acts_on == "model")
+        if not (trainer.arguments_subclass and lever.acts_on == "model")
     ]
     return "; ".join(note for note in notes if note) or None
 
@@ -317,7 +308,7 @@ def export_notes(
     trainer = study_trainer(study)
     found = (
         launch_note(ranks_of(study), _trains_with_deepspeed(study, best)),
-        sft_config_note(winner_arguments(study, "json")) if study is not None and trainer == "sft" else None,
+        sft_config_note(winner_arguments(study, "json")) if study is not None and trainer.arguments_subclass else None,
         model_loading_note(best, trainer),
         allocator_note(best),
         peak_batch_note(best),
@@ -357,12 +348,12 @@ def render(
     arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1, sft: SftWinner | None = None
 ) -> str:
     """The text of ``arguments`` in one of :data:`FORMATS`; ``sft``: the winner of an SFT study, whose
-    arguments are ``SFTConfig``'s (the formats of :data:`SFT_FORMATS` need it).
+    arguments are ``SFTConfig``'s (the formats of :data:`TOOL_FORMATS` need it).
 
     Raises:
         AutotuneError: An unknown format, or an SFT tool's format for a study of the Trainer.
     """
-    if fmt in SFT_FORMATS and sft is None:
+    if fmt in TOOL_FORMATS and sft is None:
         raise AutotuneError(
             f"--format {fmt} writes a TRL SFTTrainer run, and this study trained the transformers Trainer "
             "(search with --trainer sft for it); use json, cli, python or accelerate"
@@ -377,8 +368,10 @@ def render(
         if sft is None:
             return python_snippet(arguments, provenance)
         model_note = [sft.model_note] if sft.model_note else []
-        return python_snippet(arguments, "\n".join([*provenance.splitlines(), *model_note]), "sft", sft.model)
-    if sft is not None and fmt in SFT_FORMATS:
+        return python_snippet(
+            arguments, "\n".join([*provenance.splitlines(), *model_note]), sft.arguments_path, sft.model
+        )
+    if sft is not None and fmt in TOOL_FORMATS:
         tool = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
         return tool(dataclasses.replace(sft, arguments=arguments, provenance=provenance))
     if fmt == "accelerate":
@@ -388,7 +381,8 @@ def render(
 
 def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | None:
     """What the SFT tools' formats need of an SFT study's winner; ``None`` for a study of the Trainer."""
-    if study_trainer(study) != "sft":
+    kind = study_trainer(study)
+    if not kind.tool_forms:
         return None
     identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
     model, model_note = model_to_load(str(identity.get("model")))
@@ -399,6 +393,7 @@ def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | No
         loss_on=str(identity.get("loss_on")),
         peft=_peft_identity(study),
         model_note=model_note,
+        arguments_path=kind.arguments_path,
     )
 
 

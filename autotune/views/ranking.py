@@ -20,8 +20,8 @@ from autotune.result import (
     judged_trials,
     params_key,
 )
-from autotune.spec.sft import BASELINE_WORDS, work_counted
 from autotune.storage import schema
+from autotune.trainers import DEFAULT, TrainerKind, of_identity
 from autotune.units import format_bytes
 
 
@@ -358,17 +358,19 @@ def winner_summary(best: RankedTrial) -> str:
     return f"#{best.number} ({best.config.short()}){measured}"
 
 
-def study_trainer(study: optuna.Study) -> str:
-    """The study's trainer (``trainer``, or ``sft``: TRL's SFTTrainer), from its identity."""
-    return str((study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("trainer", "trainer"))
+def study_trainer(study: optuna.Study | None) -> TrainerKind:
+    """The trainer of ``study``'s trials (``--trainer``, kept in its identity where it is not the
+    default: ``autotune.trainers.of_identity``); the default without a study."""
+    if study is None:
+        return DEFAULT
+    return of_identity(study.user_attrs.get(schema.STUDY_IDENTITY) or {})
 
 
 def describe_work_counted(study: optuna.Study) -> str | None:
-    """Under SFTTrainer, what the ranking's model TFLOPs count (``None`` for other studies)."""
+    """What the ranking's model TFLOPs count, where the study's trainer says it (SFTTrainer's loss;
+    ``None`` for other studies)."""
     identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
-    if identity.get("trainer") != "sft":
-        return None
-    return work_counted(str(identity.get("loss_on", "all")))
+    return study_trainer(study).work_counted(str(identity.get("loss_on", "all")))
 
 
 def describe_ranking_basis(study: optuna.Study) -> str:
@@ -418,7 +420,7 @@ def describe_confirmation(study: optuna.Study) -> str | None:
 def default_beside(study: optuna.Study, number: int | None) -> str:
     """`` and the HF default #0 for the speedup`` (the TRL default under SFTTrainer): the HF-default
     seed trial re-run beside the confirmation's candidates; empty for ``None``."""
-    return "" if number is None else f" and the {BASELINE_WORDS[study_trainer(study)]} #{number} for the speedup"
+    return "" if number is None else f" and the {study_trainer(study).baseline_words} #{number} for the speedup"
 
 
 def _how_the_confirmation_stopped(record: dict[str, Any]) -> str:

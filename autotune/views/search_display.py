@@ -34,7 +34,6 @@ from autotune.result import (
     precision_note,
     winner_loss,
 )
-from autotune.spec.sft import BASELINE_WORDS, DEFAULT_ARGUMENTS_WORDS
 from autotune.storage import schema
 from autotune.units import format_bytes
 from autotune.views.ranking import (
@@ -405,10 +404,10 @@ def print_speedup(console: Console, study: Any) -> None:
         return
     best = f"#{speedup.best_trial} {speedup.best_config.short()} at {speedup.best_samples_per_s:.1f} samples/s"
     trainer = study_trainer(study)
-    default = f"{DEFAULT_ARGUMENTS_WORDS[trainer]} (#{speedup.default_trial})"
-    over = f"speedup over {BASELINE_WORDS[trainer]}"
+    default = f"{trainer.default_arguments_words} (#{speedup.default_trial})"
+    over = f"speedup over {trainer.baseline_words}"
     if speedup.default_moved:  # the space could not hold the default: its seed ran the nearest config
-        over = f"speedup over the nearest config to the {BASELINE_WORDS[trainer]} in this space"
+        over = f"speedup over the nearest config to the {trainer.baseline_words} in this space"
         default = f"that config (#{speedup.default_trial}: {', '.join(speedup.default_moved)})"
     if speedup.ratio is None:
         console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
@@ -427,7 +426,7 @@ def print_winner_loss(console: Console, study: Any) -> None:
     ranking = study_ranking(study)
     if not ranking or ranking[0].result is None:
         return
-    baseline = BASELINE_WORDS[study_trainer(study)]
+    baseline = study_trainer(study).baseline_words
     loss = winner_loss(study.get_trials(deepcopy=False), ranking[0].number, ranking[0].result, baseline)
     console.print(loss.describe(), markup=False, highlight=False, soft_wrap=True)
     curve = loss.curve_text()

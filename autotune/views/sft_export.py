@@ -3,7 +3,7 @@ JSON, the ``trl sft`` command line, axolotl and LLaMA-Factory YAML fragments (th
 :mod:`autotune.views.sft_tool_yaml`).
 
 One dict is the source of all four, :func:`sft_config_arguments`: the ``SFTConfig`` keyword arguments
-the winner's trial trained with (``autotune.runner._sft``: the levers', the user's ``--base-args``, the
+the winner's trial trained with (``autotune.trainers.sft``: the levers', the user's ``--base-args``, the
 loss and ``max_length``), with every field whose ``SFTConfig`` default differs from
 ``TrainingArguments``' written out, and the model's build (weight dtype, attention kernel) as
 ``model_init_kwargs``, which SFTTrainer applies when it loads the model by name
@@ -27,6 +27,7 @@ from autotune.levers import TrialConfig, model_build_kwargs, with_levers_off_exp
 from autotune.levers.memory_savers import checkpointing_field
 from autotune.spec.models import catalog_hub_id, catalog_name_of
 from autotune.spec.sft import sft_arguments
+from autotune.trainers.sft import SFT
 from autotune.views.text import comment_lines, shell_line
 
 # The SFT fields written even where the winner left them at TRL's default: what decides how the
@@ -122,6 +123,7 @@ class SftWinner:
     peft: dict[str, Any] | None = None
     provenance: str = ""
     model_note: str | None = None
+    arguments_path: str = SFT.arguments_path
 
 
 def header_lines(winner: SftWinner, source: str) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from autotune.levers import NOTE, Mapper, lever_tool_keys, nothing, same
 from autotune.views.sft_export import SftWinner, comment_lines, header_lines
 
 # Where the sources of each fragment's keys are (docs/facts.md, "SFT export keys", has the lines).
@@ -28,25 +29,9 @@ LLAMA_FACTORY_SOURCE = (
 
 # ---- YAML fragments ---------------------------------------------------------------------------------
 
-# Each mapper: (the SFTConfig value, every argument) -> (the tool's keys, comment lines). A comment line is
-# what the tool cannot express, or, starting with NOTE, what a reader of an expressed key must know.
-Mapper = Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
-NOTE = "note: "
-
-
-def _same(key: str) -> Mapper:
-    return lambda value, _args: ({key: value}, [])
-
-
-def _not_expressible(tool: str, why: str = "") -> Mapper:
-    def mapper(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        return {}, [f"{tool} cannot express {value!r}" + (f": {why}" if why else "")]
-
-    return mapper
-
-
-def _nothing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    return {}, []  # said by another field's mapper
+# The keys of the lever fields are the levers' own (``Lever.tool_keys``: each field a mapper, or why the tool
+# cannot express it); those below are the fields no lever writes: the user's and TRL's defaults, the
+# SFT trainer's loss, the model's build (``model_init_kwargs``) and the device.
 
 
 def _fragment(
@@ -105,52 +90,6 @@ def _axolotl_attention(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, A
     return keys, comments
 
 
-def _axolotl_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    if not value:
-        return {"gradient_checkpointing": False}, []
-    # Unset kwargs give axolotl's SFT use_reentrant=True (utils/config/__init__.py:395-401); the winner ran
-    # transformers' default, use_reentrant=False (modeling_utils.py:3158), unless its arguments say otherwise.
-    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
-    return {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False, **kwargs}}, []
-
-
-def _axolotl_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    return {"sample_packing": bool(value)}, []
-
-
-def _axolotl_liger(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    if not value:
-        return {}, []
-    # TRL applies Liger's layer kernels only, never its fused cross-entropy (sft_trainer.py:1127-1140).
-    return {
-        "plugins": ["axolotl.integrations.liger.LigerPlugin"],
-        "liger_rope": True,
-        "liger_rms_norm": True,
-        "liger_glu_activation": True,
-    }, []
-
-
-# The attention kernels autotune searches that axolotl 0.19 runs on flattened (varlen) rows
-# (utils/schemas/enums.py:142-155, ATTN_IMPLS_SUPPORTING_PACKING).
-_AXOLOTL_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
-
-
-def _axolotl_padding_free(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    # axolotl's padding-free batches without packing: batch_flattening (schemas/config.py:748-753; the
-    # collator DataCollatorWithFlattening, core/builders/causal.py:595-599), which it refuses beside
-    # sample_packing or without a varlen attention kernel (schemas/validation.py:1076-1089).
-    if not value or args.get("packing"):
-        return {}, []
-    attention = (args.get("model_init_kwargs") or {}).get("attn_implementation")
-    if attention in _AXOLOTL_VARLEN_ATTENTION:
-        return {"batch_flattening": True}, []
-    return {}, [
-        f"axolotl's padding-free batches (batch_flattening) need a varlen attention kernel "
-        f"({', '.join(_AXOLOTL_VARLEN_ATTENTION)}: schemas/validation.py:1076-1086), and the winner's attention is "
-        f"{attention or 'the model default'}: axolotl pads its batches then"
-    ]
-
-
 def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # train_on_inputs: false masks the prompt; chat_template datasets train the assistant's turns by default
     # (roles_to_train: ["assistant"], schemas/datasets.py:163-175).
@@ -159,42 +98,11 @@ def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any
 
 
 AXOLOTL_KEYS: dict[str, Mapper] = {
-    "per_device_train_batch_size": _same("micro_batch_size"),
-    "gradient_accumulation_steps": _same("gradient_accumulation_steps"),
-    "activation_checkpointing": _axolotl_checkpointing,
-    "gradient_checkpointing": _axolotl_checkpointing,
-    "bf16": _same("bf16"),
-    "fp16": _same("fp16"),
-    "tf32": _same("tf32"),
-    "optim": _same("optimizer"),
-    "learning_rate": _same("learning_rate"),
-    "logging_steps": _same("logging_steps"),
-    "dataloader_num_workers": _same("dataloader_num_workers"),
-    "dataloader_pin_memory": _same("dataloader_pin_memory"),
-    "torch_compile": _same("torch_compile"),
-    "torch_compile_backend": _same("torch_compile_backend"),
-    "torch_compile_mode": _same("torch_compile_mode"),
-    "torch_empty_cache_steps": _same("torch_empty_cache_steps"),
-    "deepspeed": _same("deepspeed"),
-    "max_length": lambda value, args: (
-        ({"sequence_len": value}, [])
-        if value is not None
-        else ({}, ["axolotl has no untruncated length: give it samples already truncated to --seq-len"])
-    ),
-    "packing": _axolotl_packing,
-    "packing_strategy": lambda value, args: (
-        ({}, []) if value == "bfd" else ({}, [f"axolotl packs its own way (multipack), not {value!r}"])
-    ),
-    "padding_free": _axolotl_padding_free,
+    **lever_tool_keys("axolotl"),
+    "learning_rate": same("learning_rate"),
+    "logging_steps": same("logging_steps"),
     "completion_only_loss": _loss_on_axolotl,
-    "assistant_only_loss": _nothing,
-    "activation_offloading": lambda value, args: ({"activation_offloading": True} if value else {}, []),
-    "use_liger_kernel": _axolotl_liger,
-    "train_sampling_strategy": lambda value, args: (
-        ({"group_by_length": True}, [])
-        if value == "group_by_length"
-        else ({}, [f"axolotl has no train_sampling_strategy {value!r}"])
-    ),
+    "assistant_only_loss": nothing,
     "model_init_kwargs": _axolotl_attention,
     "use_cpu": lambda value, args: (
         {},
@@ -258,64 +166,16 @@ def _lf_model_init(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any],
     return keys, comments
 
 
-def _lf_checkpointing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    # use_reentrant_gc defaults to true (model/model_utils/checkpointing.py:177-198); the winner ran
-    # transformers' use_reentrant=False (modeling_utils.py:3158).
-    kwargs = args.get("activation_checkpointing_kwargs") or args.get("gradient_checkpointing_kwargs") or {}
-    if not value:
-        return {"disable_gradient_checkpointing": True}, []
-    return {"disable_gradient_checkpointing": False, "use_reentrant_gc": bool(kwargs.get("use_reentrant", False))}, []
-
-
 def _lf_loss_on(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # train_on_prompt: false (the default) trains the responses only (hparams/data_args.py:50-57).
     on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
     return {"train_on_prompt": on_all}, []
 
 
-def _lf_packing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    # neat_packing: block-diagonal attention, samples kept apart as TRL's bfd keeps them (data_args.py:108-115).
-    return ({"packing": True, "neat_packing": True}, []) if value else ({"packing": False}, [])
-
-
-def _lf_cutoff_len(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    if value is None:
-        return {}, ["LLaMA-Factory always truncates at cutoff_len: set it to the study's --seq-len"]
-    if not args.get("packing"):
-        return {"cutoff_len": value}, []
-    # Under packing LLaMA-Factory takes one token off cutoff_len (hparams/data_args.py:188-189), truncates each
-    # sample to the rest and packs rows of up to that many tokens (data/processor/supervised.py:73-77, :186),
-    # then pads each row to the cutoff_len given (:218-232). One more keeps the winner's samples and rows.
-    return {"cutoff_len": value + 1}, [
-        f"{NOTE}cutoff_len is {value} + 1: under packing LLaMA-Factory subtracts one token from cutoff_len "
-        "(hparams/data_args.py:188-189), truncates samples and fills packed rows to what is left "
-        f"(data/processor/supervised.py:73-77, 186), then pads each row to the cutoff_len given (:218-232): so "
-        f"samples are cut at {value} tokens and rows hold up to {value} of them, as the winner's did (padded to {value + 1})"
-    ]
-
-
 LLAMA_FACTORY_KEYS: dict[str, Mapper] = {
-    "max_length": _lf_cutoff_len,
-    "packing": _lf_packing,
-    "packing_strategy": lambda value, args: (
-        ({}, []) if value == "bfd" else ({}, [f"LLaMA-Factory has no packing strategy {value!r}"])
-    ),
-    "padding_free": lambda value, args: (
-        ({}, [])
-        if not value or args.get("packing")
-        else ({}, ["LLaMA-Factory has no padding-free batches without packing (neat_packing is the nearest)"])
-    ),
-    # LLaMA-Factory turns checkpointing on itself and passes its own kwargs (hparams/model_args.py:145-152).
-    "activation_checkpointing": lambda value, args: _lf_checkpointing(value, args),
-    "gradient_checkpointing": lambda value, args: _lf_checkpointing(value, args),
-    "use_liger_kernel": lambda value, args: ({"enable_liger_kernel": bool(value)}, []),
+    **lever_tool_keys("llama-factory"),
     "completion_only_loss": _lf_loss_on,
-    "assistant_only_loss": _nothing,
-    "activation_offloading": lambda value, args: (
-        ({}, ["LLaMA-Factory has no activation offloading key (use_unsloth_gc is a different mechanism)"])
-        if value
-        else ({}, [])
-    ),
+    "assistant_only_loss": nothing,
     "model_init_kwargs": _lf_model_init,
 }
 

@@ -13,6 +13,7 @@ import yaml
 
 from autotune.errors import AutotuneError
 from autotune.spec.derived_cache import cached
+from autotune.trainers import DEFAULT
 from autotune.views.text import comment_lines, shell_line
 
 
@@ -76,12 +77,16 @@ def _parser_nargs_of_transformers() -> dict[str, Any]:
 
 
 def python_snippet(
-    arguments: dict[str, Any], provenance: str = "", trainer: str = "trainer", model: str | None = None
+    arguments: dict[str, Any],
+    provenance: str = "",
+    arguments_path: str = DEFAULT.arguments_path,
+    model: str | None = None,
 ) -> str:
     """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
-    study) with every argument as a literal; ``model``: the name an SFT study's model loads by, which
-    ``SFTTrainer(model=...)`` takes (it applies the arguments' ``model_init_kwargs`` then)."""
-    module, name = ("trl", "SFTConfig") if trainer == "sft" else ("transformers", "TrainingArguments")
+    study: ``arguments_path``, the study's trainer's ``module:Class``) with every argument as a literal;
+    ``model``: the name an SFT study's model loads by, which ``SFTTrainer(model=...)`` takes (it applies
+    the arguments' ``model_init_kwargs`` then)."""
+    module, _, name = arguments_path.partition(":")
     lines = comment_lines([provenance] if provenance else [])
     lines += [
         f"from {module} import {name}",

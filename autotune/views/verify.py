@@ -13,7 +13,6 @@ from rich.console import Console
 from autotune.errors import AutotuneError
 from autotune.result import FigureCheck, Judgement, StudyAnswer, TrialResult, Verification
 from autotune.spec.measure import PRUNE_NOISE_FLOOR
-from autotune.spec.sft import BASELINE_WORDS
 from autotune.units import format_bytes
 from autotune.views.ranking import confirmations_of, speedup_over_default, study_ranking, study_trainer
 
@@ -62,7 +61,7 @@ class VerifyPrinter:
         self._study = study
         self._answer = answer
         self._repeats = repeats
-        self._baseline = BASELINE_WORDS[study_trainer(study)]
+        self._baseline = study_trainer(study).baseline_words
 
     def _line(self, text: str) -> None:
         self._console.print(text, markup=False, highlight=False, soft_wrap=True)

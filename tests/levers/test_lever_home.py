@@ -25,6 +25,7 @@ from autotune.levers import (
     lever_values_from_base_args,
     training_arguments_kwargs,
 )
+from autotune.levers._exports import TOOL_FORMS, CannotExpress
 from autotune.levers._lever import ACTS_ON, MEMORY_PARTS
 from autotune.space._space_file import AUTO, SpaceFile
 
@@ -180,10 +181,7 @@ ALLOWED = {
     # keys (trl sft flags, axolotl, LLaMA-Factory): the arguments' fields, written by the levers' own
     # to_training_args / to_model_build; the export reads them, never a lever.
     *(("autotune/views/sft_export.py", name) for name in ("packing", "dtype", "attn_implementation")),
-    *(
-        ("autotune/views/sft_tool_yaml.py", name)
-        for name in ("packing", "dtype", "attn_implementation", "optim", "activation_offloading")
-    ),
+    *(("autotune/views/sft_tool_yaml.py", name) for name in ("dtype", "attn_implementation")),
 }
 
 
@@ -287,3 +285,115 @@ def test_every_allowed_place_still_names_its_lever():
     for relative, name in ALLOWED:
         reads = [found for _, found in lever_reads((REPO / relative).read_text(), set(LEVERS))]
         assert name in reads, f"{relative} no longer names {name!r}: remove it from ALLOWED"
+
+
+# --- every lever says its fields in every export form, and no other module spells them --------------
+
+
+def test_every_lever_declares_each_of_its_fields_in_every_tool_form():
+    """axolotl and LLaMA-Factory rename the arguments' fields: each lever declares, for each of its
+    fields, the tool's keys or why the tool cannot express it (``Lever.tool_keys``), so a new lever's
+    field never becomes "not expressible" unsaid."""
+    for name, lever in LEVERS.items():
+        assert set(lever.tool_keys) <= set(TOOL_FORMS), name
+        for tool in TOOL_FORMS:
+            declared = set(lever.tool_keys.get(tool, {}))
+            assert declared == set(lever.fields), f"{name}: {tool} declares {sorted(declared)}, not {lever.fields}"
+
+
+def test_a_field_a_tool_cannot_express_is_said_with_why():
+    said = CannotExpress("axolotl has no key for it")(True, {})
+    assert said == ({}, ["axolotl has no key for it"])
+
+
+def test_the_argument_forms_take_every_lever_field_by_its_own_name():
+    """The JSON, flag and Python forms write the arguments class's own fields, and ``trl sft`` parses
+    every one of them (trl/scripts/sft.py: HfArgumentParser over SFTConfig): a lever's ``fields`` are its
+    keys there, so each must be a field of the class that trains it."""
+    pytest.importorskip("trl")
+    from trl.scripts.sft import make_parser
+
+    flags = {action.dest for action in make_parser()._actions if f"--{action.dest}" in action.option_strings}
+    missing = {field for lever in LEVERS.values() for field in lever.fields} - flags
+    assert missing == set(), f"lever fields `trl sft` has no flag for: {sorted(missing)}"
+
+
+# The names bf16, fp16 and tf32 are a precision's as well as TrainingArguments fields (the dtype lever's
+# values, a device's dtypes, the peak a trial ran at): outside views/ they are read as precisions; in
+# views/, where only arguments are rendered, as fields.
+PRECISION_NAMES = {"bf16", "fp16", "tf32"}
+# The only places outside autotune/levers/ that spell a lever's arguments field, each with why it is not an
+# export form's rule for a lever field (which is the lever's: ``fields``, ``tool_keys``).
+_BASE_ARGS_CHECKS = (
+    "--base-args checks the user's own value of the field (its DeepSpeed config, its backend, its batch)"
+)
+ALLOWED_FIELDS = {
+    **{
+        ("autotune/plan/_base_args.py", field): _BASE_ARGS_CHECKS
+        for field in (
+            "deepspeed",
+            "torch_compile_backend",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+        )
+    },
+    ("autotune/runner/_baseline.py", "deepspeed"): "the library's name (its import time is measured)",
+    ("autotune/runner/_cpu_deepspeed.py", "deepspeed"): "the library's name (imported among the preloads)",
+    ("autotune/runner/_trial.py", "deepspeed"): "the library's distribution name (its version recorded)",
+    ("autotune/runner/_side_effects.py", "deepspeed"): "the trial's DeepSpeed config, its monitors turned off",
+    ("autotune/runner/_trial.py", "per_device_train_batch_size"): "the built arguments read back in the child",
+    ("autotune/runner/_loss_recorder.py", "gradient_accumulation_steps"): "the built arguments read back in the child",
+    ("autotune/runner/_loader.py", "max_length"): "the tokenizer's own keyword (truncation to --seq-len)",
+    ("autotune/spec/sft.py", "max_length"): "the SFT trainer's own field: --seq-len, unless a lever sets it",
+    ("autotune/trainers/sft.py", "max_length"): "the SFT trainer's own field, refused in --base-args",
+    ("autotune/trainers/sft.py", "padding_free"): "TRL's collator's keyword, the collator the packing lever probes",
+    ("autotune/views/export.py", "deepspeed"): "the DeepSpeed config written beside the export, named by path",
+    ("autotune/views/export.py", "tf32"): "the precision that ran made explicit (with_precision_that_ran)",
+    # SFTConfig's resolution of the fields whose defaults differ from TrainingArguments' (bf16 follows fp16).
+    **{
+        ("autotune/views/sft_export.py", field): "SFTConfig's defaults resolved as SFTConfig resolves them"
+        for field in ("packing", "padding_free", "bf16", "fp16", "gradient_checkpointing", "activation_checkpointing")
+    },
+    # axolotl's weights' dtype follows bf16/fp16 (the model build's mapper, which no single lever owns).
+    **{("autotune/views/sft_tool_yaml.py", field): "the weights' dtype under autocast" for field in ("bf16", "fp16")},
+    # The accelerate config: what of the arguments an accelerate launch config can carry.
+    **{
+        ("autotune/views/trainer_formats.py", field): "the accelerate form (not yet a lever declaration)"
+        for field in (
+            "bf16",
+            "fp16",
+            "tf32",
+            "torch_compile",
+            "torch_compile_backend",
+            "torch_compile_mode",
+            "deepspeed",
+            "gradient_accumulation_steps",
+        )
+    },
+}
+
+
+def field_spellings() -> list[tuple[str, int, str]]:
+    fields = {field for lever in LEVERS.values() for field in lever.fields}
+    found = []
+    for path in outside_levers():
+        relative = str(path.relative_to(REPO))
+        names = fields if relative.startswith("autotune/views/") else fields - PRECISION_NAMES
+        found += [(relative, line, name) for line, name in lever_reads(path.read_text(), names)]
+    return found
+
+
+def test_no_module_outside_the_levers_spells_a_levers_field():
+    """A lever's fields are said by the lever, in every form: the views read ``fields`` and ``tool_keys``."""
+    offences = [
+        f"{relative}:{line} spells the lever field {name!r}"
+        for relative, line, name in field_spellings()
+        if (relative, name) not in ALLOWED_FIELDS
+    ]
+    assert offences == [], "\n".join(offences)
+
+
+def test_every_allowed_field_place_still_spells_it():
+    spelled = {(relative, name) for relative, _, name in field_spellings()}
+    stale = set(ALLOWED_FIELDS) - spelled
+    assert stale == set(), f"no longer spelled (remove from ALLOWED_FIELDS): {sorted(stale)}"

@@ -279,9 +279,9 @@ def test_empty_text_rows_follow_one_rule_under_both_trainers(tmp_path):
     pytest.importorskip("trl")
     from autotune.spec.dataset import prepare_sft_rows
     from autotune.spec.models import resolve_model
-    from autotune.spec.sft import for_trainer
+    from autotune.trainers import get, with_model
 
-    model = for_trainer(resolve_model("llama-tiny"), "sft")
+    model = with_model(resolve_model("llama-tiny"), get("sft"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "  ", "\n"] * 4))
     with pytest.raises(AutotuneError, match="every 'text' value is empty"):

@@ -1,5 +1,5 @@
-"""The trainer and the SFT loss of a study (autotune/spec/sft.py): chosen from the rows, fixed for the
-study, every contradiction refused in one line."""
+"""The SFT loss of a study (autotune/spec/sft.py): chosen from the rows, fixed for the study, every
+contradiction refused in one line. (The trainer's choice: tests/trainers/test_trainers.py.)"""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import pytest
 from autotune.errors import AutotuneError
 from autotune.spec.sft import (
     check_chat_template,
-    check_sft_workload,
-    choose_trainer,
     default_loss_on,
     loss_on_arguments,
     resolve_loss_on,
@@ -20,45 +18,6 @@ from autotune.spec.sft import (
 CHAT_ROW = {"messages": [{"role": "user", "content": "ba"}, {"role": "assistant", "content": "be"}]}
 PAIR_ROW = {"prompt": [{"role": "user", "content": "ba"}], "completion": [{"role": "assistant", "content": "be"}]}
 TEXT_ROW = {"text": "ba be"}
-
-
-@pytest.mark.parametrize(
-    ("columns", "requested", "expected"),
-    [
-        (["messages"], None, "sft"),
-        (["prompt", "completion"], None, "sft"),
-        (["text"], None, "trainer"),  # a text column stays the Trainer's unless asked
-        (["text"], "sft", "sft"),
-        (["messages"], "trainer", "trainer"),
-        (None, None, "trainer"),  # synthetic tokens
-    ],
-)
-def test_the_trainer_follows_the_rows_unless_chosen(columns, requested, expected):
-    assert choose_trainer(requested, columns) == expected
-
-
-@pytest.mark.parametrize(
-    ("columns", "message"),
-    [
-        (None, "--trainer sft trains on your rows: give --dataset"),
-        (["input_ids"], "has no messages, prompt and completion, or text column"),
-    ],
-)
-def test_sft_without_rows_it_reads_is_refused(columns, message):
-    with pytest.raises(AutotuneError, match=message):
-        choose_trainer("sft", columns)
-
-
-def test_what_sft_cannot_train_is_refused_in_one_line():
-    with pytest.raises(
-        AutotuneError, match="trains causal language models; the model trains as sequence-classification"
-    ):
-        check_sft_workload("sequence-classification", False, None)
-    with pytest.raises(AutotuneError, match="under --trainer sft TRL packs: search `packing: \\[off, bfd\\]`"):
-        check_sft_workload("causal-lm", True, None)
-    with pytest.raises(AutotuneError, match="--text-column picks the Trainer's text column"):
-        check_sft_workload("causal-lm", False, "body")
-    check_sft_workload("causal-lm", False, None)
 
 
 def test_the_loss_defaults_to_trls_own_choice_and_is_written_whole():

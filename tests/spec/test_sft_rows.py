@@ -194,12 +194,12 @@ def test_a_search_notes_the_rows_trl_drops_and_keeps_the_rows_tool_schemas(tmp_p
     """Through the parent's preparation: the count is a note, and TRL's per-row ``tools`` stay with the rows."""
     from autotune.spec.dataset import prepare_sft_rows
     from autotune.spec.models import resolve_model
-    from autotune.spec.sft import for_trainer
+    from autotune.trainers import get, with_model
 
     long_user = {"role": "user", "content": " ".join(["ba"] * 80)}
     rows = [{**GOOD, "tools": "[]"}] * 12 + [{"messages": [long_user, ASSISTANT], "tools": "[]"}] * 4
     notes: list[str] = []
-    model = for_trainer(resolve_model("llama-tiny"), "sft")
+    model = with_model(resolve_model("llama-tiny"), get("sft"))
     dataset = _chat_rows(tmp_path / "chat.jsonl", rows)
     prepared = prepare_sft_rows(dataset, model, "messages", "assistant", 8, 2, str(tmp_path / "cache"), notes, 64)
     assert [note for note in notes if note.startswith("TRL drops")] == [

@@ -27,9 +27,9 @@ def sft_workload(root: Path, fmt: str = "messages", loss_on: str = "all", **fiel
     from autotune.spec.dataset import prepare_sft_rows
     from autotune.spec.measure import MeasureSettings
     from autotune.spec.models import resolve_model
-    from autotune.spec.sft import for_trainer
+    from autotune.trainers import get, with_model
 
-    model = for_trainer(resolve_model("llama-tiny"), "sft")
+    model = with_model(resolve_model("llama-tiny"), get("sft"))
     measure = MeasureSettings(warmup_steps=1, min_steps=3, max_steps=3, max_seconds=60.0, cv_target=1.0)
     dataset = prepare_sft_rows(
         str(chat_file(root, fmt)),

@@ -1,4 +1,4 @@
-"""A trial under ``--trainer sft`` (autotune/runner/_sft.py): TRL's SFTTrainer in a real child process on the
+"""A trial under ``--trainer sft`` (autotune/trainers/sft.py): TRL's SFTTrainer in a real child process on the
 generated chat corpus, for each packing, measured as every trial is; and the two things the trial adds
 to TRL's preparation (rows cycled, TRL's truncation where it trains untruncated)."""
 
@@ -14,7 +14,7 @@ pytest.importorskip("trl")
 
 from autotune.levers import TrialConfig
 from autotune.runner import TrialJob, run_isolated
-from autotune.runner._sft import cycled, truncated
+from autotune.trainers.sft import cycled, truncated
 from tests.support.sft import SEQ_LEN, sft_workload
 
 # TRL's default SFTConfig as the study's first seed has it (bf16, checkpointing, fused AdamW), at a

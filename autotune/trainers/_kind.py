@@ -1,0 +1,166 @@
+"""What every trainer answers (:class:`TrainerKind`), and what a trial hands its trainer's build.
+
+The rest of autotune asks a trainer object these questions and never compares a trainer's name: each
+attribute says *what* differs between trainers (``prepares_rows``, ``fuses_lm_head``, ...), so a new
+trainer answers them once, in its own module (docs/architecture.md, "Adding a trainer").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from autotune.spec.models import ModelSpec
+
+
+def class_named(name: str) -> type:
+    """The class ``module:Class`` names (imported where it is asked for: the trial child, a check)."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialInputs:
+    """What a trial hands its trainer's :meth:`TrainerKind.build`, from the trial child (``autotune.runner``).
+
+    Attributes:
+        trainer_class: The trainer class (the trainer's own, or the one a lever chose over it).
+        arguments_class: Its arguments class.
+        trainer_kwargs: Every lever's keyword arguments of the trainer's constructor.
+        arguments: The arguments' keyword arguments: the levers' (every lever field the class resolves
+            otherwise already explicit) and the harness's.
+        model: The model autotune built.
+        callbacks: The trial's callbacks (the loss recorder, the step timer, ...).
+        seq_len: The study's ``--seq-len``.
+        loss_on: The study's ``--loss-on`` (``all`` where the trainer takes no such choice).
+        rows_wanted: The rows the trial's steps take (global batch x (steps + 1)).
+        dataset: autotune's dataset of the trial's batching (synthetic tokens, or the rows tokenized).
+        collator: The data collator of the trial's batching (``None``: the Trainer's default).
+        prepared_dir: Where the parent saved the user's rows as they are, for a trainer that prepares them.
+        tokenizer_dir: The tokenizer's directory of those rows.
+    """
+
+    trainer_class: type
+    arguments_class: type
+    trainer_kwargs: Mapping[str, Any]
+    arguments: Mapping[str, Any]
+    model: Any
+    callbacks: list[Any]
+    seq_len: int
+    loss_on: str
+    rows_wanted: int
+    dataset: Callable[[], Any]
+    collator: Callable[[], Any]
+    prepared_dir: str | None = None
+    tokenizer_dir: str | None = None
+
+
+class TrainerKind(Protocol):
+    """One trainer a study's trials can train through (``--trainer``): one module of ``autotune.trainers`` each.
+
+    Attributes:
+        name: The ``--trainer`` value, and what a study's identity keeps.
+        words: The trainer in words (``the transformers Trainer``).
+        option_words: The trainer in the ``--trainer`` option's help (``transformers' Trainer``).
+        chosen_words: The rows it is chosen for, in that help (``messages or prompt/completion rows``;
+            ``""`` where :attr:`chosen_for_formats` is empty).
+        default_arguments_words: Its arguments class at its defaults, the first seed's baseline, in words.
+        baseline_words: The same, short (tables, the loss comparison).
+        trainer_class: The trainer class, ``module:Class``.
+        arguments_path: Its arguments class, ``module:Class``.
+        arguments_named: The arguments class with its article, as a sentence names it (``a TrainingArguments``).
+        refused_fields: The arguments' fields autotune sets itself under this trainer (inside every trial),
+            each with why: a ``--base-args`` file may not set them.
+        chosen_for_formats: The ``--dataset`` formats (``autotune.spec.sft.FORMATS``) for which this
+            trainer is chosen when ``--trainer`` is not given.
+        prepares_rows: The trainer prepares, tokenizes and batches the user's rows itself in each trial
+            (TRL's): autotune's dataset and collators (the ``padding`` lever) do not apply, its own
+            batching levers do, and a trial meets its fullest batch through its collator.
+        honours_use_cache: The arguments' ``use_cache`` reaches the model's forward in training.
+        fuses_lm_head: Its loss runs through a fused language-model head, whose chunks replace the
+            logits in the memory estimate (``ModelSpec.fused_lm_head``).
+        chooses_loss: ``--loss-on`` chooses its loss.
+        offloads_activations: Its arguments have TRL's ``activation_offloading``.
+        samples_counted_from_lengths: A step's samples are counted from the samples its batches held
+            (packing puts several in a row), not from the global batch.
+        arguments_subclass: Its arguments class is a ``TrainingArguments`` subclass whose defaults differ:
+            its exports write each differing default as the winner trained, and the model's build in the
+            arguments (``model_init_kwargs``).
+        tool_forms: The export forms of the tools built on this trainer (``trl``, axolotl, ...), beyond
+            the arguments' ``json``, ``cli`` and ``python``.
+        exported_as: What each of its export forms holds, in words.
+    """
+
+    name: str
+    words: str
+    option_words: str
+    chosen_words: str
+    default_arguments_words: str
+    baseline_words: str
+    trainer_class: str
+    arguments_path: str
+    arguments_named: str
+    refused_fields: Mapping[str, str]
+    chosen_for_formats: tuple[str, ...]
+    prepares_rows: bool
+    honours_use_cache: bool
+    fuses_lm_head: bool
+    chooses_loss: bool
+    offloads_activations: bool
+    samples_counted_from_lengths: bool
+    arguments_subclass: bool
+    tool_forms: tuple[str, ...]
+    exported_as: Mapping[str, str]
+
+    def check_rows(self, columns: Sequence[str] | None) -> None:
+        """Refuse (``AutotuneError``, one line) a ``--dataset`` this trainer cannot read (``None``: none given)."""
+        ...
+
+    def check_workload(self, task: str, packing_option: bool, text_column: str | None) -> None:
+        """Refuse (``AutotuneError``, one line) what this trainer cannot train: the model's task, options it ignores."""
+        ...
+
+    def plan_note(self, chosen: bool, data: str | None) -> str | None:
+        """The plan's line saying which trainer trains (``chosen``: by ``--trainer``); ``None``: nothing to say."""
+        ...
+
+    def trial_arguments(self, arguments: Mapping[str, Any], seq_len: int, loss_on: str) -> dict[str, Any]:
+        """The arguments of a trial with the fields this trainer forces in every trial (the loss, the length)."""
+        ...
+
+    def work_counted(self, loss_on: str) -> str | None:
+        """What the ranking's model TFLOPs count, in one sentence where it needs saying (``None``: nothing to add)."""
+        ...
+
+    def build(self, inputs: TrialInputs) -> Any:
+        """The trial's trainer object, its data and collator (in the trial child)."""
+        ...
+
+    def fullest_batch(self, trainer: Any, micro_batch: int) -> tuple[dict[str, Any], str] | None:
+        """The fullest micro-batch its collator can make of the trial's rows, and its words; ``None``:
+        autotune's batching says it (``autotune.runner._loader.worst_case_batch``)."""
+        ...
+
+    def padding_free_collator(self, pad_token_id: int) -> Callable[[list[dict[str, Any]]], Any] | None:
+        """The collator that flattens samples into one row under this trainer; ``None``: the ``padding``
+        lever's (transformers' ``DataCollatorWithFlattening``)."""
+        ...
+
+
+def arguments_forms(arguments_named: str) -> dict[str, str]:
+    """What the arguments' own export forms hold, in words, for the class ``arguments_named`` names."""
+    cls = arguments_named.split(" ", 1)[1]
+    return {
+        "json": f"{cls}(**json) keyword arguments",
+        "cli": f"{cls} flags for HfArgumentParser",
+        "python": f"{arguments_named}(...) snippet",
+        "accelerate": "an accelerate launch config",
+    }
+
+
+def with_model(model: ModelSpec, kind: TrainerKind) -> ModelSpec:
+    """The model as ``kind`` trains it: with its fused language-model head where it has one."""
+    return dataclasses.replace(model, fused_lm_head=True) if kind.fuses_lm_head else model

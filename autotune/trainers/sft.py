@@ -1,0 +1,185 @@
+"""``--trainer sft``: TRL's ``SFTTrainer`` with ``SFTConfig`` (a ``TrainingArguments`` subclass), built as
+the user builds it, on the user's rows.
+
+A trial hands ``SFTTrainer(model=..., args=SFTConfig(...), train_dataset=..., processing_class=...)``
+exactly the levers' arguments and the harness's (``runner._trial.harness_arguments``), the rows as the
+parent sampled them (``autotune.spec.dataset``: ``messages``, ``prompt``/``completion`` or ``text``,
+untouched) and the tokenizer of the ``--model`` directory (or the synthetic one). TRL then prepares
+them itself, in each trial: it renders and tokenizes, builds the labels of the study's loss,
+truncates to ``max_length`` and packs as the trial's levers say (trl/trainer/sft_trainer.py,
+``_prepare_dataset``, :1228-1485), so what is measured is what the user's run does. Preparing in the
+trial, not once in the parent, is what lets packing be a lever (the rows differ per packing), and it
+costs a trial well under a second for the few hundred rows its steps take, before its first step
+(outside the measured steps).
+
+Two things the trial adds, both after TRL's preparation and neither inside a measured step:
+
+* rows cycled up to what the trial's steps take (``global batch x (steps + 1)``), as the Trainer
+  path's data is: a packed dataset holds fewer rows than samples;
+* under ``max_length=None`` (padding-free batches without packing, which TRL requires so:
+  sft_trainer.py:999-1004) the tokenized samples truncated to ``--seq-len`` with TRL's own rule
+  (keep the start, drop a sample left without a label: sft_trainer.py:1436-1463); the export says
+  the user must do the same.
+
+The rows' formats, the loss (``--loss-on``) and the chat template's checks are the workload's
+(``autotune.spec.sft``); this module is the trainer's seam.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.errors import AutotuneError
+from autotune.spec.models import NO_MODEL_CODE
+from autotune.spec.sft import data_format, sft_arguments, trains_untruncated, work_counted
+from autotune.trainers._kind import TrialInputs, arguments_forms
+
+
+class SftTrainer:
+    """TRL's ``SFTTrainer`` (:class:`autotune.trainers.TrainerKind`)."""
+
+    name = "sft"
+    words = "TRL's SFTTrainer"
+    option_words = "TRL's SFTTrainer on your rows"
+    chosen_words = "messages or prompt/completion rows"
+    default_arguments_words = "TRL's default SFTConfig"
+    baseline_words = "TRL default"
+    trainer_class = "trl:SFTTrainer"
+    arguments_path = "trl:SFTConfig"
+    arguments_named = "an SFTConfig"
+    # SFTConfig fields autotune sets itself under sft: a --base-args file may not.
+    refused_fields: Mapping[str, str] = {
+        "max_length": "autotune sets it from --seq-len",
+        "model_init_kwargs": (
+            "autotune builds the model itself, and SFTTrainer ignores model_init_kwargs for a built model "
+            "(sft_trainer.py:697-708): search attn_implementation and weight_dtype in the --space YAML"
+        ),
+        "dataset_kwargs": "autotune hands SFTTrainer the rows as they are, for TRL to prepare",
+    }
+    # Chat and prompt/completion rows are what SFTTrainer is for; a text column trains under either.
+    chosen_for_formats: tuple[str, ...] = ("messages", "prompt-completion")
+    prepares_rows = True
+    honours_use_cache = False  # SFTTrainer.compute_loss passes use_cache=False
+    fuses_lm_head = True  # trl/trainer/sft_trainer.py:1142-1147
+    chooses_loss = True
+    offloads_activations = True  # SFTConfig.activation_offloading
+    samples_counted_from_lengths = True  # TRL's packing puts several samples in a row
+    arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
+    tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
+    exported_as: Mapping[str, str] = {
+        **arguments_forms(arguments_named),
+        "trl": "a `trl sft` command line",
+        "axolotl": "an axolotl config fragment",
+        "llama-factory": "a LLaMA-Factory config fragment",
+    }
+
+    def check_rows(self, columns: Sequence[str] | None) -> None:
+        if columns is None:
+            raise AutotuneError(
+                "--trainer sft trains on your rows: give --dataset (chat rows: `autotune chat-corpus --out chat.jsonl`)"
+            )
+        if data_format(columns) is None:
+            raise AutotuneError(
+                f"--trainer sft: the dataset has no messages, prompt and completion, or text column "
+                f"(columns: {', '.join(columns)}); SFTTrainer reads one of those"
+            )
+
+    def check_workload(self, task: str, packing_option: bool, text_column: str | None) -> None:
+        """What ``--trainer sft`` cannot train: TRL not installed, a model that is not a causal LM,
+        autotune's own ``--packing``, the Trainer's ``--text-column``."""
+        if importlib.util.find_spec("trl") is None:
+            raise AutotuneError("--trainer sft trains through TRL's SFTTrainer: pip install 'autotune[sft]'")
+        if task != "causal-lm":
+            raise AutotuneError(
+                f"--trainer sft trains causal language models; the model trains as {task} (use --trainer trainer)"
+            )
+        if packing_option:
+            raise AutotuneError(
+                "--packing is the Trainer's packing; under --trainer sft TRL packs: search `packing: [off, bfd]` in the --space YAML"
+            )
+        if text_column is not None:
+            raise AutotuneError(
+                "--text-column picks the Trainer's text column; under --trainer sft SFTTrainer reads messages, "
+                "prompt/completion or text: rename the column, or set dataset_text_field in --base-args"
+            )
+
+    def plan_note(self, chosen: bool, data: str | None) -> str | None:
+        how = "--trainer sft" if chosen else f"the --dataset holds {data} rows; --trainer trainer for the Trainer"
+        return f"trainer: {self.words} on your rows, TRL preparing them in every trial ({how})"
+
+    def trial_arguments(self, arguments: Mapping[str, Any], seq_len: int, loss_on: str) -> dict[str, Any]:
+        return sft_arguments(arguments, seq_len, loss_on)
+
+    def work_counted(self, loss_on: str) -> str | None:
+        return work_counted(loss_on)
+
+    def build(self, inputs: TrialInputs) -> Any:
+        """The trial's ``SFTTrainer``, its data prepared by TRL and cycled to what the steps take."""
+        import datasets
+
+        assert inputs.prepared_dir is not None and inputs.tokenizer_dir is not None, (
+            "--trainer sft needs rows and a tokenizer"
+        )
+        datasets.disable_progress_bars()
+        kwargs = self.trial_arguments(inputs.arguments, inputs.seq_len, inputs.loss_on)
+        trainer = inputs.trainer_class(
+            model=inputs.model,
+            args=inputs.arguments_class(**kwargs),
+            train_dataset=datasets.load_from_disk(inputs.prepared_dir),
+            processing_class=load_tokenizer(inputs.tokenizer_dir),
+            callbacks=inputs.callbacks,
+            **inputs.trainer_kwargs,
+        )
+        rows = trainer.train_dataset
+        if trains_untruncated(kwargs):
+            rows = truncated(rows, inputs.seq_len)
+        trainer.train_dataset = cycled(rows, inputs.rows_wanted)
+        return trainer
+
+    def fullest_batch(self, trainer: Any, micro_batch: int) -> tuple[dict[str, Any], str] | None:
+        """The fullest micro-batch the trial's prepared rows can make, built by TRL's own collator: the
+        ``micro_batch`` longest rows (a packed row's length is its samples' together), and its words."""
+        rows = trainer.train_dataset
+        lengths = [len(ids) for ids in rows["input_ids"]]
+        longest = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))[:micro_batch]
+        batch = trainer.data_collator([rows[i] for i in longest])
+        shape = "x".join(str(n) for n in batch["input_ids"].shape)
+        return batch, f"worst-case batch: the {len(longest)} longest rows as TRL's collator builds them, {shape} tokens"
+
+    def padding_free_collator(self, pad_token_id: int) -> Callable[[list[dict[str, Any]]], Any] | None:
+        """The collator SFTTrainer builds for ``padding_free`` and ``bfd`` (trl/trainer/sft_trainer.py:
+        ``DataCollatorForLanguageModeling(padding_free=True)``)."""
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        return DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)
+
+
+def load_tokenizer(directory: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True, **NO_MODEL_CODE)
+
+
+def truncated(rows: Any, seq_len: int) -> Any:
+    """TRL's truncation of tokenized rows (sft_trainer.py:1436-1463, ``truncation_mode="keep_start"``):
+    the first ``seq_len`` tokens and labels, and a row left with no label to train on dropped."""
+
+    def keep_start(row: dict[str, Any]) -> dict[str, Any]:
+        return {"input_ids": row["input_ids"][:seq_len], "labels": row["labels"][:seq_len]}
+
+    kept = rows.map(keep_start)
+    return kept.filter(lambda row: any(label != -100 for label in row["labels"]))
+
+
+def cycled(rows: Any, wanted: int) -> Any:
+    """``rows`` repeated in order up to ``wanted`` rows (unchanged where it holds that many)."""
+    if len(rows) == 0:
+        raise RuntimeError("SFTTrainer's preparation left no row to train on (every sample masked or too long?)")
+    if len(rows) >= wanted:
+        return rows
+    return rows.select([index % len(rows) for index in range(wanted)])
+
+
+SFT = SftTrainer()
