@@ -78,6 +78,8 @@ def search(
     prune_ratio: option.PruneRatio = SearchOptions.prune_ratio,
     screen: option.Screen = SearchOptions.screen,
     patience: option.Patience = None,
+    epochs: option.Epochs = None,
+    price_per_hour: option.PricePerHour = None,
 ) -> None:
     """Run (or resume) a study: every candidate trains for real in its own process."""
     # Every parameter but --storage and --study-name is a search option, by the same name.
@@ -144,56 +146,26 @@ def estimate(
     as_json: option.Json = False,
     devices_per_trial: option.EstimateDevicesPerTrial = EstimateOptions.devices_per_trial,
     peft: option.EstimatePeft = None,
+    dataset: option.Dataset = None,
+    epochs: option.Epochs = None,
+    price_per_hour: option.PricePerHour = None,
 ) -> None:
     """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
     micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
     # Every parameter is an estimate option, by the same name.
     options = EstimateOptions(**locals())
     options.check()  # before the heavy imports: a wrong option is answered at once
-    from autotune.estimate import estimate_json, plan_rows, speed_expected_error, what_would_fit
     from autotune.plan import plan
-    from autotune.study import margin_for, memory_fit_of_study, speed_model_of_study
-    from autotune.views.plan_display import estimate_title, print_estimate
+    from autotune.study import default_config, margin_for, memory_fit_of_study, speed_model_of_study
+    from autotune.views.plan_display import show_estimate
 
     planned = plan(options)  # the search's plan: the same model, adapters, prior and space
-    model_spec, device_spec, ceiling = planned.workload.model, planned.workload.device, planned.workload.ceiling_bytes
+    model_spec, device_spec = planned.workload.model, planned.workload.device
     fit, speed = planned.prior, planned.workload.speed_model()
     if storage is not None:
         fit = memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
         speed = speed_model_of_study(storage, study_name, model_spec, seq_len, device_spec, speed)
-    choices = planned.space.choices
-    rows = plan_rows(model_spec, choices, seq_len, fit, ceiling, speed)
-    advice = what_would_fit(model_spec, choices, seq_len, fit, ceiling, device_spec)
-    where = f"{gpu_type} ({device_spec.name}, datasheet)" if gpu_type else f"{device_spec.label} ({device_spec.name})"
-    if as_json:
-        header = {
-            "model": model_spec.name,
-            "seq_len": seq_len,
-            "device": where,
-            "device_kind": device_spec.kind,
-            "device_memory_bytes": device_spec.total_memory_bytes,
-            "ceiling_bytes": ceiling,
-            "estimator": fit.describe(),
-            "speed_estimator": speed.fit.describe(),
-            "speed_expected_error": speed_expected_error(speed.fit),
-            "space_notes": list(planned.notes),
-            "nothing_fits": advice.sentence() if advice else None,
-        }
-        typer.echo(estimate_json(rows, header))
-        return
-    print_estimate(
-        console,
-        estimate_title(model_spec.name, seq_len, where, device_spec.kind, ceiling),
-        rows,
-        notes=planned.notes,
-        advice=advice,
-        fit=fit,
-        speed=speed.fit,
-        screen_margin=margin_for(fit),
-        ceiling_bytes=ceiling,
-        device_kind=device_spec.kind,
-        space_size=planned.space.size if all_rows else None,
-    )
+    show_estimate(console, planned, options, fit, speed, margin_for(fit), default_config(planned.workload.trainer))
 
 
 @app.command()
@@ -202,11 +174,14 @@ def best(
     study_name: option.Study = None,
     all: option.AllTrials = False,
     top: option.Top = 20,
+    epochs: option.Epochs = None,
+    price_per_hour: option.PricePerHour = None,
 ) -> None:
     """Print the ranked feasible configurations of a study (or every trial with --all)."""
-    from autotune.plan import within
+    from autotune.plan import run_options, within
 
     within("--top", top)
+    run_options(epochs, price_per_hour)
     from autotune.storage import load_study
     from autotune.views.ranking import all_trials, confirmations_of, describe_distinct
     from autotune.views.search_display import print_ranking, trial_table
@@ -214,7 +189,7 @@ def best(
 
     study = load_study(storage, study_name)
     if not all:
-        print_ranking(console, study, top)
+        print_ranking(console, study, top, epochs, price_per_hour)
         return
     rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
     console.print(trial_table(f"All trials of {for_rich(study.study_name)}", rows))
@@ -228,26 +203,32 @@ def export(
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
     force: option.Force = False,
+    epochs: option.Epochs = None,
+    price_per_hour: option.PricePerHour = None,
 ) -> None:
     """Write the winner's TrainingArguments: JSON, script flags, a Python snippet or an accelerate config."""
+    from autotune.plan import run_options
     from autotune.spec.files import Destination
     from autotune.storage import load_study, storage_files
     from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner, exported_as
+    from autotune.views.run_time import study_run_time
     from autotune.views.text import for_rich
 
+    run_options(epochs, price_per_hour)
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     out = out or DEFAULT_OUT[fmt]
     destination = Destination(out, force, keep=storage_files(storage))
     destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    best_trial = export_winner(study, fmt, destination)
+    run_time = study_run_time(study, epochs, price_per_hour)
+    best_trial = export_winner(study, fmt, destination, run_time)
     if out != "-":
         console.print(
             f"wrote {for_rich(out)} ({fmt}: {exported_as(study, fmt)}): trial #{best_trial.number}, "
             f"{best_trial.samples_per_s:.1f} samples/s ({best_trial.config.short()})"
         )
-    for note in export_notes(best_trial, study, out, fmt):
+    for note in [*export_notes(best_trial, study, out, fmt), *filter(None, [run_time])]:
         err_console.print(f"note: {for_rich(note)}")  # stderr: `--out -` keeps stdout to the export itself
 
 
@@ -281,17 +262,21 @@ def report(
     storage: option.Storage = DEFAULT_STORAGE,
     study_name: option.Study = None,
     force: option.Force = False,
+    epochs: option.Epochs = None,
+    price_per_hour: option.PricePerHour = None,
 ) -> None:
     """Write one self-contained HTML page of plotly figures: speed vs memory, history, lever effects, timeline, ranking."""
+    from autotune.plan import run_options
     from autotune.spec.files import Destination
     from autotune.storage import load_study, storage_files
     from autotune.views.report import write_report
     from autotune.views.text import for_rich
 
+    run_options(epochs, price_per_hour)
     destination = Destination(out, force, keep=storage_files(storage))
     destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
-    write_report(study, destination)
+    write_report(study, destination, epochs, price_per_hour)
     if out != "-":  # `--out -` keeps stdout to the page itself
         console.print(
             f"wrote {for_rich(out)}: report of study {for_rich(repr(study.study_name))} ({len(study.trials)} trials)"

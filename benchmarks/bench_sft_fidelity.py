@@ -197,17 +197,23 @@ def search_and_export(options: argparse.Namespace, root: Path, storage: str) -> 
 
 def run_plain(root: Path, workload: Any, rows: int, steps: int) -> dict:
     """The plain SFTTrainer in a fresh process (``--plain``), from the export's directory."""
-    import subprocess
-
-    from benchmarks._common import PLAIN_RESULT_MARK
-
     command = [
         *(sys.executable, "-m", "benchmarks.bench_sft_fidelity", "--plain", str(root / "best.json")),
         *("--model-dir", str(root / "model"), "--rows-dir", workload.dataset.prepared_dir, "--rows", str(rows)),
         *("--seq-len", str(workload.seq_len), "--warmup-steps", "3", "--plain-steps", str(steps)),
     ]
+    return plain_child(command, root)
+
+
+def plain_child(command: list[str], cwd: Path) -> dict:
+    """Run a benchmark's plain-run child (``command``) from ``cwd`` with the repository on its path; what its
+    result line holds, checked to come from a process that imported nothing from autotune."""
+    import subprocess
+
+    from benchmarks._common import PLAIN_RESULT_MARK
+
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run(command, capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": path})
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": path})
     if done.returncode != 0:
         raise SystemExit(f"plain SFTTrainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]

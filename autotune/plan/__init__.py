@@ -13,7 +13,7 @@ face, so only the command line imports Typer.
 from __future__ import annotations
 
 from autotune.plan._base_args import load_base_args
-from autotune.plan._checks import ACCEPTED, matrix_fits_memory, port, within
+from autotune.plan._checks import ACCEPTED, matrix_fits_memory, port, run_options, within
 from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions, VerifyOptions
 from autotune.plan._plan import Plan, plan
 
@@ -28,5 +28,6 @@ __all__ = [
     "matrix_fits_memory",
     "plan",
     "port",
+    "run_options",
     "within",
 ]

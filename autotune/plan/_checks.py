@@ -190,6 +190,11 @@ ACCEPTED: dict[str, Accepted] = {
     "--confirm-repeats": Accepted("a whole number", 2, MAX_COUNT),
     "--confirm-budget": Accepted("a fraction", 0, 1, low_open=True),
     "--top": _COUNT,
+    # The user's whole run (autotune.result.run_length): Llama 2 and 3 pretrained for about one epoch and
+    # fine-tunes run a few; ten thousand passes is a typo. A device-hour costs dollars (an H100 a few):
+    # a million a device-hour is a typo too.
+    "--epochs": Accepted("a number of epochs", 0, 10_000, low_open=True),
+    "--price-per-hour": Accepted("a price per device-hour", 0, 1_000_000, low_open=True),
     # autotune verify: re-runs of the winner and of the default each; the slowdown allowed (1: any).
     "--repeats": _COUNT,
     "--tolerance": Accepted("a fraction", 0, 1, high_open=True, low_words="no regression allowed"),
@@ -216,6 +221,13 @@ def within(option: str, value: float | None) -> None:
     """
     if value is not None and not ACCEPTED[option].holds(value):
         raise AutotuneError(f"{option} {value}: give {ACCEPTED[option].describe()}")
+
+
+def run_options(epochs: float | None, price_per_hour: float | None) -> None:
+    """``--epochs`` and ``--price-per-hour``, the whole run's options of ``best``, ``export`` and ``report``
+    (``search`` and ``estimate`` check them with the plan's, :class:`autotune.plan.PlanOptions`)."""
+    within("--epochs", epochs)
+    within("--price-per-hour", price_per_hour)
 
 
 def matrix_fits_memory(matrix_size: int, device_label: str, memory_bytes: int) -> None:

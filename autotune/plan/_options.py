@@ -19,6 +19,7 @@ from autotune.errors import AutotuneError
 from autotune.plan._checks import (
     dataset_options,
     one_of,
+    run_options,
     trainer_options,
     within,
 )
@@ -63,6 +64,9 @@ class PlanOptions:
     peft: str | None = None  # lora, qlora, or an adapter config file (autotune.spec.peft)
     global_batch: int | None = None
     max_global_batch: int | None = None
+    # The user's whole run (autotune.result.run_length): its epochs, and the price of a device-hour.
+    epochs: float | None = None
+    price_per_hour: float | None = None
 
     def check(self) -> None:
         """The checks of single values that need nothing loaded, so a wrong option is answered at once
@@ -82,6 +86,7 @@ class PlanOptions:
             ("--compile-timeout", self.compile_timeout),
         ):
             within(option, value)
+        run_options(self.epochs, self.price_per_hour)
         one_of(("--global-batch", self.global_batch), ("--max-global-batch", self.max_global_batch))
         within("--warmup-steps", self.warmup_steps)
         dataset_options(self.dataset, self.text_column, self.packing)

@@ -71,6 +71,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
 
     from autotune.estimate import smallest_peak_bytes
     from autotune.plan._base_args import load_base_args
+    from autotune.result import run_length
     from autotune.runner import (
         Workload,
         allocator_settings,
@@ -103,6 +104,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
 
         model = with_peft(model, options.peft, device, notes)
     base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
+    run_length(base_args, options.epochs)  # --epochs against max_steps / num_train_epochs: one line
     loss_on = "all"
     if data is not None:  # --trainer sft
         loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row)

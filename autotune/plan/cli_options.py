@@ -143,6 +143,19 @@ Patience = Annotated[
     ),
 ]
 
+# --- the user's whole run: search, estimate, best, export, report (autotune.result.run_length) ----------
+Epochs = Annotated[
+    float | None,
+    typer.Option(
+        help="Epochs of your whole run, for its projected wall time (default: num_train_epochs or max_steps "
+        "from --base-args, else 3, TrainingArguments' default; best/export/report: the search's)."
+    ),
+]
+PricePerHour = Annotated[
+    float | None,
+    typer.Option(help="Price of one device-hour, to print the run's cost (best/export/report: default the search's)."),
+]
+
 # --- estimate: where it plans, what it prints -------------------------------------------------------------
 GpuType = Annotated[
     str | None, typer.Option(help="Plan for a GPU you do not have (autotune devices --known lists them).")

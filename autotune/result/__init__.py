@@ -3,7 +3,8 @@
 ``_trial_result``: :class:`TrialResult`, the JSON record of one trial (status, throughput, FLOPs, memory by
 source), stored in the trial's user attrs, and :class:`Status`, the one vocabulary of how a trial ended and its
 groups. ``_verification``: what ``autotune verify`` compares (:class:`StudyAnswer`) and finds
-(:class:`Verification`). ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
+(:class:`Verification`). ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_run_time``: the user's whole
+run, its length, projected wall time and cost (:func:`run_time_line`). ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
 loss (:func:`judge_against_default`, :func:`judged_trials`).
 """
 
@@ -21,6 +22,15 @@ from autotune.result._loss import (
     skipped_among,
     trained_fraction,
     winner_loss,
+)
+from autotune.result._run_time import (
+    Pace,
+    RunLength,
+    dataset_samples,
+    duration,
+    projected_seconds,
+    run_length,
+    run_time_line,
 )
 from autotune.result._time_spent import TimeSpent
 from autotune.result._trial_result import (
@@ -58,6 +68,8 @@ __all__ = [
     "PEAK_MEASURED_STATUSES",
     "FigureCheck",
     "Judgement",
+    "Pace",
+    "RunLength",
     "ParamsKey",
     "RAN_NORMALLY_STATUSES",
     "RETRIED_STATUSES",
@@ -73,6 +85,8 @@ __all__ = [
     "accumulation_note",
     "came_back_counts",
     "comparable_hf_default",
+    "dataset_samples",
+    "duration",
     "diverged_trials",
     "feasible_by_speed",
     "hf_default_trial",
@@ -88,6 +102,9 @@ __all__ = [
     "objective_value",
     "params_key",
     "precision_note",
+    "projected_seconds",
+    "run_length",
+    "run_time_line",
     "skipped_among",
     "trained_fraction",
     "winner_loss",

@@ -22,6 +22,9 @@ key                       written by                                     read by
 ``confirmation``          confirmation (:mod:`autotune.study._confirm`)  ranking, export, report, dashboard
 ``time_spent``            the end of a search (:mod:`autotune.study._run`): ``search``'s last line, the dashboard
                           where its wall time went (``TimeSpent``)       note
+``dataset_samples``       study set-up: the samples one epoch of the     the run-time line (search, ``best``,
+                          user's run trains (``None``: synthetic tokens  report, export:
+                          or packed data longer than the trials read)    :mod:`autotune.views.run_time`)
 ``search_options``        study set-up, and each search that resumes or  ``verify``
                           joins it: the ``search`` options as typed      (:mod:`autotune.study._verify`):
                           (``SearchOptions``, by field name)             the workload planned again
@@ -84,6 +87,7 @@ STUDY_SEED_NOTES = "seed_notes"
 STUDY_CONFIRMATION = "confirmation"
 STUDY_TIME_SPENT = "time_spent"
 STUDY_SEARCH_OPTIONS = "search_options"
+STUDY_DATASET_SAMPLES = "dataset_samples"
 # Why a confirmation stopped (its record's ``stopped``): no candidate beside the leader could still be
 # ahead; the budget allowed no more re-runs; every round ran.
 CONFIRMATION_SETTLED = "settled"

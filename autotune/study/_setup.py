@@ -18,6 +18,7 @@ from optuna.storages import RDBStorage
 
 from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit, SpeedModel
+from autotune.result import dataset_samples
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
 from autotune.storage import load_study, schema
@@ -78,6 +79,7 @@ def _set_up(study: optuna.Study, request: SearchRequest) -> None:
     study.set_user_attr(schema.STUDY_CEILING_BYTES, workload.ceiling_bytes)
     study.set_user_attr(schema.STUDY_DEVICE_KIND, workload.device.kind)
     study.set_user_attr(schema.STUDY_BASE_ARGS, workload.base_args)
+    study.set_user_attr(schema.STUDY_DATASET_SAMPLES, dataset_samples(workload.dataset))
     record_search_options(study, request)
     study.set_metric_names([schema.METRIC_NAME])
     seeds = study_seeds(request.space, workload)

@@ -337,10 +337,18 @@ def _peft_identity(study: optuna.Study | None) -> dict[str, Any] | None:
     return (study.user_attrs.get(schema.STUDY_IDENTITY) or {}).get("peft")
 
 
-def provenance_of(study: optuna.Study, best: RankedTrial, out: str = DEFAULT_OUT["json"], fmt: str = "json") -> str:
-    """Where an export comes from, in lines for the comments of the formats that take them."""
+def provenance_of(
+    study: optuna.Study,
+    best: RankedTrial,
+    out: str = DEFAULT_OUT["json"],
+    fmt: str = "json",
+    run_time: str | None = None,
+) -> str:
+    """Where an export comes from, in lines for the comments of the formats that take them; ``run_time``:
+    the whole run's projected wall time (:func:`autotune.views.run_time.study_run_time`)."""
     lines = [f"autotune: the winner of study {study.study_name!r}: trial {winner_summary(best)}"]
     lines += [f"note: {note}" for note in export_notes(best, study, out, fmt)]
+    lines += [run_time] if run_time else []
     return "\n".join(lines)
 
 
@@ -397,10 +405,11 @@ def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | No
     )
 
 
-def export_winner(study: optuna.Study, fmt: str, destination: Destination) -> RankedTrial:
+def export_winner(study: optuna.Study, fmt: str, destination: Destination, run_time: str | None = None) -> RankedTrial:
     """Write the winner's arguments in ``fmt`` to ``destination`` (``-``: standard output), with its
     DeepSpeed config and adapters beside it where it is a regular file (:attr:`Destination.side_files`;
     elsewhere the arguments and the notes carry them); every file under the destination's one rule.
+    ``run_time`` joins the header of the formats that take comments.
 
     Returns:
         The trial that was exported.
@@ -412,7 +421,7 @@ def export_winner(study: optuna.Study, fmt: str, destination: Destination) -> Ra
     text = render(
         with_deepspeed_config_path(arguments, out),
         fmt,
-        provenance_of(study, best, out, fmt),
+        provenance_of(study, best, out, fmt, run_time),
         ranks_of(study),
         sft_winner(study, arguments),
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,14 +17,19 @@ from autotune.estimate import (
     MemoryFit,
     SpeedEstimate,
     SpeedFit,
+    estimate_json,
     largest_fitting,
+    plan_rows,
     predicted_winner,
     speed_expected_error,
+    what_would_fit,
 )
 from autotune.levers import LEVERS, TrialConfig
+from autotune.result import dataset_samples
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.units import format_bytes
+from autotune.views.run_time import predicted_run_time
 from autotune.views.search_display import format_tflops
 from autotune.views.text import for_rich
 
@@ -81,6 +87,83 @@ def estimate_title(model_name: str, seq_len: int, where: str, device_kind: str, 
     return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling_bytes)}"
 
 
+def show_estimate(
+    console: Console, planned: Any, options: Any, fit: MemoryFit, speed: Any, screen_margin: float, default: TrialConfig
+) -> None:
+    """What ``autotune estimate`` prints for ``planned`` (its :class:`autotune.plan.Plan`) and ``options``
+    (its ``EstimateOptions``): the rows predicted with ``fit`` and ``speed`` (the memory and throughput
+    models, calibrated or not), as JSON (``--json``) or as tables; ``default``: the trainer's default config."""
+    workload = planned.workload
+    model, device, ceiling, seq_len = workload.model, workload.device, workload.ceiling_bytes, workload.seq_len
+    rows = plan_rows(model, planned.space.choices, seq_len, fit, ceiling, speed)
+    advice = what_would_fit(model, planned.space.choices, seq_len, fit, ceiling, device)
+    if options.gpu_type:
+        where = f"{options.gpu_type} ({device.name}, datasheet)"
+    else:
+        where = f"{device.label} ({device.name})"
+    run_time = predicted_run_time_of(planned, rows, speed, options, default)
+    if options.as_json:
+        sys.stdout.write(estimate_json(rows, estimate_header(planned, where, fit, speed, advice, run_time)) + "\n")
+        return
+    print_estimate(
+        console,
+        estimate_title(model.name, seq_len, where, device.kind, ceiling),
+        rows,
+        notes=planned.notes,
+        advice=advice,
+        fit=fit,
+        speed=speed.fit,
+        screen_margin=screen_margin,
+        ceiling_bytes=ceiling,
+        device_kind=device.kind,
+        space_size=planned.space.size if options.all_rows else None,
+        run_time=run_time,
+    )
+
+
+def predicted_run_time_of(
+    planned: Any, rows: Sequence[EstimateRow], speed: Any, options: Any, default: TrialConfig
+) -> str | None:
+    """The whole run's predicted wall time (``estimate``): the predicted winner's and the trainer's
+    default's predicted speeds (``speed``, the throughput prior) over the run's length from ``--base-args``
+    and ``--epochs`` and the ``--dataset``'s samples, on ``--devices-per-trial`` devices at ``--price-per-hour``.
+    ``planned``: the estimate's :class:`autotune.plan.Plan`; ``default``: the trainer's default config."""
+    workload = planned.workload
+    winner = predicted_winner(rows)
+    return predicted_run_time(
+        workload.base_args,
+        options.epochs,
+        dataset_samples(workload.dataset),
+        (winner.config, winner.speed) if winner is not None else None,
+        (default, speed.estimate(workload.model, default, workload.seq_len)),
+        options.price_per_hour,
+        options.devices_per_trial,
+        workload.trainer,
+    )
+
+
+def estimate_header(
+    planned: Any, where: str, fit: MemoryFit, speed: Any, advice: FitAdvice | None, run_time: str | None
+) -> dict[str, Any]:
+    """``estimate --json``'s header: what the rows were predicted for, by which estimators, and the run's
+    predicted wall time (``None`` without a predicted winner)."""
+    workload = planned.workload
+    return {
+        "model": workload.model.name,
+        "seq_len": workload.seq_len,
+        "device": where,
+        "device_kind": workload.device.kind,
+        "device_memory_bytes": workload.device.total_memory_bytes,
+        "ceiling_bytes": workload.ceiling_bytes,
+        "estimator": fit.describe(),
+        "speed_estimator": speed.fit.describe(),
+        "speed_expected_error": speed_expected_error(speed.fit),
+        "space_notes": list(planned.notes),
+        "nothing_fits": advice.sentence() if advice else None,
+        "run_time": run_time,
+    }
+
+
 def print_estimate(
     console: Console,
     title: str,
@@ -94,6 +177,7 @@ def print_estimate(
     ceiling_bytes: int,
     device_kind: str,
     space_size: int | None,
+    run_time: str | None = None,
 ) -> None:
     """``autotune estimate``'s text: the plan's notes, the table (given the ``space_size``, every
     memory-distinct config by part; else per setting the largest micro-batch that fits; with the throughput
@@ -115,6 +199,8 @@ def print_estimate(
         console.print(estimate_short_table(title, largest_fitting(rows), ceiling_bytes, speed is not None))
     if speed is not None:
         console.print(winner_line(rows, speed))
+    if run_time is not None:
+        console.print(run_time, markup=False, highlight=False, soft_wrap=True)
     if advice is not None:
         console.print(what_would_fit_table(advice))
     if shows_host_memory([row.estimate for row in rows]):

@@ -42,6 +42,7 @@ from autotune.views.ranking import (
     study_ranking,
     winner_summary,
 )
+from autotune.views.run_time import study_run_time
 
 __all__ = [
     "STATUS_COLORS",
@@ -105,8 +106,9 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
     return figures
 
 
-def report_html(study: optuna.Study) -> str:
-    """The whole page: a header on the study and its winner, then every figure, plotly.js inlined once."""
+def report_html(study: optuna.Study, epochs: float | None = None, price_per_hour: float | None = None) -> str:
+    """The whole page: a header on the study and its winner (with the whole run's projected wall time,
+    :func:`autotune.views.run_time.study_run_time`), then every figure, plotly.js inlined once."""
     attrs = study.user_attrs
     identity = attrs.get(schema.STUDY_IDENTITY) or {}
     trials = study.get_trials(deepcopy=False)
@@ -139,6 +141,7 @@ def report_html(study: optuna.Study) -> str:
         parts += [
             f"<h2>Winner: trial {best.number}</h2>",
             f"<p>Trial {html.escape(winner_summary(best))}.</p>",
+            f"<p>{html.escape(study_run_time(study, epochs, price_per_hour) or '')}.</p>",
             *(f"<p>Note: {html.escape(note)}.</p>" for note in export_notes(best, study)),
             "<p><code>autotune export</code> (TrainingArguments keyword arguments):</p>",
             f"<pre>{html.escape(render(arguments, 'json'))}</pre>",
@@ -154,7 +157,9 @@ def report_html(study: optuna.Study) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_report(study: optuna.Study, destination: Destination) -> None:
+def write_report(
+    study: optuna.Study, destination: Destination, epochs: float | None = None, price_per_hour: float | None = None
+) -> None:
     """Write :func:`report_html` to ``destination`` (``-``: standard output), under its one rule.
 
     Raises:
@@ -162,4 +167,4 @@ def write_report(study: optuna.Study, destination: Destination) -> None:
     """
     if not study.get_trials(deepcopy=False):
         raise AutotuneError(f"study {study.study_name!r} has no trials yet: run `autotune search` first")
-    destination.write({destination.out: report_html(study)})
+    destination.write({destination.out: report_html(study, epochs, price_per_hour)})

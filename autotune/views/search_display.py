@@ -50,6 +50,7 @@ from autotune.views.ranking import (
     study_ranking,
     study_trainer,
 )
+from autotune.views.run_time import study_run_time
 from autotune.views.text import for_rich, printable
 
 # The terminal style of each status (a test checks it covers exactly autotune.result.Status).
@@ -383,8 +384,11 @@ class SearchPrinter:
             self._console.print(TimeSpent.from_dict(spent).line(), markup=False, highlight=False, soft_wrap=True)
 
 
-def print_ranking(console: Console, study: Any, top: int) -> None:
-    """The feasible trials of a study (an ``optuna.Study``), fastest first, and the winner in words."""
+def print_ranking(
+    console: Console, study: Any, top: int, epochs: float | None = None, price_per_hour: float | None = None
+) -> None:
+    """The feasible trials of a study (an ``optuna.Study``), fastest first, the winner in words and the
+    whole run's projected wall time (:func:`autotune.views.run_time.study_run_time`)."""
     ranking = study_ranking(study)
     if not ranking:
         console.print(f"study {for_rich(repr(study.study_name))}: no feasible trial yet (see `autotune best --all`)")
@@ -393,6 +397,7 @@ def print_ranking(console: Console, study: Any, top: int) -> None:
     title = f"Feasible configurations of {for_rich(study.study_name)}, fastest first"
     console.print(trial_table(title, ranking[:top], source))
     console.print(describe_winner(ranking))
+    console.print(study_run_time(study, epochs, price_per_hour), markup=False, highlight=False, soft_wrap=True)
     if (counted := describe_work_counted(study)) is not None:
         console.print(counted, markup=False, highlight=False, soft_wrap=True)
 

@@ -26,6 +26,8 @@ COMMANDS = {
     "search": ["search", "--model", "no-such-model"],
     "estimate": ["estimate", "--model", "no-such-model"],
     "best": ["best", "--storage", "sqlite:///missing.db"],
+    "export": ["export", "--storage", "sqlite:///missing.db"],
+    "report": ["report", "--storage", "sqlite:///missing.db"],
     "dashboard": ["dashboard", "--storage", "sqlite:///missing.db", "--host", "256.0.0.1"],
     "devices": ["devices", "--calibrate", "--device", "no-such-device"],
     "chat-corpus": ["chat-corpus", "--out", "chat.jsonl", "--samples", "1"],
