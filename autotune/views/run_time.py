@@ -9,9 +9,9 @@ from typing import Any
 
 import optuna
 
+from autotune import trainers
 from autotune.levers import TrialConfig
 from autotune.result import Pace, TrialResult, run_length, run_time_line
-from autotune.spec.sft import BASELINE_WORDS
 from autotune.storage import schema
 from autotune.views.ranking import study_ranking, study_trainer
 from autotune.views.verify import study_answer
@@ -59,7 +59,7 @@ def study_paces(study: optuna.Study) -> tuple[tuple[str, Pace], tuple[str, Pace]
     if answer.default_trial is None or not answer.default_samples_per_s:
         return winner, None
     return winner, (
-        f"{BASELINE_WORDS[trainer]} #{answer.default_trial}",
+        f"{trainer.baseline_words} #{answer.default_trial}",
         pace(answer.default_trial, answer.default_samples_per_s),
     )
 
@@ -84,7 +84,11 @@ def predicted_run_time(
     def pace(config: TrialConfig, speed: Any) -> Pace:  # the prior predicts steady steps of global-batch samples
         return Pace(speed.samples_per_s, config.global_batch)
 
-    other = (BASELINE_WORDS[trainer], pace(*default)) if default is not None and default[1] is not None else None
+    other = (
+        (trainers.get(trainer).baseline_words, pace(*default))
+        if default is not None and default[1] is not None
+        else None
+    )
     return run_time_line(
         length, samples, ("predicted winner", pace(*winner)), other, price_per_hour, devices, predicted=True
     )
