@@ -64,6 +64,17 @@ class HangAtStep(FaultAtStep):
             time.sleep(60)
 
 
+class ForgetCompiledGraphsAtStep(FaultAtStep):
+    """torch.compile's graphs forgotten (``torch._dynamo.reset``) at step 2, so that step compiles again:
+    what a batch of a shape the graph cannot take costs, whatever makes one (a static length, a guard
+    that fails). Its compile clock (dynamo's cumulative timers) is not reset: the step timer sees it."""
+
+    def fire(self, args, kwargs) -> None:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+
+
 class StopAtStep(FaultAtStep):
     """The child stops itself with SIGSTOP at step 1 (as a debugger, ``kill -STOP`` or a job-control
     stop would): alive, but never to run again. Appends its PID to ``<work-dir>/stopped.pids`` first."""
