@@ -15,8 +15,8 @@ fresh process (dynamo's caches are per process) through the runner's own trainer
     python -m benchmarks.bench_compile_shapes [--backend aot_eager] [--batching padding_free] [--steps 16]
         [--seq-len 128] [--micro-batch 4] [--samples 400] [--length-scale 0.1] [--order today,dynamic]
 
-``--batching``: ``padding_free`` / ``bfd`` / ``off`` (TRL's, under ``--trainer sft``; ``off`` pads each
-batch to its longest) or ``longest`` (the Trainer's ``padding: longest``). Per variant it prints: the
+``--batching``: TRL's ``packing`` under ``--trainer sft``, ``padding_free`` / ``bfd`` / ``off`` (``off``
+pads each batch to its longest). Per variant it prints: the
 distinct input lengths the collator made, dynamo's unique graphs and frames compiled, the steps after
 warm-up that compiled, seconds spent compiling, the median steady step, the real tokens a second over
 the measured steps (the Trainer's count: padding not counted), and what the runner would have labelled
@@ -39,7 +39,9 @@ from typing import Any
 from benchmarks._common import REPO, load_average
 
 VARIANTS = ("today", "dynamic")
-BATCHINGS = ("padding_free", "bfd", "off", "longest")
+# TRL's packing lever (--trainer sft); ``off`` pads each batch to its longest. The Trainer's
+# ``padding: longest`` takes a text column, which llama-tiny has no tokenizer for.
+BATCHINGS = ("padding_free", "bfd", "off")
 RESULT_MARK = "compile-shapes-result: "
 
 
@@ -70,7 +72,6 @@ def one_variant(args: argparse.Namespace) -> dict[str, Any]:
     from autotune.spec.models import build_model
 
     root = Path(args.root)
-    sft = args.batching != "longest"
     workload = plan(
         PlanOptions(
             model="llama-tiny",
@@ -81,11 +82,10 @@ def one_variant(args: argparse.Namespace) -> dict[str, Any]:
             work_dir=str(root / "runs"),
             warmup_steps=1,
             max_measure_steps=args.steps,
-            trainer="sft" if sft else "trainer",
+            trainer="sft",
         )
     ).workload
-    levers = {"packing": args.batching} if sft else {"padding": "longest"}
-    config = TrialConfig(micro_batch=args.micro_batch, compile=args.backend, **levers)
+    config = TrialConfig(micro_batch=args.micro_batch, compile=args.backend, packing=args.batching)
     job = TrialJob(workload=workload, config=config, work_dir=str(root / f"trial-{args.variant}"))
     batching = trial_batching(config)
     environment = compile_environment(config, batches_vary(job, batching))
@@ -157,9 +157,8 @@ def main() -> None:
             cwd=scratch,
             check=True,
         )
-        # The trial's own levers: the plan checks the data against the space's batches.
-        shaping = f"packing: [{args.batching}]" if args.batching != "longest" else "padding: [longest]"
-        space = f"micro_batch: [{args.micro_batch}]\ncompile: [{args.backend}]\n{shaping}\n"
+        # The trial's own levers: the plan checks the data against the space's batches (off quoted: YAML reads false).
+        space = f"micro_batch: [{args.micro_batch}]\ncompile: [{args.backend}]\npacking: ['{args.batching}']\n"
         Path(scratch, "space.yaml").write_text(space)
         for variant in args.order.split(","):
             shared = ["--backend", args.backend, "--batching", args.batching, "--steps", str(args.steps)]
