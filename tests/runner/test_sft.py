@@ -118,8 +118,8 @@ def test_a_compiled_trial_on_batches_of_varying_length_compiles_once_and_says_so
 
 @pytest.mark.slow
 def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and_labelled(tmp_path):
-    """A step after warm-up that compiles (here dynamo's graphs forgotten at step 2, as a shape the
-    graph cannot take would make it) stops the trial as ``recompiling`` with ``recompile_limit`` 0
+    """A step after warm-up that compiles (here a function compiled at step 2, as a shape the trial's
+    graph cannot take would make it compile) stops the trial as ``recompiling`` with ``recompile_limit`` 0
     (issue 38, 10), before any measured step and without the fullest batch's extra step. The ``eager``
     backend: dynamo's guards and recompiles without a backend's code generation, the cheapest real
     compile."""
@@ -130,7 +130,7 @@ def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and
         warmup_steps=1, min_steps=3, max_steps=3, max_seconds=60.0, cv_target=1.0, recompile_limit=0
     )
     config = TrialConfig(micro_batch=4, pin_memory=False, packing="padding_free", compile="eager")
-    workload = sft_workload(tmp_path, measure=measure, callbacks=("tests.support.faults:ForgetCompiledGraphsAtStep",))
+    workload = sft_workload(tmp_path, measure=measure, callbacks=("tests.support.faults:CompileAtStep",))
     result = run_isolated(TrialJob(workload, config, str(tmp_path / "t")), 600)
     assert result.status == "recompiling", result.error
     assert result.status in INFEASIBLE_STATUSES  # recorded COMPLETE at 0, its constraint violated: not retried

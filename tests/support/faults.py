@@ -64,15 +64,15 @@ class HangAtStep(FaultAtStep):
             time.sleep(60)
 
 
-class ForgetCompiledGraphsAtStep(FaultAtStep):
-    """torch.compile's graphs forgotten (``torch._dynamo.reset``) at step 2, so that step compiles again:
-    what a batch of a shape the graph cannot take costs, whatever makes one (a static length, a guard
-    that fails). Its compile clock (dynamo's cumulative timers) is not reset: the step timer sees it."""
+class CompileAtStep(FaultAtStep):
+    """torch.compile compiles at step 2 (a small function, with the ``eager`` backend), inside the step:
+    what a batch of a shape the trial's graph cannot take costs, whatever makes one (a static length, a
+    guard that fails). The step timer's compile clock (dynamo's cumulative timers) sees it."""
 
     def fire(self, args, kwargs) -> None:
-        import torch._dynamo
+        import torch
 
-        torch._dynamo.reset()
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
 
 
 class StopAtStep(FaultAtStep):
