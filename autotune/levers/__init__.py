@@ -45,6 +45,7 @@ from autotune.levers.batch import (
     largest_global_batch,
     tensor_core_note,
 )
+from autotune.levers.compile import DYNAMIC_SHAPES_ENVIRONMENT, compile_environment
 from autotune.levers.distributed import deepspeed_config, read_deepspeed_config, zero_offloads, zero_stage
 from autotune.levers.optimizer import (
     BNB_OPTIMIZERS,
@@ -56,6 +57,7 @@ from autotune.levers.optimizer import (
 from autotune.levers.precision import DTYPES, HALF_DTYPES, PRECISION_FIELDS, WEIGHT_TORCH_DTYPES
 
 __all__ = [
+    "DYNAMIC_SHAPES_ENVIRONMENT",
     "NOTE",
     "TOOL_FORMS",
     "CannotExpress",
@@ -85,6 +87,7 @@ __all__ = [
     "SpeedTraits",
     "TrainerParts",
     "TrialConfig",
+    "compile_environment",
     "constrain_global_batch",
     "deepspeed_config",
     "largest_global_batch",

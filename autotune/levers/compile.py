@@ -86,6 +86,25 @@ def _speed(value: str, traits: SpeedTraits) -> SpeedTraits:
     return dataclasses.replace(traits, fuses_elementwise=backend == "inductor", graphs=mode in CUDAGRAPH_COMPILE_MODES)
 
 
+# Dynamic shapes from the first step, for a compiled trial whose batches vary in length (TRL's padding_free
+# or bfd rows, its padding to each batch's longest, the Trainer's ``padding: longest`` / ``padding_free``).
+# transformers builds accelerate's compile plugin with ``dynamic=None`` (transformers/trainer.py ~796-800),
+# so dynamo compiles the first batch's length as a constant and compiles again, the length dynamic, at the
+# next distinct one ("automatic dynamic shapes"): a recompile after warm-up in every such trial, and a
+# static graph wasted. With ``dynamic=None`` the plugin reads this variable (accelerate/utils/dataclasses.py
+# ~1107, TorchDynamoPlugin.__post_init__): ``torch.compile(dynamic=True)``, every input dimension symbolic
+# from the first trace (sizes 0 and 1 still specialised: torch/_dynamo/config.py
+# ``specialize_int``/``assume_static_by_default``). TrainingArguments has no field for it, so the user's
+# run needs the same variable: the export writes it (autotune.views.export).
+DYNAMIC_SHAPES_ENVIRONMENT = {"ACCELERATE_DYNAMO_USE_DYNAMIC": "true"}
+
+
+def compile_environment(compiled_as: str | None, batches_vary: bool) -> dict[str, str]:
+    """The environment a trial compiled as ``compiled_as`` (``None``: not compiled) trains in, so that it
+    compiles once: dynamic shapes where its batches vary in length (:data:`DYNAMIC_SHAPES_ENVIRONMENT`)."""
+    return dict(DYNAMIC_SHAPES_ENVIRONMENT) if compiled_as is not None and batches_vary else {}
+
+
 COMPILE = Lever(
     name="compile",
     value_type=str,

@@ -114,6 +114,9 @@ class TrialResult:
     warmup_steps: int = 0
     warmup_s: float = 0.0  # warm-up steps, compilation included; excluded from throughput
     compile_s: float = 0.0  # torch.compile's own compilation time (within warm-up; 0 without compile)
+    # steps after the warm-up during which torch.compile compiled (counted in warmup_steps): 0 where the
+    # compiled graph met no new shape; past MeasureSettings.recompile_limit the trial is RECOMPILING
+    recompiled_steps: int = 0
     steady: bool = False  # the step-time CV target was met (False: the step/time budget ran out first)
     setup_s: float = 0.0  # child start to first step: model build, Trainer set-up
     model_build_s: float = 0.0  # the model build within setup_s

@@ -8,6 +8,7 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from autotune.levers import (
     Batching,
     TrainerParts,
+    compile_environment,
     model_build_kwargs,
     trainer_parts,
     training_arguments_kwargs,
@@ -153,6 +155,10 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             *(load_callback(name)() for name in workload.callbacks),
             *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
         ]
+        varying = batches_vary(job, batching)
+        # Before the Trainer builds accelerate's compile plugin, which reads it: a compiled trial whose
+        # batches vary compiles once, its lengths dynamic from the first step (levers.compile_environment).
+        os.environ.update(compile_environment(job.config.compiled_as, varying))
         trainer = build_trainer(job, model, batching, callbacks)
         recorder.attach(trainer)  # its probe of the model's loss runs one forward: before the autocast hooks
         lengths.attach(trainer)
@@ -166,7 +172,6 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         if timer.still_compiling:  # no steady state, and the fullest batch would compile once more
             return still_compiling(job, timer, probe, started, model_build_s)
         peaks, peak_batch = probe.peaks(), ""
-        varying = batches_vary(job, batching)
         if varying:
             peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
@@ -260,6 +265,7 @@ def steps_and_peaks(
         warmup_steps=stats.warmup_steps,
         warmup_s=stats.warmup_s,
         compile_s=stats.compile_s,
+        recompiled_steps=timer.recompiled_steps,
         setup_s=(timer.first_step_started_at or started) - started,
         model_build_s=model_build_s,
         peak_memory_bytes=peaks[source],
@@ -317,6 +323,9 @@ def runtime_readings(
         **allocator_settings(),
         **probe_notes,
     }
+    if trainer.args.torch_compile:  # how dynamo traced the shapes: "True", dynamic from the first step;
+        # "None", static first, dynamic from the second distinct shape (levers.compile_environment)
+        found["compile_dynamic"] = str(trainer.accelerator.state.dynamo_plugin.dynamic)
     if device_kind == "cuda":  # what CUDA can allocate, against the NVML figure the ceiling used (devices.py)
         found["cuda_total_bytes"] = str(torch.cuda.mem_get_info()[1])
         found.update(allocator_read_back(torch))

@@ -58,12 +58,15 @@ class MeasureSettings:
     cv_target: float = 0.05
     prune_after_steps: int = 3
     # Steps after warm-up that may compile (each left out of the statistics) before the trial is
-    # stopped as still compiling (``Status.RECOMPILING``). Dynamo's automatic dynamic shapes
-    # (torch._dynamo.config.automatic_dynamic_shapes, on by default; transformers passes dynamic=None)
-    # compile once more when a size first changes, then run the dynamic graph; a batch of yet another
-    # shape that still compiles is compiling at every step (issue 38, 10: a CPU SFT trial with inductor
-    # and packing ran 317 s at 0.009 steps/s), and past torch's recompile_limit (8) dynamo runs that code
-    # eager, another figure than the compiled one the trial is named for.
+    # stopped as still compiling (``Status.RECOMPILING``). A compiled trial whose batches vary in length
+    # compiles with dynamic shapes from its first step (autotune.levers.compile_environment: the
+    # Trainer's dynamic=None would compile the first length as a constant and again at the second,
+    # torch._dynamo.config.automatic_dynamic_shapes), so it compiles once, in warm-up. A step that still
+    # compiles after that met what the dynamic graph cannot take (a guard that fails, a specialised
+    # size); one that compiles at every step has no steady state (issue 38, 10: a CPU SFT trial with
+    # inductor and packing ran 317 s at 0.009 steps/s), and past torch's recompile_limit (8) dynamo runs
+    # that code eager, another figure than the compiled one the trial is named for. 2: room for a rare
+    # guard failure, not for a compile per step.
     recompile_limit: int = 2
 
     @property

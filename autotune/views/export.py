@@ -22,7 +22,13 @@ from typing import Any
 import optuna
 
 from autotune.errors import AutotuneError
-from autotune.levers import LEVERS, optimizer_in, training_arguments_kwargs, update_ignores_gradient_scale
+from autotune.levers import (
+    DYNAMIC_SHAPES_ENVIRONMENT,
+    LEVERS,
+    optimizer_in,
+    training_arguments_kwargs,
+    update_ignores_gradient_scale,
+)
 from autotune.result import TrialResult, accumulation_note
 from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
@@ -254,6 +260,29 @@ def allocator_note(best: RankedTrial) -> str | None:
     return f"the winner's peak memory was measured under {exports}: set the same in the training's environment"
 
 
+def compile_environment(best: RankedTrial | None) -> dict[str, str]:
+    """The environment the winner compiled in that its arguments cannot carry: dynamic shapes from the
+    first step where its batches varied (``autotune.levers.compile_environment``), as its trial read it
+    back from accelerate's compile plugin (``runtime["compile_dynamic"]``); a study from before that
+    recorded nothing, and compiled with transformers' default."""
+    dynamic = (best.result.runtime if best is not None and best.result else {}).get("compile_dynamic")
+    return dict(DYNAMIC_SHAPES_ENVIRONMENT) if dynamic == "True" else {}
+
+
+def compile_environment_note(best: RankedTrial) -> str | None:
+    """How to compile the winner as its trial did: one compile for batches of every length."""
+    environment = compile_environment(best)
+    if not environment:
+        return None
+    exports = " ".join(f"{name}={value}" for name, value in sorted(environment.items()))
+    return (
+        f"the winner compiled with dynamic shapes from its first step, so its batches of varying length compiled "
+        f"once: set {exports} in the training's environment (accelerate's TorchDynamoPlugin reads it, "
+        "TrainingArguments has no field for it; without it dynamo compiles the first length as a constant and "
+        "again at the second)"
+    )
+
+
 def peak_batch_note(best: RankedTrial) -> str | None:
     """Which batch set the winner's peak memory (``--dataset`` with dynamic padding: the worst case
     the data can produce, run once by every trial, or the timed steps)."""
@@ -311,6 +340,7 @@ def export_notes(
         sft_config_note(winner_arguments(study, "json")) if study is not None and trainer.arguments_subclass else None,
         model_loading_note(best, trainer),
         allocator_note(best),
+        compile_environment_note(best),
         peak_batch_note(best),
         deepspeed_note(best, out),
         accumulation_export_note(trained_arguments(study, best), best.result, fmt) if study is not None else None,
@@ -387,8 +417,11 @@ def render(
     raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
 
 
-def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | None:
-    """What the SFT tools' formats need of an SFT study's winner; ``None`` for a study of the Trainer."""
+def sft_winner(
+    study: optuna.Study, arguments: dict[str, Any], environment: dict[str, str] | None = None
+) -> SftWinner | None:
+    """What the SFT tools' formats need of an SFT study's winner (``environment``: what it trained in
+    beyond its arguments, :func:`compile_environment`); ``None`` for a study of the Trainer."""
     kind = study_trainer(study)
     if not kind.tool_forms:
         return None
@@ -402,6 +435,7 @@ def sft_winner(study: optuna.Study, arguments: dict[str, Any]) -> SftWinner | No
         peft=_peft_identity(study),
         model_note=model_note,
         arguments_path=kind.arguments_path,
+        environment=environment or {},
     )
 
 
@@ -423,7 +457,7 @@ def export_winner(study: optuna.Study, fmt: str, destination: Destination, run_t
         fmt,
         provenance_of(study, best, out, fmt, run_time),
         ranks_of(study),
-        sft_winner(study, arguments),
+        sft_winner(study, arguments, compile_environment(best)),
     )
     files[out] = text
     if destination.side_files:

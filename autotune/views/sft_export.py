@@ -114,7 +114,9 @@ def model_to_load(name: str) -> tuple[str, str | None]:
 @dataclasses.dataclass(frozen=True)
 class SftWinner:
     """What the tools' forms need of the winner: its ``SFTConfig`` arguments (:func:`sft_config_arguments`),
-    the study's model (as a tool loads it: :func:`model_to_load`, with its line), data, loss and adapters."""
+    the study's model (as a tool loads it: :func:`model_to_load`, with its line), data, loss and adapters,
+    and the environment it trained in beyond its arguments (``ACCELERATE_DYNAMO_USE_DYNAMIC``: the command
+    line sets it, the YAML forms' notes say it)."""
 
     arguments: dict[str, Any]
     model: str
@@ -124,6 +126,7 @@ class SftWinner:
     provenance: str = ""
     model_note: str | None = None
     arguments_path: str = SFT.arguments_path
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def header_lines(winner: SftWinner, source: str) -> list[str]:
@@ -189,7 +192,18 @@ def trl_command(winner: SftWinner) -> str:
     ``model_init_kwargs``), the adapters its ``--use_peft --lora_*`` flags."""
     actions = _trl_parser_actions()
     unsaid: list[str] = []
-    tokens = ["trl", "sft", "--model_name_or_path", winner.model, "--dataset_name", "./data", "--output_dir", "sft-out"]
+    environment = [f"{name}={value}" for name, value in sorted(winner.environment.items())]
+    tokens = [
+        *environment,
+        "trl",
+        "sft",
+        "--model_name_or_path",
+        winner.model,
+        "--dataset_name",
+        "./data",
+        "--output_dir",
+        "sft-out",
+    ]
     model_init = dict(winner.arguments.get("model_init_kwargs") or {})
     for key, flag in _TRL_MODEL_ARGS.items():
         if key in model_init:

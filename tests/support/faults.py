@@ -64,6 +64,17 @@ class HangAtStep(FaultAtStep):
             time.sleep(60)
 
 
+class CompileAtStep(FaultAtStep):
+    """torch.compile compiles at step 2 (a small function, with the ``eager`` backend), inside the step:
+    what a batch of a shape the trial's graph cannot take costs, whatever makes one (a static length, a
+    guard that fails). The step timer's compile clock (dynamo's cumulative timers) sees it."""
+
+    def fire(self, args, kwargs) -> None:
+        import torch
+
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+
+
 class StopAtStep(FaultAtStep):
     """The child stops itself with SIGSTOP at step 1 (as a debugger, ``kill -STOP`` or a job-control
     stop would): alive, but never to run again. Appends its PID to ``<work-dir>/stopped.pids`` first."""

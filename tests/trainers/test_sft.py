@@ -96,13 +96,14 @@ def test_rows_are_cycled_up_to_what_the_steps_take():
 
 
 @pytest.mark.slow
-def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and_labelled(tmp_path):
-    """padding_free flattens each batch into a row of a new length: dynamo compiles the first step's
-    shape, then again for the second (automatic dynamic shapes). With ``recompile_limit`` 0 that
-    second compile, after warm-up, stops the trial as ``recompiling`` (issue 38, 10), before any
-    measured step and without the fullest batch's extra step. The ``eager`` backend: dynamo's guards
-    and recompiles without inductor's C++, the cheapest real compile."""
-    from autotune.result import INFEASIBLE_STATUSES
+def test_a_compiled_trial_on_batches_of_varying_length_compiles_once_and_says_so(tmp_path):
+    """padding_free flattens each batch into a row of a new length. Compiled with transformers' default
+    (``dynamic=None``) dynamo compiled the first step's length as a constant and again at the second
+    (automatic dynamic shapes), after warm-up: with ``recompile_limit`` 0 the trial was stopped as
+    ``recompiling`` (before issue 38, 10's compile-once). The trial now compiles with dynamic shapes from
+    the first step (``ACCELERATE_DYNAMO_USE_DYNAMIC``), so no step after warm-up compiles, whatever the
+    lengths, and its record says how it compiled. The ``eager`` backend: dynamo's guards and recompiles
+    without a backend's code generation, the cheapest real compile."""
     from autotune.spec.measure import MeasureSettings
 
     measure = MeasureSettings(
@@ -110,8 +111,29 @@ def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and
     )
     config = TrialConfig(micro_batch=4, pin_memory=False, packing="padding_free", compile="eager")
     result = run_isolated(TrialJob(sft_workload(tmp_path, measure=measure), config, str(tmp_path / "t")), 600)
+    assert result.status == "ok", result.error
+    assert result.recompiled_steps == 0 and result.warmup_steps == 1 and result.measured_steps == 3
+    assert result.compile_s > 0 and result.runtime["compile_dynamic"] == "True"
+
+
+@pytest.mark.slow
+def test_a_compiled_trial_whose_steps_after_warm_up_compile_again_is_stopped_and_labelled(tmp_path):
+    """A step after warm-up that compiles (here a function compiled at step 2, as a shape the trial's
+    graph cannot take would make it compile) stops the trial as ``recompiling`` with ``recompile_limit`` 0
+    (issue 38, 10), before any measured step and without the fullest batch's extra step. The ``eager``
+    backend: dynamo's guards and recompiles without a backend's code generation, the cheapest real
+    compile."""
+    from autotune.result import INFEASIBLE_STATUSES
+    from autotune.spec.measure import MeasureSettings
+
+    measure = MeasureSettings(
+        warmup_steps=1, min_steps=3, max_steps=3, max_seconds=60.0, cv_target=1.0, recompile_limit=0
+    )
+    config = TrialConfig(micro_batch=4, pin_memory=False, packing="padding_free", compile="eager")
+    workload = sft_workload(tmp_path, measure=measure, callbacks=("tests.support.faults:CompileAtStep",))
+    result = run_isolated(TrialJob(workload, config, str(tmp_path / "t")), 600)
     assert result.status == "recompiling", result.error
     assert result.status in INFEASIBLE_STATUSES  # recorded COMPLETE at 0, its constraint violated: not retried
     assert result.error.startswith("torch.compile compiled again in 1 steps after warm-up (more than 0)")
-    assert result.warmup_steps == 2 and result.measured_steps == 0 and result.compile_s > 0
-    assert result.peak_memory_bytes > 0
+    assert result.warmup_steps == 2 and result.recompiled_steps == 1 and result.measured_steps == 0
+    assert result.compile_s > 0 and result.peak_memory_bytes > 0

@@ -39,8 +39,10 @@ def sft_study(
     peft: dict | None = None,
     model: str = "llama-tiny",
     device_kind: str = "cpu",
+    runtime: dict | None = None,
 ):
-    """An in-memory study of one feasible SFT trial of ``config``, as the search records it."""
+    """An in-memory study of one feasible SFT trial of ``config``, as the search records it (``runtime``:
+    what its child read back, ``TrialResult.runtime``)."""
     import optuna
     from optuna.distributions import CategoricalDistribution
 
@@ -62,7 +64,9 @@ def sft_study(
     }
     study.set_user_attr(schema.STUDY_IDENTITY, identity)
     params = {name: value for name, value in config.to_params().items() if value is not None}
-    result = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30)
+    result = TrialResult(
+        status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30, runtime=runtime or {}
+    )
     study.add_trial(
         optuna.trial.create_trial(
             params=params,
@@ -342,3 +346,29 @@ def test_the_export_says_an_sft_studys_arguments_are_sftconfigs_which_trainingar
     trainer_study = sft_study(CONFIGS["fp32"])
     trainer_study.set_user_attr("identity", {})  # a study of the Trainer: no trainer in its identity
     assert exported_as(trainer_study, "json") == "TrainingArguments(**json) keyword arguments"
+
+
+@pytest.mark.parametrize("dynamic", ["True", "None"])
+def test_a_winner_compiled_with_dynamic_shapes_is_exported_with_the_environment_that_makes_them(tmp_path, dynamic):
+    """A compiled trial on batches of varying length trains with ``ACCELERATE_DYNAMO_USE_DYNAMIC`` set
+    (its child reads accelerate's plugin back: ``runtime["compile_dynamic"]``); TrainingArguments has no
+    field for it, so the ``trl sft`` line sets it in its environment and every form's notes say it. A
+    trial that compiled with transformers' default (``None``: a study from before) exports none."""
+    from autotune.spec.files import Destination
+    from autotune.views.export import export_winner, winner
+
+    config = TrialConfig(micro_batch=4, packing="padding_free", compile="aot_eager")
+    study = sft_study(config, runtime={"compile_dynamic": dynamic})
+    out = tmp_path / "run.sh"
+    export_winner(study, "trl", Destination(str(out)))
+    command = [line for line in out.read_text().splitlines() if not line.startswith("#")]
+    notes = " ".join(export_notes(winner(study), study))
+    if dynamic == "True":
+        assert shlex.split(command[0])[:3] == ["ACCELERATE_DYNAMO_USE_DYNAMIC=true", "trl", "sft"]
+        assert "set ACCELERATE_DYNAMO_USE_DYNAMIC=true in the training's environment" in notes
+        for fmt in ("axolotl", "llama-factory"):  # no key of theirs sets it: their notes say it, as comments
+            export_winner(study, fmt, Destination(str(tmp_path / f"{fmt}.yaml")))
+            text = (tmp_path / f"{fmt}.yaml").read_text()
+            assert "# note: the winner compiled with dynamic shapes" in text and "USE_DYNAMIC=true" in text
+    else:
+        assert shlex.split(command[0])[:2] == ["trl", "sft"] and "ACCELERATE_DYNAMO" not in notes
