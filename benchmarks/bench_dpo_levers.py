@@ -16,9 +16,11 @@ training_args.py ``_validate_args``), so bf16 autocast, activation checkpointing
 reference copy, ``max_length`` 1024. ``padding_free`` is not measured: DPOTrainer 1.16 warns and turns
 it off (trl/trainer/dpo_trainer.py:732-739). Liger and activation offloading need CUDA.
 
-Printed per variant: the median over the rounds of its steady real tokens/s (steps after the first),
-its ratio to TRL's default, and, for ``precompute_ref_log_probs``, the one-epoch figure with the
-reference pass before training counted in (what a one-epoch run gets), with the load average.
+Printed per variant: the median over the rounds of its steady real tokens/s (steps after the first) and
+of its real tokens per CPU-second of this process (what a step costs, whatever share of the 2 cores the
+other sessions leave it: on a loaded machine the steadier of the two), each with its ratio to TRL's
+default, and, for ``precompute_ref_log_probs``, the one-epoch figure with the reference pass before
+training counted in (what a one-epoch run gets), with the load average.
 
     python -m benchmarks.bench_dpo_levers --rounds 2 --steps 3
 """
@@ -59,19 +61,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 class StepClock(TrainerCallback):
-    """Each optimizer step's seconds and the real tokens the Trainer counted in it."""
+    """Each optimizer step's seconds, on the wall clock and of this process's CPU time (all its threads:
+    what the step cost, whatever share of the cores the other sessions left it), and the real tokens the
+    Trainer counted in it."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
         self.tokens: list[int] = []
-        self._started = 0.0
+        self._started = (0.0, 0.0)
         self._seen = 0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._started = time.perf_counter()
+        self._started = (time.perf_counter(), time.process_time())
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.perf_counter() - self._started)
+        self.seconds.append(time.perf_counter() - self._started[0])
+        self.cpu_seconds.append(time.process_time() - self._started[1])
         self.tokens.append(state.num_input_tokens_seen - self._seen)
         self._seen = state.num_input_tokens_seen
 
@@ -98,16 +104,18 @@ def measure(config: dict[str, Any], rows: list[dict], levers: dict[str, Any], st
             "include_num_input_tokens_seen": TOKENS_COUNTED,
             **levers,
         }
-        built = time.perf_counter()
+        built, built_cpu = time.perf_counter(), time.process_time()
         trainer = build_dpo_trainer(model, build_tokenizer(config["vocab_size"]), rows, arguments, [clock])
-        setup_s = time.perf_counter() - built
+        setup_s, setup_cpu_s = time.perf_counter() - built, time.process_time() - built_cpu
         trainer.train()
-    steady_s, steady_tokens = sum(clock.seconds[1:]), sum(clock.tokens[1:])
+    steady_s, steady_cpu_s, steady_tokens = sum(clock.seconds[1:]), sum(clock.cpu_seconds[1:]), sum(clock.tokens[1:])
     # One epoch with the reference pass (in set-up under precompute) counted for the steps measured.
     share = (steps - 1) / steps
+    precomputes = bool(levers.get("precompute_ref_log_probs"))
     return {
         "steady": steady_tokens / steady_s,
-        "epoch": steady_tokens / (steady_s + share * setup_s) if levers.get("precompute_ref_log_probs") else 0.0,
+        "steady_cpu": steady_tokens / steady_cpu_s,
+        "epoch_cpu": steady_tokens / (steady_cpu_s + share * setup_cpu_s) if precomputes else 0.0,
         "setup_s": setup_s,
     }
 
@@ -134,18 +142,25 @@ def main() -> None:
             result = measure(config, rows, levers, options.steps)
             results[name].append(result)
             print(
-                f"round {round_number}: {name}: {result['steady']:.0f} real tokens/s steady, "
-                f"set-up {result['setup_s']:.1f} s, {load_average()}",
+                f"round {round_number}: {name}: {result['steady']:.0f} real tokens/s steady "
+                f"({result['steady_cpu']:.1f} per CPU-second), set-up {result['setup_s']:.1f} s, {load_average()}",
                 flush=True,
             )
-    baseline = statistics.median(r["steady"] for r in next(iter(results.values())))
-    print("\n| variant | " + " | ".join(f"round {n}" for n in range(options.rounds)) + " | median | vs default |")
+    first = next(iter(results.values()))
+    baseline = statistics.median(r["steady"] for r in first)
+    baseline_cpu = statistics.median(r["steady_cpu"] for r in first)
+    rounds = " | ".join(f"round {n}" for n in range(options.rounds))
+    print(f"\n| variant | real tokens/s: {rounds} | median | vs default | per CPU-second: median | vs default |")
     for name, runs in results.items():
         median = statistics.median(r["steady"] for r in runs)
+        median_cpu = statistics.median(r["steady_cpu"] for r in runs)
         cells = " | ".join(f"{r['steady']:.0f}" for r in runs)
-        epoch = statistics.median(r["epoch"] for r in runs)
-        note = f" (one epoch, reference pass counted: {epoch:.0f}, {epoch / baseline:.2f}x)" if epoch else ""
-        print(f"| {name} | {cells} | {median:.0f} | {median / baseline:.2f}x{note} |")
+        epoch = statistics.median(r["epoch_cpu"] for r in runs)
+        note = f" (one epoch, reference pass counted: {epoch:.1f}, {epoch / baseline_cpu:.2f}x)" if epoch else ""
+        print(
+            f"| {name} | {cells} | {median:.0f} | {median / baseline:.2f}x | {median_cpu:.1f} | "
+            f"{median_cpu / baseline_cpu:.2f}x{note} |"
+        )
     print(load_average())
 
 
