@@ -369,16 +369,17 @@ def chat_corpus(
     length_scale: option.LengthScale = 1.0,
     force: option.Force = False,
 ) -> None:
-    """Write a generated multi-turn chat corpus (nothing downloaded) for --dataset."""
+    """Write a generated multi-turn chat corpus, or preference pairs (nothing downloaded), for --dataset."""
     from autotune.plan import within
-    from autotune.spec.chat_corpus import write_jsonl
     from autotune.spec.files import Destination
+    from autotune.spec.preference_corpus import PREFERENCE_FORMATS, write_corpus
 
     for name, value in (("--samples", samples), ("--seed", seed), ("--length-scale", length_scale)):
         within(name, value)
 
-    tokens = write_jsonl(Destination(out, force), samples, seed, fmt, length_scale)
-    console.print(f"wrote {out}: {samples} conversations ({fmt}), {tokens} tokens under the synthetic tokenizer")
+    tokens = write_corpus(Destination(out, force), samples, seed, fmt, length_scale)
+    rows = "preference pairs" if fmt in PREFERENCE_FORMATS else "conversations"
+    console.print(f"wrote {out}: {samples} {rows} ({fmt}), {tokens} tokens under the synthetic tokenizer")
 
 
 def error_text(error: BaseException | str) -> str:

@@ -212,7 +212,9 @@ Seed = Annotated[int, typer.Option(help="The corpus: the same seed writes the sa
 CorpusFormat = Annotated[
     str,
     typer.Option(
-        "--format", help="messages, prompt-completion (the last assistant turn is the completion) or text (ChatML)."
+        "--format",
+        help="messages, prompt-completion (the last assistant turn is the completion), text (ChatML), or DPO's "
+        "preference pairs: preference (messages) or preference-text (strings).",
     ),
 ]
 LengthScale = Annotated[

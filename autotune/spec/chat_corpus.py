@@ -43,7 +43,7 @@ import dataclasses
 import functools
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -162,10 +162,11 @@ def _word_cdf() -> np.ndarray:
     return np.cumsum(weights / weights.sum())
 
 
-def _words(rng: np.random.Generator, count: int) -> str:
+def words(rng: np.random.Generator, count: int) -> str:
+    """``count`` words of the lexicon drawn by their Zipf frequencies, space-separated."""
     ranks = np.minimum(np.searchsorted(_word_cdf(), rng.random(count)), LEXICON_SIZE - 1)
-    words = lexicon()
-    return " ".join(words[rank] for rank in ranks)
+    drawn = lexicon()
+    return " ".join(drawn[rank] for rank in ranks)
 
 
 def conversation(index: int, seed: int = 0, shape: ChatShape = DEFAULT_SHAPE) -> list[dict[str, str]]:
@@ -174,14 +175,14 @@ def conversation(index: int, seed: int = 0, shape: ChatShape = DEFAULT_SHAPE) ->
     rng = np.random.default_rng([seed, index])
     messages = []
     if rng.random() < shape.system_share:
-        messages.append({"role": "system", "content": _words(rng, int(shape.system.draw(rng, 1)[0]))})
+        messages.append({"role": "system", "content": words(rng, int(shape.system.draw(rng, 1)[0]))})
     rounds = 1
     while rounds < shape.max_rounds and rng.random() < shape.another_round:
         rounds += 1
     users, assistants = shape.user.draw(rng, rounds), shape.assistant.draw(rng, rounds)
     for user_tokens, assistant_tokens in zip(users, assistants):
-        messages.append({"role": "user", "content": _words(rng, int(user_tokens))})
-        messages.append({"role": "assistant", "content": _words(rng, int(assistant_tokens))})
+        messages.append({"role": "user", "content": words(rng, int(user_tokens))})
+        messages.append({"role": "assistant", "content": words(rng, int(assistant_tokens))})
     return messages
 
 
@@ -208,11 +209,14 @@ def as_format(messages: list[dict[str, str]], fmt: str) -> dict[str, Any]:
     raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
 
 
-def render_chatml(messages: list[dict[str, str]]) -> str:
-    """The conversation as the synthetic tokenizer's chat template renders it (:data:`CHATML_TEMPLATE`)."""
+def render_chatml(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    """The conversation as the synthetic tokenizer's chat template renders it (:data:`CHATML_TEMPLATE`),
+    with the assistant's header after it where ``add_generation_prompt``."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(conversations=[messages], chat_template=CHATML_TEMPLATE)
+    rendered, _ = render_jinja_template(
+        conversations=[messages], chat_template=CHATML_TEMPLATE, add_generation_prompt=add_generation_prompt
+    )
     return rendered[0]
 
 
@@ -229,40 +233,58 @@ def write_jsonl(
     """Write the corpus as JSON lines, one conversation a line, and return its total tokens
     (under the synthetic tokenizer, ChatML included).
 
-    The file is written whole or not at all (:class:`autotune.spec.files.Destination`: a temporary file
-    renamed at the end, removed on an error, a full disk or Ctrl-C), never over an existing file
-    unasked; a corpus the free space cannot hold (estimated from its first conversations) is refused
-    before anything is written. ``samples``, ``seed`` and ``length_scale`` are the command line's, checked
-    there (``autotune.plan.within``: ``--samples`` up to :data:`MAX_SAMPLES`).
+    The file is written as :func:`write_rows` writes it. ``samples``, ``seed`` and ``length_scale`` are
+    the command line's, checked there (``autotune.plan.within``: ``--samples`` up to :data:`MAX_SAMPLES`).
 
     Raises:
         AutotuneError: An unknown format, a destination its rule refuses, too little free space, or a path
             that cannot be written.
     """
-    destination = out if isinstance(out, Destination) else Destination(out)
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     shape = DEFAULT_SHAPE.scaled(length_scale)
+
+    def row(index: int) -> tuple[dict[str, Any], int]:
+        messages = conversation(index, seed, shape)
+        return as_format(messages, fmt), conversation_tokens(messages)
+
+    return write_rows(out, samples, row)
+
+
+def write_rows(out: str | Destination, samples: int, row: Callable[[int], tuple[dict[str, Any], int]]) -> int:
+    """Write rows ``row(0)`` to ``row(samples - 1)`` (each a JSON-able row and its tokens) as JSON lines,
+    and return their total tokens.
+
+    The file is written whole or not at all (:class:`autotune.spec.files.Destination`: a temporary file
+    renamed at the end, removed on an error, a full disk or Ctrl-C), never over an existing file
+    unasked; a corpus the free space cannot hold (estimated from its first rows) is refused before
+    anything is written.
+
+    Raises:
+        AutotuneError: A destination its rule refuses, too little free space, or a path that cannot be written.
+    """
+    destination = out if isinstance(out, Destination) else Destination(out)
     destination.check(destination.out)
-    _check_free_space(destination.out, samples, seed, fmt, shape)
+    _check_free_space(destination.out, samples, row)
 
     def write(stream: TextIO) -> int:
         total = 0
-        for messages in conversations(samples, seed, shape):
-            stream.write(json.dumps(as_format(messages, fmt)) + "\n")
-            total += conversation_tokens(messages)
+        for index in range(samples):
+            written, tokens = row(index)
+            stream.write(json.dumps(written) + "\n")
+            total += tokens
         return total
 
     return destination.stream(write)
 
 
-def _check_free_space(out: str, samples: int, seed: int, fmt: str, shape: ChatShape) -> None:
+def _check_free_space(out: str, samples: int, row: Callable[[int], tuple[dict[str, Any], int]]) -> None:
     """Refuse a corpus larger than the free space of ``out``'s file system, its size estimated from its
-    first :data:`SIZE_PROBE_SAMPLES` conversations (standard output and devices are not checked)."""
+    first :data:`SIZE_PROBE_SAMPLES` rows (standard output and devices are not checked)."""
     if not writes_beside(out):
         return
     probe = min(samples, SIZE_PROBE_SAMPLES)
-    probed = sum(len(json.dumps(as_format(m, fmt)).encode()) + 1 for m in conversations(probe, seed, shape))
+    probed = sum(len(json.dumps(row(index)[0]).encode()) + 1 for index in range(probe))
     expected = probed * samples // probe
     try:
         free = shutil.disk_usage(Path(out).resolve().parent).free

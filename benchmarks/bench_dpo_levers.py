@@ -1,0 +1,168 @@
+"""DPO on the CPU (issue 39 point 4): TRL's default DPOConfig against each lever alone and a combined
+candidate, in real tokens/s (chosen + rejected rows' tokens, prompt included, never padding), interleaved.
+
+llama-tiny from the catalog (TinyLlama's config scaled down: 32k vocabulary, untied head, GQA; the SFT
+benchmark's model) at ``--layers`` layers (default its 8), random weights, the synthetic tokenizer, on generated preference pairs (``autotune chat-corpus --format
+preference``) at ``--length-scale`` (default 1/8, as in the SFT benchmark: prompt + answer rows of some 65 tokens at the
+median, an eighth of public chat data's lengths, since this is a shared 2-core CPU). Every variant trains in this one process through
+``autotune.runner._dpo.build_dpo_trainer`` (TRL's ``DPOTrainer`` as a trial builds it), on the same
+rows (one epoch: ``global batch x steps`` pairs, so a precomputed reference pass covers exactly what is
+trained), ``--rounds`` times, the variants alternating within each round. A step's real tokens are the
+Trainer's count (``include_num_input_tokens_seen="non_padding"``: the attention mask's ones).
+
+"TRL's default DPOConfig" is ``DPOConfig()`` as a CPU run must set it: ``use_cpu=True`` (without it
+transformers refuses DPOConfig's default ``bf16=True`` on a machine without a bf16 GPU:
+training_args.py ``_validate_args``), so bf16 autocast, activation checkpointing, micro-batch 8, a
+reference copy, ``max_length`` 1024. ``padding_free`` is not measured: DPOTrainer 1.16 warns and turns
+it off (trl/trainer/dpo_trainer.py:732-739). Liger and activation offloading need CUDA.
+
+Printed per variant: the median over the rounds of its steady real tokens/s (steps after the first) and
+of its real tokens per CPU-second of this process (what a step costs, whatever share of the 2 cores the
+other sessions leave it: on a loaded machine the steadier of the two), each with its ratio to TRL's
+default, and, for ``precompute_ref_log_probs``, the one-epoch figure with the reference pass before
+training counted in (what a one-epoch run gets), with the load average.
+
+    python -m benchmarks.bench_dpo_levers --rounds 2 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from autotune.runner._dpo import TOKENS_COUNTED, build_dpo_trainer
+from autotune.spec.models import build_model, catalog_entry
+from autotune.spec.preference_corpus import preference_rows
+from autotune.spec.synthetic_tokenizer import build_tokenizer
+from benchmarks._common import load_average
+
+MODEL = "llama-tiny"
+GLOBAL_BATCH = 8  # DPOConfig's per_device_train_batch_size, accumulation 1
+
+# Each lever alone on TRL's default, then the candidate the levers suggest together.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "TRL default DPOConfig (bf16 autocast, checkpointing, mb 8, reference copy)": {},
+    "checkpointing off": {"gradient_checkpointing": False},
+    "precompute_ref_log_probs (no reference copy)": {"precompute_ref_log_probs": True},
+    "dtype fp32 (bf16 off)": {"bf16": False},
+    "micro-batch 4 x accumulation 2": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    "combined: fp32, checkpointing off, precompute_ref_log_probs": {
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "precompute_ref_log_probs": True,
+    },
+}
+
+
+class StepClock(TrainerCallback):
+    """Each optimizer step's seconds, on the wall clock and of this process's CPU time (all its threads:
+    what the step cost, whatever share of the cores the other sessions left it), and the real tokens the
+    Trainer counted in it."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.tokens: list[int] = []
+        self._started = (0.0, 0.0)
+        self._seen = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._started = (time.perf_counter(), time.process_time())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seconds.append(time.perf_counter() - self._started[0])
+        self.cpu_seconds.append(time.process_time() - self._started[1])
+        self.tokens.append(state.num_input_tokens_seen - self._seen)
+        self._seen = state.num_input_tokens_seen
+
+
+def model_config(layers: int) -> dict[str, Any]:
+    config = {key: value for key, value in catalog_entry(MODEL).items() if not key.startswith("_")}
+    return {**config, "num_hidden_layers": layers}
+
+
+def measure(config: dict[str, Any], rows: list[dict], levers: dict[str, Any], steps: int) -> dict[str, float]:
+    """One run of a variant: steady real tokens/s (steps after the first) and the set-up seconds."""
+    torch.manual_seed(0)
+    model = build_model(config, "causal-lm")
+    clock = StepClock()
+    with tempfile.TemporaryDirectory() as scratch:
+        arguments = {
+            "output_dir": scratch,
+            "use_cpu": True,
+            "max_steps": steps,
+            "report_to": "none",
+            "logging_strategy": "no",
+            "save_strategy": "no",
+            "disable_tqdm": True,
+            "include_num_input_tokens_seen": TOKENS_COUNTED,
+            **levers,
+        }
+        built, built_cpu = time.perf_counter(), time.process_time()
+        trainer = build_dpo_trainer(model, build_tokenizer(config["vocab_size"]), rows, arguments, [clock])
+        setup_s, setup_cpu_s = time.perf_counter() - built, time.process_time() - built_cpu
+        trainer.train()
+    steady_s, steady_cpu_s, steady_tokens = sum(clock.seconds[1:]), sum(clock.cpu_seconds[1:]), sum(clock.tokens[1:])
+    # One epoch with the reference pass (in set-up under precompute) counted for the steps measured.
+    share = (steps - 1) / steps
+    precomputes = bool(levers.get("precompute_ref_log_probs"))
+    return {
+        "steady": steady_tokens / steady_s,
+        "steady_cpu": steady_tokens / steady_cpu_s,
+        "epoch_cpu": steady_tokens / (steady_cpu_s + share * setup_cpu_s) if precomputes else 0.0,
+        "setup_s": setup_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run, the first one warm-up")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--length-scale", type=float, default=0.125)
+    parser.add_argument("--only", nargs="*", default=None, help="variant names to run (prefixes)")
+    options = parser.parse_args()
+    config = model_config(options.layers)
+    rows = preference_rows(GLOBAL_BATCH * options.steps, seed=0, length_scale=options.length_scale)
+    variants = {
+        name: levers
+        for name, levers in VARIANTS.items()
+        if options.only is None or any(name.startswith(prefix) for prefix in options.only)
+    }
+    print(f"torch {torch.__version__}, {MODEL} config at {options.layers} layers, {len(rows)} pairs, {load_average()}")
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for round_number in range(options.rounds):
+        for name, levers in variants.items():
+            result = measure(config, rows, levers, options.steps)
+            results[name].append(result)
+            print(
+                f"round {round_number}: {name}: {result['steady']:.0f} real tokens/s steady "
+                f"({result['steady_cpu']:.1f} per CPU-second), set-up {result['setup_s']:.1f} s, {load_average()}",
+                flush=True,
+            )
+    first = next(iter(results.values()))
+    baseline = statistics.median(r["steady"] for r in first)
+    baseline_cpu = statistics.median(r["steady_cpu"] for r in first)
+    rounds = " | ".join(f"round {n}" for n in range(options.rounds))
+    print(f"\n| variant | real tokens/s: {rounds} | median | vs default | per CPU-second: median | vs default |")
+    for name, runs in results.items():
+        median = statistics.median(r["steady"] for r in runs)
+        median_cpu = statistics.median(r["steady_cpu"] for r in runs)
+        cells = " | ".join(f"{r['steady']:.0f}" for r in runs)
+        epoch = statistics.median(r["epoch_cpu"] for r in runs)
+        note = f" (one epoch, reference pass counted: {epoch:.1f}, {epoch / baseline_cpu:.2f}x)" if epoch else ""
+        print(
+            f"| {name} | {cells} | {median:.0f} | {median / baseline:.2f}x | {median_cpu:.1f} | "
+            f"{median_cpu / baseline_cpu:.2f}x{note} |"
+        )
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()
