@@ -175,7 +175,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         if varying:
             peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
-        runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes())
+        runtime = runtime_readings(
+            trainer, autocast, workload.device.kind, probe.notes(), compiled=job.config.compiled_as is not None
+        )
     finally:
         probe.stop()
     stats = timer.stats()
@@ -307,9 +309,10 @@ def worst_case_peaks(
 
 
 def runtime_readings(
-    trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str]
+    trainer: Trainer, autocast: AutocastRecorder, device_kind: str, probe_notes: dict[str, str], compiled: bool
 ) -> dict[str, str]:
-    """How the trial ran, read back after training: precision, allocator settings, memory sources."""
+    """How the trial ran, read back after training: precision, allocator settings, memory sources, and
+    (``compiled``: the trial's model went through torch.compile) how dynamo traced the shapes."""
     autocast_dtype = (
         autocast.dtype
         if autocast.seen
@@ -323,7 +326,7 @@ def runtime_readings(
         **allocator_settings(),
         **probe_notes,
     }
-    if trainer.args.torch_compile:  # how dynamo traced the shapes: "True", dynamic from the first step;
+    if compiled:  # how dynamo traced the shapes: "True", dynamic from the first step;
         # "None", static first, dynamic from the second distinct shape (levers.compile_environment)
         found["compile_dynamic"] = str(trainer.accelerator.state.dynamo_plugin.dynamic)
     if device_kind == "cuda":  # what CUDA can allocate, against the NVML figure the ceiling used (devices.py)
