@@ -205,3 +205,19 @@ def test_every_file_the_suite_starts_first_exists():
 
     missing = [path for path in HEAVIEST_FIRST if not (PACKAGE.parent / path).is_file()]
     assert missing == [], missing
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    """Every folder of the package is in pyproject.toml's ``packages``: setuptools installs only the packages
+    listed there, and a layer left out imports in the checkout (where the suite runs) but not from the wheel
+    a user installs (seen: ``trainers/`` landed and the wheelhouse install failed, No module named
+    'autotune.trainers', in tests/e2e/test_offline_install.py)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+        for path in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in path.parts
+    }
+    assert folders - listed == set(), f"add to [tool.setuptools] packages in pyproject.toml: {sorted(folders - listed)}"
