@@ -72,7 +72,7 @@ def build_dpo_trainer(
     import datasets
     from trl import DPOConfig, DPOTrainer
 
-    from autotune.runner._sft import cycled
+    from autotune.trainers.sft import cycled
 
     datasets.disable_progress_bars()
     if isinstance(rows, list):
