@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.spec.dataset_files import datasets_package, library_logs_quiet, read_rows, root_cause, source_path
+from autotune.spec.dataset_files import (
+    datasets_package,
+    has_text,
+    library_logs_quiet,
+    read_rows,
+    root_cause,
+    source_path,
+    usable_rows,
+)
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
 # Documents tokenized per batch when packing (the batch size of HF's run_clm example).
@@ -212,7 +220,7 @@ def prepare_sft_rows(
             rows = read_rows(source, path, scratch)
             rows = rows.select_columns([*FORMAT_COLUMNS[data], *(c for c in ROW_EXTRAS if c in rows.column_names)])
             if data == "text":  # the Trainer path's rule: a row of no text trains nothing but its end-of-text token
-                usable = _usable_rows(_has_text(rows.data.column("text")), path, "text")
+                usable = usable_rows(has_text(rows.data.column("text")), path, "text")
                 if len(usable) < rows.num_rows:
                     rows = rows.select(usable)
             chosen: Any = range(min(length, rows.num_rows))
@@ -222,8 +230,13 @@ def prepare_sft_rows(
             sampled = set(chosen)
             first = [i for i in range(min(FIRST_ROWS, rows.num_rows)) if i not in sampled]
             check_rows(((i, rows[i]) for i in first), tokenizer, data, loss_on, seq_len, path)
-            meta = {"column": data, "num_samples": rows.num_rows, "column_read": data, "tokenizer_dir": tokenizer_dir}
-            meta["rows"] = [int(i) for i in chosen]
+            meta = {
+                "column": data,
+                "num_samples": rows.num_rows,
+                "column_read": data,
+                "tokenizer_dir": tokenizer_dir,
+                "rows": [int(i) for i in chosen],
+            }
             _save_atomically(rows.select(chosen), {**meta, "pad_token_id": 0}, prepared_dir)
     meta = json.loads((prepared_dir / _META_FILE).read_text())
     if meta["num_samples"] < global_batch:
@@ -245,29 +258,6 @@ def prepare_sft_rows(
         length=length,
         packing=False,
     )
-
-
-def _has_text(values: Any) -> Any:
-    """Which values hold text beyond whitespace (a pyarrow boolean array, null for a null value)."""
-    import pyarrow.compute
-
-    return pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
-
-
-def _usable_rows(usable: Any, path: str, column: str) -> Any:
-    """The indices of the rows ``usable`` marks, the one rule of both trainers' paths: an empty row (no
-    text, no token) is skipped, as the Trainer's data collator would train it as padding alone, and
-    TRL's as its end-of-text token alone (8 samples of 1 token); data with no usable row is refused.
-
-    Raises:
-        AutotuneError: Every row is empty; the line names the column and the first row.
-    """
-    import pyarrow
-
-    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
-    if len(indices) == 0:
-        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty: give rows that hold text")
-    return indices
 
 
 def _row_characters(rows: Any) -> Any:
@@ -389,7 +379,7 @@ def _prepare_rows(
 
     values = rows.data.column(column)
     if holds_text:
-        usable = _has_text(values)
+        usable = has_text(values)
     else:
         usable = pyarrow.compute.greater(pyarrow.compute.list_value_length(values), 0)
         largest = pyarrow.compute.max(pyarrow.compute.list_flatten(values)).as_py() or 0
@@ -397,7 +387,7 @@ def _prepare_rows(
             raise AutotuneError(
                 f"--dataset {path}: token id {largest} is outside the model's vocabulary (vocab_size {model.vocab_size})"
             )
-    indices = _usable_rows(usable, path, column)
+    indices = usable_rows(usable, path, column)
     rows = rows.select_columns([column])
     if len(indices) < rows.num_rows:
         rows = rows.select(indices)

@@ -105,3 +105,26 @@ def root_cause(exc: BaseException) -> str:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]  # the chain's cause is an exception too
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def has_text(values: Any) -> Any:
+    """Which values hold text beyond whitespace (a pyarrow boolean array, null for a null value)."""
+    import pyarrow.compute
+
+    return pyarrow.compute.greater(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values)), 0)
+
+
+def usable_rows(usable: Any, path: str, column: str) -> Any:
+    """The indices of the rows ``usable`` marks, the one rule of both trainers' paths: an empty row (no
+    text, no token) is skipped, as the Trainer's data collator would train it as padding alone, and
+    TRL's as its end-of-text token alone (8 samples of 1 token); data with no usable row is refused.
+
+    Raises:
+        AutotuneError: Every row is empty; the line names the column and the first row.
+    """
+    import pyarrow
+
+    indices = pyarrow.compute.indices_nonzero(usable.fill_null(False)).cast(pyarrow.int64()).to_numpy()
+    if len(indices) == 0:
+        raise AutotuneError(f"--dataset {path}: every {column!r} value is empty: give rows that hold text")
+    return indices
