@@ -97,9 +97,10 @@ def estimate_peak(
             (:func:`micro_batch_shape`); ``None``: every sample is ``seq_len`` tokens (the bound).
     """
     device_kind = fit.device_kind
-    traits = memory_traits(config, device_kind)
+    traits = trainer_rows(model, memory_traits(config, device_kind))
     shape = micro_batch_shape(traits, seq_len, lengths)
     weights, gradients, optimizer = model_state_bytes(model, traits)
+    weights += reference_weights_bytes(model, traits)
     host = 0
     if traits.zero_stage:
         zero = zero_state_bytes(model, traits, fit.ranks, device_kind)
@@ -125,6 +126,28 @@ def estimate_peak(
         allocator_bytes=allocator_overhead_bytes(fit, activations + logits + gradients),
         host_bytes=host,
     )
+
+
+def trainer_rows(model: ModelSpec, traits: MemoryTraits) -> MemoryTraits:
+    """The traits with the rows the trainer puts in a micro-batch: ``rows_per_sample`` a sample (DPO: a pair's
+    prompt + chosen and prompt + rejected rows, one forward: trl/trainer/dpo_trainer.py:146-210)."""
+    if model.rows_per_sample == 1:
+        return traits
+    return dataclasses.replace(traits, rows=traits.rows * model.rows_per_sample)
+
+
+def runs_reference(model: ModelSpec, traits: MemoryTraits) -> bool:
+    """Whether each step runs a reference model's forward (DPO, unless its log-probabilities were precomputed)."""
+    return model.holds_reference and not traits.reference_precomputed
+
+
+def reference_weights_bytes(model: ModelSpec, traits: MemoryTraits) -> int:
+    """The reference copy's weights: in the policy's dtype, no gradients or optimizer states (TRL loads it
+    with the policy's dtype: trl/trainer/dpo_trainer.py:924); none under PEFT (the base with the adapters
+    disabled is the reference) or a precomputed reference (docs/facts.md, "DPO")."""
+    if not runs_reference(model, traits) or model.peft is not None:
+        return 0
+    return int(model.num_params * traits.weight_bytes)
 
 
 def ddp_bucket_bytes(gradients_bytes: int, ranks: int) -> int:

@@ -27,7 +27,7 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 
-from autotune.estimate._parts import layer_activation_bytes
+from autotune.estimate._parts import layer_activation_bytes, runs_reference, trainer_rows
 from autotune.levers import MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
 from autotune.spec.flops import (
     attention_flops_per_token,
@@ -161,12 +161,14 @@ def step_work(
         matmul_dtype: The dtype the matmuls run in (``Workload.peak_dtype``: tf32 for fp32 with TF32 on).
         lengths: The user's samples' token lengths (``--dataset``); ``None``: synthetic, every sample full.
     """
-    traits, speed = memory_traits(config, device_kind), speed_traits(config)
+    traits, speed = trainer_rows(model, memory_traits(config, device_kind)), speed_traits(config)
     batch = typical_micro_batch(traits, seq_len, lengths)
     k = speed.micro_batches
     per_token = weight_flops_per_token(model) + attention_flops_per_token(model, batch.attended_context)
     if traits.recompute:
         per_token += recompute_flops_per_token(model, batch.attended_context)
+    if runs_reference(model, traits):  # one more forward of every block, the reference's (no gradient)
+        per_token += recompute_flops_per_token(dataclasses.replace(model, peft=None), batch.attended_context)
     layers = model.num_layers
     rows = 1 if traits.batching.flattened else traits.rows  # a flattened micro-batch is one row
     shape = MicroBatchShape(rows=rows, row_tokens=max(round(batch.computed_tokens / rows), 1))
@@ -195,7 +197,7 @@ def step_work(
         host_bytes=host,
         launches=k * launches_per_batch + speed.optimizer_kernels_per_tensor * tensors,
         micro_batches=k,
-        samples=k * batch.samples,
+        samples=k * batch.samples / model.rows_per_sample,
         real_tokens=k * batch.real_tokens,
         model_flops=k * batch.real_tokens * model_flops_per_token(model, batch.model_context),
     )

@@ -117,6 +117,8 @@ class MemoryTraits:
         zero_offload: ZeRO keeps the optimizer states (and at stage 3 the parameters) in host memory.
         fsdp_reshards: FSDP: ``True`` frees each block's gathered parameters after its forward
             (full shard), ``False`` keeps them to the backward; ``None``: no FSDP.
+        reference_precomputed: A preference trainer's reference ran once before training: no reference
+            weights or forward in the steps (``ModelSpec.holds_reference``).
     """
 
     rows: int = 1
@@ -133,6 +135,7 @@ class MemoryTraits:
     zero_stage: int = 0
     zero_offload: bool = False
     fsdp_reshards: bool | None = None
+    reference_precomputed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

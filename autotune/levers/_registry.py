@@ -26,6 +26,7 @@ from autotune.levers.kernels import LIGER
 from autotune.levers.memory_savers import ACTIVATION_OFFLOADING, CHECKPOINTING, EMPTY_CACHE_STEPS
 from autotune.levers.optimizer import OPTIM
 from autotune.levers.packing import PACKING
+from autotune.levers.reference import PRECOMPUTE_REF_LOG_PROBS
 from autotune.levers.precision import (
     DTYPE,
     WEIGHT_DTYPE,
@@ -54,6 +55,7 @@ LEVERS: dict[str, Lever] = {
         FSDP,
         PACKING,
         ACTIVATION_OFFLOADING,
+        PRECOMPUTE_REF_LOG_PROBS,
     )
 }
 

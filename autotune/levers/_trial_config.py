@@ -48,6 +48,7 @@ class TrialConfig:
     fsdp: str = "off"
     packing: str = "off"
     activation_offloading: bool = False
+    precompute_ref_log_probs: bool = False
 
     @property
     def global_batch(self) -> int:

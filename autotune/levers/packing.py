@@ -109,9 +109,7 @@ def _from_training_args(args: Mapping[str, Any]) -> str:
 
 
 def _unavailable_with_trainer(value: str, trainer: str) -> str:
-    if not trainer_named(trainer).prepares_rows:
-        return "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
-    return ""
+    return trainer_named(trainer).batchings_refused.get(value, "")
 
 
 def _unavailable_for_model(

@@ -104,9 +104,9 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
 
         model = with_peft(model, options.peft, device, notes)
     base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
-    run_length(base_args, options.epochs)  # --epochs against max_steps / num_train_epochs: one line
+    run = run_length(base_args, options.epochs)  # --epochs against max_steps / num_train_epochs: one line
     loss_on = "all"
-    if data is not None:  # --trainer sft
+    if data is not None and kind.chooses_loss:  # --trainer sft
         loss_on = resolve_loss_on(options.loss_on, base_args, data, first_row)
     if options.space is None and model.task in DEFAULT_SPACES:
         notes.append(
@@ -138,6 +138,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         devices_per_trial=options.devices_per_trial,
         trainer=trainer,
         loss_on=loss_on,
+        run_length=run,
     )
     space = load_space(
         options.space,
@@ -155,7 +156,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         trainer=trainer,
     )
     notes += space.notes
-    if data is not None:  # --trainer sft: the rows as they are, for TRL to prepare in every trial
+    if data is not None:  # --trainer sft or dpo: the rows as they are, for TRL to prepare in every trial
         from autotune.spec.dataset import prepare_sft_rows
 
         assert options.dataset is not None  # plan_trainer: a trainer that prepares rows has them
@@ -169,6 +170,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
             os.path.join(options.work_dir, "datasets"),
             notes,
             options.seq_len,
+            kind,
         )
         workload = dataclasses.replace(workload, dataset=dataset)
     elif options.dataset is not None:
@@ -208,18 +210,17 @@ def plan_trainer(options: PlanOptions, task: str, notes: list[str]) -> tuple[Tra
             under the Trainer.
     """
     from autotune.spec.dataset_files import peek_rows
-    from autotune.spec.sft import data_format
     from autotune.trainers import choose
 
     columns, first_row = peek_rows(options.dataset) if options.dataset is not None else (None, {})
     kind = choose(options.trainer, columns)
     if not kind.chooses_loss and options.loss_on is not None:
         raise AutotuneError(
-            f"--loss-on chooses SFTTrainer's loss, and this study trains with the Trainer (columns: "
-            f"{', '.join(columns or ['synthetic tokens'])}): add --trainer sft"
+            f"--loss-on chooses SFTTrainer's loss, and this study trains with {kind.words} (columns: "
+            f"{', '.join(columns or ['synthetic tokens'])}): drop --loss-on, or add --trainer sft"
         )
     kind.check_workload(task, options.packing, options.text_column)
-    data = data_format(columns or []) if kind.prepares_rows else None
+    data = kind.rows_format(columns or []) if kind.prepares_rows else None
     if (note := kind.plan_note(bool(options.trainer), data)) is not None:
         notes.append(note)
     return kind, data, first_row

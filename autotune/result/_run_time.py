@@ -87,6 +87,26 @@ def run_length(base_args: Mapping[str, Any], epochs: float | None) -> RunLength:
     return RunLength(DEFAULT_EPOCHS, None, "the default num_train_epochs; --epochs sets it")
 
 
+def passes_over_data(run: RunLength | None, global_batch: int, samples: int | None) -> float:
+    """How many times the user's run goes over its data: its epochs, or under ``max_steps`` the samples its
+    steps take over the dataset's (1 where neither is known)."""
+    if run is None:
+        return 1.0
+    if run.max_steps is not None:
+        return run.max_steps * global_batch / samples if samples else 1.0
+    return float(run.epochs or 1.0)
+
+
+def over_the_run(rate: float, setup_s_per_sample: float, passes: float) -> float:
+    """A steady rate (samples or tokens a second) over the user's whole run, where the trainer also runs one
+    pass over the data before its first step (DPO's ``precompute_ref_log_probs``: the reference's forward
+    over every pair, once), ``setup_s_per_sample`` seconds a sample: each sample trained ``passes`` times
+    costs ``1 / rate`` a time plus its share of that pass, ``setup_s_per_sample / passes``."""
+    if setup_s_per_sample <= 0 or rate <= 0:
+        return rate
+    return 1.0 / (1.0 / rate + setup_s_per_sample / max(passes, 1e-9))
+
+
 def dataset_samples(dataset: PreparedDataset | None) -> int | None:
     """The samples one epoch of the user's run trains, ``None`` where unknown: synthetic tokens, or
     ``--packing`` over data longer than the trials read (``spec.dataset`` packs only what they take)."""

@@ -152,6 +152,11 @@ class TrialResult:
     runtime: dict[str, str] = dataclasses.field(default_factory=dict)
     # Figures found impossible and dropped (an MFU above 100 %), one line each.
     defects: list[str] = dataclasses.field(default_factory=list)
+    # A pass the trainer ran over its rows before the first step, once per run (DPO's precomputed reference
+    # log-probabilities): its seconds and samples. The rates above count its share over the user's run
+    # (autotune.result.over_the_run); 0: none ran.
+    setup_pass_s: float = 0.0
+    setup_pass_samples: int = 0
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string, or a status misspelt: ValueError

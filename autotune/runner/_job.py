@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.estimate import MemoryFit, SpeedModel, memory_prior, speed_prior
 from autotune.levers import TrialConfig
+from autotune.result import RunLength
 from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._limits import allocator_settings
 from autotune.runner._precision import predicted_tf32
@@ -68,6 +69,8 @@ class Workload:
             which prepares and batches ``dataset`` itself: ``autotune.trainers.sft``).
         loss_on: ``--loss-on`` under ``sft``: the tokens the loss is taken on (``all``, ``completion``,
             ``assistant``); it changes the labels, not the work of a step.
+        run_length: The user's run (``--epochs``, ``--base-args``), over which a trainer's pass before its
+            first step is counted (``autotune.result.over_the_run``); ``None``: one pass.
     """
 
     model: ModelSpec
@@ -89,6 +92,7 @@ class Workload:
     rank_devices: tuple[int, ...] = ()
     trainer: str = "trainer"
     loss_on: str = "all"
+    run_length: RunLength | None = None
 
     @classmethod
     def for_model(

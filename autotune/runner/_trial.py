@@ -27,7 +27,16 @@ from autotune.levers import (
     trial_batching,
     with_levers_off_explicit,
 )
-from autotune.result import Status, TrialResult, loss_record, nonfinite_reason, skipped_among, trained_fraction
+from autotune.result import (
+    Status,
+    TrialResult,
+    loss_record,
+    nonfinite_reason,
+    over_the_run,
+    passes_over_data,
+    skipped_among,
+    trained_fraction,
+)
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
@@ -50,7 +59,7 @@ from autotune.spec.flops import model_tflops as model_tflops_of
 from autotune.spec.flops import utilisation
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
-from autotune.spec.peft import apply_peft
+from autotune.spec.peft import apply_peft, lora_config
 from autotune.trainers import TrialInputs, class_named
 from autotune.trainers import get as trainer_named
 
@@ -141,7 +150,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         build_started = time.perf_counter()
         model = build_model(workload.model.hf_config, workload.model.task, **model_build_kwargs(job.config))
         if workload.model.peft is not None:  # --peft: the real get_peft_model, as the export says
-            model = apply_peft(model, workload.model.peft, workload.model.task, workload.device)
+            # (by the trainer, where it applies the adapters itself: TrialInputs.peft_config)
+            wrap = not trainer_named(workload.trainer).applies_adapters
+            model = apply_peft(model, workload.model.peft, workload.model.task, workload.device, wrap=wrap)
         model_build_s = time.perf_counter() - build_started
         batching = trial_batching(job.config)
         # The recorder comes before the timer: the timer (and the pruner it calls) then knows whether
@@ -193,6 +204,15 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     if trainer_named(workload.trainer).samples_counted_from_lengths:  # however packing puts them in rows
         samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
     real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
+    # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
+    # rate below counts its share over the user's run (autotune.result.over_the_run).
+    setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(trainer)
+    if setup_samples:
+        samples = workload.dataset.num_samples if workload.dataset is not None else None
+        passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
+        share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
+        samples_per_s *= share
+        real_tokens_per_s = real_tokens_per_s * share if real_tokens_per_s is not None else None
     # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
     context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
     model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
@@ -235,6 +255,8 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         gradient_scale=recorder.gradient_scale,
         runtime=runtime,
         defects=defects,
+        setup_pass_s=setup_s,
+        setup_pass_samples=setup_samples,
     )
 
 
@@ -368,8 +390,18 @@ def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list
         collator=lambda: build_collator(job, batching),
         prepared_dir=prepared.prepared_dir if prepared is not None else None,
         tokenizer_dir=prepared.tokenizer_dir if prepared is not None else None,
+        peft_config=peft_config_of(job),
     )
     return trainer_named(workload.trainer).build(inputs)
+
+
+def peft_config_of(job: TrialJob) -> Any:
+    """``--peft``'s adapters for a trainer that applies them itself (:attr:`TrainerKind.applies_adapters`:
+    ``DPOTrainer(peft_config=...)``, as ``trl dpo --use_peft``); ``None`` where the model comes wrapped."""
+    peft = job.workload.model.peft
+    if peft is None or not trainer_named(job.workload.trainer).applies_adapters:
+        return None
+    return lora_config(peft.adapter_config, job.workload.model.task)
 
 
 def trainer_of(job: TrialJob) -> tuple[type, type, dict[str, Any]]:

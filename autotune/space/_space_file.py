@@ -75,6 +75,7 @@ class SpaceFile(BaseModel):
     fsdp: list[StrictStr] | None = None
     packing: list[StrictStr] | None = None
     activation_offloading: list[StrictBool] | None = None
+    precompute_ref_log_probs: list[StrictBool] | None = None
     # Constraints on micro_batch x grad_accum (not levers): --global-batch / --max-global-batch override.
     global_batch: StrictInt | None = None
     max_global_batch: StrictInt | None = None

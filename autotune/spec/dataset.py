@@ -38,8 +38,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
 from autotune.spec.dataset_files import (
@@ -57,6 +58,26 @@ from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 _PACKING_BATCH = 1000
 # What prepare_dataset learned about a prepared copy, saved next to it.
 _META_FILE = "autotune_dataset.json"
+
+
+class RowsReader(Protocol):
+    """What :func:`prepare_sft_rows` asks of the trainer that reads the rows (``autotune.trainers.TrainerKind``)."""
+
+    words: str
+
+    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]: ...
+
+    def dropped_rows(
+        self,
+        rows: Iterable[tuple[int, Mapping[str, Any]]],
+        tokenizer: Any,
+        data: str,
+        seq_len: int,
+        loss_on: str,
+        path: str,
+    ) -> int: ...
+
+    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +193,10 @@ def prepare_sft_rows(
     cache_root: str,
     notes: list[str],
     seq_len: int,
+    reader: RowsReader,
 ) -> PreparedDataset:
-    """Read and check the user's rows once for ``--trainer sft``, and write what the trials hand SFTTrainer.
+    """Read and check the user's rows once for a trainer that prepares them itself (``--trainer sft``, ``dpo``),
+    and write what the trials hand it.
 
     The rows keep their format's columns untouched (TRL prepares them in each trial); as many as a
     trial can take, the longest kept (by their characters, a proxy for tokens) so the fullest batch
@@ -181,13 +204,15 @@ def prepare_sft_rows(
     directory's (or its Hugging Face cache entry's), else the synthetic tokenizer with a note.
 
     Args:
-        data: The rows' format (``autotune.spec.sft.FORMATS``).
+        data: The rows' format (``reader.rows_format``: ``autotune.spec.sft.FORMATS``, or preference pairs).
         loss_on: The study's loss: the tokenizer's chat template must mark the assistant's tokens for
             ``assistant`` (``autotune.spec.sft.check_chat_template``).
         notes: Where the synthetic tokenizer's note and the count of rows TRL drops go.
         seq_len: TRL's ``max_length``: what the rows are truncated to.
+        reader: The study's trainer (``autotune.trainers``): the columns it reads, its check of a row
+            and of the rows it drops.
 
-    The rows are checked as TRL will read them (``autotune.spec.sft_rows``): every row the trials
+    The rows are checked as TRL will read them (``reader.dropped_rows``): every row the trials
     train on, every time (the loss and ``seq_len`` decide what is trained), and the data's first
     rows where it is read (a user's run starts there).
 
@@ -196,8 +221,7 @@ def prepare_sft_rows(
             vocabulary or cannot render the rows, a row TRL or the chat template fails on, no row
             left to train on within ``seq_len``, or fewer rows than one global batch.
     """
-    from autotune.spec.sft import FORMAT_COLUMNS, check_chat_template
-    from autotune.spec.sft_rows import FIRST_ROWS, ROW_EXTRAS, check_rows, dropped_rows_note
+    from autotune.spec.sft_rows import FIRST_ROWS
     from autotune.spec.synthetic_tokenizer import tokenizer_dir as synthetic_tokenizer_dir
 
     datasets_package(path)
@@ -210,7 +234,6 @@ def prepare_sft_rows(
             "(one corpus word is one token, a ChatML chat template; token counts are the corpus's words)"
         )
     tokenizer = _load_tokenizer(tokenizer_dir, model, path)
-    check_chat_template(tokenizer, loss_on, data)  # fits the vocabulary too
     length = global_batch * (steps + 1)
     # "rows-checked": the copy keeps TRL's per-row extras and which rows of the data it holds.
     key = _fingerprint(source, tokenizer_dir, f"sft:{data}:rows-checked", False, 0, model.vocab_size, length)
@@ -218,7 +241,7 @@ def prepare_sft_rows(
     if not (prepared_dir / _META_FILE).is_file():
         with tempfile.TemporaryDirectory(dir=_made(cache_root)) as scratch:
             rows = read_rows(source, path, scratch)
-            rows = rows.select_columns([*FORMAT_COLUMNS[data], *(c for c in ROW_EXTRAS if c in rows.column_names)])
+            rows = rows.select_columns(list(reader.columns_kept(data, rows.column_names)))
             if data == "text":  # the Trainer path's rule: a row of no text trains nothing but its end-of-text token
                 usable = usable_rows(has_text(rows.data.column("text")), path, "text")
                 if len(usable) < rows.num_rows:
@@ -229,7 +252,7 @@ def prepare_sft_rows(
                 chosen = _sample_with_the_longest(sizes, length, global_batch)
             sampled = set(chosen)
             first = [i for i in range(min(FIRST_ROWS, rows.num_rows)) if i not in sampled]
-            check_rows(((i, rows[i]) for i in first), tokenizer, data, loss_on, seq_len, path)
+            reader.dropped_rows(((i, rows[i]) for i in first), tokenizer, data, seq_len, loss_on, path)
             meta = {
                 "column": data,
                 "num_samples": rows.num_rows,
@@ -245,10 +268,10 @@ def prepare_sft_rows(
             f"({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
         )
     sample = datasets_package(path).load_from_disk(str(prepared_dir))
-    dropped = check_rows(zip(meta["rows"], sample), tokenizer, data, loss_on, seq_len, path)
-    notes += filter(None, [dropped_rows_note(dropped, len(sample), seq_len, loss_on, path)])
+    dropped = reader.dropped_rows(zip(meta["rows"], sample), tokenizer, data, seq_len, loss_on, path)
+    notes += filter(None, [reader.dropped_rows_note(dropped, len(sample), seq_len, loss_on, path)])
     return PreparedDataset(
-        label=f"{source} ({data} rows, prepared by SFTTrainer)",
+        label=f"{source} ({data} rows, prepared by {reader.words})",
         source=str(source),
         prepared_dir=str(prepared_dir.resolve()),
         column=data,

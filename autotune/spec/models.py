@@ -105,6 +105,10 @@ class ModelSpec:
         fused_lm_head: The loss is taken through a fused, chunked language-model head that never
             makes the ``b x s x V`` logits: TRL's SFTTrainer patches every model so
             (trl/trainer/sft_trainer.py:1142-1147). Set by :func:`autotune.trainers.with_model`.
+        rows_per_sample: Rows a sample puts in a micro-batch: 2 under DPO (the chosen and the rejected
+            answer, one forward). Set by :func:`autotune.trainers.with_model`.
+        holds_reference: The trainer keeps a frozen copy of the weights as its reference (DPO), but under
+            PEFT or a precomputed reference pass. Set by :func:`autotune.trainers.with_model`.
     """
 
     name: str
@@ -125,6 +129,8 @@ class ModelSpec:
     local_dir: str | None = None
     peft: PeftSpec | None = None
     fused_lm_head: bool = False
+    rows_per_sample: int = 1
+    holds_reference: bool = False
 
     @property
     def model_type(self) -> str:

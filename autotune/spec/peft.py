@@ -205,15 +205,16 @@ def quantize_4bit(model: Any, bnb: Any, compute_dtype: Any, device: str) -> Any:
     return model.to(device)
 
 
-def apply_peft(model: Any, spec: PeftSpec, task: str, device: DeviceSpec) -> Any:
-    """In the trial child, after the build: the 4-bit base where asked, then the real ``get_peft_model``."""
+def apply_peft(model: Any, spec: PeftSpec, task: str, device: DeviceSpec, wrap: bool = True) -> Any:
+    """In the trial child, after the build: the 4-bit base where asked, then the real ``get_peft_model``
+    (``wrap=False``: not, for a trainer that applies the adapters itself from ``peft_config``)."""
     if spec.quantize is not None:
         import bitsandbytes
         import torch
 
         compute_dtype = torch.bfloat16 if "bf16" in device.supported_dtypes else torch.float16
         model = quantize_4bit(model, bitsandbytes, compute_dtype, f"cuda:{device.index or 0}")
-    return wrap_with_adapters(model, spec.adapter_config, task)
+    return wrap_with_adapters(model, spec.adapter_config, task) if wrap else model
 
 
 def adapter_config_path(out: str) -> str:

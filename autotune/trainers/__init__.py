@@ -4,6 +4,8 @@
   ``TrainingArguments``, on synthetic tokens or a ``text`` column autotune tokenizes.
 * ``sft`` (:mod:`autotune.trainers.sft`): TRL's ``SFTTrainer`` with ``SFTConfig``, on the user's rows
   as they are, which TRL prepares, packs and batches itself in each trial.
+* ``dpo`` (:mod:`autotune.trainers.dpo`): TRL's ``DPOTrainer`` with ``DPOConfig``, on the user's preference
+  pairs as they are, with the reference model the user's run keeps.
 
 The trainer is the workload's, like ``--peft``: fixed for a study (its identity holds it), never
 searched. Each trainer owns its arguments class and its default (the first seed), how a trial builds
@@ -21,13 +23,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.spec.sft import data_format
 from autotune.trainers._kind import TrainerKind, TrialInputs, class_named, with_model
+from autotune.trainers.dpo import DPO
 from autotune.trainers.hf_trainer import HF_TRAINER
 from autotune.trainers.sft import SFT
 
 # Every trainer, in the order ``--trainer`` lists them. Adding a trainer: its module and one entry here.
-REGISTERED: tuple[TrainerKind, ...] = (HF_TRAINER, SFT)
+REGISTERED: tuple[TrainerKind, ...] = (HF_TRAINER, SFT, DPO)
 NAMES = tuple(kind.name for kind in REGISTERED)
 # The trainer of a study that names none (studies written before --trainer existed train the Trainer).
 DEFAULT: TrainerKind = HF_TRAINER
@@ -80,8 +82,8 @@ def get(name: str) -> TrainerKind:
 
 def choose(requested: str | None, columns: Sequence[str] | None) -> TrainerKind:
     """The study's trainer: ``--trainer`` if given, else the one chosen for the ``--dataset`` rows'
-    format (:attr:`TrainerKind.chosen_for_formats`: ``sft`` for chat or prompt/completion rows), else
-    :data:`DEFAULT`.
+    format (:attr:`TrainerKind.chosen_for_formats`: ``sft`` for chat or prompt/completion rows, ``dpo``
+    for preference pairs), else :data:`DEFAULT`.
 
     Raises:
         AutotuneError: An unknown trainer; one that cannot read the rows (or needs rows and has none).
@@ -89,8 +91,8 @@ def choose(requested: str | None, columns: Sequence[str] | None) -> TrainerKind:
     if requested is not None:
         kind = get(requested)
     else:
-        found = data_format(columns) if columns is not None else None
-        kind = next((k for k in REGISTERED if found in k.chosen_for_formats), DEFAULT)
+        chosen = (k for k in REGISTERED if columns is not None and k.rows_format(columns) in k.chosen_for_formats)
+        kind = next(chosen, DEFAULT)
     kind.check_rows(columns)
     return kind
 
@@ -123,5 +125,6 @@ def owner_of_field(field: str, trainer: str) -> TrainerKind | None:
 
 
 def tool_form_owner(fmt: str) -> TrainerKind | None:
-    """The trainer whose tools' export form ``fmt`` is (``trl``: TRL's SFTTrainer); ``None`` for none."""
+    """The first trainer with the tools' export form ``fmt`` (``trl``: TRL's SFTTrainer, then DPOTrainer);
+    ``None`` for none."""
     return next((kind for kind in REGISTERED if fmt in kind.tool_forms), None)

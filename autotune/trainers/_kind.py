@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class TrialInputs:
         collator: The data collator of the trial's batching (``None``: the Trainer's default).
         prepared_dir: Where the parent saved the user's rows as they are, for a trainer that prepares them.
         tokenizer_dir: The tokenizer's directory of those rows.
+        peft_config: ``--peft``'s adapters for a trainer that applies them itself
+            (:attr:`TrainerKind.applies_adapters`); ``None`` otherwise (the model comes wrapped).
     """
 
     trainer_class: type
@@ -56,6 +58,7 @@ class TrialInputs:
     collator: Callable[[], Any]
     prepared_dir: str | None = None
     tokenizer_dir: str | None = None
+    peft_config: Any = None
 
 
 class TrainerKind(Protocol):
@@ -89,6 +92,13 @@ class TrainerKind(Protocol):
         arguments_subclass: Its arguments class is a ``TrainingArguments`` subclass whose defaults differ:
             its exports write each differing default as the winner trained, and the model's build in the
             arguments (``model_init_kwargs``).
+        rows_per_sample: Rows one sample puts in a micro-batch (DPO: the chosen and the rejected), which the
+            memory estimate's activations and LM head see (``ModelSpec.rows_per_sample``).
+        holds_reference: It keeps a frozen reference copy of the model beside the policy, but under PEFT
+            (the adapters disabled) or a precomputed reference pass (``ModelSpec.holds_reference``).
+        batchings_refused: The packing lever's batchings it does not run, each with why.
+        applies_adapters: It applies ``--peft``'s adapters itself (``peft_config``), as its command line does:
+            the trial hands it the base model and :attr:`TrialInputs.peft_config`.
         tool_forms: The export forms of the tools built on this trainer (``trl``, axolotl, ...), beyond
             the arguments' ``json``, ``cli`` and ``python``.
         exported_as: What each of its export forms holds, in words.
@@ -112,6 +122,10 @@ class TrainerKind(Protocol):
     offloads_activations: bool
     samples_counted_from_lengths: bool
     arguments_subclass: bool
+    rows_per_sample: int
+    holds_reference: bool
+    batchings_refused: Mapping[str, str]
+    applies_adapters: bool
     tool_forms: tuple[str, ...]
     exported_as: Mapping[str, str]
 
@@ -149,6 +163,43 @@ class TrainerKind(Protocol):
         lever's (transformers' ``DataCollatorWithFlattening``)."""
         ...
 
+    def setup_pass(self, trainer: Any) -> tuple[float, int]:
+        """Seconds and samples of the pass the built trainer ran over its rows before training, once per run
+        (DPO's ``precompute_ref_log_probs``); ``(0.0, 0)``: none."""
+        ...
+
+    def rows_format(self, columns: Sequence[str]) -> str | None:
+        """The format of rows with these columns this trainer reads (``None``: none it reads)."""
+        ...
+
+    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]:
+        """The columns of the user's rows (of format ``data``) the trials hand the trainer as they are."""
+        ...
+
+    def dropped_rows(
+        self,
+        rows: Iterable[tuple[int, Mapping[str, Any]]],
+        tokenizer: Any,
+        data: str,
+        seq_len: int,
+        loss_on: str,
+        path: str,
+    ) -> int:
+        """Check (index, row) pairs as the trainer will read them, and count those it drops within ``seq_len``.
+
+        Raises:
+            AutotuneError: The first row the trainer or the tokenizer fails on, named, with the fault.
+        """
+        ...
+
+    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:
+        """The note of the rows the trainer drops (``None``: none).
+
+        Raises:
+            AutotuneError: Every row is dropped.
+        """
+        ...
+
 
 def arguments_forms(arguments_named: str) -> dict[str, str]:
     """What the arguments' own export forms hold, in words, for the class ``arguments_named`` names."""
@@ -162,5 +213,11 @@ def arguments_forms(arguments_named: str) -> dict[str, str]:
 
 
 def with_model(model: ModelSpec, kind: TrainerKind) -> ModelSpec:
-    """The model as ``kind`` trains it: with its fused language-model head where it has one."""
-    return dataclasses.replace(model, fused_lm_head=True) if kind.fuses_lm_head else model
+    """The model as ``kind`` trains it: with its fused language-model head where it has one, the rows a
+    sample puts in a micro-batch, and its reference copy where it keeps one."""
+    return dataclasses.replace(
+        model,
+        fused_lm_head=model.fused_lm_head or kind.fuses_lm_head,
+        rows_per_sample=kind.rows_per_sample,
+        holds_reference=kind.holds_reference,
+    )

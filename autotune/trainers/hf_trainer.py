@@ -4,7 +4,7 @@ collators). The trainer of a study that names none."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.trainers._kind import TrialInputs, arguments_forms
@@ -32,6 +32,14 @@ class HfTrainer:
     offloads_activations = False
     samples_counted_from_lengths = False
     arguments_subclass = False
+    rows_per_sample = 1
+    holds_reference = False
+    # The packing lever is TRL's: the Trainer's own batching is the padding lever.
+    batchings_refused: Mapping[str, str] = {
+        value: "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
+        for value in ("padding_free", "bfd")
+    }
+    applies_adapters = False
     tool_forms: tuple[str, ...] = ()
     exported_as: Mapping[str, str] = arguments_forms(arguments_named)
 
@@ -65,6 +73,29 @@ class HfTrainer:
         return None
 
     def padding_free_collator(self, pad_token_id: int) -> Callable[[list[dict[str, Any]]], Any] | None:
+        return None
+
+    def setup_pass(self, trainer: Any) -> tuple[float, int]:
+        return 0.0, 0
+
+    def rows_format(self, columns: Sequence[str]) -> str | None:
+        return None  # autotune reads a text column itself (spec/dataset.py)
+
+    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]:
+        return ()
+
+    def dropped_rows(
+        self,
+        rows: Iterable[tuple[int, Mapping[str, Any]]],
+        tokenizer: Any,
+        data: str,
+        seq_len: int,
+        loss_on: str,
+        path: str,
+    ) -> int:
+        return 0
+
+    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:
         return None
 
 

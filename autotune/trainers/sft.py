@@ -28,7 +28,7 @@ The rows' formats, the loss (``--loss-on``) and the chat template's checks are t
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -67,6 +67,10 @@ class SftTrainer:
     offloads_activations = True  # SFTConfig.activation_offloading
     samples_counted_from_lengths = True  # TRL's packing puts several samples in a row
     arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
+    rows_per_sample = 1
+    holds_reference = False
+    batchings_refused: Mapping[str, str] = {}
+    applies_adapters = False  # the trial wraps the model (get_peft_model), as `SFTTrainer(model=peft_model)` takes it
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
     exported_as: Mapping[str, str] = {
         **arguments_forms(arguments_named),
@@ -154,6 +158,40 @@ class SftTrainer:
         from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
         return DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)
+
+    def setup_pass(self, trainer: Any) -> tuple[float, int]:
+        return 0.0, 0
+
+    def rows_format(self, columns: Sequence[str]) -> str | None:
+        return data_format(columns)
+
+    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]:
+        from autotune.spec.sft import FORMAT_COLUMNS
+        from autotune.spec.sft_rows import ROW_EXTRAS
+
+        return (*FORMAT_COLUMNS[data], *(c for c in ROW_EXTRAS if c in columns))
+
+    def dropped_rows(
+        self,
+        rows: Iterable[tuple[int, Mapping[str, Any]]],
+        tokenizer: Any,
+        data: str,
+        seq_len: int,
+        loss_on: str,
+        path: str,
+    ) -> int:
+        """The rows as TRL reads them (``autotune.spec.sft_rows.check_rows``): those left without a label;
+        first the chat template, which must render them (and mark the assistant's tokens under that loss)."""
+        from autotune.spec.sft import check_chat_template
+        from autotune.spec.sft_rows import check_rows
+
+        check_chat_template(tokenizer, loss_on, data)  # fits the vocabulary too
+        return check_rows(rows, tokenizer, data, loss_on, seq_len, path)
+
+    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:
+        from autotune.spec.sft_rows import dropped_rows_note
+
+        return dropped_rows_note(dropped, total, seq_len, loss_on, path)
 
 
 def load_tokenizer(directory: str) -> Any:

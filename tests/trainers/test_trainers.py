@@ -26,8 +26,8 @@ def test_each_trainer_answers_the_protocol():
 
 
 def test_an_unknown_trainer_is_refused_naming_the_known_ones():
-    with pytest.raises(AutotuneError, match="--trainer dpo: choose one of trainer, sft"):
-        get("dpo")
+    with pytest.raises(AutotuneError, match="--trainer ppo: choose one of trainer, sft, dpo"):
+        get("ppo")
 
 
 def test_the_identity_keeps_the_trainer_only_where_it_is_not_the_default():
