@@ -26,12 +26,12 @@ from autotune.levers.kernels import LIGER
 from autotune.levers.memory_savers import ACTIVATION_OFFLOADING, CHECKPOINTING, EMPTY_CACHE_STEPS
 from autotune.levers.optimizer import OPTIM
 from autotune.levers.packing import PACKING
-from autotune.levers.reference import PRECOMPUTE_REF_LOG_PROBS
 from autotune.levers.precision import (
     DTYPE,
     WEIGHT_DTYPE,
     bf16_weights_need_bf16_autocast,
 )
+from autotune.levers.reference import PRECOMPUTE_REF_LOG_PROBS
 
 # In the order of TrialConfig's fields and of a space's levers (the order the sampler walks them).
 LEVERS: dict[str, Lever] = {
