@@ -33,6 +33,7 @@ from autotune.result._run_time import (
     projected_seconds,
     run_length,
     run_time_line,
+    setup_pass_note,
 )
 from autotune.result._time_spent import TimeSpent
 from autotune.result._trial_result import (
@@ -108,6 +109,7 @@ __all__ = [
     "run_length",
     "over_the_run",
     "passes_over_data",
+    "setup_pass_note",
     "run_time_line",
     "skipped_among",
     "trained_fraction",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
+    from autotune.result._trial_result import TrialResult
     from autotune.spec.dataset import PreparedDataset
 
 # transformers' TrainingArguments.num_train_epochs default (training_args.py), which TRL's SFTConfig keeps.
@@ -105,6 +106,17 @@ def over_the_run(rate: float, setup_s_per_sample: float, passes: float) -> float
     if setup_s_per_sample <= 0 or rate <= 0:
         return rate
     return 1.0 / (1.0 / rate + setup_s_per_sample / max(passes, 1e-9))
+
+
+def setup_pass_note(result: TrialResult) -> str | None:
+    """What a trial's rates hold beyond its steps: the trainer's pass before training (``TrialResult.setup_pass_s``),
+    counted over the user's run (:func:`over_the_run`); ``None`` where none ran."""
+    if not result.setup_pass_samples:
+        return None
+    return (
+        f"rates count its {result.setup_pass_s:.1f} s pass before training over {result.setup_pass_samples} samples "
+        "(precomputed reference) over the run"
+    )
 
 
 def dataset_samples(dataset: PreparedDataset | None) -> int | None:

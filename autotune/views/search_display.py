@@ -32,6 +32,7 @@ from autotune.result import (
     judged_trials,
     memory_source_description,
     precision_note,
+    setup_pass_note,
     winner_loss,
 )
 from autotune.storage import schema
@@ -160,6 +161,7 @@ def trial_cells(
     if accumulation_note(result):  # explained once, under the table (trial_table's caption)
         notes.append(f"gradients x{result.gradient_scale}")
     notes += result.defects
+    notes += [note for note in [setup_pass_note(result)] if note]
     if result.attempts > 1:
         notes.append(f"attempt {result.attempts}")
     if confirmation:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autotune.estimate import estimate_peak, memory_prior
+from autotune.estimate import MemoryFit, estimate_peak
 from autotune.levers import TrialConfig
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import resolve_model
@@ -17,7 +17,7 @@ SEQ = 256
 
 
 def peak(model, **levers):
-    return estimate_peak(model, TrialConfig(**levers), SEQ, memory_prior(CPU))
+    return estimate_peak(model, TrialConfig(**levers), SEQ, MemoryFit.prior("cpu"))
 
 
 def test_full_fine_tuning_holds_a_copy_of_the_weights_in_the_policy_dtype():
