@@ -109,7 +109,7 @@ def _from_training_args(args: Mapping[str, Any]) -> str:
 
 
 def _unavailable_with_trainer(value: str, trainer: str) -> str:
-    return trainer_named(trainer).batchings_refused.get(value, "")
+    return trainer_named(trainer).batchings_refused if value != PACKINGS[0] else ""
 
 
 def _unavailable_for_model(

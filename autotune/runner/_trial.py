@@ -21,6 +21,7 @@ from autotune.levers import (
     Batching,
     TrainerParts,
     compile_environment,
+    memory_traits,
     model_build_kwargs,
     trainer_parts,
     training_arguments_kwargs,
@@ -391,6 +392,7 @@ def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list
         prepared_dir=prepared.prepared_dir if prepared is not None else None,
         tokenizer_dir=prepared.tokenizer_dir if prepared is not None else None,
         peft_config=peft_config_of(job),
+        reference_precomputed=memory_traits(job.config, workload.device.kind).reference_precomputed,
     )
     return trainer_named(workload.trainer).build(inputs)
 

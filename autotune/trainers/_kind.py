@@ -43,6 +43,8 @@ class TrialInputs:
         tokenizer_dir: The tokenizer's directory of those rows.
         peft_config: ``--peft``'s adapters for a trainer that applies them itself
             (:attr:`TrainerKind.applies_adapters`); ``None`` otherwise (the model comes wrapped).
+        reference_precomputed: The levers have a preference trainer compute its reference's log-probabilities
+            once before training (``autotune.levers.MemoryTraits.reference_precomputed``): no reference copy.
     """
 
     trainer_class: type
@@ -59,6 +61,7 @@ class TrialInputs:
     prepared_dir: str | None = None
     tokenizer_dir: str | None = None
     peft_config: Any = None
+    reference_precomputed: bool = False
 
 
 class TrainerKind(Protocol):
@@ -96,7 +99,8 @@ class TrainerKind(Protocol):
             memory estimate's activations and LM head see (``ModelSpec.rows_per_sample``).
         holds_reference: It keeps a frozen reference copy of the model beside the policy, but under PEFT
             (the adapters disabled) or a precomputed reference pass (``ModelSpec.holds_reference``).
-        batchings_refused: The packing lever's batchings it does not run, each with why.
+        batchings_refused: Why it runs none of TRL's batchings but padding to the batch's longest (the
+            packing lever's other values); ``""``: it runs them.
         applies_adapters: It applies ``--peft``'s adapters itself (``peft_config``), as its command line does:
             the trial hands it the base model and :attr:`TrialInputs.peft_config`.
         tool_forms: The export forms of the tools built on this trainer (``trl``, axolotl, ...), beyond
@@ -124,7 +128,7 @@ class TrainerKind(Protocol):
     arguments_subclass: bool
     rows_per_sample: int
     holds_reference: bool
-    batchings_refused: Mapping[str, str]
+    batchings_refused: str
     applies_adapters: bool
     tool_forms: tuple[str, ...]
     exported_as: Mapping[str, str]

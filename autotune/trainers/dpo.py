@@ -63,12 +63,12 @@ def is_preference(columns: Sequence[str]) -> bool:
     return "chosen" in columns and "rejected" in columns
 
 
-def keeps_reference_copy(arguments: Mapping[str, Any], peft: bool) -> bool:
+def keeps_reference_copy(reference_precomputed: bool, peft: bool) -> bool:
     """Whether a DPO run holds a second copy of the model as its reference (trl/trainer/dpo_trainer.py:908-929):
-    not under PEFT (the base model with the adapters disabled is the reference) nor under
-    ``precompute_ref_log_probs`` (the policy computes the reference log-probabilities before training; FSDP,
-    under which TRL still loads a copy for that pass, is CUDA only and not a DPO lever here)."""
-    return not peft and not arguments.get("precompute_ref_log_probs", False)
+    not under PEFT (the base model with the adapters disabled is the reference) nor where the levers precompute
+    the reference's log-probabilities (the policy computes them before training; FSDP, under which TRL still
+    loads a copy for that pass, is CUDA only and not a DPO lever here)."""
+    return not peft and not reference_precomputed
 
 
 class DpoTrainer:
@@ -102,14 +102,11 @@ class DpoTrainer:
     arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
     rows_per_sample = ROWS_PER_PAIR
     holds_reference = True
-    # TRL's batchings (the packing lever) DPOTrainer 1.16 does not run, each with why.
-    batchings_refused: Mapping[str, str] = {
-        "padding_free": (
-            'DPOTrainer 1.16 disables padding_free ("temporarily unavailable": it warns and pads, '
-            "dpo_trainer.py:732-739), so it would measure padding under another name"
-        ),
-        "bfd": "DPOConfig has no packing (DPOTrainer pads each pair's rows to the batch's longest)",
-    }
+    # TRL's batchings but padding to the longest (the packing lever): DPOTrainer 1.16 runs none.
+    batchings_refused = (
+        "DPOTrainer 1.16 pads each pair's rows to the batch's longest: DPOConfig has no packing, and its "
+        'padding-free batches are disabled ("temporarily unavailable": it warns and pads, dpo_trainer.py:732-739)'
+    )
     applies_adapters = True  # peft_config to DPOTrainer, as `trl dpo --use_peft` (trl/scripts/dpo.py:101-108)
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
     exported_as: Mapping[str, str] = {
@@ -174,7 +171,7 @@ class DpoTrainer:
         arguments = self.trial_arguments(inputs.arguments, inputs.seq_len, inputs.loss_on)
         trainer = timed_setup_pass(inputs.trainer_class)(
             model=inputs.model,
-            ref_model=reference_model(inputs.model, arguments, inputs.peft_config is not None),
+            ref_model=reference_model(inputs.model, inputs.reference_precomputed, inputs.peft_config is not None),
             args=inputs.arguments_class(**arguments),
             train_dataset=datasets.load_from_disk(inputs.prepared_dir),
             processing_class=load_tokenizer(inputs.tokenizer_dir),
@@ -285,10 +282,10 @@ def prompt_ids(row: Mapping[str, Any], tokenizer: Any) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
-def reference_model(model: Any, arguments: Mapping[str, Any], peft: bool) -> Any:
+def reference_model(model: Any, reference_precomputed: bool, peft: bool) -> Any:
     """The reference model the trial hands ``DPOTrainer``: a copy of the built model where the user's run
     loads one (:func:`keeps_reference_copy`), else ``None``, as TRL has it."""
-    if not keeps_reference_copy(arguments, peft):
+    if not keeps_reference_copy(reference_precomputed, peft):
         return None
     reference = copy.deepcopy(model)
     reference.eval()

@@ -35,10 +35,9 @@ class HfTrainer:
     rows_per_sample = 1
     holds_reference = False
     # The packing lever is TRL's: the Trainer's own batching is the padding lever.
-    batchings_refused: Mapping[str, str] = {
-        value: "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
-        for value in ("padding_free", "bfd")
-    }
+    batchings_refused = (
+        "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"
+    )
     applies_adapters = False
     tool_forms: tuple[str, ...] = ()
     exported_as: Mapping[str, str] = arguments_forms(arguments_named)

@@ -69,7 +69,7 @@ class SftTrainer:
     arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
     rows_per_sample = 1
     holds_reference = False
-    batchings_refused: Mapping[str, str] = {}
+    batchings_refused = ""
     applies_adapters = False  # the trial wraps the model (get_peft_model), as `SFTTrainer(model=peft_model)` takes it
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
     exported_as: Mapping[str, str] = {
