@@ -302,7 +302,7 @@ def timed_setup_pass(trainer_class: type) -> type:
     if not hasattr(trainer_class, "_precompute_ref_logps"):
         return trainer_class
 
-    class Timed(trainer_class):  # type: ignore[misc,valid-type]
+    class Timed(trainer_class):
         def _precompute_ref_logps(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
             done = super()._precompute_ref_logps(dataset, *args, **kwargs)
