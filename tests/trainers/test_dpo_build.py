@@ -1,6 +1,7 @@
-"""A DPO trial's trainer (autotune/runner/_dpo.py): TRL's real DPOTrainer on a 2-layer llama-tiny with
-random weights and the synthetic tokenizer, on generated preference pairs, trained a few steps on the CPU:
-the reference model it holds (a copy, none under precompute, the adapters disabled under PEFT) and the
+"""A DPO trial's trainer as ``DPO.build`` makes it (autotune/trainers/dpo.py, through
+``benchmarks._common.dpo_trainer``: the rows and the synthetic tokenizer saved as a search saves them):
+TRL's real DPOTrainer on a 2-layer llama-tiny with random weights, on generated preference pairs,
+trained a few steps on the CPU: the reference model it holds (a copy, none under precompute, the adapters disabled under PEFT) and the
 real tokens the Trainer counts (prompt + chosen and prompt + rejected, no padding)."""
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ pytest.importorskip("trl")
 
 import torch
 
-from autotune.runner._dpo import TOKENS_COUNTED, batch_real_tokens, build_dpo_trainer
 from autotune.spec.chat_corpus import DEFAULT_SHAPE
 from autotune.spec.models import build_model, catalog_entry
 from autotune.spec.preference_corpus import pair_tokens, preference_pair, preference_rows
-from autotune.spec.synthetic_tokenizer import build_tokenizer
+from autotune.trainers.dpo import TOKENS_COUNTED, batch_real_tokens
+from benchmarks._common import dpo_trainer, saved_dpo_rows
 
 PAIRS = 8
 MICRO_BATCH = 2
 LENGTH_SCALE = 0.125  # pairs of some 60 + 60 tokens: a CPU step stays short
+SEQ_LEN = 1024  # DPOConfig's default max_length: no row of these pairs is truncated, every token counts
 
 
 def tiny_llama() -> Any:
@@ -50,8 +52,8 @@ def arguments(tmp_path, **levers: Any) -> dict[str, Any]:
 def trainer(tmp_path, fmt: str = "preference", peft_config: Any = None, **levers: Any) -> Any:
     model = tiny_llama()
     rows = preference_rows(PAIRS, seed=0, fmt=fmt, length_scale=LENGTH_SCALE)
-    tokenizer = build_tokenizer(model.config.vocab_size)
-    return build_dpo_trainer(model, tokenizer, rows, arguments(tmp_path, **levers), peft_config=peft_config)
+    saved = saved_dpo_rows(rows, str(tmp_path), model.config.vocab_size)
+    return dpo_trainer(model, saved, arguments(tmp_path, **levers), SEQ_LEN, peft_config=peft_config)
 
 
 @pytest.mark.slow
