@@ -17,7 +17,7 @@ SEQ = 256
 
 
 def peak(model, **levers):
-    return estimate_peak(model, TrialConfig(**levers), SEQ, memory_prior(CPU))
+    return estimate_peak(model, TrialConfig(**levers), SEQ, memory_prior(CPU, {}))  # no allocator settings
 
 
 def test_full_fine_tuning_holds_a_copy_of_the_weights_in_the_policy_dtype():
