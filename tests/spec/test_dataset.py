@@ -285,10 +285,10 @@ def test_empty_text_rows_follow_one_rule_under_both_trainers(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "  ", "\n"] * 4))
     with pytest.raises(AutotuneError, match="every 'text' value is empty"):
-        prepare_sft_rows(str(empty), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64)
+        prepare_sft_rows(str(empty), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, get("sft"))
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "hello world"] * 10))
-    prepared = prepare_sft_rows(str(mixed), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64)
+    prepared = prepare_sft_rows(str(mixed), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, get("sft"))
     assert prepared.num_samples == 10
     import datasets
 

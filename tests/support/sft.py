@@ -41,6 +41,7 @@ def sft_workload(root: Path, fmt: str = "messages", loss_on: str = "all", **fiel
         str(root / "datasets"),
         [],
         fields.get("seq_len", SEQ_LEN),
+        get("sft"),
     )
     settings = {"seq_len": SEQ_LEN, "ceiling_bytes": 8 * 1024**3, "measure": measure, "dataset": dataset}
     return Workload.for_model(model, trainer="sft", loss_on=loss_on, **{**settings, **fields})
