@@ -5,13 +5,14 @@ answers (its fullest batch, the timed reference pass, ``max_length``), on TRL's 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.spec.chat_corpus import lexicon
+from autotune.spec.chat_corpus import CHATML_TEMPLATE, lexicon
 from autotune.spec.synthetic_tokenizer import build_tokenizer
 from autotune.trainers import choose
 from autotune.trainers.dpo import DPO, batch_real_tokens
@@ -138,8 +139,16 @@ def test_max_length_is_the_sequence_length_whatever_the_arguments_say():
 # --- a built DPOTrainer: TRL's real preparation, collator and reference pass
 
 
-def built(root: Path, rows: list[dict[str, Any]], seq_len: int, micro_batch: int = 2, **levers: Any) -> Any:
-    """TRL's DPOTrainer as a trial builds it (``DPO.build``) on ``rows``: a 1-layer llama-tiny, fp32."""
+def built(
+    root: Path,
+    rows: list[dict[str, Any]],
+    seq_len: int,
+    micro_batch: int = 2,
+    tokenizer_dir: str | None = None,
+    **levers: Any,
+) -> Any:
+    """TRL's DPOTrainer as a trial builds it (``DPO.build``) on ``rows``: a 1-layer llama-tiny, fp32, the
+    synthetic tokenizer (or the one saved in ``tokenizer_dir``)."""
     pytest.importorskip("trl")
     import torch
 
@@ -158,7 +167,8 @@ def built(root: Path, rows: list[dict[str, Any]], seq_len: int, micro_batch: int
         "disable_tqdm": True,
         **levers,
     }
-    return dpo_trainer(model, saved_dpo_rows(rows, str(root), VOCAB), arguments, seq_len)
+    prepared, synthetic = saved_dpo_rows(rows, str(root), VOCAB)
+    return dpo_trainer(model, (prepared, tokenizer_dir or synthetic), arguments, seq_len)
 
 
 def test_trl_drops_exactly_the_pairs_counted_dropped(tmp_path, tokenizer):
@@ -205,3 +215,60 @@ def test_the_reference_pass_is_timed_only_under_precompute_ref_log_probs(tmp_pat
     assert type(precomputed).__name__ == "DPOTrainer"  # what the trial records as the trainer that trained
     assert {"ref_chosen_logps", "ref_rejected_logps"} <= set(precomputed.train_dataset.column_names)
     assert DPO.setup_pass(built(tmp_path / "in-steps", rows, 64)) == (0.0, 0)
+
+
+# A chat template that renders the row's tools and a chat_template_kwargs variable before the conversation, as a
+# real model's does (Qwen's, Llama 3's render the tool schemas in the prompt): TRL passes both to the template.
+TOOLS_TEMPLATE = "{% if tools %}{{ tools | tojson }}\n{% endif %}{% if note %}{{ note }}\n{% endif %}" + CHATML_TEMPLATE
+
+
+def test_a_prompt_is_rendered_with_the_rows_tools_and_template_keywords_as_trl_renders_it(tmp_path, tokenizer):
+    """TRL renders a conversational prompt with the row's ``tools`` and ``chat_template_kwargs``
+    (dpo_trainer.py ``tokenize_fn``): a short prompt whose tool schemas or template keywords fill ``seq_len``
+    is dropped by TRL, and counted so."""
+    seq_len = 24
+    schema = json.dumps([{"type": "function", "function": {"name": "lookup", "description": text(40).strip()}}])
+    rows = [
+        {**chat_pair(2), "tools": "[]", "chat_template_kwargs": {"note": ""}},
+        {**chat_pair(2), "tools": schema, "chat_template_kwargs": {"note": ""}},
+        {**chat_pair(2), "tools": "[]", "chat_template_kwargs": {"note": text(40).strip()}},
+        {**chat_pair(3), "tools": "[]", "chat_template_kwargs": {"note": "short"}},
+    ]
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    try:
+        dropped = DPO.dropped_rows(enumerate(rows), tokenizer, "preference", seq_len, "all", PATH)
+        directory = str(tmp_path / "tools-tokenizer")
+        tokenizer.save_pretrained(directory)
+    finally:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    trainer = built(tmp_path, rows, seq_len, tokenizer_dir=directory)
+    assert len(trainer.train_dataset) == 2  # TRL dropped the pairs whose tools or note fill the prompt
+    assert dropped == 2
+
+
+@pytest.mark.parametrize(
+    ("extras", "fault"),
+    [
+        ({"tools": "[{"}, "tools is not JSON"),
+        ({"chat_template_kwargs": ["note"]}, r"chat_template_kwargs is a list \(\['note'\]\), not a mapping"),
+    ],
+)
+def test_a_rows_bad_tools_or_template_keywords_are_named(tokenizer, extras, fault):
+    with pytest.raises(AutotuneError, match=f"--dataset {PATH}: row 1: {fault}"):
+        DPO.dropped_rows(enumerate([{**chat_pair(2), **extras}]), tokenizer, "preference", 64, "all", PATH)
+
+
+def test_a_chat_template_that_fails_on_a_row_names_the_row(tokenizer):
+    """A template that raises on a row (here: no system turn first) fails every trial: one line, the row named."""
+    tokenizer.chat_template = (
+        '{% if messages[0]["role"] != "system" %}{{ raise_exception("a system turn first") }}{% endif %}'
+    )
+    try:
+        with pytest.raises(AutotuneError) as refused:
+            DPO.dropped_rows(enumerate([chat_pair(2)]), tokenizer, "preference", 64, "all", PATH)
+    finally:
+        tokenizer.chat_template = CHATML_TEMPLATE
+    assert str(refused.value) == (
+        f"--dataset {PATH}: row 1: the chat template fails on it (TemplateError: a system turn first): "
+        "fix the row or the template"
+    )
