@@ -145,6 +145,7 @@ def built(
     seq_len: int,
     micro_batch: int = 2,
     tokenizer_dir: str | None = None,
+    peft_config: Any = None,
     **levers: Any,
 ) -> Any:
     """TRL's DPOTrainer as a trial builds it (``DPO.build``) on ``rows``: a 1-layer llama-tiny, fp32, the
@@ -168,7 +169,7 @@ def built(
         **levers,
     }
     prepared, synthetic = saved_dpo_rows(rows, str(root), VOCAB)
-    return dpo_trainer(model, (prepared, tokenizer_dir or synthetic), arguments, seq_len)
+    return dpo_trainer(model, (prepared, tokenizer_dir or synthetic), arguments, seq_len, peft_config=peft_config)
 
 
 def test_trl_drops_exactly_the_pairs_counted_dropped(tmp_path, tokenizer):
@@ -214,7 +215,21 @@ def test_the_reference_pass_is_timed_only_under_precompute_ref_log_probs(tmp_pat
     assert samples == len(rows) and seconds > 0
     assert type(precomputed).__name__ == "DPOTrainer"  # what the trial records as the trainer that trained
     assert {"ref_chosen_logps", "ref_rejected_logps"} <= set(precomputed.train_dataset.column_names)
-    assert DPO.setup_pass(built(tmp_path / "in-steps", rows, 64)) == (0.0, 0)
+    assert precomputed.ref_model is None  # the log-probabilities are in the rows: no reference copy
+    in_steps = built(tmp_path / "in-steps", rows, 64)
+    assert DPO.setup_pass(in_steps) == (0.0, 0)
+    assert in_steps.ref_model is not None and in_steps.ref_model is not in_steps.model  # a copy, as TRL loads one
+
+
+def test_under_peft_the_reference_is_the_base_model_with_the_adapters_disabled(tmp_path):
+    pytest.importorskip("peft")
+    from peft import LoraConfig, PeftModel
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = built(tmp_path, [text_pair(n) for n in (3, 5, 8, 2)], 64, peft_config=lora)
+    assert trainer.ref_model is None
+    assert isinstance(trainer.model, PeftModel)
+    assert list(trainer.model.peft_config) == ["default"]  # no "ref" adapter copy: TRL disables the adapters
 
 
 # A chat template that renders the row's tools and a chat_template_kwargs variable before the conversation, as a
