@@ -162,3 +162,56 @@ def searched_winner(
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
     assert winner.result is not None
     return root, storage, winner
+
+
+def saved_dpo_rows(rows: list[dict[str, Any]], scratch: str, vocab_size: int) -> tuple[str, str]:
+    """Preference ``rows`` saved under ``scratch`` as a search saves its prepared copy for DPOTrainer
+    (``datasets.Dataset.save_to_disk``), and the synthetic tokenizer beside them
+    (``autotune.spec.synthetic_tokenizer.tokenizer_dir``): the rows' and the tokenizer's directories."""
+    import datasets
+
+    from autotune.spec.synthetic_tokenizer import tokenizer_dir
+
+    prepared = os.path.join(scratch, "prepared")
+    datasets.Dataset.from_list(rows).save_to_disk(prepared)
+    return prepared, tokenizer_dir(os.path.join(scratch, "tokenizers"), vocab_size)
+
+
+def dpo_trainer(
+    model: Any,
+    saved: tuple[str, str],
+    arguments: dict[str, Any],
+    seq_len: int,
+    callbacks: list[Any] | None = None,
+    peft_config: Any = None,
+) -> Any:
+    """TRL's ``DPOTrainer`` as a ``--trainer dpo`` trial builds it (``autotune.trainers.dpo.DPO.build``), on
+    the rows and tokenizer :func:`saved_dpo_rows` saved, each pair's rows truncated to ``seq_len``
+    (``max_length``), every row once (no cycling: the steps read one epoch).
+
+    Args:
+        model: The model autotune built (``build_model``), not wrapped in adapters.
+        arguments: ``DPOConfig`` keyword arguments (the levers' and the harness's).
+        peft_config: A ``peft.PeftConfig``, which ``DPOTrainer`` applies itself (``--peft``).
+    """
+    from autotune.trainers import TrialInputs, class_named
+    from autotune.trainers.dpo import DPO
+
+    prepared_dir, tokenizer_dir = saved
+    inputs = TrialInputs(
+        trainer_class=class_named(DPO.trainer_class),
+        arguments_class=class_named(DPO.arguments_path),
+        trainer_kwargs={},
+        arguments=arguments,
+        model=model,
+        callbacks=callbacks or [],
+        seq_len=seq_len,
+        loss_on="all",
+        rows_wanted=0,
+        dataset=lambda: None,  # DPOTrainer prepares the rows itself (DPO.prepares_rows)
+        collator=lambda: None,
+        prepared_dir=prepared_dir,
+        tokenizer_dir=tokenizer_dir,
+        peft_config=peft_config,
+    )
+    return DPO.build(inputs)

@@ -5,7 +5,8 @@ llama-tiny from the catalog (TinyLlama's config scaled down: 32k vocabulary, unt
 benchmark's model) at ``--layers`` layers (default its 8), random weights, the synthetic tokenizer, on generated preference pairs (``autotune chat-corpus --format
 preference``) at ``--length-scale`` (default 1/8, as in the SFT benchmark: prompt + answer rows of some 65 tokens at the
 median, an eighth of public chat data's lengths, since this is a shared 2-core CPU). Every variant trains in this one process through
-``autotune.runner._dpo.build_dpo_trainer`` (TRL's ``DPOTrainer`` as a trial builds it), on the same
+``autotune.trainers.dpo.DPO.build`` (TRL's ``DPOTrainer`` as a trial builds it: ``benchmarks._common.dpo_trainer``,
+the rows and the synthetic tokenizer saved as a search saves them, ``max_length`` DPOConfig's 1024), on the same
 rows (one epoch: ``global batch x steps`` pairs, so a precomputed reference pass covers exactly what is
 trained), ``--rounds`` times, the variants alternating within each round. A step's real tokens are the
 Trainer's count (``include_num_input_tokens_seen="non_padding"``: the attention mask's ones).
@@ -36,14 +37,14 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from autotune.runner._dpo import TOKENS_COUNTED, build_dpo_trainer
 from autotune.spec.models import build_model, catalog_entry
 from autotune.spec.preference_corpus import preference_rows
-from autotune.spec.synthetic_tokenizer import build_tokenizer
-from benchmarks._common import load_average
+from autotune.trainers.dpo import TOKENS_COUNTED
+from benchmarks._common import dpo_trainer, load_average, saved_dpo_rows
 
 MODEL = "llama-tiny"
 GLOBAL_BATCH = 8  # DPOConfig's per_device_train_batch_size, accumulation 1
+MAX_LENGTH = 1024  # DPOConfig's max_length (--seq-len of a trial)
 
 # Each lever alone on TRL's default, then the candidate the levers suggest together.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -104,8 +105,9 @@ def measure(config: dict[str, Any], rows: list[dict], levers: dict[str, Any], st
             "include_num_input_tokens_seen": TOKENS_COUNTED,
             **levers,
         }
+        saved = saved_dpo_rows(rows, scratch, config["vocab_size"])  # before the clock: a search saves them once
         built, built_cpu = time.perf_counter(), time.process_time()
-        trainer = build_dpo_trainer(model, build_tokenizer(config["vocab_size"]), rows, arguments, [clock])
+        trainer = dpo_trainer(model, saved, arguments, MAX_LENGTH, [clock])
         setup_s, setup_cpu_s = time.perf_counter() - built, time.process_time() - built_cpu
         trainer.train()
     steady_s, steady_cpu_s, steady_tokens = sum(clock.seconds[1:]), sum(clock.cpu_seconds[1:]), sum(clock.tokens[1:])

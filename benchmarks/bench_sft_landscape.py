@@ -132,6 +132,7 @@ def main() -> None:
         str(root / "datasets"),
         [],
         options.seq_len,
+        get("sft"),
     )
     workload = Workload.for_model(
         model,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.spec.preference_corpus import write_corpus
 from tests.support.bad_input import (
     SEARCH,
     TINY_SPACE,
@@ -66,6 +67,10 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     resumed = f"sqlite:///{root / 'resumed.db'}"
     create_study(resumed, "resumed", 1024**3)
     missing = f"sqlite:///{root / 'misspelled.db'}"
+    llama = [*SEARCH, "--storage", db, "--model", "llama-tiny"]
+    chat, pairs = str(root / "chat.jsonl"), str(root / "prefs.jsonl")
+    write_corpus(chat, 16, fmt="messages", length_scale=0.1)
+    write_corpus(pairs, 16, fmt="preference", length_scale=0.1)
 
     def model(name: str, content: bytes | str | None = None, **overrides: object) -> list[str]:
         return [*SEARCH, "--storage", db, "--model", _model_dir(root, name, content, **overrides)]
@@ -191,6 +196,18 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "--packing without --dataset": ([*tiny, "--packing"], "--packing: only used with --dataset"),
         "--workers 1000": ([*tiny, "--workers", "1000"], "--workers 1000: each trial would get"),
         "empty --dataset": ([*tiny, "--dataset", _file(root, "empty.jsonl", "")], "the file is empty"),
+        "--trainer dpo on chat rows": (
+            [*llama, "--trainer", "dpo", "--dataset", chat],
+            "--trainer dpo: the dataset has no chosen and rejected columns (columns: messages)",
+        ),
+        "--loss-on under --trainer dpo": (
+            [*llama, "--trainer", "dpo", "--dataset", pairs, "--loss-on", "completion"],
+            "--loss-on chooses SFTTrainer's loss: use it with --trainer sft",
+        ),
+        "--loss-on on preference pairs": (
+            [*llama, "--dataset", pairs, "--loss-on", "assistant"],
+            "--loss-on chooses SFTTrainer's loss, and this study trains with TRL's DPOTrainer",
+        ),
         "estimate --seq-len 100000": (
             ["estimate", "--model", "bert-tiny", "--seq-len", "100000"],
             "longer than bert-tiny allows (512",
@@ -276,6 +293,9 @@ CASE_IDS = [
     "--packing without --dataset",
     "--workers 1000",
     "empty --dataset",
+    "--trainer dpo on chat rows",
+    "--loss-on under --trainer dpo",
+    "--loss-on on preference pairs",
     "estimate --seq-len 100000",
     "dashboard --port -1",
     "dashboard --port 70000",

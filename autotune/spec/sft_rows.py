@@ -136,6 +136,25 @@ def dropped_rows_note(dropped: int, total: int, seq_len: int, loss_on: str, path
     )
 
 
+def chat_tokens(
+    row: Mapping[str, Any],
+    messages: list[Any],
+    tokenizer: Any,
+    render_seconds: float = RENDER_SECONDS,
+    render_bytes: int = RENDER_BYTES,
+    **options: Any,
+) -> list[int]:
+    """``messages`` of ``row`` rendered and tokenized as TRL does (the row's ``tools`` and
+    ``chat_template_kwargs`` passed on), through the same bounded render as every row here: for a trainer
+    that reads conversations beside SFTTrainer's (DPOTrainer's prompt: ``add_generation_prompt=True``).
+
+    Raises:
+        RowFault: What the row or the chat template fails on.
+    """
+    reader = _RowReader(tokenizer, "conversations", "all", None, render_seconds, render_bytes)
+    return list(reader._chat(row, messages, **options)["input_ids"])
+
+
 class _RowReader:
     """One row through TRL's steps: its shape, the renders, the tokens it trains on."""
 

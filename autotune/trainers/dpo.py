@@ -228,11 +228,13 @@ class DpoTrainer:
             AutotuneError: The first row whose prompt or answers are missing, of another form, or that the
                 tokenizer (its chat template, for conversational rows) fails on.
         """
+        from autotune.spec.sft_rows import RowFault
+
         dropped = 0
         for index, row in rows:
             try:
                 dropped += len(prompt_ids(row, tokenizer)) >= seq_len
-            except (ValueError, TypeError, KeyError) as fault:
+            except (ValueError, TypeError, KeyError, RowFault) as fault:
                 raise AutotuneError(f"--dataset {path}: row {index + 1}: {fault}") from None
         return dropped
 
@@ -275,8 +277,10 @@ def prompt_ids(row: Mapping[str, Any], tokenizer: Any) -> list[int]:
         for message in prompt + row["chosen"] + row["rejected"]:
             if not (isinstance(message, dict) and "role" in message and "content" in message):
                 raise ValueError(f"a message is not a role/content dict: {json.dumps(message)[:80]}")
-        rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        return list(rendered["input_ids"] if isinstance(rendered, Mapping) else rendered)
+        from autotune.spec.sft_rows import chat_tokens
+
+        # Bounded, with the row's tools and template keywords, as TRL renders it (tokenize_fn, :1075-1086).
+        return chat_tokens(row, prompt, tokenizer, add_generation_prompt=True)
     if not isinstance(prompt, str):
         raise TypeError(f"prompt is {type(prompt).__name__}: TRL reads a string or a list of messages")
     return list(tokenizer(prompt)["input_ids"])

@@ -4,11 +4,10 @@ default SFTConfig, and ranks by the model TFLOPs of the real tokens; ``autotune 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.support.cli import run_cli_in_process
+from tests.support.llm_study import trials_with_results
 from tests.support.sft_study import SEQ_LEN, STUDY_NAME, TRIALS
 
 pytestmark = pytest.mark.slow
@@ -24,16 +23,7 @@ def sft_search(sft_study):
 
 
 def trials(storage: str) -> list:
-    import optuna
-
-    from autotune.storage import schema
-
-    study = optuna.load_study(study_name=STUDY_NAME, storage=storage)
-    found = []
-    for trial in study.get_trials():
-        result = trial.user_attrs[schema.TRIAL_RESULT]
-        found.append((trial, json.loads(result) if isinstance(result, str) else result))
-    return found
+    return trials_with_results(storage, STUDY_NAME)
 
 
 def test_every_trial_trains_through_sfttrainer_from_trls_default(sft_search):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import StrictBool, StrictInt, StrictStr
 
+from autotune import trainers
 from autotune.estimate import MemoryFit, estimate_peak
 from autotune.levers import (
     BATCH_LIMITS,
@@ -28,6 +29,7 @@ from autotune.levers import (
 from autotune.levers._exports import TOOL_FORMS, CannotExpress
 from autotune.levers._lever import ACTS_ON, MEMORY_PARTS
 from autotune.space._space_file import AUTO, SpaceFile
+from autotune.spec.models import ModelSpec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # pin_memory is forced off on every CPU config: a label would repeat on every row of a CPU study.
@@ -127,20 +129,33 @@ def test_every_value_other_than_the_default_is_named_in_tables_and_the_export(na
     assert lever.export_note(lever.default) == ""
 
 
+def trained_by_its_trainer(lever: Lever, model: ModelSpec) -> ModelSpec:
+    """``model`` as the first trainer that runs every value of ``lever`` trains it (``autotune.trainers``):
+    a lever of one trainer's (``precompute_ref_log_probs``: DPOTrainer's reference) acts on its model."""
+    kind = next(
+        k
+        for k in trainers.REGISTERED
+        if not any(lever.unavailable_with_trainer(v, k.name) for v in other_values(lever))
+    )
+    return trainers.with_model(model, kind)
+
+
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
 @pytest.mark.parametrize("name", list(LEVERS))
 def test_a_lever_changes_the_estimate_exactly_where_it_says(name, device_kind, gpt2_tiny):
     """A lever with memory parts moves the estimate on its device kinds, only in those parts (the
-    CUDA allocator's share follows whatever moves); a lever without moves nothing."""
+    CUDA allocator's share follows whatever moves); a lever without moves nothing. The model is the one
+    the lever's trainer trains (a reference copy beside it under DPO)."""
     lever = LEVERS[name]
     assert set(lever.memory_parts) <= set(MEMORY_PARTS)
+    model = trained_by_its_trainer(lever, gpt2_tiny)
     fit = MemoryFit.prior(device_kind)
     lengths = [120, 40, 30, 20]  # real samples, so that padding can matter
     base = TrialConfig(micro_batch=4, pin_memory=False)
-    before = estimate_peak(gpt2_tiny, base, 128, fit, lengths=lengths).parts()
+    before = estimate_peak(model, base, 128, fit, lengths=lengths).parts()
     changed: set[str] = set()
     for value in other_values(lever):
-        after = estimate_peak(gpt2_tiny, dataclasses.replace(base, **{name: value}), 128, fit, lengths=lengths).parts()
+        after = estimate_peak(model, dataclasses.replace(base, **{name: value}), 128, fit, lengths=lengths).parts()
         changed |= {part for part in before if after[part] != before[part]}
     if lever.changes_memory_on(device_kind):
         assert changed, f"{name} declares {lever.memory_parts} but moves nothing on {device_kind}"
@@ -182,6 +197,9 @@ ALLOWED = {
     # to_training_args / to_model_build; the export reads them, never a lever.
     *(("autotune/views/sft_export.py", name) for name in ("packing", "dtype", "attn_implementation")),
     *(("autotune/views/sft_tool_yaml.py", name) for name in ("dtype", "attn_implementation")),
+    # DPOConfig's own field read back from a trial's built arguments, as DPOTrainer reads it to decide whether a
+    # reference copy is kept (trl/trainer/dpo_trainer.py:908-914); the lever writes it (to_training_args).
+    ("autotune/trainers/dpo.py", "precompute_ref_log_probs"),
 }
 
 
@@ -307,15 +325,23 @@ def test_a_field_a_tool_cannot_express_is_said_with_why():
 
 
 def test_the_argument_forms_take_every_lever_field_by_its_own_name():
-    """The JSON, flag and Python forms write the arguments class's own fields, and ``trl sft`` parses
-    every one of them (trl/scripts/sft.py: HfArgumentParser over SFTConfig): a lever's ``fields`` are its
-    keys there, so each must be a field of the class that trains it."""
+    """The JSON, flag and Python forms write the arguments class's own fields, and ``trl sft`` / ``trl dpo``
+    parse every one of them (trl/scripts/sft.py, dpo.py: HfArgumentParser over SFTConfig, DPOConfig): a
+    lever's ``fields`` are its keys there, so each must be a field of the class of every trainer that runs it."""
     pytest.importorskip("trl")
-    from trl.scripts.sft import make_parser
+    import importlib
 
-    flags = {action.dest for action in make_parser()._actions if f"--{action.dest}" in action.option_strings}
-    missing = {field for lever in LEVERS.values() for field in lever.fields} - flags
-    assert missing == set(), f"lever fields `trl sft` has no flag for: {sorted(missing)}"
+    missing = {}
+    for kind in (k for k in trainers.REGISTERED if "trl" in k.tool_forms):
+        parser = importlib.import_module(f"trl.scripts.{kind.name}").make_parser()
+        flags = {action.dest for action in parser._actions if f"--{action.dest}" in action.option_strings}
+        runs = [
+            lever
+            for lever in LEVERS.values()
+            if not all(lever.unavailable_with_trainer(v, kind.name) for v in other_values(lever))
+        ]
+        missing[kind.name] = sorted({field for lever in runs for field in lever.fields} - flags)
+    assert missing == {"sft": [], "dpo": []}, f"lever fields `trl <trainer>` has no flag for: {missing}"
 
 
 # The names bf16, fp16 and tf32 are a precision's as well as TrainingArguments fields (the dtype lever's
@@ -346,6 +372,15 @@ ALLOWED_FIELDS = {
     ("autotune/runner/_loader.py", "max_length"): "the tokenizer's own keyword (truncation to --seq-len)",
     ("autotune/spec/sft.py", "max_length"): "the SFT trainer's own field: --seq-len, unless a lever sets it",
     ("autotune/trainers/sft.py", "max_length"): "the SFT trainer's own field, refused in --base-args",
+    ("autotune/trainers/dpo.py", "max_length"): "the DPO trainer's own field (--seq-len), refused in --base-args",
+    ("autotune/trainers/dpo.py", "precompute_ref_log_probs"): "the built DPOConfig read as DPOTrainer reads it",
+    **{
+        (
+            f"autotune/trainers/{module}.py",
+            "padding_free",
+        ): "the packing lever's batching the trainer does not run, with why"
+        for module in ("dpo", "hf_trainer")
+    },
     ("autotune/trainers/sft.py", "padding_free"): "TRL's collator's keyword, the collator the packing lever probes",
     ("autotune/views/export.py", "deepspeed"): "the DeepSpeed config written beside the export, named by path",
     ("autotune/views/export.py", "tf32"): "the precision that ran made explicit (with_precision_that_ran)",

@@ -280,16 +280,15 @@ def test_empty_text_rows_follow_one_rule_under_both_trainers(tmp_path):
     from autotune.spec.dataset import prepare_sft_rows
     from autotune.spec.models import resolve_model
     from autotune.trainers import get, with_model
-    from autotune.trainers.sft import SFT
 
     model = with_model(resolve_model("llama-tiny"), get("sft"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "  ", "\n"] * 4))
     with pytest.raises(AutotuneError, match="every 'text' value is empty"):
-        prepare_sft_rows(str(empty), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, SFT)
+        prepare_sft_rows(str(empty), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, get("sft"))
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(json.dumps({"text": text}) + "\n" for text in ["", "hello world"] * 10))
-    prepared = prepare_sft_rows(str(mixed), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, SFT)
+    prepared = prepare_sft_rows(str(mixed), model, "text", "all", 8, 3, str(tmp_path / "cache"), [], 64, get("sft"))
     assert prepared.num_samples == 10
     import datasets
 

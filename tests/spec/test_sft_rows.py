@@ -195,14 +195,15 @@ def test_a_search_notes_the_rows_trl_drops_and_keeps_the_rows_tool_schemas(tmp_p
     from autotune.spec.dataset import prepare_sft_rows
     from autotune.spec.models import resolve_model
     from autotune.trainers import get, with_model
-    from autotune.trainers.sft import SFT
 
     long_user = {"role": "user", "content": " ".join(["ba"] * 80)}
     rows = [{**GOOD, "tools": "[]"}] * 12 + [{"messages": [long_user, ASSISTANT], "tools": "[]"}] * 4
     notes: list[str] = []
     model = with_model(resolve_model("llama-tiny"), get("sft"))
     dataset = _chat_rows(tmp_path / "chat.jsonl", rows)
-    prepared = prepare_sft_rows(dataset, model, "messages", "assistant", 8, 2, str(tmp_path / "cache"), notes, 64, SFT)
+    prepared = prepare_sft_rows(
+        dataset, model, "messages", "assistant", 8, 2, str(tmp_path / "cache"), notes, 64, get("sft")
+    )
     assert [note for note in notes if note.startswith("TRL drops")] == [
         "TRL drops 4 of the 16 rows the trials train on: not an assistant token within their first 64 tokens "
         "(--seq-len; TRL drops a row truncation leaves without a label, and so will your run)"

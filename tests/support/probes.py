@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 LEVERS_FILE = "levers.json"
 TRAINING_ARGUMENTS_FILE = "training_arguments.json"
 CHILD_SETUP_FILE = "child_setup.json"
+ADAPTERS_FILE = "adapters.json"
 # The TrainingArguments RecordTrainingArguments writes (besides lr_scheduler_type).
 RECORDED_ARGUMENTS = (
     "learning_rate",
@@ -71,3 +72,20 @@ class RecordChildSetup(TrainerCallback):
         }
         Path(args.output_dir, CHILD_SETUP_FILE).write_text(json.dumps(record))
         print("printed by the trial child")
+
+
+class RecordAdapters(TrainerCallback):
+    """Writes ``<output_dir>/adapters.json`` when training starts: whether the model that trains is a
+    ``PeftModel``, its adapters by name, and its trainable and total parameters."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from peft import PeftModel
+
+        record = {
+            "peft_model": isinstance(model, PeftModel),
+            "adapters": sorted(getattr(model, "peft_config", {})),
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total": sum(p.numel() for p in model.parameters()),
+        }
+        Path(args.output_dir, ADAPTERS_FILE).write_text(json.dumps(record))
+        return control

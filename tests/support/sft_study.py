@@ -8,12 +8,11 @@ command a user runs, with TRL's default SFTConfig as its first trial."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import subprocess
 from pathlib import Path
 
 from benchmarks.bench_sft_fidelity import SPACE
-from tests.support.cli import run_cli, run_cli_in_process
+from tests.support.cli import run_cli_in_process
+from tests.support.llm_study import RowsStudy, search_rows
 
 # Short on purpose (the suite's CI budget): 48 tokens, one warm-up and two measured steps a trial.
 SEQ_LEN = 48
@@ -23,29 +22,12 @@ STUDY_NAME = f"llama-tiny-cpu-s{SEQ_LEN}"  # autotune.study.default_study_name("
 OPTIONS = argparse.Namespace(model="llama-tiny", seq_len=SEQ_LEN, warmup_steps=1, max_measure_steps=2)
 
 
-@dataclasses.dataclass(frozen=True)
-class SftStudy:
-    """Where the study lives (``root`` holds chat.jsonl, space.yaml, runs/) and how its search went."""
-
-    root: Path
-    storage: str
-    search: subprocess.CompletedProcess
-
-
-def make_sft_study(root: Path) -> SftStudy:
+def make_sft_study(root: Path) -> RowsStudy:
     corpus = run_cli_in_process(
         "chat-corpus", "--out", "chat.jsonl", "--samples", "160", "--length-scale", "0.03", cwd=root
     )
     assert corpus.returncode == 0, corpus.stderr
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'study.db'}"
-    search = run_cli(
-        *("search", "--model", OPTIONS.model, "--dataset", "chat.jsonl", "--device", "cpu", "--trials", str(TRIALS)),
-        *("--seq-len", str(SEQ_LEN), "--space", "space.yaml", "--storage", storage, "--work-dir", "runs"),
-        *("--warmup-steps", str(OPTIONS.warmup_steps), "--max-measure-steps", str(OPTIONS.max_measure_steps)),
-        *("--confirm-top", "0", "--prune-ratio", "0"),
-        cwd=root,
-        timeout=1500,
-    )
-    assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
-    return SftStudy(root, storage, search)
+    search = search_rows(root, "chat.jsonl", storage, TRIALS, SEQ_LEN, OPTIONS.warmup_steps, OPTIONS.max_measure_steps)
+    return RowsStudy(root, storage, search)

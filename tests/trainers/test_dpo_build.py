@@ -1,7 +1,10 @@
-"""A DPO trial's trainer (autotune/runner/_dpo.py): TRL's real DPOTrainer on a 2-layer llama-tiny with
-random weights and the synthetic tokenizer, on generated preference pairs, trained a few steps on the CPU:
-the reference model it holds (a copy, none under precompute, the adapters disabled under PEFT) and the
-real tokens the Trainer counts (prompt + chosen and prompt + rejected, no padding)."""
+"""A DPO trial's trainer as ``DPO.build`` makes it (autotune/trainers/dpo.py, through
+``benchmarks._common.dpo_trainer``: the rows and the synthetic tokenizer saved as a search saves them):
+TRL's real DPOTrainer on a 2-layer llama-tiny with random weights, on generated preference pairs,
+trained an epoch on the CPU: the reference copy it holds, which stays as it was, and the real tokens the
+Trainer counts (prompt + chosen and prompt + rejected, no padding). No copy under precompute or PEFT, and the
+collated batch's rows: tests/trainers/test_dpo_trainer.py (built, not trained); a trial training under
+them: tests/e2e/test_dpo_e2e.py (precompute), tests/trainers/test_dpo_trial.py (PEFT)."""
 
 from __future__ import annotations
 
@@ -13,15 +16,16 @@ pytest.importorskip("trl")
 
 import torch
 
-from autotune.runner._dpo import TOKENS_COUNTED, batch_real_tokens, build_dpo_trainer
 from autotune.spec.chat_corpus import DEFAULT_SHAPE
 from autotune.spec.models import build_model, catalog_entry
 from autotune.spec.preference_corpus import pair_tokens, preference_pair, preference_rows
-from autotune.spec.synthetic_tokenizer import build_tokenizer
+from autotune.trainers.dpo import TOKENS_COUNTED
+from benchmarks._common import dpo_trainer, saved_dpo_rows
 
 PAIRS = 8
 MICRO_BATCH = 2
 LENGTH_SCALE = 0.125  # pairs of some 60 + 60 tokens: a CPU step stays short
+SEQ_LEN = 1024  # DPOConfig's default max_length: no row of these pairs is truncated, every token counts
 
 
 def tiny_llama() -> Any:
@@ -50,8 +54,8 @@ def arguments(tmp_path, **levers: Any) -> dict[str, Any]:
 def trainer(tmp_path, fmt: str = "preference", peft_config: Any = None, **levers: Any) -> Any:
     model = tiny_llama()
     rows = preference_rows(PAIRS, seed=0, fmt=fmt, length_scale=LENGTH_SCALE)
-    tokenizer = build_tokenizer(model.config.vocab_size)
-    return build_dpo_trainer(model, tokenizer, rows, arguments(tmp_path, **levers), peft_config=peft_config)
+    saved = saved_dpo_rows(rows, str(tmp_path), model.config.vocab_size)
+    return dpo_trainer(model, saved, arguments(tmp_path, **levers), SEQ_LEN, peft_config=peft_config)
 
 
 @pytest.mark.slow
@@ -71,35 +75,3 @@ def test_an_epoch_counts_prompt_and_both_answers_and_the_reference_copy_stays(tm
     assert built.state.num_input_tokens_seen == expected
     assert any(not torch.equal(before[name], p) for name, p in policy.named_parameters())  # the policy trained
     assert all(torch.equal(before[name], p) for name, p in reference.named_parameters())  # the reference did not
-
-
-@pytest.mark.slow
-def test_a_collated_batch_holds_chosen_then_rejected_rows_and_its_real_tokens(tmp_path):
-    built = trainer(tmp_path)
-    rows = [built.train_dataset[index] for index in range(MICRO_BATCH)]
-    batch = built.data_collator(rows)
-    assert batch["input_ids"].shape[0] == 2 * MICRO_BATCH  # chosen rows, then rejected rows
-    lengths = [len(r["prompt_ids"]) + len(r[answer]) for answer in ("chosen_ids", "rejected_ids") for r in rows]
-    assert batch_real_tokens(batch) == sum(lengths)
-    assert batch["input_ids"].numel() > sum(lengths)  # padded to the longest: padding is not counted
-
-
-@pytest.mark.slow
-def test_precompute_keeps_no_reference_and_reads_its_log_probs_from_the_rows(tmp_path):
-    built = trainer(tmp_path, precompute_ref_log_probs=True)
-    assert built.ref_model is None
-    assert {"ref_chosen_logps", "ref_rejected_logps"} <= set(built.train_dataset.column_names)
-    built.train()
-    assert built.state.global_step == PAIRS // MICRO_BATCH
-
-
-@pytest.mark.slow
-def test_under_peft_the_reference_is_the_base_model_with_the_adapters_disabled(tmp_path):
-    from peft import LoraConfig, PeftModel
-
-    built = trainer(tmp_path, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
-    assert built.ref_model is None
-    assert isinstance(built.model, PeftModel)
-    assert list(built.model.peft_config) == ["default"]  # no "ref" adapter copy: TRL disables the adapters
-    built.train()
-    assert built.state.global_step == PAIRS // MICRO_BATCH
