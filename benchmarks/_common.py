@@ -213,5 +213,7 @@ def dpo_trainer(
         prepared_dir=prepared_dir,
         tokenizer_dir=tokenizer_dir,
         peft_config=peft_config,
+        # What a trial reads off the lever's memory trait (runner._trial.build_trainer): here off the arguments.
+        reference_precomputed=bool(arguments.get("precompute_ref_log_probs", False)),
     )
     return DPO.build(inputs)

@@ -197,9 +197,6 @@ ALLOWED = {
     # to_training_args / to_model_build; the export reads them, never a lever.
     *(("autotune/views/sft_export.py", name) for name in ("packing", "dtype", "attn_implementation")),
     *(("autotune/views/sft_tool_yaml.py", name) for name in ("dtype", "attn_implementation")),
-    # DPOConfig's own field read back from a trial's built arguments, as DPOTrainer reads it to decide whether a
-    # reference copy is kept (trl/trainer/dpo_trainer.py:908-914); the lever writes it (to_training_args).
-    ("autotune/trainers/dpo.py", "precompute_ref_log_probs"),
 }
 
 
@@ -373,14 +370,6 @@ ALLOWED_FIELDS = {
     ("autotune/spec/sft.py", "max_length"): "the SFT trainer's own field: --seq-len, unless a lever sets it",
     ("autotune/trainers/sft.py", "max_length"): "the SFT trainer's own field, refused in --base-args",
     ("autotune/trainers/dpo.py", "max_length"): "the DPO trainer's own field (--seq-len), refused in --base-args",
-    ("autotune/trainers/dpo.py", "precompute_ref_log_probs"): "the built DPOConfig read as DPOTrainer reads it",
-    **{
-        (
-            f"autotune/trainers/{module}.py",
-            "padding_free",
-        ): "the packing lever's batching the trainer does not run, with why"
-        for module in ("dpo", "hf_trainer")
-    },
     ("autotune/trainers/sft.py", "padding_free"): "TRL's collator's keyword, the collator the packing lever probes",
     ("autotune/views/export.py", "deepspeed"): "the DeepSpeed config written beside the export, named by path",
     ("autotune/views/export.py", "tf32"): "the precision that ran made explicit (with_precision_that_ran)",
