@@ -202,7 +202,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "--loss-on under --trainer dpo": (
             [*llama, "--trainer", "dpo", "--dataset", pairs, "--loss-on", "completion"],
-            "--loss-on chooses SFTTrainer's loss: use it with --trainer sft",
+            "--loss-on chooses SFTTrainer's loss; --trainer dpo trains with TRL's DPOTrainer: drop --loss-on",
         ),
         "--loss-on on preference pairs": (
             [*llama, "--dataset", pairs, "--loss-on", "assistant"],

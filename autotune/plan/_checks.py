@@ -68,7 +68,10 @@ def trainer_options(trainer: str | None, loss_on: str | None) -> None:
     if loss_on is not None and loss_on not in LOSS_ON:
         raise AutotuneError(f"--loss-on {loss_on}: choose one of {', '.join(LOSS_ON)}")
     if loss_on is not None and kind is not None and not kind.chooses_loss:
-        raise AutotuneError("--loss-on chooses SFTTrainer's loss: use it with --trainer sft (or leave --trainer out)")
+        raise AutotuneError(
+            f"--loss-on chooses SFTTrainer's loss; --trainer {trainer} trains with {kind.words}: drop --loss-on, "
+            "or use --trainer sft"
+        )
 
 
 def seq_len_fits(seq_len: int, model_name: str, max_positions: int) -> None:

@@ -115,7 +115,7 @@ def setup_pass_note(result: TrialResult) -> str | None:
         return None
     return (
         f"rates count its {result.setup_pass_s:.1f} s pass before training over {result.setup_pass_samples} samples "
-        "(precomputed reference) over the run"
+        f"(precomputed reference) over a run of {result.run_passes:g} passes"
     )
 
 
@@ -136,11 +136,14 @@ class Pace:
         samples_per_step: Samples one optimizer step trains (the global batch; under TRL's packing, the
             samples its packed rows held, measured).
         warmup_excess_s: What the warm-up steps took beyond as many steady steps (0: not known).
+        setup_s_per_sample: The trainer's pass over the data before the first step (DPO's precomputed
+            reference), seconds a sample of the dataset, paid once per run (0: none).
     """
 
     samples_per_s: float
     samples_per_step: float
     warmup_excess_s: float = 0.0
+    setup_s_per_sample: float = 0.0
 
     @classmethod
     def measured(cls, result: Any, samples_per_s: float, global_batch: int, packed_samples: bool) -> Pace:
@@ -150,8 +153,11 @@ class Pace:
         per_step = global_batch
         if packed_samples and result.measured_steps and result.measured_s > 0:
             per_step = result.samples_per_s * result.measured_s / result.measured_steps
+        setup = result.setup_pass_s / result.setup_pass_samples if result.setup_pass_samples else 0.0
+        if setup:  # the steps' own rate: the recorded one counts the pass over the run it was measured for
+            samples_per_s = 1.0 / (1.0 / samples_per_s - setup / result.run_passes)
         steady = per_step / samples_per_s * result.warmup_steps
-        return cls(samples_per_s, per_step, max(result.warmup_s - steady, 0.0))
+        return cls(samples_per_s, per_step, max(result.warmup_s - steady, 0.0), setup)
 
 
 def projected_seconds(length: RunLength, samples: int | None, pace: Pace) -> float | None:
@@ -162,7 +168,8 @@ def projected_seconds(length: RunLength, samples: int | None, pace: Pace) -> flo
         return None
     else:
         trained = samples * length.epochs
-    return trained / pace.samples_per_s + pace.warmup_excess_s
+    setup = pace.setup_s_per_sample * (samples if samples is not None else trained)  # once, over the data
+    return trained / pace.samples_per_s + pace.warmup_excess_s + setup
 
 
 def duration(seconds: float) -> str:

@@ -157,6 +157,7 @@ class TrialResult:
     # (autotune.result.over_the_run); 0: none ran.
     setup_pass_s: float = 0.0
     setup_pass_samples: int = 0
+    run_passes: float = 1.0  # the passes over the data of the run the rates count that pass over
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string, or a status misspelt: ValueError

@@ -208,9 +208,9 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
     # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
     # rate below counts its share over the user's run (autotune.result.over_the_run).
     setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(trainer)
+    samples = workload.dataset.num_samples if workload.dataset is not None else None
+    passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
     if setup_samples:
-        samples = workload.dataset.num_samples if workload.dataset is not None else None
-        passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
         share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
         samples_per_s *= share
         real_tokens_per_s = real_tokens_per_s * share if real_tokens_per_s is not None else None
@@ -258,6 +258,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
         defects=defects,
         setup_pass_s=setup_s,
         setup_pass_samples=setup_samples,
+        run_passes=passes,
     )
 
 

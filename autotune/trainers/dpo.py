@@ -91,6 +91,10 @@ class DpoTrainer:
         ),
         "precompute_ref_batch_size": "autotune measures the reference pass at the micro-batch, TRL's default",
         "sync_ref_model": "TRL refuses it beside precompute_ref_log_probs, a lever here (dpo_trainer.py:764-769)",
+        "truncation_mode": (
+            "autotune counts the pairs TRL drops under its default keep_start; keep_end is deprecated "
+            "(dpo_config.py:372-375)"
+        ),
     }
     chosen_for_formats: tuple[str, ...] = (PREFERENCE,)
     prepares_rows = True

@@ -214,7 +214,7 @@ def truncated(rows: Any, seq_len: int) -> Any:
 def cycled(rows: Any, wanted: int) -> Any:
     """``rows`` repeated in order up to ``wanted`` rows (unchanged where it holds that many)."""
     if len(rows) == 0:
-        raise RuntimeError("SFTTrainer's preparation left no row to train on (every sample masked or too long?)")
+        raise RuntimeError("TRL's preparation left no row to train on (every sample masked or too long?)")
     if len(rows) >= wanted:
         return rows
     return rows.select([index % len(rows) for index in range(wanted)])

@@ -9,7 +9,17 @@ import dataclasses
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.result import Pace, TrialResult, dataset_samples, duration, projected_seconds, run_length, run_time_line
+from autotune.result import (
+    Pace,
+    TrialResult,
+    dataset_samples,
+    duration,
+    over_the_run,
+    passes_over_data,
+    projected_seconds,
+    run_length,
+    run_time_line,
+)
 from autotune.result._run_time import DEFAULT_EPOCHS, NEEDS_DATASET
 from autotune.spec.dataset import PreparedDataset
 
@@ -116,3 +126,29 @@ def test_the_line_says_what_it_needs_rather_than_invent_a_size_and_marks_a_predi
         predicted.startswith("predicted wall time of 1 epoch over 100 samples") and "predicted 2 samples/s" in predicted
     )
     assert "$" not in predicted  # no price, no cost
+
+
+def test_a_pass_before_training_is_counted_once_over_the_run_whatever_run_its_rate_was_recorded_for():
+    """DPO's precomputed reference: a trial's rates count the pass over the run it was searched for
+    (over_the_run); the projection of any other run takes the steps' own rate back and the pass once."""
+    step_rate, setup, samples = 4.0, 0.5, 100  # samples/s in steps; 0.5 s a sample of the data, once
+    recorded = over_the_run(step_rate, setup, 3.0)  # searched for 3 epochs
+    assert recorded < step_rate
+    result = TrialResult(
+        "ok",
+        samples_per_s=recorded,
+        measured_steps=5,
+        measured_s=10.0,
+        setup_pass_s=setup * 40,
+        setup_pass_samples=40,
+        run_passes=3.0,
+    )
+    pace = Pace.measured(result, recorded, 8, packed_samples=False)
+    assert pace.samples_per_s == pytest.approx(step_rate)
+    for epochs in (1.0, 3.0, 10.0):
+        projected = projected_seconds(run_length({}, epochs), samples, pace)
+        assert projected == pytest.approx(samples * epochs / step_rate + samples * setup)
+    assert projected_seconds(run_length({}, 3.0), samples, pace) == pytest.approx(samples * 3.0 / recorded)
+    # Under max_steps the pass still covers the data once; its passes are the samples the steps take over it.
+    assert passes_over_data(run_length({"max_steps": 50}, None), 8, samples) == pytest.approx(4.0)
+    assert over_the_run(step_rate, 0.0, 3.0) == step_rate

@@ -287,3 +287,16 @@ def test_a_chat_template_that_fails_on_a_row_names_the_row(tokenizer):
         f"--dataset {PATH}: row 1: the chat template fails on it (TemplateError: a system turn first): "
         "fix the row or the template"
     )
+
+
+@pytest.mark.parametrize("field", ["max_length", "truncation_mode", "model_init_kwargs", "sync_ref_model"])
+def test_base_args_may_not_set_what_autotune_sets_or_counts_under_dpo(tmp_path, field):
+    """keep_end would make TRL keep pairs autotune counts as dropped: DPO's fields autotune sets or counts by are
+    refused in one line, naming the field and why."""
+    pytest.importorskip("trl")
+    from autotune.plan._base_args import load_base_args
+
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({field: {"max_length": 64, "truncation_mode": "keep_end"}.get(field, True)}))
+    with pytest.raises(AutotuneError, match=f"--base-args {path}: remove {field}: "):
+        load_base_args(str(path), "dpo")
