@@ -176,3 +176,13 @@ def sft_study(tmp_path_factory, worker_id):
     from tests.support.sft_study import make_sft_study
 
     return made_once(run_root(tmp_path_factory, worker_id), "sft-study", make_sft_study)
+
+
+@pytest.fixture(scope="session")
+def dpo_study(tmp_path_factory, worker_id):
+    """One real search of llama-tiny on generated preference pairs (DPOTrainer, chosen by the rows), shared
+    by the DPO end-to-end tests: made once for the whole run (tests/support/dpo_study.py)."""
+    from tests.support.dpo_study import make_dpo_study
+    from tests.support.made_once import made_once, run_root
+
+    return made_once(run_root(tmp_path_factory, worker_id), "dpo-study", make_dpo_study)

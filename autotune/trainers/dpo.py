@@ -91,6 +91,13 @@ def _llama_factory_loss(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, 
     ]
 
 
+def _llama_factory_label_smoothing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # LLaMA-Factory refuses dpo_label_smoothing beside any pref_loss but sigmoid (finetuning_args.py:589-590).
+    if value and list(args.get("loss_type") or ["sigmoid"]) != ["sigmoid"]:
+        return {}, ["LLaMA-Factory takes dpo_label_smoothing with the sigmoid loss only (finetuning_args.py:589-590)"]
+    return {"dpo_label_smoothing": value}, []
+
+
 # What the exports of the tools built on DPOTrainer say of it (docs/facts.md, "DPO" and "DPO export keys"): the
 # trainer's keys in each tool, its loss (written even at TRL's defaults, which the tools need not share), and
 # what each tool does otherwise; the fields of the levers (max_length from --seq-len, precompute_ref_log_probs,
@@ -128,7 +135,7 @@ TOOL_EXPORT = ToolExport(
             fields={
                 "beta": _renamed("pref_beta"),
                 "loss_type": _llama_factory_loss,
-                "label_smoothing": _renamed("dpo_label_smoothing"),
+                "label_smoothing": _llama_factory_label_smoothing,
             },
             source="DPO: llamafactory/hparams/finetuning_args.py:168-234 (pref_*), 460-463 (stage); train/dpo/trainer.py:44-76",
             notes=(

@@ -309,35 +309,16 @@ def test_a_field_a_tool_cannot_express_is_said_with_why():
     assert said == ({}, ["axolotl has no key for it"])
 
 
-def _runs_under(lever, trainer: str) -> bool:
-    """Whether a value of ``lever`` other than its default trains under the trainer named ``trainer``
-    (a lever without listed values, ``micro_batch``, does under every trainer)."""
-    values = lever.choices or ((True,) if lever.value_type is bool else None)
-    return values is None or any(v != lever.default and not lever.unavailable_with_trainer(v, trainer) for v in values)
-
-
 def test_the_argument_forms_take_every_lever_field_by_its_own_name():
-    """The JSON, flag and Python forms write the arguments class's own fields, and each TRL trainer's command
-    line (``trl sft``, ``trl dpo``: HfArgumentParser over SFTConfig, DPOConfig) parses every one of them that
-    a lever writes under that trainer: a lever's ``fields`` are its keys there, so each must be a field of the
-    class that trains it."""
+    """The JSON, flag and Python forms write the arguments class's own fields, and ``trl sft`` parses
+    every one of them (trl/scripts/sft.py: HfArgumentParser over SFTConfig): a lever's ``fields`` are its
+    keys there, so each must be a field of the class that trains it."""
     pytest.importorskip("trl")
-    import importlib
+    from trl.scripts.sft import make_parser
 
-    from autotune.trainers import REGISTERED
-
-    missing = {}
-    for kind in REGISTERED:
-        if kind.tool_export is None:
-            continue
-        parser = importlib.import_module(f"trl.scripts.{kind.tool_export.trl_command}").make_parser()
-        flags = {action.dest for action in parser._actions if f"--{action.dest}" in action.option_strings}
-        fields = {field for lever in LEVERS.values() if _runs_under(lever, kind.name) for field in lever.fields}
-        if fields - flags:
-            missing[kind.tool_export.trl_command] = sorted(fields - flags)
-    # Each command is checked for the levers that train under its trainer only: DPO's reference lever is no
-    # field of SFTConfig, SFT's packing none of DPOConfig.
-    assert missing == {}, f"lever fields a `trl` command has no flag for: {missing}"
+    flags = {action.dest for action in make_parser()._actions if f"--{action.dest}" in action.option_strings}
+    missing = {field for lever in LEVERS.values() for field in lever.fields} - flags
+    assert missing == set(), f"lever fields `trl sft` has no flag for: {sorted(missing)}"
 
 
 # The names bf16, fp16 and tf32 are a precision's as well as TrainingArguments fields (the dtype lever's
@@ -368,10 +349,7 @@ ALLOWED_FIELDS = {
     ("autotune/runner/_loader.py", "max_length"): "the tokenizer's own keyword (truncation to --seq-len)",
     ("autotune/spec/sft.py", "max_length"): "the SFT trainer's own field: --seq-len, unless a lever sets it",
     ("autotune/trainers/sft.py", "max_length"): "the SFT trainer's own field, refused in --base-args",
-    ("autotune/trainers/sft.py", "padding_free"): (
-        "TRL's collator's keyword, the collator the packing lever probes; and a batching field SFTTrainer's exports "
-        "write even at TRL's default"
-    ),
+    ("autotune/trainers/sft.py", "padding_free"): "TRL's collator's keyword, the collator the packing lever probes",
     ("autotune/views/export.py", "deepspeed"): "the DeepSpeed config written beside the export, named by path",
     ("autotune/views/export.py", "tf32"): "the precision that ran made explicit (with_precision_that_ran)",
     # The resolution of the fields whose defaults differ from TrainingArguments' (bf16 follows fp16).

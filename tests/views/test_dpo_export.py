@@ -185,8 +185,11 @@ def test_the_llama_factory_fragment_is_a_dpo_stage_with_its_pref_keys_and_says_w
     assert any("cutoff_len caps the prompt plus the longer answer" in line for line in comments)
     assert any("pads each batch to a multiple of 8" in line for line in comments)
     mixed, comments = fragment(dpo_study(CONFIGS["fp32"], base_args=MIXED_LOSS), "llama-factory")
-    assert "pref_loss" not in mixed and mixed["pref_beta"] == 0.25 and mixed["dpo_label_smoothing"] == 0.1
+    assert "pref_loss" not in mixed and mixed["pref_beta"] == 0.25 and "dpo_label_smoothing" not in mixed
     assert any(line.startswith("# not expressible: loss_type=['sigmoid', 'sft']") for line in comments)
+    assert any(line.startswith("# not expressible: label_smoothing=0.1: LLaMA-Factory takes") for line in comments)
+    smoothed, _ = fragment(dpo_study(CONFIGS["fp32"], base_args={"label_smoothing": 0.1}), "llama-factory")
+    assert (smoothed["pref_loss"], smoothed["dpo_label_smoothing"]) == ("sigmoid", 0.1)
     assert any(line.startswith("# not expressible: loss_weights=[1.0, 0.5]") for line in comments)
 
 

@@ -1,0 +1,35 @@
+"""One real ``--trainer dpo`` study for the DPO end-to-end tests (tests/e2e/test_dpo_e2e.py), built once per
+test run (the ``dpo_study`` fixture in conftest.py, through ``tests.support.made_once``): generated
+preference pairs (``autotune chat-corpus --format preference``) and ``python -m autotune search --model
+llama-tiny --dataset prefs.jsonl --device cpu``, the command a user runs, with no ``--trainer`` (the rows
+choose DPOTrainer), TRL's default DPOConfig as its first trial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.cli import run_cli_in_process
+from tests.support.llm_study import RowsStudy, search_rows
+
+# Short on purpose (the suite's CI budget): 64 tokens, one warm-up and two measured steps a trial.
+SEQ_LEN = 64
+STUDY_NAME = f"llama-tiny-cpu-s{SEQ_LEN}"  # autotune.study.default_study_name("llama-tiny", cpu, 64)
+# TRL's default DPOConfig (trl 1.16: micro-batch 8, activation checkpointing, bf16, fused AdamW), each lever
+# at that one value, and precompute_ref_log_probs searched: two configs, so the two trials are the default
+# (the seed, exactly, nothing snapped) and the same with the reference precomputed, whatever the sampler draws.
+TRL_DEFAULT = {"micro_batch": 8, "checkpointing": True, "dtype": "bf16", "optim": "adamw_torch_fused"}
+SPACE = "".join(f"{lever}: [{str(value).lower()}]\n" for lever, value in TRL_DEFAULT.items())
+SPACE += "precompute_ref_log_probs: [false, true]\n"
+TRIALS = 2
+
+
+def make_dpo_study(root: Path) -> RowsStudy:
+    # 48 pairs a twentieth of public chat data's length: prompt + answer rows of some 20 tokens, the
+    # longest past 64 (truncated), a few prompts alone filling 64 (dropped by TRL, said in a note).
+    pairs = ("--format", "preference", "--samples", "48", "--length-scale", "0.05")
+    corpus = run_cli_in_process("chat-corpus", *pairs, "--out", "prefs.jsonl", cwd=root)
+    assert corpus.returncode == 0, corpus.stderr
+    (root / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{root / 'study.db'}"
+    search = search_rows(root, "prefs.jsonl", storage, TRIALS, SEQ_LEN, warmup_steps=1, max_measure_steps=2)
+    return RowsStudy(root, storage, search)
