@@ -40,6 +40,7 @@ from typing import Any
 
 from benchmarks.bench_sft_fidelity import (
     PLAIN_HARNESS,
+    fidelity_parser,
     median,
     plain_child,
     plain_run,
@@ -198,22 +199,8 @@ def over_the_run_tokens(measured: dict, global_batch: int, passes: float) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama-tiny")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--samples", type=int, default=200, help="Preference pairs of the generated corpus.")
+    parser = fidelity_parser(__doc__, (200, "Preference pairs of the generated corpus."), 10, 10)
     parser.add_argument("--length-scale", type=float, default=0.125, help="chat-corpus --length-scale.")
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--max-measure-steps", type=int, default=10)
-    parser.add_argument("--confirm-top", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=2, help="Alternating plain / autotune measurements.")
-    parser.add_argument("--plain-steps", type=int, default=10, help="Timed steps of the plain run, after 3 warm-up.")
-    parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory: measure its winner again.")
-    parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode, with:
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--rows-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
 
     if options.plain:

@@ -298,27 +298,38 @@ def report(
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fidelity_parser(
+    doc: str, samples: tuple[int, str], max_measure_steps: int, plain_steps: int
+) -> argparse.ArgumentParser:
+    """The options the fidelity benchmarks of TRL's trainers share (``samples``: the corpus's default size and
+    what it counts), and those of their plain-run child."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--samples", type=int, default=400, help="Conversations of the chat corpus.")
+    parser.add_argument("--samples", type=int, default=samples[0], help=samples[1])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--max-measure-steps", type=int, default=20)
+    parser.add_argument("--max-measure-steps", type=int, default=max_measure_steps)
     parser.add_argument("--confirm-top", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="Alternating plain / autotune measurements.")
-    parser.add_argument("--plain-steps", type=int, default=20, help="Timed steps of the plain run, after 3 warm-up.")
     parser.add_argument(
-        "--remeasure-steps",
-        type=int,
-        help="Measured steps of each re-measurement by the runner (default: the search's --max-measure-steps).",
+        "--plain-steps", type=int, default=plain_steps, help="Timed steps of the plain run, after 3 warm-up."
     )
     parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory: measure its winner again.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode, with:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--rows-dir", help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = fidelity_parser(__doc__, (400, "Conversations of the chat corpus."), 20, 20)
+    parser.add_argument(
+        "--remeasure-steps",
+        type=int,
+        help="Measured steps of each re-measurement by the runner (default: the search's --max-measure-steps).",
+    )
     options = parser.parse_args()
 
     if options.plain:
