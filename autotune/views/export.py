@@ -398,9 +398,8 @@ def render(
     if fmt in TOOL_FORMATS and tool is None:
         owners = [kind for kind in REGISTERED if fmt in kind.tool_forms]
         raise AutotuneError(
-            f"--format {fmt} writes a run of {' or '.join(kind.words for kind in owners)}, and this study trained "
-            f"another trainer (search with --trainer {' or '.join(kind.name for kind in owners)} for it); use json, "
-            "cli, python or accelerate"
+            f"--format {fmt} writes a run of {' or '.join(k.words for k in owners)}, and this study trained another "
+            f"trainer (search with --trainer {' or '.join(k.name for k in owners)}); use json, cli, python or accelerate"
         )
     if fmt == "json":
         return json_text(arguments)
@@ -412,13 +411,8 @@ def render(
         if tool is None:
             return python_snippet(arguments, provenance)
         model_note = [tool.model_note] if tool.model_note else []
-        return python_snippet(
-            arguments,
-            "\n".join([*provenance.splitlines(), *model_note]),
-            tool.kind.arguments_path,
-            tool.model,
-            tool.kind.trainer_class,
-        )
+        header = "\n".join([*provenance.splitlines(), *model_note])
+        return python_snippet(arguments, header, tool.kind.arguments_path, tool.model, tool.kind.trainer_class)
     if tool is not None and fmt in TOOL_FORMATS:
         form = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
         return form(dataclasses.replace(tool, arguments=arguments, provenance=provenance))
