@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,17 @@ def plain_sft_run(
     args_file: str, model_dir: str, rows_dir: str, rows: int, seq_len: int, warmup_steps: int, steps: int
 ) -> dict:
     """Train the exported SFTConfig in a plain SFTTrainer; return its real tokens/s and peak RSS."""
+    return plain_run(
+        lambda callbacks: plain_sft_trainer(
+            args_file, model_dir, rows_dir, rows, seq_len, warmup_steps + steps, callbacks
+        ),
+        warmup_steps,
+    )
+
+
+def plain_run(trainer_of: Callable[[list], Any], warmup_steps: int) -> dict:
+    """Train the plain trainer ``trainer_of(callbacks)`` builds (its ``max_steps``: the warm-up and the timed
+    steps); return its real tokens/s over the steps after ``warmup_steps``, its peak RSS, and what it loaded."""
     import resource
 
     from benchmarks._common import AnonPeak, StepEnds
@@ -104,7 +116,7 @@ def plain_sft_run(
     anon = AnonPeak()
     anon.start()
     clock = StepEnds()
-    trainer = plain_sft_trainer(args_file, model_dir, rows_dir, rows, seq_len, warmup_steps + steps, [clock])
+    trainer = trainer_of([clock])
     tokens_per_step = []
     fetch = trainer.get_batch_samples
 
@@ -122,6 +134,7 @@ def plain_sft_run(
     return {
         "real_tokens_per_s": tokens / (measured[-1] - measured[0]),
         "steps": len(measured) - 1,
+        "steps_per_s": (len(measured) - 1) / (measured[-1] - measured[0]),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_anon_rss_bytes": peak_anon,
         "attn_implementation": model.config._attn_implementation,
@@ -140,8 +153,9 @@ def real_tokens(batch: dict[str, Any]) -> int:
 # ---- the parent: search, export, the plain run and the runner alternately ----------------------------
 
 
-def study_workload(root: Path, options: argparse.Namespace) -> Any:
-    """The search's workload, rebuilt from its options (the prepared rows and tokenizer are reused)."""
+def study_workload(root: Path, options: argparse.Namespace, dataset: str = "chat.jsonl") -> Any:
+    """The search's workload, rebuilt from its options (the prepared rows and tokenizer are reused);
+    ``dataset``: the rows the search read, in ``root``."""
     from autotune.plan import PlanOptions, plan
 
     return plan(
@@ -150,7 +164,7 @@ def study_workload(root: Path, options: argparse.Namespace) -> Any:
             device="cpu",
             seq_len=options.seq_len,
             space=str(root / "space.yaml"),
-            dataset=str(root / "chat.jsonl"),
+            dataset=str(root / dataset),
             work_dir=str(root / "runs"),
             warmup_steps=options.warmup_steps,
             max_measure_steps=options.max_measure_steps,
@@ -171,7 +185,8 @@ def save_model(workload: Any, model_dir: Path) -> None:
 
 
 def trial_rows(workload: Any, config: Any) -> int:
-    """How many rows the winner's trial trained on (``autotune.trainers.sft``: cycled to what its steps take)."""
+    """How many rows the winner's trial trained on (``autotune.trainers.sft``, ``dpo``: cycled to what its
+    steps take)."""
     return config.global_batch * (workload.measure.total_steps_cap + 1)
 
 
@@ -215,7 +230,7 @@ def plain_child(command: list[str], cwd: Path) -> dict:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": path})
     if done.returncode != 0:
-        raise SystemExit(f"plain SFTTrainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"plain run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]
     measured = json.loads(line.removeprefix(PLAIN_RESULT_MARK))
     if measured["autotune_modules"]:
@@ -224,7 +239,8 @@ def plain_child(command: list[str], cwd: Path) -> dict:
 
 
 def remeasure(workload: Any, config: Any, work_dir: Path) -> dict:
-    """The winner measured again by autotune's runner, as a confirmation re-run is."""
+    """The winner measured again by autotune's runner, as a confirmation re-run is (its real tokens/s, under
+    DPO's precomputed reference counted over the user's run, and the seconds and samples of that pass)."""
     from autotune.runner import TrialJob, run_isolated
 
     result = run_isolated(TrialJob(workload=workload, config=config, work_dir=str(work_dir)), timeout_s=900)
@@ -232,32 +248,88 @@ def remeasure(workload: Any, config: Any, work_dir: Path) -> dict:
         raise SystemExit(f"autotune re-measurement failed: {result.status} {result.error}")
     return {
         "real_tokens_per_s": result.real_tokens_per_s,
+        "samples_per_s": result.samples_per_s,
         "peak_rss_bytes": result.peak_memory_bytes,
         "peak_anon_rss_bytes": result.memory_peaks.get("peak_anon_rss_tree_sampled_bytes", 0),
+        "setup_pass_s": result.setup_pass_s,
+        "setup_pass_samples": result.setup_pass_samples,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def median(runs: list[dict], key: str) -> float:
+    import statistics
+
+    return statistics.median(r[key] for r in runs)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{(a / b - 1):+.1%}"
+
+
+def report(
+    plain_runs: list[dict], autotune_runs: list[dict], winner: Any, options: argparse.Namespace, trainer: str
+) -> None:
+    """The medians of the alternating rounds side by side (real tokens/s, peak RSS) and against the study's
+    record of the winner; ``trainer``: the plain run's class, in words."""
+    plain_speed = median(plain_runs, "real_tokens_per_s")
+    print(
+        f"\n{'real tokens/s (medians over ' + str(options.rounds) + ' rounds)':<50}{'tokens/s':>10} {'plain vs it':>12}"
+    )
+    print(f"{'plain ' + trainer + ' (' + str(options.plain_steps) + ' steps)':<50}{plain_speed:10.0f}")
+    rows_out = [
+        ("autotune runner, alternating with the plain run", median(autotune_runs, "real_tokens_per_s")),
+        ("study record: search-time", winner.result.real_tokens_per_s),
+    ]
+    for label, value in rows_out:
+        print(f"{label:<50}{value:10.0f} {ratio(plain_speed, value):>12}")
+    recorded_peak = max(winner.result.peak_memory_bytes, winner.peak_memory_bytes)
+    plain_rss = median(plain_runs, "peak_rss_bytes")
+    runner_rss = median(autotune_runs, "peak_rss_bytes")
+    print(
+        f"\npeak RSS (goal: within 10 %): plain {plain_rss / 1024**2:.0f} MiB, runner alternating "
+        f"{runner_rss / 1024**2:.0f} MiB ({ratio(plain_rss, runner_rss)}), study {recorded_peak / 1024**2:.0f} MiB "
+        f"({winner.result.memory_source}): {ratio(plain_rss, recorded_peak)}"
+    )
+    plain_anon, runner_anon = median(plain_runs, "peak_anon_rss_bytes"), median(autotune_runs, "peak_anon_rss_bytes")
+    if runner_anon:
+        print(
+            f"  anonymous RSS: plain {plain_anon / 1024**2:.0f} MiB, runner {runner_anon / 1024**2:.0f} MiB: "
+            f"{ratio(plain_anon, runner_anon)}"
+        )
+
+
+def fidelity_parser(
+    doc: str, samples: tuple[int, str], max_measure_steps: int, plain_steps: int
+) -> argparse.ArgumentParser:
+    """The options the fidelity benchmarks of TRL's trainers share (``samples``: the corpus's default size and
+    what it counts), and those of their plain-run child."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--samples", type=int, default=400, help="Conversations of the chat corpus.")
+    parser.add_argument("--samples", type=int, default=samples[0], help=samples[1])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--max-measure-steps", type=int, default=20)
+    parser.add_argument("--max-measure-steps", type=int, default=max_measure_steps)
     parser.add_argument("--confirm-top", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="Alternating plain / autotune measurements.")
-    parser.add_argument("--plain-steps", type=int, default=20, help="Timed steps of the plain run, after 3 warm-up.")
     parser.add_argument(
-        "--remeasure-steps",
-        type=int,
-        help="Measured steps of each re-measurement by the runner (default: the search's --max-measure-steps).",
+        "--plain-steps", type=int, default=plain_steps, help="Timed steps of the plain run, after 3 warm-up."
     )
     parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory: measure its winner again.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode, with:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--rows-dir", help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = fidelity_parser(__doc__, (400, "Conversations of the chat corpus."), 20, 20)
+    parser.add_argument(
+        "--remeasure-steps",
+        type=int,
+        help="Measured steps of each re-measurement by the runner (default: the search's --max-measure-steps).",
+    )
     options = parser.parse_args()
 
     if options.plain:
@@ -274,8 +346,6 @@ def main() -> None:
         )
         print(PLAIN_RESULT_MARK + json.dumps(measured), flush=True)
         return
-
-    import statistics
 
     from benchmarks._common import load_average, searched_winner
 
@@ -309,37 +379,7 @@ def main() -> None:
             flush=True,
         )
 
-    def median(runs: list[dict], key: str) -> float:
-        return statistics.median(r[key] for r in runs)
-
-    def ratio(a: float, b: float) -> str:
-        return f"{(a / b - 1):+.1%}"
-
-    plain_speed = median(plain_runs, "real_tokens_per_s")
-    print(
-        f"\n{'real tokens/s (medians over ' + str(options.rounds) + ' rounds)':<50}{'tokens/s':>10} {'plain vs it':>12}"
-    )
-    print(f"{'plain SFTTrainer (' + str(options.plain_steps) + ' steps)':<50}{plain_speed:10.0f}")
-    rows_out = [
-        ("autotune runner, alternating with the plain run", median(autotune_runs, "real_tokens_per_s")),
-        ("study record: search-time", winner.result.real_tokens_per_s),
-    ]
-    for label, value in rows_out:
-        print(f"{label:<50}{value:10.0f} {ratio(plain_speed, value):>12}")
-    recorded_peak = max(winner.result.peak_memory_bytes, winner.peak_memory_bytes)
-    plain_rss = median(plain_runs, "peak_rss_bytes")
-    runner_rss = median(autotune_runs, "peak_rss_bytes")
-    print(
-        f"\npeak RSS (goal: within 10 %): plain {plain_rss / 1024**2:.0f} MiB, runner alternating "
-        f"{runner_rss / 1024**2:.0f} MiB ({ratio(plain_rss, runner_rss)}), study {recorded_peak / 1024**2:.0f} MiB "
-        f"({winner.result.memory_source}): {ratio(plain_rss, recorded_peak)}"
-    )
-    plain_anon, runner_anon = median(plain_runs, "peak_anon_rss_bytes"), median(autotune_runs, "peak_anon_rss_bytes")
-    if runner_anon:
-        print(
-            f"  anonymous RSS: plain {plain_anon / 1024**2:.0f} MiB, runner {runner_anon / 1024**2:.0f} MiB: "
-            f"{ratio(plain_anon, runner_anon)}"
-        )
+    report(plain_runs, autotune_runs, winner, options, "SFTTrainer")
     print(load_average())
 
 

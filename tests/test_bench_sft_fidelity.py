@@ -65,6 +65,29 @@ def trainers(root, storage):
     return winner, trial, plain
 
 
+def assert_same_arguments_and_model(root, trial, plain) -> None:
+    """The plain trainer of the export (``root``/best.json) resolves the trial's arguments, but for what only
+    the harness sets (where each run writes, how long it runs, what it logs) and the model's build, which the
+    trial does itself; and it loaded the model by name with ``model_init_kwargs``: the trial's attention and
+    weight dtype. (SFTTrainer's and DPOTrainer's alike: tests/test_bench_dpo_fidelity.py.)"""
+    exported_arguments = json.loads((root / "best.json").read_text())
+    assert set(exported_arguments) - {"model_init_kwargs"} <= set(trial.args.to_dict())
+    harness = {"output_dir", "logging_dir", "run_name", "max_steps", "include_num_input_tokens_seen"}
+    harness |= set(PLAIN_HARNESS) | {"push_to_hub", "enable_jit_checkpoint", "load_best_model_at_end"}
+    harness |= {"eval_strategy", "eval_on_start", "do_eval", "resume_from_checkpoint", "model_init_kwargs"}
+    trial_args = {k: v for k, v in trial.args.to_dict().items() if k not in harness}
+    plain_args = {k: v for k, v in plain.args.to_dict().items() if k not in harness}
+    assert {
+        k: (trial_args.get(k), plain_args.get(k))
+        for k in trial_args | plain_args
+        if trial_args.get(k) != plain_args.get(k)
+    } == {}
+    assert trial.args.seed == plain.args.seed  # the rows' order
+    assert plain.model is not trial.model
+    assert plain.model.config._attn_implementation == trial.model.config._attn_implementation
+    assert {p.dtype for p in plain.model.parameters()} == {p.dtype for p in trial.model.parameters()}
+
+
 def _same(trial_value, plain_value) -> bool:
     return trial_value.equal(plain_value) if hasattr(trial_value, "equal") else trial_value == plain_value
 
@@ -81,27 +104,7 @@ def test_the_plain_sfttrainer_of_the_export_trains_what_the_winners_trial_traine
 
     root, storage = exported
     winner, trial, plain = trainers(root, storage)
-    exported_arguments = json.loads((root / "best.json").read_text())
-    assert set(exported_arguments) - {"model_init_kwargs"} <= set(trial.args.to_dict())
-
-    # The same resolved SFTConfig, but for what only the harness sets (where each run writes, how long
-    # it runs, what it logs) and the model's build, which the trial does itself (checked below).
-    harness = {"output_dir", "logging_dir", "run_name", "max_steps", "include_num_input_tokens_seen"}
-    harness |= set(PLAIN_HARNESS) | {"push_to_hub", "enable_jit_checkpoint", "load_best_model_at_end"}
-    harness |= {"eval_strategy", "eval_on_start", "do_eval", "resume_from_checkpoint", "model_init_kwargs"}
-    trial_args = {k: v for k, v in trial.args.to_dict().items() if k not in harness}
-    plain_args = {k: v for k, v in plain.args.to_dict().items() if k not in harness}
-    assert {
-        k: (trial_args.get(k), plain_args.get(k))
-        for k in trial_args | plain_args
-        if trial_args.get(k) != plain_args.get(k)
-    } == {}
-    assert trial.args.seed == plain.args.seed  # the rows' order
-
-    # The model SFTTrainer loaded by name, with model_init_kwargs: the trial's attention and weight dtype.
-    assert plain.model is not trial.model
-    assert plain.model.config._attn_implementation == trial.model.config._attn_implementation
-    assert {p.dtype for p in plain.model.parameters()} == {p.dtype for p in trial.model.parameters()}
+    assert_same_arguments_and_model(root, trial, plain)
     assert plain.model.config._attn_implementation == winner.config.attn_implementation
 
     # The same rows in the same batches: every step's samples and real tokens, token for token.

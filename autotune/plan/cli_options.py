@@ -173,7 +173,7 @@ ExportOut = Annotated[
     str | None,
     typer.Option(
         help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml, "
-        "best_trl_sft.sh, best_axolotl.yaml, best_llama_factory.yaml."
+        "best_trl.sh (trl sft or trl dpo), best_axolotl.yaml, best_llama_factory.yaml."
     ),
 ]
 ExportFormat = Annotated[

@@ -23,7 +23,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trainers._kind import TrainerKind, TrialInputs, class_named, with_model
+from autotune.trainers._kind import (
+    FieldMapper,
+    ToolConfig,
+    ToolExport,
+    TrainerKind,
+    TrialInputs,
+    class_named,
+    with_model,
+)
 from autotune.trainers.dpo import DPO
 from autotune.trainers.hf_trainer import HF_TRAINER
 from autotune.trainers.sft import SFT
@@ -38,6 +46,9 @@ __all__ = [
     "DEFAULT",
     "NAMES",
     "REGISTERED",
+    "FieldMapper",
+    "ToolConfig",
+    "ToolExport",
     "TrainerKind",
     "TrialInputs",
     "arguments_class",

@@ -22,6 +22,49 @@ def class_named(name: str) -> type:
     return getattr(importlib.import_module(module), attribute)
 
 
+# How a tool says one of the arguments' fields: (its value, every argument) -> (the tool's keys, comment lines),
+# a comment line being what the tool cannot express, or, starting with ``note: ``, what a reader of the keys
+# must know (the levers' ``Mapper``, autotune/levers/_exports.py, which the trainers cannot import).
+FieldMapper = Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolConfig:
+    """How a YAML tool built on a trainer (axolotl, LLaMA-Factory) says that trainer's run.
+
+    Attributes:
+        keys: The keys that choose the trainer in the tool's config (axolotl's ``rl: dpo``).
+        fields: The trainer's own arguments' fields (those no lever writes) as the tool's keys.
+        source: Where those keys are read, for the fragment's header (docs/facts.md has the lines).
+        notes: What the tool does otherwise under this trainer that no key says.
+    """
+
+    keys: Mapping[str, Any]
+    fields: Mapping[str, FieldMapper]
+    source: str = ""
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolExport:
+    """What the export forms of the tools built on a trainer (:attr:`TrainerKind.tool_forms`) say of it.
+
+    Attributes:
+        trl_command: TRL's command line of the trainer, ``trl <it>`` (its parser: ``trl/scripts/<it>.py``,
+            ``make_parser``).
+        written_fields: The arguments' fields its exports write even at the class's default: what decides
+            the batching (SFT's packing) or the loss (DPO's beta), which the tools default otherwise.
+        model_init: How the trainer applies the arguments' ``model_init_kwargs`` (the model's build), with
+            sources: the export's note.
+        tools: Each YAML tool's :class:`ToolConfig`, by export form.
+    """
+
+    trl_command: str
+    written_fields: tuple[str, ...]
+    model_init: str
+    tools: Mapping[str, ToolConfig]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialInputs:
     """What a trial hands its trainer's :meth:`TrainerKind.build`, from the trial child (``autotune.runner``).
@@ -105,6 +148,7 @@ class TrainerKind(Protocol):
             the trial hands it the base model and :attr:`TrialInputs.peft_config`.
         tool_forms: The export forms of the tools built on this trainer (``trl``, axolotl, ...), beyond
             the arguments' ``json``, ``cli`` and ``python``.
+        tool_export: What those forms say of it (``None``: it has none).
         exported_as: What each of its export forms holds, in words.
     """
 
@@ -131,6 +175,7 @@ class TrainerKind(Protocol):
     batchings_refused: str
     applies_adapters: bool
     tool_forms: tuple[str, ...]
+    tool_export: ToolExport | None
     exported_as: Mapping[str, str]
 
     def check_rows(self, columns: Sequence[str] | None) -> None:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trainers._kind import TrialInputs, arguments_forms
+from autotune.trainers._kind import ToolConfig, ToolExport, TrialInputs, arguments_forms
 from autotune.trainers.sft import cycled, load_tokenizer
 
 # The ``--dataset`` format DPOTrainer reads: a chosen and a rejected answer per row (the prompt beside
@@ -69,6 +69,86 @@ def keeps_reference_copy(reference_precomputed: bool, peft: bool) -> bool:
     the reference's log-probabilities (the policy computes them before training; FSDP, under which TRL still
     loads a copy for that pass, is CUDA only and not a DPO lever here)."""
     return not peft and not reference_precomputed
+
+
+def _renamed(key: str) -> Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]:
+    """The tool's key ``key`` takes the value as it is."""
+    return lambda value, _args: ({key: value}, [])
+
+
+# LLaMA-Factory's pref_loss values (llamafactory/hparams/finetuning_args.py:183-186) that are TRL's loss of
+# the same name (its CustomDPOTrainer hands them to TRL's DPO loss; orpo, simpo and kto_pair are its own).
+_LLAMA_FACTORY_TRL_LOSSES = ("sigmoid", "hinge", "ipo")
+
+
+def _llama_factory_loss(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    losses = [value] if isinstance(value, str) else list(value)
+    if len(losses) == 1 and losses[0] in _LLAMA_FACTORY_TRL_LOSSES:
+        return {"pref_loss": losses[0]}, []
+    return {}, [
+        f"LLaMA-Factory's pref_loss is one of {', '.join(_LLAMA_FACTORY_TRL_LOSSES)} as TRL has them "
+        "(finetuning_args.py:183-186), no combination of losses"
+    ]
+
+
+def _llama_factory_label_smoothing(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # LLaMA-Factory refuses dpo_label_smoothing beside any pref_loss but sigmoid (finetuning_args.py:589-590).
+    if value and list(args.get("loss_type") or ["sigmoid"]) != ["sigmoid"]:
+        return {}, ["LLaMA-Factory takes dpo_label_smoothing with the sigmoid loss only (finetuning_args.py:589-590)"]
+    return {"dpo_label_smoothing": value}, []
+
+
+# What the exports of the tools built on DPOTrainer say of it (docs/facts.md, "DPO" and "DPO export keys"): the
+# trainer's keys in each tool, its loss (written even at TRL's defaults, which the tools need not share), and
+# what each tool does otherwise; the fields of the levers (max_length from --seq-len, precompute_ref_log_probs,
+# the batch, precision, checkpointing, ...) are the levers' own.
+TOOL_EXPORT = ToolExport(
+    trl_command="dpo",  # trl/cli/commands/__init__.py:25; trl/scripts/dpo.py:137-145
+    written_fields=("beta", "loss_type"),
+    model_init=(
+        "DPOTrainer applies when it loads the model by name, and to the reference model it loads beside it "
+        "(trl/trainer/dpo_trainer.py:560-574, 915-927; trl/trainer/utils.py:1311-1341: without a dtype it loads the "
+        "weights in float32; a model you build yourself ignores them, dpo_trainer.py:575-581: build it, and its "
+        "reference, so)"
+    ),
+    tools={
+        "axolotl": ToolConfig(
+            keys={"rl": "dpo"},
+            fields={
+                "beta": _renamed("rl_beta"),  # core/builders/rl.py:122-125
+                "loss_type": lambda value, args: (
+                    {"dpo_loss_type": [value] if isinstance(value, str) else list(value)},
+                    [],
+                ),
+                "loss_weights": _renamed("dpo_loss_weights"),
+                "label_smoothing": _renamed("dpo_label_smoothing"),
+                "use_weighting": _renamed("dpo_use_weighting"),
+            },
+            source=(
+                "DPO: axolotl/utils/schemas/config.py:264-269 (rl), 308-339 (dpo_*), 1334-1337 (rl_beta); "
+                "core/trainers/dpo/__init__.py:20-46 (each to DPOConfig; sequence_len to max_length); "
+                "core/builders/rl.py:122-125"
+            ),
+        ),
+        "llama-factory": ToolConfig(
+            keys={"stage": "dpo"},  # llamafactory/hparams/finetuning_args.py:460-463
+            fields={
+                "beta": _renamed("pref_beta"),
+                "loss_type": _llama_factory_loss,
+                "label_smoothing": _llama_factory_label_smoothing,
+            },
+            source="DPO: llamafactory/hparams/finetuning_args.py:168-234 (pref_*), 460-463 (stage); train/dpo/trainer.py:44-76",
+            notes=(
+                "LLaMA-Factory's cutoff_len caps the prompt plus the longer answer, cutting the prompt and the answers "
+                "in proportion (data/processor/pairwise.py:58-60, processor_utils.py:76-88) where TRL keeps the start "
+                "of prompt + answer and drops a pair whose prompt alone fills max_length: pairs longer than "
+                "--seq-len are cut otherwise than the winner's",
+                "LLaMA-Factory's DPO collator pads each batch to a multiple of 8 tokens (train/dpo/workflow.py:48-53), "
+                "the winner's to its longest row: up to 7 padding tokens more per row",
+            ),
+        ),
+    },
+)
 
 
 class DpoTrainer:
@@ -113,6 +193,7 @@ class DpoTrainer:
     )
     applies_adapters = True  # peft_config to DPOTrainer, as `trl dpo --use_peft` (trl/scripts/dpo.py:101-108)
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
+    tool_export: ToolExport | None = TOOL_EXPORT
     exported_as: Mapping[str, str] = {
         **arguments_forms(arguments_named),
         "trl": "a `trl dpo` command line",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.trainers._kind import TrialInputs, arguments_forms
+from autotune.trainers._kind import ToolExport, TrialInputs, arguments_forms
 
 
 class HfTrainer:
@@ -40,6 +40,7 @@ class HfTrainer:
     )
     applies_adapters = False
     tool_forms: tuple[str, ...] = ()
+    tool_export: ToolExport | None = None
     exported_as: Mapping[str, str] = arguments_forms(arguments_named)
 
     def check_rows(self, columns: Sequence[str] | None) -> None:

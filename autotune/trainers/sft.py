@@ -34,7 +34,48 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.spec.models import NO_MODEL_CODE
 from autotune.spec.sft import data_format, sft_arguments, trains_untruncated, work_counted
-from autotune.trainers._kind import TrialInputs, arguments_forms
+from autotune.trainers._kind import ToolConfig, ToolExport, TrialInputs, arguments_forms
+
+
+def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # train_on_inputs: false masks the prompt; chat_template datasets train the assistant's turns by default
+    # (roles_to_train: ["assistant"], axolotl/utils/schemas/datasets.py:163-175).
+    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
+    return {"train_on_inputs": on_all}, []
+
+
+def _loss_on_llama_factory(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    # train_on_prompt: false (the default) trains the responses only (llamafactory/hparams/data_args.py:50-57).
+    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
+    return {"train_on_prompt": on_all}, []
+
+
+def _said_beside(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Said by the other loss field's mapper (the loss is one choice in two fields)."""
+    return {}, []
+
+
+# What the exports of the tools built on SFTTrainer say of it (docs/facts.md, "SFT export keys"): the loss's
+# two fields, one choice, as each tool's key; the rows are batched as the packing lever's fields say, written
+# even at TRL's default (sft_config.py:222-258).
+TOOL_EXPORT = ToolExport(
+    trl_command="sft",
+    written_fields=("packing", "padding_free"),
+    model_init=(
+        "SFTTrainer applies when it loads the model by name (trl/trainer/utils.py:1311-1341: without a dtype it "
+        "loads the weights in float32; a model you build yourself ignores them, sft_trainer.py:697-708: build it so)"
+    ),
+    tools={
+        "axolotl": ToolConfig(
+            keys={},  # axolotl trains SFT unless `rl` names another trainer
+            fields={"completion_only_loss": _loss_on_axolotl, "assistant_only_loss": _said_beside},
+        ),
+        "llama-factory": ToolConfig(
+            keys={"stage": "sft"},  # llamafactory/hparams/finetuning_args.py:460-463 (its default)
+            fields={"completion_only_loss": _loss_on_llama_factory, "assistant_only_loss": _said_beside},
+        ),
+    },
+)
 
 
 class SftTrainer:
@@ -72,6 +113,7 @@ class SftTrainer:
     batchings_refused = ""
     applies_adapters = False  # the trial wraps the model (get_peft_model), as `SFTTrainer(model=peft_model)` takes it
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")
+    tool_export: ToolExport | None = TOOL_EXPORT
     exported_as: Mapping[str, str] = {
         **arguments_forms(arguments_named),
         "trl": "a `trl sft` command line",

@@ -6,11 +6,12 @@ Every format derives from one dict, :func:`winner_arguments` (the single mapping
 ``TrainingArguments(...)`` snippet, ``accelerate`` for the part an accelerate config can carry
 (mixed precision, CPU, torch.compile); each rendered by :mod:`autotune.views.trainer_formats`.
 
-A study under ``--trainer sft`` trained TRL's ``SFTConfig``: its ``json``, ``cli`` and ``python`` are
-``SFTConfig``'s (:func:`autotune.views.sft_export.sft_config_arguments`), and three more formats say
-the same for the tools people launch (:data:`TOOL_FORMATS`, each a trainer's ``tool_forms``: ``trl
-sft``, axolotl, LLaMA-Factory). What a study's trainer exports is its trainer's answer
-(``autotune.trainers``: ``arguments_subclass``, ``tool_forms``, ``exported_as``).
+A study under ``--trainer sft`` or ``--trainer dpo`` trained TRL's ``SFTConfig`` or ``DPOConfig``: its
+``json``, ``cli`` and ``python`` are that class's (:func:`autotune.views.sft_export.config_arguments`),
+and three more formats say the same for the tools people launch (:data:`TOOL_FORMATS`, each a trainer's
+``tool_forms``: ``trl sft`` / ``trl dpo``, axolotl, LLaMA-Factory). What a study's trainer exports is its
+trainer's answer (``autotune.trainers``: ``arguments_subclass``, ``tool_forms``, ``tool_export``,
+``exported_as``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from autotune.trainers import DEFAULT, REGISTERED, TrainerKind, tool_form_owner
 from autotune.units import format_bytes
 from autotune.views.ranking import RankedTrial, study_ranking, study_trainer, winner_summary
 from autotune.views.sft_export import (
-    SftWinner,
+    ToolWinner,
+    config_arguments,
+    config_flags,
+    config_note,
     model_to_load,
-    sft_config_arguments,
-    sft_config_note,
-    sft_flags,
     trl_command,
 )
 from autotune.views.sft_tool_yaml import axolotl_yaml, llama_factory_yaml
@@ -69,9 +70,10 @@ def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:
     if fmt == "accelerate":
         return arguments
     arguments = for_the_trainer(arguments, best.result)
-    if study_trainer(study).arguments_subclass:  # the SFTConfig the trial trained with, every differing default written
+    kind = study_trainer(study)
+    if kind.arguments_subclass:  # the SFTConfig / DPOConfig the trial trained with, every differing default written
         identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
-        return sft_config_arguments(arguments, best.config, int(identity["seq_len"]), str(identity["loss_on"]))
+        return config_arguments(kind, arguments, best.config, int(identity["seq_len"]), str(identity["loss_on"]))
     return arguments
 
 
@@ -171,25 +173,25 @@ def with_precision_that_ran(arguments: dict[str, Any], result: TrialResult | Non
 
 
 def exported_as(study: optuna.Study, fmt: str) -> str:
-    """What the export in ``fmt`` holds, in words: an SFT study's arguments are ``SFTConfig``'s, which
-    ``TrainingArguments`` refuses (``assistant_only_loss``, ``max_length``, ...), a Trainer study's
-    ``TrainingArguments``'."""
+    """What the export in ``fmt`` holds, in words: an SFT study's arguments are ``SFTConfig``'s (a DPO study's
+    ``DPOConfig``'s), which ``TrainingArguments`` refuses (``assistant_only_loss``, ``max_length``, ...), a
+    Trainer study's ``TrainingArguments``'."""
     kind = study_trainer(study)
     if fmt not in kind.exported_as:  # a tool's form of another trainer, which render refuses
         kind = tool_form_owner(fmt) or kind
     return kind.exported_as[fmt]
 
 
-# The formats of the tools built on a trainer (TRL's SFTTrainer: trl, axolotl, LLaMA-Factory): a study
-# of that trainer only.
-TOOL_FORMATS = tuple(fmt for kind in REGISTERED for fmt in kind.tool_forms)
+# The formats of the tools built on a trainer (TRL's SFTTrainer and DPOTrainer: trl, axolotl, LLaMA-Factory):
+# a study of such a trainer only.
+TOOL_FORMATS = tuple(dict.fromkeys(fmt for kind in REGISTERED for fmt in kind.tool_forms))
 FORMATS = ("json", "cli", "python", "accelerate", *TOOL_FORMATS)
 DEFAULT_OUT = {
     "json": "best_args.json",
     "cli": "best_args.txt",
     "python": "best_args.py",
     "accelerate": "accelerate_config.yaml",
-    "trl": "best_trl_sft.sh",
+    "trl": "best_trl.sh",
     "axolotl": "best_axolotl.yaml",
     "llama-factory": "best_llama_factory.yaml",
 }
@@ -236,7 +238,7 @@ def ranks_of(study: optuna.Study | None) -> int:
 def model_loading_note(best: RankedTrial, trainer: TrainerKind = DEFAULT) -> str | None:
     """What the winner depends on that its arguments do not say (the model build, the data collator,
     what TRL requires of the rows): each lever's own note (``autotune.levers``). Under SFT the model's
-    build is in the arguments' ``model_init_kwargs`` (:func:`autotune.views.sft_export.sft_config_note`)."""
+    build is in the arguments' ``model_init_kwargs`` (:func:`autotune.views.sft_export.config_note`)."""
     notes = [
         lever.export_note(getattr(best.config, lever.name))
         for lever in LEVERS.values()
@@ -337,7 +339,9 @@ def export_notes(
     trainer = study_trainer(study)
     found = (
         launch_note(ranks_of(study), _trains_with_deepspeed(study, best)),
-        sft_config_note(winner_arguments(study, "json")) if study is not None and trainer.arguments_subclass else None,
+        config_note(trainer, winner_arguments(study, "json"))
+        if study is not None and trainer.arguments_subclass
+        else None,
         model_loading_note(best, trainer),
         allocator_note(best),
         compile_environment_note(best),
@@ -383,58 +387,58 @@ def provenance_of(
 
 
 def render(
-    arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1, sft: SftWinner | None = None
+    arguments: dict[str, Any], fmt: str, provenance: str = "", ranks: int = 1, tool: ToolWinner | None = None
 ) -> str:
-    """The text of ``arguments`` in one of :data:`FORMATS`; ``sft``: the winner of an SFT study, whose
-    arguments are ``SFTConfig``'s (the formats of :data:`TOOL_FORMATS` need it).
+    """The text of ``arguments`` in one of :data:`FORMATS`; ``tool``: the winner of a study of a TRL trainer,
+    whose arguments are its class's (``SFTConfig``, ``DPOConfig``; the formats of :data:`TOOL_FORMATS` need it).
 
     Raises:
-        AutotuneError: An unknown format, or an SFT tool's format for a study of the Trainer.
+        AutotuneError: An unknown format, or a tool's format for a study of a trainer without it.
     """
-    if fmt in TOOL_FORMATS and sft is None:
+    if fmt in TOOL_FORMATS and tool is None:
+        owners = [kind for kind in REGISTERED if fmt in kind.tool_forms]
         raise AutotuneError(
-            f"--format {fmt} writes a TRL SFTTrainer run, and this study trained the transformers Trainer "
-            "(search with --trainer sft for it); use json, cli, python or accelerate"
+            f"--format {fmt} writes a run of {' or '.join(k.words for k in owners)}, and this study trained another "
+            f"trainer (search with --trainer {' or '.join(k.name for k in owners)}); use json, cli, python or accelerate"
         )
     if fmt == "json":
         return json_text(arguments)
     if fmt == "cli":
-        if sft is not None:
-            return shell_line(sft_flags(arguments))
+        if tool is not None:
+            return shell_line(config_flags(tool.kind, arguments))
         return cli_flags(arguments)
     if fmt == "python":
-        if sft is None:
+        if tool is None:
             return python_snippet(arguments, provenance)
-        model_note = [sft.model_note] if sft.model_note else []
-        return python_snippet(
-            arguments, "\n".join([*provenance.splitlines(), *model_note]), sft.arguments_path, sft.model
-        )
-    if sft is not None and fmt in TOOL_FORMATS:
-        tool = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
-        return tool(dataclasses.replace(sft, arguments=arguments, provenance=provenance))
+        model_note = [tool.model_note] if tool.model_note else []
+        header = "\n".join([*provenance.splitlines(), *model_note])
+        return python_snippet(arguments, header, tool.kind.arguments_path, tool.model, tool.kind.trainer_class)
+    if tool is not None and fmt in TOOL_FORMATS:
+        form = {"trl": trl_command, "axolotl": axolotl_yaml, "llama-factory": llama_factory_yaml}[fmt]
+        return form(dataclasses.replace(tool, arguments=arguments, provenance=provenance))
     if fmt == "accelerate":
         return accelerate_config(arguments, provenance, ranks)
     raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
 
 
-def sft_winner(
+def tool_winner(
     study: optuna.Study, arguments: dict[str, Any], environment: dict[str, str] | None = None
-) -> SftWinner | None:
-    """What the SFT tools' formats need of an SFT study's winner (``environment``: what it trained in
-    beyond its arguments, :func:`compile_environment`); ``None`` for a study of the Trainer."""
+) -> ToolWinner | None:
+    """What the tools' formats need of the winner of a study of a TRL trainer (``environment``: what it
+    trained in beyond its arguments, :func:`compile_environment`); ``None`` for a study of the Trainer."""
     kind = study_trainer(study)
-    if not kind.tool_forms:
+    if kind.tool_export is None:
         return None
     identity = study.user_attrs.get(schema.STUDY_IDENTITY) or {}
     model, model_note = model_to_load(str(identity.get("model")))
-    return SftWinner(
+    return ToolWinner(
+        kind=kind,
         arguments=arguments,
         model=model,
         dataset=str(identity.get("dataset")),
         loss_on=str(identity.get("loss_on")),
         peft=_peft_identity(study),
         model_note=model_note,
-        arguments_path=kind.arguments_path,
         environment=environment or {},
     )
 
@@ -457,7 +461,7 @@ def export_winner(study: optuna.Study, fmt: str, destination: Destination, run_t
         fmt,
         provenance_of(study, best, out, fmt, run_time),
         ranks_of(study),
-        sft_winner(study, arguments, compile_environment(best)),
+        tool_winner(study, arguments, compile_environment(best)),
     )
     files[out] = text
     if destination.side_files:

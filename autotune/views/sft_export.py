@@ -1,22 +1,26 @@
-"""The winner of an SFT study (``--trainer sft``) in the forms people launch it: TRL's ``SFTConfig``
-JSON, the ``trl sft`` command line, axolotl and LLaMA-Factory YAML fragments (those two in
-:mod:`autotune.views.sft_tool_yaml`).
+"""The winner of a study of a TRL trainer (``--trainer sft``, ``--trainer dpo``) in the forms people launch
+it: TRL's arguments class as JSON (``SFTConfig``, ``DPOConfig``), the ``trl sft`` / ``trl dpo`` command line,
+axolotl and LLaMA-Factory YAML fragments (those two in :mod:`autotune.views.sft_tool_yaml`).
 
-One dict is the source of all four, :func:`sft_config_arguments`: the ``SFTConfig`` keyword arguments
-the winner's trial trained with (``autotune.trainers.sft``: the levers', the user's ``--base-args``, the
-loss and ``max_length``), with every field whose ``SFTConfig`` default differs from
+One dict is the source of all four, :func:`config_arguments`: the keyword arguments of the trainer's
+arguments class the winner's trial trained with (the trainer's ``trial_arguments``: the levers', the user's
+``--base-args``, SFT's loss, ``max_length``), with every field whose default in that class differs from
 ``TrainingArguments``' written out, and the model's build (weight dtype, attention kernel) as
-``model_init_kwargs``, which SFTTrainer applies when it loads the model by name
-(trl/trainer/sft_trainer.py:544-547, trl/trainer/utils.py:1311-1341: without a ``dtype`` it loads fp32).
+``model_init_kwargs``, which TRL's trainers apply when they load the model by name
+(trl/trainer/utils.py:1311-1341: without a ``dtype`` it loads fp32).
 
-The other three tools name the same knobs differently (docs/facts.md, "SFT export keys", with the
-sources): each fragment maps every field of that dict to the tool's key, or writes one comment line
-saying the tool cannot express it. Nothing is dropped silently.
+What differs between the trainers is the trainer's to say (``autotune.trainers``: ``arguments_path``,
+``tool_export``: the ``trl`` subcommand, the fields written even at their default, each tool's keys that
+choose the trainer and name its own fields). The other tools name the same knobs differently
+(docs/facts.md, "SFT export keys", "DPO export keys", with the sources): each fragment maps every field of
+that dict to the tool's key, or writes one comment line saying the tool cannot express it. Nothing is
+dropped silently.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import tempfile
 import warnings
@@ -26,53 +30,52 @@ from typing import Any
 from autotune.levers import TrialConfig, model_build_kwargs, with_levers_off_explicit
 from autotune.levers.memory_savers import checkpointing_field
 from autotune.spec.models import catalog_hub_id, catalog_name_of
-from autotune.spec.sft import sft_arguments
-from autotune.trainers.sft import SFT
+from autotune.trainers import ToolExport, TrainerKind, class_named
 from autotune.views.text import comment_lines, shell_line
 
-# The SFT fields written even where the winner left them at TRL's default: what decides how the
-# rows are batched (sft_config.py:222-258).
-_SFT_BATCHING_FIELDS = ("packing", "padding_free")
-# Where the sources of the trl command's keys are (docs/facts.md, "SFT export keys", has the lines).
-TRL_SOURCE = (
-    "trl 1.16 `trl sft` (trl/scripts/sft.py:131-139: ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig)"
-)
 
-
-def arguments_defaults_differ() -> list[str]:
-    """The fields whose declared default differs between ``TrainingArguments`` and ``SFTConfig``
-    (trl/trainer/base_config.py:54-75, :107-108; sft_config.py:139-143): learning_rate, logging_steps,
-    bf16 and gradient checkpointing in TRL 1.16."""
+def arguments_defaults_differ(arguments_class: type) -> list[str]:
+    """The fields whose declared default differs between ``TrainingArguments`` and ``arguments_class``
+    (trl/trainer/base_config.py:54-75, :107-108; sft_config.py:139-143; dpo_config.py:156-161): learning_rate,
+    logging_steps, bf16 and gradient checkpointing in TRL 1.16's SFTConfig and DPOConfig."""
     from transformers import TrainingArguments
-    from trl import SFTConfig
 
     plain = {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
-    return sorted(f.name for f in dataclasses.fields(SFTConfig) if f.name in plain and plain[f.name] != f.default)
+    return sorted(f.name for f in dataclasses.fields(arguments_class) if f.name in plain and plain[f.name] != f.default)
 
 
-def sft_config_arguments(trained: dict[str, Any], config: TrialConfig, seq_len: int, loss_on: str) -> dict[str, Any]:
-    """``SFTConfig(**it)`` trains as the winner's trial did.
+def tool_export(kind: TrainerKind) -> ToolExport:
+    """What the tools' forms say of ``kind``, a trainer that has them (:attr:`TrainerKind.tool_export`)."""
+    assert kind.tool_export is not None, f"{kind.words} has no tools' export forms"
+    return kind.tool_export
+
+
+def config_arguments(
+    kind: TrainerKind, trained: dict[str, Any], config: TrialConfig, seq_len: int, loss_on: str
+) -> dict[str, Any]:
+    """``<the trainer's arguments class>(**it)`` trains as the winner's trial did.
 
     Args:
+        kind: The study's trainer (an arguments class whose defaults differ: ``arguments_subclass``).
         trained: The ``TrainingArguments`` keyword arguments of the winner (its levers', the user's
             ``--base-args``, ``use_cpu``), as :func:`autotune.views.export.trained_arguments` gives them.
         config: The winner's lever values (its model build goes to ``model_init_kwargs``).
         seq_len: The study's ``--seq-len`` (``max_length`` unless a lever set it).
         loss_on: The study's ``--loss-on``.
     """
-    from trl import SFTConfig
-
-    arguments = sft_arguments(with_levers_off_explicit(trained, SFTConfig), seq_len, loss_on)
+    arguments_class = class_named(kind.arguments_path)
+    arguments = kind.trial_arguments(with_levers_off_explicit(trained, arguments_class), seq_len, loss_on)
     # gradient_checkpointing is transformers 5.23's deprecated alias of the checkpointing field the lever writes.
     checkpointing = checkpointing_field()
-    explicit = [f for f in (*arguments_defaults_differ(), *_SFT_BATCHING_FIELDS) if f not in arguments]
+    written = (*arguments_defaults_differ(arguments_class), *tool_export(kind).written_fields)
+    explicit = [f for f in written if f not in arguments]
     explicit = [f for f in explicit if f not in ("gradient_checkpointing", "activation_checkpointing")]
     if explicit:
-        # Resolved as SFTConfig resolves them (bf16 follows fp16: base_config.py:108), from the fields they depend on.
+        # Resolved as the class resolves them (bf16 follows fp16: base_config.py:108), from the fields they depend on.
         depends = {k: arguments[k] for k in ("bf16", "fp16", checkpointing) if k in arguments}
         with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            resolved = SFTConfig(output_dir=scratch, use_cpu=True, **depends)
+            resolved = arguments_class(output_dir=scratch, use_cpu=True, **depends)
         arguments.update({f: getattr(resolved, f) for f in explicit})
     if checkpointing not in arguments:
         arguments[checkpointing] = False
@@ -80,15 +83,15 @@ def sft_config_arguments(trained: dict[str, Any], config: TrialConfig, seq_len: 
     return dict(sorted(arguments.items()))
 
 
-def sft_config_note(arguments: Mapping[str, Any]) -> str:
-    """What the exported SFTConfig says that a TrainingArguments reader would miss."""
-    differing = ", ".join(f"{f}={arguments[f]!r}" for f in arguments_defaults_differ() if f in arguments)
+def config_note(kind: TrainerKind, arguments: Mapping[str, Any]) -> str:
+    """What the exported arguments (``SFTConfig``, ``DPOConfig``) say that a TrainingArguments reader would miss."""
+    cls = kind.arguments_path.partition(":")[2]
+    differing_fields = arguments_defaults_differ(class_named(kind.arguments_path))
+    differing = ", ".join(f"{f}={arguments[f]!r}" for f in differing_fields if f in arguments)
     return (
-        f"SFTConfig's defaults differ from TrainingArguments' ({', '.join(arguments_defaults_differ())}): the export "
+        f"{cls}'s defaults differ from TrainingArguments' ({', '.join(differing_fields)}): the export "
         f"writes them as the winner trained ({differing}); the model's dtype and attention are in model_init_kwargs "
-        f"({json.dumps(arguments.get('model_init_kwargs') or {}, sort_keys=True)}), which SFTTrainer applies when "
-        "it loads the model by name (trl/trainer/utils.py:1311-1341: without a dtype it loads the weights in float32; "
-        "a model you build yourself ignores them, sft_trainer.py:697-708: build it so)"
+        f"({json.dumps(arguments.get('model_init_kwargs') or {}, sort_keys=True)}), which {tool_export(kind).model_init}"
     )
 
 
@@ -112,12 +115,13 @@ def model_to_load(name: str) -> tuple[str, str | None]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SftWinner:
-    """What the tools' forms need of the winner: its ``SFTConfig`` arguments (:func:`sft_config_arguments`),
+class ToolWinner:
+    """What the tools' forms need of the winner: its trainer, its arguments (:func:`config_arguments`),
     the study's model (as a tool loads it: :func:`model_to_load`, with its line), data, loss and adapters,
     and the environment it trained in beyond its arguments (``ACCELERATE_DYNAMO_USE_DYNAMIC``: the command
     line sets it, the YAML forms' notes say it)."""
 
+    kind: TrainerKind
     arguments: dict[str, Any]
     model: str
     dataset: str
@@ -125,18 +129,17 @@ class SftWinner:
     peft: dict[str, Any] | None = None
     provenance: str = ""
     model_note: str | None = None
-    arguments_path: str = SFT.arguments_path
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def header_lines(winner: SftWinner, source: str) -> list[str]:
+def header_lines(winner: ToolWinner, source: str) -> list[str]:
     """The comment lines at the top of each tool's form: the provenance, the model it loads where that
     is not the name the study was given, and where its keys come from."""
     model = [winner.model_note] if winner.model_note else []
     return comment_lines([*winner.provenance.splitlines(), *model, f"keys from {source}"])
 
 
-# ---- trl sft ----------------------------------------------------------------------------------------
+# ---- trl sft / trl dpo ------------------------------------------------------------------------------
 
 _TRL_MODEL_ARGS = {"dtype": "dtype", "attn_implementation": "attn_implementation"}  # ModelConfig fields
 # LoraConfig key -> ModelConfig flag (trl/trainer/model_config.py:103-178).
@@ -153,11 +156,19 @@ _TRL_LORA = {
 }
 
 
-def _trl_parser_actions() -> dict[str, Any]:
-    """``trl sft``'s own parser (trl/scripts/sft.py:131-139), its actions by field name."""
-    from trl.scripts.sft import make_parser
+def trl_source(kind: TrainerKind) -> str:
+    """Where the ``trl`` command's keys of ``kind`` come from (docs/facts.md has the lines)."""
+    command, cls = tool_export(kind).trl_command, kind.arguments_path.partition(":")[2]
+    return (
+        f"trl 1.16 `trl {command}` (trl/scripts/{command}.py, make_parser: ScriptArguments, {cls}, ModelConfig, "
+        "DatasetMixtureConfig)"
+    )
 
-    parser = make_parser()
+
+def _trl_parser_actions(kind: TrainerKind) -> dict[str, Any]:
+    """``trl sft``'s or ``trl dpo``'s own parser (trl/scripts/sft.py:131-139, dpo.py:137-145), its actions by
+    field name."""
+    parser = importlib.import_module(f"trl.scripts.{tool_export(kind).trl_command}").make_parser()
     return {a.dest: a for a in parser._actions if f"--{a.dest}" in a.option_strings}
 
 
@@ -179,30 +190,31 @@ def _flag(name: str, value: Any, actions: Mapping[str, Any]) -> list[str]:
     return [f"--{name}", str(value)]
 
 
-def sft_flags(arguments: Mapping[str, Any]) -> list[str]:
-    """``arguments`` as the flags of a script that parses ``SFTConfig`` (``HfArgumentParser`` /
-    ``TrlParser``), ``model_init_kwargs`` as JSON (a dict field SFTConfig parses, sft_config.py:137)."""
-    actions = _trl_parser_actions()
+def config_flags(kind: TrainerKind, arguments: Mapping[str, Any]) -> list[str]:
+    """``arguments`` as the flags of a script that parses ``kind``'s arguments class (``HfArgumentParser`` /
+    ``TrlParser``), ``model_init_kwargs`` as JSON (a dict field SFTConfig and DPOConfig parse)."""
+    actions = _trl_parser_actions(kind)
     return [token for name, value in arguments.items() for token in _flag(name, value, actions)]
 
 
-def trl_command(winner: SftWinner) -> str:
-    """The ``trl sft`` command line: every SFTConfig argument a flag, the model's dtype and attention
-    ModelConfig's ``--dtype`` / ``--attn_implementation`` (trl/scripts/sft.py:76-84 puts them in
+def trl_command(winner: ToolWinner) -> str:
+    """The ``trl sft`` / ``trl dpo`` command line: every argument a flag, the model's dtype and attention
+    ModelConfig's ``--dtype`` / ``--attn_implementation`` (trl/scripts/sft.py:76-84, dpo.py:74-82 put them in
     ``model_init_kwargs``), the adapters its ``--use_peft --lora_*`` flags."""
-    actions = _trl_parser_actions()
+    command = tool_export(winner.kind).trl_command
+    actions = _trl_parser_actions(winner.kind)
     unsaid: list[str] = []
     environment = [f"{name}={value}" for name, value in sorted(winner.environment.items())]
     tokens = [
         *environment,
         "trl",
-        "sft",
+        command,
         "--model_name_or_path",
         winner.model,
         "--dataset_name",
         "./data",
         "--output_dir",
-        "sft-out",
+        f"{command}-out",
     ]
     model_init = dict(winner.arguments.get("model_init_kwargs") or {})
     for key, flag in _TRL_MODEL_ARGS.items():
@@ -215,20 +227,20 @@ def trl_command(winner: SftWinner) -> str:
         elif name in actions:
             tokens += _flag(name, value, actions)
         else:
-            unsaid.append(f"{name}={value!r}: `trl sft` has no flag for it")
+            unsaid.append(f"{name}={value!r}: `trl {command}` has no flag for it")
     if winner.peft is not None:
         tokens += ["--use_peft", "true"]
         for key, value in winner.peft.get("adapter_config", {}).items():
             if key in _TRL_LORA:
                 tokens += _flag(_TRL_LORA[key], value, actions)
             else:
-                unsaid.append(f"LoRA {key}={value!r}: `trl sft` has no flag for it (ModelConfig)")
+                unsaid.append(f"LoRA {key}={value!r}: `trl {command}` has no flag for it (ModelConfig)")
         if winner.peft.get("quantize") == "4bit":
             tokens += ["--load_in_4bit", "true", "--bnb_4bit_quant_type", "nf4"]
-    lines = header_lines(winner, TRL_SOURCE)
+    lines = header_lines(winner, trl_source(winner.kind))
     lines += comment_lines(
         [
-            f"data: the study trained on {winner.dataset}; `trl sft --dataset_name` loads a directory "
+            f"data: the study trained on {winner.dataset}; `trl {command} --dataset_name` loads a directory "
             "(datasets.load_dataset): put the rows in ./data/train.jsonl",
             *(f"not expressible: {line}" for line in unsaid),
         ]

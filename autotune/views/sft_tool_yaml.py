@@ -1,7 +1,9 @@
-"""An SFT study's winner as axolotl and LLaMA-Factory YAML fragments: each field of its ``SFTConfig``
-arguments (:func:`autotune.views.sft_export.sft_config_arguments`) mapped to the tool's key, or named in
-a ``not expressible`` comment line; nothing is dropped silently (docs/facts.md, "SFT export keys", with
-the sources).
+"""The winner of a study of a TRL trainer (SFT, DPO) as axolotl and LLaMA-Factory YAML fragments: the keys that
+choose the trainer in the tool (its ``tool_export``: axolotl's ``rl: dpo``, LLaMA-Factory's ``stage``), then each
+field of its arguments (:func:`autotune.views.sft_export.config_arguments`) mapped to the tool's key, or named in
+a ``not expressible`` comment line; nothing is dropped silently (docs/facts.md, "SFT export keys", "DPO export
+keys", with the sources). A field's mapper is its lever's (``Lever.tool_keys``), the trainer's for its own fields
+(``ToolConfig.fields``), else one below, common to the trainers.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from typing import Any
 
 import yaml
 
-from autotune.levers import NOTE, Mapper, lever_tool_keys, nothing, same
-from autotune.views.sft_export import SftWinner, comment_lines, header_lines
+from autotune.levers import NOTE, Mapper, lever_tool_keys, same
+from autotune.trainers import TrainerKind
+from autotune.views.sft_export import ToolWinner, comment_lines, header_lines, tool_export
 
 # Where the sources of each fragment's keys are (docs/facts.md, "SFT export keys", has the lines).
 AXOLOTL_SOURCE = (
@@ -30,28 +33,39 @@ LLAMA_FACTORY_SOURCE = (
 # ---- YAML fragments ---------------------------------------------------------------------------------
 
 # The keys of the lever fields are the levers' own (``Lever.tool_keys``: each field a mapper, or why the tool
-# cannot express it); those below are the fields no lever writes: the user's and TRL's defaults, the
-# SFT trainer's loss, the model's build (``model_init_kwargs``) and the device.
+# cannot express it), those of the trainer's own fields the trainer's (SFT's loss, DPO's beta); those below
+# are the fields no lever writes of every TRL trainer: TRL's defaults, the model's build
+# (``model_init_kwargs``) and the device.
+
+
+def tool_mappers(kind: TrainerKind, tool: str) -> dict[str, Mapper]:
+    """Every field the fragment of ``tool`` maps under ``kind``, by field: the levers', the common ones
+    (:data:`AXOLOTL_KEYS`, :data:`LLAMA_FACTORY_KEYS`), the trainer's own."""
+    common = {"axolotl": AXOLOTL_KEYS, "llama-factory": LLAMA_FACTORY_KEYS}[tool]
+    return {**common, **tool_export(kind).tools[tool].fields}
 
 
 def _fragment(
-    winner: SftWinner,
+    winner: ToolWinner,
     tool: str,
     source: str,
     model_key: str,
-    mappers: Mapping[str, Mapper],
+    form: str,
     passthrough: bool,
     adapters: Callable[[Mapping[str, Any] | None], tuple[dict[str, Any], list[str]]],
 ) -> str:
-    """The YAML fragment: the model under ``model_key`` (the name the tool loads it by); each argument
-    through its mapper; without one, the same key where the tool takes every ``TrainingArguments``
-    field (``passthrough``: LLaMA-Factory), else a comment line."""
+    """The YAML fragment of the export form ``form``: the keys that choose the trainer, the model under
+    ``model_key`` (the name the tool loads it by); each argument through its mapper; without one, the same
+    key where the tool takes every ``TrainingArguments`` field (``passthrough``: LLaMA-Factory), else a
+    comment line; the trainer's notes on the tool."""
     from transformers import TrainingArguments
 
     plain_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    keys: dict[str, Any] = {model_key: winner.model}
+    trainer_tool = tool_export(winner.kind).tools[form]
+    mappers = tool_mappers(winner.kind, form)
+    keys: dict[str, Any] = {**trainer_tool.keys, model_key: winner.model}
     unsaid: list[str] = []
-    notes: list[str] = []
+    notes: list[str] = list(trainer_tool.notes)
     for name, value in winner.arguments.items():
         if name in mappers:
             said, comments = mappers[name](value, winner.arguments)
@@ -65,7 +79,7 @@ def _fragment(
     adapter_keys, adapter_comments = adapters(winner.peft)
     keys.update(adapter_keys)
     unsaid += adapter_comments
-    lines = header_lines(winner, source)
+    lines = header_lines(winner, "; ".join(filter(None, (source, trainer_tool.source))))
     lines += comment_lines([f"note: {line}" for line in notes])
     lines += comment_lines([f"not expressible: {line}" for line in unsaid])
     return "\n".join(lines) + "\n" + yaml.safe_dump(keys, sort_keys=False)
@@ -90,19 +104,10 @@ def _axolotl_attention(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, A
     return keys, comments
 
 
-def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    # train_on_inputs: false masks the prompt; chat_template datasets train the assistant's turns by default
-    # (roles_to_train: ["assistant"], schemas/datasets.py:163-175).
-    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
-    return {"train_on_inputs": on_all}, []
-
-
 AXOLOTL_KEYS: dict[str, Mapper] = {
     **lever_tool_keys("axolotl"),
     "learning_rate": same("learning_rate"),
     "logging_steps": same("logging_steps"),
-    "completion_only_loss": _loss_on_axolotl,
-    "assistant_only_loss": nothing,
     "model_init_kwargs": _axolotl_attention,
     "use_cpu": lambda value, args: (
         {},
@@ -111,11 +116,11 @@ AXOLOTL_KEYS: dict[str, Mapper] = {
 }
 
 
-def axolotl_yaml(winner: SftWinner) -> str:
-    """An axolotl config fragment of the winner's model (``base_model``) and knobs, to merge into a
-    config that names ``datasets`` (``type: chat_template``)."""
+def axolotl_yaml(winner: ToolWinner) -> str:
+    """An axolotl config fragment of the winner's trainer (``rl: dpo`` under DPO), model (``base_model``) and
+    knobs, to merge into a config that names ``datasets``."""
     return _fragment(
-        winner, "axolotl", AXOLOTL_SOURCE, "base_model", AXOLOTL_KEYS, passthrough=False, adapters=_axolotl_peft
+        winner, "axolotl", AXOLOTL_SOURCE, "base_model", "axolotl", passthrough=False, adapters=_axolotl_peft
     )
 
 
@@ -166,29 +171,22 @@ def _lf_model_init(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any],
     return keys, comments
 
 
-def _lf_loss_on(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    # train_on_prompt: false (the default) trains the responses only (hparams/data_args.py:50-57).
-    on_all = not args.get("completion_only_loss") and not args.get("assistant_only_loss")
-    return {"train_on_prompt": on_all}, []
-
-
 LLAMA_FACTORY_KEYS: dict[str, Mapper] = {
     **lever_tool_keys("llama-factory"),
-    "completion_only_loss": _lf_loss_on,
-    "assistant_only_loss": nothing,
     "model_init_kwargs": _lf_model_init,
 }
 
 
-def llama_factory_yaml(winner: SftWinner) -> str:
-    """A LLaMA-Factory config fragment of the winner's model (``model_name_or_path``) and knobs
-    (``llamafactory-cli train``), to merge into a config that names ``stage: sft``, ``dataset`` and ``template``."""
+def llama_factory_yaml(winner: ToolWinner) -> str:
+    """A LLaMA-Factory config fragment of the winner's stage (``stage: sft``, ``stage: dpo``), model
+    (``model_name_or_path``) and knobs (``llamafactory-cli train``), to merge into a config that names
+    ``dataset`` and ``template``."""
     return _fragment(
         winner,
         "LLaMA-Factory",
         LLAMA_FACTORY_SOURCE,
         "model_name_or_path",
-        LLAMA_FACTORY_KEYS,
+        "llama-factory",
         passthrough=True,
         adapters=_lf_peft,
     )

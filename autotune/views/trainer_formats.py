@@ -1,7 +1,7 @@
 """The winner's arguments as text, one function a format: ``json``, ``cli`` (``HfArgumentParser``
-flags), ``python`` (a ``TrainingArguments(...)`` or ``SFTConfig(...)`` call) and ``accelerate`` (an
-``accelerate launch`` config). :func:`autotune.views.export.render` picks one; the SFT tools' formats are
-:mod:`autotune.views.sft_export`'s.
+flags), ``python`` (a ``TrainingArguments(...)``, ``SFTConfig(...)`` or ``DPOConfig(...)`` call) and
+``accelerate`` (an ``accelerate launch`` config). :func:`autotune.views.export.render` picks one; the TRL
+tools' formats are :mod:`autotune.views.sft_export`'s.
 """
 
 from __future__ import annotations
@@ -81,11 +81,12 @@ def python_snippet(
     provenance: str = "",
     arguments_path: str = DEFAULT.arguments_path,
     model: str | None = None,
+    trainer_class: str = DEFAULT.trainer_class,
 ) -> str:
     """The ``python`` format: a ``TrainingArguments(...)`` call (TRL's ``SFTConfig(...)`` for an SFT
     study: ``arguments_path``, the study's trainer's ``module:Class``) with every argument as a literal;
-    ``model``: the name an SFT study's model loads by, which ``SFTTrainer(model=...)`` takes (it applies
-    the arguments' ``model_init_kwargs`` then)."""
+    ``model``: the name a TRL study's model loads by, which its trainer (``trainer_class``: ``SFTTrainer``,
+    ``DPOTrainer``) takes as ``model=...`` (it applies the arguments' ``model_init_kwargs`` then)."""
     module, _, name = arguments_path.partition(":")
     lines = comment_lines([provenance] if provenance else [])
     lines += [
@@ -98,7 +99,8 @@ def python_snippet(
     lines.append(")")
     if model is not None:
         lines += [
-            "# SFTTrainer(model=model_name, args=training_args, ...) loads it with model_init_kwargs.",
+            f"# {trainer_class.partition(':')[2]}(model=model_name, args=training_args, ...) loads it with "
+            "model_init_kwargs.",
             f"model_name = {model!r}",
         ]
     return "\n".join(lines) + "\n"

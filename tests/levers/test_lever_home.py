@@ -195,7 +195,10 @@ ALLOWED = {
     # The keys of SFTConfig and of its model_init_kwargs that the SFT export translates into other tools'
     # keys (trl sft flags, axolotl, LLaMA-Factory): the arguments' fields, written by the levers' own
     # to_training_args / to_model_build; the export reads them, never a lever.
-    *(("autotune/views/sft_export.py", name) for name in ("packing", "dtype", "attn_implementation")),
+    *(("autotune/views/sft_export.py", name) for name in ("dtype", "attn_implementation")),
+    # The fields SFTTrainer's exports write even at TRL's default (its ToolExport.written_fields): data on the
+    # trainer that the export reads, never a lever's rule.
+    ("autotune/trainers/sft.py", "packing"),
     *(("autotune/views/sft_tool_yaml.py", name) for name in ("dtype", "attn_implementation")),
 }
 
@@ -373,11 +376,12 @@ ALLOWED_FIELDS = {
     ("autotune/trainers/sft.py", "padding_free"): "TRL's collator's keyword, the collator the packing lever probes",
     ("autotune/views/export.py", "deepspeed"): "the DeepSpeed config written beside the export, named by path",
     ("autotune/views/export.py", "tf32"): "the precision that ran made explicit (with_precision_that_ran)",
-    # SFTConfig's resolution of the fields whose defaults differ from TrainingArguments' (bf16 follows fp16).
+    # The resolution of the fields whose defaults differ from TrainingArguments' (bf16 follows fp16).
     **{
-        ("autotune/views/sft_export.py", field): "SFTConfig's defaults resolved as SFTConfig resolves them"
-        for field in ("packing", "padding_free", "bf16", "fp16", "gradient_checkpointing", "activation_checkpointing")
+        ("autotune/views/sft_export.py", field): "SFTConfig's and DPOConfig's defaults resolved as they resolve them"
+        for field in ("bf16", "fp16", "gradient_checkpointing", "activation_checkpointing")
     },
+    ("autotune/trainers/sft.py", "packing"): "the batching fields SFTTrainer's exports write even at TRL's default",
     # axolotl's weights' dtype follows bf16/fp16 (the model build's mapper, which no single lever owns).
     **{("autotune/views/sft_tool_yaml.py", field): "the weights' dtype under autocast" for field in ("bf16", "fp16")},
     # The accelerate config: what of the arguments an accelerate launch config can carry.

@@ -25,6 +25,21 @@ def test_each_trainer_answers_the_protocol():
         assert set(kind.exported_as) >= {"json", "cli", "python", *kind.tool_forms}
 
 
+def test_a_trainer_with_tools_forms_says_what_each_holds():
+    """A trainer with the tools' forms has their ``tool_export`` (and one without, none): a ``trl`` subcommand
+    TRL has, the words of its ``trl`` form naming it, and each YAML tool's keys."""
+    import importlib.util
+
+    for kind in trainers.REGISTERED:
+        assert (kind.tool_export is None) is (not kind.tool_forms), kind.name
+        if kind.tool_export is None:
+            continue
+        command = kind.tool_export.trl_command
+        assert importlib.util.find_spec(f"trl.scripts.{command}") is not None
+        assert f"`trl {command}`" in kind.exported_as["trl"]
+        assert set(kind.tool_export.tools) == set(kind.tool_forms) - {"trl"}
+
+
 def test_an_unknown_trainer_is_refused_naming_the_known_ones():
     with pytest.raises(AutotuneError, match="--trainer ppo: choose one of trainer, sft, dpo"):
         get("ppo")

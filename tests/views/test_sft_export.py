@@ -40,9 +40,11 @@ def sft_study(
     model: str = "llama-tiny",
     device_kind: str = "cpu",
     runtime: dict | None = None,
+    trainer: str = "sft",
 ):
-    """An in-memory study of one feasible SFT trial of ``config``, as the search records it (``runtime``:
-    what its child read back, ``TrialResult.runtime``)."""
+    """An in-memory study of one feasible trial of ``config`` under ``trainer`` (SFT; DPO for
+    tests/views/test_dpo_export.py), as the search records it (``runtime``: what its child read back,
+    ``TrialResult.runtime``)."""
     import optuna
     from optuna.distributions import CategoricalDistribution
 
@@ -59,7 +61,7 @@ def sft_study(
         "dataset": "chat.jsonl ('messages' 200 rows)",
         "base_args": base_args or {},
         "peft": peft,
-        "trainer": "sft",
+        "trainer": trainer,
         "loss_on": loss_on,
     }
     study.set_user_attr(schema.STUDY_IDENTITY, identity)
@@ -137,7 +139,7 @@ def test_the_trl_sft_command_parses_with_trls_own_parser_into_the_same_sftconfig
     config = CONFIGS[name]
     study = sft_study(config, loss_on="assistant", peft=peft)
     exported = winner_arguments(study)
-    text = render(exported, "trl", sft=sft_export_winner(study, exported))
+    text = render(exported, "trl", tool=sft_export_winner(study, exported))
     command = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(command) == 1
     tokens = shlex.split(command[0])
@@ -157,14 +159,14 @@ def test_the_trl_sft_command_parses_with_trls_own_parser_into_the_same_sftconfig
 
 
 def sft_export_winner(study, arguments):
-    from autotune.views.export import sft_winner
+    from autotune.views.export import tool_winner
 
-    return sft_winner(study, arguments)
+    return tool_winner(study, arguments)
 
 
 def fragment(study, fmt: str) -> tuple[dict, list[str]]:
     arguments = winner_arguments(study)
-    text = render(arguments, fmt, "provenance line", sft=sft_export_winner(study, arguments))
+    text = render(arguments, fmt, "provenance line", tool=sft_export_winner(study, arguments))
     comments = [line for line in text.splitlines() if line.startswith("#")]
     return yaml.safe_load(text), comments
 
@@ -205,29 +207,39 @@ def test_the_llama_factory_fragment_holds_the_knobs_under_its_keys_and_says_what
     assert (packed["finetuning_type"], packed["lora_rank"], packed["lora_target"]) == ("lora", 8, "q_proj,v_proj")
 
 
+def unsaid_fields(study, fmt: str, comments: list[str], keys: dict) -> list[str]:
+    """The winner's arguments that the fragment in ``fmt`` neither maps (a mapper of the study's trainer, or
+    LLaMA-Factory's key of the same name) nor names in a "not expressible" line: none, or one was dropped."""
+    from autotune.views.ranking import study_trainer
+
+    mappers = sft_tool_yaml.tool_mappers(study_trainer(study), fmt)
+    return [
+        name
+        for name in winner_arguments(study)
+        if not (name in mappers or (fmt == "llama-factory" and name in keys))
+        and not any(f"not expressible: {name}=" in line for line in comments)
+    ]
+
+
 @pytest.mark.parametrize("fmt", ["axolotl", "llama-factory"])
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_exported_field_is_carried_or_named_in_a_comment(fmt, name):
     """Nothing dropped silently: each SFTConfig field reaches a key (its mapper) or a "not expressible" line."""
     study = sft_study(CONFIGS[name], base_args={"weight_decay": 0.1, "eval_packing": False})
-    arguments = winner_arguments(study)
     keys, comments = fragment(study, fmt)
-    mappers = sft_tool_yaml.AXOLOTL_KEYS if fmt == "axolotl" else sft_tool_yaml.LLAMA_FACTORY_KEYS
-    for name_ in arguments:
-        mapped = name_ in mappers or (fmt == "llama-factory" and name_ in keys)
-        assert mapped or any(f"not expressible: {name_}=" in line for line in comments), name_
+    assert unsaid_fields(study, fmt, comments, keys) == []
     assert any("eval_packing=False" in line for line in comments)  # an SFT field neither tool has
 
 
 def test_the_sft_tools_formats_refuse_a_study_of_the_trainer():
-    with pytest.raises(AutotuneError, match="--format trl writes a TRL SFTTrainer run"):
+    with pytest.raises(AutotuneError, match="--format trl writes a run of TRL.s SFTTrainer or TRL.s DPOTrainer"):
         render(training_arguments_kwargs(TrialConfig(), "cpu"), "trl")
 
 
 def test_the_python_snippet_of_an_sft_study_builds_sftconfig():
     study = sft_study(CONFIGS["fp32"])
     arguments = winner_arguments(study)
-    text = render(arguments, "python", sft=sft_export_winner(study, arguments))
+    text = render(arguments, "python", tool=sft_export_winner(study, arguments))
     assert "from trl import SFTConfig" in text and "training_args = SFTConfig(" in text
     namespace: dict = {}
     exec(
@@ -242,7 +254,7 @@ def test_the_cli_flags_of_an_sft_study_parse_into_the_same_sftconfig():
 
     study = sft_study(CONFIGS["bf16-weights-padding-free-eager"])
     arguments = winner_arguments(study)
-    tokens = shlex.split(render(arguments, "cli", sft=sft_export_winner(study, arguments)))
+    tokens = shlex.split(render(arguments, "cli", tool=sft_export_winner(study, arguments)))
     (parsed,) = TrlParser((SFTConfig,)).parse_args_into_dataclasses(args=[*tokens, "--output_dir", "x"])
     assert parsed.model_init_kwargs == arguments["model_init_kwargs"]
     assert parsed.max_length is None and parsed.padding_free is True and parsed.bf16 is True
@@ -257,7 +269,7 @@ def test_every_form_that_names_a_catalog_model_names_its_hub_id(model):
     arguments = winner_arguments(study)
     winner = sft_export_winner(study, arguments)
     texts = {
-        fmt: render(arguments, fmt, "provenance line", sft=winner)
+        fmt: render(arguments, fmt, "provenance line", tool=winner)
         for fmt in ("trl", "axolotl", "llama-factory", "python")
     }
     command = next(line for line in texts["trl"].splitlines() if not line.startswith("#"))
@@ -275,7 +287,7 @@ def test_every_form_that_names_a_catalog_model_names_its_hub_id(model):
 def test_a_made_up_catalog_model_is_said_to_have_no_checkpoint():
     study = sft_study(CONFIGS["fp32"], model="llama-tiny")
     arguments = winner_arguments(study)
-    text = render(arguments, "trl", "provenance line", sft=sft_export_winner(study, arguments))
+    text = render(arguments, "trl", "provenance line", tool=sft_export_winner(study, arguments))
     assert (
         "# model: llama-tiny is a config autotune ships (autotune/catalog/llama-tiny.json) with no checkpoint" in text
     )
