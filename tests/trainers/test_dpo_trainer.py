@@ -300,3 +300,38 @@ def test_base_args_may_not_set_what_autotune_sets_or_counts_under_dpo(tmp_path, 
     path.write_text(json.dumps({field: {"max_length": 64, "truncation_mode": "keep_end"}.get(field, True)}))
     with pytest.raises(AutotuneError, match=f"--base-args {path}: remove {field}: "):
         load_base_args(str(path), "dpo")
+
+
+def test_every_trial_pays_the_reference_pass_even_where_trl_could_read_an_earlier_trials_cache(tmp_path):
+    """TRL caches the precomputed log-probabilities beside the rows, keyed by the rows and the weights' hash
+    (dpo_trainer.py:1174-1183); trials of one study share the prepared rows and, seeded, the same weights. A
+    second trial that read the first's cache would time no pass and rank itself too fast: each trial runs the
+    reference's forward over its rows itself, as a user's first run does."""
+    pytest.importorskip("trl")
+    import torch
+
+    from autotune.spec.models import build_model, catalog_entry
+    from benchmarks._common import dpo_trainer, saved_dpo_rows
+
+    config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
+    rows = [text_pair(n) for n in (3, 5, 8, 2)]
+    saved = saved_dpo_rows(rows, str(tmp_path), VOCAB)
+    forwards = []
+    for trial in range(2):
+        torch.manual_seed(0)  # as every trial: the same weights, the same hash
+        model = build_model({**config, "num_hidden_layers": 1}, "causal-lm")
+        counted: list[int] = []
+        model.register_forward_hook(lambda *_: counted.append(1))
+        arguments = {
+            "output_dir": str(tmp_path / f"out-{trial}"),
+            "use_cpu": True,
+            "bf16": False,
+            "per_device_train_batch_size": 2,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "precompute_ref_log_probs": True,
+        }
+        trainer = dpo_trainer(model, saved, arguments, 64)
+        forwards.append(len(counted))
+        assert DPO.setup_pass(trainer)[1] == len(rows)
+    assert forwards[0] > 0 and forwards[1] == forwards[0]
