@@ -29,9 +29,11 @@ training counted in (what a one-epoch run gets), with the load average.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,10 +90,32 @@ def model_config(layers: int) -> dict[str, Any]:
     return {**config, "num_hidden_layers": layers}
 
 
-def measure(config: dict[str, Any], rows: list[dict], levers: dict[str, Any], steps: int) -> dict[str, float]:
-    """One run of a variant: steady real tokens/s (steps after the first) and the set-up seconds."""
+# The exported DPOConfig fields a run of this benchmark sets itself (the trial's harness), and the model's build.
+HARNESS_FIELDS = ("output_dir", "use_cpu", "max_length", "max_steps", "num_train_epochs", "model_init_kwargs")
+
+
+def winner_variant(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A search's winner as ``autotune export --format json`` wrote it (``DPOConfig(**json)``): its DPOConfig
+    fields on top of TRL's default, and its model build (``model_init_kwargs``: dtype, attention kernel)."""
+    exported = json.loads(Path(path).read_text())
+    build = dict(exported.get("model_init_kwargs") or {})
+    if isinstance(build.get("dtype"), str):
+        build["dtype"] = getattr(torch, build["dtype"])
+    return {k: v for k, v in exported.items() if k not in HARNESS_FIELDS}, build
+
+
+def measure(
+    config: dict[str, Any],
+    rows: list[dict],
+    levers: dict[str, Any],
+    steps: int,
+    build: dict[str, Any] | None = None,
+    epochs: float = 1.0,
+) -> dict[str, float]:
+    """One run of a variant: steady real tokens/s (steps after the first) and the set-up seconds; ``build``:
+    the model's ``from_config`` keywords (a winner's dtype and attention kernel)."""
     torch.manual_seed(0)
-    model = build_model(config, "causal-lm")
+    model = build_model(config, "causal-lm", **(build or {}))
     clock = StepClock()
     with tempfile.TemporaryDirectory() as scratch:
         arguments = {
@@ -111,12 +135,14 @@ def measure(config: dict[str, Any], rows: list[dict], levers: dict[str, Any], st
         setup_s, setup_cpu_s = time.perf_counter() - built, time.process_time() - built_cpu
         trainer.train()
     steady_s, steady_cpu_s, steady_tokens = sum(clock.seconds[1:]), sum(clock.cpu_seconds[1:]), sum(clock.tokens[1:])
-    # One epoch with the reference pass (in set-up under precompute) counted for the steps measured.
-    share = (steps - 1) / steps
+    # ``epochs`` over these rows with the reference pass (in set-up under precompute) counted once, as the
+    # ranking counts it over the user's run (autotune.result.over_the_run): its share of the steps measured.
+    share = (steps - 1) / steps / epochs
     precomputes = bool(levers.get("precompute_ref_log_probs"))
     return {
         "steady": steady_tokens / steady_s,
         "steady_cpu": steady_tokens / steady_cpu_s,
+        "epoch": steady_tokens / (steady_s + share * setup_s) if precomputes else steady_tokens / steady_s,
         "epoch_cpu": steady_tokens / (steady_cpu_s + share * setup_cpu_s) if precomputes else 0.0,
         "setup_s": setup_s,
     }
@@ -129,19 +155,41 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--length-scale", type=float, default=0.125)
     parser.add_argument("--only", nargs="*", default=None, help="variant names to run (prefixes)")
+    parser.add_argument(
+        "--winner", metavar="JSON", help="a search's exported DPOConfig JSON (autotune export), run as one more variant"
+    )
+    parser.add_argument(
+        "--epochs", type=float, default=1.0, help="passes of the user's run the reference pass is counted over"
+    )
     options = parser.parse_args()
     config = model_config(options.layers)
-    rows = preference_rows(GLOBAL_BATCH * options.steps, seed=0, length_scale=options.length_scale)
     variants = {
         name: levers
         for name, levers in VARIANTS.items()
         if options.only is None or any(name.startswith(prefix) for prefix in options.only)
     }
+    builds: dict[str, dict[str, Any]] = {}
+    if options.winner:
+        levers, build = winner_variant(options.winner)
+        variants["the search's winner (its exported DPOConfig)"] = levers
+        builds["the search's winner (its exported DPOConfig)"] = build
+    # Every variant trains the same pairs, from the first: as many as its global batch takes in the steps.
+    batch = max(
+        int(v.get("per_device_train_batch_size", GLOBAL_BATCH)) * int(v.get("gradient_accumulation_steps", 1))
+        for v in variants.values()
+    )
+    rows = preference_rows(batch * options.steps, seed=0, length_scale=options.length_scale)
     print(f"torch {torch.__version__}, {MODEL} config at {options.layers} layers, {len(rows)} pairs, {load_average()}")
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     for round_number in range(options.rounds):
         for name, levers in variants.items():
-            result = measure(config, rows, levers, options.steps)
+            # One epoch of its own global batch: a precomputed pass covers exactly the pairs its steps train.
+            own = int(levers.get("per_device_train_batch_size", GLOBAL_BATCH)) * int(
+                levers.get("gradient_accumulation_steps", 1)
+            )
+            result = measure(
+                config, rows[: own * options.steps], levers, options.steps, builds.get(name), options.epochs
+            )
             results[name].append(result)
             print(
                 f"round {round_number}: {name}: {result['steady']:.0f} real tokens/s steady "
@@ -158,7 +206,13 @@ def main() -> None:
         median_cpu = statistics.median(r["steady_cpu"] for r in runs)
         cells = " | ".join(f"{r['steady']:.0f}" for r in runs)
         epoch = statistics.median(r["epoch_cpu"] for r in runs)
-        note = f" (one epoch, reference pass counted: {epoch:.1f}, {epoch / baseline_cpu:.2f}x)" if epoch else ""
+        over_run = statistics.median(r["epoch"] for r in runs)
+        note = (
+            f" (over {options.epochs:g} epoch(s), reference pass counted: {over_run:.0f} real tokens/s, "
+            f"{over_run / baseline:.2f}x; per CPU-second {epoch:.1f}, {epoch / baseline_cpu:.2f}x)"
+            if epoch
+            else ""
+        )
         print(
             f"| {name} | {cells} | {median:.0f} | {median / baseline:.2f}x | {median_cpu:.1f} | "
             f"{median_cpu / baseline_cpu:.2f}x{note} |"

@@ -321,7 +321,7 @@ def test_every_trial_pays_the_reference_pass_even_where_trl_could_read_an_earlie
         torch.manual_seed(0)  # as every trial: the same weights, the same hash
         model = build_model({**config, "num_hidden_layers": 1}, "causal-lm")
         counted: list[int] = []
-        model.register_forward_hook(lambda *_: counted.append(1))
+        model.register_forward_hook(lambda *_, seen=counted: seen.append(1))
         arguments = {
             "output_dir": str(tmp_path / f"out-{trial}"),
             "use_cpu": True,
