@@ -16,19 +16,21 @@ from autotune.trainers.dpo import DPO
 from benchmarks.bench_dpo_fidelity import ROWS, plain_dpo_trainer
 from benchmarks.bench_sft_fidelity import save_model, study_workload, trial_rows
 from tests.support.cli import run_cli_in_process
-from tests.support.dpo_study import SEQ_LEN
+from tests.support.dpo_study import MODEL_DIR, SEQ_LEN
 from tests.test_bench_sft_fidelity import assert_same_arguments_and_model, steps_of
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("trl")
 
-# The search's options (tests/support/dpo_study.py) as the benchmark's study_workload reads them.
-OPTIONS = argparse.Namespace(model="llama-tiny", seq_len=SEQ_LEN, warmup_steps=1, max_measure_steps=2)
+
+def search_options(root) -> argparse.Namespace:
+    """The search's options (tests/support/dpo_study.py) as the benchmark's study_workload reads them."""
+    return argparse.Namespace(model=str(root / MODEL_DIR), seq_len=SEQ_LEN, warmup_steps=1, max_measure_steps=2)
 
 
 @pytest.fixture(scope="module")
 def exported(dpo_study):
-    """The run's DPO study of llama-tiny on generated pairs (tests/support/dpo_study.py, made once), its winner
+    """The run's DPO study of a local 2-layer decoder on generated pairs (tests/support/dpo_study.py, made once), its winner
     exported as DPOConfig JSON."""
     export = run_cli_in_process("export", "--storage", dpo_study.storage, "--out", "best.json", cwd=dpo_study.root)
     assert export.returncode == 0, export.stderr
@@ -48,7 +50,7 @@ def trainers(root, storage):
     from autotune.views.ranking import study_ranking
 
     winner = study_ranking(optuna.load_study(study_name=None, storage=storage))[0]
-    workload = study_workload(root, OPTIONS, ROWS)
+    workload = study_workload(root, search_options(root), ROWS)
     job = TrialJob(workload=workload, config=winner.config, work_dir=str(root / "trial"))
     torch.manual_seed(0)
     model = build_model(workload.model.hf_config, workload.model.task, **model_build_kwargs(winner.config))

@@ -180,7 +180,10 @@ def test_chat_rows_train_under_sfttrainer_with_the_llm_space_and_the_synthetic_t
         ({"loss_on": "completion"}, "--loss-on completion needs prompt and completion columns"),
         ({"packing": True}, "under --trainer sft TRL packs"),
         ({"model": "bert-tiny"}, "--trainer sft trains causal language models"),
-        ({"trainer": "trainer", "loss_on": "all"}, "--loss-on chooses SFTTrainer's loss: use it with --trainer sft"),
+        (
+            {"trainer": "trainer", "loss_on": "all"},
+            "--loss-on chooses SFTTrainer's loss; --trainer trainer trains with the transformers Trainer",
+        ),
     ],
 )
 def test_what_sft_cannot_train_is_refused_before_any_trial(tmp_path, changes, message):

@@ -21,12 +21,19 @@ class RowsStudy:
 
 
 def search_rows(
-    root: Path, dataset: str, storage: str, trials: int, seq_len: int, warmup_steps: int, max_measure_steps: int
+    root: Path,
+    dataset: str,
+    storage: str,
+    trials: int,
+    seq_len: int,
+    warmup_steps: int,
+    max_measure_steps: int,
+    model: str = "llama-tiny",
 ) -> subprocess.CompletedProcess:
-    """``python -m autotune search --model llama-tiny --dataset DATASET --device cpu`` in ``root`` over its
+    """``python -m autotune search --model MODEL --dataset DATASET --device cpu`` in ``root`` over its
     ``space.yaml``, with no confirmation re-runs and no pruning; it must succeed."""
     search = run_cli(
-        *("search", "--model", "llama-tiny", "--dataset", dataset, "--device", "cpu", "--trials", str(trials)),
+        *("search", "--model", model, "--dataset", dataset, "--device", "cpu", "--trials", str(trials)),
         *("--seq-len", str(seq_len), "--space", "space.yaml", "--storage", storage, "--work-dir", "runs"),
         *("--warmup-steps", str(warmup_steps), "--max-measure-steps", str(max_measure_steps)),
         *("--confirm-top", "0", "--prune-ratio", "0"),
