@@ -98,9 +98,7 @@ def winner_variant(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A search's winner as ``autotune export --format json`` wrote it (``DPOConfig(**json)``): its DPOConfig
     fields on top of TRL's default, and its model build (``model_init_kwargs``: dtype, attention kernel)."""
     exported = json.loads(Path(path).read_text())
-    build = dict(exported.get("model_init_kwargs") or {})
-    if isinstance(build.get("dtype"), str):
-        build["dtype"] = getattr(torch, build["dtype"])
+    build = dict(exported.get("model_init_kwargs") or {})  # dtype by its torch name, as build_model takes it
     return {k: v for k, v in exported.items() if k not in HARNESS_FIELDS}, build
 
 
