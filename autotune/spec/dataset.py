@@ -38,9 +38,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
 from autotune.spec.dataset_files import (
@@ -54,30 +53,13 @@ from autotune.spec.dataset_files import (
 )
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
 
+if TYPE_CHECKING:
+    from autotune.spec.sft_rows import RowsReader
+
 # Documents tokenized per batch when packing (the batch size of HF's run_clm example).
 _PACKING_BATCH = 1000
 # What prepare_dataset learned about a prepared copy, saved next to it.
 _META_FILE = "autotune_dataset.json"
-
-
-class RowsReader(Protocol):
-    """What :func:`prepare_sft_rows` asks of the trainer that reads the rows (``autotune.trainers.TrainerKind``)."""
-
-    words: str
-
-    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]: ...
-
-    def dropped_rows(
-        self,
-        rows: Iterable[tuple[int, Mapping[str, Any]]],
-        tokenizer: Any,
-        data: str,
-        seq_len: int,
-        loss_on: str,
-        path: str,
-    ) -> int: ...
-
-    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,8 +191,7 @@ def prepare_sft_rows(
             ``assistant`` (``autotune.spec.sft.check_chat_template``).
         notes: Where the synthetic tokenizer's note and the count of rows TRL drops go.
         seq_len: TRL's ``max_length``: what the rows are truncated to.
-        reader: The study's trainer (``autotune.trainers``): the columns it reads, its check of a row
-            and of the rows it drops.
+        reader: The study's trainer: the columns it reads, its check of the rows and of those it drops.
 
     The rows are checked as TRL will read them (``reader.dropped_rows``): every row the trials
     train on, every time (the loss and ``seq_len`` decide what is trained), and the data's first

@@ -42,8 +42,8 @@ import contextlib
 import ctypes
 import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
 from autotune.units import GiB, MiB, format_bytes
@@ -57,6 +57,28 @@ RENDER_BYTES = 1 * GiB
 # tool schemas are KiB; more is output the template builds for itself.
 RENDER_EXTRA_CHARS = 1 * MiB
 # The rows a user's run starts with, checked with the sample the trials train on where the data is read.
+
+
+class RowsReader(Protocol):
+    """What :func:`prepare_sft_rows` asks of the trainer that reads the rows (``autotune.trainers.TrainerKind``)."""
+
+    words: str
+
+    def columns_kept(self, data: str, columns: Sequence[str]) -> tuple[str, ...]: ...
+
+    def dropped_rows(
+        self,
+        rows: Iterable[tuple[int, Mapping[str, Any]]],
+        tokenizer: Any,
+        data: str,
+        seq_len: int,
+        loss_on: str,
+        path: str,
+    ) -> int: ...
+
+    def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None: ...
+
+
 FIRST_ROWS = 100
 # TRL's per-row extras it renders with (sft_trainer.py:1315-1320): kept with the rows for the trials too.
 ROW_EXTRAS = ("tools", "chat_template_kwargs")
