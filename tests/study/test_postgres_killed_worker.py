@@ -38,7 +38,11 @@ def test_trial_of_a_killed_worker_is_failed_and_rerun_once_by_another(postgres_u
     runs = tmp_path / "runs"
     other_host = _other_host_prefix()
     storage = open_storage(postgres_url)
-    victim = start(other_host + search_command(postgres_url, runs, "--trials", str(cap)), tmp_path)
+    # The victim's child hangs at its second step (it writes hung.pid first): the kill below always lands
+    # mid-trial, however fast the machine trains (a trial that finished between the poll and the kill
+    # failed this test once, on a fresh clone under CI's load). The survivor runs without the callback.
+    hang = ("--callback", "tests.support.faults:HangAtStep")
+    victim = start(other_host + search_command(postgres_url, runs, "--trials", str(cap), *hang), tmp_path)
     try:
         deadline = time.monotonic() + 600
         killed = None
@@ -52,11 +56,10 @@ def test_trial_of_a_killed_worker_is_failed_and_rerun_once_by_another(postgres_u
                 continue  # the study is not created yet
             for trial in running:
                 owner = trial.system_attrs.get("autotune_owner", {})
-                if (
-                    owner.get("pid") == victim.pid
-                    and (runs / f"trial-{trial.number}-{victim.pid}" / "child.log").exists()
+                if owner.get("pid") == victim.pid and any(
+                    (runs / f"trial-{trial.number}-{victim.pid}").rglob("hung.pid")
                 ):
-                    killed = trial  # its child is training: mid-trial
+                    killed = trial  # its child trained a step and hangs in the next: mid-trial
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=60)
     finally:
