@@ -1,6 +1,7 @@
 """The ``autotune`` command line: each command checks its options, makes one call, prints.
 
-All the work happens in the modules it calls (docs/architecture.md is the map). Each option is declared
+All the work happens in the modules it calls (docs/architecture.md is the map); ``autotune.__main__`` runs
+the command and turns every user error into one line. Each option is declared
 once, with its help text, in ``autotune.plan.cli_options``; its default stays with its command.
 """
 
@@ -13,10 +14,8 @@ import sys
 import typer
 from rich.console import Console
 
-from autotune.errors import AutotuneError
 from autotune.plan import EstimateOptions, SearchOptions, VerifyOptions
 from autotune.plan import cli_options as option
-from autotune.plan.cli_errors import click_exception, usage_error
 from autotune.storage import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -97,12 +96,10 @@ def search(
         stop_as_on_ctrl_c,
     )
     from autotune.study import search as run_study
-    from autotune.views import search_display
     from autotune.views.dashboard import save_study_note
+    from autotune.views.search_display import SearchPrinter
 
-    printer = search_display.SearchPrinter(
-        console, err_console, options.trials, confirm_top, confirm_repeats, confirm_budget
-    )
+    printer = SearchPrinter(console, err_console, options.trials, confirm_top, confirm_repeats, confirm_budget)
     prepared = prepare_request(options, psutil.virtual_memory().available)
     printer.prepared(prepared.notes, prepared.request.workload.dataset)
     name = study_name or default_study_name(model, prepared.request.workload.device, seq_len)
@@ -183,17 +180,13 @@ def best(
     within("--top", top)
     run_options(epochs, price_per_hour)
     from autotune.storage import load_study
-    from autotune.views.ranking import all_trials, confirmations_of, describe_distinct
-    from autotune.views.search_display import print_ranking, trial_table
-    from autotune.views.text import for_rich
+    from autotune.views.search_display import print_all_trials, print_ranking
 
     study = load_study(storage, study_name)
-    if not all:
+    if all:
+        print_all_trials(console, study)
+    else:
         print_ranking(console, study, top, epochs, price_per_hour)
-        return
-    rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
-    console.print(trial_table(f"All trials of {for_rich(study.study_name)}", rows))
-    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
 @app.command()
@@ -210,14 +203,12 @@ def export(
     from autotune.plan import run_options
     from autotune.spec.files import Destination
     from autotune.storage import load_study, storage_files
-    from autotune.views.export import DEFAULT_OUT, FORMATS, export_notes, export_winner, exported_as
+    from autotune.views.export import export_notes, export_out, export_winner, exported_as
     from autotune.views.run_time import study_run_time
     from autotune.views.text import for_rich
 
     run_options(epochs, price_per_hour)
-    if fmt not in FORMATS:
-        raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
-    out = out or DEFAULT_OUT[fmt]
+    out = export_out(fmt, out)
     destination = Destination(out, force, keep=storage_files(storage))
     destination.check(out)  # before reading the study: a refused --out costs nothing
     study = load_study(storage, study_name)
@@ -241,13 +232,11 @@ def dashboard(
     """Serve optuna-dashboard on the study storage: OOM and over-ceiling trials shown infeasible, a note per study."""
     from autotune.plan import port as check_port
     from autotune.storage import redact
-    from autotune.views.dashboard import is_loopback, serve
+    from autotune.views.dashboard import exposure_warning, serve
 
     check_port(port)
-    if not is_loopback(host):
-        err_console.print(
-            f"warning: listening on {host}: the dashboard has no login, and anyone who reaches it can read, edit and delete studies"
-        )
+    if (warning := exposure_warning(host)) is not None:
+        err_console.print(warning)
 
     def listening(url: str) -> None:
         console.print(f"optuna-dashboard on {redact(storage)}: {url} (Ctrl-C to stop)", soft_wrap=True)
@@ -324,36 +313,25 @@ def devices(
     known: option.Known = False,
 ) -> None:
     """List the devices autotune can use with their peaks; --calibrate measures achievable peaks."""
+    from autotune.plan import calibration_targets
+
+    targets = calibration_targets(calibrate, known, device, seconds, matrix_size)  # all checked before measuring
     if known:
         from autotune.views.plan_display import known_gpus_table
 
-        if calibrate:
-            raise AutotuneError(
-                "--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one"
-            )
         console.print(known_gpus_table())
         return
-    from autotune.plan import matrix_fits_memory, within
     from autotune.runner import calibrate_bandwidth, calibrate_device
-    from autotune.spec.devices import list_devices, resolve_device
+    from autotune.spec.devices import list_devices
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
     from autotune.views.plan_display import calibrated_peaks_text, devices_table
 
-    within("--seconds", seconds)
-    within("--matrix-size", matrix_size)
+    for spec in targets:
+        console.print(f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}")
+        peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
+        bandwidth = calibrate_bandwidth(spec, seconds=seconds)
+        console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth), bandwidth))
     found = list_devices()
-    if calibrate:
-        targets = [resolve_device(device, None)] if device is not None else found
-        for spec in targets:  # every device checked before the first is measured
-            if matrix_size is not None:
-                matrix_fits_memory(matrix_size, spec.label, spec.total_memory_bytes)
-        for spec in targets:
-            console.print(
-                f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}"
-            )
-            peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
-            bandwidth = calibrate_bandwidth(spec, seconds=seconds)
-            console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth), bandwidth))
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)
     for note in notes:
@@ -376,65 +354,6 @@ def chat_corpus(
 
     for name, value in (("--samples", samples), ("--seed", seed), ("--length-scale", length_scale)):
         within(name, value)
-
     tokens = write_corpus(Destination(out, force), samples, seed, fmt, length_scale)
     rows = "preference pairs" if fmt in PREFERENCE_FORMATS else "conversations"
     console.print(f"wrote {out}: {samples} {rows} ({fmt}), {tokens} tokens under the synthetic tokenizer")
-
-
-def error_text(error: BaseException | str) -> str:
-    """What an error line shows of an error's text: the secrets of every storage this process opened
-    scrubbed (a driver's words may carry them), control characters escaped (a study name or a trial's
-    error read from a shared storage may hold a terminal's escape sequences)."""
-    from autotune.storage import scrub_password
-    from autotune.views.text import printable
-
-    return printable(scrub_password(str(error)))
-
-
-def main() -> None:
-    """Console entry point: user errors, and Click's errors in reading the command line, become one line on
-    stderr and exit status 2; what the libraries it imports print, warn or log goes to the debug log
-    (``autotune.runner._quiet``)."""
-    import optuna
-
-    from autotune.runner import library_output_to_debug_log
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with library_output_to_debug_log():
-        sys.exit(_run())
-
-
-def _run() -> int:
-    """The command the command line names, run; its exit status."""
-    import optuna
-
-    try:
-        # Not standalone: Click's parse errors come here instead of its usage box; an Exit's status comes back.
-        status = app(standalone_mode=False)
-    except click_exception() as exc:
-        if type(exc).__name__ != "NoArgsIsHelpError":  # `autotune` alone prints the help, then exits 2
-            _print_error(usage_error(exc, sys.argv[1:], app))
-        return int(getattr(exc, "exit_code", 2))
-    except typer.Abort:
-        err_console.print("Aborted!")
-        return 1
-    except AutotuneError as exc:
-        _print_error(str(exc))
-        return 2
-    except optuna.exceptions.StorageInternalError as exc:
-        # A full disk or a lost database at ask, at the start of a trial: nothing measured is at stake
-        # (a failed tell keeps its result, see study._record.tell_or_keep).
-        from autotune.storage import storage_failure
-
-        _print_error(
-            f"the study storage failed ({storage_failure(exc)}); free space or fix the database, "
-            f"then run the same command again"
-        )
-        return 2
-    return status if isinstance(status, int) else 0
-
-
-def _print_error(message: str) -> None:
-    """The one error line: ``autotune: error:`` and the message through :func:`error_text`."""
-    err_console.print(f"autotune: error: {error_text(message)}", markup=False, highlight=False, soft_wrap=True)

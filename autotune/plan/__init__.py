@@ -13,7 +13,7 @@ face, so only the command line imports Typer.
 from __future__ import annotations
 
 from autotune.plan._base_args import load_base_args
-from autotune.plan._checks import ACCEPTED, matrix_fits_memory, port, run_options, within
+from autotune.plan._checks import ACCEPTED, calibration_targets, matrix_fits_memory, port, run_options, within
 from autotune.plan._options import EstimateOptions, PlanOptions, SearchOptions, VerifyOptions
 from autotune.plan._plan import Plan, plan
 
@@ -24,6 +24,7 @@ __all__ = [
     "PlanOptions",
     "SearchOptions",
     "VerifyOptions",
+    "calibration_targets",
     "load_base_args",
     "matrix_fits_memory",
     "plan",

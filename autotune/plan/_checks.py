@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from autotune.errors import AutotuneError
 from autotune.spec.chat_corpus import LENGTH_SCALES, MAX_SAMPLES
 from autotune.units import format_bytes
+
+if TYPE_CHECKING:  # the devices module reads torch and NVML: imported where they are listed
+    from autotune.spec.devices import DeviceSpec
 
 # The highest TCP port number (RFC 793: ports are 16-bit); 0 asks the system for any free port.
 MAX_PORT = 65535
@@ -243,6 +247,32 @@ def matrix_fits_memory(matrix_size: int, device_label: str, memory_bytes: int) -
             f"--matrix-size {matrix_size}: three {matrix_size} x {matrix_size} fp32 matrices take {format_bytes(needed)}, "
             f"more than {device_label}'s {format_bytes(memory_bytes)}; give at most {largest:,} (or leave it out)"
         )
+
+
+def calibration_targets(
+    calibrate: bool, known: bool, device: str | None, seconds: float, matrix_size: int | None
+) -> list[DeviceSpec]:
+    """Every option of ``autotune devices`` checked before anything is measured; the devices ``--calibrate``
+    measures (``--device``'s, else every one found), none without it.
+
+    Raises:
+        AutotuneError: One line naming the option and what it takes.
+    """
+    from autotune.spec.devices import list_devices, resolve_device
+
+    if known and calibrate:
+        raise AutotuneError(
+            "--known lists GPUs from the datasheet table; --calibrate measures this machine's: give one"
+        )
+    within("--seconds", seconds)
+    within("--matrix-size", matrix_size)
+    if not calibrate:
+        return []
+    targets = [resolve_device(device, None)] if device is not None else list_devices()
+    for spec in targets:
+        if matrix_size is not None:
+            matrix_fits_memory(matrix_size, spec.label, spec.total_memory_bytes)
+    return targets
 
 
 def cpu_ranks_fit(devices_per_trial: int, cores: int) -> None:

@@ -1,4 +1,4 @@
-"""Click's errors in reading the command line, as one ``autotune: error:`` line (``cli.main`` prints it):
+"""Click's errors in reading the command line, as one ``autotune: error:`` line (``autotune.__main__.main`` prints it):
 a value not of its option's declared type names the option (``--global-batch: '2.5' is not a whole number``)."""
 
 from __future__ import annotations

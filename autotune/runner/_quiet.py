@@ -12,7 +12,7 @@ transformers/training_args.py, ``__post_init__``).
 
 Where it goes:
 
-- In the command line's process (:func:`library_output_to_debug_log`, around ``cli.main``): to the debug
+- In the command line's process (:func:`library_output_to_debug_log`, around ``autotune.__main__.main``): to the debug
   log, :func:`debug_log_path`. Warnings and the loggers of libraries reach it through a handler on the
   root logger; what a library prints or logs through a handler of its own while it is imported, through
   an import hook (:class:`_QuietImports`), which gives a library's modules its

@@ -147,14 +147,17 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
-def is_loopback(host: str) -> bool:
-    """True for hosts only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+def exposure_warning(host: str) -> str | None:
+    """The warning for a dashboard others can reach: none on hosts only this machine can reach
+    (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
-        return True
+        return None
     try:
-        return ipaddress.ip_address(host).is_loopback
+        if ipaddress.ip_address(host).is_loopback:
+            return None
     except ValueError:
-        return False
+        pass
+    return f"warning: listening on {host}: the dashboard has no login, and anyone who reaches it can read, edit and delete studies"
 
 
 def serve(storage_url: str, host: str, port: int, on_listening: Callable[[str], None]) -> None:

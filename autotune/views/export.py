@@ -197,6 +197,17 @@ DEFAULT_OUT = {
 }
 
 
+def export_out(fmt: str, out: str | None) -> str:
+    """Where ``--format fmt`` writes: ``--out``, else the format's own file name.
+
+    Raises:
+        AutotuneError: ``fmt`` is not a format; the line lists them.
+    """
+    if fmt not in FORMATS:
+        raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
+    return out or DEFAULT_OUT[fmt]
+
+
 def launch_note(ranks: int, deepspeed: bool = False) -> str | None:
     """How to launch a winner measured on ``ranks`` ranks: torch's launcher, one process per device
     (the trials ran exactly so: autotune/runner/_launch.py), the global batch shared by all.

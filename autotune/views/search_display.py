@@ -39,6 +39,7 @@ from autotune.storage import schema
 from autotune.units import format_bytes
 from autotune.views.ranking import (
     RankedTrial,
+    all_trials,
     confirmations_of,
     default_beside,
     describe_confirmation,
@@ -402,6 +403,13 @@ def print_ranking(
     console.print(study_run_time(study, epochs, price_per_hour), markup=False, highlight=False, soft_wrap=True)
     if (counted := describe_work_counted(study)) is not None:
         console.print(counted, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_all_trials(console: Console, study: Any) -> None:
+    """Every trial of a study, in the order they ran, whatever its status (``autotune best --all``)."""
+    rows = all_trials(study.get_trials(deepcopy=False), confirmations_of(study))
+    console.print(trial_table(f"All trials of {for_rich(study.study_name)}", rows))
+    console.print(describe_distinct(study.get_trials(deepcopy=False)), markup=False, highlight=False)
 
 
 def print_speedup(console: Console, study: Any) -> None:

@@ -30,7 +30,7 @@ def run_cli(
 
 
 def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real command line's entry point (``autotune.cli.main``) in this process.
+    """Run the real command line's entry point (``autotune.__main__.main``) in this process.
 
     For the readers of a study (``best``, ``export``, ``report``), ``estimate``, ``devices``, the
     inputs a search refuses up front, and searches whose test is about what they record. A fresh
@@ -57,6 +57,7 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
     from unittest import mock
 
     from autotune import cli
+    from autotune.__main__ import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     returncode = 0
@@ -74,7 +75,7 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
         ):
             os.chdir(cwd)
             try:
-                cli.main()
+                main()
             except SystemExit as exit_:
                 returncode = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
             except BaseException:  # noqa: BLE001 - reported as a crashed process would be
