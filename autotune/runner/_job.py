@@ -123,10 +123,12 @@ class Workload:
     def speed_model(self) -> SpeedModel:
         """The throughput prior of this workload (:mod:`autotune.estimate._speed`): the device's rates before
         any trial (its measured peaks and bandwidth where calibrated; on a CPU the cores one trial's ranks
-        share), the matmul dtype of :meth:`peak_dtype`."""
+        share), the matmul dtype of :meth:`peak_dtype`, and the user's rows' token lengths where the plan
+        tokenized them (``dataset.token_lengths``: padding and packing then predicted on the real data)."""
         cores = max(1, (os.cpu_count() or 1) // self.devices_per_trial)
         fit = speed_prior(self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores)
-        return SpeedModel(fit, self.peak_dtype)
+        lengths = self.dataset.token_lengths if self.dataset is not None else ()
+        return SpeedModel(fit, self.peak_dtype, lengths or None)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -76,6 +76,8 @@ class PreparedDataset:
         num_samples: Samples in the prepared copy.
         length: Samples a trial's dataset cycles up to (one epoch never ends within a trial).
         packing: Documents were packed into full ``seq_len`` blocks instead of padded.
+        token_lengths: Each prepared row's tokens, before truncation (DPO: a pair's two rows), where the plan
+            tokenizes them: the throughput prior's typical batch; empty where it does not.
     """
 
     label: str
@@ -87,6 +89,7 @@ class PreparedDataset:
     num_samples: int
     length: int
     packing: bool
+    token_lengths: tuple[int, ...] = ()
 
 
 def prepare_dataset(
@@ -261,6 +264,7 @@ def prepare_sft_rows(
         num_samples=int(meta["num_samples"]),
         length=length,
         packing=False,
+        token_lengths=tuple(reader.row_lengths(sample, tokenizer, data, loss_on)),
     )
 
 

@@ -78,6 +78,8 @@ class RowsReader(Protocol):
 
     def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None: ...
 
+    def row_lengths(self, rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]: ...
+
 
 FIRST_ROWS = 100
 # TRL's per-row extras it renders with (sft_trainer.py:1315-1320): kept with the rows for the trials too.
@@ -121,13 +123,7 @@ def check_rows(
     Raises:
         AutotuneError: The first row TRL or the chat template fails on, named, with the fault.
     """
-    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
-
-    # TRL's template: the tokenizer's own (None), or its training one under assistant loss (sft_trainer.py:941-944).
-    template = None
-    if data != "text" and loss_on == "assistant" and not has_generation_markers(tokenizer.chat_template):
-        template = get_training_chat_template(tokenizer)
-    reader = _RowReader(tokenizer, data, loss_on, template, render_seconds, render_bytes)
+    reader = _sft_reader(tokenizer, data, loss_on, render_seconds, render_bytes)
     dropped = 0
     for index, row in rows:
         try:
@@ -136,6 +132,23 @@ def check_rows(
             raise AutotuneError(f"--dataset {path}: row {index + 1}: {fault}") from None
         dropped += not any(trained[:seq_len])
     return dropped
+
+
+def sft_row_lengths(rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]:
+    """Each row's tokens as SFTTrainer tokenizes it, before truncation (rows :func:`check_rows` read already)."""
+    reader = _sft_reader(tokenizer, data, loss_on, RENDER_SECONDS, RENDER_BYTES)
+    return [len(reader.trained_tokens(row)) for row in rows]
+
+
+def _sft_reader(tokenizer: Any, data: str, loss_on: str, render_seconds: float, render_bytes: int) -> _RowReader:
+    """The row reader of SFTTrainer's tokenization, with TRL's template: the tokenizer's own, or its training
+    one under assistant loss (sft_trainer.py:941-944)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = None
+    if data != "text" and loss_on == "assistant" and not has_generation_markers(tokenizer.chat_template):
+        template = get_training_chat_template(tokenizer)
+    return _RowReader(tokenizer, data, loss_on, template, render_seconds, render_bytes)
 
 
 def dropped_rows_note(dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:

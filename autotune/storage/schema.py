@@ -104,13 +104,16 @@ TRIAL_SEED_INSTEAD_OF = "seed_instead_of"
 TRIAL_REUSED_FROM = "reused_from"
 TRIAL_PROPOSED_AGAIN = "proposed_again"
 TRIAL_FIRST_ATTEMPT = "first_attempt"
-# The config's predicted peak, written when it is proposed (study._screening.record_predicted_peak): the
+# The config's predicted peak, written when it is proposed (study._screening.record_predictions): the
 # calibrated estimate (the figure screening judges) and the estimator's prior, before any calibration.
 # The same names key them in the stored result's memory_peaks, beside what was measured.
 TRIAL_PREDICTED_PEAK_BYTES = "predicted_peak_bytes"
 TRIAL_PRIOR_PEAK_BYTES = "prior_peak_bytes"
 # ZeRO offload: the host memory the config's offloaded states take (the prior's estimate; exact counts).
 TRIAL_PREDICTED_HOST_BYTES = "predicted_host_bytes"
+# The throughput prior's real tokens/s for the config, written beside its peaks when it is proposed (before
+# any calibration: what `autotune estimate` predicts), so every trial compares the prior with what it measured.
+TRIAL_PRIOR_TOKENS_PER_S = "prior_tokens_per_s"
 # Trial system attrs.
 TRIAL_CONSTRAINTS = "constraints"
 TRIAL_OWNER = "autotune_owner"

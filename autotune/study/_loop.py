@@ -63,7 +63,7 @@ from autotune.study._liveness import (
 from autotune.study._proposals import SearchFinished, stop_reason
 from autotune.study._record import record_interrupted, tell, tell_or_keep, trial_work_dir
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest
-from autotune.study._screening import MeasuredTrial, record_predicted_peak, screen
+from autotune.study._screening import MeasuredTrial, record_predictions, screen
 
 # Crashes and timeouts may be transient (autotune.result.RETRIED_STATUSES): one more try.
 MAX_ATTEMPTS = 2
@@ -315,7 +315,7 @@ def run_one_trial(
     if trial is None:
         trial = ask_trial(study, request)
     config = TrialConfig.from_params(trial.params)
-    record_predicted_peak(trial, config, request.workload, measured_trials(study))
+    record_predictions(trial, config, request.workload, measured_trials(study))
     if progress.on_trial_start:
         progress.on_trial_start(trial.number, config)
     try:

@@ -186,13 +186,13 @@ def host_over_ceiling(estimate: MemoryEstimate, host_ceiling_bytes: int | None) 
     )
 
 
-def record_predicted_peak(
+def record_predictions(
     trial: optuna.Trial, config: TrialConfig, workload: Workload, measured: Sequence[MeasuredTrial]
 ) -> None:
-    """Write the config's predicted peak into the trial when it is proposed, before it runs or is screened:
-    the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and the
-    memory model's prior. Every trial then compares a prediction with what it measured, not only the
-    screened ones, which never run."""
+    """Write the config's predictions into the trial when it is proposed, before it runs or is screened:
+    its peak, the calibrated estimate (on the trials measured so far, as :func:`screen` computes it) and
+    the memory model's prior, and the throughput prior's real tokens/s. Every trial then compares a
+    prediction with what it measured, not only the screened ones, which never run."""
     model, seq_len, prior = workload.model, workload.seq_len, workload.memory_prior
     fit = memory_fit_from_trials(model, seq_len, prior, measured)
     prior_estimate = estimate_peak(model, config, seq_len, prior)
@@ -200,10 +200,13 @@ def record_predicted_peak(
     if prior_estimate.host_bytes:
         trial.set_user_attr(schema.TRIAL_PREDICTED_HOST_BYTES, prior_estimate.host_bytes)
     trial.set_user_attr(schema.TRIAL_PREDICTED_PEAK_BYTES, estimate_peak(model, config, seq_len, fit).total_bytes)
+    speed = workload.speed_model().estimate(model, config, seq_len)
+    if speed is not None:  # None where the prior has no peak for the device's dtype
+        trial.set_user_attr(schema.TRIAL_PRIOR_TOKENS_PER_S, speed.tokens_per_s)
 
 
 def with_predicted_peaks(result: TrialResult, user_attrs: Mapping[str, object]) -> TrialResult:
-    """``result`` with the trial's predictions (:func:`record_predicted_peak`) in its ``memory_peaks``,
+    """``result`` with the trial's predictions (:func:`record_predictions`) in its ``memory_peaks``,
     beside what it measured, so every view of the result shows predicted against measured."""
     for key in (schema.TRIAL_PREDICTED_PEAK_BYTES, schema.TRIAL_PRIOR_PEAK_BYTES, schema.TRIAL_PREDICTED_HOST_BYTES):
         value = user_attrs.get(key)

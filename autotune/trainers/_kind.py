@@ -249,6 +249,12 @@ class TrainerKind(Protocol):
         """
         ...
 
+    def row_lengths(self, rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]:
+        """Each row's tokens as the trainer tokenizes it, before truncation, one length per row a micro-batch
+        holds (DPO: a pair's prompt + chosen, then its prompt + rejected): the throughput prior's typical
+        batch (``autotune.estimate.typical_micro_batch``). Rows :meth:`dropped_rows` has checked."""
+        ...
+
 
 def arguments_forms(arguments_named: str) -> dict[str, str]:
     """What the arguments' own export forms hold, in words, for the class ``arguments_named`` names."""

@@ -323,6 +323,10 @@ class DpoTrainer:
                 raise AutotuneError(f"--dataset {path}: row {index + 1}: {fault}") from None
         return dropped
 
+    def row_lengths(self, rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]:
+        """Each pair's two rows, prompt + chosen then prompt + rejected, as the collator batches them."""
+        return [len(answer_ids(row, answer, tokenizer)) for row in rows for answer in ("chosen", "rejected")]
+
     def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:
         """The note of the pairs TRL drops, ``None`` for none.
 
@@ -340,6 +344,20 @@ class DpoTrainer:
             f"TRL drops {dropped} of the {total} pairs the trials train on: their prompt alone fills {seq_len} tokens "
             "(--seq-len is max_length; your run drops them too)"
         )
+
+
+def answer_ids(row: Mapping[str, Any], answer: str, tokenizer: Any) -> list[int]:
+    """The prompt + ``answer`` row's tokens as DPOTrainer makes them (dpo_trainer.py:1074-1100): the chat
+    template over prompt + answer for messages; for text, the tokenizer over prompt + answer with TRL's
+    end-of-sequence token added (:1050-1068)."""
+    prompt, value = row.get("prompt"), row[answer]
+    if isinstance(value, list):
+        from autotune.spec.sft_rows import chat_tokens
+
+        return chat_tokens(row, (prompt or []) + value, tokenizer)
+    eos = tokenizer.eos_token or ""
+    text = (prompt or "") + (value if value.endswith(eos) else value + eos)
+    return list(tokenizer(text)["input_ids"])
 
 
 def prompt_ids(row: Mapping[str, Any], tokenizer: Any) -> list[int]:

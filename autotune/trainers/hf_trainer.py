@@ -98,5 +98,8 @@ class HfTrainer:
     def dropped_rows_note(self, dropped: int, total: int, seq_len: int, loss_on: str, path: str) -> str | None:
         return None
 
+    def row_lengths(self, rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]:
+        return []  # the Trainer's rows are prepared by autotune (spec.dataset.prepare_dataset), not read here
+
 
 HF_TRAINER = HfTrainer()

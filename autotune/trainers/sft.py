@@ -235,6 +235,11 @@ class SftTrainer:
 
         return dropped_rows_note(dropped, total, seq_len, loss_on, path)
 
+    def row_lengths(self, rows: Iterable[Mapping[str, Any]], tokenizer: Any, data: str, loss_on: str) -> list[int]:
+        from autotune.spec.sft_rows import sft_row_lengths
+
+        return sft_row_lengths(rows, tokenizer, data, loss_on)
+
 
 def load_tokenizer(directory: str) -> Any:
     from transformers import AutoTokenizer

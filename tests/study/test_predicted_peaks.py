@@ -1,5 +1,6 @@
 """Every trial records its predicted peak when it is proposed, the prior's and the calibrated one, and the
-results table shows it beside the measured peak (issue 23, point 9): not only screened trials, which never run."""
+results table shows it beside the measured peak (issue 23, point 9): not only screened trials, which never run;
+and the throughput prior's predicted speed, beside the speed it measured (issue 40, point 6)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_bes
         predicted = trial.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES]
         assert result.memory_peaks[schema.TRIAL_PREDICTED_PEAK_BYTES] == predicted
         assert result.memory_peaks[schema.TRIAL_PRIOR_PEAK_BYTES] == prior
+        # The throughput prior's real tokens/s too, as `autotune estimate` predicts it: one prediction a trial.
+        speed = workload.speed_model().estimate(workload.model, config, workload.seq_len)
+        assert speed is not None and trial.user_attrs[schema.TRIAL_PRIOR_TOKENS_PER_S] == speed.tokens_per_s > 0
         peak_cell = trial_cells(trial.number, config, result)[7]
         assert peak_cell == f"{format_bytes(result.peak_memory_bytes)} (pred {format_bytes(predicted)})"
     # Before any measurement the calibrated figure is the prior; after one, it is fitted on it.

@@ -1,0 +1,51 @@
+"""The throughput prior reads the user's data: with ``--dataset`` every prepared row's tokens, as its TRL
+trainer tokenizes them, set the typical micro-batch (padding to the longest, or packing), so padded and
+packed batching are told apart before any trial (issue 40, point 1: "taken from the user's data")."""
+
+from __future__ import annotations
+
+import statistics
+
+from autotune.levers import TrialConfig
+from autotune.plan import EstimateOptions, plan
+from autotune.spec.preference_corpus import write_corpus
+
+GiB = 1024**3
+SEQ_LEN = 256
+
+
+def planned_on(path, fmt: str, samples: int = 48):
+    tokens = write_corpus(str(path), samples, seed=0, fmt=fmt, length_scale=0.125)
+    options = EstimateOptions(model="llama-tiny", dataset=str(path), seq_len=SEQ_LEN, device="cpu", max_global_batch=16)
+    return plan(options, 64 * GiB), tokens, samples
+
+
+def test_every_chat_row_has_its_tokens_as_sfttrainer_makes_them(tmp_path):
+    planned, tokens, rows = planned_on(tmp_path / "chat.jsonl", "messages")
+    lengths = planned.workload.dataset.token_lengths
+    # Every row prepared (fewer than the space's rows), and their tokens the corpus's own count (ChatML).
+    assert len(lengths) == rows and sum(lengths) == tokens
+
+
+def test_every_pair_has_its_two_rows_as_dpotrainer_batches_them(tmp_path):
+    planned, tokens, pairs = planned_on(tmp_path / "prefs.jsonl", "preference")
+    lengths = planned.workload.dataset.token_lengths
+    assert len(lengths) == 2 * pairs  # prompt + chosen, prompt + rejected
+    # The prompt twice and both answers: the corpus's own count of the tokens a DPO step reads.
+    assert sum(lengths) == tokens
+
+
+def test_on_short_rows_packing_is_predicted_faster_than_padding_to_the_longest(tmp_path):
+    planned, _, _ = planned_on(tmp_path / "chat.jsonl", "messages")
+    workload = planned.workload
+    speed = workload.speed_model()
+    assert statistics.median(workload.dataset.token_lengths) < SEQ_LEN / 2  # most rows far shorter: padding pads
+
+    def real_tokens_per_s(packing: str) -> float:
+        estimate = speed.estimate(workload.model, TrialConfig(micro_batch=8, packing=packing), SEQ_LEN)
+        assert estimate is not None
+        return estimate.tokens_per_s
+
+    # Padded rows compute their padding, which is not real work; packed ones compute only real tokens.
+    # (Read as every row SEQ_LEN tokens long, the prior put padding ahead: 67,878 against 54,192.)
+    assert real_tokens_per_s("bfd") > real_tokens_per_s("off")
