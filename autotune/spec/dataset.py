@@ -45,7 +45,9 @@ from autotune.errors import AutotuneError
 from autotune.spec.dataset_files import (
     datasets_package,
     has_text,
+    holds_text,
     library_logs_quiet,
+    pick_column,
     read_rows,
     root_cause,
     source_path,
@@ -136,15 +138,15 @@ def prepare_dataset(
             library_logs_quiet(),
         ):
             rows = read_rows(source, path, scratch)
-            column = _pick_column(rows, text_column, path)
-            holds_text = _holds_text(rows, column, path)
-            tokenizer = _load_tokenizer(tokenizer_dir, model, path) if holds_text else None
+            column = pick_column(rows, text_column, path)
+            is_text = holds_text(rows, column, path)
+            tokenizer = _load_tokenizer(tokenizer_dir, model, path) if is_text else None
             prepared, meta = _prepare_rows(
-                rows, column, holds_text, tokenizer, seq_len, packing, length, model, path, longest=global_batch
+                rows, column, is_text, tokenizer, seq_len, packing, length, model, path, longest=global_batch
             )
             meta.update(
                 column_read=column,
-                tokenizer_dir=tokenizer_dir if holds_text and not packing else None,
+                tokenizer_dir=tokenizer_dir if is_text and not packing else None,
                 pad_token_id=_pad_token_id(tokenizer, model),
             )
             _save_atomically(prepared, meta, prepared_dir)
@@ -275,46 +277,6 @@ def _row_characters(rows: Any) -> Any:
     return numpy.array([len(json.dumps(row, ensure_ascii=False)) for row in rows])
 
 
-def _pick_column(rows: Any, text_column: str | None, path: str) -> str:
-    columns = list(rows.column_names)
-    if text_column is not None:
-        if text_column not in columns:
-            raise AutotuneError(
-                f"--text-column {text_column}: {path} has no such column (columns: {', '.join(columns)})"
-            )
-        return text_column
-    for preferred in ("input_ids", "text"):
-        if preferred in columns:
-            return preferred
-    strings = [name for name in columns if getattr(rows.features[name], "dtype", None) in ("string", "large_string")]
-    if len(strings) == 1:
-        return strings[0]
-    raise AutotuneError(
-        f"--dataset {path}: no text column (columns: {', '.join(columns)}); name the one to train on with --text-column"
-    )
-
-
-def _holds_text(rows: Any, column: str, path: str) -> bool:
-    """True for a column of strings, False for one of token-id lists."""
-    import pyarrow
-
-    feature = rows.features[column]
-    if getattr(feature, "dtype", None) in ("string", "large_string"):
-        try:
-            # Arrow's JSON and CSV readers take the bytes of a string as they are; the full validation
-            # checks that each is UTF-8 (pyarrow Array.validate(full=True)), as every later step assumes.
-            rows.data.column(column).validate(full=True)
-        except pyarrow.ArrowInvalid as exc:
-            raise AutotuneError(
-                f"--dataset {path}: column {column!r} is not UTF-8 text ({str(exc).strip().splitlines()[0][:200]}); "
-                "save the data as UTF-8"
-            ) from None
-        return True
-    if str(getattr(getattr(feature, "feature", None), "dtype", "")).startswith(("int", "uint")):
-        return False
-    raise AutotuneError(f"--dataset {path}: column {column!r} holds {feature}, neither text nor token ids")
-
-
 def _tokenizer_dir(model: ModelSpec) -> str | None:
     """Where the model's tokenizer lives: its local directory, or its Hugging Face cache entry."""
     if model.local_dir and any(
@@ -359,7 +321,7 @@ def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
 def _prepare_rows(
     rows: Any,
     column: str,
-    holds_text: bool,
+    is_text: bool,
     tokenizer: Any,
     seq_len: int,
     packing: bool,
@@ -386,7 +348,7 @@ def _prepare_rows(
     import pyarrow.compute
 
     values = rows.data.column(column)
-    if holds_text:
+    if is_text:
         usable = has_text(values)
     else:
         usable = pyarrow.compute.greater(pyarrow.compute.list_value_length(values), 0)
@@ -401,19 +363,19 @@ def _prepare_rows(
         rows = rows.select(indices)
     chosen: Any = range(min(length, rows.num_rows))
     if rows.num_rows > length and not packing:
-        sizes = (pyarrow.compute.utf8_length if holds_text else pyarrow.compute.list_value_length)(values)
+        sizes = (pyarrow.compute.utf8_length if is_text else pyarrow.compute.list_value_length)(values)
         chosen = _sample_with_the_longest(sizes.take(pyarrow.array(indices)).to_numpy(), length, longest)
     elif rows.num_rows > length:
         rows = rows.shuffle(seed=0)  # a random sample: text lengths (tokenization cost) as in the whole data
     if not packing:
-        output = "text" if holds_text else "input_ids"
+        output = "text" if is_text else "input_ids"
         sample = rows.select(chosen)
         if column != output:
             sample = sample.rename_column(column, output)
         return sample, {"column": output, "num_samples": rows.num_rows}
     blocks: list[list[int]] = []
     for batch in rows.iter(batch_size=_PACKING_BATCH):
-        documents = tokenizer(batch[column])["input_ids"] if holds_text else batch[column]
+        documents = tokenizer(batch[column])["input_ids"] if is_text else batch[column]
         blocks += _pack(documents, seq_len)
         if len(blocks) >= length:
             break

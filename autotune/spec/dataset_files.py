@@ -128,3 +128,49 @@ def usable_rows(usable: Any, path: str, column: str) -> Any:
     if len(indices) == 0:
         raise AutotuneError(f"--dataset {path}: every {column!r} value is empty: give rows that hold text")
     return indices
+
+
+def pick_column(rows: Any, text_column: str | None, path: str) -> str:
+    """The column the Trainer path trains on: ``--text-column``, else ``input_ids`` or ``text``, else the one
+    column of strings.
+
+    Raises:
+        AutotuneError: No such column, or none to pick by itself.
+    """
+    columns = list(rows.column_names)
+    if text_column is not None:
+        if text_column not in columns:
+            raise AutotuneError(
+                f"--text-column {text_column}: {path} has no such column (columns: {', '.join(columns)})"
+            )
+        return text_column
+    for preferred in ("input_ids", "text"):
+        if preferred in columns:
+            return preferred
+    strings = [name for name in columns if getattr(rows.features[name], "dtype", None) in ("string", "large_string")]
+    if len(strings) == 1:
+        return strings[0]
+    raise AutotuneError(
+        f"--dataset {path}: no text column (columns: {', '.join(columns)}); name the one to train on with --text-column"
+    )
+
+
+def holds_text(rows: Any, column: str, path: str) -> bool:
+    """True for a column of strings, False for one of token-id lists."""
+    import pyarrow
+
+    feature = rows.features[column]
+    if getattr(feature, "dtype", None) in ("string", "large_string"):
+        try:
+            # Arrow's JSON and CSV readers take the bytes of a string as they are; the full validation
+            # checks that each is UTF-8 (pyarrow Array.validate(full=True)), as every later step assumes.
+            rows.data.column(column).validate(full=True)
+        except pyarrow.ArrowInvalid as exc:
+            raise AutotuneError(
+                f"--dataset {path}: column {column!r} is not UTF-8 text ({str(exc).strip().splitlines()[0][:200]}); "
+                "save the data as UTF-8"
+            ) from None
+        return True
+    if str(getattr(getattr(feature, "feature", None), "dtype", "")).startswith(("int", "uint")):
+        return False
+    raise AutotuneError(f"--dataset {path}: column {column!r} holds {feature}, neither text nor token ids")
