@@ -78,8 +78,8 @@ class PreparedDataset:
         num_samples: Samples in the prepared copy.
         length: Samples a trial's dataset cycles up to (one epoch never ends within a trial).
         packing: Documents were packed into full ``seq_len`` blocks instead of padded.
-        token_lengths: Each prepared row's tokens, before truncation (DPO: a pair's two rows), where the plan
-            tokenizes them: the throughput prior's typical batch; empty where it does not.
+        token_lengths: Each prepared row's tokens, before truncation (DPO: a pair's two rows): the throughput
+            prior's typical batch; empty for packed blocks (full) and a copy prepared before they were kept.
     """
 
     label: str
@@ -148,6 +148,7 @@ def prepare_dataset(
                 column_read=column,
                 tokenizer_dir=tokenizer_dir if is_text and not packing else None,
                 pad_token_id=_pad_token_id(tokenizer, model),
+                token_lengths=[] if packing else _token_lengths(prepared, meta["column"], tokenizer),
             )
             _save_atomically(prepared, meta, prepared_dir)
     meta = json.loads((prepared_dir / _META_FILE).read_text())
@@ -167,6 +168,7 @@ def prepare_dataset(
         num_samples=int(meta["num_samples"]),
         length=length,
         packing=packing,
+        token_lengths=tuple(meta.get("token_lengths") or ()),  # none in a copy prepared before they were kept
     )
 
 
@@ -268,6 +270,15 @@ def prepare_sft_rows(
         packing=False,
         token_lengths=tuple(reader.row_lengths(sample, tokenizer, data, loss_on)),
     )
+
+
+def _token_lengths(rows: Any, column: str, tokenizer: Any) -> list[int]:
+    """Each prepared sample's tokens, before truncation, as the trials tokenize it (``runner._loader``): the
+    throughput prior's typical batch (packed blocks are full: none kept for them)."""
+    values = list(rows[column])
+    if tokenizer is None:
+        return [len(ids) for ids in values]
+    return [len(ids) for ids in tokenizer(values)["input_ids"]]
 
 
 def _row_characters(rows: Any) -> Any:

@@ -49,3 +49,26 @@ def test_on_short_rows_packing_is_predicted_faster_than_padding_to_the_longest(t
     # Padded rows compute their padding, which is not real work; packed ones compute only real tokens.
     # (Read as every row SEQ_LEN tokens long, the prior put padding ahead: 67,878 against 54,192.)
     assert real_tokens_per_s("bfd") > real_tokens_per_s("off")
+
+
+def test_the_trainers_samples_have_their_tokens_and_padding_to_the_longest_beats_padding_to_seq_len(tmp_path):
+    """Under the Trainer (token-id rows, as a tokenized dataset has them): each sample's tokens, and a batch
+    padded to its longest sample predicted faster in real tokens/s than one padded to --seq-len."""
+    import json
+    import random
+
+    draw = random.Random(0)
+    lengths = [draw.randint(8, 60) for _ in range(48)]
+    data = tmp_path / "ids.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [5] * n}) + "\n" for n in lengths))
+    options = EstimateOptions(model="gpt2-tiny", dataset=str(data), seq_len=SEQ_LEN, device="cpu", max_global_batch=16)
+    workload = plan(options, 64 * GiB).workload
+    assert sorted(workload.dataset.token_lengths) == sorted(lengths)
+    speed = workload.speed_model()
+
+    def real_tokens_per_s(padding: str) -> float:
+        estimate = speed.estimate(workload.model, TrialConfig(micro_batch=8, padding=padding), SEQ_LEN)
+        assert estimate is not None
+        return estimate.tokens_per_s
+
+    assert real_tokens_per_s("longest") > real_tokens_per_s("max_length")
