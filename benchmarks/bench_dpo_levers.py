@@ -55,6 +55,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "precompute_ref_log_probs (no reference copy)": {"precompute_ref_log_probs": True},
     "dtype fp32 (bf16 off)": {"bf16": False},
     "micro-batch 4 x accumulation 2": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    "micro-batch 2 x accumulation 4": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4},
+    "micro-batch 1 x accumulation 8 (no padding)": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8},
     "combined: fp32, checkpointing off, precompute_ref_log_probs": {
         "bf16": False,
         "gradient_checkpointing": False,

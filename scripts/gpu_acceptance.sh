@@ -32,7 +32,16 @@
 #             compile + bf16) side by side, and the winner's export in a plain SFTTrainer
 #             (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
 #             liger-kernel: install from a wheelhouse written with scripts/wheelhouse.sh --llm
-#   all       every step in order, the search step until done, then offload (llm is run on its own)
+#   proof     issue 41's one call, ending inside PROOF_S (540 s) with everything in OUT_DIR: install (from
+#             WHEELHOUSE, a --llm wheelhouse), the llm step's runs (their search and compare budgets
+#             default to 90 s and 110 s a model here), a DPO study (DPO_MODEL with LoRA at the llm step's
+#             seq len on generated preference pairs, bounded to DPO_SEARCH_S: OUT_DIR/dpo.md, its ranking
+#             and winner against TRL's default DPOConfig) and OUT_DIR/trials.md (every trial of every
+#             study: the throughput prior's real tokens/s and the memory prior's peak, predicted when it
+#             was proposed, against what it measured). A part whose budget no longer fits in what is left
+#             of PROOF_S is skipped with a line saying so. Dry run on a CPU: GPU_ACCEPTANCE_LLM_DEVICE=cpu
+#             with small models (GPU_ACCEPTANCE_LLM_RUNS="llama-tiny:lora", GPU_ACCEPTANCE_DPO_MODEL=llama-tiny)
+#   all       every step in order, the search step until done, then offload (llm and proof are run on their own)
 #
 # Environment: GPU_ACCEPTANCE_TRIALS (12), GPU_ACCEPTANCE_MODEL (bert-large-uncased),
 # GPU_ACCEPTANCE_SEQ_LEN (512), GPU_ACCEPTANCE_STEP_S (540), GPU_ACCEPTANCE_SEARCH_START_S (300),
@@ -48,11 +57,13 @@
 # GPU_ACCEPTANCE_LLM_EXPERT (packing=bfd,liger=true,compile=inductor,dtype=bf16), GPU_ACCEPTANCE_LLM_STEPS
 # ("3 12": warm-up and measured steps a trial), GPU_ACCEPTANCE_LLM_PLAIN_STEPS (20: the plain SFTTrainer's
 # timed steps, after 2), GPU_ACCEPTANCE_LLM_SPACE (unset: the LLM space).
+# The proof step's: GPU_ACCEPTANCE_PROOF_S (540), GPU_ACCEPTANCE_DPO_MODEL (qwen2.5-0.5b),
+# GPU_ACCEPTANCE_DPO_SEARCH_S (60), GPU_ACCEPTANCE_DPO_TRIALS (4), GPU_ACCEPTANCE_DPO_SAMPLES (400 pairs).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|offload|llm|all [OUT_DIR]}"
+STEP="${1:?usage: scripts/gpu_acceptance.sh install|devices|estimate|search|export|results|offload|llm|dpo|proof|all [OUT_DIR]}"
 OUT="$(mkdir -p "${2:-gpu_acceptance_out}" && cd "${2:-gpu_acceptance_out}" && pwd)"
 PYTHON="${PYTHON:-python3}"
 MODEL="${GPU_ACCEPTANCE_MODEL:-bert-large-uncased}"
@@ -77,6 +88,11 @@ LLM_LENGTH_SCALE="${GPU_ACCEPTANCE_LLM_LENGTH_SCALE:-1}"
 LLM_EXPERT="${GPU_ACCEPTANCE_LLM_EXPERT:-packing=bfd,liger=true,compile=inductor,dtype=bf16}"
 read -r LLM_WARMUP LLM_MEASURE <<< "${GPU_ACCEPTANCE_LLM_STEPS:-3 12}"
 LLM_PLAIN_STEPS="${GPU_ACCEPTANCE_LLM_PLAIN_STEPS:-20}"
+PROOF_S="${GPU_ACCEPTANCE_PROOF_S:-540}"
+DPO_MODEL="${GPU_ACCEPTANCE_DPO_MODEL:-qwen2.5-0.5b}"
+DPO_SEARCH_S="${GPU_ACCEPTANCE_DPO_SEARCH_S:-60}"
+DPO_TRIALS="${GPU_ACCEPTANCE_DPO_TRIALS:-4}"
+DPO_SAMPLES="${GPU_ACCEPTANCE_DPO_SAMPLES:-400}"
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs
@@ -198,12 +214,56 @@ step_llm() {
             --storage "$STORAGE" --study-name "$name" --work-dir "$OUT/runs-$name" --out "$OUT/llm.md" \
             --title "$model ($peft)" --expert "$LLM_EXPERT" --warmup-steps "$LLM_WARMUP" \
             --max-measure-steps "$LLM_MEASURE" --plain-steps "$LLM_PLAIN_STEPS") || status=$?
-        if [[ $status -eq 124 ]]; then
+        if [[ $status -eq 124 ]]; then  # its time is up: the rows measured are kept, the next model runs
             echo "llm: $model ($peft) stopped at LLM_COMPARE_S=$LLM_COMPARE_S s; the rows measured are in $OUT/llm.md" >&2
+            echo "- stopped at LLM_COMPARE_S=$LLM_COMPARE_S s: the runs above are those measured in time" >> "$OUT/llm.md"
+            status=0
         fi
         [[ $status -eq 0 ]] || return "$status"
     done
     echo "llm: results in $OUT/llm.md" >&2
+}
+
+step_dpo() {  # a bounded DPO study (TRL's DPOTrainer, LoRA) on generated preference pairs; its ranking in dpo.md
+    local status=0
+    autotune chat-corpus --out "$OUT/prefs.jsonl" --samples "$DPO_SAMPLES" --format preference \
+        --length-scale "$LLM_LENGTH_SCALE" --force
+    echo "== dpo: $DPO_MODEL (lora) search" >&2
+    (cd "$OUT" && timeout -k 20 -s INT "$DPO_SEARCH_S" "$PYTHON" -m autotune search --model "$DPO_MODEL" \
+        --dataset prefs.jsonl --device "$LLM_DEVICE" --seq-len "$LLM_SEQ_LEN" --trials "$DPO_TRIALS" --peft lora \
+        --confirm-top 0 --warmup-steps "$LLM_WARMUP" --max-measure-steps "$LLM_MEASURE" \
+        --storage "$STORAGE" --study-name dpo --work-dir "$OUT/runs-dpo") || status=$?
+    if [[ $status -ne 0 && $status -ne 130 && $status -ne 124 ]]; then
+        return "$status"
+    fi
+    { echo "## DPO under TRL's DPOTrainer: $DPO_MODEL + LoRA, seq len $LLM_SEQ_LEN (scripts/gpu_acceptance.sh proof)";
+      echo; echo '```'; autotune best --storage "$STORAGE" --study-name dpo; echo '```'; } > "$OUT/dpo.md"
+}
+
+step_proof() {  # issue 41's one call: each part run only if its budget fits in what is left of PROOF_S
+    local deadline=$((SECONDS + PROOF_S)) planned=0 each runs="" pair dpo_needs=$((DPO_SEARCH_S + 20))
+    LLM_SEARCH_S="${GPU_ACCEPTANCE_LLM_SEARCH_S:-90}" LLM_COMPARE_S="${GPU_ACCEPTANCE_LLM_COMPARE_S:-110}"
+    if [[ -n "${WHEELHOUSE:-}" ]]; then
+        step_install || return $?
+    fi
+    each=$((LLM_SEARCH_S + LLM_COMPARE_S + 20))  # a model's search and compare, and its corpus and builds
+    for pair in $LLM_RUNS; do  # the models that fit before the deadline, the DPO study's time kept aside
+        if [[ $((SECONDS + planned + each + dpo_needs)) -le $deadline ]]; then
+            runs="$runs $pair" planned=$((planned + each))
+        else
+            echo "proof: llm $pair skipped: $((deadline - SECONDS - planned)) s left of PROOF_S=$PROOF_S, it needs $each and the DPO study $dpo_needs" >&2
+        fi
+    done
+    if [[ -n "$runs" ]]; then
+        LLM_RUNS="$runs" step_llm || return $?
+    fi
+    if [[ $((SECONDS + dpo_needs)) -le $deadline ]]; then
+        step_dpo || return $?
+    else
+        echo "proof: dpo skipped: $((deadline - SECONDS)) s left of PROOF_S=$PROOF_S, it needs $dpo_needs" >&2
+    fi
+    (cd "$OUT" && "$PYTHON" "$REPO/scripts/gpu_acceptance_llm.py" trials --storage "$STORAGE" --out "$OUT/trials.md" > /dev/null)
+    echo "proof: done, $((deadline - SECONDS)) s inside PROOF_S=$PROOF_S; results in $OUT/llm.md, $OUT/dpo.md, $OUT/trials.md" >&2
 }
 
 run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is passed on, anything else stops
@@ -217,7 +277,7 @@ run_step() {  # run_step NAME: run it; the search step's "run me again" (3) is p
 }
 
 case "$STEP" in
-    install|devices|estimate|search|export|results|offload|llm)
+    install|devices|estimate|search|export|results|offload|llm|dpo|proof)
         run_step "$STEP"
         ;;
     all)
@@ -231,7 +291,7 @@ case "$STEP" in
         echo "gpu_acceptance: done; results in $OUT/results.md, $OUT/results.json and $OUT/offload.md" >&2
         ;;
     *)
-        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, offload, llm, all)" >&2
+        echo "gpu_acceptance: error: unknown step '$STEP' (install, devices, estimate, search, export, results, offload, llm, dpo, proof, all)" >&2
         exit 2
         ;;
 esac

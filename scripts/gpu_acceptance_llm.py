@@ -19,6 +19,13 @@ against the winner's.
 what a user runs: the exported ``SFTConfig`` fields, a plain ``SFTTrainer`` on the same rows, no
 autotune in the loop; prints one ``plain-sft-result: {json}`` line (tokens/s from TRL's ``num_tokens``
 over the steps after the first two, the peak CUDA memory).
+
+    gpu_acceptance_llm.py trials --storage URL --out OUT/trials.md
+
+every trial that ran in every study of the storage, what the priors predicted when it was proposed
+against what it measured: the throughput prior's real tokens/s (``prior_tokens_per_s``) and the memory
+prior's peak (``prior_peak_bytes``), each with its error (issue 40 point 6, issue 41's memory goal: within
+10 % of every trial's measured peak).
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ def compare(options: argparse.Namespace) -> None:
     from autotune.runner import TrialJob, run_isolated
     from autotune.storage import load_study
     from autotune.study._seeds import default_config
-    from autotune.views.export import winner, winner_arguments, write_json
+    from autotune.views.export import winner, winner_arguments
 
     search = SearchOptions(
         model=options.model,
@@ -114,7 +121,7 @@ def compare(options: argparse.Namespace) -> None:
         append(options.out, [row])
         print(row, flush=True)
     args_file = Path(options.work_dir) / "best_args.json"
-    write_json(winner_arguments(study), str(args_file))
+    args_file.write_text(json.dumps(winner_arguments(study), indent=2) + "\n")  # as `autotune export` writes it
     plain = run_plain(args_file, options, workload, best.config)
     recorded = best.result
     assert recorded is not None  # the winner is a measured trial
@@ -225,6 +232,54 @@ def plain(options: argparse.Namespace) -> None:
     print(PLAIN_RESULT_MARK + json.dumps(result), flush=True)
 
 
+def trials(options: argparse.Namespace) -> None:
+    """OUT: a table per study of each trial's predictions (made when it was proposed) against its measurement."""
+    import optuna
+
+    from autotune.levers import TrialConfig
+    from autotune.result import TrialResult
+    from autotune.storage import open_storage, schema
+
+    storage = open_storage(options.storage)
+    lines = [
+        "## Every trial: the priors' predictions when it was proposed against what it measured",
+        "",
+        "Error: predicted / measured - 1. Speed: the throughput prior's real tokens/s (no calibration) against the",
+        "trial's real (trained) tokens/s; peak: the memory prior's peak against the measured one (its source named).",
+    ]
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        lines += [
+            "",
+            f"### {summary.study_name}",
+            "",
+            "| trial | config | real tokens/s | predicted (prior) | error | peak | predicted (prior) | error | status |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for trial in study.get_trials(deepcopy=False):
+            result = TrialResult.from_trial(trial)
+            if result is None or result.status == "screened" or schema.TRIAL_REUSED_FROM in trial.user_attrs:
+                continue  # never ran here: nothing measured to compare
+            measured = result.real_tokens_per_s if result.status == "ok" else 0.0
+            speed = trial.user_attrs.get(schema.TRIAL_PRIOR_TOKENS_PER_S)
+            peak = result.peak_memory_bytes or 0
+            prior_peak = trial.user_attrs.get(schema.TRIAL_PRIOR_PEAK_BYTES)
+            cells = [
+                f"#{trial.number}",
+                TrialConfig.from_params(trial.params).short(),
+                f"{measured:.0f}" if measured else "-",
+                f"{speed:.0f}" if speed else "-",
+                f"{speed / measured - 1:+.0%}" if speed and measured else "-",
+                f"{peak / GiB:.2f} GiB ({result.memory_source})" if peak else "-",
+                f"{prior_peak / GiB:.2f} GiB" if prior_peak else "-",
+                f"{prior_peak / peak - 1:+.0%}" if prior_peak and peak else "-",
+                result.status,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    append(options.out, lines + [""])
+    print("\n".join(lines), flush=True)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -253,9 +308,12 @@ def main(argv: list[str]) -> None:
     training.add_argument("--attn", default="sdpa")
     training.add_argument("--weight-dtype", default="fp32")
     training.add_argument("--steps", type=int, default=20)
+    listing = commands.add_parser("trials")
+    listing.add_argument("--storage", required=True)
+    listing.add_argument("--out", required=True)
     options = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    compare(options) if options.command == "compare" else plain(options)
+    {"compare": compare, "plain": plain, "trials": trials}[options.command](options)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 # Python and platform into one directory; copy it to a machine without one and install from it.
 #
 #   scripts/wheelhouse.sh --out DIR [--llm] [--python-version 3.12] [--platform manylinux_2_17_x86_64]
+#                         [--target-has NAME,...]
 #
 # Without --python-version/--platform the wheels are for the interpreter running this script
 # (PYTHON, default python3). DIR receives autotune's own wheel (`pip wheel --no-deps`) and, from
@@ -11,7 +12,10 @@
 # brings pyarrow and pandas, some 70 MB, past what the device tool carries if the target lacks them), except:
 #   * what the target interpreter already has (scripts/wheelhouse-excluded.txt: a CUDA torch and
 #     its stack), so that the interpreter's own torch is the one that trains;
-#   * plotly, which only `autotune report` needs (pyproject's [report] extra).
+#   * plotly, which only `autotune report` needs (pyproject's [report] extra);
+#   * what --target-has names besides: projects this target has that the list does not (the lent H200's image has
+#     pandas and pyarrow, which TRL's datasets needs: `--target-has pandas,pyarrow` keeps a --llm wheelhouse
+#     within what the device tool carries; a target whose copy is too old fails the install in pip's one line).
 # Every project the lock (requirements/lock-cpu-py311.txt) holds comes at its locked version (the target's
 # own aside), and each file downloaded is checked against the lock's hashes (scripts/lock.py verify: every
 # file of a pinned release is hashed there, so another Python or platform is checked too); a target Python
@@ -25,14 +29,15 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-OUT="" TARGET=() LLM=0
+OUT="" TARGET=() LLM=0 TARGET_HAS=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --out) OUT="$2"; shift 2 ;;
         --llm) LLM=1; shift ;;
         --python-version) TARGET+=(--python-version "$2"); shift 2 ;;
         --platform) TARGET+=(--platform "$2"); shift 2 ;;
-        *) echo "wheelhouse: error: unknown argument $1 (--out DIR [--llm] [--python-version X.Y] [--platform TAG])" >&2; exit 2 ;;
+        --target-has) TARGET_HAS="$TARGET_HAS,$2"; shift 2 ;;
+        *) echo "wheelhouse: error: unknown argument $1 (--out DIR [--llm] [--python-version X.Y] [--platform TAG] [--target-has NAME,...])" >&2; exit 2 ;;
     esac
 done
 if [[ -z "$OUT" ]]; then
@@ -49,24 +54,26 @@ mkdir -p "$OUT"
 SOURCE="$(mktemp -d)"
 trap 'rm -rf "$SOURCE"' EXIT
 cp -r "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/autotune" "$REPO/search_spaces" "$SOURCE/"
+EXCLUDED="$SOURCE/excluded.txt"  # what the target has, and what the search does not need
+{ cat "$REPO/scripts/wheelhouse-excluded.txt"; tr ',' '\n' <<< "$TARGET_HAS"; } > "$EXCLUDED"
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$SOURCE"
 LOCK="$REPO/requirements/lock-cpu-py311.txt"
-"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --constraints "$LOCK" "$REPO/scripts/wheelhouse-excluded.txt" > "$SOURCE/constraints.txt"
+"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --constraints "$LOCK" "$EXCLUDED" > "$SOURCE/constraints.txt"
 DOWNLOAD=("$PYTHON" -m pip download --quiet --only-binary=:all: "${TARGET[@]}" --constraint "$SOURCE/constraints.txt" --dest "$OUT")
 # autotune's requirements, less what the target has and what the search does not need.
-mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
+mapfile -t REQUIREMENTS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" "$OUT" "$EXCLUDED")
 "${DOWNLOAD[@]}" "${REQUIREMENTS[@]}"
 # The sft and liger extras (TRL, liger-kernel) without their dependencies, then what they need that the
 # target lacks, with theirs (scripts/wheelhouse_requirements.py says why in two steps).
 if [[ $LLM -eq 1 ]]; then
     mapfile -t EXTRAS < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras "$OUT")
     "${DOWNLOAD[@]}" --no-deps "${EXTRAS[@]}"
-    mapfile -t EXTRAS_NEED < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras-needs "$OUT" "$REPO/scripts/wheelhouse-excluded.txt")
+    mapfile -t EXTRAS_NEED < <("$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --extras-needs "$OUT" "$EXCLUDED")
     if [[ ${#EXTRAS_NEED[@]} -gt 0 ]]; then
         "${DOWNLOAD[@]}" "${EXTRAS_NEED[@]}"
     fi
 fi
 # Their own dependencies may name a preinstalled project (optuna needs numpy): the target's is used.
-"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --prune "$OUT" "$REPO/scripts/wheelhouse-excluded.txt"
+"$PYTHON" "$REPO/scripts/wheelhouse_requirements.py" --prune "$OUT" "$EXCLUDED"
 "$PYTHON" "$REPO/scripts/lock.py" verify "$LOCK" "$OUT"
 du -sh "$OUT" >&2
