@@ -25,7 +25,8 @@ from optuna.trial import TrialState
 
 from autotune.result import TrialResult
 from tests.support.bad_input import TINY_SPACE, assert_one_error_line, create_study
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
+from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli_in_process
+from tests.support.faults import aim_fault
 from tests.support.filesystems import tmpfs
 from tests.support.processes import sigint_as_from_a_terminal
 
@@ -62,10 +63,12 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
     runs = tmp_path / "runs"
     with tmpfs(tmp_path / "db", "2m") as mount:
         storage = f"sqlite:///{mount / 'study.db'}"
-        first = run_cli(
+        aim_fault(runs, mount)
+        # What is under test is what the search records and keeps, not its process: the entry point in
+        # this process (tests/support/cli.py), its trial children from this process's forkserver.
+        first = run_cli_in_process(
             *_search_on(storage, runs, "--trials", "1", "--callback", "tests.support.faults:FillDiskAtTrainEnd"),
             cwd=tmp_path,
-            env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_FILL_DIR": str(mount)},
         )
         assert_one_error_line(first, "database or disk is full")
         pending = list(runs.glob("trial-*-*/pending_result.json"))
@@ -75,7 +78,6 @@ def test_full_disk_at_tell_keeps_the_result_and_the_next_run_records_it(tmp_path
         assert study.trials[kept["trial"]].state == TrialState.RUNNING  # not told: the disk was full
 
         (mount / "filler").unlink()
-        # The next run needs no fault in its children: the entry point in this process (run_cli_in_process).
         # Capped at the one trial the study holds: it records the kept result and measures nothing more
         # (a trial would start this process's forkserver, the slowest part of the test, for nothing it asserts).
         second = run_cli_in_process(*_search_on(storage, runs, "--max-total-trials", "1"), cwd=tmp_path)
@@ -98,17 +100,17 @@ def test_database_deleted_at_tell_keeps_the_result_and_the_next_run_records_it_w
     space, database, runs = tmp_path / "one.yaml", tmp_path / "study.db", tmp_path / "runs"
     space.write_text("micro_batch: [8]\ngrad_accum: [1]\n")
     storage = f"sqlite:///{database}"
-    first = run_cli(
+    aim_fault(runs, database)
+    # The search's entry point in this process, as in the test above.
+    first = run_cli_in_process(
         *_search_on(storage, runs, "--space", str(space), "--callback", "tests.support.faults:DeleteFileAtTrainEnd"),
         cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO), "AUTOTUNE_FAULT_DELETE": str(database)},
     )
     assert_one_error_line(first, "is recorded when you run the same command again")
     (pending,) = runs.glob("trial-*-*/pending_result.json")
     kept = json.loads(pending.read_text())
     assert not database.exists()
 
-    # The next run needs no fault in its children: the entry point in this process (run_cli_in_process).
     second = run_cli_in_process(*_search_on(storage, runs, "--space", str(space)), cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "measured while the storage could not record them: recorded now" in second.stdout

@@ -33,8 +33,9 @@ DEFAULT_STORAGE = "sqlite:///autotune.db"
 # A search's own writes hold one for milliseconds; a lock held for seconds is another program's (an
 # open sqlite3 shell's transaction, a backup). `search` writes from several worker threads and
 # processes at once (--workers), and a lost tell would leave a trial RUNNING: it waits long. The
-# commands that only read (best, export, report, estimate) give up sooner. Either says what it waits
-# for once it has waited SQLITE_LOCK_NOTICE_S (_wait_for_sqlite_lock).
+# commands that only read (best, export, report, estimate) give up sooner (AUTOTUNE_SQLITE_READ_TIMEOUT_S
+# sets how soon: sqlite_read_timeout_s). Either says what it waits for once it has waited
+# SQLITE_LOCK_NOTICE_S (_wait_for_sqlite_lock).
 SQLITE_BUSY_TIMEOUT_S = 120
 SQLITE_READ_TIMEOUT_S = 15
 SQLITE_LOCK_NOTICE_S = 1.0
@@ -70,7 +71,7 @@ def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, exis
         raise AutotuneError(
             f"--storage {redact(url)!r} is not a database URL: use sqlite:///path.db or postgresql://user@host/db"
         )
-    busy_timeout_s = SQLITE_READ_TIMEOUT_S if existing else SQLITE_BUSY_TIMEOUT_S
+    busy_timeout_s = sqlite_read_timeout_s() if existing else SQLITE_BUSY_TIMEOUT_S
     if url.startswith("sqlite:///"):
         if existing:
             require_sqlite_file(url)
@@ -169,21 +170,31 @@ def heartbeat_settings() -> tuple[int, int]:
     Raises:
         AutotuneError: A value is not a positive integer, or the grace is not above the interval.
     """
-    values = []
-    for name, default in (
-        ("AUTOTUNE_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S),
-        ("AUTOTUNE_HEARTBEAT_GRACE_S", HEARTBEAT_GRACE_S),
-    ):
-        text = os.environ.get(name, str(default)).strip()
-        if not text.isdigit() or int(text) <= 0:
-            raise AutotuneError(f"{name}={text!r}: give a whole number of seconds above 0")
-        values.append(int(text))
-    interval_s, grace_s = values
+    interval_s = _whole_seconds("AUTOTUNE_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S)
+    grace_s = _whole_seconds("AUTOTUNE_HEARTBEAT_GRACE_S", HEARTBEAT_GRACE_S)
     if grace_s <= interval_s:
         raise AutotuneError(
             f"AUTOTUNE_HEARTBEAT_GRACE_S={grace_s} must be above AUTOTUNE_HEARTBEAT_INTERVAL_S={interval_s} (e.g. twice it)"
         )
     return interval_s, grace_s
+
+
+def sqlite_read_timeout_s() -> int:
+    """How long a command that only reads waits for a lock another process holds on a SQLite file:
+    ``AUTOTUNE_SQLITE_READ_TIMEOUT_S``, else :data:`SQLITE_READ_TIMEOUT_S`.
+
+    Raises:
+        AutotuneError: The value is not a positive integer.
+    """
+    return _whole_seconds("AUTOTUNE_SQLITE_READ_TIMEOUT_S", SQLITE_READ_TIMEOUT_S)
+
+
+def _whole_seconds(name: str, default: int) -> int:
+    """The environment variable ``name``, a whole number of seconds above 0; ``default`` where it is unset."""
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdigit() or int(text) <= 0:
+        raise AutotuneError(f"{name}={text!r}: give a whole number of seconds above 0")
+    return int(text)
 
 
 def require_sqlite_file(storage_url: str) -> None:

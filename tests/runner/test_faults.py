@@ -173,7 +173,10 @@ def test_hang_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
 
 def test_a_stopped_child_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
     # SIGSTOP, unlike a hang, leaves a process that handles no signal but SIGKILL: the timeout still ends it.
-    study, request = study_for("StopAtStep", timeout_s=20.0)
+    # The stop must fire in at least one attempt (the retry's child forks from a running forkserver, and a
+    # forked tiny BERT reaches its first step in 1-3 s on a busy 2-core machine): 2.5 x SHORT_TIMEOUT_S
+    # leaves room for that, where 20 s per attempt cost the suite 40 s of waiting on a stopped process.
+    study, request = study_for("StopAtStep", timeout_s=2.5 * SHORT_TIMEOUT_S)
     trial = run_trial(study, request)
     result = TrialResult.from_trial(trial)
     assert (result.status, result.attempts) == ("timeout", 2)

@@ -21,6 +21,8 @@ from autotune.storage import schema
 
 GiB = 1024**3
 LATE_RANK_DIR = os.path.join(os.path.dirname(__file__), "..", "support", "late_rank")
+# The trial timeout of the rendezvous that a late rank never joins: the test waits all of it.
+RENDEZVOUS_TIMEOUT_S = 12
 
 
 @pytest.fixture
@@ -98,11 +100,14 @@ def test_a_rendezvous_port_in_use_is_a_crash_saying_so(two_rank_job, assert_no_p
 @pytest.mark.slow
 def test_a_rank_that_never_joins_times_the_rendezvous_out(two_rank_job, monkeypatch, assert_no_process_left):
     monkeypatch.syspath_prepend(LATE_RANK_DIR)  # rank 1 sleeps at start-up (its sitecustomize)
-    result = run_isolated(two_rank_job(), timeout_s=30)
+    # Rank 1 sleeps 600 s: any timeout ends the trial with it missing; a short one keeps the wait short.
+    result = run_isolated(two_rank_job(), timeout_s=RENDEZVOUS_TIMEOUT_S)
     assert result.status == Status.TIMEOUT
-    # Rank 1 is named; under a loaded machine rank 0 may still be importing at 30 s too, and is then named as well.
+    # Rank 1 is named; under a loaded machine rank 0 may still be importing at the timeout too, and is then
+    # named as well.
     assert re.fullmatch(
-        r"rendezvous of 2 ranks timed out: rank (0, )?1 never started; no result within the 30 s timeout; killed",
+        rf"rendezvous of 2 ranks timed out: rank (0, )?1 never started; no result within the "
+        rf"{RENDEZVOUS_TIMEOUT_S:g} s timeout; killed",
         result.error,
     )
     assert_no_process_left()

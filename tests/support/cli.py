@@ -45,8 +45,9 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
     (signals, a crash, a server, several workers), a search whose trials must see ``env`` (a forkserver
     already running keeps the environment it started with), and the real ``python -m autotune`` a user
     runs: each end-to-end search in tests/e2e/ and tests/test_cli_errors.py (the readers of the study an
-    end-to-end search made run here: an interpreter start each, under load tens of seconds, for nothing
-    the test is about).
+    end-to-end search made run here, and so does a rerun of a study a real process left, as
+    tests/e2e/test_resume.py's after its SIGKILL: an interpreter start each, under load tens of seconds,
+    for nothing the test is about).
 
     An exception escaping ``main`` is returned as exit 1 with its traceback on stderr, as a process
     would end, so a test of "no traceback" fails on it.

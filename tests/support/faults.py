@@ -275,21 +275,39 @@ def fill_file_system(directory: str) -> None:
             return
 
 
+# The file that names the path a fault acts on (FillDiskAtTrainEnd, DeleteFileAtTrainEnd): beside the
+# search's work directory, not in it (the work directory holds what the search wrote, which tests read).
+# A file rather than an environment variable: a trial child forks from a forkserver that keeps the
+# environment it started with, so a search run in the test's process (tests/support/cli.py
+# run_cli_in_process) could not hand it a variable, and a file reaches every child.
+FAULT_TARGET_FILE = "fault-target"
+
+
+def aim_fault(work_dir: Path, target: Path) -> None:
+    """Name ``target`` as the path the fault of a search with ``--work-dir work_dir`` acts on."""
+    (work_dir.parent / FAULT_TARGET_FILE).write_text(str(target))
+
+
+def _fault_target(args) -> str:
+    """The path :func:`aim_fault` named, read in the trial child (``args.output_dir`` is ``<work-dir>/trial-*``)."""
+    return (Path(args.output_dir).parent.parent / FAULT_TARGET_FILE).read_text()
+
+
 class FillDiskAtTrainEnd(TrainerCallback):
-    """Fills the file system of ``$AUTOTUNE_FAULT_FILL_DIR`` once training ends: the trial is measured,
-    and the parent's tell of it meets a full disk."""
+    """Fills the file system of the directory :func:`aim_fault` named once training ends: the trial is
+    measured, and the parent's tell of it meets a full disk."""
 
     def on_train_end(self, args, state, control, **kwargs):
-        fill_file_system(os.environ["AUTOTUNE_FAULT_FILL_DIR"])
+        fill_file_system(_fault_target(args))
         return control
 
 
 class DeleteFileAtTrainEnd(TrainerCallback):
-    """Deletes ``$AUTOTUNE_FAULT_DELETE`` (the study's SQLite file) once training ends: the trial is
+    """Deletes the file :func:`aim_fault` named (the study's SQLite file) once training ends: the trial is
     measured, and the parent's tell of it meets a database whose file is gone."""
 
     def on_train_end(self, args, state, control, **kwargs):
-        os.unlink(os.environ["AUTOTUNE_FAULT_DELETE"])
+        os.unlink(_fault_target(args))
         return control
 
 
