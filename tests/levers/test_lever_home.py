@@ -191,7 +191,7 @@ ALLOWED = {
     # through its to_model_build hook; build_model passes float32 where no lever does).
     ("autotune/spec/models.py", "dtype"),
     # A datasets Feature's dtype ("string", "int64"): which column holds the text or the token ids.
-    ("autotune/spec/dataset.py", "dtype"),
+    ("autotune/spec/dataset_files.py", "dtype"),
     # The keys of SFTConfig and of its model_init_kwargs that the SFT export translates into other tools'
     # keys (trl sft flags, axolotl, LLaMA-Factory): the arguments' fields, written by the levers' own
     # to_training_args / to_model_build; the export reads them, never a lever.
