@@ -391,9 +391,13 @@ def logits_bytes(
 FUSED_HEAD_TILE_TOKENS = 4096
 FUSED_HEAD_TILE_COLUMNS = 32768
 # fp32 tile-sized tensors alive at once: on CUDA the Triton kernels read the tile's matmul output and
-# write its gradient in place; off CUDA the torch fallback (``_forward_tile``, ``_backward_tile``)
-# keeps the tile, its fp32 copy, the exponentials and their product or the gradient.
-FUSED_HEAD_TILE_COPIES = {"cuda": 2, "cpu": 4}
+# write its gradient in place. Off CUDA the torch fallback's backward (``_backward_tile``,
+# chunked_logprob.py:261-293) holds, at ``grad += g * (is_target.float() - p)``, the scaled tile ``y``, ``z``,
+# ``log_p``, ``p``, ``grad`` and that line's three temporaries, beside the tile itself: 8 counted here
+# (it was 4, the forward's count). Measured on the CPU (2026-11-29, llama-tiny, bf16 autocast, LoRA, seq
+# 256, micro-batch 8: the prior 1.0 GiB low under SFTTrainer, 1.9 GiB under DPOTrainer's two rows a pair,
+# 4.1 and 3.9 tiles), within 1 % with 8; tests/trainers/test_sft.py holds it within 12 % at seq 64.
+FUSED_HEAD_TILE_COPIES = {"cuda": 2, "cpu": 8}
 
 
 def fused_lm_head_bytes(model: ModelSpec, tokens: int, device_kind: str) -> int:
