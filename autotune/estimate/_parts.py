@@ -396,7 +396,8 @@ FUSED_HEAD_TILE_COLUMNS = 32768
 # ``log_p``, ``p``, ``grad`` and that line's three temporaries, beside the tile itself: 8 counted here
 # (it was 4, the forward's count). Measured on the CPU (2026-11-29, llama-tiny, bf16 autocast, LoRA, seq
 # 256, micro-batch 8: the prior 1.0 GiB low under SFTTrainer, 1.9 GiB under DPOTrainer's two rows a pair,
-# 4.1 and 3.9 tiles), within 1 % with 8; tests/trainers/test_sft.py holds it within 12 % at seq 64.
+# 4.1 and 3.9 tiles), within 1.2 % with 8; the head alone, forward and backward, held 8.8 tiles
+# (tests/estimate/test_fused_head_memory.py).
 FUSED_HEAD_TILE_COPIES = {"cuda": 2, "cpu": 8}
 
 

@@ -52,7 +52,8 @@ def start(command: list[str], cwd: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "COLUMNS": "200", **FAST_HEARTBEATS},
+        # PYTHONPATH: a worker's --callback names a class of tests/support (the interpreter starts in cwd).
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **FAST_HEARTBEATS},
     )
 
 
