@@ -268,8 +268,19 @@ def prepare_sft_rows(
         num_samples=int(meta["num_samples"]),
         length=length,
         packing=False,
-        token_lengths=tuple(reader.row_lengths(sample, tokenizer, data, loss_on)),
+        token_lengths=tuple(reader.row_lengths(_evenly(sample, LENGTH_ROWS), tokenizer, data, loss_on)),
     )
+
+
+# Rows whose tokens the throughput prior's typical batch is drawn from: a trainer's rendering of a chat row takes
+# about 2 ms here (2,000 generated rows: 4.0 s), and the prepared rows run to global batch x (steps + 1).
+LENGTH_ROWS = 1000
+
+
+def _evenly(rows: Any, most: int) -> Any:
+    """Every k-th of ``rows``, at most about ``most`` of them (all where there are no more)."""
+    step = max(1, -(-len(rows) // most))
+    return rows.select(range(0, len(rows), step)) if step > 1 else rows
 
 
 def _token_lengths(rows: Any, column: str, tokenizer: Any) -> list[int]:

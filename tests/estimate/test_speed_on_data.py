@@ -72,3 +72,18 @@ def test_the_trainers_samples_have_their_tokens_and_padding_to_the_longest_beats
         return estimate.tokens_per_s
 
     assert real_tokens_per_s("longest") > real_tokens_per_s("max_length")
+
+
+def test_a_large_prepared_set_is_read_for_its_lengths_in_a_bounded_sample(tmp_path):
+    """Rendering a chat row costs milliseconds: the prior's lengths come from every k-th prepared row, at most
+    about LENGTH_ROWS of them, drawn across the whole set (its longest rows as likely as in the set)."""
+    from autotune.spec.dataset import LENGTH_ROWS
+
+    path = tmp_path / "chat.jsonl"
+    write_corpus(str(path), 1500, seed=0, fmt="messages", length_scale=0.125)
+    options = EstimateOptions(
+        model="llama-tiny", dataset=str(path), seq_len=SEQ_LEN, device="cpu", max_global_batch=256
+    )
+    dataset = plan(options, 64 * GiB).workload.dataset
+    assert dataset.num_samples == 1500 and 0 < len(dataset.token_lengths) <= LENGTH_ROWS
+    assert len(dataset.token_lengths) >= LENGTH_ROWS // 2  # a sample, not a handful
