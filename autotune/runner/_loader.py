@@ -1,4 +1,4 @@
-"""The trial child's side of ``--dataset``: the prepared copy loaded as a dataset, and its fullest batch.
+"""The trial child's dataset: synthetic tokens, or ``--dataset``'s prepared copy loaded, and its fullest batch.
 
 The parent prepares the data once (``autotune.spec.dataset.prepare_dataset``); each trial child loads it here,
 and the trial's batching (``autotune.levers.Batching``, chosen by its levers) shapes its batches.
@@ -13,6 +13,32 @@ import torch
 from autotune.levers import Batching
 from autotune.spec.dataset import PreparedDataset
 from autotune.spec.models import NO_MODEL_CODE, ModelSpec
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """Random token ids at a fixed length, as the HF single-GPU performance guide measures.
+
+    A small pool of sequences is drawn once and cycled, so data generation costs nothing that a
+    real tokenized dataset would not.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, task: str, length: int, pool: int = 64) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self._ids = torch.randint(0, vocab_size, (pool, seq_len), generator=generator)
+        self._task = task
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self._ids[index % len(self._ids)]
+        sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if self._task == "sequence-classification":
+            sample["labels"] = torch.tensor(index % 2)
+        else:
+            sample["labels"] = ids  # causal LM shifts inside the model; MLM predicts every token
+        return sample
 
 
 def load_training_dataset(

@@ -41,6 +41,7 @@ from autotune.result import (
 from autotune.runner._callbacks import load_callback
 from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
+from autotune.runner._loader import SyntheticTokens, load_training_dataset
 from autotune.runner._loss_recorder import LossRecorder, weights_are_finite
 from autotune.runner._memory_probe import MemoryProbe, memory_probe
 from autotune.runner._precision import (
@@ -65,32 +66,6 @@ from autotune.trainers import TrialInputs, class_named
 from autotune.trainers import get as trainer_named
 
 
-class SyntheticTokens(torch.utils.data.Dataset):
-    """Random token ids at a fixed length, as the HF single-GPU performance guide measures.
-
-    A small pool of sequences is drawn once and cycled, so data generation costs nothing that a
-    real tokenized dataset would not.
-    """
-
-    def __init__(self, vocab_size: int, seq_len: int, task: str, length: int, pool: int = 64) -> None:
-        generator = torch.Generator().manual_seed(0)
-        self._ids = torch.randint(0, vocab_size, (pool, seq_len), generator=generator)
-        self._task = task
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ids = self._ids[index % len(self._ids)]
-        sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if self._task == "sequence-classification":
-            sample["labels"] = torch.tensor(index % 2)
-        else:
-            sample["labels"] = ids  # causal LM shifts inside the model; MLM predicts every token
-        return sample
-
-
 def harness_arguments(job: TrialJob, batching: Batching) -> dict[str, Any]:
     """TrainingArguments that only the measurement needs, and those that keep the trial's effects
     inside its process and work dir (``_side_effects.trial_overrides``: no upload, no reporting, no
@@ -109,8 +84,6 @@ def harness_arguments(job: TrialJob, batching: Batching) -> dict[str, Any]:
 def build_dataset(job: TrialJob, batching: Batching) -> torch.utils.data.Dataset:
     workload = job.workload
     if workload.dataset is not None:
-        from autotune.runner._loader import load_training_dataset
-
         samples = load_training_dataset(workload.dataset, workload.model, workload.seq_len, batching.pads_samples)
         return batching.prepare(samples)
     length = job.config.global_batch * (workload.measure.total_steps_cap + 1)

@@ -20,6 +20,13 @@ def planned_on(path, fmt: str, samples: int = 48):
     return plan(options, 64 * GiB), tokens, samples
 
 
+def predicted_real_tokens_per_s(workload, **levers) -> float:
+    """The workload's throughput prior for micro-batch 8 with ``levers``: its real tokens/s."""
+    estimate = workload.speed_model().estimate(workload.model, TrialConfig(micro_batch=8, **levers), SEQ_LEN)
+    assert estimate is not None
+    return estimate.tokens_per_s
+
+
 def test_every_chat_row_has_its_tokens_as_sfttrainer_makes_them(tmp_path):
     planned, tokens, rows = planned_on(tmp_path / "chat.jsonl", "messages")
     lengths = planned.workload.dataset.token_lengths
@@ -38,17 +45,10 @@ def test_every_pair_has_its_two_rows_as_dpotrainer_batches_them(tmp_path):
 def test_on_short_rows_packing_is_predicted_faster_than_padding_to_the_longest(tmp_path):
     planned, _, _ = planned_on(tmp_path / "chat.jsonl", "messages")
     workload = planned.workload
-    speed = workload.speed_model()
     assert statistics.median(workload.dataset.token_lengths) < SEQ_LEN / 2  # most rows far shorter: padding pads
-
-    def real_tokens_per_s(packing: str) -> float:
-        estimate = speed.estimate(workload.model, TrialConfig(micro_batch=8, packing=packing), SEQ_LEN)
-        assert estimate is not None
-        return estimate.tokens_per_s
-
     # Padded rows compute their padding, which is not real work; packed ones compute only real tokens.
     # (Read as every row SEQ_LEN tokens long, the prior put padding ahead: 67,878 against 54,192.)
-    assert real_tokens_per_s("bfd") > real_tokens_per_s("off")
+    assert predicted_real_tokens_per_s(workload, packing="bfd") > predicted_real_tokens_per_s(workload, packing="off")
 
 
 def test_the_trainers_samples_have_their_tokens_and_padding_to_the_longest_beats_padding_to_seq_len(tmp_path):
@@ -64,14 +64,8 @@ def test_the_trainers_samples_have_their_tokens_and_padding_to_the_longest_beats
     options = EstimateOptions(model="gpt2-tiny", dataset=str(data), seq_len=SEQ_LEN, device="cpu", max_global_batch=16)
     workload = plan(options, 64 * GiB).workload
     assert sorted(workload.dataset.token_lengths) == sorted(lengths)
-    speed = workload.speed_model()
-
-    def real_tokens_per_s(padding: str) -> float:
-        estimate = speed.estimate(workload.model, TrialConfig(micro_batch=8, padding=padding), SEQ_LEN)
-        assert estimate is not None
-        return estimate.tokens_per_s
-
-    assert real_tokens_per_s("longest") > real_tokens_per_s("max_length")
+    longest = predicted_real_tokens_per_s(workload, padding="longest")
+    assert longest > predicted_real_tokens_per_s(workload, padding="max_length")
 
 
 def test_a_large_prepared_set_is_read_for_its_lengths_in_a_bounded_sample(tmp_path):

@@ -365,7 +365,7 @@ def _bert_tiny_losses(micro_batch: int, grad_accum: int, **arguments) -> list[fl
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from autotune.runner._trial import SyntheticTokens
+    from autotune.runner._loader import SyntheticTokens
     from autotune.spec.models import build_model, resolve_model
 
     spec = resolve_model("bert-tiny")
