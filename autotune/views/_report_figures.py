@@ -32,7 +32,6 @@ from autotune.units import GiB, format_bytes
 from autotune.views.ranking import (
     RankedTrial,
     confirmation_label,
-    pareto_front,
     ranked_result,
 )
 
@@ -464,3 +463,15 @@ def empty_figure(title: str, reason: str) -> go.Figure:
     figure.add_annotation(text=reason, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 15})
     figure.update_layout(title=title, height=220, xaxis={"visible": False}, yaxis={"visible": False})
     return figure
+
+
+def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """The (memory, speed, trial) points no other point beats on both: less memory and more speed.
+
+    Sorted by memory; each point on the front is faster than every point that uses less memory.
+    """
+    front: list[tuple[float, float, int]] = []
+    for memory, speed, number in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or speed > front[-1][1]:
+            front.append((memory, speed, number))
+    return front

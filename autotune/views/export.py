@@ -85,7 +85,7 @@ def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
 
 
 def _training_default(name: str) -> Any:
-    from transformers import TrainingArguments
+    from transformers import TrainingArguments  # the class's own defaults, read where they are needed
 
     return {field.name: field.default for field in dataclasses.fields(TrainingArguments)}[name]
 
@@ -182,8 +182,7 @@ def exported_as(study: optuna.Study, fmt: str) -> str:
     return kind.exported_as[fmt]
 
 
-# The formats of the tools built on a trainer (TRL's SFTTrainer and DPOTrainer: trl, axolotl, LLaMA-Factory):
-# a study of such a trainer only.
+# The formats of the tools built on a trainer (TRL's: trl, axolotl, LLaMA-Factory): a study of such a trainer only.
 TOOL_FORMATS = tuple(dict.fromkeys(fmt for kind in REGISTERED for fmt in kind.tool_forms))
 FORMATS = ("json", "cli", "python", "accelerate", *TOOL_FORMATS)
 DEFAULT_OUT = {
@@ -198,11 +197,7 @@ DEFAULT_OUT = {
 
 
 def export_out(fmt: str, out: str | None) -> str:
-    """Where ``--format fmt`` writes: ``--out``, else the format's own file name.
-
-    Raises:
-        AutotuneError: ``fmt`` is not a format; the line lists them.
-    """
+    """Where ``--format fmt`` writes: ``--out``, else the format's own file name (an unknown format: one line)."""
     if fmt not in FORMATS:
         raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(FORMATS)}")
     return out or DEFAULT_OUT[fmt]
@@ -259,8 +254,7 @@ def model_loading_note(best: RankedTrial, trainer: TrainerKind = DEFAULT) -> str
 
 
 def allocator_note(best: RankedTrial) -> str | None:
-    """The allocator settings the winner was measured under, which its peak memory depends on.
-
+    """The allocator settings the winner was measured under, which its peak memory depends on:
     ``expandable_segments:True`` (the Docker image sets it) leaves less reserved-over-allocated
     memory than the default segments, and other settings (``max_split_size_mb``,
     ``garbage_collection_threshold``) change it too: a run without them may need more memory than

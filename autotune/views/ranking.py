@@ -469,15 +469,3 @@ def describe_distinct(trials: Sequence[FrozenTrial]) -> str:
 
 def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
-
-
-def pareto_front(points: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
-    """The (memory, speed, trial) points no other point beats on both: less memory and more speed.
-
-    Sorted by memory; each point on the front is faster than every point that uses less memory.
-    """
-    front: list[tuple[float, float, int]] = []
-    for memory, speed, number in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or speed > front[-1][1]:
-            front.append((memory, speed, number))
-    return front

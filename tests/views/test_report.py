@@ -28,7 +28,7 @@ RENDER_TIMEOUT_S = 60
 
 
 def test_pareto_front_keeps_only_configs_no_other_beats_on_memory_and_speed():
-    from autotune.views.ranking import pareto_front
+    from autotune.views._report_figures import pareto_front
 
     points = [(1.0, 10.0, 0), (2.0, 9.0, 1), (2.0, 15.0, 2), (3.0, 14.0, 3), (4.0, 20.0, 4), (0.5, 1.0, 5)]
     assert [p[2] for p in pareto_front(points)] == [5, 0, 2, 4]
