@@ -15,7 +15,7 @@ from autotune.errors import AutotuneError
 from autotune.estimate._parts import MemoryEstimate, estimate_peak
 from autotune.estimate._prior import MemoryFit
 from autotune.estimate._speed import SpeedEstimate, SpeedModel
-from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig
+from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig, config_conflict
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
@@ -35,7 +35,9 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     base = {name: values[0] for name, values in choices.items()}
     configs = []
     for combination in itertools.product(*(choices[name] for name in names)):
-        configs.append(TrialConfig.from_params({**base, **dict(zip(names, combination))}))
+        params = {**base, **dict(zip(names, combination))}
+        if not config_conflict(params):  # a pair the search leaves out (bf16 weights with fp32 autocast)
+            configs.append(TrialConfig.from_params(params))
     return configs
 
 

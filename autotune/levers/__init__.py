@@ -24,7 +24,7 @@ from autotune.levers._hooks import (
     TrainerParts,
 )
 from autotune.levers._lever import Lever
-from autotune.levers._registry import COMBINATION_RULES, LEVERS, NARROWED_BY_MEMORY
+from autotune.levers._registry import COMBINATION_RULES, LEVERS, NARROWED_BY_MEMORY, config_conflict, runnable_count
 from autotune.levers._trial_config import (
     TrialConfig,
     lever_tool_keys,
@@ -68,6 +68,8 @@ __all__ = [
     "BATCH_LIMITS",
     "BNB_OPTIMIZERS",
     "COMBINATION_RULES",
+    "config_conflict",
+    "runnable_count",
     "PRECISION_FIELDS",
     "DTYPES",
     "GLOBAL_BATCH_LEVERS",

@@ -9,9 +9,9 @@ import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError
 from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
+from autotune.levers._pairs import PairRule
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -93,32 +93,18 @@ def _unavailable_for_model(
     return ""
 
 
-def flash_needs_half_precision(choices: dict[str, list[Any]], notes: list[str], source: str) -> dict[str, list[Any]]:
-    """Remove flash attention where the space's dtypes include fp32/tf32, with a note (a rule of two levers).
+def _flash_conflict(attention: str | None, dtype: str) -> str:
+    """Flash attention computes in fp16/bf16 only: transformers/integrations/flash_attention.py
+    (get_target_dtype) casts fp32 queries to the autocast dtype, and without autocast (fp32, tf32) to
+    the weights' fp32, which the flash kernels reject."""
+    if attention in FLASH_ATTENTIONS and dtype in ("fp32", "tf32"):
+        return f"{attention} computes in fp16/bf16 only"
+    return ""
 
-    Optuna samples knobs independently, so a pair that cannot run would become a failed trial; the
-    choice is removed instead, and the note says which space would search it. FlashAttention
-    computes in fp16/bf16 only: transformers/integrations/flash_attention.py (get_target_dtype)
-    casts fp32 queries to the autocast dtype, and without autocast (fp32, tf32) to the weights'
-    fp32, which the flash kernels reject. It stays only where every dtype choice is 16-bit.
-    """
-    attention = choices.get("attn_implementation")
-    full_precision = [d for d in choices.get("dtype", []) if d in ("fp32", "tf32")]
-    if not attention or not full_precision:
-        return choices
-    flash = [a for a in attention if a in FLASH_ATTENTIONS]
-    for value in flash:
-        notes.append(
-            f"attn_implementation {value} removed: it computes in fp16/bf16 only, and dtype offers "
-            f"{', '.join(full_precision)}; search it in a space whose dtypes are fp16/bf16"
-        )
-    kept = [a for a in attention if a not in flash]
-    if not kept:
-        raise AutotuneError(
-            f"search space {source}: attn_implementation {', '.join(flash)} cannot run with dtype "
-            f"{', '.join(full_precision)}; add sdpa, or remove fp32/tf32"
-        )
-    return {**choices, "attn_implementation": kept}
+
+FLASH_NEEDS_HALF_PRECISION = PairRule(
+    levers=("attn_implementation", "dtype"), conflict=_flash_conflict, fix="add sdpa, or a 16-bit dtype"
+)
 
 
 def _to_model_build(value: str | None) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError
 from autotune.levers._exports import same_names
 from autotune.levers._lever import Lever
+from autotune.levers._pairs import PairRule
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -96,37 +96,24 @@ def _weight_dtype_unavailable_on(value: str, device: DeviceSpec) -> str:
     return ""
 
 
-def bf16_weights_need_bf16_autocast(
-    choices: dict[str, list[Any]], notes: list[str], source: str
-) -> dict[str, list[Any]]:
-    """bf16 weights run with ``dtype: bf16`` only (a rule of two levers, applied to a whole space).
+def _bf16_weights_conflict(dtype: str, weight_dtype: str) -> str:
+    """bf16 weights run with ``dtype: bf16`` only.
 
     With the weights in bf16 every matmul runs in bf16 whatever ``dtype`` says, so the only pair
     that means what it says is bf16 weights + bf16 autocast (the Trainer's ``bf16=True``:
     accelerate's autocast keeps the softmax, norms and loss in fp32): fp32/tf32 would run bf16
     matmuls under an fp32 name (the precision read back, the MFU peak and tf32 itself would be
     wrong), and fp16 autocast would cast bf16 weights into fp16's narrower range under a grad
-    scaler meant for fp32 master weights. Optuna samples levers independently, so a space that
-    fixes bf16 weights has its dtype narrowed to bf16, and a space that searches both weight
-    dtypes beside other dtypes loses bf16 weights, with a note each.
+    scaler meant for fp32 master weights.
     """
-    weights, dtypes = choices.get("weight_dtype", []), choices.get("dtype", [])
-    if "bf16" not in weights or dtypes == ["bf16"]:
-        return choices
-    others = [d for d in dtypes if d != "bf16"]
-    if weights == ["bf16"]:
-        if "bf16" not in dtypes:
-            raise AutotuneError(
-                f"search space {source}: weight_dtype bf16 runs with dtype bf16 only, and dtype offers "
-                f"{', '.join(dtypes)}; add bf16 to dtype"
-            )
-        notes.append(f"dtype {', '.join(others)} removed: bf16 weights train with dtype bf16 (bf16 autocast) only")
-        return {**choices, "dtype": ["bf16"]}
-    notes.append(
-        f"weight_dtype bf16 removed: it trains with dtype bf16 only, and dtype offers {', '.join(others)}; "
-        "search it in a space whose dtype is [bf16]"
-    )
-    return {**choices, "weight_dtype": [w for w in weights if w != "bf16"]}
+    if weight_dtype == "bf16" and dtype != "bf16":
+        return "bf16 weights train with dtype bf16 (bf16 autocast) only"
+    return ""
+
+
+BF16_WEIGHTS_NEED_BF16_AUTOCAST = PairRule(
+    levers=("dtype", "weight_dtype"), conflict=_bf16_weights_conflict, fix="add bf16 to dtype, or fp32 to weight_dtype"
+)
 
 
 WEIGHT_DTYPE = Lever(

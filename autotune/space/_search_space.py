@@ -7,7 +7,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from autotune.levers import largest_global_batch
+from autotune.levers import largest_global_batch, runnable_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +34,9 @@ class SearchSpace:
 
     @property
     def size(self) -> int:
-        size = 1
-        for values in self.choices.values():
-            size *= len(values)
-        return size
+        """How many configs the search can run: the product of the choices, less the pairs of values
+        that cannot train together (:data:`autotune.levers.config_conflict`)."""
+        return runnable_count(self.choices)
 
     @property
     def largest_global_batch(self) -> int:

@@ -43,7 +43,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import SpeedFit, StepWork, estimate_peak, fit_speed, predict_speed
-from autotune.levers import LEVERS, TrialConfig
+from autotune.levers import LEVERS, TrialConfig, config_conflict
 from autotune.result import (
     GIVEN_UP_STATUSES,
     RAN_NORMALLY_STATUSES,
@@ -259,7 +259,7 @@ class DistinctThompsonSampler(BaseSampler):
         configs = []
         for values in itertools.product(*(search_space[n].choices for n in names)):  # type: ignore[attr-defined]  # autotune's spaces are categorical
             params = dict(zip(names, values))
-            if params_key({**self._fixed, **params}) not in taken:
+            if self._runnable_untaken(params, taken):
                 configs.append(params)
         return configs
 
@@ -271,9 +271,14 @@ class DistinctThompsonSampler(BaseSampler):
             return untaken[int(rng.randint(len(untaken)))]
         for _ in range(DRAWN_CANDIDATES):
             params = {n: d.choices[int(rng.randint(len(d.choices)))] for n, d in search_space.items()}  # type: ignore[attr-defined]  # categorical
-            if params_key({**self._fixed, **params}) not in taken:
+            if self._runnable_untaken(params, taken):
                 return params
         return {}
+
+    def _runnable_untaken(self, params: dict[str, Any], taken: set[ParamsKey]) -> bool:
+        """Not taken, and no two of its values break a pair rule (bf16 weights with fp32 autocast)."""
+        config = {**self._fixed, **params}
+        return params_key(config) not in taken and not config_conflict(config)
 
     def _drawn_untaken(self, search_space: dict[str, BaseDistribution], taken: set[ParamsKey]) -> list[dict[str, Any]]:
         drawn = (self._random_untaken(search_space, taken, None) for _ in range(DRAWN_POOL))

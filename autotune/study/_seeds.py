@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.estimate import estimate_peak
-from autotune.levers import LEVERS, Lever, TrialConfig, lever_values_from_base_args
+from autotune.levers import LEVERS, Lever, TrialConfig, config_conflict, lever_values_from_base_args
 from autotune.runner import Workload
 from autotune.space import SearchSpace
 from autotune.spec.ceiling import fits
@@ -114,11 +114,25 @@ def snap_to_space(config: TrialConfig, space: SearchSpace, device: DeviceSpec) -
             continue
         value = wanted[name]
         params[name] = value if value in choices else nearest_choice(LEVERS[name], value, choices)
+    params = runnable_pair(params, space)
     notes = [
         f"{name} {value} is not in the search space: seeded with the nearest choice, {params[name]}"
         for name, value in moved_from(config, params, device).items()
     ]
     return params, notes
+
+
+def runnable_pair(params: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """``params``, or where two of its values cannot train together (a pair rule: fp32 autocast with bf16
+    weights, where the space holds both) the first change of one lever, in the space's order, that
+    trains: a nearest choice can land on such a pair, which the sampler itself never proposes."""
+    if not config_conflict(params):
+        return params
+    for name, choices in space.choices.items():
+        for value in choices:
+            if not config_conflict(candidate := {**params, name: value}):
+                return candidate
+    return params  # two pairs broken at once: no space the filters leave holds such a seed
 
 
 def moved_from(config: TrialConfig, params: Mapping[str, Any], device: DeviceSpec) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit, estimate_peak
 from autotune.estimate._parts import (
     MicroBatchShape,
@@ -34,7 +33,6 @@ from autotune.levers import (
 from autotune.levers.attention import ATTN_IMPLEMENTATIONS
 from autotune.runner import TrialJob, run_isolated
 from autotune.space import load_space
-from autotune.space._narrow import filter_combinations
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.flops import model_flops_per_token
 from autotune.spec.models import resolve_model
@@ -148,23 +146,6 @@ def test_a_cuda_device_keeps_the_compile_modes_and_says_why_liger_goes(tmp_path)
     assert space.choices["empty_cache_steps"] == [0, 1]
     assert space.choices["liger"] == [False]  # this environment has no liger-kernel package
     assert "liger true removed: the liger-kernel package is not installed (pip install liger-kernel)" in space.notes
-
-
-def test_flash_attention_with_a_full_precision_dtype_is_removed_not_failed():
-    notes: list[str] = []
-    choices = filter_combinations(
-        {"dtype": ["fp32", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}, notes
-    )
-    assert choices["attn_implementation"] == ["sdpa"]
-    assert notes == [
-        "attn_implementation flash_attention_2 removed: it computes in fp16/bf16 only, and dtype offers fp32; "
-        "search it in a space whose dtypes are fp16/bf16"
-    ]
-    notes.clear()
-    kept = filter_combinations({"dtype": ["bf16", "fp16"], "attn_implementation": ["sdpa", "flash_attention_2"]}, notes)
-    assert kept["attn_implementation"] == ["sdpa", "flash_attention_2"] and notes == []
-    with pytest.raises(AutotuneError, match="cannot run with dtype tf32"):
-        filter_combinations({"dtype": ["tf32"], "attn_implementation": ["flash_attention_2"]}, [])
 
 
 def test_padding_levers_need_real_data_of_different_lengths(tmp_path, cpu, gpt2_tiny):

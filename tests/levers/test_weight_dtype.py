@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import AutotuneError
 from autotune.estimate._parts import model_state_bytes, optimizer_state_bytes
 from autotune.levers import TrialConfig, memory_traits
-from autotune.levers.precision import bf16_weights_need_bf16_autocast
 from autotune.result import judge_against_default
 from autotune.runner import TrialJob, Workload, run_isolated
 
@@ -37,42 +35,6 @@ def test_8_bit_and_adafactor_states_do_not_shrink_with_bf16_weights(gpt2_tiny):
     for optim in ("adamw_bnb_8bit", "adafactor"):
         assert optimizer_state_bytes(gpt2_tiny, optim, 2) == optimizer_state_bytes(gpt2_tiny, optim, 4)
     assert optimizer_state_bytes(gpt2_tiny, "adagrad", 2) == 2 * gpt2_tiny.num_params  # bf16 weights: 2 bytes
-
-
-def test_bf16_weights_fixed_narrow_dtype_to_bf16():
-    notes: list[str] = []
-    choices = bf16_weights_need_bf16_autocast({"weight_dtype": ["bf16"], "dtype": ["fp32", "bf16"]}, notes, "s.yaml")
-    assert choices["dtype"] == ["bf16"] and "dtype fp32 removed" in notes[0]
-
-
-def test_bf16_weights_searched_beside_fp32_autocast_are_removed_with_a_note():
-    notes: list[str] = []
-    choices = bf16_weights_need_bf16_autocast(
-        {"weight_dtype": ["fp32", "bf16"], "dtype": ["fp32", "bf16"]}, notes, "s.yaml"
-    )
-    assert choices == {"weight_dtype": ["fp32"], "dtype": ["fp32", "bf16"]}
-    assert "weight_dtype bf16 removed" in notes[0]
-    kept = bf16_weights_need_bf16_autocast({"weight_dtype": ["fp32", "bf16"], "dtype": ["bf16"]}, notes, "s.yaml")
-    assert kept["weight_dtype"] == ["fp32", "bf16"]
-
-
-def test_the_space_filters_apply_the_rule_before_flash_attention_s():
-    """Narrowing dtype to bf16 first keeps flash attention, which the fp32 choice would have removed."""
-    from autotune.space._narrow import filter_combinations
-
-    notes: list[str] = []
-    choices = {
-        "weight_dtype": ["bf16"],
-        "dtype": ["fp32", "bf16"],
-        "attn_implementation": ["sdpa", "flash_attention_2"],
-    }
-    narrowed = filter_combinations(choices, notes, "s.yaml")
-    assert narrowed["dtype"] == ["bf16"] and narrowed["attn_implementation"] == ["sdpa", "flash_attention_2"]
-
-
-def test_bf16_weights_without_a_bf16_dtype_is_an_error():
-    with pytest.raises(AutotuneError, match="weight_dtype bf16 runs with dtype bf16 only"):
-        bf16_weights_need_bf16_autocast({"weight_dtype": ["bf16"], "dtype": ["fp32"]}, [], "s.yaml")
 
 
 def test_the_model_is_built_in_the_weight_dtype_whatever_its_config_says():

@@ -8,12 +8,10 @@ import dataclasses
 
 import pytest
 
-from autotune.errors import AutotuneError
 from autotune.levers import TrialConfig
 from autotune.levers.attention import flash_attention_2_unavailable
 from autotune.result import TrialResult
 from autotune.runner import TrialJob, run_isolated
-from autotune.space._narrow import filter_combinations
 from autotune.spec.devices import known_gpu
 from autotune.views.export import allocator_note, export_notes
 from autotune.views.ranking import RankedTrial
@@ -59,17 +57,6 @@ def test_flash_attention_2_needs_cuda_ampere_and_an_importable_flash_attn(cpu):
     a100 = known_gpu("a100-80gb").device()
     reason = flash_attention_2_unavailable(a100)  # this machine has no flash-attn
     assert reason is not None and "flash" in reason
-
-
-def test_flash_attention_2_is_never_searched_beside_fp32_or_tf32():
-    notes: list[str] = []
-    both = {"dtype": ["fp32", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}
-    assert filter_combinations(both, notes)["attn_implementation"] == ["sdpa"]
-    assert notes and "fp16/bf16 only" in notes[0]
-    half = {"dtype": ["fp16", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}
-    assert filter_combinations(half, [])["attn_implementation"] == ["sdpa", "flash_attention_2"]
-    with pytest.raises(AutotuneError, match="cannot run with dtype tf32"):
-        filter_combinations({"dtype": ["tf32"], "attn_implementation": ["flash_attention_2"]}, [])
 
 
 def test_export_writes_tf32_where_the_winner_ran_tf32_without_asking():

@@ -283,9 +283,10 @@ def test_the_llm_space_is_sfts_default_and_keeps_what_a_cpu_runs_with_a_note_for
     assert space.source.endswith("llm.yaml")
     assert space.choices["packing"] == ["off", "padding_free", "bfd"]
     assert space.choices["attn_implementation"] == ["sdpa", "eager"]
-    assert space.choices["dtype"] == ["bf16"] and space.choices["weight_dtype"] == ["fp32", "bf16"]
+    assert space.choices["dtype"] == ["bf16", "fp32"] and space.choices["weight_dtype"] == ["fp32", "bf16"]
     assert space.choices["liger"] == [False] and space.choices["activation_offloading"] == [False]
     notes = "\n".join(space.notes)
+    assert "not searched together: dtype fp32 with weight_dtype bf16" in notes
     for removed in ("flex_attention removed", "flash_attention_2 removed", "liger true removed"):
         assert removed in notes
     assert "activation_offloading true removed: TRL's activation offloading" in notes

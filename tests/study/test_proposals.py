@@ -340,3 +340,21 @@ def test_every_trial_the_sampler_proposes_has_the_global_batch(tmp_path, cpu, ti
         study.tell(trial, rng.random())  # a throughput-like value: the sampler's input, not a measurement
     assert products == {48}
     assert len({t.params["micro_batch"] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}) > 1
+
+
+def test_the_search_never_proposes_a_pair_that_cannot_train(tmp_path, cpu, bert_tiny):
+    """fp32 autocast beside bf16 weights: the space searches both, the sampler leaves out their pair,
+    and the space is done once the six configs that train are measured."""
+    space = (
+        "micro_batch: [8]\ngrad_accum: [1]\ncheckpointing: [false, true]\ndtype: [bf16, fp32]\n"
+        "weight_dtype: [fp32, bf16]\noptim: [adamw_torch]\npin_memory: [false]\n"
+    )
+    request = make_request(tmp_path, cpu, bert_tiny, space)
+    assert request.space.size == 6
+    study = open_study(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "pairs", request, sampler_seed=0)
+    runner = LookupRunner(speed_of)
+    assert run_search(study, request, SearchBudget(trials=10), run_trial=runner) == 6
+    ran = {(c.checkpointing, c.dtype, c.weight_dtype) for c in runner.ran}
+    assert len(ran) == 6 and not any(dtype == "fp32" and weights == "bf16" for _, dtype, weights in ran)
+    reason = stop_reason(study, request.space.size, None)
+    assert reason is not None and "(6 of 6)" in reason
