@@ -96,7 +96,7 @@ def narrow_pairs(
         left_out = [(a, b) for a in narrowed[first] for b in narrowed[second] if rule.conflict(a, b)]
         if left_out:
             pairs = ", ".join(f"{first} {a} with {second} {b}" for a, b in left_out)
-            notes.append(f"not searched together: {pairs} ({rule.conflict(*left_out[0])})")
+            notes.append(f"not searched together: {pairs}: {rule.conflict(*left_out[0])}")
     return narrowed
 
 

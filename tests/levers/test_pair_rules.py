@@ -20,7 +20,7 @@ def test_bf16_weights_are_searched_beside_fp32_autocast_without_their_pair():
     choices = filter_combinations({"dtype": ["bf16", "fp32"], "weight_dtype": ["fp32", "bf16"]}, notes, "s.yaml")
     assert choices == {"dtype": ["bf16", "fp32"], "weight_dtype": ["fp32", "bf16"]}
     assert notes == [
-        "not searched together: dtype fp32 with weight_dtype bf16 (bf16 weights train with dtype bf16 (bf16 autocast) only)"
+        "not searched together: dtype fp32 with weight_dtype bf16: bf16 weights train with dtype bf16 (bf16 autocast) only"
     ]
     assert SearchSpace(choices={**choices, "checkpointing": [False, True]}).size == 6  # 2 x (4 - 1)
     assert config_conflict({"dtype": "fp32", "weight_dtype": "bf16"})
@@ -42,8 +42,8 @@ def test_flash_attention_stays_in_a_space_with_fp32_paired_with_16_bit_dtypes_on
     both = {"dtype": ["fp32", "bf16"], "attn_implementation": ["sdpa", "flash_attention_2"]}
     assert filter_combinations(both, notes) == both
     assert notes == [
-        "not searched together: attn_implementation flash_attention_2 with dtype fp32 "
-        "(flash_attention_2 computes in fp16/bf16 only)"
+        "not searched together: attn_implementation flash_attention_2 with dtype fp32: "
+        "flash_attention_2 computes in fp16/bf16 only"
     ]
     assert SearchSpace(choices=both).size == 3
     with pytest.raises(AutotuneError, match="cannot run with dtype tf32.*add sdpa, or a 16-bit dtype"):
