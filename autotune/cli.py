@@ -144,6 +144,8 @@ def estimate(
     devices_per_trial: option.EstimateDevicesPerTrial = EstimateOptions.devices_per_trial,
     peft: option.EstimatePeft = None,
     dataset: option.Dataset = None,
+    global_batch: option.GlobalBatch = None,
+    max_global_batch: option.MaxGlobalBatch = None,
     epochs: option.Epochs = None,
     price_per_hour: option.PricePerHour = None,
 ) -> None:

@@ -47,6 +47,16 @@ FUSED_ELEMENTWISE_PASSES = 2
 # log-softmax and the backward an fp32 gradient of the same size (the memory model's three fp32 tensors,
 # ``_parts.logits_bytes``), each written once and read once: 6 passes of 4 bytes.
 LOSS_BYTES_PER_LOGIT = 6 * 4
+# TRL's fused head off CUDA (trl/kernels/chunked_logprob.py: ``_use_triton`` is CUDA/XPU only) folds each
+# ``tokens x 32k`` tile in torch ops, every op a pass of the fp32 tile through memory: counted from
+# ``_forward_tile`` with DPOTrainer's outputs (log-probabilities, entropy, mean logits, top-1: the
+# matmul's write, the upcast, two scalings, the sum, the top-1 mask, max, shift, exp, sum, ``e * z``:
+# about 20 passes) and ``_backward_tile`` (the recomputed tile, upcast, scalings, ``log_p``, ``exp``,
+# the target mask and ``grad``'s five ops: about 27), 4 bytes each; the reference's head (log-probabilities
+# only) about 12 passes. The projected positions are the labelled ones (padding is not projected). On CUDA
+# the Triton kernels fold the tile as the matmul writes it: nothing beyond the matmul, as Liger's.
+FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT = (20 + 27) * 4
+FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT = 12 * 4
 # What the Trainer does to the gradients every optimizer step whatever the optimizer: clipping at
 # ``max_grad_norm`` (1.0 by default; torch.nn.utils.clip_grad_norm_ reads every gradient for the norm, then
 # scales it in place): 3 passes of the gradient's bytes per parameter.
@@ -177,7 +187,12 @@ def step_work(
     elementwise = layers * layer * (passes + (1 if traits.recompute else 0))
     trainable = model.trainable_params
     parameter_scale = traits.weight_bytes / 4
-    memory_per_batch = elementwise + loss_bytes(model, traits, batch.computed_tokens) + weight_read_bytes(model, traits)
+    memory_per_batch = (
+        elementwise
+        + loss_bytes(model, traits, batch.computed_tokens)
+        + fused_head_fallback_bytes(model, traits, batch.real_tokens, device_kind)
+        + weight_read_bytes(model, traits)
+    )
     optimizer_scale = parameter_scale if speed.optimizer_states_in_param_dtype else 1.0
     optimizer = trainable * (speed.optimizer_step_bytes * optimizer_scale + CLIP_PASSES * 4 * parameter_scale)
     host = 0.0
@@ -210,6 +225,20 @@ def loss_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
     if model.task not in ("causal-lm", "masked-lm") or model.fused_lm_head or traits.logits is not None:
         return 0.0
     return LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size
+
+
+def fused_head_fallback_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float, device_kind: str) -> float:
+    """TRL's fused head off CUDA: its torch ops' passes over the ``V x tokens`` fp32 tiles
+    (:data:`FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT`, and the reference's forward where each step runs it);
+    none on CUDA, nor without TRL's head. Before it was counted the prior put CPU DPO trials of llama-tiny
+    112-529x too fast (median 240x), the head's torch path being 55 % of a step (cProfile); with it 12-63x
+    (median 28x: docs/benchmarks.md, "DPO on the CPU"), the rest the small matmuls' and ops' own rates."""
+    if not model.fused_lm_head or device_kind == "cuda":
+        return 0.0
+    per_logit = FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT
+    if runs_reference(model, traits):
+        per_logit += FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT
+    return per_logit * tokens * model.vocab_size
 
 
 def weight_read_bytes(model: ModelSpec, traits: MemoryTraits) -> float:

@@ -16,7 +16,13 @@ from autotune.estimate import (
     step_work,
     typical_micro_batch,
 )
-from autotune.estimate._speed import ELEMENTWISE_PASSES, LOSS_BYTES_PER_LOGIT, layer_activation_bytes
+from autotune.estimate._speed import (
+    ELEMENTWISE_PASSES,
+    FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT,
+    FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT,
+    LOSS_BYTES_PER_LOGIT,
+    layer_activation_bytes,
+)
 from autotune.estimate._speed_prior import CPU_EMULATED_SLOWDOWN, TRAINING_MATMUL_FRACTION
 from autotune.levers import PADDED, MemoryTraits, TrialConfig, memory_traits
 from autotune.levers.batching import PaddedToLongest
@@ -76,8 +82,29 @@ def test_a_fused_loss_and_compile_take_memory_traffic_away(gpt2):
     plain = step_work(gpt2, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
     compiled = step_work(gpt2, TrialConfig(micro_batch=4, compile="inductor"), 64, "cpu", "fp32")
     assert compiled.memory_bytes < plain.memory_bytes and compiled.launches < plain.launches
-    fused = step_work(dataclasses.replace(gpt2, fused_lm_head=True), TrialConfig(micro_batch=4), 64, "cpu", "fp32")
-    assert plain.memory_bytes - fused.memory_bytes == pytest.approx(LOSS_BYTES_PER_LOGIT * 4 * 64 * gpt2.vocab_size)
+    # A fused head (Liger's, TRL's Triton kernels) on CUDA: no traffic over the logits beyond the matmul.
+    on_cuda = step_work(gpt2, TrialConfig(micro_batch=4), 64, "cuda", "fp32")
+    fused = step_work(dataclasses.replace(gpt2, fused_lm_head=True), TrialConfig(micro_batch=4), 64, "cuda", "fp32")
+    assert on_cuda.memory_bytes - fused.memory_bytes == pytest.approx(LOSS_BYTES_PER_LOGIT * 4 * 64 * gpt2.vocab_size)
+
+
+def test_trls_fused_head_off_cuda_counts_its_torch_passes_and_the_reference_s(llama):
+    """Off CUDA TRL's chunked head runs its torch fallback, a pass through memory per op over every tile:
+    more traffic than the plain loss it replaces (on the CPU a DPO step spent 55 % of its time there), and
+    the reference's head pass only where each step runs the reference."""
+    trl = dataclasses.replace(llama, fused_lm_head=True)
+    plain = step_work(llama, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    fused = step_work(trl, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    logits = 4 * 64 * llama.vocab_size  # synthetic samples: every position is a real, labelled token
+    assert fused.memory_bytes - plain.memory_bytes == pytest.approx(
+        (FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT - LOSS_BYTES_PER_LOGIT) * logits
+    )
+    dpo = dataclasses.replace(trl, holds_reference=True)
+    each_step = step_work(dpo, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    precomputed = step_work(dpo, TrialConfig(micro_batch=4, precompute_ref_log_probs=True), 64, "cpu", "fp32")
+    assert each_step.memory_bytes - precomputed.memory_bytes == pytest.approx(
+        FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT * logits
+    )
 
 
 def test_lora_costs_four_n_for_the_frozen_base(llama):

@@ -81,3 +81,22 @@ def test_a_large_prepared_set_is_read_for_its_lengths_in_a_bounded_sample(tmp_pa
     dataset = plan(options, 64 * GiB).workload.dataset
     assert dataset.num_samples == 1500 and 0 < len(dataset.token_lengths) <= LENGTH_ROWS
     assert len(dataset.token_lengths) >= LENGTH_ROWS // 2  # a sample, not a handful
+
+
+def test_estimate_takes_the_global_batch_its_advice_names_for_a_small_dataset(tmp_path):
+    """A --dataset smaller than the space's largest global batch: estimate, as search, says to cap the batch
+    with --global-batch, and takes it (it was search's option only: the advice named an option estimate
+    refused)."""
+    from tests.support.cli import run_cli_in_process
+
+    path = tmp_path / "prefs.jsonl"
+    write_corpus(str(path), 24, seed=0, fmt="preference", length_scale=0.125)
+    base = ("estimate", "--model", "llama-tiny", "--dataset", str(path), "--seq-len", str(SEQ_LEN), "--device", "cpu")
+    refused = run_cli_in_process(*base, cwd=tmp_path)
+    assert refused.returncode == 2 and "cap the batch with --global-batch" in refused.stderr
+    capped = run_cli_in_process(*base, "--global-batch", "8", "--json", cwd=tmp_path)
+    assert capped.returncode == 0, capped.stderr
+    import json
+
+    rows = json.loads(capped.stdout)["rows"]
+    assert rows and all(row["config"]["micro_batch"] * row["config"]["grad_accum"] == 8 for row in rows)
