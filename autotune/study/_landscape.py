@@ -2,14 +2,18 @@
 
 Two Bayesian linear models over the searched knobs, each knob value one indicator feature:
 
-* **throughput**: ``log(model TFLOPs) = log(the throughput prior's prediction) + sum of one effect per
+* **throughput**: ``log(model TFLOPs) = w x log(the throughput prior's prediction) + sum of one effect per
   knob value + noise``. The prior (``autotune.estimate``: FLOPs over the peak, bytes over the bandwidth,
   overhead; calibrated on the trials that ran, :func:`calibrated_speed`) is the mean, so the effects learn
   only its residual: each knob value multiplies the prior's figure by a factor, the shape every measured
   grid of docs/benchmarks.md has. Effects start at 0 with the prior's per-knob error as their sd
-  (:data:`RESIDUAL_EFFECT_SD`); without a prior (no peak known for the device) the mean is 0 and the sd
-  wide (:data:`THROUGHPUT_EFFECT_SD` in log space: a knob may change throughput several-fold). The
-  noise is the measured noise (``noise_fraction``) or what the fit leaves unexplained, if larger.
+  (:data:`RESIDUAL_EFFECT_SD`); the prior's weight ``w`` starts at 1 (its differences between configs
+  taken as they are) with sd :data:`PRIOR_WEIGHT_SD`, and the trials move it: where configs the prior
+  tells apart measure alike (a flat CPU grid, where its ranking is no better than chance), ``w`` falls
+  and the effects rank the configs instead of the prior's misplaced differences. Without a prior (no
+  peak known for the device) the mean is 0 and the sd wide (:data:`THROUGHPUT_EFFECT_SD` in log space: a
+  knob may change throughput several-fold). The noise is the measured noise (``noise_fraction``) or what
+  the fit leaves unexplained, if larger.
 * **peak memory**: ``log(peak) = log(autotune.estimate's prediction) + sum of effects + noise``.
   The effects learn where the estimator is off for this model and machine; before any trial the
   model is the estimator (prior sd :data:`MEMORY_EFFECT_SD`, the estimator's stated error).
@@ -45,6 +49,11 @@ THROUGHPUT_EFFECT_SD = 1.0
 # ... and of its correction to the throughput prior, where there is one: about the prior's largest
 # per-knob-value error on the measured CPU grids (0.2-0.3 in log, docs/benchmarks.md, "The throughput prior").
 RESIDUAL_EFFECT_SD = 0.3
+# Prior sd of the weight of the throughput prior's differences between configs (mean 1). On the gpt2-tiny
+# grid (1.24x between its fastest and slowest config) the prior's pick was 4 % short of the best and its
+# ranking weak (Spearman 0.47: docs/benchmarks.md, "The throughput prior"); a few trials there pull the
+# weight toward 0, where a GPU's prior, which ranks by tens of percent, keeps it near 1.
+PRIOR_WEIGHT_SD = 0.5
 # The least noise assumed on log throughput: run-to-run noise on a quiet CPU (docs/benchmarks.md).
 MIN_THROUGHPUT_NOISE = 0.02
 # Prior sd of one knob value's correction to the estimator, in log space: its stated error is
@@ -101,18 +110,19 @@ class Posterior:
         return self.mean + np.linalg.cholesky(self.cov) @ rng.standard_normal(len(self.mean))
 
 
-def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float, noise_sd: float) -> Posterior:
-    """The posterior of the effects given the observations (see the module docstring)."""
+def fit(features: np.ndarray, targets: np.ndarray, prior_sd: float | np.ndarray, noise_sd: float) -> Posterior:
+    """The posterior of the effects given the observations (see the module docstring); ``prior_sd``: one
+    for every coefficient, or each its own."""
     width = features.shape[1]
-    precision = features.T @ features / noise_sd**2 + np.eye(width) / prior_sd**2
+    precision = features.T @ features / noise_sd**2 + np.diag(np.broadcast_to(1.0 / np.square(prior_sd), (width,)))
     cov = np.linalg.inv(precision)
     cov = (cov + cov.T) / 2  # symmetric to rounding, as a covariance is
     return Posterior(mean=cov @ features.T @ targets / noise_sd**2, cov=cov)
 
 
-def prior(width: int, prior_sd: float) -> Posterior:
+def prior(width: int, prior_sd: float | np.ndarray) -> Posterior:
     """The model before any observation: every effect 0, independent, with sd ``prior_sd``."""
-    return Posterior(mean=np.zeros(width), cov=np.eye(width) * prior_sd**2)
+    return Posterior(mean=np.zeros(width), cov=np.diag(np.broadcast_to(np.square(prior_sd), (width,))).copy())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,16 +166,21 @@ def throughput_posterior(
     measured_noise: float,
     log_prior: Callable[[Params], float] | None = None,
 ) -> Posterior:
-    """Effects on log model TFLOPs, over the throughput prior's ``log_prior`` where given (its residual).
+    """Effects on log model TFLOPs, over the throughput prior's ``log_prior`` where given (its residual),
+    and then one more coefficient, last: the prior's weight less 1 (:func:`drawn_log_speed` reads it).
     The noise is the measured one, or what a first fit leaves unexplained where that is larger (a
     landscape the additive model fits only roughly)."""
-    effect_sd = THROUGHPUT_EFFECT_SD if log_prior is None else RESIDUAL_EFFECT_SD
+    effect_sd: float | np.ndarray = THROUGHPUT_EFFECT_SD
+    if log_prior is not None:
+        effect_sd = np.append(np.full(encoding.width, RESIDUAL_EFFECT_SD), PRIOR_WEIGHT_SD)
     if not observed.log_model_tflops:
-        return prior(encoding.width, effect_sd)
+        return prior(encoding.width + (log_prior is not None), effect_sd)
     features = encoding.matrix(observed.throughput_configs)
     targets = np.asarray(observed.log_model_tflops)
     if log_prior is not None:
-        targets = targets - np.asarray([log_prior(params) for params in observed.throughput_configs])
+        predicted = np.asarray([log_prior(params) for params in observed.throughput_configs])
+        targets = targets - predicted
+        features = np.column_stack([features, predicted - predicted.mean()])
     targets = targets - targets.mean()  # the level is common to every config: only differences rank them
     noise = max(measured_noise, MIN_THROUGHPUT_NOISE)
     posterior = fit(features, targets, effect_sd, noise)
@@ -176,6 +191,22 @@ def throughput_posterior(
     if unexplained > noise**2:
         posterior = fit(features, targets, effect_sd, math.sqrt(unexplained))
     return posterior
+
+
+def drawn_log_speed(
+    encoding: KnobEncoding,
+    coefficients: np.ndarray,
+    configs: Sequence[Params],
+    log_prior: Callable[[Params], float] | None = None,
+) -> np.ndarray:
+    """Each config's log throughput in one drawn landscape (:func:`throughput_posterior`'s coefficients),
+    up to the level common to all: its knob values' effects, plus the prior's log prediction at the drawn
+    weight."""
+    speed = encoding.matrix(configs) @ coefficients[: encoding.width]
+    if log_prior is not None:
+        weight = 1.0 + float(coefficients[encoding.width])
+        speed = speed + weight * np.asarray([log_prior(params) for params in configs])
+    return speed
 
 
 def memory_posterior(

@@ -337,9 +337,7 @@ class DistinctThompsonSampler(BaseSampler):
         log_prior = self._calibrated_log_prior(finished)
         posterior = _landscape.throughput_posterior(encoding, observed, noise_fraction(study), log_prior)
         speed_effects = posterior.draw(rng)
-        speed = encoding.matrix(pool) @ speed_effects
-        if log_prior is not None:
-            speed = speed + np.asarray([log_prior(params) for params in pool])
+        speed = _landscape.drawn_log_speed(encoding, speed_effects, pool, log_prior)
         fits = self._drawn_to_fit(encoding, observed, pool, rng)
         if not fits.any():
             return pool[int(np.argmax(speed))]  # none expected to fit: screening decides on the fastest
@@ -415,9 +413,7 @@ class DistinctThompsonSampler(BaseSampler):
         if not feasible:
             return
         params = [{n: t.params[n] for n in encoding.names} for t in feasible]
-        drawn = encoding.matrix(params) @ speed_effects
-        if log_prior is not None:
-            drawn = drawn + np.asarray([log_prior(p) for p in params])
+        drawn = _landscape.drawn_log_speed(encoding, speed_effects, params, log_prior)
         best = int(np.argmax(drawn))
         if drawn[best] > proposed_speed:
             study._storage.set_trial_user_attr(trial._trial_id, schema.TRIAL_PROPOSED_AGAIN, feasible[best].number)
