@@ -41,7 +41,7 @@ import torch
 from transformers import TrainerCallback
 
 from autotune.spec.models import build_model, catalog_entry
-from autotune.spec.preference_corpus import preference_rows
+from autotune.trainers._preference_corpus import preference_rows
 from autotune.trainers.dpo import TOKENS_COUNTED
 from benchmarks._common import load_average
 
