@@ -349,13 +349,14 @@ def chat_corpus(
     length_scale: option.LengthScale = 1.0,
     force: option.Force = False,
 ) -> None:
-    """Write a generated multi-turn chat corpus, or preference pairs (nothing downloaded), for --dataset."""
+    """Write a generated multi-turn chat corpus, or a trainer's own rows (nothing downloaded), for --dataset."""
     from autotune.plan import within
     from autotune.spec.files import Destination
-    from autotune.spec.preference_corpus import PREFERENCE_FORMATS, write_corpus
+    from autotune.trainers import corpus_forms, write_corpus
 
     for name, value in (("--samples", samples), ("--seed", seed), ("--length-scale", length_scale)):
         within(name, value)
     tokens = write_corpus(Destination(out, force), samples, seed, fmt, length_scale)
-    rows = "preference pairs" if fmt in PREFERENCE_FORMATS else "conversations"
+    added = corpus_forms().get(fmt)
+    rows = added.rows_words if added else "conversations"
     console.print(f"wrote {out}: {samples} {rows} ({fmt}), {tokens} tokens under the synthetic tokenizer")

@@ -5,7 +5,7 @@ llama-tiny from the catalog (TinyLlama's config scaled down: 32k vocabulary, unt
 benchmark's model) at ``--layers`` layers (default its 8), random weights, the synthetic tokenizer, on generated preference pairs (``autotune chat-corpus --format
 preference``) at ``--length-scale`` (default 1/8, as in the SFT benchmark: prompt + answer rows of some 65 tokens at the
 median, an eighth of public chat data's lengths, since this is a shared 2-core CPU). Every variant trains in this one process through
-``autotune.trainers.dpo.DPO.build`` (TRL's ``DPOTrainer`` as a trial builds it: ``benchmarks._common.dpo_trainer``,
+``autotune.trainers.dpo.DPO.build`` (TRL's ``DPOTrainer`` as a trial builds it: ``dpo_trainer`` here,
 the rows and the synthetic tokenizer saved as a search saves them, ``max_length`` DPOConfig's 1024), on the same
 rows (one epoch: ``global batch x steps`` pairs, so a precomputed reference pass covers exactly what is
 trained), ``--rounds`` times, the variants alternating within each round. A step's real tokens are the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -40,9 +41,9 @@ import torch
 from transformers import TrainerCallback
 
 from autotune.spec.models import build_model, catalog_entry
-from autotune.spec.preference_corpus import preference_rows
+from autotune.trainers._preference_corpus import preference_rows
 from autotune.trainers.dpo import TOKENS_COUNTED
-from benchmarks._common import dpo_trainer, load_average, saved_dpo_rows
+from benchmarks._common import load_average
 
 MODEL = "llama-tiny"
 GLOBAL_BATCH = 8  # DPOConfig's per_device_train_batch_size, accumulation 1
@@ -63,6 +64,61 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "precompute_ref_log_probs": True,
     },
 }
+
+
+def saved_dpo_rows(rows: list[dict[str, Any]], scratch: str, vocab_size: int) -> tuple[str, str]:
+    """Preference ``rows`` saved under ``scratch`` as a search saves its prepared copy for DPOTrainer
+    (``datasets.Dataset.save_to_disk``), and the synthetic tokenizer beside them
+    (``autotune.spec.synthetic_tokenizer.tokenizer_dir``): the rows' and the tokenizer's directories."""
+    import datasets
+
+    from autotune.spec.synthetic_tokenizer import tokenizer_dir
+
+    prepared = os.path.join(scratch, "prepared")
+    datasets.Dataset.from_list(rows).save_to_disk(prepared)
+    return prepared, tokenizer_dir(os.path.join(scratch, "tokenizers"), vocab_size)
+
+
+def dpo_trainer(
+    model: Any,
+    saved: tuple[str, str],
+    arguments: dict[str, Any],
+    seq_len: int,
+    callbacks: list[Any] | None = None,
+    peft_config: Any = None,
+) -> Any:
+    """TRL's ``DPOTrainer`` as a ``--trainer dpo`` trial builds it (``autotune.trainers.dpo.DPO.build``), on
+    the rows and tokenizer :func:`saved_dpo_rows` saved, each pair's rows truncated to ``seq_len``
+    (``max_length``), every row once (no cycling: the steps read one epoch).
+
+    Args:
+        model: The model autotune built (``build_model``), not wrapped in adapters.
+        arguments: ``DPOConfig`` keyword arguments (the levers' and the harness's).
+        peft_config: A ``peft.PeftConfig``, which ``DPOTrainer`` applies itself (``--peft``).
+    """
+    from autotune.trainers import TrialInputs, class_named
+    from autotune.trainers.dpo import DPO
+
+    prepared_dir, tokenizer_dir = saved
+    inputs = TrialInputs(
+        trainer_class=class_named(DPO.trainer_class),
+        arguments_class=class_named(DPO.arguments_path),
+        trainer_kwargs={},
+        arguments=arguments,
+        model=model,
+        callbacks=callbacks or [],
+        seq_len=seq_len,
+        loss_on="all",
+        rows_wanted=0,
+        dataset=lambda: None,  # DPOTrainer prepares the rows itself (DPO.prepares_rows)
+        collator=lambda: None,
+        prepared_dir=prepared_dir,
+        tokenizer_dir=tokenizer_dir,
+        peft_config=peft_config,
+        # What a trial reads off the lever's memory trait (runner._trial.build_trainer): here off the arguments.
+        reference_precomputed=bool(arguments.get("precompute_ref_log_probs", False)),
+    )
+    return DPO.build(inputs)
 
 
 class StepClock(TrainerCallback):

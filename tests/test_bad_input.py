@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.spec.preference_corpus import write_corpus
+from autotune.trainers import write_corpus
 from tests.support.bad_input import (
     SEARCH,
     TINY_SPACE,

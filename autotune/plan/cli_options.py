@@ -167,13 +167,15 @@ AllConfigs = Annotated[bool, typer.Option("--all", help="Every memory-distinct c
 Json = Annotated[bool, typer.Option("--json", help="Every row as JSON (levers, parts in bytes, total).")]
 
 # --- best, export, report, dashboard ----------------------------------------------------------------------
+# The `trl` command lines the trainers' exports write (each trainer's ToolExport.trl_command).
+_TRL_COMMANDS = " or ".join(f"trl {kind.tool_export.trl_command}" for kind in trainers.REGISTERED if kind.tool_export)
 AllTrials = Annotated[bool, typer.Option("--all", help="Every trial, failures included, in trial order.")]
 Top = Annotated[int, typer.Option(help="Rows to show.")]
 ExportOut = Annotated[
     str | None,
     typer.Option(
         help="File to write ('-': standard output). Default: best_args.json/.txt/.py, accelerate_config.yaml, "
-        "best_trl.sh (trl sft or trl dpo), best_axolotl.yaml, best_llama_factory.yaml."
+        f"best_trl.sh ({_TRL_COMMANDS}), best_axolotl.yaml, best_llama_factory.yaml."
     ),
 ]
 ExportFormat = Annotated[
@@ -213,8 +215,9 @@ CorpusFormat = Annotated[
     str,
     typer.Option(
         "--format",
-        help="messages, prompt-completion (the last assistant turn is the completion), text (ChatML), or DPO's "
-        "preference pairs: preference (messages) or preference-text (strings).",
+        help="messages, prompt-completion (the last assistant turn is the completion), text (ChatML)"
+        + "".join(f", {fmt} ({form.words})" for fmt, form in trainers.corpus_forms().items())
+        + ".",
     ),
 ]
 LengthScale = Annotated[

@@ -114,8 +114,8 @@ def setup_pass_note(result: TrialResult) -> str | None:
     if not result.setup_pass_samples:
         return None
     return (
-        f"rates count its {result.setup_pass_s:.1f} s pass before training over {result.setup_pass_samples} samples "
-        f"(precomputed reference) over a run of {result.run_passes:g} passes"
+        f"rates count its {result.setup_pass_s:.1f} s pass before training over {result.setup_pass_samples} samples, "
+        f"over a run of {result.run_passes:g} passes"
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.trainers._kind import (
+    CorpusForm,
     FieldMapper,
     ToolConfig,
     ToolExport,
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT",
     "NAMES",
     "REGISTERED",
+    "CorpusForm",
     "FieldMapper",
     "ToolConfig",
     "ToolExport",
@@ -54,6 +56,7 @@ __all__ = [
     "arguments_class",
     "choose",
     "class_named",
+    "corpus_forms",
     "get",
     "identity_entries",
     "of_identity",
@@ -61,6 +64,7 @@ __all__ = [
     "owner_of_field",
     "tool_form_owner",
     "with_model",
+    "write_corpus",
 ]
 
 
@@ -139,3 +143,27 @@ def tool_form_owner(fmt: str) -> TrainerKind | None:
     """The first trainer with the tools' export form ``fmt`` (``trl``: TRL's SFTTrainer, then DPOTrainer);
     ``None`` for none."""
     return next((kind for kind in REGISTERED if fmt in kind.tool_forms), None)
+
+
+def corpus_forms() -> dict[str, CorpusForm]:
+    """The ``autotune chat-corpus --format`` forms the trainers add to the chat corpus's
+    (``autotune.spec.chat_corpus.FORMATS``): each trainer's :attr:`TrainerKind.corpus_forms`."""
+    return {fmt: form for kind in REGISTERED for fmt, form in kind.corpus_forms.items()}
+
+
+def write_corpus(out: Any, samples: int, seed: int = 0, fmt: str = "messages", length_scale: float = 1.0) -> int:
+    """Write generated rows in any ``chat-corpus --format`` to ``out`` (a path or an
+    ``autotune.spec.files.Destination``): the chat corpus's forms (``chat_corpus.write_jsonl``), else a
+    trainer's (:func:`corpus_forms`); return their tokens under the synthetic tokenizer.
+
+    Raises:
+        AutotuneError: A format none has, or what ``chat_corpus.write_rows`` refuses.
+    """
+    from autotune.spec.chat_corpus import FORMATS, write_jsonl
+
+    added = corpus_forms()
+    if fmt in added:
+        return added[fmt].write(out, samples, seed, length_scale)
+    if fmt not in FORMATS:
+        raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join((*FORMATS, *added))}")
+    return write_jsonl(out, samples, seed, fmt, length_scale)

@@ -66,6 +66,24 @@ class ToolExport:
 
 
 @dataclasses.dataclass(frozen=True)
+class CorpusForm:
+    """One ``autotune chat-corpus --format`` a trainer adds: generated rows of its own (nothing downloaded),
+    beyond the chat corpus's forms (``autotune.spec.chat_corpus.FORMATS``).
+
+    Attributes:
+        words: The form in ``--format``'s help.
+        rows_words: What its rows are, in the command's line (``preference pairs``).
+        write: Writes ``samples`` rows of the corpus ``seed`` at ``length_scale`` to ``out`` (a path or an
+            ``autotune.spec.files.Destination``) as ``autotune.spec.chat_corpus.write_rows`` writes them,
+            and returns their tokens under the synthetic tokenizer: ``write(out, samples, seed, length_scale)``.
+    """
+
+    words: str
+    rows_words: str
+    write: Callable[[Any, int, int, float], int]
+
+
+@dataclasses.dataclass(frozen=True)
 class TrialInputs:
     """What a trial hands its trainer's :meth:`TrainerKind.build`, from the trial child (``autotune.runner``).
 
@@ -150,6 +168,8 @@ class TrainerKind(Protocol):
             the arguments' ``json``, ``cli`` and ``python``.
         tool_export: What those forms say of it (``None``: it has none).
         exported_as: What each of its export forms holds, in words.
+        corpus_forms: The ``chat-corpus --format`` forms of generated rows it adds, by name (``{}``: none;
+            the chat corpus's own forms serve every trainer).
     """
 
     name: str
@@ -177,6 +197,7 @@ class TrainerKind(Protocol):
     tool_forms: tuple[str, ...]
     tool_export: ToolExport | None
     exported_as: Mapping[str, str]
+    corpus_forms: Mapping[str, CorpusForm]
 
     def check_rows(self, columns: Sequence[str] | None) -> None:
         """Refuse (``AutotuneError``, one line) a ``--dataset`` this trainer cannot read (``None``: none given)."""

@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import AutotuneError
-from autotune.trainers._kind import ToolConfig, ToolExport, TrialInputs, arguments_forms
+from autotune.trainers._kind import CorpusForm, ToolConfig, ToolExport, TrialInputs, arguments_forms
+from autotune.trainers._preference_corpus import PREFERENCE_FORMS
 from autotune.trainers.sft import cycled, load_tokenizer
 
 # The ``--dataset`` format DPOTrainer reads: a chosen and a rejected answer per row (the prompt beside
@@ -200,6 +201,7 @@ class DpoTrainer:
         "axolotl": "an axolotl config fragment (rl: dpo)",
         "llama-factory": "a LLaMA-Factory config fragment (stage: dpo)",
     }
+    corpus_forms: Mapping[str, CorpusForm] = PREFERENCE_FORMS  # `chat-corpus --format preference`
 
     def check_rows(self, columns: Sequence[str] | None) -> None:
         if columns is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from autotune.trainers._kind import ToolExport, TrialInputs, arguments_forms
+from autotune.trainers._kind import CorpusForm, ToolExport, TrialInputs, arguments_forms
 
 
 class HfTrainer:
@@ -42,6 +42,7 @@ class HfTrainer:
     tool_forms: tuple[str, ...] = ()
     tool_export: ToolExport | None = None
     exported_as: Mapping[str, str] = arguments_forms(arguments_named)
+    corpus_forms: Mapping[str, CorpusForm] = {}  # the chat corpus's forms serve it
 
     def check_rows(self, columns: Sequence[str] | None) -> None:
         """Any rows (or none: synthetic tokens); ``--text-column`` and the dataset's checks say the rest."""

@@ -34,7 +34,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.spec.models import NO_MODEL_CODE
 from autotune.spec.sft import data_format, sft_arguments, trains_untruncated, work_counted
-from autotune.trainers._kind import ToolConfig, ToolExport, TrialInputs, arguments_forms
+from autotune.trainers._kind import CorpusForm, ToolConfig, ToolExport, TrialInputs, arguments_forms
 
 
 def _loss_on_axolotl(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -120,6 +120,7 @@ class SftTrainer:
         "axolotl": "an axolotl config fragment",
         "llama-factory": "a LLaMA-Factory config fragment",
     }
+    corpus_forms: Mapping[str, CorpusForm] = {}  # the chat corpus's forms serve it
 
     def check_rows(self, columns: Sequence[str] | None) -> None:
         if columns is None:

@@ -8,7 +8,7 @@ import statistics
 
 from autotune.levers import TrialConfig
 from autotune.plan import EstimateOptions, plan
-from autotune.spec.preference_corpus import write_corpus
+from autotune.trainers import write_corpus
 
 GiB = 1024**3
 SEQ_LEN = 256

@@ -19,6 +19,7 @@ from autotune.result import (
     projected_seconds,
     run_length,
     run_time_line,
+    setup_pass_note,
 )
 from autotune.result._run_time import DEFAULT_EPOCHS, NEEDS_DATASET
 from autotune.spec.dataset import PreparedDataset
@@ -126,6 +127,16 @@ def test_the_line_says_what_it_needs_rather_than_invent_a_size_and_marks_a_predi
         predicted.startswith("predicted wall time of 1 epoch over 100 samples") and "predicted 2 samples/s" in predicted
     )
     assert "$" not in predicted  # no price, no cost
+
+
+def test_the_note_of_a_pass_before_training_says_its_seconds_samples_and_run_in_no_trainers_words():
+    """The trial table's note of the trainer's pass before training (``TrialResult.setup_pass_s``): its
+    figures, each named, and nothing of what the pass is (a trainer's; the row's config says its lever)."""
+    result = TrialResult("ok", setup_pass_s=9.31, setup_pass_samples=40, run_passes=3.0)
+    assert (
+        setup_pass_note(result) == "rates count its 9.3 s pass before training over 40 samples, over a run of 3 passes"
+    )
+    assert setup_pass_note(TrialResult("ok")) is None
 
 
 def test_a_pass_before_training_is_counted_once_over_the_run_whatever_run_its_rate_was_recorded_for():

@@ -13,7 +13,7 @@ LENGTH_SCALE = 0.05
 
 
 def preference_file(root: Path, samples: int = 48) -> Path:
-    from autotune.spec.preference_corpus import write_corpus
+    from autotune.trainers import write_corpus
 
     path = root / "prefs.jsonl"
     if not path.is_file():

@@ -1,5 +1,5 @@
 """A DPO trial's trainer as ``DPO.build`` makes it (autotune/trainers/dpo.py, through
-``benchmarks._common.dpo_trainer``: the rows and the synthetic tokenizer saved as a search saves them):
+``benchmarks.bench_dpo_levers.dpo_trainer``: the rows and the synthetic tokenizer saved as a search saves them):
 TRL's real DPOTrainer on a 2-layer llama-tiny with random weights, on generated preference pairs,
 trained an epoch on the CPU: the reference copy it holds, which stays as it was, and the real tokens the
 Trainer counts (prompt + chosen and prompt + rejected, no padding). No copy under precompute or PEFT, and the
@@ -18,9 +18,9 @@ import torch
 
 from autotune.spec.chat_corpus import DEFAULT_SHAPE
 from autotune.spec.models import build_model, catalog_entry
-from autotune.spec.preference_corpus import pair_tokens, preference_pair, preference_rows
+from autotune.trainers._preference_corpus import pair_tokens, preference_pair, preference_rows
 from autotune.trainers.dpo import TOKENS_COUNTED
-from benchmarks._common import dpo_trainer, saved_dpo_rows
+from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows
 
 PAIRS = 8
 MICRO_BATCH = 2

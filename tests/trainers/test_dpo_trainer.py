@@ -154,7 +154,7 @@ def built(
     import torch
 
     from autotune.spec.models import build_model, catalog_entry
-    from benchmarks._common import dpo_trainer, saved_dpo_rows
+    from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows
 
     config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
     torch.manual_seed(0)
@@ -311,7 +311,7 @@ def test_every_trial_pays_the_reference_pass_even_where_trl_could_read_an_earlie
     import torch
 
     from autotune.spec.models import build_model, catalog_entry
-    from benchmarks._common import dpo_trainer, saved_dpo_rows
+    from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows
 
     config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
     rows = [text_pair(n) for n in (3, 5, 8, 2)]

@@ -107,3 +107,30 @@ def test_the_trainer_option_says_every_trainer_and_which_the_rows_choose():
         if kind.chosen_for_formats:
             assert f"{kind.name} for a --dataset of {kind.chosen_words}" in text
     assert text.endswith(f"else {trainers.DEFAULT.name}.")
+
+
+def test_an_unknown_corpus_format_names_every_format():
+    """``chat-corpus --format``: the chat corpus's forms and every trainer's own (``corpus_forms``), named in one line."""
+    from autotune.spec.chat_corpus import FORMATS
+
+    with pytest.raises(AutotuneError, match="--format 'pairs' is not known: choose one of") as raised:
+        trainers.write_corpus("unused.jsonl", 3, fmt="pairs")
+    assert all(fmt in str(raised.value) for fmt in (*FORMATS, *trainers.corpus_forms()))
+
+
+def test_a_trainers_generated_rows_choose_that_trainer(tmp_path):
+    """The rows of each form a trainer adds to ``chat-corpus`` are rows that trainer reads and is chosen for,
+    and the option's help names the form."""
+    import typing
+
+    from autotune.plan.cli_options import CorpusFormat
+    from autotune.spec.dataset_files import peek_rows
+
+    help_text = typing.get_args(CorpusFormat)[1].help
+    for kind in trainers.REGISTERED:
+        for fmt, form in kind.corpus_forms.items():
+            out = tmp_path / f"{fmt}.jsonl"
+            assert trainers.write_corpus(str(out), 4, fmt=fmt, length_scale=0.1) > 0
+            columns, _first = peek_rows(str(out))
+            assert choose(None, columns) is kind, fmt
+            assert f"{fmt} ({form.words})" in help_text

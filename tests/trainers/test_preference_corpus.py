@@ -1,4 +1,4 @@
-"""The generated preference pairs (autotune/spec/preference_corpus.py): their structure, their determinism,
+"""The generated preference pairs (autotune/trainers/_preference_corpus.py): their structure, their determinism,
 their token count as the synthetic tokenizer and TRL's collator count it, their written forms and the
 command line (``chat-corpus --format preference``)."""
 
@@ -9,18 +9,16 @@ import statistics
 
 import pytest
 
-from autotune.errors import AutotuneError
 from autotune.spec.chat_corpus import DEFAULT_SHAPE, IM_END, conversation, render_chatml
-from autotune.spec.preference_corpus import (
-    CORPUS_FORMATS,
+from autotune.spec.synthetic_tokenizer import build_tokenizer
+from autotune.trainers import write_corpus
+from autotune.trainers._preference_corpus import (
     PREFERENCE_FORMATS,
     as_preference_row,
     pair_tokens,
     preference_pair,
     preference_rows,
-    write_corpus,
 )
-from autotune.spec.synthetic_tokenizer import build_tokenizer
 from tests.support.cli import run_cli_in_process
 
 
@@ -87,12 +85,6 @@ def test_write_corpus_writes_one_pair_a_line(tmp_path, fmt):
     assert rows == preference_rows(15, seed=2, fmt=fmt, length_scale=0.5)
     shape = DEFAULT_SHAPE.scaled(0.5)
     assert total == sum(pair_tokens(*preference_pair(index, 2, shape)) for index in range(15))
-
-
-def test_an_unknown_format_names_every_format():
-    with pytest.raises(AutotuneError, match="--format 'pairs' is not known: choose one of") as raised:
-        write_corpus("unused.jsonl", 3, fmt="pairs")
-    assert all(fmt in str(raised.value) for fmt in CORPUS_FORMATS)
 
 
 def test_the_command_writes_preference_pairs(tmp_path):

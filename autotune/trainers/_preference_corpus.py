@@ -1,4 +1,5 @@
 """Preference pairs for DPO, generated from the chat corpus (``autotune.spec.chat_corpus``): nothing downloaded.
+DPO's ``chat-corpus --format`` forms (``autotune.trainers.dpo``: ``corpus_forms``).
 
 A preference row is what TRL's ``DPOTrainer`` reads (trl/trainer/dpo_trainer.py, ``_prepare_dataset``:
 a ``prompt``, a ``chosen`` and a ``rejected`` completion, plain strings or lists of messages): here
@@ -9,7 +10,7 @@ answers to one prompt that differ in content and length alike (UltraFeedback bin
 four models' answers: huggingface.co/datasets/HuggingFaceH4/ultrafeedback_binarized, README); what a
 training step costs is the prompt's length plus both answers', which the draw carries.
 
-Two written forms (``chat-corpus --format``):
+Two written forms (:data:`PREFERENCE_FORMS`, ``chat-corpus --format``):
 
 * ``preference``: conversational, ``prompt`` a list of messages, ``chosen`` and ``rejected`` one
   assistant message each (TRL applies the chat template: ``add_generation_prompt=True`` for the prompt);
@@ -27,21 +28,18 @@ import numpy as np
 from autotune.errors import AutotuneError
 from autotune.spec.chat_corpus import (
     DEFAULT_SHAPE,
-    FORMATS,
     MESSAGE_OVERHEAD_TOKENS,
     ChatShape,
     conversation,
     conversation_tokens,
     render_chatml,
     words,
-    write_jsonl,
     write_rows,
 )
 from autotune.spec.files import Destination
+from autotune.trainers._kind import CorpusForm
 
 PREFERENCE_FORMATS = ("preference", "preference-text")
-# Every --format of `autotune chat-corpus`.
-CORPUS_FORMATS = (*FORMATS, *PREFERENCE_FORMATS)
 # The rejected answer's stream of random numbers, apart from the conversation's ([seed, index]).
 _REJECTED_STREAM = 1
 
@@ -73,7 +71,7 @@ def as_preference_row(
     if fmt == "preference-text":
         text = render_chatml(prompt, add_generation_prompt=True)
         return {"prompt": text, "chosen": chosen["content"], "rejected": rejected["content"]}
-    raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(CORPUS_FORMATS)}")
+    raise AutotuneError(f"--format {fmt!r} is not a form of preference pairs: {', '.join(PREFERENCE_FORMATS)}")
 
 
 def preference_rows(samples: int, seed: int = 0, fmt: str = "preference", length_scale: float = 1.0) -> list[dict]:
@@ -82,20 +80,14 @@ def preference_rows(samples: int, seed: int = 0, fmt: str = "preference", length
     return [as_preference_row(*preference_pair(index, seed, shape), fmt) for index in range(samples)]
 
 
-def write_corpus(
-    out: str | Destination, samples: int, seed: int = 0, fmt: str = "messages", length_scale: float = 1.0
-) -> int:
-    """Write the corpus in any ``chat-corpus --format`` (:data:`CORPUS_FORMATS`) as JSON lines, the chat
-    forms by ``chat_corpus.write_jsonl``, the preference forms one pair a line, and return its tokens
-    under the synthetic tokenizer (a pair's as :func:`pair_tokens` counts them).
+def write_pairs(out: str | Destination, samples: int, seed: int, fmt: str, length_scale: float) -> int:
+    """Write the corpus's first ``samples`` pairs in the form ``fmt`` (:data:`PREFERENCE_FORMATS`), one pair
+    a line, as ``chat_corpus.write_rows`` writes them, and return their tokens under the synthetic tokenizer
+    (as :func:`pair_tokens` counts them).
 
     Raises:
-        AutotuneError: An unknown format, or what ``chat_corpus.write_rows`` refuses.
+        AutotuneError: What ``chat_corpus.write_rows`` refuses.
     """
-    if fmt in FORMATS:
-        return write_jsonl(out, samples, seed, fmt, length_scale)
-    if fmt not in PREFERENCE_FORMATS:
-        raise AutotuneError(f"--format {fmt!r} is not known: choose one of {', '.join(CORPUS_FORMATS)}")
     shape = DEFAULT_SHAPE.scaled(length_scale)
 
     def row(index: int) -> tuple[dict[str, Any], int]:
@@ -103,3 +95,17 @@ def write_corpus(
         return as_preference_row(*pair, fmt), pair_tokens(*pair)
 
     return write_rows(out, samples, row)
+
+
+def _form(fmt: str, words: str) -> CorpusForm:
+    return CorpusForm(
+        words=f"DPO's preference pairs, {words}",
+        rows_words="preference pairs",
+        write=lambda out, samples, seed, length_scale: write_pairs(out, samples, seed, fmt, length_scale),
+    )
+
+
+# DPO's forms of `autotune chat-corpus --format` (its ``corpus_forms``).
+PREFERENCE_FORMS = {
+    fmt: _form(fmt, words) for fmt, words in zip(PREFERENCE_FORMATS, ("messages", "strings"), strict=True)
+}
