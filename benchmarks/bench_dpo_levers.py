@@ -96,6 +96,7 @@ def dpo_trainer(
         arguments: ``DPOConfig`` keyword arguments (the levers' and the harness's).
         peft_config: A ``peft.PeftConfig``, which ``DPOTrainer`` applies itself (``--peft``).
     """
+    from autotune.spec.models import keeps_reference_copy
     from autotune.trainers import TrialInputs, class_named
     from autotune.trainers.dpo import DPO
 
@@ -115,8 +116,10 @@ def dpo_trainer(
         prepared_dir=prepared_dir,
         tokenizer_dir=tokenizer_dir,
         peft_config=peft_config,
-        # What a trial reads off the lever's memory trait (runner._trial.build_trainer): here off the arguments.
-        reference_precomputed=bool(arguments.get("precompute_ref_log_probs", False)),
+        # As a trial decides it (runner._trial.build_trainer), the lever read here off the arguments.
+        reference_copy=keeps_reference_copy(
+            DPO.holds_reference, peft_config is not None, bool(arguments.get("precompute_ref_log_probs", False))
+        ),
     )
     return DPO.build(inputs)
 

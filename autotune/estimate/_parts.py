@@ -145,7 +145,7 @@ def reference_weights_bytes(model: ModelSpec, traits: MemoryTraits) -> int:
     """The reference copy's weights: in the policy's dtype, no gradients or optimizer states (TRL loads it
     with the policy's dtype: trl/trainer/dpo_trainer.py:924); none under PEFT (the base with the adapters
     disabled is the reference) or a precomputed reference (docs/facts.md, "DPO")."""
-    if not runs_reference(model, traits) or model.peft is not None:
+    if not model.keeps_reference_copy(traits.reference_precomputed):
         return 0
     return int(model.num_params * traits.weight_bytes)
 

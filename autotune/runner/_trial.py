@@ -366,7 +366,9 @@ def build_trainer(job: TrialJob, model: Any, batching: Batching, callbacks: list
         prepared_dir=prepared.prepared_dir if prepared is not None else None,
         tokenizer_dir=prepared.tokenizer_dir if prepared is not None else None,
         peft_config=peft_config_of(job),
-        reference_precomputed=memory_traits(job.config, workload.device.kind).reference_precomputed,
+        reference_copy=workload.model.keeps_reference_copy(
+            memory_traits(job.config, workload.device.kind).reference_precomputed
+        ),
     )
     return trainer_named(workload.trainer).build(inputs)
 

@@ -77,6 +77,14 @@ class PeftSpec:
         return {"adapter_config": self.adapter_config, "quantize": self.quantize}
 
 
+def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_precomputed: bool) -> bool:
+    """Whether a run holds a second copy of the weights as its reference: a trainer with one
+    (``ModelSpec.holds_reference``), but not under PEFT (the base with the adapters disabled is the
+    reference) nor once the reference's log-probabilities are precomputed (the policy computes them before
+    training): trl/trainer/dpo_trainer.py:908-929. The one rule the memory estimate and the trial's build read."""
+    return holds_reference and not under_peft and not reference_precomputed
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What the tuner needs to know about a model: its config and its shape.
@@ -131,6 +139,10 @@ class ModelSpec:
     fused_lm_head: bool = False
     rows_per_sample: int = 1
     holds_reference: bool = False
+
+    def keeps_reference_copy(self, reference_precomputed: bool) -> bool:
+        """:func:`keeps_reference_copy` for this model's trainer and adapters."""
+        return keeps_reference_copy(self.holds_reference, self.peft is not None, reference_precomputed)
 
     @property
     def model_type(self) -> str:

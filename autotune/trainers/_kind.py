@@ -104,8 +104,9 @@ class TrialInputs:
         tokenizer_dir: The tokenizer's directory of those rows.
         peft_config: ``--peft``'s adapters for a trainer that applies them itself
             (:attr:`TrainerKind.applies_adapters`); ``None`` otherwise (the model comes wrapped).
-        reference_precomputed: The levers have a preference trainer compute its reference's log-probabilities
-            once before training (``autotune.levers.MemoryTraits.reference_precomputed``): no reference copy.
+        reference_copy: A preference trainer keeps a second copy of the model as its reference
+            (``ModelSpec.keeps_reference_copy``: not under PEFT, nor with the reference's log-probabilities
+            precomputed), the rule the memory estimate reads too.
     """
 
     trainer_class: type
@@ -122,7 +123,7 @@ class TrialInputs:
     prepared_dir: str | None = None
     tokenizer_dir: str | None = None
     peft_config: Any = None
-    reference_precomputed: bool = False
+    reference_copy: bool = False
 
 
 class TrainerKind(Protocol):

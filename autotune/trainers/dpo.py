@@ -64,14 +64,6 @@ def is_preference(columns: Sequence[str]) -> bool:
     return "chosen" in columns and "rejected" in columns
 
 
-def keeps_reference_copy(reference_precomputed: bool, peft: bool) -> bool:
-    """Whether a DPO run holds a second copy of the model as its reference (trl/trainer/dpo_trainer.py:908-929):
-    not under PEFT (the base model with the adapters disabled is the reference) nor where the levers precompute
-    the reference's log-probabilities (the policy computes them before training; FSDP, under which TRL still
-    loads a copy for that pass, is CUDA only and not a DPO lever here)."""
-    return not peft and not reference_precomputed
-
-
 def _renamed(key: str) -> Callable[[Any, Mapping[str, Any]], tuple[dict[str, Any], list[str]]]:
     """The tool's key ``key`` takes the value as it is."""
     return lambda value, _args: ({key: value}, [])
@@ -258,7 +250,7 @@ class DpoTrainer:
         arguments = self.trial_arguments(inputs.arguments, inputs.seq_len, inputs.loss_on)
         trainer = timed_setup_pass(inputs.trainer_class)(
             model=inputs.model,
-            ref_model=reference_model(inputs.model, inputs.reference_precomputed, inputs.peft_config is not None),
+            ref_model=reference_model(inputs.model, inputs.reference_copy),
             args=inputs.arguments_class(**arguments),
             train_dataset=datasets.load_from_disk(inputs.prepared_dir),
             processing_class=load_tokenizer(inputs.tokenizer_dir),
@@ -391,10 +383,10 @@ def prompt_ids(row: Mapping[str, Any], tokenizer: Any) -> list[int]:
     return list(tokenizer(prompt)["input_ids"])
 
 
-def reference_model(model: Any, reference_precomputed: bool, peft: bool) -> Any:
+def reference_model(model: Any, reference_copy: bool) -> Any:
     """The reference model the trial hands ``DPOTrainer``: a copy of the built model where the user's run
-    loads one (:func:`keeps_reference_copy`), else ``None``, as TRL has it."""
-    if not keeps_reference_copy(reference_precomputed, peft):
+    loads one (``ModelSpec.keeps_reference_copy``), else ``None``, as TRL has it."""
+    if not reference_copy:
         return None
     reference = copy.deepcopy(model)
     reference.eval()
