@@ -114,6 +114,32 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             ],
             "larger than 64 KiB",
         ),
+        # A space none of whose configs trains (a pair rule: bf16 weights with fp32 autocast only): one line
+        # from the pair rule, not the memory prior's traceback over no config (seen on estimate before).
+        "space: no pair trains": (
+            [
+                *SEARCH,
+                "--storage",
+                db,
+                "--model",
+                "llama-tiny",
+                "--space",
+                _file(root, "pair.yaml", "micro_batch: [8]\ndtype: [fp32]\nweight_dtype: [bf16]\n"),
+            ],
+            "dtype fp32 cannot run with weight_dtype bf16",
+        ),
+        "estimate: no pair trains": (
+            [
+                "estimate",
+                "--model",
+                "llama-tiny",
+                "--device",
+                "cpu",
+                "--space",
+                _file(root, "pair2.yaml", "micro_batch: [8]\ndtype: [fp32]\nweight_dtype: [bf16]\n"),
+            ],
+            "add bf16 to dtype, or fp32 to weight_dtype",
+        ),
         "space: 300 choices": (
             [*tiny, "--space", _file(root, "many.yaml", "micro_batch: [" + ", ".join(map(str, range(1, 301))) + "]\n")],
             "micro_batch: 300 choices; give at most 256",
@@ -265,6 +291,8 @@ CASE_IDS = [
     "space: micro_batch [true]",
     "space: checkpointing [1]",
     "space: 700k choices",
+    "space: no pair trains",
+    "estimate: no pair trains",
     "space: 300 choices",
     "space: a named pipe",
     "base-args: a device",

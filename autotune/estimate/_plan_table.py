@@ -33,12 +33,11 @@ def memory_distinct_configs(choices: dict[str, list[Any]], device_kind: str) -> 
     names = [lever.name for lever in memory if not lever.grows_memory]
     names += [lever.name for lever in memory if lever.grows_memory]
     base = {name: values[0] for name, values in choices.items()}
-    configs = []
-    for combination in itertools.product(*(choices[name] for name in names)):
-        params = {**base, **dict(zip(names, combination))}
-        if not config_conflict(params):  # a pair the search leaves out (bf16 weights with fp32 autocast)
-            configs.append(TrialConfig.from_params(params))
-    return configs
+    combinations = [{**base, **dict(zip(names, c))} for c in itertools.product(*(choices[name] for name in names))]
+    # A pair the search leaves out (bf16 weights with fp32 autocast) is no row; a space with no config that
+    # trains keeps them all here: the memory prior judges it before the pair rules refuse it in one line.
+    runnable = [params for params in combinations if not config_conflict(params)] or combinations
+    return [TrialConfig.from_params(params) for params in runnable]
 
 
 def setting_of(config: TrialConfig) -> tuple[Any, ...]:
