@@ -352,11 +352,9 @@ def chat_corpus(
     """Write a generated multi-turn chat corpus, or a trainer's own rows (nothing downloaded), for --dataset."""
     from autotune.plan import within
     from autotune.spec.files import Destination
-    from autotune.trainers import corpus_forms, write_corpus
+    from autotune.trainers import corpus_rows_words, write_corpus
 
     for name, value in (("--samples", samples), ("--seed", seed), ("--length-scale", length_scale)):
         within(name, value)
-    tokens = write_corpus(Destination(out, force), samples, seed, fmt, length_scale)
-    added = corpus_forms().get(fmt)
-    rows = added.rows_words if added else "conversations"
+    tokens, rows = write_corpus(Destination(out, force), samples, seed, fmt, length_scale), corpus_rows_words(fmt)
     console.print(f"wrote {out}: {samples} {rows} ({fmt}), {tokens} tokens under the synthetic tokenizer")

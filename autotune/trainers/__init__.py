@@ -57,6 +57,7 @@ __all__ = [
     "choose",
     "class_named",
     "corpus_forms",
+    "corpus_rows_words",
     "get",
     "identity_entries",
     "of_identity",
@@ -149,6 +150,13 @@ def corpus_forms() -> dict[str, CorpusForm]:
     """The ``autotune chat-corpus --format`` forms the trainers add to the chat corpus's
     (``autotune.spec.chat_corpus.FORMATS``): each trainer's :attr:`TrainerKind.corpus_forms`."""
     return {fmt: form for kind in REGISTERED for fmt, form in kind.corpus_forms.items()}
+
+
+def corpus_rows_words(fmt: str) -> str:
+    """What the rows of ``chat-corpus --format fmt`` are, in its line: a trainer's (``preference pairs``),
+    else the chat corpus's ``conversations``."""
+    added = corpus_forms().get(fmt)
+    return added.rows_words if added else "conversations"
 
 
 def write_corpus(out: Any, samples: int, seed: int = 0, fmt: str = "messages", length_scale: float = 1.0) -> int:
