@@ -226,6 +226,18 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             [*llama, "--trainer", "dpo", "--dataset", chat],
             "--trainer dpo: the dataset has no chosen and rejected columns (columns: messages)",
         ),
+        "base-args: SFTConfig's dataset_num_proc 'many'": (  # a field of TRL's SFTConfig only
+            [
+                *llama,
+                "--dataset",
+                chat,
+                "--global-batch",
+                "8",
+                "--base-args",
+                _file(root, "sft.json", '{"dataset_num_proc": "many"}'),
+            ],
+            "dataset_num_proc 'many'",
+        ),
         "--loss-on under --trainer dpo": (
             [*llama, "--trainer", "dpo", "--dataset", pairs, "--loss-on", "completion"],
             "--loss-on chooses SFTTrainer's loss; --trainer dpo trains with TRL's DPOTrainer: drop --loss-on",
@@ -322,6 +334,7 @@ CASE_IDS = [
     "--workers 1000",
     "empty --dataset",
     "--trainer dpo on chat rows",
+    "base-args: SFTConfig's dataset_num_proc 'many'",
     "--loss-on under --trainer dpo",
     "--loss-on on preference pairs",
     "estimate --seq-len 100000",

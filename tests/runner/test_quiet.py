@@ -135,7 +135,6 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
         '{"deepspeed": {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", '
         '"train_batch_size": "auto", "zero_optimization": {"stage": 7}}}'
     )
-    (root / "sft.json").write_text('{"dataset_num_proc": "many"}')  # a field of TRL's SFTConfig only
     (root / "learning_rate.json").write_text('{"learning_rate": 0.0001}')
     write_jsonl(str(root / "chat.jsonl"), 16, 0, "messages", 1.0)
     (root / "user_callbacks.py").write_text("import bitsandbytes  # a user's module imports a library\n")
@@ -148,26 +147,6 @@ def _bad_inputs(root: Path) -> dict[str, tuple[list[str], str]]:
         "--base-args deepspeed stage 7 (DeepSpeed)": (
             [*search, "--base-args", str(root / "deepspeed.json")],
             "DeepSpeed rejects the deepspeed config",
-        ),
-        "--trainer sft --base-args (SFTConfig, trl)": (
-            [
-                "search",
-                "--model",
-                "llama-tiny",
-                "--trainer",
-                "sft",
-                "--dataset",
-                str(root / "chat.jsonl"),
-                "--global-batch",
-                "8",
-                "--seq-len",
-                "32",
-                "--trials",
-                "1",
-                "--base-args",
-                str(root / "sft.json"),
-            ],
-            "dataset_num_proc 'many'",
         ),
         "--trainer sft, good --base-args, too few rows (SFTConfig built: transformers 5.24's FutureWarning)": (
             [

@@ -59,15 +59,15 @@ def preinstalled_python(root: Path, preinstalled: list[str]) -> Path:
     """A fresh venv under ``root`` that sees ``preinstalled`` (and their requirements) and nothing else
     of this interpreter; returns its python."""
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    # Without ensurepip (5 s of CPU, and its old setuptools would shadow the one torch requires): the machine's
+    # own pip is linked in with its other packages, as an interpreter with torch installed has one.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
-    # Python 3.11's ensurepip adds an old setuptools, which would shadow the one torch requires.
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True, capture_output=True)
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.strip()
-    (Path(purelib) / "preinstalled.pth").write_text(f"{linked_site(preinstalled, root / 'preinstalled')}\n")
+    (Path(purelib) / "preinstalled.pth").write_text(f"{linked_site([*preinstalled, 'pip'], root / 'preinstalled')}\n")
     return python
