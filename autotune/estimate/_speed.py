@@ -24,6 +24,7 @@ once per configuration; :func:`predict_speed` turns it into time with a device's
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -57,6 +58,13 @@ LOSS_BYTES_PER_LOGIT = 6 * 4
 # the Triton kernels fold the tile as the matmul writes it: nothing beyond the matmul, as Liger's.
 FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT = (20 + 27) * 4
 FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT = 12 * 4
+# Its backward's two matmuls per tile (the hidden states' gradient and, where the head trains, the head's
+# own) run in fp32 off CUDA whatever the autocast dtype: ``_addmm_fp32`` keeps 16-bit inputs only on CUDA
+# (``torch.addmm(..., out_dtype=torch.float32)``) and elsewhere casts the tile and its operand up
+# (``acc.addmm_(a.float(), b.float())``, trl/kernels/chunked_logprob.py, TRL 1.16). So under bf16 the CPU
+# runs 2 or 4 of the head's 6 FLOPs per weight at the fp32 rate: on a 32k-vocabulary, 64-wide model most of
+# a step's matmul FLOPs.
+FUSED_HEAD_FALLBACK_FP32_BACKWARD = ("bf16", "fp16")
 # What the Trainer does to the gradients every optimizer step whatever the optimizer: clipping at
 # ``max_grad_norm`` (1.0 by default; torch.nn.utils.clip_grad_norm_ reads every gradient for the norm, then
 # scales it in place): 3 passes of the gradient's bytes per parameter.
@@ -131,8 +139,12 @@ class StepWork:
     """What one optimizer step of a configuration does, before a device's rates turn it into time.
 
     Attributes:
-        matmul_flops: Matmul FLOPs executed, recomputation included (hardware FLOPs).
+        matmul_flops: Matmul FLOPs executed in ``matmul_dtype``, recomputation included (hardware FLOPs).
         matmul_dtype: The dtype the matmuls run in (its peak bounds them).
+        matmul_inner: The weight matmuls' inner size (the model's width): on a device calibrated at narrow
+            inner sizes, the rate is read there (:meth:`SpeedFit.matmul_rate_tflops`).
+        fp32_matmul_flops: Matmul FLOPs that run in fp32 whatever ``matmul_dtype`` (TRL's fused head's backward
+            off CUDA: :data:`FUSED_HEAD_FALLBACK_FP32_BACKWARD`).
         memory_bytes: Memory-bound traffic (elementwise work, loss, weights read, optimizer step).
         host_bytes: Bytes over the host link (offloading).
         launches: Kernel launches (CPU: op dispatches).
@@ -151,6 +163,8 @@ class StepWork:
     samples: float
     real_tokens: float
     model_flops: float
+    matmul_inner: int = 0
+    fp32_matmul_flops: float = 0.0
 
 
 def step_work(
@@ -205,9 +219,12 @@ def step_work(
         0.0 if speed.graphs else OPS_PER_LAYER * layers * (FUSED_OPS_SHARE if speed.fuses_elementwise else 1.0)
     )
     tensors = TENSORS_PER_LAYER * layers + 5
+    fp32_flops = k * fused_head_fp32_backward_flops(model, batch.real_tokens, device_kind, matmul_dtype)
     return StepWork(
-        matmul_flops=k * batch.computed_tokens * per_token,
+        matmul_flops=k * batch.computed_tokens * per_token - fp32_flops,
         matmul_dtype=matmul_dtype,
+        matmul_inner=model.hidden_size,
+        fp32_matmul_flops=fp32_flops,
         memory_bytes=k * memory_per_batch + optimizer,
         host_bytes=host,
         launches=k * launches_per_batch + speed.optimizer_kernels_per_tensor * tensors,
@@ -241,6 +258,16 @@ def fused_head_fallback_bytes(model: ModelSpec, traits: MemoryTraits, tokens: fl
     return per_logit * tokens * model.vocab_size
 
 
+def fused_head_fp32_backward_flops(model: ModelSpec, tokens: float, device_kind: str, matmul_dtype: str) -> float:
+    """The FLOPs of TRL's fused head's backward that run in fp32 off CUDA under 16-bit autocast
+    (:data:`FUSED_HEAD_FALLBACK_FP32_BACKWARD`): the hidden states' gradient (``2 V h`` per projected token)
+    and, unless the head is frozen under PEFT, the head's own (``2 V h``); none on CUDA or in fp32."""
+    if not model.fused_lm_head or device_kind == "cuda" or matmul_dtype not in FUSED_HEAD_FALLBACK_FP32_BACKWARD:
+        return 0.0
+    per_token = (2 if model.peft is not None else 4) * model.vocab_size * model.hidden_size
+    return per_token * tokens
+
+
 def weight_read_bytes(model: ModelSpec, traits: MemoryTraits) -> float:
     """The weights the matmuls read per micro-batch: each compute weight in the forward and twice in the
     backward (input and weight gradients), once more for a recomputed forward, in the bytes they run in
@@ -270,6 +297,8 @@ class SpeedFit:
         step_overhead_s: Seconds per optimizer step of the Trainer's own work.
         points: Measured trials the fit used (0: the prior).
         max_relative_error: Worst ``|predicted - measured| / measured`` step time over those trials.
+        inner_rates_tflops: Measured matmul rates by dtype at narrow inner sizes, ``((k, TFLOPS), ...)``
+            ascending, the square peak last (``autotune devices --calibrate`` on a CPU); empty: the peak alone.
     """
 
     device_kind: str
@@ -283,12 +312,38 @@ class SpeedFit:
     step_overhead_s: float
     points: int = 0
     max_relative_error: float | None = None
+    inner_rates_tflops: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=dict)
+
+    def matmul_rate_tflops(self, dtype: str, inner: int) -> float | None:
+        """The matmul rate of ``dtype`` at inner size ``inner``: the peak, or where the device was calibrated
+        at narrow inner sizes, interpolated between them (log-linear in the inner size, held flat beyond
+        the measured ones); ``None`` where the dtype's peak is unknown."""
+        peak = self.peaks_tflops.get(dtype)
+        points = self.inner_rates_tflops.get(dtype, ())
+        if not peak or not points or inner <= 0:
+            return peak
+        if inner <= points[0][0]:
+            return points[0][1]
+        for (k0, r0), (k1, r1) in zip(points, points[1:]):
+            if inner <= k1:
+                share = math.log(inner / k0) / math.log(k1 / k0)
+                return r0 + share * (r1 - r0)
+        return points[-1][1]
 
     def describe(self) -> str:
         """One line: the rates and where they come from."""
         peaks = ", ".join(f"{d} {v:.3g}" for d, v in sorted(self.peaks_tflops.items()))
+        narrow = (
+            "; at narrow inner sizes "
+            + ", ".join(
+                f"{d} " + " ".join(f"{v:.3g}@{k}" for k, v in points[:-1])
+                for d, points in sorted(self.inner_rates_tflops.items())
+            )
+            if self.inner_rates_tflops
+            else ""
+        )
         rates = (
-            f"matmul peaks {peaks} TFLOPS ({self.peak_source}) x {self.achievable_fraction:.0%} achievable, "
+            f"matmul peaks {peaks} TFLOPS ({self.peak_source}{narrow}) x {self.achievable_fraction:.0%} achievable, "
             f"{self.bandwidth_bytes_per_s / 1e9:.0f} GB/s memory, {self.step_overhead_s * 1e3:.1f} ms per step"
         )
         if not self.points:
@@ -335,12 +390,16 @@ class SpeedEstimate:
 
 def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
     """The step's time with the device's rates; ``None`` where the device's peak for the dtype is unknown."""
-    peak = fit.peaks_tflops.get(work.matmul_dtype)
-    if not peak:
+    rate = fit.matmul_rate_tflops(work.matmul_dtype, work.matmul_inner)
+    if not rate:
         return None
+    compute_s = work.matmul_flops / (rate * 1e12 * fit.achievable_fraction)
+    if work.fp32_matmul_flops:
+        fp32_rate = fit.matmul_rate_tflops("fp32", work.matmul_inner) or rate
+        compute_s += work.fp32_matmul_flops / (fp32_rate * 1e12 * fit.achievable_fraction)
     return SpeedEstimate(
         work=work,
-        compute_s=work.matmul_flops / (peak * 1e12 * fit.achievable_fraction),
+        compute_s=compute_s,
         memory_s=work.memory_bytes / fit.bandwidth_bytes_per_s,
         host_s=work.host_bytes / fit.link_bytes_per_s,
         overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,

@@ -62,6 +62,7 @@ def speed_prior(
     measured_peaks_tflops: Mapping[str, float],
     measured_bandwidth_gb_s: float | None = None,
     cpu_cores: int = 1,
+    measured_inner_tflops: Mapping[str, Mapping[int, float]] | None = None,
 ) -> SpeedFit:
     """The one throughput prior for a device: what every speed prediction starts from before a trial.
 
@@ -71,6 +72,9 @@ def speed_prior(
             (:func:`autotune.spec.measured_peaks.load_measured_peaks`); they win over the datasheet's.
         measured_bandwidth_gb_s: Memory bandwidth measured by the same calibration, GB/s.
         cpu_cores: On a CPU without a calibration, the cores its nominal peak counts (a trial's threads).
+        measured_inner_tflops: Measured rates by dtype and inner size, the square peak among them
+            (:func:`autotune.spec.measured_peaks.load_measured_inner_rates`): a narrow model's matmuls are
+            predicted at its width's rate.
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
@@ -78,6 +82,11 @@ def speed_prior(
         nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
         source = "measured" if measured else f"nominal for {cpu_cores} core(s), not calibrated"
         bandwidth = (measured_bandwidth_gb_s or 0) * 1e9 or CPU_FALLBACK_BANDWIDTH_BYTES_PER_S
+        inner = {
+            dtype: tuple(sorted((int(k), float(v)) for k, v in by_inner.items()))
+            for dtype, by_inner in (measured_inner_tflops or {}).items()
+            if dtype in measured and len(by_inner) >= 2
+        }
         return SpeedFit(
             "cpu",
             {**nominal, **measured},
@@ -88,6 +97,7 @@ def speed_prior(
             TRAINING_MATMUL_FRACTION,
             op,
             step,
+            inner_rates_tflops=inner,
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION

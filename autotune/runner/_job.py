@@ -53,6 +53,7 @@ class Workload:
             runaway batch fails inside the child instead of swapping or OOM-killing the host.
         measured_peaks_tflops: Achievable peaks from ``autotune devices --calibrate``, by dtype.
         measured_bandwidth_gb_s: The memory bandwidth the same calibration measured (``None``: never).
+        measured_inner_tflops: The same calibration's rates by dtype and inner size (a CPU's narrow matmuls).
         allocator_env: The caching allocator's settings (``PYTORCH_ALLOC_CONF``,
             ``PYTORCH_CUDA_ALLOC_CONF``) of the process that made the workload; every child trains
             under exactly these, whatever the forkserver inherited when it started.
@@ -85,6 +86,7 @@ class Workload:
     address_space_bytes: int | None = None
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
     measured_bandwidth_gb_s: float | None = None
+    measured_inner_tflops: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
     compile_timeout_s: float | None = None
     devices_per_trial: int = 1
@@ -126,7 +128,9 @@ class Workload:
         share), the matmul dtype of :meth:`peak_dtype`, and the user's rows' token lengths where the plan
         tokenized them (``dataset.token_lengths``: padding and packing then predicted on the real data)."""
         cores = max(1, (os.cpu_count() or 1) // self.devices_per_trial)
-        fit = speed_prior(self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores)
+        fit = speed_prior(
+            self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores, self.measured_inner_tflops
+        )
         lengths = self.dataset.token_lengths if self.dataset is not None else ()
         return SpeedModel(fit, self.peak_dtype, lengths or None)
 

@@ -33,6 +33,9 @@ class MeasuredMatmulPeak:
         median_tflops: The median rate (how steady the device was while measuring).
         matrix_size: n of the n x n by n x n matmuls (``2 * n**3`` FLOPs each).
         iterations: Timed matmuls.
+        inner_size: ``None`` for the square matmuls of the peak; else k of ``n x k`` by ``k x n`` matmuls
+            (``2 * n * n * k`` FLOPs each): the rate at a model's narrow inner size (its hidden width), which
+            the throughput prior reads for that model (:func:`load_measured_inner_rates`).
     """
 
     dtype: str
@@ -40,6 +43,7 @@ class MeasuredMatmulPeak:
     median_tflops: float
     matrix_size: int
     iterations: int
+    inner_size: int | None = None
 
 
 def peaks_file() -> Path:
@@ -83,19 +87,44 @@ def load_measured_bandwidth(device_name: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+def load_measured_inner_rates(device_name: str) -> dict[str, dict[int, float]]:
+    """Measured matmul rates (TFLOPS) by dtype and inner size for ``device_name``: the narrow inner sizes
+    ``autotune devices --calibrate`` timed on a CPU, and the square peak at its matrix size; empty for a dtype
+    never timed narrow."""
+    record = load_calibration(device_name) or {}
+    found, peaks, sizes = (record.get(key) or {} for key in ("inner_tflops", "peaks_tflops", "matrix_size"))
+    rates: dict[str, dict[int, float]] = {}
+    for dtype, by_inner in found.items() if isinstance(found, dict) else ():
+        if not isinstance(by_inner, dict):
+            continue
+        kept = {int(k): float(v) for k, v in by_inner.items() if str(k).isdigit() and isinstance(v, (int, float))}
+        kept = {k: v for k, v in kept.items() if k > 0 and v > 0}
+        peak, size = peaks.get(dtype), sizes.get(dtype)
+        if kept and isinstance(peak, (int, float)) and isinstance(size, int) and peak > 0 and size > max(kept):
+            rates[dtype] = {**kept, size: float(peak)}
+    return rates
+
+
 def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak], bandwidth_gb_s: float | None = None) -> Path:
     """Store ``peaks`` (and the memory bandwidth, GB/s) under ``device.name``, keeping other devices'
-    records; returns the file."""
+    records; returns the file. Square matmuls are the peaks; narrow ones (``inner_size``) their rates by
+    inner size."""
     import torch
 
     path = peaks_file()
     store = _read_store(path)
     found = store.get(device.name)
     previous: dict[str, Any] = found if isinstance(found, dict) else {}
+    square = [p for p in peaks if p.inner_size is None]
+    inner: dict[str, dict[str, float]] = {d: dict(v) for d, v in (previous.get("inner_tflops") or {}).items()}
+    for peak in peaks:
+        if peak.inner_size is not None:
+            inner.setdefault(peak.dtype, {})[str(peak.inner_size)] = peak.tflops
     record = {
-        "peaks_tflops": {**previous.get("peaks_tflops", {}), **{p.dtype: p.tflops for p in peaks}},
-        "median_tflops": {**previous.get("median_tflops", {}), **{p.dtype: p.median_tflops for p in peaks}},
-        "matrix_size": {**previous.get("matrix_size", {}), **{p.dtype: p.matrix_size for p in peaks}},
+        "peaks_tflops": {**previous.get("peaks_tflops", {}), **{p.dtype: p.tflops for p in square}},
+        "median_tflops": {**previous.get("median_tflops", {}), **{p.dtype: p.median_tflops for p in square}},
+        "matrix_size": {**previous.get("matrix_size", {}), **{p.dtype: p.matrix_size for p in square}},
+        "inner_tflops": inner,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
     }

@@ -396,6 +396,10 @@ def calibrated_peaks_text(
     lines = [
         f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
         f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
+        if peak.inner_size is None
+        else f"  measured rate {spec.label} {peak.dtype} at inner size {peak.inner_size}: {format_tflops(peak.tflops)} "
+        f"TFLOPS (best of {peak.iterations} {peak.matrix_size}x{peak.inner_size} by {peak.inner_size}x{peak.matrix_size} "
+        f"matmuls; the throughput prior reads it for a model that narrow)"
         for peak in peaks
     ]
     if bandwidth_gb_s is not None:

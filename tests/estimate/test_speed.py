@@ -107,6 +107,45 @@ def test_trls_fused_head_off_cuda_counts_its_torch_passes_and_the_reference_s(ll
     )
 
 
+def test_trls_fused_head_backward_runs_at_the_fp32_rate_off_cuda_under_bf16(llama):
+    """TRL's ``_addmm_fp32`` keeps 16-bit operands only on CUDA: elsewhere the head's backward matmuls (the
+    hidden states' gradient, the head's own unless frozen) run in fp32 from tiles cast up."""
+    trl = dataclasses.replace(llama, fused_lm_head=True)
+    bf16 = TrialConfig(micro_batch=4, dtype="bf16")
+    on_cpu = step_work(trl, bf16, 64, "cpu", "bf16")
+    per_token = 4 * llama.vocab_size * llama.hidden_size
+    assert on_cpu.fp32_matmul_flops == pytest.approx(per_token * 4 * 64)
+    plain = step_work(llama, bf16, 64, "cpu", "bf16")
+    assert on_cpu.matmul_flops + on_cpu.fp32_matmul_flops == pytest.approx(plain.matmul_flops)  # moved, not added
+    assert step_work(trl, bf16, 64, "cuda", "bf16").fp32_matmul_flops == 0  # the Triton path keeps bf16
+    assert step_work(trl, TrialConfig(micro_batch=4), 64, "cpu", "fp32").fp32_matmul_flops == 0
+    # At the fp32 rate: a device whose bf16 is 10x its fp32 spends the moved FLOPs' time at the fp32 rate.
+    fit = SpeedFit("cpu", {"fp32": 1.0, "bf16": 10.0}, {}, "test", 1e12, 1e12, 1.0, 0.0, 0.0)
+    estimate = predict_speed(on_cpu, fit)
+    assert estimate is not None
+    assert estimate.compute_s == pytest.approx(on_cpu.matmul_flops / 10e12 + on_cpu.fp32_matmul_flops / 1e12)
+
+
+def test_a_calibration_at_narrow_inner_sizes_sets_the_rate_of_a_narrow_model():
+    """bf16's lead over fp32 on a CPU shrinks with the matmuls' inner size (AMX needs deep tiles): a model as
+    wide as the calibration's narrow matmuls is predicted at their rate, a wide one at the square peak."""
+    inner = {"bf16": {64: 0.8, 256: 2.0, 2048: 2.4}, "fp32": {64: 0.3, 256: 0.31, 2048: 0.32}}
+    fit = speed_prior(AVX512_BF16, {"bf16": 2.4, "fp32": 0.32}, measured_inner_tflops=inner)
+    assert fit.matmul_rate_tflops("bf16", 64) == pytest.approx(0.8)
+    assert fit.matmul_rate_tflops("bf16", 32) == pytest.approx(0.8)  # below the narrowest: held there
+    assert fit.matmul_rate_tflops("bf16", 128) == pytest.approx(1.4)  # log-linear: halfway from 64 to 256
+    assert fit.matmul_rate_tflops("bf16", 4096) == pytest.approx(2.4)  # past the square peak: the peak
+    assert fit.matmul_rate_tflops("fp16", 64) is None  # no peak known: no rate
+    narrow, wide = (dataclasses.replace(resolve_model("llama-tiny"), hidden_size=h) for h in (64, 2048))
+    work = step_work(narrow, TrialConfig(micro_batch=4, dtype="bf16"), 64, "cpu", "bf16")
+    estimate = predict_speed(work, fit)
+    assert estimate is not None
+    assert estimate.compute_s == pytest.approx(work.matmul_flops / (0.8e12 * fit.achievable_fraction))
+    assert step_work(wide, TrialConfig(micro_batch=4, dtype="bf16"), 64, "cpu", "bf16").matmul_inner == 2048
+    uncalibrated = speed_prior(AVX512_BF16, {"bf16": 2.4, "fp32": 0.32})
+    assert uncalibrated.matmul_rate_tflops("bf16", 64) == pytest.approx(2.4)  # the peak alone
+
+
 def test_lora_costs_four_n_for_the_frozen_base(llama):
     from autotune.spec.peft import with_peft
 

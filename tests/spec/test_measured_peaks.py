@@ -11,6 +11,7 @@ from autotune.errors import AutotuneError
 from autotune.spec.measured_peaks import (
     MeasuredMatmulPeak,
     load_calibration,
+    load_measured_inner_rates,
     load_measured_peaks,
     peak_note,
     peaks_file,
@@ -35,6 +36,21 @@ def test_peaks_are_stored_by_device_name_and_merged(cpu, peaks_path):
     assert load_measured_peaks("some other device") == {}
     stored = json.loads(peaks_path.read_text())
     assert set(stored) == {cpu.name}
+
+
+def test_a_cpus_calibration_times_narrow_inner_sizes_and_the_prior_reads_them_with_the_peak(cpu, peaks_path):
+    from autotune.runner import calibrate_device
+
+    measured = calibrate_device(cpu, dtypes=("fp32",), matrix_size=512, seconds=0.05)
+    assert [(p.dtype, p.inner_size) for p in measured] == [("fp32", None), ("fp32", 64), ("fp32", 256)]
+    assert all(p.matrix_size == 512 and p.tflops > 0 for p in measured)
+    save_calibration(cpu, measured)
+    assert load_measured_peaks(cpu.name) == {"fp32": measured[0].tflops}  # the square peak alone is the peak
+    assert load_measured_inner_rates(cpu.name) == {
+        "fp32": {64: measured[1].tflops, 256: measured[2].tflops, 512: measured[0].tflops}
+    }
+    save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 512, 5)])  # another dtype keeps these
+    assert set(load_measured_inner_rates(cpu.name)) == {"fp32"}
 
 
 def test_peaks_file_defaults_to_the_user_cache(monkeypatch, tmp_path):
