@@ -156,4 +156,7 @@ def peak_note(device: DeviceSpec, measured_peaks: dict[str, float]) -> str:
     if measured_peaks:
         figures = ", ".join(f"{dtype} {value:.3g}" for dtype, value in sorted(measured_peaks.items()))
         return f"{datasheet}; MFU* against the measured peaks ({figures} TFLOPS, from {peaks_file()})"
-    return f"{datasheet}; `autotune devices --calibrate` measures an achievable peak to report MFU* against"
+    calibrate = "`autotune devices --calibrate` measures an achievable peak to report MFU* against"
+    if device.kind == "cpu":  # a CPU's nominal bf16 figure is far from what a narrow model's matmuls get
+        calibrate += ", and this CPU's rates at a narrow model's width, which the throughput prior ranks dtypes by"
+    return f"{datasheet}; {calibrate}"
