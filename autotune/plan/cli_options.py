@@ -201,7 +201,12 @@ Calibrate = Annotated[
     bool, typer.Option("--calibrate", help="Measure the achievable matmul TFLOPS per dtype and store it.")
 ]
 CalibrateDevice = Annotated[str | None, typer.Option(help="With --calibrate: only this device (cpu, cuda:N).")]
-CalibrateSeconds = Annotated[float, typer.Option(help="With --calibrate: seconds of timed matmuls per dtype.")]
+CalibrateSeconds = Annotated[
+    float,
+    typer.Option(
+        help="With --calibrate: seconds of timed square matmuls per dtype (a CPU as long again at narrow inner sizes)."
+    ),
+]
 MatrixSize = Annotated[
     int | None, typer.Option(help="With --calibrate: n of the n x n matmuls (default 2048 on CPU, 8192 on GPU).")
 ]

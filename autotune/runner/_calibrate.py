@@ -19,10 +19,11 @@ from autotune.spec.measured_peaks import MeasuredMatmulPeak
 # Square matmul sizes: large enough to saturate the units, small enough to time in a second.
 DEFAULT_MATRIX_SIZE = {"cpu": 2048, "cuda": 8192}
 # Inner sizes a CPU's calibration times besides the square peak (``n x k @ k x n``): a small model's hidden
-# width keeps every weight matmul this narrow, and the units differ in how they take it. Measured on this
-# project's Xeon (AMX-BF16, 2 threads, torch 2.13, n 2048): fp32 0.23 TFLOPS at k 64 against 0.31 at 1024,
-# bf16 0.65 against 2.36, so bf16's lead over fp32 is 2.9x at k 64 and 7.6x at 1024 (the nominal AMX
-# speed-up is 16x): a 64-wide model's matmuls gain from bf16 a fraction of what the square peak says.
+# width keeps every weight matmul this narrow, and the units differ in how they take it. Measured by this
+# calibration on this project's Xeon (AMX-BF16, 2 threads, torch 2.13, n 2048; docs/benchmarks.md, "DPO on the
+# CPU", run 9): fp32 0.307 TFLOPS at k 64 against 0.323 square, bf16 0.775 against 1.99, so bf16's lead over
+# fp32 is 2.5x at k 64 and 6.2x square (the nominal AMX speed-up is 16x): a 64-wide model's matmuls gain from
+# bf16 a fraction of what the square peak says.
 CPU_INNER_SIZES = (64, 256)
 # Bytes copied to time the memory bandwidth: well past any cache (an H100's L2 is 50 MB, a server CPU's L3
 # tens of MB), small enough to copy in milliseconds.

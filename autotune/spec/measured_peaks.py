@@ -116,7 +116,11 @@ def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak], bandwi
     found = store.get(device.name)
     previous: dict[str, Any] = found if isinstance(found, dict) else {}
     square = [p for p in peaks if p.inner_size is None]
-    inner: dict[str, dict[str, float]] = {d: dict(v) for d, v in (previous.get("inner_tflops") or {}).items()}
+    # A dtype measured again keeps none of its earlier narrow rates: they belong to the peak they were timed with.
+    remeasured = {p.dtype for p in square}
+    inner: dict[str, dict[str, float]] = {
+        d: dict(v) for d, v in (previous.get("inner_tflops") or {}).items() if d not in remeasured
+    }
     for peak in peaks:
         if peak.inner_size is not None:
             inner.setdefault(peak.dtype, {})[str(peak.inner_size)] = peak.tflops

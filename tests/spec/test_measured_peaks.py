@@ -51,6 +51,8 @@ def test_a_cpus_calibration_times_narrow_inner_sizes_and_the_prior_reads_them_wi
     }
     save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 512, 5)])  # another dtype keeps these
     assert set(load_measured_inner_rates(cpu.name)) == {"fp32"}
+    save_calibration(cpu, [MeasuredMatmulPeak("fp32", 0.5, 0.4, 512, 5)])  # its peak again: its narrow rates go
+    assert load_measured_inner_rates(cpu.name) == {}
 
 
 def test_peaks_file_defaults_to_the_user_cache(monkeypatch, tmp_path):
