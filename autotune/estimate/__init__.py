@@ -55,6 +55,7 @@ from autotune.estimate._plan_table import (
     plan_rows,
     predicted_winner,
     smallest_peak_bytes,
+    some_config_pads_to_longest,
     what_would_fit,
 )
 from autotune.estimate._prior import (
@@ -104,6 +105,7 @@ __all__ = [
     "predict_speed",
     "predicted_winner",
     "smallest_peak_bytes",
+    "some_config_pads_to_longest",
     "speed_expected_error",
     "speed_prior",
     "step_work",

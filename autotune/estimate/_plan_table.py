@@ -14,8 +14,8 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.estimate._parts import MemoryEstimate, estimate_peak
 from autotune.estimate._prior import MemoryFit
-from autotune.estimate._speed import SpeedEstimate, SpeedModel
-from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig, config_conflict
+from autotune.estimate._speed import SpeedEstimate, SpeedModel, pads_each_batch_to_longest
+from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig, config_conflict, memory_traits
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
@@ -52,6 +52,14 @@ def setting_of(config: TrialConfig) -> tuple[Any, ...]:
 def size_of(config: TrialConfig) -> tuple[Any, ...]:
     """The values of the levers whose memory grows with their value (the micro-batch)."""
     return tuple(getattr(config, lever.name) for lever in LEVERS.values() if lever.grows_memory)
+
+
+def some_config_pads_to_longest(model: ModelSpec, choices: dict[str, list[Any]], device_kind: str) -> bool:
+    """Whether some config of the space pads each micro-batch to its longest sample
+    (:func:`~autotune.estimate._speed.pads_each_batch_to_longest`): on samples that differ in length a
+    smaller micro-batch of it computes less padding, which the throughput prior counts."""
+    configs = memory_distinct_configs(choices, device_kind)
+    return any(pads_each_batch_to_longest(memory_traits(c, device_kind).batching, model) for c in configs)
 
 
 def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from autotune.estimate._parts import layer_activation_bytes, runs_reference, trainer_rows
-from autotune.levers import MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
+from autotune.levers import Batching, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
 from autotune.spec.flops import (
     attention_flops_per_token,
     model_flops_per_token,
@@ -54,8 +54,11 @@ LOSS_BYTES_PER_LOGIT = 6 * 4
 # matmul's write, the upcast, two scalings, the sum, the top-1 mask, max, shift, exp, sum, ``e * z``:
 # about 20 passes) and ``_backward_tile`` (the recomputed tile, upcast, scalings, ``log_p``, ``exp``,
 # the target mask and ``grad``'s five ops: about 27), 4 bytes each; the reference's head (log-probabilities
-# only) about 12 passes. The projected positions are the labelled ones (padding is not projected). On CUDA
-# the Triton kernels fold the tile as the matmul writes it: nothing beyond the matmul, as Liger's.
+# only) about 12 passes. Off CUDA every position of the padded batch is projected, padding and prompt
+# included ("On Triton devices, only the valid positions are scored. Elsewhere ... every position is scored
+# instead": ``compact = _use_triton(...)``, trl/trainer/utils.py:1640-1642, TRL 1.16), so these passes
+# follow the batch's computed tokens, and a smaller micro-batch that pads less does fewer. On CUDA the
+# Triton kernels fold the tile as the matmul writes it: nothing beyond the matmul, as Liger's.
 FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT = (20 + 27) * 4
 FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT = 12 * 4
 # Its backward's two matmuls per tile (the hidden states' gradient and, where the head trains, the head's
@@ -109,9 +112,22 @@ class TypicalBatch:
     attended_context: float
 
 
-def typical_micro_batch(traits: MemoryTraits, seq_len: int, lengths: Sequence[int] | None = None) -> TypicalBatch:
+def pads_each_batch_to_longest(batching: Batching, model: ModelSpec) -> bool:
+    """Whether a micro-batch is padded to its longest sample: a batching lever's (``padding: longest``), or the
+    trainer's own collator where no batching lever shapes the batch (TRL's: ``ModelSpec.pads_to_longest``).
+    Then a smaller micro-batch of samples that differ in length computes less padding per real token."""
+    if batching.pads_samples:
+        return model.pads_to_longest
+    return batching.varies and not batching.flattened and not batching.packs
+
+
+def typical_micro_batch(
+    traits: MemoryTraits, seq_len: int, lengths: Sequence[int] | None = None, trainer_pads_to_longest: bool = False
+) -> TypicalBatch:
     """The typical micro-batch of ``traits.rows`` rows under ``traits.batching``; ``lengths``: the user's
-    samples' token lengths (``None``: every sample ``seq_len`` tokens, synthetic data)."""
+    samples' token lengths (``None``: every sample ``seq_len`` tokens, synthetic data);
+    ``trainer_pads_to_longest``: the trainer's collator pads the batch to its longest row where
+    ``traits.batching`` would pad each sample to ``seq_len`` (:func:`pads_each_batch_to_longest`)."""
     rows, batching = traits.rows, traits.batching
     clipped = [min(int(n), seq_len) for n in lengths or () if n > 0]
     if not clipped:
@@ -127,7 +143,7 @@ def typical_micro_batch(traits: MemoryTraits, seq_len: int, lengths: Sequence[in
     if batching.flattened:
         computed = rows * mean
         return TypicalBatch(rows, computed, computed, context, context if traits.reads_boundaries else computed)
-    if batching.pads_samples:
+    if batching.pads_samples and not trainer_pads_to_longest:
         return TypicalBatch(rows, float(rows * seq_len), rows * mean, context, float(seq_len))
     chunks = [clipped[i : i + rows] for i in range(0, len(clipped) - rows + 1, rows)] or [clipped]
     longest = statistics.fmean(max(chunk) for chunk in chunks)  # each batch padded to its longest
@@ -186,7 +202,7 @@ def step_work(
         lengths: The user's samples' token lengths (``--dataset``); ``None``: synthetic, every sample full.
     """
     traits, speed = trainer_rows(model, memory_traits(config, device_kind)), speed_traits(config)
-    batch = typical_micro_batch(traits, seq_len, lengths)
+    batch = typical_micro_batch(traits, seq_len, lengths, model.pads_to_longest)
     k = speed.micro_batches
     per_token = weight_flops_per_token(model) + attention_flops_per_token(model, batch.attended_context)
     if traits.recompute:
@@ -204,7 +220,7 @@ def step_work(
     memory_per_batch = (
         elementwise
         + loss_bytes(model, traits, batch.computed_tokens)
-        + fused_head_fallback_bytes(model, traits, batch.real_tokens, device_kind)
+        + fused_head_fallback_bytes(model, traits, batch.computed_tokens, device_kind)
         + weight_read_bytes(model, traits)
     )
     optimizer_scale = parameter_scale if speed.optimizer_states_in_param_dtype else 1.0
@@ -219,7 +235,7 @@ def step_work(
         0.0 if speed.graphs else OPS_PER_LAYER * layers * (FUSED_OPS_SHARE if speed.fuses_elementwise else 1.0)
     )
     tensors = TENSORS_PER_LAYER * layers + 5
-    fp32_flops = k * fused_head_fp32_backward_flops(model, batch.real_tokens, device_kind, matmul_dtype)
+    fp32_flops = k * fused_head_fp32_backward_flops(model, batch.computed_tokens, device_kind, matmul_dtype)
     return StepWork(
         matmul_flops=k * batch.computed_tokens * per_token - fp32_flops,
         matmul_dtype=matmul_dtype,
@@ -260,8 +276,9 @@ def fused_head_fallback_bytes(model: ModelSpec, traits: MemoryTraits, tokens: fl
 
 def fused_head_fp32_backward_flops(model: ModelSpec, tokens: float, device_kind: str, matmul_dtype: str) -> float:
     """The FLOPs of TRL's fused head's backward that run in fp32 off CUDA under 16-bit autocast
-    (:data:`FUSED_HEAD_FALLBACK_FP32_BACKWARD`): the hidden states' gradient (``2 V h`` per projected token)
-    and, unless the head is frozen under PEFT, the head's own (``2 V h``); none on CUDA or in fp32."""
+    (:data:`FUSED_HEAD_FALLBACK_FP32_BACKWARD`): the hidden states' gradient (``2 V h`` per projected token:
+    off CUDA every position of the padded batch) and, unless the head is frozen under PEFT, the head's own
+    (``2 V h``); none on CUDA or in fp32."""
     if not model.fused_lm_head or device_kind == "cuda" or matmul_dtype not in FUSED_HEAD_FALLBACK_FP32_BACKWARD:
         return 0.0
     per_token = (2 if model.peft is not None else 4) * model.vocab_size * model.hidden_size

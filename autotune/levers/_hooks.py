@@ -201,3 +201,8 @@ class SpaceMemory(Protocol):
     def some_config_fits(self, choices: Mapping[str, list[Any]]) -> bool:
         """Whether some config of ``choices`` is predicted to fit."""
         ...
+
+    def pads_to_longest(self, choices: Mapping[str, list[Any]]) -> bool:
+        """Whether the user's samples differ in length and some config of ``choices`` pads each micro-batch
+        to its longest: there a smaller micro-batch computes less padding, which the throughput prior counts."""
+        ...

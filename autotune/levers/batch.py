@@ -46,17 +46,29 @@ def auto_micro_batches(device: DeviceSpec) -> list[int]:
 def keep_small_micro_batches_where_needed(
     values: list[int], choices: Mapping[str, list[Any]], memory: SpaceMemory | None
 ) -> tuple[list[int], str]:
-    """``micro_batch: auto``: search its micro-batches below 8 (1, 2, 4) only where a larger one may not fit.
+    """``micro_batch: auto``: search its micro-batches below 8 (1, 2, 4) only where a larger one may not fit,
+    or where a batch is padded to its longest sample.
 
     From the largest down, a small micro-batch stays while some memory-distinct config at the next
     larger micro-batch of the space may not fit: its predicted peak (the memory prior, before any
     trial) is over the ceiling divided by the prior's error margin (``SpaceMemory.largest_fits_well``).
     Where every config at the next larger one fits well, the smaller ones are removed with a note:
-    they take as much memory per token and run fewer tokens per step. Without what the prior predicts
-    (no model, sequence length, ceiling or prior) they all stay.
+    they take as much memory per token and run fewer tokens per step. But where the user's samples
+    differ in length and some config pads each micro-batch to its longest (TRL's collators, the padding
+    lever's ``longest``: ``SpaceMemory.pads_to_longest``), they all stay, with a note: a smaller
+    micro-batch computes less padding per real token (measured: TRL's default DPOConfig at micro-batch 1
+    x accumulation 8 ran 1.71x its micro-batch 8's real tokens/s, docs/benchmarks.md "DPO on the CPU",
+    run 10), and the throughput prior counts it from the rows. Without what the prior predicts (no
+    model, sequence length, ceiling or prior) they all stay.
     """
     if memory is None:
         return values, ""
+    small = [m for m in values if m in SMALL_AUTO_MICRO_BATCHES]
+    if small and memory.pads_to_longest(choices):
+        return values, (
+            f"micro_batch {_list(small)} kept: your samples differ in length and a batch is padded to its longest, "
+            "so a smaller micro-batch computes less padding (the throughput prior counts it from your rows)"
+        )
     micro = sorted(values)
     removed: list[int] = []
     for value in sorted((m for m in micro if m in SMALL_AUTO_MICRO_BATCHES), reverse=True):

@@ -109,7 +109,7 @@ def load_space(
     space = constrain_global_batch(space, global_batch, max_global_batch, base_args, ranks)
     space = apply_base_args(space, base_args or {}, device, model)
     memory = (
-        PriorPredictions(model, seq_len, memory_fit, ceiling_bytes)
+        PriorPredictions(model, seq_len, memory_fit, ceiling_bytes, lengths_differ=real_data and not packing)
         if model is not None and seq_len is not None and ceiling_bytes is not None and memory_fit is not None
         else None
     )

@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from autotune.errors import AutotuneError
-from autotune.estimate import UNCALIBRATED_MARGIN, MemoryFit, largest_peak_bytes, smallest_peak_bytes
+from autotune.estimate import (
+    UNCALIBRATED_MARGIN,
+    MemoryFit,
+    largest_peak_bytes,
+    smallest_peak_bytes,
+    some_config_pads_to_longest,
+)
 from autotune.levers import (
     BATCH_LIMITS,
     COMBINATION_RULES,
@@ -155,10 +161,14 @@ def filter_for_data(space: SearchSpace, real_data: bool, packing: bool) -> Searc
 
 class PriorPredictions:
     """What the memory prior predicts of a space's configs (``autotune.levers.SpaceMemory``), before any
-    trial: the estimate of its memory-distinct configs against the ceiling."""
+    trial: the estimate of its memory-distinct configs against the ceiling; ``lengths_differ``: the
+    samples are the user's rows (``--dataset`` without ``--packing``), which differ in length."""
 
-    def __init__(self, model: ModelSpec, seq_len: int, fit: MemoryFit, ceiling_bytes: int) -> None:
+    def __init__(
+        self, model: ModelSpec, seq_len: int, fit: MemoryFit, ceiling_bytes: int, lengths_differ: bool = False
+    ) -> None:
         self.model, self.seq_len, self.fit, self.ceiling_bytes = model, seq_len, fit, ceiling_bytes
+        self.lengths_differ = lengths_differ
 
     def largest_fits_well(self, choices: Mapping[str, list[Any]]) -> bool:
         """The largest predicted peak, times the prior's error margin :data:`UNCALIBRATED_MARGIN`, fits."""
@@ -167,6 +177,9 @@ class PriorPredictions:
 
     def some_config_fits(self, choices: Mapping[str, list[Any]]) -> bool:
         return fits(smallest_peak_bytes(self.model, dict(choices), self.seq_len, self.fit), self.ceiling_bytes)
+
+    def pads_to_longest(self, choices: Mapping[str, list[Any]]) -> bool:
+        return self.lengths_differ and some_config_pads_to_longest(self.model, dict(choices), self.fit.device_kind)
 
 
 def narrow_by_memory(space: SearchSpace, auto: set[str], memory: SpaceMemory | None) -> SearchSpace:

@@ -117,6 +117,8 @@ class ModelSpec:
             answer, one forward). Set by :func:`autotune.trainers.with_model`.
         holds_reference: The trainer keeps a frozen copy of the weights as its reference (DPO), but under
             PEFT or a precomputed reference pass. Set by :func:`autotune.trainers.with_model`.
+        pads_to_longest: The trainer's own collator pads each micro-batch to its longest row where no
+            batching lever shapes it (TRL's). Set by :func:`autotune.trainers.with_model`.
     """
 
     name: str
@@ -139,6 +141,7 @@ class ModelSpec:
     fused_lm_head: bool = False
     rows_per_sample: int = 1
     holds_reference: bool = False
+    pads_to_longest: bool = False
 
     def keeps_reference_copy(self, reference_precomputed: bool) -> bool:
         """:func:`keeps_reference_copy` for this model's trainer and adapters."""

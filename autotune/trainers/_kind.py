@@ -161,6 +161,9 @@ class TrainerKind(Protocol):
             memory estimate's activations and LM head see (``ModelSpec.rows_per_sample``).
         holds_reference: It keeps a frozen reference copy of the model beside the policy, but under PEFT
             (the adapters disabled) or a precomputed reference pass (``ModelSpec.holds_reference``).
+        pads_to_longest: Its own collator pads each micro-batch to the batch's longest row where no batching
+            lever shapes the batch (``ModelSpec.pads_to_longest``): a smaller micro-batch then carries less
+            padding, which the throughput prior counts from the user's rows.
         batchings_refused: Why it runs none of TRL's batchings but padding to the batch's longest (the
             packing lever's other values); ``""``: it runs them.
         applies_adapters: It applies ``--peft``'s adapters itself (``peft_config``), as its command line does:
@@ -193,6 +196,7 @@ class TrainerKind(Protocol):
     arguments_subclass: bool
     rows_per_sample: int
     holds_reference: bool
+    pads_to_longest: bool
     batchings_refused: str
     applies_adapters: bool
     tool_forms: tuple[str, ...]
@@ -291,10 +295,11 @@ def arguments_forms(arguments_named: str) -> dict[str, str]:
 
 def with_model(model: ModelSpec, kind: TrainerKind) -> ModelSpec:
     """The model as ``kind`` trains it: with its fused language-model head where it has one, the rows a
-    sample puts in a micro-batch, and its reference copy where it keeps one."""
+    sample puts in a micro-batch, its reference copy where it keeps one, and how its collator pads."""
     return dataclasses.replace(
         model,
         fused_lm_head=model.fused_lm_head or kind.fuses_lm_head,
         rows_per_sample=kind.rows_per_sample,
         holds_reference=kind.holds_reference,
+        pads_to_longest=kind.pads_to_longest,
     )

@@ -179,6 +179,8 @@ class DpoTrainer:
     arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
     rows_per_sample = ROWS_PER_PAIR
     holds_reference = True
+    # DataCollatorForPreference: "dynamically padded to the maximum length of a batch" (dpo_trainer.py:86-88).
+    pads_to_longest = True
     # TRL's batchings but padding to the longest (the packing lever): DPOTrainer 1.16 runs none.
     batchings_refused = (
         "DPOTrainer 1.16 pads each pair's rows to the batch's longest: DPOConfig has no packing, and its "

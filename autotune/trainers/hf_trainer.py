@@ -34,6 +34,8 @@ class HfTrainer:
     arguments_subclass = False
     rows_per_sample = 1
     holds_reference = False
+    # autotune's loader pads every sample to --seq-len; the padding lever pads to the batch's longest.
+    pads_to_longest = False
     # The packing lever is TRL's: the Trainer's own batching is the padding lever.
     batchings_refused = (
         "it is how TRL's SFTTrainer batches samples (--trainer sft); the Trainer's own is the padding lever"

@@ -110,6 +110,9 @@ class SftTrainer:
     arguments_subclass = True  # trl/trainer/base_config.py:54-75, :107-108
     rows_per_sample = 1
     holds_reference = False
+    # packing off: DataCollatorForLanguageModeling, "dynamically padded to the maximum length of a batch"
+    # (trl/trainer/sft_trainer.py:87-89).
+    pads_to_longest = True
     batchings_refused = ""
     applies_adapters = False  # the trial wraps the model (get_peft_model), as `SFTTrainer(model=peft_model)` takes it
     tool_forms: tuple[str, ...] = ("trl", "axolotl", "llama-factory")

@@ -4,6 +4,7 @@ packed batching are told apart before any trial (issue 40, point 1: "taken from 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 from autotune.levers import TrialConfig
@@ -100,3 +101,39 @@ def test_estimate_takes_the_global_batch_its_advice_names_for_a_small_dataset(tm
 
     rows = json.loads(capped.stdout)["rows"]
     assert rows and all(row["config"]["micro_batch"] * row["config"]["grad_accum"] == 8 for row in rows)
+
+
+def test_trls_collators_pad_to_the_batchs_longest_so_a_smaller_micro_batch_computes_less_padding(tmp_path):
+    """TRL's own collators pad each micro-batch to its longest row (DataCollatorForPreference,
+    DataCollatorForLanguageModeling), and off CUDA TRL's fused head scores every position of that batch:
+    on pairs of different lengths a DPO step of micro-batch 1 x accumulation 8 computes fewer tokens than
+    one of micro-batch 8 and is predicted faster in real tokens/s (measured 1.71x on the CPU,
+    docs/benchmarks.md "DPO on the CPU", run 10). Read as padded to --seq-len, every micro-batch computed
+    the same tokens and micro-batch 1 was predicted slower (0.92x)."""
+    from autotune.estimate import step_work
+
+    planned, _, _ = planned_on(tmp_path / "prefs.jsonl", "preference")
+    workload = planned.workload
+    assert workload.model.pads_to_longest
+    speed = workload.speed_model()
+
+    def work(micro: int):
+        return speed.work(workload.model, TrialConfig(micro_batch=micro, grad_accum=8 // micro), SEQ_LEN)
+
+    one, eight = work(1), work(8)
+    assert one.real_tokens == eight.real_tokens  # the same rows, the same real tokens per step
+    assert one.matmul_flops + one.fp32_matmul_flops < eight.matmul_flops + eight.fp32_matmul_flops
+    assert one.memory_bytes < eight.memory_bytes  # the head's passes over fewer padded positions
+    faster = [speed.estimate(workload.model, TrialConfig(micro_batch=m, grad_accum=8 // m), SEQ_LEN) for m in (1, 8)]
+    assert faster[0] is not None and faster[1] is not None and faster[0].tokens_per_s > faster[1].tokens_per_s
+    # The Trainer's own loader pads every sample to --seq-len: there the micro-batch moves no padding.
+    padded = dataclasses.replace(workload.model, pads_to_longest=False)
+    lengths = workload.dataset.token_lengths
+    by_micro = [
+        step_work(padded, TrialConfig(micro_batch=m, grad_accum=8 // m), SEQ_LEN, "cpu", "bf16", lengths)
+        for m in (1, 8)
+    ]
+    assert (
+        by_micro[0].matmul_flops + by_micro[0].fp32_matmul_flops
+        == by_micro[1].matmul_flops + by_micro[1].fp32_matmul_flops
+    )

@@ -214,6 +214,30 @@ def test_auto_keeps_small_micro_batches_only_where_a_larger_one_may_not_fit(tmp_
     assert listed.choices["micro_batch"] == [1, 2, 8]
 
 
+def test_auto_keeps_small_micro_batches_where_a_batch_is_padded_to_its_longest_sample(tmp_path, cpu, gpt2_tiny):
+    """Where the user's samples differ in length and a batch is padded to its longest (TRL's collators, the
+    padding lever's ``longest``), a smaller micro-batch computes less padding: 1, 2 and 4 stay with a note
+    even where 8 fits well, for the throughput prior to rank; on full samples they go as before."""
+    import dataclasses
+
+    path = write(tmp_path, "micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\n")
+    trl_padded = dataclasses.replace(gpt2_tiny, pads_to_longest=True)
+    roomy = {**_memory_context(gpt2_tiny, cpu, 16), "model": trl_padded}
+    kept = load_space(path, cpu, real_data=True, **roomy)
+    assert kept.choices["micro_batch"][:4] == [1, 2, 4, 8]
+    assert any(n.startswith("micro_batch 1, 2, 4 kept: your samples differ in length") for n in kept.notes)
+    # Synthetic samples are all --seq-len long, and --packing fills every one: nothing to pad.
+    assert min(load_space(path, cpu, **roomy).choices["micro_batch"]) == 8
+    assert min(load_space(path, cpu, real_data=True, packing=True, **roomy).choices["micro_batch"]) == 8
+    # The Trainer's loader pads every sample to --seq-len unless the padding lever pads to the longest.
+    trainer = _memory_context(gpt2_tiny, cpu, 16)
+    assert min(load_space(path, cpu, real_data=True, **trainer).choices["micro_batch"]) == 8
+    longest = write(
+        tmp_path, "micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\npadding: [max_length, longest]\n"
+    )
+    assert load_space(longest, cpu, real_data=True, **trainer).choices["micro_batch"][:3] == [1, 2, 4]
+
+
 def test_global_batch_keeps_its_size_at_micro_batches_1_2_4(tmp_path, cpu, gpt2_tiny):
     from autotune.levers import TrialConfig
 

@@ -57,7 +57,7 @@ def test_the_model_as_a_trainer_trains_it():
 
     model = resolve_model("llama-tiny")
     assert trainers.with_model(model, get("trainer")) == model
-    assert trainers.with_model(model, SFT) == dataclasses.replace(model, fused_lm_head=True)
+    assert trainers.with_model(model, SFT) == dataclasses.replace(model, fused_lm_head=True, pads_to_longest=True)
 
 
 @pytest.mark.parametrize(
