@@ -265,7 +265,9 @@ def fused_head_fallback_bytes(model: ModelSpec, traits: MemoryTraits, tokens: fl
     (:data:`FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT`, and the reference's forward where each step runs it);
     none on CUDA, nor without TRL's head. Before it was counted the prior put CPU DPO trials of llama-tiny
     112-529x too fast (median 240x), the head's torch path being 55 % of a step (cProfile); with it 12-63x
-    (median 28x: docs/benchmarks.md, "DPO on the CPU"), the rest the small matmuls' and ops' own rates."""
+    (median 28x: docs/benchmarks.md, "DPO on the CPU", run 7); over every padded position (``tokens``: the
+    batch's computed tokens), TRL's batches padded to their longest, 3.2-4.3x (median 3.8x, run 11's 12
+    trials), the rest the small matmuls' and ops' own rates."""
     if not model.fused_lm_head or device_kind == "cuda":
         return 0.0
     per_logit = FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT
