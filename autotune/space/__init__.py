@@ -85,7 +85,8 @@ def load_space(
         ceiling_bytes: With ``model``, ``seq_len`` and ``memory_fit`` (the memory prior), the levers
             left at ``auto`` are narrowed by what the prior predicts (``Lever.narrow_auto``: ZeRO only
             where nothing fits without it, over the fit's ``ranks``; micro-batches below 8 only where a
-            larger one may not fit); without them ZeRO is off and the micro-batches all stay.
+            larger one may not fit, or where ``real_data`` is padded to each batch's longest sample); without
+            them ZeRO is off and the micro-batches all stay.
         memory_fit: See ``ceiling_bytes``.
         ranks: ``--devices-per-trial``: the ranks of one trial, which share the global batch.
         trainer: ``--trainer``: choices the trainer does not train are removed, with a note.

@@ -185,7 +185,8 @@ class PriorPredictions:
 def narrow_by_memory(space: SearchSpace, auto: set[str], memory: SpaceMemory | None) -> SearchSpace:
     """Narrow the levers the space leaves at ``auto`` by what the memory prior predicts (each lever's
     ``narrow_auto`` rule, in :data:`NARROWED_BY_MEMORY` order: ZeRO only where nothing fits without
-    it, ``auto``'s small micro-batches only where a larger one may not fit), a note each.
+    it, ``auto``'s small micro-batches only where a larger one may not fit or a batch is padded to its
+    longest sample), a note each.
 
     Run after the base arguments and before the combination rules. The micro-batch rule judges the
     largest predicted peak of the space before the combination rules narrow it, which can only keep
