@@ -59,7 +59,9 @@ def some_config_pads_to_longest(model: ModelSpec, choices: dict[str, list[Any]],
     (:func:`~autotune.estimate._speed.pads_each_batch_to_longest`): on samples that differ in length a
     smaller micro-batch of it computes less padding, which the throughput prior counts."""
     configs = memory_distinct_configs(choices, device_kind)
-    return any(pads_each_batch_to_longest(memory_traits(c, device_kind).batching, model) for c in configs)
+    return any(
+        pads_each_batch_to_longest(memory_traits(c, device_kind).batching, model.pads_to_longest) for c in configs
+    )
 
 
 def smallest_peak_bytes(model: ModelSpec, choices: dict[str, list[Any]], seq_len: int, fit: MemoryFit) -> int:

@@ -112,12 +112,12 @@ class TypicalBatch:
     attended_context: float
 
 
-def pads_each_batch_to_longest(batching: Batching, model: ModelSpec) -> bool:
+def pads_each_batch_to_longest(batching: Batching, trainer_pads_to_longest: bool) -> bool:
     """Whether a micro-batch is padded to its longest sample: a batching lever's (``padding: longest``), or the
     trainer's own collator where no batching lever shapes the batch (TRL's: ``ModelSpec.pads_to_longest``).
     Then a smaller micro-batch of samples that differ in length computes less padding per real token."""
     if batching.pads_samples:
-        return model.pads_to_longest
+        return trainer_pads_to_longest
     return batching.varies and not batching.flattened and not batching.packs
 
 
@@ -143,7 +143,7 @@ def typical_micro_batch(
     if batching.flattened:
         computed = rows * mean
         return TypicalBatch(rows, computed, computed, context, context if traits.reads_boundaries else computed)
-    if batching.pads_samples and not trainer_pads_to_longest:
+    if not pads_each_batch_to_longest(batching, trainer_pads_to_longest):
         return TypicalBatch(rows, float(rows * seq_len), rows * mean, context, float(seq_len))
     chunks = [clipped[i : i + rows] for i in range(0, len(clipped) - rows + 1, rows)] or [clipped]
     longest = statistics.fmean(max(chunk) for chunk in chunks)  # each batch padded to its longest
