@@ -48,13 +48,23 @@ def _finished(storage: str) -> list[optuna.trial.FrozenTrial]:
     ]
 
 
+def _ran(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that ran: what ``--trials`` counts (autotune.study._loop), screened proposals left out."""
+    return [t for t in trials if t.user_attrs["result"]["status"] != "screened"]
+
+
 def test_search_records_every_trial_with_its_result(searched):
     _, storage, first, second = searched
     assert first.search.returncode == 0, first.search.stderr
     assert second.returncode == 0, second.stderr
-    assert len(_finished(first.storage)) == SEARCH_TRIALS + 1  # the search's 5 and the OOM trial
+    assert len(_ran(_finished(first.storage))) == SEARCH_TRIALS + 1  # the search's 5 and the OOM trial
     finished = _finished(storage)
-    assert len(finished) == SEARCH_TRIALS + 2  # then 1 more in the same study
+    # then 1 more that ran in the same study; a proposal screened on the way (inferred from the OOM
+    # trial: a config larger than one that ran out of memory) is recorded but costs no trial of --trials
+    assert len(_ran(finished)) == SEARCH_TRIALS + 2
+    for trial in finished:
+        if trial.user_attrs["result"]["status"] == "screened":
+            assert trial.number > first.oom_trial_number and trial.user_attrs["result"]["peak_memory_bytes"] == 0
     for trial in finished:
         result = trial.user_attrs["result"]
         assert result["status"] in {"ok", "over_ceiling", "oom", "pruned", "screened"}, result
