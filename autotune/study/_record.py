@@ -51,14 +51,34 @@ def tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
     trial.set_user_attr(schema.TRIAL_RESULT, result.to_dict())
     trial.set_user_attr(schema.TRIAL_STATUS, result.status)
     if result.status in FAILED_STATUSES:
-        study.tell(trial, state=TrialState.FAIL)
+        _finish(study, trial, state=TrialState.FAIL)
         return
     study._storage.set_trial_system_attr(trial._trial_id, schema.TRIAL_CONSTRAINTS, [memory_constraint_gib(result)])
     if result.status == Status.PRUNED:
         trial.report(result.model_tflops, step=0)
-        study.tell(trial, state=TrialState.PRUNED)
+        _finish(study, trial, state=TrialState.PRUNED)
         return
-    study.tell(trial, objective_value(result))
+    _finish(study, trial, values=objective_value(result))
+
+
+def _finish(
+    study: optuna.Study, trial: optuna.Trial, values: float | None = None, state: TrialState | None = None
+) -> None:
+    """``study.tell``, with one error for a trial another worker finished meanwhile.
+
+    Another worker fails a trial whose heartbeats it missed (a stalled host, a paused server) and queues it
+    again. Optuna says so with ``UpdateFinishedTrialError`` where a write finds the trial finished, but with a
+    ``ValueError`` ("Cannot tell a FAIL trial", optuna/study/_tell.py) where ``tell`` reads it finished first;
+    both become the former, which :func:`tell_or_keep` handles.
+    """
+    try:
+        study.tell(trial, values, state=state)
+    except ValueError:
+        if not study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise
+        raise optuna.exceptions.UpdateFinishedTrialError(
+            f"trial #{trial.number} was finished by another worker"
+        ) from None
 
 
 def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
@@ -89,30 +109,36 @@ def trial_work_dir(work_root: str, trial_label: int | str) -> str:
     return str(Path(work_root).resolve() / f"trial-{trial_label}-{os.getpid()}")
 
 
-def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> None:
+def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> int | None:
     """:func:`tell`; if the storage fails, keep the result in the trial's work dir for the next run.
 
     The trial stays RUNNING in the storage; :func:`record_pending_results` tells it on the next run,
-    before orphan recovery would fail and re-queue it, so the measurement is not lost.
+    before orphan recovery would fail and re-queue it, so the measurement is not lost. If another worker
+    failed the trial meanwhile (it missed this worker's heartbeats) and queued it again, the result is
+    recorded as a new trial of its config, as a kept one is, and the queued copy is answered from it
+    instead of measured again.
+
+    Returns:
+        The number of the new trial that holds the result, where another worker had failed this one;
+        else ``None``.
 
     Raises:
         AutotuneError: The storage failed; the message says where the result is kept.
     """
     try:
         tell(study, trial, result)
+        return None
+    except optuna.exceptions.UpdateFinishedTrialError:
+        kept = _kept(study, trial, result)
+        if _measured(study, kept["params"]):
+            return None  # its queued copy was measured already
+        trial_id = _new_trial_of(study, kept)
+        tell(study, optuna.Trial(study, trial_id), result)
+        return study._storage.get_trial(trial_id).number
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
-        kept = {
-            "study": study.study_name,
-            "trial": trial.number,
-            "params": trial.params,
-            "distributions": {name: distribution_to_json(d) for name, d in trial.distributions.items()},
-            "user_attrs": {
-                k: v for k, v in trial.user_attrs.items() if k not in (schema.TRIAL_RESULT, schema.TRIAL_STATUS)
-            },
-            "result": result.to_dict(),
-        }
+        kept = _kept(study, trial, result)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(kept))
@@ -126,6 +152,20 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
             f"in {path} and is recorded when you run the same command again, once the storage works (room "
             "freed, the database back; a new database gets it as a trial of its own)"
         ) from None
+
+
+def _kept(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> dict:
+    """What re-creates the trial's record elsewhere: its config, their distributions, its user attrs, the result."""
+    return {
+        "study": study.study_name,
+        "trial": trial.number,
+        "params": trial.params,
+        "distributions": {name: distribution_to_json(d) for name, d in trial.distributions.items()},
+        "user_attrs": {
+            k: v for k, v in trial.user_attrs.items() if k not in (schema.TRIAL_RESULT, schema.TRIAL_STATUS)
+        },
+        "result": result.to_dict(),
+    }
 
 
 def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:

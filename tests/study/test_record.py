@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from autotune.errors import AutotuneError
 from autotune.result import TrialResult
 from autotune.storage import schema
+from autotune.study._loop import _reuse_measured
 from autotune.study._record import (
     PENDING_RESULT_FILE,
     UNKNOWN_EXCESS_GIB,
@@ -187,3 +188,47 @@ def test_record_pending_results_records_a_kept_result_once_and_never_over_anothe
         "5",
         "6",
     ]
+
+
+def _failed_by_another_worker(url: str, study_name: str, trial_id: int) -> None:
+    """What another worker's heartbeat check does to a trial it found silent: fail it, queue a copy."""
+    other = optuna.load_study(study_name=study_name, storage=url)
+    other._storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)(other, other._storage.get_trial(trial_id))
+
+
+@pytest.mark.parametrize("when", ["before the tell", "between its writes"])
+def test_a_result_of_a_trial_another_worker_failed_meanwhile_is_recorded_as_a_new_trial_of_its_config(
+    storage, tmp_path, when
+):
+    """A paused server or a stalled host makes another worker take this one for dead: it fails the
+    running trial and queues its config again. The result measured meanwhile is not lost (nor raised
+    as "Cannot tell a FAIL trial", which ended a search with a traceback): it is recorded as a new trial,
+    whose config the queued copy is then answered from. Optuna says "finished" two ways: a write that
+    finds the trial finished, and ``tell`` reading it finished after this worker's attributes were written."""
+    study = optuna.create_study(storage=storage, direction="maximize")
+    trial = study.ask(DISTRIBUTIONS)
+    url = str(storage.url)
+    if when == "before the tell":
+        _failed_by_another_worker(url, study.study_name, trial._trial_id)
+    else:
+        write = study._storage.set_trial_system_attr
+
+        def write_then_lose_the_trial(trial_id: int, key: str, value: object) -> None:
+            write(trial_id, key, value)
+            if key == schema.TRIAL_CONSTRAINTS and trial_id == trial._trial_id:  # its last write before `tell`
+                _failed_by_another_worker(url, study.study_name, trial_id)
+
+        study._storage.set_trial_system_attr = write_then_lose_the_trial  # type: ignore[method-assign]
+    result = measured("ok", 1.5, tflops=0.75)
+
+    assert tell_or_keep(study, trial, result, str(tmp_path / "runs")) == 2
+
+    failed, queued, recorded = reloaded(study)
+    assert failed.state == TrialState.FAIL and queued.state == TrialState.WAITING
+    assert queued.params == recorded.params == trial.params
+    assert recorded.state == TrialState.COMPLETE and recorded.value == 0.75
+    assert TrialResult.from_trial(recorded) == result
+    assert recorded.system_attrs[schema.TRIAL_CONSTRAINTS] == [pytest.approx(-0.5)]
+    copy = study.ask(DISTRIBUTIONS)  # the queued copy, popped first
+    assert copy.number == queued.number and _reuse_measured(study, copy) == result  # answered, not run again
