@@ -129,12 +129,7 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
         tell(study, trial, result)
         return None
     except optuna.exceptions.UpdateFinishedTrialError:
-        kept = _kept(study, trial, result)
-        if _measured(study, kept["params"]):
-            return None  # its queued copy was measured already
-        trial_id = _new_trial_of(study, kept)
-        tell(study, optuna.Trial(study, trial_id), result)
-        return study._storage.get_trial(trial_id).number
+        return _record_anew(study, _kept(study, trial, result), result)
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
@@ -199,10 +194,25 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
                 trial_id = _new_trial_of(study, kept)
         except (OSError, ValueError, KeyError, TypeError):
             continue  # unreadable
-        tell(study, optuna.Trial(study, trial_id), result)
+        try:
+            tell(study, optuna.Trial(study, trial_id), result)
+            number: int | None = study._storage.get_trial(trial_id).number
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed its trial meanwhile
+            number = _record_anew(study, {**kept, "params": own.params}, result) if own and params else None
         path.rename(path.with_name("recorded_result.json"))
-        recorded.append(study._storage.get_trial(trial_id).number)
+        if number is not None:
+            recorded.append(number)
     return recorded
+
+
+def _record_anew(study: optuna.Study, kept: dict, result: TrialResult) -> int | None:
+    """Record a result whose own trial is gone or finished by another worker as a new trial of its config;
+    ``None`` where that config was measured since (its queued copy, say), so it is not recorded twice."""
+    if _measured(study, kept["params"]):
+        return None
+    trial_id = _new_trial_of(study, kept)
+    tell(study, optuna.Trial(study, trial_id), result)
+    return study._storage.get_trial(trial_id).number
 
 
 def _measured(study: optuna.Study, params: dict) -> bool:

@@ -232,3 +232,28 @@ def test_a_result_of_a_trial_another_worker_failed_meanwhile_is_recorded_as_a_ne
     assert recorded.system_attrs[schema.TRIAL_CONSTRAINTS] == [pytest.approx(-0.5)]
     copy = study.ask(DISTRIBUTIONS)  # the queued copy, popped first
     assert copy.number == queued.number and _reuse_measured(study, copy) == result  # answered, not run again
+
+
+def test_a_kept_result_whose_trial_another_worker_fails_while_it_is_told_is_recorded_as_a_new_trial(storage, tmp_path):
+    """The next run tells a kept result onto its own trial, still RUNNING; another worker's heartbeat check
+    fails that trial in the middle of the tell. The result is recorded as a new trial of its config."""
+    study = optuna.create_study(storage=storage, direction="maximize")
+    trial = study.ask(DISTRIBUTIONS)
+    result = measured("ok", 1.5, tflops=0.75)
+    work_root = str(tmp_path / "runs")
+    with locked(tmp_path / "study.db"), pytest.raises(AutotuneError):
+        tell_or_keep(study, trial, result, work_root)  # kept in the work dir, the trial left RUNNING
+    write = study._storage.set_trial_system_attr
+
+    def write_then_lose_the_trial(trial_id: int, key: str, value: object) -> None:
+        write(trial_id, key, value)
+        if key == schema.TRIAL_CONSTRAINTS and trial_id == trial._trial_id:
+            _failed_by_another_worker(str(storage.url), study.study_name, trial_id)
+
+    study._storage.set_trial_system_attr = write_then_lose_the_trial  # type: ignore[method-assign]
+
+    assert record_pending_results(study, work_root) == [2]
+    failed, queued, recorded = reloaded(study)
+    assert (failed.state, queued.state, recorded.state) == (TrialState.FAIL, TrialState.WAITING, TrialState.COMPLETE)
+    assert queued.params == recorded.params == trial.params and TrialResult.from_trial(recorded) == result
+    assert record_pending_results(study, work_root) == []  # recorded once
