@@ -25,12 +25,19 @@ import random
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from autotune.estimate import SpeedFit, StepWork, fit_speed, predict_speed, speed_prior, step_work
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
+from autotune.space import load_space
 from autotune.spec.ceiling import fits
-from autotune.spec.devices import DeviceSpec, matmul_dtype
+from autotune.spec.devices import DeviceSpec, cpu_device, matmul_dtype
 from autotune.spec.models import resolve_model
+from autotune.study import SearchBudget, SearchHooks, _landscape, open_study, search
+from autotune.study._proposals import noise_fraction
+from benchmarks.bench_search.grid import Grid, replay_device
+from benchmarks.bench_search.strategies import GridRunner, bench_request
 
 DATA = Path(__file__).parent / "data"
 # The grids' ceilings (docs/benchmarks.md, "Search efficiency"), and the CPU flags their own figures point
@@ -124,6 +131,74 @@ def grid_check(path: Path, flags: frozenset[str], ceiling: int) -> dict[str, Any
         "median_error_3": sorted(errors)[len(errors) // 2],
         "perfect_predictor_spearman": {f"{cv:.0%}": perfect_predictor_spearman(measured, cv) for cv in NOISE_CVS},
         "fit": calibrated_fit.describe(),
+    }
+
+
+# The grids' spaces (docs/benchmarks.md, "Search efficiency": the commands that measured them).
+GRID_SPACES = {
+    "bench_grid_cpu.json": "bench_search_space.yaml",
+    "bench_grid_gpt2_cpu.json": "bench_search_space_gpt2.yaml",
+    "bench_grid_llama_cpu.json": "bench_search_space_llama.yaml",
+}
+# The search's first trials are its seed trials and the prior's predicted fastest, not drawn: the same for
+# every sampler seed (three checked).
+SEARCH_SEEDS = 3
+
+
+def search_model_check(
+    path: Path, ceiling: int, trials: int = CALIBRATION_TRIALS, seeds: int = SEARCH_SEEDS
+) -> dict[str, Any]:
+    """The search's own model after its first ``trials`` trials, replayed on the grid: ``autotune.study.search``
+    (its seed trials first, then its proposals; the grid's measurements as the trials' results), then the
+    landscape it proposes from, at its posterior mean (the throughput prior calibrated on those trials, plus
+    the knob effects learned from them), over every config of the grid that fits. Its predicted best's
+    measured speed against the grid's best, and its rank correlation with the grid, per sampler seed."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    grid = Grid.load(path)
+    model = resolve_model(grid.meta["model"])
+    device, _ = replay_device(cpu_device(), grid)
+    space = load_space(str(DATA / GRID_SPACES[path.name]), device)
+    request = bench_request(grid, model, device, space, ceiling, prune_ratio=0.0)
+    feasible = [
+        (c, r)
+        for c, r in grid.results.items()
+        if r.status in ("ok", "over_ceiling") and fits(r.peak_memory_bytes, ceiling)
+    ]
+    best = max(r.model_tflops for _, r in feasible)
+    picks, rhos, chosen = [], [], []
+    for seed in range(seeds):
+        study = open_study(optuna.storages.InMemoryStorage(), f"after-{seed}", request, sampler_seed=seed)
+        search(
+            study,
+            request,
+            SearchBudget(trials=trials, confirm_top=0),
+            SearchHooks(),
+            run_trial=GridRunner(grid, ceiling),
+        )
+        finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        searched = next(t.distributions for t in finished if t.distributions)
+        encoding = _landscape.KnobEncoding(searched)  # type: ignore[arg-type]  # categorical spaces
+        observed = _landscape.observations(finished, encoding.names, ceiling)
+        log_prior = study.sampler._calibrated_log_prior(finished)  # type: ignore[attr-defined]
+        posterior = _landscape.throughput_posterior(encoding, observed, noise_fraction(study), log_prior)
+        configs = [{name: c.to_params()[name] for name in encoding.names} for c, _ in feasible]
+        predicted = list(_landscape.drawn_log_speed(encoding, posterior.mean, configs, log_prior))
+        measured = [r.model_tflops for _, r in feasible]
+        pick = max(range(len(feasible)), key=lambda i: predicted[i])
+        picks.append(measured[pick] / best)
+        chosen.append(feasible[pick][0].short())
+        rhos.append(spearman(predicted, measured))
+    picks.sort()
+    rhos.sort()
+    return {
+        "grid": path.name,
+        "trials": trials,
+        "seeds": seeds,
+        "pick_vs_best_median": picks[len(picks) // 2],
+        "pick_vs_best_worst": picks[0],
+        "seeds_within_5pct": sum(p >= 0.95 for p in picks),
+        "spearman_median": rhos[len(rhos) // 2],
+        "picks": sorted(set(chosen)),
     }
 
 
@@ -270,6 +345,8 @@ def main() -> None:
         for label, kind in (("as inferred", flags), ("other CPU kind", AVX2 if flags == AVX512_BF16 else AVX512_BF16)):
             result = grid_check(DATA / name, kind, ceiling)
             print(label, json.dumps(result, indent=None, default=str))
+    for name, (ceiling, _) in GRID_CPUS.items():
+        print("the search's model", json.dumps(search_model_check(DATA / name, ceiling)))
     with tempfile.TemporaryDirectory() as workdir:
         for figure in PUBLISHED:
             print(json.dumps(published_check(figure, Path(workdir)), default=str))
