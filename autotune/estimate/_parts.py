@@ -141,6 +141,12 @@ def runs_reference(model: ModelSpec, traits: MemoryTraits) -> bool:
     return model.holds_reference and not traits.reference_precomputed
 
 
+def precomputes_reference(model: ModelSpec, traits: MemoryTraits) -> bool:
+    """Whether the trainer runs the reference's forward over the whole train set once, before its first step
+    (DPO's ``precompute_ref_log_probs``), instead of in every step."""
+    return model.holds_reference and traits.reference_precomputed
+
+
 def reference_weights_bytes(model: ModelSpec, traits: MemoryTraits) -> int:
     """The reference copy's weights: in the policy's dtype, no gradients or optimizer states (TRL loads it
     with the policy's dtype: trl/trainer/dpo_trainer.py:924); none under PEFT (the base with the adapters

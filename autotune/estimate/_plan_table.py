@@ -170,6 +170,10 @@ def speed_json(speed: SpeedEstimate | None) -> dict[str, Any] | None:
         "mfu": speed.mfu,
         "step_s": speed.step_s,
         "step_parts_s": speed.parts(),
+        # The trainer's pass before training (DPO's precomputed reference), a sample; the rates above count it
+        # over the run's passes over the data, as a trial's measured rates do.
+        "setup_pass_s_per_sample": speed.setup_s_per_sample,
+        "run_passes": speed.work.run_passes,
     }
 
 

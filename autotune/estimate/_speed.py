@@ -28,7 +28,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
-from autotune.estimate._parts import layer_activation_bytes, runs_reference, trainer_rows
+from autotune.estimate._parts import layer_activation_bytes, precomputes_reference, runs_reference, trainer_rows
 from autotune.levers import Batching, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
 from autotune.spec.flops import (
     attention_flops_per_token,
@@ -36,6 +36,7 @@ from autotune.spec.flops import (
     recompute_flops_per_token,
     weight_flops_per_token,
 )
+from autotune.spec.measure import over_the_run
 from autotune.spec.models import ModelSpec
 
 # Each saved activation is written in the forward and read in the backward, and its gradient written and
@@ -168,6 +169,13 @@ class StepWork:
         samples: Samples per step.
         real_tokens: The samples' own tokens per step.
         model_flops: Useful FLOPs per step (the model TFLOPs' and MFU's numerator).
+        setup_matmul_flops_per_sample: The trainer's pass over the data before its first step, matmul FLOPs a
+            sample (DPO's ``precompute_ref_log_probs``: the reference's forward over each pair, in micro-batches
+            of the same size and padding); 0: no such pass.
+        setup_memory_bytes_per_sample: That pass's memory-bound traffic a sample (off CUDA, TRL's head's passes
+            over the logits: :func:`reference_forward`, the count each step's reference forward uses too).
+        run_passes: How many times the user's run goes over its data, over which that pass is counted
+            (``autotune.spec.measure.over_the_run``, as a trial counts it); 1 where unknown.
     """
 
     matmul_flops: float
@@ -181,6 +189,9 @@ class StepWork:
     model_flops: float
     matmul_inner: int = 0
     fp32_matmul_flops: float = 0.0
+    setup_matmul_flops_per_sample: float = 0.0
+    setup_memory_bytes_per_sample: float = 0.0
+    run_passes: float = 1.0
 
 
 def step_work(
@@ -207,8 +218,9 @@ def step_work(
     per_token = weight_flops_per_token(model) + attention_flops_per_token(model, batch.attended_context)
     if traits.recompute:
         per_token += recompute_flops_per_token(model, batch.attended_context)
-    if runs_reference(model, traits):  # one more forward of every block, the reference's (no gradient)
-        per_token += recompute_flops_per_token(dataclasses.replace(model, peft=None), batch.attended_context)
+    # The reference's forward (DPO): in every step, or once over the data before training (precomputed).
+    reference_flops, reference_bytes = reference_forward(model, batch, device_kind)
+    each_step = runs_reference(model, traits)
     layers = model.num_layers
     rows = 1 if traits.batching.flattened else traits.rows  # a flattened micro-batch is one row
     shape = MicroBatchShape(rows=rows, row_tokens=max(round(batch.computed_tokens / rows), 1))
@@ -220,8 +232,9 @@ def step_work(
     memory_per_batch = (
         elementwise
         + loss_bytes(model, traits, batch.computed_tokens)
-        + fused_head_fallback_bytes(model, traits, batch.computed_tokens, device_kind)
+        + fused_head_fallback_bytes(model, batch.computed_tokens, device_kind)
         + weight_read_bytes(model, traits)
+        + (reference_bytes if each_step else 0.0)
     )
     optimizer_scale = parameter_scale if speed.optimizer_states_in_param_dtype else 1.0
     optimizer = trainable * (speed.optimizer_step_bytes * optimizer_scale + CLIP_PASSES * 4 * parameter_scale)
@@ -236,8 +249,12 @@ def step_work(
     )
     tensors = TENSORS_PER_LAYER * layers + 5
     fp32_flops = k * fused_head_fp32_backward_flops(model, batch.computed_tokens, device_kind, matmul_dtype)
+    setup_flops = setup_bytes = 0.0
+    if precomputes_reference(model, traits):  # batched as training batches (trl: per_device_train_batch_size)
+        samples_per_batch = batch.samples / model.rows_per_sample
+        setup_flops, setup_bytes = reference_flops / samples_per_batch, reference_bytes / samples_per_batch
     return StepWork(
-        matmul_flops=k * batch.computed_tokens * per_token - fp32_flops,
+        matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0)) - fp32_flops,
         matmul_dtype=matmul_dtype,
         matmul_inner=model.hidden_size,
         fp32_matmul_flops=fp32_flops,
@@ -248,6 +265,8 @@ def step_work(
         samples=k * batch.samples / model.rows_per_sample,
         real_tokens=k * batch.real_tokens,
         model_flops=k * batch.real_tokens * model_flops_per_token(model, batch.model_context),
+        setup_matmul_flops_per_sample=setup_flops,
+        setup_memory_bytes_per_sample=setup_bytes,
     )
 
 
@@ -260,20 +279,34 @@ def loss_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
     return LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size
 
 
-def fused_head_fallback_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float, device_kind: str) -> float:
+def reference_forward(model: ModelSpec, batch: TypicalBatch, device_kind: str) -> tuple[float, float]:
+    """The reference model's forward over one micro-batch (DPO; ``(0, 0)`` without a reference), the one count
+    of it whether each step runs it or the trainer runs it once over the data before training
+    (``precompute_ref_log_probs``): its matmul FLOPs (no gradient; under PEFT the base with the adapters
+    disabled) and, off CUDA, TRL's head's torch passes over the batch's logits for its log-probabilities
+    (:data:`FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT`)."""
+    if not model.holds_reference:
+        return 0.0, 0.0
+    flops = batch.computed_tokens * recompute_flops_per_token(
+        dataclasses.replace(model, peft=None), batch.attended_context
+    )
+    head = 0.0
+    if model.fused_lm_head and device_kind != "cuda":
+        head = FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT * batch.computed_tokens * model.vocab_size
+    return flops, head
+
+
+def fused_head_fallback_bytes(model: ModelSpec, tokens: float, device_kind: str) -> float:
     """TRL's fused head off CUDA: its torch ops' passes over the ``V x tokens`` fp32 tiles
-    (:data:`FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT`, and the reference's forward where each step runs it);
-    none on CUDA, nor without TRL's head. Before it was counted the prior put CPU DPO trials of llama-tiny
+    (:data:`FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT`; the reference's in :func:`reference_forward`); none on
+    CUDA, nor without TRL's head. Before it was counted the prior put CPU DPO trials of llama-tiny
     112-529x too fast (median 240x), the head's torch path being 55 % of a step (cProfile); with it 12-63x
     (median 28x: docs/benchmarks.md, "DPO on the CPU", run 7); over every padded position (``tokens``: the
-    batch's computed tokens), TRL's batches padded to their longest, 3.2-4.3x (median 3.8x, run 11's 12
-    trials), the rest the small matmuls' and ops' own rates."""
+    batch's computed tokens), TRL's batches padded to their longest, 4.1-6.4x in real tokens/s (median 5.7x,
+    run 11's 12 trials), the rest the small matmuls' and ops' own rates."""
     if not model.fused_lm_head or device_kind == "cuda":
         return 0.0
-    per_logit = FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT
-    if runs_reference(model, traits):
-        per_logit += FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT
-    return per_logit * tokens * model.vocab_size
+    return FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT * tokens * model.vocab_size
 
 
 def fused_head_fp32_backward_flops(model: ModelSpec, tokens: float, device_kind: str, matmul_dtype: str) -> float:
@@ -381,23 +414,38 @@ class SpeedEstimate:
     host_s: float
     overhead_s: float
     mfu_peak_tflops: float | None
+    setup_s_per_sample: float = 0.0
 
     @property
     def step_s(self) -> float:
+        """One steady optimizer step (what a trial's median step measures, and calibration fits)."""
         return self.compute_s + self.memory_s + self.host_s + self.overhead_s
 
     @property
-    def samples_per_s(self) -> float:
+    def steady_samples_per_s(self) -> float:
+        """Samples a second of the steady steps alone, before the pass counted in :attr:`run_share`."""
         return self.work.samples / self.step_s
 
     @property
+    def run_share(self) -> float:
+        """What is left of the steady rate over the user's run once the trainer's pass before the first step
+        is counted (``over_the_run``, as a trial's measured rates count it): 1 without such a pass."""
+        steady = self.steady_samples_per_s
+        return over_the_run(steady, self.setup_s_per_sample, self.work.run_passes) / steady if steady > 0 else 1.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples a second over the user's run (the pass before training counted, where there is one)."""
+        return self.steady_samples_per_s * self.run_share
+
+    @property
     def tokens_per_s(self) -> float:
-        """Real (non-padding) tokens per second."""
-        return self.work.real_tokens / self.step_s
+        """Real (non-padding) tokens per second, over the user's run as :attr:`samples_per_s`."""
+        return self.work.real_tokens / self.step_s * self.run_share
 
     @property
     def model_tflops(self) -> float:
-        return self.work.model_flops / self.step_s / 1e12
+        return self.work.model_flops / self.step_s / 1e12 * self.run_share
 
     @property
     def mfu(self) -> float | None:
@@ -416,6 +464,10 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
     if work.fp32_matmul_flops:
         fp32_rate = fit.matmul_rate_tflops("fp32", work.matmul_inner) or rate
         compute_s += work.fp32_matmul_flops / (fp32_rate * 1e12 * fit.achievable_fraction)
+    setup_s = (
+        work.setup_matmul_flops_per_sample / (rate * 1e12 * fit.achievable_fraction)
+        + work.setup_memory_bytes_per_sample / fit.bandwidth_bytes_per_s
+    )
     return SpeedEstimate(
         work=work,
         compute_s=compute_s,
@@ -423,6 +475,7 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         host_s=work.host_bytes / fit.link_bytes_per_s,
         overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,
         mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
+        setup_s_per_sample=setup_s,
     )
 
 
@@ -441,14 +494,20 @@ def estimate_speed(
 @dataclasses.dataclass(frozen=True)
 class SpeedModel:
     """The throughput prior of one workload: its device's rates, how a config's matmul dtype is read (the
-    workload's ``peak_dtype``: tf32 where TF32 is on), and the user's sample lengths where known."""
+    workload's ``peak_dtype``: tf32 where TF32 is on), the user's sample lengths where known, and how many
+    times the user's run goes over its data at a config's global batch (``run_passes``: a pass the trainer
+    runs before training is counted over them)."""
 
     fit: SpeedFit
     matmul_dtype: Callable[[TrialConfig], str]
     lengths: tuple[int, ...] | None = None
+    run_passes: Callable[[TrialConfig], float] | None = None
 
     def work(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> StepWork:
-        return step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
+        work = step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
+        if self.run_passes is None or not work.setup_matmul_flops_per_sample:
+            return work
+        return dataclasses.replace(work, run_passes=self.run_passes(config))
 
     def estimate(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> SpeedEstimate | None:
         return predict_speed(self.work(model, config, seq_len), self.fit)

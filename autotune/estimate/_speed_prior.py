@@ -171,7 +171,7 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 # throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
 PRIOR_EXPECTED_ERROR = (
     "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by up to "
-    "2x under the Trainer, and 1.2-8x fast under TRL's trainers (their chunked log-prob head's torch path off "
+    "2x under the Trainer, and 2.5-8x fast in real tokens/s under TRL's trainers (their chunked log-prob head's torch path off "
     "CUDA, counted at the nominal memory bandwidth: docs/benchmarks.md, 'DPO on the CPU', run 11), and it ranks configs "
     "within a few percent of each other no better than chance (docs/benchmarks.md, 'The throughput prior'); a "
     "study's trials calibrate it (--storage)"

@@ -28,7 +28,6 @@ from autotune.result._run_time import (
     RunLength,
     dataset_samples,
     duration,
-    over_the_run,
     passes_over_data,
     projected_seconds,
     run_length,
@@ -62,6 +61,7 @@ from autotune.result._trial_result import (
     precision_note,
 )
 from autotune.result._verification import FigureCheck, Judgement, StudyAnswer, Verification, VersionChange
+from autotune.spec.measure import over_the_run  # one rule for measured and predicted rates: its home is spec
 
 __all__ = [
     "FAILED_STATUSES",

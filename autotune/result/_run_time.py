@@ -98,19 +98,9 @@ def passes_over_data(run: RunLength | None, global_batch: int, samples: int | No
     return float(run.epochs or 1.0)
 
 
-def over_the_run(rate: float, setup_s_per_sample: float, passes: float) -> float:
-    """A steady rate (samples or tokens a second) over the user's whole run, where the trainer also runs one
-    pass over the data before its first step (DPO's ``precompute_ref_log_probs``: the reference's forward
-    over every pair, once), ``setup_s_per_sample`` seconds a sample: each sample trained ``passes`` times
-    costs ``1 / rate`` a time plus its share of that pass, ``setup_s_per_sample / passes``."""
-    if setup_s_per_sample <= 0 or rate <= 0:
-        return rate
-    return 1.0 / (1.0 / rate + setup_s_per_sample / max(passes, 1e-9))
-
-
 def setup_pass_note(result: TrialResult) -> str | None:
     """What a trial's rates hold beyond its steps: the trainer's pass before training (``TrialResult.setup_pass_s``),
-    counted over the user's run (:func:`over_the_run`); ``None`` where none ran."""
+    counted over the user's run (``autotune.spec.measure.over_the_run``); ``None`` where none ran."""
     if not result.setup_pass_samples:
         return None
     return (

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.estimate import MemoryFit, SpeedModel, memory_prior, speed_prior
 from autotune.levers import TrialConfig
-from autotune.result import RunLength
+from autotune.result import RunLength, passes_over_data
 from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._limits import allocator_settings
 from autotune.runner._precision import predicted_tf32
@@ -132,7 +132,12 @@ class Workload:
             self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores, self.measured_inner_tflops
         )
         lengths = self.dataset.token_lengths if self.dataset is not None else ()
-        return SpeedModel(fit, self.peak_dtype, lengths or None)
+        samples = self.dataset.num_samples if self.dataset is not None else None
+
+        def run_passes(config: TrialConfig) -> float:  # as the trial counts its pass (runner._trial)
+            return passes_over_data(self.run_length, config.global_batch, samples)
+
+        return SpeedModel(fit, self.peak_dtype, lengths or None, run_passes)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

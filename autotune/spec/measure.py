@@ -108,6 +108,19 @@ class StepStats:
         return self.measured_s / self.measured_steps if self.measured_steps else 0.0
 
 
+def over_the_run(rate: float, setup_s_per_sample: float, passes: float) -> float:
+    """A steady rate (samples or tokens a second) over the user's whole run, where the trainer also runs one
+    pass over the data before its first step (DPO's ``precompute_ref_log_probs``: the reference's forward
+    over every pair, once), ``setup_s_per_sample`` seconds a sample: each sample trained ``passes`` times
+    costs ``1 / rate`` a time plus its share of that pass, ``setup_s_per_sample / passes``.
+
+    The one rule of it: a trial's measured rates (``autotune.runner``) and the throughput prior's predicted
+    ones (``autotune.estimate``) count the pass so, and the projected run time adds it once."""
+    if setup_s_per_sample <= 0 or rate <= 0:
+        return rate
+    return 1.0 / (1.0 / rate + setup_s_per_sample / max(passes, 1e-9))
+
+
 def coefficient_of_variation(values: list[float]) -> float:
     """Sample standard deviation over the mean; 0 for fewer than two values."""
     if len(values) < 2:

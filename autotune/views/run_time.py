@@ -81,8 +81,8 @@ def predicted_run_time(
         return None
     length = run_length(base_args, epochs)
 
-    def pace(config: TrialConfig, speed: Any) -> Pace:  # the prior predicts steady steps of global-batch samples
-        return Pace(speed.samples_per_s, config.global_batch)
+    def pace(config: TrialConfig, speed: Any) -> Pace:  # steady steps of global-batch samples, and any pass before
+        return Pace(speed.steady_samples_per_s, config.global_batch, setup_s_per_sample=speed.setup_s_per_sample)
 
     other = (
         (trainers.get(trainer).baseline_words, pace(*default))

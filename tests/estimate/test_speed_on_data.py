@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+import pytest
+
 from autotune.levers import TrialConfig
 from autotune.plan import EstimateOptions, plan
 from autotune.trainers import write_corpus
@@ -137,3 +139,41 @@ def test_trls_collators_pad_to_the_batchs_longest_so_a_smaller_micro_batch_compu
         by_micro[0].matmul_flops + by_micro[0].fp32_matmul_flops
         == by_micro[1].matmul_flops + by_micro[1].fp32_matmul_flops
     )
+
+
+def test_a_precomputed_reference_pass_is_predicted_and_counted_over_the_run_as_a_trial_counts_it(tmp_path):
+    """DPO's ``precompute_ref_log_probs`` runs the reference's forward over every pair once, before training
+    (trl/trainer/dpo_trainer.py, ``_precompute_ref_logps``), in micro-batches of the training's size. A trial
+    times that pass and counts it over the user's run (``over_the_run``); the prior predicts it and counts it
+    the same, so a precomputing config is not predicted faster by the pass it does not count, and the
+    predicted run time adds it once."""
+    from autotune.result import duration, over_the_run
+    from autotune.views.run_time import predicted_run_time
+
+    path = tmp_path / "prefs.jsonl"
+    write_corpus(str(path), 48, seed=0, fmt="preference", length_scale=0.125)
+    rates = {}
+    for epochs in (1.0, 3.0):
+        options = EstimateOptions(
+            model="llama-tiny", dataset=str(path), seq_len=SEQ_LEN, device="cpu", max_global_batch=16, epochs=epochs
+        )
+        workload = plan(options, 64 * GiB).workload
+        speed = workload.speed_model()
+        each_step = speed.estimate(workload.model, TrialConfig(micro_batch=8), SEQ_LEN)
+        precomputed = speed.estimate(workload.model, TrialConfig(micro_batch=8, precompute_ref_log_probs=True), SEQ_LEN)
+        assert each_step is not None and precomputed is not None
+        # The pass computes, a pair, the reference's forward that each step otherwise computes for it.
+        per_pair_in_steps = (each_step.work.matmul_flops - precomputed.work.matmul_flops) / each_step.work.samples
+        assert precomputed.work.setup_matmul_flops_per_sample == pytest.approx(per_pair_in_steps)
+        assert each_step.setup_s_per_sample == 0 and each_step.samples_per_s == each_step.steady_samples_per_s
+        assert precomputed.setup_s_per_sample > 0 and precomputed.work.run_passes == epochs
+        assert precomputed.samples_per_s == pytest.approx(
+            over_the_run(precomputed.steady_samples_per_s, precomputed.setup_s_per_sample, epochs)
+        )
+        assert precomputed.tokens_per_s < precomputed.work.real_tokens / precomputed.step_s
+        rates[epochs] = precomputed.samples_per_s
+        config = TrialConfig(micro_batch=8, precompute_ref_log_probs=True)
+        line = predicted_run_time({}, epochs, 48, (config, precomputed), None, None, 1, "dpo")
+        seconds = 48 * epochs / precomputed.steady_samples_per_s + 48 * precomputed.setup_s_per_sample
+        assert line is not None and f": {duration(seconds)} (predicted winner" in line
+    assert rates[1.0] < rates[3.0]  # the pass weighs more on a shorter run
