@@ -332,7 +332,8 @@ def run_one_trial(
         recorded_as = tell_or_keep(study, trial, result, request.work_root)
         if recorded_as is not None:  # another worker missed our heartbeats, failed this trial and queued it
             result.error = (
-                result.error or f"declared dead by another worker (missed heartbeats); recorded as #{recorded_as}"
+                result.error
+                or f"declared dead by another worker (missed heartbeats); its config's record: #{recorded_as}"
             )
     except KeyboardInterrupt:  # a tell the storage refused keeps its result instead (tell_or_keep)
         _record_stopped(study, trial, config, request, progress)

@@ -119,8 +119,9 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
     instead of measured again.
 
     Returns:
-        The number of the new trial that holds the result, where another worker had failed this one;
-        else ``None``.
+        Where another worker had failed this trial, the number of the trial that holds its config's record:
+        the new one made for this result, or the queued copy where that was measured first (this result is
+        then not recorded twice); else ``None``.
 
     Raises:
         AutotuneError: The storage failed; the message says where the result is kept.
@@ -129,7 +130,8 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
         tell(study, trial, result)
         return None
     except optuna.exceptions.UpdateFinishedTrialError:
-        return _record_anew(study, _kept(study, trial, result), result)
+        measured_by = _measured_by(study, trial.params)  # its queued copy, run meanwhile by the other worker
+        return measured_by if measured_by is not None else _record_anew(study, _kept(study, trial, result), result)
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
@@ -216,8 +218,13 @@ def _record_anew(study: optuna.Study, kept: dict, result: TrialResult) -> int | 
 
 
 def _measured(study: optuna.Study, params: dict) -> bool:
+    return _measured_by(study, params) is not None
+
+
+def _measured_by(study: optuna.Study, params: dict) -> int | None:
+    """The number of a trial that measured this config, ``None`` where none did."""
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    return any(t.params == params and schema.TRIAL_RESULT in t.user_attrs for t in finished)
+    return next((t.number for t in finished if t.params == params and schema.TRIAL_RESULT in t.user_attrs), None)
 
 
 def _new_trial_of(study: optuna.Study, kept: dict) -> int:

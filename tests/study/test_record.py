@@ -257,3 +257,16 @@ def test_a_kept_result_whose_trial_another_worker_fails_while_it_is_told_is_reco
     assert (failed.state, queued.state, recorded.state) == (TrialState.FAIL, TrialState.WAITING, TrialState.COMPLETE)
     assert queued.params == recorded.params == trial.params and TrialResult.from_trial(recorded) == result
     assert record_pending_results(study, work_root) == []  # recorded once
+
+
+def test_a_result_whose_queued_copy_was_measured_first_is_not_recorded_twice_and_names_that_record(storage, tmp_path):
+    """The other worker ran the queued copy to the end before this worker came back: the config has its
+    measurement, so this result is dropped, and the caller learns which trial holds the config's record."""
+    study = optuna.create_study(storage=storage, direction="maximize")
+    trial = study.ask(DISTRIBUTIONS)
+    _failed_by_another_worker(str(storage.url), study.study_name, trial._trial_id)
+    tell(study, study.ask(DISTRIBUTIONS), measured("ok", 1.0, tflops=0.5))  # the copy, measured by the other worker
+
+    assert tell_or_keep(study, trial, measured("ok", 1.5, tflops=0.75), str(tmp_path / "runs")) == 1
+
+    assert [(t.state, t.value) for t in reloaded(study)] == [(TrialState.FAIL, None), (TrialState.COMPLETE, 0.5)]
