@@ -65,18 +65,9 @@ from autotune.estimate._prior import (
     MemoryFit,
     memory_prior,
 )
-from autotune.estimate._speed import (
-    SpeedEstimate,
-    SpeedFit,
-    SpeedModel,
-    StepWork,
-    TypicalBatch,
-    estimate_speed,
-    predict_speed,
-    step_work,
-    typical_micro_batch,
-)
+from autotune.estimate._speed import StepWork, TypicalBatch, step_work, typical_micro_batch
 from autotune.estimate._speed_prior import cpu_nominal_peaks_tflops, fit_speed, speed_expected_error, speed_prior
+from autotune.estimate._speed_time import SpeedEstimate, SpeedFit, SpeedModel, estimate_speed, predict_speed
 
 __all__ = [
     "CPU_CHILD_START_RSS_BYTES",

@@ -14,7 +14,8 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.estimate._parts import MemoryEstimate, estimate_peak
 from autotune.estimate._prior import MemoryFit
-from autotune.estimate._speed import SpeedEstimate, SpeedModel, pads_each_batch_to_longest
+from autotune.estimate._speed import pads_each_batch_to_longest
+from autotune.estimate._speed_time import SpeedEstimate, SpeedModel
 from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig, config_conflict, memory_traits
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec

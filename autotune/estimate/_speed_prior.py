@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from autotune.estimate._speed import OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, StepWork, predict_speed
+from autotune.estimate._speed import StepWork
+from autotune.estimate._speed_time import OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, predict_speed
 from autotune.spec.devices import TYPICAL_MATMUL_FRACTION, DeviceSpec
 
 # The share of the achievable matmul peak a whole training step's matmuls reach (shapes smaller than the

@@ -190,7 +190,7 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
                 continue
             if own is not None and params in (None, own.params):
                 trial_id = own._trial_id
-            elif params is None or _measured(study, params):
+            elif params is None or _measured_by(study, params) is not None:
                 continue  # no config to record it as, or its config was measured again since
             else:
                 trial_id = _new_trial_of(study, kept)
@@ -198,27 +198,20 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
             continue  # unreadable
         try:
             tell(study, optuna.Trial(study, trial_id), result)
-            number: int | None = study._storage.get_trial(trial_id).number
-        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed its trial meanwhile
-            number = _record_anew(study, {**kept, "params": own.params}, result) if own and params else None
+            recorded.append(study._storage.get_trial(trial_id).number)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed its own trial meanwhile
+            if params is not None and _measured_by(study, params) is None:
+                recorded.append(_record_anew(study, kept, result))
         path.rename(path.with_name("recorded_result.json"))
-        if number is not None:
-            recorded.append(number)
     return recorded
 
 
-def _record_anew(study: optuna.Study, kept: dict, result: TrialResult) -> int | None:
-    """Record a result whose own trial is gone or finished by another worker as a new trial of its config;
-    ``None`` where that config was measured since (its queued copy, say), so it is not recorded twice."""
-    if _measured(study, kept["params"]):
-        return None
+def _record_anew(study: optuna.Study, kept: dict, result: TrialResult) -> int:
+    """Record a result whose own trial another worker finished meanwhile as a new trial of its config (the
+    caller checked that no trial measured that config since: it is not recorded twice); its number."""
     trial_id = _new_trial_of(study, kept)
     tell(study, optuna.Trial(study, trial_id), result)
     return study._storage.get_trial(trial_id).number
-
-
-def _measured(study: optuna.Study, params: dict) -> bool:
-    return _measured_by(study, params) is not None
 
 
 def _measured_by(study: optuna.Study, params: dict) -> int | None:
