@@ -131,7 +131,9 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
         return None
     except optuna.exceptions.UpdateFinishedTrialError:
         measured_by = _measured_by(study, trial.params)  # its queued copy, run meanwhile by the other worker
-        return measured_by if measured_by is not None else _record_anew(study, _kept(study, trial, result), result)
+        if measured_by is not None:
+            return measured_by
+        return _record_anew(study, _kept(study, trial, result), result, trial.number)
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
@@ -200,16 +202,20 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
             tell(study, optuna.Trial(study, trial_id), result)
             recorded.append(study._storage.get_trial(trial_id).number)
         except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed its own trial meanwhile
-            if params is not None and _measured_by(study, params) is None:
-                recorded.append(_record_anew(study, kept, result))
+            if own is not None and params is not None and _measured_by(study, params) is None:
+                recorded.append(_record_anew(study, kept, result, own.number))
         path.rename(path.with_name("recorded_result.json"))
     return recorded
 
 
-def _record_anew(study: optuna.Study, kept: dict, result: TrialResult) -> int:
-    """Record a result whose own trial another worker finished meanwhile as a new trial of its config (the
-    caller checked that no trial measured that config since: it is not recorded twice); its number."""
+def _record_anew(study: optuna.Study, kept: dict, result: TrialResult, failed: int) -> int:
+    """Record a result whose own trial (number ``failed``) another worker failed meanwhile as a new trial of its
+    config (the caller checked that no trial measured that config since: it is not recorded twice); its number.
+
+    Marked as standing for the failed trial, as Optuna marks the queued copy (:data:`schema.TRIAL_RETRY_OF`):
+    its copied user attrs (a seed's label among them) are then not read as a second trial of their own."""
     trial_id = _new_trial_of(study, kept)
+    study._storage.set_trial_system_attr(trial_id, schema.TRIAL_RETRY_OF, failed)
     tell(study, optuna.Trial(study, trial_id), result)
     return study._storage.get_trial(trial_id).number
 

@@ -208,6 +208,7 @@ def test_a_result_of_a_trial_another_worker_failed_meanwhile_is_recorded_as_a_ne
     finds the trial finished, and ``tell`` reading it finished after this worker's attributes were written."""
     study = optuna.create_study(storage=storage, direction="maximize")
     trial = study.ask(DISTRIBUTIONS)
+    trial.set_user_attr(schema.TRIAL_SEED, "best-practice")  # a seed trial, as the search queues them
     url = str(storage.url)
     if when == "before the tell":
         _failed_by_another_worker(url, study.study_name, trial._trial_id)
@@ -230,6 +231,9 @@ def test_a_result_of_a_trial_another_worker_failed_meanwhile_is_recorded_as_a_ne
     assert recorded.state == TrialState.COMPLETE and recorded.value == 0.75
     assert TrialResult.from_trial(recorded) == result
     assert recorded.system_attrs[schema.TRIAL_CONSTRAINTS] == [pytest.approx(-0.5)]
+    # It stands for the failed trial, as the queued copy does: its seed label is not a second seed trial.
+    assert recorded.user_attrs[schema.TRIAL_SEED] == "best-practice"
+    assert recorded.system_attrs[schema.TRIAL_RETRY_OF] == queued.system_attrs[schema.TRIAL_RETRY_OF] == failed.number
     copy = study.ask(DISTRIBUTIONS)  # the queued copy, popped first
     assert copy.number == queued.number and _reuse_measured(study, copy) == result  # answered, not run again
 
@@ -256,6 +260,7 @@ def test_a_kept_result_whose_trial_another_worker_fails_while_it_is_told_is_reco
     failed, queued, recorded = reloaded(study)
     assert (failed.state, queued.state, recorded.state) == (TrialState.FAIL, TrialState.WAITING, TrialState.COMPLETE)
     assert queued.params == recorded.params == trial.params and TrialResult.from_trial(recorded) == result
+    assert recorded.system_attrs[schema.TRIAL_RETRY_OF] == failed.number
     assert record_pending_results(study, work_root) == []  # recorded once
 
 
