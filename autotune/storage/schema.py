@@ -102,10 +102,6 @@ TRIAL_STATUS = "status"
 TRIAL_SEED = "seed"
 TRIAL_SEED_INSTEAD_OF = "seed_instead_of"
 TRIAL_REUSED_FROM = "reused_from"
-# System attr (Optuna's own key: optuna/storages/_callbacks.py, RetryFailedTrialCallback): on a trial that
-# stands for a failed one, the failed trial's number. Optuna sets it on the queued copy of a trial whose
-# heartbeat went silent; autotune on the trial that records that failed trial's late result (study/_record.py).
-TRIAL_RETRY_OF = "failed_trial"
 TRIAL_PROPOSED_AGAIN = "proposed_again"
 TRIAL_FIRST_ATTEMPT = "first_attempt"
 # The config's predicted peak, written when it is proposed (study._screening.record_predictions): the

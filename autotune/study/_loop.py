@@ -329,12 +329,11 @@ def run_one_trial(
         _record_stopped(study, trial, config, request, progress)
         raise
     try:
-        recorded_as = tell_or_keep(study, trial, result, request.work_root)
-        if recorded_as is not None:  # another worker missed our heartbeats, failed this trial and queued it
-            result.error = (
-                result.error
-                or f"declared dead by another worker (missed heartbeats); its config's record: #{recorded_as}"
-            )
+        tell_or_keep(study, trial, result, request.work_root)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # Another worker missed our heartbeats (a stalled host), failed this trial and queued a
+        # re-run; that copy will be measured, so this result is dropped, not told twice.
+        result.error = result.error or "declared dead by another worker (missed heartbeats); re-queued"
     except KeyboardInterrupt:  # a tell the storage refused keeps its result instead (tell_or_keep)
         _record_stopped(study, trial, config, request, progress)
         raise

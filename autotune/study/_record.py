@@ -68,8 +68,9 @@ def _finish(
 
     Another worker fails a trial whose heartbeats it missed (a stalled host, a paused server) and queues it
     again. Optuna says so with ``UpdateFinishedTrialError`` where a write finds the trial finished, but with a
-    ``ValueError`` ("Cannot tell a FAIL trial", optuna/study/_tell.py) where ``tell`` reads it finished first;
-    both become the former, which :func:`tell_or_keep` handles.
+    ``ValueError`` ("Cannot tell a FAIL trial", optuna/study/_tell.py) where ``tell`` reads it finished first,
+    which ended a search with a traceback; both become the former, which the callers handle (the queued copy
+    is measured, this result dropped: ``study._loop.run_one_trial``, :func:`record_pending_results`).
     """
     try:
         study.tell(trial, values, state=state)
@@ -109,35 +110,30 @@ def trial_work_dir(work_root: str, trial_label: int | str) -> str:
     return str(Path(work_root).resolve() / f"trial-{trial_label}-{os.getpid()}")
 
 
-def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> int | None:
+def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, work_root: str) -> None:
     """:func:`tell`; if the storage fails, keep the result in the trial's work dir for the next run.
 
     The trial stays RUNNING in the storage; :func:`record_pending_results` tells it on the next run,
-    before orphan recovery would fail and re-queue it, so the measurement is not lost. If another worker
-    failed the trial meanwhile (it missed this worker's heartbeats) and queued it again, the result is
-    recorded as a new trial of its config, as a kept one is, and the queued copy is answered from it
-    instead of measured again.
-
-    Returns:
-        Where another worker had failed this trial, the number of the trial that holds its config's record:
-        the new one made for this result, or the queued copy where that was measured first (this result is
-        then not recorded twice); else ``None``.
+    before orphan recovery would fail and re-queue it, so the measurement is not lost.
 
     Raises:
         AutotuneError: The storage failed; the message says where the result is kept.
     """
     try:
         tell(study, trial, result)
-        return None
-    except optuna.exceptions.UpdateFinishedTrialError:
-        measured_by = _measured_by(study, trial.params)  # its queued copy, run meanwhile by the other worker
-        if measured_by is not None:
-            return measured_by
-        return _record_anew(study, _kept(study, trial, result), result, trial.number)
     except optuna.exceptions.StorageInternalError as exc:
         reason = storage_failure(exc)
         path = Path(trial_work_dir(work_root, trial.number)) / PENDING_RESULT_FILE
-        kept = _kept(study, trial, result)
+        kept = {
+            "study": study.study_name,
+            "trial": trial.number,
+            "params": trial.params,
+            "distributions": {name: distribution_to_json(d) for name, d in trial.distributions.items()},
+            "user_attrs": {
+                k: v for k, v in trial.user_attrs.items() if k not in (schema.TRIAL_RESULT, schema.TRIAL_STATUS)
+            },
+            "result": result.to_dict(),
+        }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(kept))
@@ -151,20 +147,6 @@ def tell_or_keep(study: optuna.Study, trial: optuna.Trial, result: TrialResult, 
             f"in {path} and is recorded when you run the same command again, once the storage works (room "
             "freed, the database back; a new database gets it as a trial of its own)"
         ) from None
-
-
-def _kept(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> dict:
-    """What re-creates the trial's record elsewhere: its config, their distributions, its user attrs, the result."""
-    return {
-        "study": study.study_name,
-        "trial": trial.number,
-        "params": trial.params,
-        "distributions": {name: distribution_to_json(d) for name, d in trial.distributions.items()},
-        "user_attrs": {
-            k: v for k, v in trial.user_attrs.items() if k not in (schema.TRIAL_RESULT, schema.TRIAL_STATUS)
-        },
-        "result": result.to_dict(),
-    }
 
 
 def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
@@ -192,7 +174,7 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
                 continue
             if own is not None and params in (None, own.params):
                 trial_id = own._trial_id
-            elif params is None or _measured_by(study, params) is not None:
+            elif params is None or _measured(study, params):
                 continue  # no config to record it as, or its config was measured again since
             else:
                 trial_id = _new_trial_of(study, kept)
@@ -201,29 +183,15 @@ def record_pending_results(study: optuna.Study, work_root: str) -> list[int]:
         try:
             tell(study, optuna.Trial(study, trial_id), result)
             recorded.append(study._storage.get_trial(trial_id).number)
-        except optuna.exceptions.UpdateFinishedTrialError:  # another worker failed its own trial meanwhile
-            if own is not None and params is not None and _measured_by(study, params) is None:
-                recorded.append(_record_anew(study, kept, result, own.number))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another worker failed its trial meanwhile and queued the config: that copy is measured
         path.rename(path.with_name("recorded_result.json"))
     return recorded
 
 
-def _record_anew(study: optuna.Study, kept: dict, result: TrialResult, failed: int) -> int:
-    """Record a result whose own trial (number ``failed``) another worker failed meanwhile as a new trial of its
-    config (the caller checked that no trial measured that config since: it is not recorded twice); its number.
-
-    Marked as standing for the failed trial, as Optuna marks the queued copy (:data:`schema.TRIAL_RETRY_OF`):
-    its copied user attrs (a seed's label among them) are then not read as a second trial of their own."""
-    trial_id = _new_trial_of(study, kept)
-    study._storage.set_trial_system_attr(trial_id, schema.TRIAL_RETRY_OF, failed)
-    tell(study, optuna.Trial(study, trial_id), result)
-    return study._storage.get_trial(trial_id).number
-
-
-def _measured_by(study: optuna.Study, params: dict) -> int | None:
-    """The number of a trial that measured this config, ``None`` where none did."""
+def _measured(study: optuna.Study, params: dict) -> bool:
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    return next((t.number for t in finished if t.params == params and schema.TRIAL_RESULT in t.user_attrs), None)
+    return any(t.params == params and schema.TRIAL_RESULT in t.user_attrs for t in finished)
 
 
 def _new_trial_of(study: optuna.Study, kept: dict) -> int:

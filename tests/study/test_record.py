@@ -16,7 +16,6 @@ from optuna.trial import TrialState
 from autotune.errors import AutotuneError
 from autotune.result import TrialResult
 from autotune.storage import schema
-from autotune.study._loop import _reuse_measured
 from autotune.study._record import (
     PENDING_RESULT_FILE,
     UNKNOWN_EXCESS_GIB,
@@ -197,81 +196,51 @@ def _failed_by_another_worker(url: str, study_name: str, trial_id: int) -> None:
     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)(other, other._storage.get_trial(trial_id))
 
 
-@pytest.mark.parametrize("when", ["before the tell", "between its writes"])
-def test_a_result_of_a_trial_another_worker_failed_meanwhile_is_recorded_as_a_new_trial_of_its_config(
-    storage, tmp_path, when
-):
-    """A paused server or a stalled host makes another worker take this one for dead: it fails the
-    running trial and queues its config again. The result measured meanwhile is not lost (nor raised
-    as "Cannot tell a FAIL trial", which ended a search with a traceback): it is recorded as a new trial,
-    whose config the queued copy is then answered from. Optuna says "finished" two ways: a write that
-    finds the trial finished, and ``tell`` reading it finished after this worker's attributes were written."""
-    study = optuna.create_study(storage=storage, direction="maximize")
-    trial = study.ask(DISTRIBUTIONS)
-    trial.set_user_attr(schema.TRIAL_SEED, "best-practice")  # a seed trial, as the search queues them
-    url = str(storage.url)
-    if when == "before the tell":
-        _failed_by_another_worker(url, study.study_name, trial._trial_id)
-    else:
-        write = study._storage.set_trial_system_attr
-
-        def write_then_lose_the_trial(trial_id: int, key: str, value: object) -> None:
-            write(trial_id, key, value)
-            if key == schema.TRIAL_CONSTRAINTS and trial_id == trial._trial_id:  # its last write before `tell`
-                _failed_by_another_worker(url, study.study_name, trial_id)
-
-        study._storage.set_trial_system_attr = write_then_lose_the_trial  # type: ignore[method-assign]
-    result = measured("ok", 1.5, tflops=0.75)
-
-    assert tell_or_keep(study, trial, result, str(tmp_path / "runs")) == 2
-
-    failed, queued, recorded = reloaded(study)
-    assert failed.state == TrialState.FAIL and queued.state == TrialState.WAITING
-    assert queued.params == recorded.params == trial.params
-    assert recorded.state == TrialState.COMPLETE and recorded.value == 0.75
-    assert TrialResult.from_trial(recorded) == result
-    assert recorded.system_attrs[schema.TRIAL_CONSTRAINTS] == [pytest.approx(-0.5)]
-    # It stands for the failed trial, as the queued copy does: its seed label is not a second seed trial.
-    assert recorded.user_attrs[schema.TRIAL_SEED] == "best-practice"
-    assert recorded.system_attrs[schema.TRIAL_RETRY_OF] == queued.system_attrs[schema.TRIAL_RETRY_OF] == failed.number
-    copy = study.ask(DISTRIBUTIONS)  # the queued copy, popped first
-    assert copy.number == queued.number and _reuse_measured(study, copy) == result  # answered, not run again
-
-
-def test_a_kept_result_whose_trial_another_worker_fails_while_it_is_told_is_recorded_as_a_new_trial(storage, tmp_path):
-    """The next run tells a kept result onto its own trial, still RUNNING; another worker's heartbeat check
-    fails that trial in the middle of the tell. The result is recorded as a new trial of its config."""
-    study = optuna.create_study(storage=storage, direction="maximize")
-    trial = study.ask(DISTRIBUTIONS)
-    result = measured("ok", 1.5, tflops=0.75)
-    work_root = str(tmp_path / "runs")
-    with locked(tmp_path / "study.db"), pytest.raises(AutotuneError):
-        tell_or_keep(study, trial, result, work_root)  # kept in the work dir, the trial left RUNNING
+def _losing_the_trial_between_its_writes(study: optuna.Study, url: str, trial_id: int) -> None:
+    """Another worker fails the trial right after this worker's last write before ``tell``."""
     write = study._storage.set_trial_system_attr
 
-    def write_then_lose_the_trial(trial_id: int, key: str, value: object) -> None:
-        write(trial_id, key, value)
-        if key == schema.TRIAL_CONSTRAINTS and trial_id == trial._trial_id:
-            _failed_by_another_worker(str(storage.url), study.study_name, trial_id)
+    def write_then_lose_the_trial(written_id: int, key: str, value: object) -> None:
+        write(written_id, key, value)
+        if key == schema.TRIAL_CONSTRAINTS and written_id == trial_id:
+            _failed_by_another_worker(url, study.study_name, trial_id)
 
     study._storage.set_trial_system_attr = write_then_lose_the_trial  # type: ignore[method-assign]
 
-    assert record_pending_results(study, work_root) == [2]
-    failed, queued, recorded = reloaded(study)
-    assert (failed.state, queued.state, recorded.state) == (TrialState.FAIL, TrialState.WAITING, TrialState.COMPLETE)
-    assert queued.params == recorded.params == trial.params and TrialResult.from_trial(recorded) == result
-    assert recorded.system_attrs[schema.TRIAL_RETRY_OF] == failed.number
-    assert record_pending_results(study, work_root) == []  # recorded once
 
-
-def test_a_result_whose_queued_copy_was_measured_first_is_not_recorded_twice_and_names_that_record(storage, tmp_path):
-    """The other worker ran the queued copy to the end before this worker came back: the config has its
-    measurement, so this result is dropped, and the caller learns which trial holds the config's record."""
+@pytest.mark.parametrize("when", ["before the tell", "between its writes"])
+def test_a_trial_another_worker_failed_meanwhile_is_said_one_way_and_left_to_its_queued_copy(storage, tmp_path, when):
+    """A paused server or a stalled host makes another worker take this one for dead: it fails the running
+    trial and queues its config again. Optuna says "finished" two ways: a write that finds the trial finished
+    (``UpdateFinishedTrialError``), and ``tell`` reading it finished after this worker's writes (``ValueError:
+    Cannot tell a FAIL trial``, which ended a search with a traceback). Both are the first, which the loop
+    handles: the queued copy is measured, this result is not told twice."""
     study = optuna.create_study(storage=storage, direction="maximize")
     trial = study.ask(DISTRIBUTIONS)
-    _failed_by_another_worker(str(storage.url), study.study_name, trial._trial_id)
-    tell(study, study.ask(DISTRIBUTIONS), measured("ok", 1.0, tflops=0.5))  # the copy, measured by the other worker
+    if when == "before the tell":
+        _failed_by_another_worker(str(storage.url), study.study_name, trial._trial_id)
+    else:
+        _losing_the_trial_between_its_writes(study, str(storage.url), trial._trial_id)
 
-    assert tell_or_keep(study, trial, measured("ok", 1.5, tflops=0.75), str(tmp_path / "runs")) == 1
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        tell_or_keep(study, trial, measured("ok", 1.5, tflops=0.75), str(tmp_path / "runs"))
 
-    assert [(t.state, t.value) for t in reloaded(study)] == [(TrialState.FAIL, None), (TrialState.COMPLETE, 0.5)]
+    failed, queued = reloaded(study)
+    assert (failed.state, queued.state, queued.params) == (TrialState.FAIL, TrialState.WAITING, trial.params)
+
+
+def test_a_kept_result_whose_trial_another_worker_fails_while_it_is_told_is_left_to_the_queued_copy(storage, tmp_path):
+    """The next run tells a kept result onto its own trial, still RUNNING; another worker's heartbeat check
+    fails that trial in the middle of the tell. The start goes on (no traceback), the copy is queued, the
+    kept file is not told again."""
+    study = optuna.create_study(storage=storage, direction="maximize")
+    trial = study.ask(DISTRIBUTIONS)
+    work_root = str(tmp_path / "runs")
+    with locked(tmp_path / "study.db"), pytest.raises(AutotuneError):
+        tell_or_keep(study, trial, measured("ok", 1.5, tflops=0.75), work_root)  # kept, the trial left RUNNING
+    _losing_the_trial_between_its_writes(study, str(storage.url), trial._trial_id)
+
+    assert record_pending_results(study, work_root) == []
+    failed, queued = reloaded(study)
+    assert (failed.state, queued.state, queued.params) == (TrialState.FAIL, TrialState.WAITING, trial.params)
+    assert not list(Path(work_root).glob(f"*/{PENDING_RESULT_FILE}"))  # not told again on the next run
