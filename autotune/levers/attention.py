@@ -79,15 +79,28 @@ def _unavailable_for_model(
     """Why ``model`` cannot be built with ``value`` (first line of transformers' error); '' if it can.
 
     Asks transformers itself: the model is built on the meta device (no memory), which runs the same
-    check as ``from_pretrained(attn_implementation=...)``.
+    check as ``from_pretrained(attn_implementation=...)``. That build imports the architecture's modeling
+    code, about 2.4 s of CPU at every search start on a 2-core machine: the answer is kept on disk
+    (``autotune.spec.derived_cache``: per config, task, kernel and installed torch and transformers), except
+    for the flash kernels, whose answer also follows from their own package (``_FLASH_PACKAGES``).
     """
+    if value in FLASH_ATTENTIONS:
+        return _built_on_meta(value, model.hf_config, model.task)
+    from autotune.spec.derived_cache import cached
+
+    key = {"config": model.hf_config, "task": model.task, "attn_implementation": value}
+    return str(cached("attention-build", key, __file__, lambda: _built_on_meta(value, model.hf_config, model.task)))
+
+
+def _built_on_meta(value: str, hf_config: Mapping[str, Any], task: str) -> str:
+    """The first line of transformers' error building the model with ``value`` on the meta device; '' if it builds."""
     import torch
 
     from autotune.spec.models import build_model
 
     try:
         with torch.device("meta"):
-            build_model(model.hf_config, model.task, **_to_model_build(value))
+            build_model(hf_config, task, **_to_model_build(value))
     except (ValueError, ImportError) as exc:
         return str(exc).strip().splitlines()[0][:200]
     return ""

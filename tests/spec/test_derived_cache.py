@@ -76,6 +76,10 @@ SEARCH_START = (
     "arguments = training_arguments_kwargs(TrialConfig(checkpointing=True), 'cpu')\n"  # as the study note asks
     "from autotune.views.export import render\n"
     "flags = render(arguments, 'cli')\n"  # the note's command-line flags: the parser's nargs
+    "from autotune.space import load_space\n"
+    "from autotune.spec.devices import cpu_device\n"
+    "space = load_space(None, cpu_device(), model=spec)\n"  # the default space's kernels the model builds with
+    "assert space.choices['attn_implementation'] == ['sdpa', 'eager'], space.choices\n"
     "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0], len(flags),"
     " 'transformers.models.bert.modeling_bert' in sys.modules, 'transformers.training_args' in sys.modules)\n"
 )
@@ -94,5 +98,5 @@ def test_a_second_search_start_imports_neither_the_modeling_code_nor_the_argumen
     assert first[4:] == ["True", "True"]  # computed: the model was built, the class read
     assert second[:4] == first[:4]  # the same parameter count, defaults, checkpointing field and flags
     assert second[4:] == ["False", "False"]
-    # the counts, the defaults, the checkpointing field's name and the parser's nargs
-    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 4
+    # the counts, the defaults, the checkpointing field's name, the parser's nargs and one build per kernel
+    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 6
