@@ -20,9 +20,37 @@ import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-from autotune.runner._quiet import in_forkserver_preload, process_output_to_debug_log  # noqa: E402 - Ctrl-C ignored first
+import atexit  # noqa: E402 - Ctrl-C ignored first
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from autotune.runner._quiet import in_forkserver_preload, process_output_to_debug_log  # noqa: E402
+
+
+def _exit_without_teardown() -> None:
+    """The forkserver's last step at exit: its output flushed, then gone without the interpreter's
+    teardown. Registered before its preload imports anything, so every exit handler they register runs
+    first (atexit runs the last registered first); what is skipped is the clearing of torch's,
+    transformers' and DeepSpeed's modules, about 1.7 s of CPU at the end of every search on a 2-core
+    machine (the preload's process: 9.3 s of CPU from start to exit with the teardown, 7.6 s without) for a process
+    that holds nothing to save: each trial it started ran, and exited, in its own process. A process forked
+    from it that exits through the interpreter (multiprocessing's own children leave through ``os._exit``)
+    inherits the handler and keeps its own exit: its status and its teardown."""
+    if os.getpid() != _FORKSERVER_PID:
+        return
+    if "logging" in sys.modules:  # its own exit handler may be one registered before this one
+        sys.modules["logging"].shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing of autotune's is in it
+            pass
+    os._exit(0)
+
 
 # Only in the forkserver itself: a process that imports this module for another reason (the memory
-# baseline's measuring interpreter, a test's probe) keeps its own output.
+# baseline's measuring interpreter, a test's probe) keeps its own output and its own exit.
+_FORKSERVER_PID = os.getpid()
 if in_forkserver_preload():
+    atexit.register(_exit_without_teardown)
     process_output_to_debug_log()
