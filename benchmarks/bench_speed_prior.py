@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ from autotune.result import TrialResult
 from autotune.space import load_space
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec, cpu_device, matmul_dtype
+from autotune.spec.measured_peaks import (
+    PEAKS_FILE_ENV,
+    load_measured_bandwidth,
+    load_measured_inner_rates,
+    load_measured_peaks,
+)
 from autotune.spec.models import resolve_model
 from autotune.study import SearchBudget, SearchHooks, _landscape, open_study, search
 from autotune.study._proposals import noise_fraction
@@ -202,6 +209,86 @@ def search_model_check(
     }
 
 
+# Grids measured several times over on one CPU calibrated the same hour (``autotune devices --calibrate``): a
+# directory of ``pass<N>.json`` (each ``python -m benchmarks.bench_search ... --grid pass<N>.json --rounds 0``,
+# one after the other) and ``calibration.json``, the machine's record in peaks.json's format. The one
+# grid check where the prior gets what a user's machine gives it, and where the measurement's own
+# reproducibility is measured, not modelled (``perfect_predictor_spearman``): how well one pass ranks the
+# configs as the others do.
+REPEATED_GRIDS = {"bench_grid_llama_xeon_amx": (980 * 2**20, "bench_search_space_llama.yaml")}
+
+
+def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
+    """The zero-trial prior (with the machine's calibration, and nominal from its CPU flags alone) against the
+    median of several passes over one grid, and each pass against the median of the others."""
+    passes = [Grid.load(path) for path in sorted(directory.glob("pass*.json"))]
+    meta = passes[0].meta
+    configs = [
+        c
+        for c in passes[0].results
+        if all(
+            c in g.results
+            and g.results[c].status in ("ok", "over_ceiling")
+            and fits(g.results[c].peak_memory_bytes, ceiling)
+            for g in passes
+        )
+    ]
+    by_pass = [[g.results[c].model_tflops for c in configs] for g in passes]
+    median = [_median([figures[i] for figures in by_pass]) for i in range(len(configs))]
+    step_s = [_median([g.results[c].step_time_median_s for g in passes]) for c in configs]
+    model = resolve_model(meta["model"])
+    device = DeviceSpec(
+        "cpu", None, meta["device"], 24 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset(meta["cpu_flags"])
+    )
+    works = [step_work(model, c, int(meta["seq_len"]), "cpu", matmul_dtype(c.precision)) for c in configs]
+    previous = os.environ.get(PEAKS_FILE_ENV)
+    os.environ[PEAKS_FILE_ENV] = str(directory / "calibration.json")
+    try:
+        calibrated = speed_prior(
+            device,
+            load_measured_peaks(device.name),
+            load_measured_bandwidth(device.name),
+            cpu_cores=2,
+            measured_inner_tflops=load_measured_inner_rates(device.name),
+        )
+    finally:
+        if previous is None:
+            del os.environ[PEAKS_FILE_ENV]
+        else:
+            os.environ[PEAKS_FILE_ENV] = previous
+    best = max(median)
+    result: dict[str, Any] = {"grid": directory.name, "passes": len(passes), "configs": len(configs)}
+    result["spread"] = best / min(median)
+    for label, prior in (("calibrated", calibrated), ("nominal", speed_prior(device, {}, cpu_cores=2))):
+        zero = [predict_speed(work, prior).model_tflops for work in works]  # type: ignore[union-attr]
+        order = sorted(range(len(configs)), key=lambda i: -zero[i])
+        fitted = fit_speed([(works[i], step_s[i]) for i in order[:CALIBRATION_TRIALS]], prior)
+        after = [predict_speed(work, fitted).model_tflops for work in works]  # type: ignore[union-attr]
+        pick = max(range(len(configs)), key=lambda i: after[i])
+        result[label] = {
+            "fit": prior.describe(),
+            "spearman_zero": spearman(zero, median),
+            "spearman_zero_each_pass": [spearman(zero, figures) for figures in by_pass],
+            "zero_pick_vs_best": median[order[0]] / best,
+            "level_predicted_over_measured": _median([z / m for z, m in zip(zero, median)]),
+            "spearman_3": spearman(after, median),
+            "pick_vs_best_3": median[pick] / best,
+        }
+    pairs = [spearman(a, b) for i, a in enumerate(by_pass) for b in by_pass[i + 1 :]]
+    result["pass_vs_pass_spearman"] = {"median": _median(pairs), "min": min(pairs), "max": max(pairs)}
+    result["pass_vs_median_of_others"] = [
+        spearman([_median([f[i] for j, f in enumerate(by_pass) if j != k]) for i in range(len(configs))], by_pass[k])
+        for k in range(len(by_pass))
+    ]
+    return result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Published:
     """One published single-GPU figure and the config it was measured with."""
@@ -347,6 +434,8 @@ def main() -> None:
             print(label, json.dumps(result, indent=None, default=str))
     for name, (ceiling, _) in GRID_CPUS.items():
         print("the search's model", json.dumps(search_model_check(DATA / name, ceiling)))
+    for name, (ceiling, _) in REPEATED_GRIDS.items():
+        print("repeated", json.dumps(repeated_grid_check(DATA / name, ceiling)))
     with tempfile.TemporaryDirectory() as workdir:
         for figure in PUBLISHED:
             print(json.dumps(published_check(figure, Path(workdir)), default=str))

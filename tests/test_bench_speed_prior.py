@@ -1,0 +1,45 @@
+"""benchmarks/bench_speed_prior.py's check of a grid measured several times on a calibrated CPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from autotune.spec.measured_peaks import PEAKS_FILE_ENV
+from benchmarks.bench_speed_prior import DATA, REPEATED_GRIDS, repeated_grid_check
+
+GRID = "bench_grid_llama_xeon_amx"
+CEILING = REPEATED_GRIDS[GRID][0]
+
+
+def test_passes_that_agree_rank_alike_and_the_prior_reads_the_grids_own_calibration(tmp_path, monkeypatch):
+    for name in ("pass1.json", "calibration.json"):
+        shutil.copy(DATA / GRID / name, tmp_path / name)
+    shutil.copy(DATA / GRID / "pass1.json", tmp_path / "pass2.json")
+    monkeypatch.setenv(PEAKS_FILE_ENV, str(tmp_path / "elsewhere.json"))  # the user's own: left as it was
+    result = repeated_grid_check(tmp_path, CEILING)
+    assert result["passes"] == 2 and result["configs"] > 3
+    assert result["pass_vs_pass_spearman"]["median"] == pytest.approx(1.0)
+    assert result["pass_vs_median_of_others"] == [pytest.approx(1.0)] * 2
+    calibrated, nominal = result["calibrated"], result["nominal"]
+    assert calibrated["spearman_zero_each_pass"] == [calibrated["spearman_zero"]] * 2
+    assert "(measured" in calibrated["fit"] and "nominal" in nominal["fit"]
+    assert os.environ[PEAKS_FILE_ENV] == str(tmp_path / "elsewhere.json")
+
+
+def test_a_pass_that_reverses_another_is_said(tmp_path):
+    import json
+
+    for name in ("pass1.json", "calibration.json"):
+        shutil.copy(DATA / GRID / name, tmp_path / name)
+    grid = json.loads((tmp_path / "pass1.json").read_text())
+    figures = sorted(row["result"]["model_tflops"] for row in grid["results"] if row["result"]["model_tflops"])
+    for row in grid["results"]:  # each config's figure swapped for its mirror in the order: ranks reversed
+        figure = row["result"]["model_tflops"]
+        if figure:
+            row["result"]["model_tflops"] = figures[len(figures) - 1 - figures.index(figure)]
+    (tmp_path / "pass2.json").write_text(json.dumps(grid))
+    result = repeated_grid_check(tmp_path, CEILING)
+    assert result["pass_vs_pass_spearman"]["median"] < -0.5
