@@ -215,7 +215,10 @@ def search_model_check(
 # grid check where the prior gets what a user's machine gives it, and where the measurement's own
 # reproducibility is measured, not modelled (``perfect_predictor_spearman``): how well one pass ranks the
 # configs as the others do.
-REPEATED_GRIDS = {"bench_grid_llama_xeon_amx": (980 * 2**20, "bench_search_space_llama.yaml")}
+REPEATED_GRIDS = {
+    "bench_grid_llama_xeon_amx": (980 * 2**20, "bench_search_space_llama.yaml"),
+    "bench_grid_bert_xeon_amx": (int(1.25 * 2**30), "bench_search_space.yaml"),
+}
 
 
 def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
