@@ -24,7 +24,9 @@ import math
 import os
 import random
 from pathlib import Path
+from statistics import median
 from typing import Any
+from unittest import mock
 
 import optuna
 
@@ -215,10 +217,8 @@ def search_model_check(
 # grid check where the prior gets what a user's machine gives it, and where the measurement's own
 # reproducibility is measured, not modelled (``perfect_predictor_spearman``): how well one pass ranks the
 # configs as the others do.
-REPEATED_GRIDS = {
-    "bench_grid_llama_xeon_amx": (980 * 2**20, "bench_search_space_llama.yaml"),
-    "bench_grid_bert_xeon_amx": (int(1.25 * 2**30), "bench_search_space.yaml"),
-}
+# Each with the ceiling its passes were measured under (``--ceiling``).
+REPEATED_GRIDS = {"bench_grid_llama_xeon_amx": 980 * 2**20, "bench_grid_bert_xeon_amx": int(1.25 * 2**30)}
 
 
 def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
@@ -237,16 +237,14 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
         )
     ]
     by_pass = [[g.results[c].model_tflops for c in configs] for g in passes]
-    median = [_median([figures[i] for figures in by_pass]) for i in range(len(configs))]
-    step_s = [_median([g.results[c].step_time_median_s for g in passes]) for c in configs]
+    medians = [median([figures[i] for figures in by_pass]) for i in range(len(configs))]
+    step_s = [median([g.results[c].step_time_median_s for g in passes]) for c in configs]
     model = resolve_model(meta["model"])
     device = DeviceSpec(
         "cpu", None, meta["device"], 24 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset(meta["cpu_flags"])
     )
     works = [step_work(model, c, int(meta["seq_len"]), "cpu", matmul_dtype(c.precision)) for c in configs]
-    previous = os.environ.get(PEAKS_FILE_ENV)
-    os.environ[PEAKS_FILE_ENV] = str(directory / "calibration.json")
-    try:
+    with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(directory / "calibration.json")}):
         calibrated = speed_prior(
             device,
             load_measured_peaks(device.name),
@@ -254,14 +252,9 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
             cpu_cores=2,
             measured_inner_tflops=load_measured_inner_rates(device.name),
         )
-    finally:
-        if previous is None:
-            del os.environ[PEAKS_FILE_ENV]
-        else:
-            os.environ[PEAKS_FILE_ENV] = previous
-    best = max(median)
+    best = max(medians)
     result: dict[str, Any] = {"grid": directory.name, "passes": len(passes), "configs": len(configs)}
-    result["spread"] = best / min(median)
+    result["spread"] = best / min(medians)
     for label, prior in (("calibrated", calibrated), ("nominal", speed_prior(device, {}, cpu_cores=2))):
         zero = [predict_speed(work, prior).model_tflops for work in works]  # type: ignore[union-attr]
         order = sorted(range(len(configs)), key=lambda i: -zero[i])
@@ -270,26 +263,20 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
         pick = max(range(len(configs)), key=lambda i: after[i])
         result[label] = {
             "fit": prior.describe(),
-            "spearman_zero": spearman(zero, median),
+            "spearman_zero": spearman(zero, medians),
             "spearman_zero_each_pass": [spearman(zero, figures) for figures in by_pass],
-            "zero_pick_vs_best": median[order[0]] / best,
-            "level_predicted_over_measured": _median([z / m for z, m in zip(zero, median)]),
-            "spearman_3": spearman(after, median),
-            "pick_vs_best_3": median[pick] / best,
+            "zero_pick_vs_best": medians[order[0]] / best,
+            "level_predicted_over_measured": median([z / m for z, m in zip(zero, medians)]),
+            "spearman_3": spearman(after, medians),
+            "pick_vs_best_3": medians[pick] / best,
         }
     pairs = [spearman(a, b) for i, a in enumerate(by_pass) for b in by_pass[i + 1 :]]
-    result["pass_vs_pass_spearman"] = {"median": _median(pairs), "min": min(pairs), "max": max(pairs)}
+    result["pass_vs_pass_spearman"] = {"median": median(pairs), "min": min(pairs), "max": max(pairs)}
     result["pass_vs_median_of_others"] = [
-        spearman([_median([f[i] for j, f in enumerate(by_pass) if j != k]) for i in range(len(configs))], by_pass[k])
+        spearman([median([f[i] for j, f in enumerate(by_pass) if j != k]) for i in range(len(configs))], by_pass[k])
         for k in range(len(by_pass))
     ]
     return result
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,7 +424,7 @@ def main() -> None:
             print(label, json.dumps(result, indent=None, default=str))
     for name, (ceiling, _) in GRID_CPUS.items():
         print("the search's model", json.dumps(search_model_check(DATA / name, ceiling)))
-    for name, (ceiling, _) in REPEATED_GRIDS.items():
+    for name, ceiling in REPEATED_GRIDS.items():
         print("repeated", json.dumps(repeated_grid_check(DATA / name, ceiling)))
     with tempfile.TemporaryDirectory() as workdir:
         for figure in PUBLISHED:

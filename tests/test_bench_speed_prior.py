@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -11,7 +12,7 @@ from autotune.spec.measured_peaks import PEAKS_FILE_ENV
 from benchmarks.bench_speed_prior import DATA, REPEATED_GRIDS, repeated_grid_check
 
 GRID = "bench_grid_llama_xeon_amx"
-CEILING = REPEATED_GRIDS[GRID][0]
+CEILING = REPEATED_GRIDS[GRID]
 
 
 def test_passes_that_agree_rank_alike_and_the_prior_reads_the_grids_own_calibration(tmp_path, monkeypatch):
@@ -30,8 +31,6 @@ def test_passes_that_agree_rank_alike_and_the_prior_reads_the_grids_own_calibrat
 
 
 def test_a_pass_that_reverses_another_is_said(tmp_path):
-    import json
-
     for name in ("pass1.json", "calibration.json"):
         shutil.copy(DATA / GRID / name, tmp_path / name)
     grid = json.loads((tmp_path / "pass1.json").read_text())
