@@ -48,7 +48,10 @@ venv=(--quiet --python .venv/bin/python)
 .venv/bin/uv pip install "${venv[@]}" "${find_links[@]}" --constraint requirements/lock-cpu-py311.txt -r requirements/torch.txt
 .venv/bin/uv pip install "${venv[@]}" --no-deps -e .
 # DeepSpeed's two C++ ops built in the background (scripts/build_deepspeed_ops.py: minutes of compiling on
-# 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run.
+# 2 cores, which would otherwise happen inside the ZeRO tests' trials), while lint and types run; without
+# debug information (scripts/cxx_without_debug_info says why), with the same CXX for pytest's trials, which
+# then find them built.
+export CXX="${CXX:-$PWD/scripts/cxx_without_debug_info}"
 op_builds=()
 for op in ShareMemCommBuilder CPUAdamBuilder; do
   .venv/bin/python scripts/build_deepspeed_ops.py "$op" > ".venv/logs/build-$op.log" 2>&1 &

@@ -19,6 +19,9 @@ from __future__ import annotations
 import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+# Started with SIGINT blocked (runner._pool: a Ctrl-C meanwhile is the orchestrator's): ignored now, so
+# unblocked, as every process it forks would otherwise inherit a SIGINT that never arrives.
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 import atexit  # noqa: E402 - Ctrl-C ignored first
 import os  # noqa: E402

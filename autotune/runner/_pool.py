@@ -57,7 +57,8 @@ def forkserver_context(device_kind: str) -> ForkServerContext:
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the forkserver (and the resource tracker) with SIGINT ignored from their first instruction.
+    """Start the forkserver with SIGINT ignored from its first instruction (the resource tracker, which
+    shields itself, first).
 
     An ignored signal stays ignored across ``exec`` (POSIX ``execve``), and Python installs no
     KeyboardInterrupt handler for a SIGINT ignored at startup: a Ctrl-C while the forkserver still
@@ -66,16 +67,28 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     forkserver starts as usual, and ``autotune/runner/_forkserver_signals.py`` ignores SIGINT from its first
     preload import on.
     """
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
         forkserver.ensure_running()
         return
+    # Blocked before it is ignored: a Ctrl-C while the forkserver starts (the orchestrator's own handler
+    # set aside) stays pending instead of being dropped, and reaches that handler once it is back. Linux
+    # never ignores a blocked signal (kernel/signal.c, sig_ignored: "the signal handler may change by the
+    # time it is unblocked"), where an ignored one is discarded; CPython's resource tracker starts the same
+    # way (multiprocessing/resource_tracker.py, ensure_running). Dropped, that Ctrl-C went unanswered
+    # and the search ran on (tests/runner/test_forkserver_signals.py). The forkserver inherits the mask
+    # and unblocks it once it ignores SIGINT itself (autotune/runner/_forkserver_signals.py). The resource
+    # tracker first, on its own: it blocks SIGINT and SIGTERM while it starts, then unblocks both whatever
+    # was blocked before (CPython 3.11-3.13, bpo-33613), which inside the block below would undo it.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def run_isolated(
