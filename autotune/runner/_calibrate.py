@@ -25,6 +25,11 @@ DEFAULT_MATRIX_SIZE = {"cpu": 2048, "cuda": 8192}
 # fp32 is 2.5x at k 64 and 6.2x square (the nominal AMX speed-up is 16x): a 64-wide model's matmuls gain from
 # bf16 a fraction of what the square peak says.
 CPU_INNER_SIZES = (64, 256)
+# Where the default size is worked up to (doubling n): each step is timed, and the next taken only if it is
+# predicted to fit the time a matmul may take (``seconds / min_iterations``). A dtype the CPU only emulates
+# ran a 2048 x 2048 bf16 matmul in 61 s on an AVX2 EPYC (torch 2.13: 0.28 GFLOPS): five of them made a
+# 1-second calibration take 6 minutes. A size the user gives is timed as given.
+RAMP_START_SIZE = 256
 # Bytes copied to time the memory bandwidth: well past any cache (an H100's L2 is 50 MB, a server CPU's L3
 # tens of MB), small enough to copy in milliseconds.
 BANDWIDTH_BYTES = {"cpu": 256 * 2**20, "cuda": 1024 * 2**20}
@@ -49,7 +54,9 @@ def measure_matmul_peak(
     Args:
         device_kind: ``cpu``, or ``cuda`` (the current CUDA device).
         dtype: ``fp32``, ``tf32`` (fp32 tensors with TF32 matmuls), ``fp16`` or ``bf16``.
-        matrix_size: n; default :data:`DEFAULT_MATRIX_SIZE` for the device kind.
+        matrix_size: n; default :data:`DEFAULT_MATRIX_SIZE` for the device kind, or the largest power-of-two
+            step towards it whose matmul is predicted to take at most ``seconds / min_iterations``
+            (:data:`RAMP_START_SIZE`); the result's ``matrix_size`` says which n was timed.
         seconds: Keep timing until this much time was spent (after ``min_iterations``).
         min_iterations: Timed matmuls at least.
     """
@@ -57,7 +64,7 @@ def measure_matmul_peak(
 
     if dtype not in _TORCH_DTYPES:
         raise AutotuneError(f"unknown dtype {dtype!r}: choose one of {', '.join(_TORCH_DTYPES)}")
-    n = matrix_size or DEFAULT_MATRIX_SIZE[device_kind]
+    target = matrix_size or DEFAULT_MATRIX_SIZE[device_kind]
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     synchronize = torch.cuda.synchronize if device_kind == "cuda" else (lambda: None)
     if device_kind == "cuda":
@@ -65,21 +72,39 @@ def measure_matmul_peak(
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
     generator = torch.Generator(device=device).manual_seed(0)
-    k = inner_size or n
-    a = torch.randn(n, k, device=device, dtype=torch_dtype, generator=generator)
-    b = torch.randn(k, n, device=device, dtype=torch_dtype, generator=generator)
-    flops = 2 * n * n * k  # n*n outputs, each k multiply-adds of 2 FLOPs
+
+    def flops_at(n: int) -> int:  # n*n outputs, each k multiply-adds of 2 FLOPs
+        return 2 * n * n * (inner_size or n)
+
+    def operands(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = inner_size or n
+        a = torch.randn(n, k, device=device, dtype=torch_dtype, generator=generator)
+        return a, torch.randn(k, n, device=device, dtype=torch_dtype, generator=generator)
+
+    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
+        t0 = time.perf_counter()
+        a @ b
+        synchronize()
+        return time.perf_counter() - t0
+
+    n = target if matrix_size else min(target, RAMP_START_SIZE)
+    a, b = operands(n)
     with torch.no_grad():
+        timed(a, b)  # library initialisation, untimed
+        while n < target:  # only towards the default size: each step's matmul is a warm-up too
+            step = min(2 * n, target)
+            if timed(a, b) * flops_at(step) / flops_at(n) > seconds / min_iterations:
+                break
+            n = step
+            a, b = operands(n)
+        flops = flops_at(n)
         for _ in range(2):
             a @ b
         synchronize()
         rates: list[float] = []
         started = time.perf_counter()
         while len(rates) < min_iterations or time.perf_counter() - started < seconds:
-            t0 = time.perf_counter()
-            a @ b
-            synchronize()
-            rates.append(flops / (time.perf_counter() - t0) / 1e12)
+            rates.append(flops / timed(a, b) / 1e12)
     return MeasuredMatmulPeak(
         dtype=dtype,
         tflops=max(rates),
