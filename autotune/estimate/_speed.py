@@ -79,6 +79,33 @@ OPS_PER_LAYER = 100
 FUSED_OPS_SHARE = 1 / 3
 # Parameter tensors per layer, for a per-tensor optimizer (a block's projections, norms and biases).
 TENSORS_PER_LAYER = 12
+# Where a config keeps each dropout's probability (the first key present counts): on the attention
+# probabilities (BERT, GPT-2, Llama/Qwen/Mistral: 0.0 by default), on a layer's two residual outputs
+# (attention's and the MLP's), on the embeddings (BERT drops them at its hidden rate).
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")
+HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout")
+EMBEDDING_DROPOUT_KEYS = ("embd_pdrop", "embedding_dropout", "hidden_dropout_prob")
+
+
+def _dropout_probability(model: ModelSpec, keys: tuple[str, ...]) -> float:
+    for key in keys:
+        value = model.hf_config.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+    return 0.0
+
+
+def dropout_elements_per_token(model: ModelSpec, attended_context: float) -> float:
+    """Elements a training forward draws a dropout mask for, per token: each layer's attention probabilities
+    (``heads x`` the positions a token attends over) and its two residual outputs (``2 h``), and the embeddings
+    (``h``), each only where the model's config gives it a probability above 0 (Llama's, Qwen's: none)."""
+    per_layer = 0.0
+    if _dropout_probability(model, ATTENTION_DROPOUT_KEYS) > 0:
+        per_layer += model.num_heads * attended_context
+    if _dropout_probability(model, HIDDEN_DROPOUT_KEYS) > 0:
+        per_layer += 2 * model.hidden_size
+    embeddings = model.hidden_size if _dropout_probability(model, EMBEDDING_DROPOUT_KEYS) > 0 else 0.0
+    return model.num_layers * per_layer + embeddings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +182,8 @@ class StepWork:
         memory_bytes: Memory-bound traffic (elementwise work, loss, weights read, optimizer step).
         host_bytes: Bytes over the host link (offloading).
         launches: Kernel launches (CPU: op dispatches).
+        dropout_elements: Elements dropout draws a random mask for (:func:`dropout_elements_per_token`; again
+            in a recomputed forward): on a CPU, time of their own (``SpeedFit.dropout_s_per_element``).
         micro_batches: Micro-batches per step.
         samples: Samples per step.
         real_tokens: The samples' own tokens per step.
@@ -179,6 +208,7 @@ class StepWork:
     model_flops: float
     matmul_inner: int = 0
     fp32_matmul_flops: float = 0.0
+    dropout_elements: float = 0.0
     setup_matmul_flops_per_sample: float = 0.0
     setup_memory_bytes_per_sample: float = 0.0
     run_passes: float = 1.0
@@ -243,7 +273,10 @@ def step_work(
     if precomputes_reference(model, traits):  # batched as training batches (trl: per_device_train_batch_size)
         samples_per_batch = batch.samples / model.rows_per_sample
         setup_flops, setup_bytes = reference_flops / samples_per_batch, reference_bytes / samples_per_batch
+    forwards = 2 if traits.recompute else 1  # a recomputed forward draws its masks again
+    dropout = k * forwards * batch.computed_tokens * dropout_elements_per_token(model, batch.attended_context)
     return StepWork(
+        dropout_elements=dropout,
         matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0)) - fp32_flops,
         matmul_dtype=matmul_dtype,
         matmul_inner=model.hidden_size,

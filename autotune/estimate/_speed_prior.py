@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from autotune.estimate._speed import StepWork
-from autotune.estimate._speed_time import OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, predict_speed
+from autotune.estimate._speed_time import DROPOUT_S_PER_ELEMENT, OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, predict_speed
 from autotune.spec.devices import TYPICAL_MATMUL_FRACTION, DeviceSpec
 
 # The share of the achievable matmul peak a whole training step's matmuls reach (shapes smaller than the
@@ -99,6 +99,7 @@ def speed_prior(
             op,
             step,
             inner_rates_tflops=inner,
+            dropout_s_per_element=DROPOUT_S_PER_ELEMENT["cpu"],
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
@@ -121,7 +122,7 @@ def speed_prior(
 
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
-    """Fit ``step time = compute at the peak / fraction + memory + host + launches + overhead`` on measured
+    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + launches + overhead`` on measured
     trials ((their step's work, their measured step time in seconds)) by least squares.
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
@@ -132,7 +133,8 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         predicted = predict_speed(work, dataclasses.replace(prior, achievable_fraction=1.0, step_overhead_s=0.0))
         if predicted is None or seconds <= 0:
             continue
-        rows.append((predicted.compute_s, seconds - predicted.memory_s - predicted.host_s - predicted.overhead_s))
+        fixed = predicted.memory_s + predicted.host_s + predicted.dropout_s + predicted.overhead_s
+        rows.append((predicted.compute_s, seconds - fixed))
     if not rows:
         return prior
     computes = [c for c, _ in rows]
@@ -172,7 +174,7 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 # throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
 PRIOR_EXPECTED_ERROR = (
     "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by 0.5-5x "
-    "under the Trainer (by grid, median: 1.8x, 2.5x and 4.6x fast, 2.2x slow where bf16 is emulated; a decoder's "
+    "under the Trainer (by grid, median: 1.1x, 1.8x, 2.3x and 4.6x fast, 2.2x slow where bf16 is emulated; a decoder's "
     "loss over its vocabulary runs compute-bound there, not at the memory bandwidth it is counted at), and 2.5-8x "
     "fast in real tokens/s under TRL's trainers (their chunked log-prob head's torch path off "
     "CUDA, counted at the nominal memory bandwidth: docs/benchmarks.md, 'DPO on the CPU', run 11), and it ranks configs "

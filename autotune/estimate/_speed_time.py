@@ -23,6 +23,14 @@ OP_OVERHEAD_S = {"cpu": 10e-6, "cuda": 5e-6}
 # The Trainer's own work per optimizer step (scheduler, callbacks, zero_grad, logging checks): an
 # order-of-magnitude prior, replaced by the fit on measured trials.
 STEP_OVERHEAD_S = {"cpu": 2e-3, "cuda": 1e-3}
+# Dropout's random draws, per element, where they cost time of their own: on the CPU torch draws a dropout
+# mask from one generator, serially (``F.dropout`` forward, torch 2.13 CPU, AMD EPYC with AVX2: 10.4 ns an
+# element on 1 thread, 11.9-14.6 ns on 2: not parallelised), 15-20x a multiply's 0.8 ns. bert-mini's step
+# (dropout 0.1 on its attention probabilities, residuals and embeddings) spent about a third of its time
+# there, which the prior did not count (docs/benchmarks.md, "The throughput prior": the repeated bert-mini
+# grid ranked at 0.74 without it). On CUDA the mask is a fused elementwise pass (Philox): in the
+# elementwise passes, nothing of its own.
+DROPOUT_S_PER_ELEMENT = {"cpu": 12e-9, "cuda": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +53,7 @@ class SpeedFit:
         max_relative_error: Worst ``|predicted - measured| / measured`` step time over those trials.
         inner_rates_tflops: Measured matmul rates by dtype at narrow inner sizes, ``((k, TFLOPS), ...)``
             ascending, the square peak last (``autotune devices --calibrate`` on a CPU); empty: the peak alone.
+        dropout_s_per_element: Seconds per element dropout draws a mask for (:data:`DROPOUT_S_PER_ELEMENT`).
     """
 
     device_kind: str
@@ -59,6 +68,7 @@ class SpeedFit:
     points: int = 0
     max_relative_error: float | None = None
     inner_rates_tflops: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=dict)
+    dropout_s_per_element: float = 0.0
 
     def matmul_rate_tflops(self, dtype: str, inner: int) -> float | None:
         """The matmul rate of ``dtype`` at inner size ``inner``: the peak, or where the device was calibrated
@@ -109,11 +119,12 @@ class SpeedEstimate:
     overhead_s: float
     mfu_peak_tflops: float | None
     setup_s_per_sample: float = 0.0
+    dropout_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """One steady optimizer step (what a trial's median step measures, and calibration fits)."""
-        return self.compute_s + self.memory_s + self.host_s + self.overhead_s
+        return self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s
 
     @property
     def steady_samples_per_s(self) -> float:
@@ -146,7 +157,13 @@ class SpeedEstimate:
         return self.model_tflops / self.mfu_peak_tflops if self.mfu_peak_tflops else None
 
     def parts(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "memory": self.memory_s, "host": self.host_s, "overhead": self.overhead_s}
+        return {
+            "compute": self.compute_s,
+            "memory": self.memory_s,
+            "host": self.host_s,
+            "dropout": self.dropout_s,
+            "overhead": self.overhead_s,
+        }
 
 
 def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
@@ -170,6 +187,7 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,
         mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
         setup_s_per_sample=setup_s,
+        dropout_s=work.dropout_elements * fit.dropout_s_per_element,
     )
 
 

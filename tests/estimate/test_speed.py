@@ -146,6 +146,25 @@ def test_a_calibration_at_narrow_inner_sizes_sets_the_rate_of_a_narrow_model():
     assert uncalibrated.matmul_rate_tflops("bf16", 64) == pytest.approx(2.4)  # the peak alone
 
 
+def test_dropout_draws_are_counted_where_the_config_drops_and_again_when_recomputed(bert, llama):
+    """bert-mini drops out at 0.1 on its attention probabilities, residuals and embeddings: per token, each layer
+    ``heads x 128`` attention probabilities and ``2 h`` residual elements, and ``h`` embeddings, all again in a
+    recomputed forward, at the CPU's per-element rate and not at all on CUDA; llama-tiny (``attention_dropout``
+    0.0, no other dropout) draws none."""
+    assert bert.hf_config["hidden_dropout_prob"] == 0.1 and bert.hf_config["attention_probs_dropout_prob"] == 0.1
+    per_token = bert.num_layers * (bert.num_heads * 128 + 2 * bert.hidden_size) + bert.hidden_size
+    plain = step_work(bert, TrialConfig(micro_batch=4), 128, "cpu", "fp32")
+    recomputed = step_work(bert, TrialConfig(micro_batch=4, checkpointing=True), 128, "cpu", "fp32")
+    assert plain.dropout_elements == pytest.approx(4 * 128 * per_token)
+    assert recomputed.dropout_elements == pytest.approx(2 * plain.dropout_elements)
+    rate = dataclasses.replace(ROUND, dropout_s_per_element=1e-8)
+    estimate = predict_speed(plain, rate)
+    assert estimate is not None and estimate.parts()["dropout"] == pytest.approx(plain.dropout_elements * 1e-8)
+    assert speed_prior(AVX2, {}, cpu_cores=2).dropout_s_per_element > 0
+    assert speed_prior(known_gpu("h100-sxm").device(), {}).dropout_s_per_element == 0
+    assert step_work(llama, TrialConfig(micro_batch=4), 128, "cpu", "fp32").dropout_elements == 0
+
+
 def test_lora_costs_four_n_for_the_frozen_base(llama):
     from autotune.spec.peft import with_peft
 
