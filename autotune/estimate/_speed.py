@@ -80,8 +80,9 @@ FUSED_OPS_SHARE = 1 / 3
 # Parameter tensors per layer, for a per-tensor optimizer (a block's projections, norms and biases).
 TENSORS_PER_LAYER = 12
 # Where a config keeps each dropout's probability (the first key present counts): on the attention
-# probabilities (BERT, GPT-2, Llama/Qwen/Mistral: 0.0 by default), on a layer's two residual outputs
-# (attention's and the MLP's), on the embeddings (BERT drops them at its hidden rate).
+# probabilities, on a layer's two residual outputs (attention's and the MLP's), on the embeddings (BERT drops
+# them at its hidden rate). BERT and GPT-2 default to 0.1; Llama, Qwen and Mistral have only an attention
+# dropout, 0.0 by default.
 ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout")
 EMBEDDING_DROPOUT_KEYS = ("embd_pdrop", "embedding_dropout", "hidden_dropout_prob")
