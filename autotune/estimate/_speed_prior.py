@@ -78,6 +78,7 @@ def speed_prior(
             predicted at its width's rate.
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
+    dropout = DROPOUT_S_PER_ELEMENT[device.kind]
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
     if device.kind == "cpu":
         nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
@@ -99,7 +100,7 @@ def speed_prior(
             op,
             step,
             inner_rates_tflops=inner,
-            dropout_s_per_element=DROPOUT_S_PER_ELEMENT["cpu"],
+            dropout_s_per_element=dropout,
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
@@ -118,6 +119,7 @@ def speed_prior(
         TRAINING_MATMUL_FRACTION,
         op,
         step,
+        dropout_s_per_element=dropout,
     )
 
 
