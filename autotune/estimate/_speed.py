@@ -88,18 +88,26 @@ HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "
 EMBEDDING_DROPOUT_KEYS = ("embd_pdrop", "embedding_dropout", "hidden_dropout_prob")
 
 
+# The one key whose probability the attention function reads from a float the model keeps, not from an
+# ``nn.Dropout`` module: Llama, Qwen, Mistral, Gemma, Phi-3 (``self.attention_dropout = config.attention_dropout``,
+# 193 modeling files of transformers 5.24; 11, Falcon and BLOOM among them, wrap it in a module). A trainer that
+# sets every dropout module's ``p`` to 0 (``ModelSpec.dropout_modules_off``) leaves it on.
+FLOAT_DROPOUT_KEYS = ("attention_dropout",)
+
+
 def _dropout_probability(model: ModelSpec, keys: tuple[str, ...]) -> float:
     for key in keys:
         value = model.hf_config.get(key)
         if isinstance(value, int | float):
-            return float(value)
+            return 0.0 if model.dropout_modules_off and key not in FLOAT_DROPOUT_KEYS else float(value)
     return 0.0
 
 
 def dropout_elements_per_token(model: ModelSpec, attended_context: float) -> float:
     """Elements a training forward draws a dropout mask for, per token: each layer's attention probabilities
     (``heads x`` the positions a token attends over) and its two residual outputs (``2 h``), and the embeddings
-    (``h``), each only where the model's config gives it a probability above 0 (Llama's, Qwen's: none)."""
+    (``h``), each only where the model's config gives it a probability above 0 (Llama's, Qwen's: none) and the
+    trainer leaves it on (``ModelSpec.dropout_modules_off``)."""
     per_layer = 0.0
     if _dropout_probability(model, ATTENTION_DROPOUT_KEYS) > 0:
         per_layer += model.num_heads * attended_context

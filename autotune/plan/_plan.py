@@ -98,12 +98,12 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     notes: list[str] = []
     kind, data, first_row = plan_trainer(options, model.task, notes)
     trainer = kind.name
-    model = with_model(model, kind)
+    base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
+    model = with_model(model, kind, base_args)
     if options.peft is not None:  # frozen base, trainable adapters: what every trial trains
         from autotune.spec.peft import with_peft
 
         model = with_peft(model, options.peft, device, notes)
-    base_args = load_base_args(options.base_args, trainer) if options.base_args else {}
     run = run_length(base_args, options.epochs)  # --epochs against max_steps / num_train_epochs: one line
     loss_on = "all"
     if data is not None and kind.chooses_loss:  # --trainer sft

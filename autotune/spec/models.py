@@ -119,6 +119,8 @@ class ModelSpec:
             PEFT or a precomputed reference pass. Set by :func:`autotune.trainers.with_model`.
         pads_to_longest: The trainer's own collator pads each micro-batch to its longest row where no
             batching lever shapes it (TRL's). Set by :func:`autotune.trainers.with_model`.
+        dropout_modules_off: The trainer sets every ``nn.Dropout`` module's ``p`` to 0 before training (TRL's
+            DPOTrainer under ``disable_dropout``, its default). Set by :func:`autotune.trainers.with_model`.
     """
 
     name: str
@@ -142,6 +144,7 @@ class ModelSpec:
     rows_per_sample: int = 1
     holds_reference: bool = False
     pads_to_longest: bool = False
+    dropout_modules_off: bool = False
 
     def keeps_reference_copy(self, reference_precomputed: bool) -> bool:
         """:func:`keeps_reference_copy` for this model's trainer and adapters."""

@@ -224,6 +224,11 @@ class TrainerKind(Protocol):
         """What the ranking's model TFLOPs count, in one sentence where it needs saying (``None``: nothing to add)."""
         ...
 
+    def switches_dropout_off(self, base_args: Mapping[str, Any]) -> bool:
+        """Whether it sets every ``nn.Dropout`` module of the model to ``p = 0`` before training under these
+        ``--base-args`` (``ModelSpec.dropout_modules_off``: the throughput prior then counts no draws for them)."""
+        ...
+
     def build(self, inputs: TrialInputs) -> Any:
         """The trial's trainer object, its data and collator (in the trial child)."""
         ...
@@ -293,13 +298,15 @@ def arguments_forms(arguments_named: str) -> dict[str, str]:
     }
 
 
-def with_model(model: ModelSpec, kind: TrainerKind) -> ModelSpec:
-    """The model as ``kind`` trains it: with its fused language-model head where it has one, the rows a
-    sample puts in a micro-batch, its reference copy where it keeps one, and how its collator pads."""
+def with_model(model: ModelSpec, kind: TrainerKind, base_args: Mapping[str, Any] | None = None) -> ModelSpec:
+    """The model as ``kind`` trains it under ``base_args`` (the ``--base-args``; ``None``: none): with its fused
+    language-model head where it has one, the rows a sample puts in a micro-batch, its reference copy where it
+    keeps one, how its collator pads, and whether it switches the model's dropout modules off."""
     return dataclasses.replace(
         model,
         fused_lm_head=model.fused_lm_head or kind.fuses_lm_head,
         rows_per_sample=kind.rows_per_sample,
         holds_reference=kind.holds_reference,
         pads_to_longest=kind.pads_to_longest,
+        dropout_modules_off=kind.switches_dropout_off(base_args or {}),
     )

@@ -57,6 +57,9 @@ TOKENS_COUNTED = "non_padding"
 # Where a trial's trainer says how long its pass before training took (``precompute_ref_log_probs``) and
 # over how many samples: the runner reads it after the build.
 SETUP_PASS = "_autotune_setup_pass"
+# DPOConfig's default: DPOTrainer switches the model's dropout modules off unless the user's arguments say
+# ``disable_dropout: false`` (trl/trainer/dpo_config.py:185-188).
+DISABLE_DROPOUT_DEFAULT = True
 
 
 def is_preference(columns: Sequence[str]) -> bool:
@@ -241,6 +244,12 @@ class DpoTrainer:
             "backward of the policy; the reference's forward is not counted as model work, and a precomputed "
             "reference pass is counted in the time of the user's run"
         )
+
+    def switches_dropout_off(self, base_args: Mapping[str, Any]) -> bool:
+        """``DPOConfig.disable_dropout`` (default True): ``DPOTrainer`` sets every ``nn.Dropout`` of the policy and
+        the reference to ``p = 0`` (trl/trainer/dpo_trainer.py:931-935, trl/trainer/utils.py
+        ``disable_dropout_in_model``)."""
+        return bool(base_args.get("disable_dropout", DISABLE_DROPOUT_DEFAULT))
 
     def build(self, inputs: TrialInputs) -> Any:
         """The trial's ``DPOTrainer``: TRL's own preparation, reference model and collator, its rows cycled to

@@ -61,6 +61,9 @@ class HfTrainer:
     def work_counted(self, loss_on: str) -> str | None:
         return None
 
+    def switches_dropout_off(self, base_args: Mapping[str, Any]) -> bool:
+        return False  # the model trains with its config's dropout
+
     def build(self, inputs: TrialInputs) -> Any:
         """The ``Trainer`` on autotune's dataset and collator, with exactly the levers' arguments and the harness's."""
         return inputs.trainer_class(

@@ -165,6 +165,9 @@ class SftTrainer:
     def work_counted(self, loss_on: str) -> str | None:
         return work_counted(loss_on)
 
+    def switches_dropout_off(self, base_args: Mapping[str, Any]) -> bool:
+        return False  # SFTConfig 1.16 has no disable_dropout: the model trains with its config's dropout
+
     def build(self, inputs: TrialInputs) -> Any:
         """The trial's ``SFTTrainer``, its data prepared by TRL and cycled to what the steps take."""
         import datasets

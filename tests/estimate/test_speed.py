@@ -165,6 +165,30 @@ def test_dropout_draws_are_counted_where_the_config_drops_and_again_when_recompu
     assert step_work(llama, TrialConfig(micro_batch=4), 128, "cpu", "fp32").dropout_elements == 0
 
 
+def test_dpo_draws_no_dropout_where_it_switches_the_modules_off_unless_the_base_args_keep_them():
+    """DPOTrainer sets every ``nn.Dropout`` to ``p = 0`` (``DPOConfig.disable_dropout``, default True): gpt2-tiny's
+    attention, residual and embedding dropouts draw nothing under it, and draw again with ``disable_dropout:
+    false``; a Llama-style ``attention_dropout`` is a float its attention reads, not a module, and stays."""
+    from autotune.trainers import get, with_model
+
+    gpt2 = resolve_model("gpt2-tiny")
+    config = TrialConfig(micro_batch=2)
+
+    def drawn(model, base_args=None):
+        return step_work(with_model(model, get("dpo"), base_args), config, 64, "cpu", "fp32").dropout_elements
+
+    assert step_work(with_model(gpt2, get("sft")), config, 64, "cpu", "fp32").dropout_elements > 0
+    assert drawn(gpt2) == 0
+    assert drawn(gpt2, {"disable_dropout": True}) == 0
+    kept = drawn(gpt2, {"disable_dropout": False})
+    assert kept == pytest.approx(
+        step_work(with_model(gpt2, get("sft")), config, 64, "cpu", "fp32").dropout_elements * 2
+    )
+    llama = resolve_model("llama-tiny")
+    dropping = dataclasses.replace(llama, hf_config={**llama.hf_config, "attention_dropout": 0.1})
+    assert drawn(dropping) == drawn(dropping, {"disable_dropout": False}) > 0
+
+
 def test_lora_costs_four_n_for_the_frozen_base(llama):
     from autotune.spec.peft import with_peft
 

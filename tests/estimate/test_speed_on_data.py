@@ -177,3 +177,28 @@ def test_a_precomputed_reference_pass_is_predicted_and_counted_over_the_run_as_a
         seconds = 48 * epochs / precomputed.steady_samples_per_s + 48 * precomputed.setup_s_per_sample
         assert line is not None and f": {duration(seconds)} (predicted winner" in line
     assert rates[1.0] < rates[3.0]  # the pass weighs more on a shorter run
+
+
+def test_a_dpo_plan_reads_whether_dropout_is_switched_off_from_the_users_base_args(tmp_path):
+    """DPOTrainer switches gpt2-tiny's dropout modules off by default (``disable_dropout``), not with
+    ``disable_dropout: false`` in ``--base-args``: the plan's model says which, and the prior's dropout part
+    follows it."""
+    import json
+
+    data = tmp_path / "prefs.jsonl"
+    write_corpus(str(data), 16, seed=0, fmt="preference", length_scale=0.125)
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"disable_dropout": False}))
+
+    def planned(base_args: str | None):
+        options = EstimateOptions(
+            model="gpt2-tiny", dataset=str(data), seq_len=64, device="cpu", max_global_batch=8, base_args=base_args
+        )
+        workload = plan(options, 64 * GiB).workload
+        estimate = workload.speed_model().estimate(workload.model, TrialConfig(micro_batch=2), 64)
+        assert estimate is not None
+        return workload.model.dropout_modules_off, estimate.parts()["dropout"]
+
+    assert planned(None) == (True, 0.0)
+    off, dropout_s = planned(str(kept))
+    assert not off and dropout_s > 0
