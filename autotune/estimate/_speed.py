@@ -43,9 +43,10 @@ from autotune.spec.models import ModelSpec
 # and reads it back once: two passes. Checkpointing writes the forward's activations once more.
 ELEMENTWISE_PASSES = 4
 FUSED_ELEMENTWISE_PASSES = 2
-# The loss over ``V x tokens`` logits: transformers upcasts them to fp32, cross-entropy writes its fp32
+# The loss over ``V x tokens`` logits on CUDA: transformers upcasts them to fp32, cross-entropy writes its fp32
 # log-softmax and the backward an fp32 gradient of the same size (the memory model's three fp32 tensors,
-# ``_parts.logits_bytes``), each written once and read once: 6 passes of 4 bytes.
+# ``_parts.logits_bytes``), each written once and read once: 6 passes of 4 bytes. On a CPU the same loss is
+# not bound by memory but by its ``exp`` and ``log``: timed per logit instead (:attr:`StepWork.loss_logits`).
 LOSS_BYTES_PER_LOGIT = 6 * 4
 # TRL's fused head off CUDA (trl/kernels/chunked_logprob.py: ``_use_triton`` is CUDA/XPU only) folds each
 # ``tokens x 32k`` tile in torch ops, every op a pass of the fp32 tile through memory: counted from
@@ -193,6 +194,9 @@ class StepWork:
         launches: Kernel launches (CPU: op dispatches).
         dropout_elements: Elements dropout draws a random mask for (:func:`dropout_elements_per_token`; again
             in a recomputed forward): on a CPU, time of their own (``SpeedFit.dropout_s_per_element``).
+        loss_logits: Off CUDA, the logits the plain loss takes its log-softmax over and back
+            (:func:`plain_loss_logits`), timed per logit (``SpeedFit.loss_s_per_logit``); on CUDA they are
+            bytes in ``memory_bytes`` (:data:`LOSS_BYTES_PER_LOGIT`).
         micro_batches: Micro-batches per step.
         samples: Samples per step.
         real_tokens: The samples' own tokens per step.
@@ -218,6 +222,7 @@ class StepWork:
     matmul_inner: int = 0
     fp32_matmul_flops: float = 0.0
     dropout_elements: float = 0.0
+    loss_logits: float = 0.0
     setup_matmul_flops_per_sample: float = 0.0
     setup_memory_bytes_per_sample: float = 0.0
     run_passes: float = 1.0
@@ -254,13 +259,14 @@ def step_work(
     rows = 1 if traits.batching.flattened else traits.rows  # a flattened micro-batch is one row
     shape = MicroBatchShape(rows=rows, row_tokens=max(round(batch.computed_tokens / rows), 1))
     layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
+    loss_logits = plain_loss_logits(model, traits, batch.computed_tokens)
     passes = FUSED_ELEMENTWISE_PASSES if speed.fuses_elementwise else ELEMENTWISE_PASSES
     elementwise = layers * layer * (passes + (1 if traits.recompute else 0))
     trainable = model.trainable_params
     parameter_scale = traits.weight_bytes / 4
     memory_per_batch = (
         elementwise
-        + loss_bytes(model, traits, batch.computed_tokens)
+        + (LOSS_BYTES_PER_LOGIT * loss_logits if device_kind == "cuda" else 0.0)
         + fused_head_fallback_bytes(model, batch.computed_tokens, device_kind)
         + weight_read_bytes(model, traits)
         + (reference_bytes if each_step else 0.0)
@@ -286,6 +292,7 @@ def step_work(
     dropout = k * forwards * batch.computed_tokens * dropout_elements_per_token(model, batch.attended_context)
     return StepWork(
         dropout_elements=dropout,
+        loss_logits=0.0 if device_kind == "cuda" else k * loss_logits,
         matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0)) - fp32_flops,
         matmul_dtype=matmul_dtype,
         matmul_inner=model.hidden_size,
@@ -302,13 +309,13 @@ def step_work(
     )
 
 
-def loss_bytes(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
-    """The plain loss's traffic over the ``V x tokens`` logits (:data:`LOSS_BYTES_PER_LOGIT`); none for a
-    classification head, and none beyond the matmul where a fused loss (Liger's, TRL's chunked head) keeps
-    the logits in tiles it consumes at once."""
+def plain_loss_logits(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
+    """The ``V x tokens`` logits the plain loss goes over; none for a classification head, and none where a
+    fused loss (Liger's, TRL's chunked head) keeps the logits in tiles it consumes at once (its own count:
+    :func:`fused_head_fallback_bytes`)."""
     if model.task not in ("causal-lm", "masked-lm") or model.fused_lm_head or traits.logits is not None:
         return 0.0
-    return LOSS_BYTES_PER_LOGIT * tokens * model.vocab_size
+    return tokens * model.vocab_size
 
 
 def reference_forward(model: ModelSpec, batch: TypicalBatch, device_kind: str) -> tuple[float, float]:

@@ -9,7 +9,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from autotune.estimate._speed import StepWork
-from autotune.estimate._speed_time import DROPOUT_S_PER_ELEMENT, OP_OVERHEAD_S, STEP_OVERHEAD_S, SpeedFit, predict_speed
+from autotune.estimate._speed_time import (
+    DROPOUT_S_PER_ELEMENT,
+    LOSS_S_PER_LOGIT,
+    OP_OVERHEAD_S,
+    STEP_OVERHEAD_S,
+    SpeedFit,
+    predict_speed,
+)
 from autotune.spec.devices import TYPICAL_MATMUL_FRACTION, DeviceSpec
 
 # The share of the achievable matmul peak a whole training step's matmuls reach (shapes smaller than the
@@ -78,7 +85,7 @@ def speed_prior(
             predicted at its width's rate.
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
-    dropout = DROPOUT_S_PER_ELEMENT[device.kind]
+    dropout, loss = DROPOUT_S_PER_ELEMENT[device.kind], LOSS_S_PER_LOGIT[device.kind]
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
     if device.kind == "cpu":
         nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
@@ -101,6 +108,7 @@ def speed_prior(
             step,
             inner_rates_tflops=inner,
             dropout_s_per_element=dropout,
+            loss_s_per_logit=loss,
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
@@ -120,11 +128,12 @@ def speed_prior(
         op,
         step,
         dropout_s_per_element=dropout,
+        loss_s_per_logit=loss,
     )
 
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
-    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + launches + overhead`` on measured
+    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + launches + overhead`` on measured
     trials ((their step's work, their measured step time in seconds)) by least squares.
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
@@ -135,7 +144,7 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         predicted = predict_speed(work, dataclasses.replace(prior, achievable_fraction=1.0, step_overhead_s=0.0))
         if predicted is None or seconds <= 0:
             continue
-        fixed = predicted.memory_s + predicted.host_s + predicted.dropout_s + predicted.overhead_s
+        fixed = predicted.memory_s + predicted.host_s + predicted.dropout_s + predicted.loss_s + predicted.overhead_s
         rows.append((predicted.compute_s, seconds - fixed))
     if not rows:
         return prior
@@ -175,9 +184,8 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 # The uncalibrated prior's error, as measured by benchmarks/bench_speed_prior.py (docs/benchmarks.md, "The
 # throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
 PRIOR_EXPECTED_ERROR = (
-    "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by 0.5-5x "
-    "under the Trainer (by grid, median: 1.1x, 1.8x, 2.3x and 4.6x fast, 2.2x slow where bf16 is emulated; a decoder's "
-    "loss over its vocabulary runs compute-bound there, not at the memory bandwidth it is counted at), and 2.5-8x "
+    "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by 0.4-2x "
+    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), and 2.5-8x "
     "fast in real tokens/s under TRL's trainers (their chunked log-prob head's torch path off "
     "CUDA, counted at the nominal memory bandwidth: docs/benchmarks.md, 'DPO on the CPU', run 11), and it ranks configs "
     "within a few percent of each other no better than chance (docs/benchmarks.md, 'The throughput prior'); a "

@@ -31,6 +31,13 @@ STEP_OVERHEAD_S = {"cpu": 2e-3, "cuda": 1e-3}
 # grid ranked at 0.74 without it). On CUDA the mask is a fused elementwise pass (Philox): in the
 # elementwise passes, nothing of its own.
 DROPOUT_S_PER_ELEMENT = {"cpu": 12e-9, "cuda": 0.0}
+# The plain loss's cross-entropy, forward and backward, per logit, where its ``exp`` and ``log`` bound it: on the
+# CPU (``F.cross_entropy`` on fp32 logits and its backward, torch 2.13, AMD EPYC with AVX2, 2 threads: 7.4-9.0 ns a
+# logit at 512-2048 tokens of a 32k-50k vocabulary; 11-12 ns on 1 thread; 11.6-13.5 ns from bf16 logits, their
+# upcast included), 7-9x what its 24 bytes a logit take at this machine's memory bandwidth. On llama-tiny's
+# 32k vocabulary a profiled CPU step spent half its time there (docs/benchmarks.md, "The throughput prior").
+# On CUDA the loss is memory-bound: its bytes (``_speed.LOSS_BYTES_PER_LOGIT``), nothing of its own.
+LOSS_S_PER_LOGIT = {"cpu": 8e-9, "cuda": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +61,7 @@ class SpeedFit:
         inner_rates_tflops: Measured matmul rates by dtype at narrow inner sizes, ``((k, TFLOPS), ...)``
             ascending, the square peak last (``autotune devices --calibrate`` on a CPU); empty: the peak alone.
         dropout_s_per_element: Seconds per element dropout draws a mask for (:data:`DROPOUT_S_PER_ELEMENT`).
+        loss_s_per_logit: Seconds per logit of the plain loss where it is not memory-bound (:data:`LOSS_S_PER_LOGIT`).
     """
 
     device_kind: str
@@ -69,6 +77,7 @@ class SpeedFit:
     max_relative_error: float | None = None
     inner_rates_tflops: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=dict)
     dropout_s_per_element: float = 0.0
+    loss_s_per_logit: float = 0.0
 
     def matmul_rate_tflops(self, dtype: str, inner: int) -> float | None:
         """The matmul rate of ``dtype`` at inner size ``inner``: the peak, or where the device was calibrated
@@ -120,11 +129,12 @@ class SpeedEstimate:
     mfu_peak_tflops: float | None
     setup_s_per_sample: float = 0.0
     dropout_s: float = 0.0
+    loss_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """One steady optimizer step (what a trial's median step measures, and calibration fits)."""
-        return self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s
+        return self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s + self.loss_s
 
     @property
     def steady_samples_per_s(self) -> float:
@@ -162,6 +172,7 @@ class SpeedEstimate:
             "memory": self.memory_s,
             "host": self.host_s,
             "dropout": self.dropout_s,
+            "loss": self.loss_s,
             "overhead": self.overhead_s,
         }
 
@@ -188,6 +199,7 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
         setup_s_per_sample=setup_s,
         dropout_s=work.dropout_elements * fit.dropout_s_per_element,
+        loss_s=work.loss_logits * fit.loss_s_per_logit,
     )
 
 

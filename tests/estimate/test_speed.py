@@ -64,18 +64,40 @@ def test_compute_is_the_hardware_flops_over_the_peak_times_the_fraction(bert):
 
 def test_memory_counts_the_elementwise_passes_the_loss_and_the_optimizer(gpt2):
     """gpt2-tiny (an LM: the loss over 50,257 logits per token) at micro-batch 2 of 64 tokens, eager, fp32,
-    fused AdamW: every byte of the memory part, by hand."""
+    fused AdamW: every byte of the memory part, by hand; on CUDA the loss's bytes among them, on a CPU its
+    logits timed apart, per logit."""
     config = TrialConfig(micro_batch=2, optim="adamw_torch_fused")
-    work = step_work(gpt2, config, 64, "cpu", "fp32")
-    traits = memory_traits(config, "cpu")
-    layer = layer_activation_bytes(gpt2, traits, 64, "cpu")
+    traits = memory_traits(config, "cuda")
+    layer = layer_activation_bytes(gpt2, traits, 64, "cuda")
     elementwise = gpt2.num_layers * layer * ELEMENTWISE_PASSES
-    loss = LOSS_BYTES_PER_LOGIT * 2 * 64 * gpt2.vocab_size
+    logits = 2 * 64 * gpt2.vocab_size
     weights = gpt2.num_non_embedding_params * 4 * 3  # fp32 weights read in the forward and twice in the backward
     optimizer = gpt2.trainable_params * (28 + 3 * 4)  # one fused pass of 7 tensors, gradient clipping's 3
-    assert work.memory_bytes == pytest.approx(elementwise + loss + weights + optimizer)
-    estimate = predict_speed(work, ROUND)
-    assert estimate is not None and estimate.memory_s == pytest.approx(work.memory_bytes / 1e9)
+    on_cuda = step_work(gpt2, config, 64, "cuda", "fp32")
+    assert on_cuda.memory_bytes == pytest.approx(elementwise + LOSS_BYTES_PER_LOGIT * logits + weights + optimizer)
+    assert on_cuda.loss_logits == 0
+    estimate = predict_speed(on_cuda, ROUND)
+    assert estimate is not None and estimate.memory_s == pytest.approx(on_cuda.memory_bytes / 1e9)
+    on_cpu = step_work(gpt2, config, 64, "cpu", "fp32")
+    cpu_layer = layer_activation_bytes(gpt2, memory_traits(config, "cpu"), 64, "cpu")
+    assert on_cpu.memory_bytes == pytest.approx(gpt2.num_layers * cpu_layer * ELEMENTWISE_PASSES + weights + optimizer)
+    assert on_cpu.loss_logits == logits
+
+
+def test_the_plain_loss_is_timed_per_logit_on_a_cpu_and_by_its_bytes_on_cuda(gpt2, bert):
+    """On a CPU cross-entropy's exp and log bound it (7-9 ns a logit measured, 7-9x its bytes at the memory
+    bandwidth): the prior's CPU rate, none on CUDA; a fused loss and a classification head have no plain loss."""
+    work = step_work(gpt2, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
+    rate = dataclasses.replace(ROUND, loss_s_per_logit=1e-8)
+    estimate = predict_speed(work, rate)
+    assert estimate is not None and estimate.parts()["loss"] == pytest.approx(4 * 64 * gpt2.vocab_size * 1e-8)
+    assert estimate.step_s == pytest.approx(sum(estimate.parts().values()))
+    assert speed_prior(AVX2, {}, cpu_cores=2).loss_s_per_logit > 0
+    assert speed_prior(known_gpu("h100-sxm").device(), {}).loss_s_per_logit == 0
+    fused = dataclasses.replace(gpt2, fused_lm_head=True)
+    assert step_work(fused, TrialConfig(micro_batch=4), 64, "cpu", "fp32").loss_logits == 0
+    assert bert.task == "sequence-classification"  # its head: two logits a sample, no loss over a vocabulary
+    assert step_work(bert, TrialConfig(micro_batch=4), 64, "cpu", "fp32").loss_logits == 0
 
 
 def test_a_fused_loss_and_compile_take_memory_traffic_away(gpt2):
@@ -96,9 +118,8 @@ def test_trls_fused_head_off_cuda_counts_its_torch_passes_and_the_reference_s(ll
     plain = step_work(llama, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
     fused = step_work(trl, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
     logits = 4 * 64 * llama.vocab_size  # synthetic samples: every position is a real, labelled token
-    assert fused.memory_bytes - plain.memory_bytes == pytest.approx(
-        (FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT - LOSS_BYTES_PER_LOGIT) * logits
-    )
+    assert fused.memory_bytes - plain.memory_bytes == pytest.approx(FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT * logits)
+    assert (plain.loss_logits, fused.loss_logits) == (logits, 0)  # the plain loss, timed per logit on a CPU
     dpo = dataclasses.replace(trl, holds_reference=True)
     each_step = step_work(dpo, TrialConfig(micro_batch=4), 64, "cpu", "fp32")
     precomputed = step_work(dpo, TrialConfig(micro_batch=4, precompute_ref_log_probs=True), 64, "cpu", "fp32")

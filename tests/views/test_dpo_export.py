@@ -4,8 +4,10 @@ field carried or said (docs/facts.md, "DPO export keys")."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import shlex
+import shutil
 import tempfile
 
 import pytest
@@ -19,7 +21,9 @@ from tests.views.test_sft_export import LORA, SEQ_LEN, sft_study, unsaid_fields
 
 pytest.importorskip("trl")
 
+# The arguments classes need an output_dir; nothing is written there, and it goes when the tests do.
 OUTPUT_DIR = tempfile.mkdtemp(prefix="dpo-export-")
+atexit.register(shutil.rmtree, OUTPUT_DIR, True)
 CONFIGS = {
     "fp32": TrialConfig(micro_batch=4),
     "bf16-ckpt-precompute-sdpa": TrialConfig(

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import shlex
+import shutil
 import tempfile
 
 import pytest
@@ -19,7 +21,9 @@ from autotune.views.export import export_notes, exported_as, render, winner_argu
 pytest.importorskip("trl")
 
 SEQ_LEN = 64
+# The arguments classes need an output_dir; nothing is written there, and it goes when the tests do.
 OUTPUT_DIR = tempfile.mkdtemp(prefix="sft-export-")
+atexit.register(shutil.rmtree, OUTPUT_DIR, True)
 LORA = {"adapter_config": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}}
 CONFIGS = {
     "fp32": TrialConfig(micro_batch=4),
@@ -243,7 +247,7 @@ def test_the_python_snippet_of_an_sft_study_builds_sftconfig():
     assert "from trl import SFTConfig" in text and "training_args = SFTConfig(" in text
     namespace: dict = {}
     exec(
-        compile(text.replace("SFTConfig(", "SFTConfig(output_dir=__import__('tempfile').mkdtemp(),", 1), "s", "exec"),
+        compile(text.replace("SFTConfig(", f"SFTConfig(output_dir={OUTPUT_DIR!r},", 1), "s", "exec"),
         namespace,
     )
     assert namespace["training_args"].bf16 is False and namespace["training_args"].max_length == SEQ_LEN
