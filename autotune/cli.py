@@ -323,7 +323,7 @@ def devices(
 
         console.print(known_gpus_table())
         return
-    from autotune.runner import calibrate_bandwidth, calibrate_device
+    from autotune.runner import calibrate_bandwidth, calibrate_device, calibrate_op_rates
     from autotune.spec.devices import list_devices
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
     from autotune.views.plan_display import calibrated_peaks_text, devices_table
@@ -331,8 +331,8 @@ def devices(
     for spec in targets:
         console.print(f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}")
         peaks = calibrate_device(spec, matrix_size=matrix_size, seconds=seconds)
-        bandwidth = calibrate_bandwidth(spec, seconds=seconds)
-        console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth), bandwidth))
+        bandwidth, ops = calibrate_bandwidth(spec, seconds=seconds), calibrate_op_rates(spec, seconds=seconds)
+        console.print(calibrated_peaks_text(spec, peaks, save_calibration(spec, peaks, bandwidth, ops), bandwidth, ops))
     found = list_devices()
     table, notes = devices_table(found, {spec.name: load_measured_peaks(spec.name) for spec in found})
     console.print(table)

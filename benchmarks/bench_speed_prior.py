@@ -40,6 +40,7 @@ from autotune.spec.measured_peaks import (
     PEAKS_FILE_ENV,
     load_measured_bandwidth,
     load_measured_inner_rates,
+    load_measured_op_rates,
     load_measured_peaks,
 )
 from autotune.spec.models import resolve_model
@@ -251,6 +252,7 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
             load_measured_bandwidth(device.name),
             cpu_cores=2,
             measured_inner_tflops=load_measured_inner_rates(device.name),
+            measured_op_rates=load_measured_op_rates(device.name),
         )
     best = max(medians)
     result: dict[str, Any] = {"grid": directory.name, "passes": len(passes), "configs": len(configs)}

@@ -14,6 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # two threads per trial made the whole suite 38 % slower and one DeepSpeed CPU-Adam trial about 10x slower
 # (docs/benchmarks.md, "The test suite"). A developer's own OMP_NUM_THREADS wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The developer's own `autotune devices --calibrate` (peaks, bandwidth, a CPU's per-element rates in the user's
+# cache) would change what every plan predicts here: the suite reads a file nobody wrote unless a test (or the
+# developer, on purpose) names one. Never created by the suite itself.
+os.environ.setdefault("AUTOTUNE_PEAKS_FILE", os.path.join(os.devnull, "autotune-tests-peaks.json"))
 
 # A real PostgreSQL server (initdb in a temp dir, loopback only) for the multi-worker tests.
 from tests.support import slow_guard

@@ -71,6 +71,7 @@ def speed_prior(
     measured_bandwidth_gb_s: float | None = None,
     cpu_cores: int = 1,
     measured_inner_tflops: Mapping[str, Mapping[int, float]] | None = None,
+    measured_op_rates: Mapping[str, float] | None = None,
 ) -> SpeedFit:
     """The one throughput prior for a device: what every speed prediction starts from before a trial.
 
@@ -83,11 +84,16 @@ def speed_prior(
         measured_inner_tflops: Measured rates by dtype and inner size, the square peak among them
             (:func:`autotune.spec.measured_peaks.load_measured_inner_rates`): a narrow model's matmuls are
             predicted at its width's rate.
+        measured_op_rates: A CPU's per-element rates the same calibration timed (``dropout_s_per_element``,
+            ``loss_s_per_logit``: :func:`autotune.spec.measured_peaks.load_measured_op_rates`); they win over
+            :data:`DROPOUT_S_PER_ELEMENT` and :data:`LOSS_S_PER_LOGIT`, measured on one CPU.
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
     dropout, loss = DROPOUT_S_PER_ELEMENT[device.kind], LOSS_S_PER_LOGIT[device.kind]
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
     if device.kind == "cpu":
+        timed = measured_op_rates or {}
+        dropout, loss = timed.get("dropout_s_per_element", dropout), timed.get("loss_s_per_logit", loss)
         nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
         source = "measured" if measured else f"nominal for {cpu_cores} core(s), not calibrated"
         bandwidth = (measured_bandwidth_gb_s or 0) * 1e9 or CPU_FALLBACK_BANDWIDTH_BYTES_PER_S

@@ -82,7 +82,12 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     from autotune.space import DEFAULT_SPACES, default_space_path, load_space
     from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
     from autotune.spec.measure import MeasureSettings
-    from autotune.spec.measured_peaks import load_measured_bandwidth, load_measured_inner_rates, load_measured_peaks
+    from autotune.spec.measured_peaks import (
+        load_measured_bandwidth,
+        load_measured_inner_rates,
+        load_measured_op_rates,
+        load_measured_peaks,
+    )
     from autotune.spec.models import resolve_model
     from autotune.spec.sft import resolve_loss_on
     from autotune.trainers import with_model
@@ -133,6 +138,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         measured_peaks_tflops=load_measured_peaks(device.name),
         measured_bandwidth_gb_s=load_measured_bandwidth(device.name),
         measured_inner_tflops=load_measured_inner_rates(device.name),
+        measured_op_rates=load_measured_op_rates(device.name),
         allocator_env=allocator_env,
         compile_timeout_s=options.compile_timeout,
         host_ceiling_bytes=host_ceiling_bytes(options.host_memory_ceiling, available),

@@ -15,6 +15,7 @@ from autotune.runner._baseline import cpu_process_baseline_bytes
 from autotune.runner._calibrate import (
     calibrate_bandwidth,
     calibrate_device,
+    calibrate_op_rates,
     measure_matmul_peak,
     measure_memory_bandwidth,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Workload",
     "allocator_settings",
     "calibrate_bandwidth",
+    "calibrate_op_rates",
     "calibrate_device",
     "child_address_space_budget",
     "child_environment",

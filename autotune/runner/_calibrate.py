@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 from autotune.errors import AutotuneError
 from autotune.runner._limits import child_environment
@@ -34,6 +35,12 @@ RAMP_START_SIZE = 256
 # tens of MB), small enough to copy in milliseconds.
 BANDWIDTH_BYTES = {"cpu": 256 * 2**20, "cuda": 1024 * 2**20}
 _TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# The work a CPU's calibration times besides matmuls and copies, bound by neither (the throughput prior's
+# ``SpeedFit.dropout_s_per_element`` and ``loss_s_per_logit``): dropout's mask over a tensor well past the caches,
+# drawn serially from one generator; cross-entropy forward and backward over llama-tiny's logits at micro-batch 2
+# of 256 tokens (512 x 32,000: the shape whose loss a profiled CPU step spent half its time in).
+DROPOUT_ELEMENTS = 4 * 2**20
+LOSS_LOGITS_SHAPE = (512, 32_000)
 
 
 def measure_matmul_peak(
@@ -141,6 +148,48 @@ def measure_memory_bandwidth(
         synchronize()
         rates.append(2 * source.numel() * 4 / (time.perf_counter() - t0) / 1e9)
     return max(rates)
+
+
+def measure_cpu_op_rates(seconds: float = 0.5, min_iterations: int = 3) -> dict[str, float]:
+    """Time, in this process, the CPU work the throughput prior counts per element rather than by its FLOPs or
+    bytes: ``dropout_s_per_element`` (``F.dropout`` at p 0.1 in training, over :data:`DROPOUT_ELEMENTS`) and
+    ``loss_s_per_logit`` (``F.cross_entropy`` and its backward over fp32 logits of :data:`LOSS_LOGITS_SHAPE`):
+    the best of the timed runs of each, after one untimed, in seconds per element."""
+    import torch
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+    activations = torch.randn(DROPOUT_ELEMENTS, generator=generator)
+    tokens, vocab = LOSS_LOGITS_SHAPE
+    logits = torch.randn(tokens, vocab, generator=generator, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+
+    def dropout() -> None:
+        F.dropout(activations, 0.1, training=True)
+
+    def loss() -> None:
+        F.cross_entropy(logits, labels).backward()
+        logits.grad = None
+
+    def best_seconds(run: Callable[[], None]) -> float:
+        run()  # untimed: allocations, first-touch page faults
+        times: list[float] = []
+        started = time.perf_counter()
+        while len(times) < min_iterations or time.perf_counter() - started < seconds / 2:
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return {
+        "dropout_s_per_element": best_seconds(dropout) / DROPOUT_ELEMENTS,
+        "loss_s_per_logit": best_seconds(loss) / (tokens * vocab),
+    }
+
+
+def calibrate_op_rates(device: DeviceSpec, seconds: float = 0.5) -> dict[str, float]:
+    """:func:`measure_cpu_op_rates` on a CPU, in this process; nothing on a GPU (a fused pass there, not timed)."""
+    return measure_cpu_op_rates(seconds) if device.kind == "cpu" else {}
 
 
 def calibrate_bandwidth(device: DeviceSpec, seconds: float = 0.5) -> float:

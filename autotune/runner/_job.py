@@ -54,6 +54,8 @@ class Workload:
         measured_peaks_tflops: Achievable peaks from ``autotune devices --calibrate``, by dtype.
         measured_bandwidth_gb_s: The memory bandwidth the same calibration measured (``None``: never).
         measured_inner_tflops: The same calibration's rates by dtype and inner size (a CPU's narrow matmuls).
+        measured_op_rates: The same calibration's per-element rates of a CPU (dropout's draws, the loss per logit:
+            ``autotune.spec.measured_peaks.OP_RATE_NAMES``); empty: never timed.
         allocator_env: The caching allocator's settings (``PYTORCH_ALLOC_CONF``,
             ``PYTORCH_CUDA_ALLOC_CONF``) of the process that made the workload; every child trains
             under exactly these, whatever the forkserver inherited when it started.
@@ -87,6 +89,7 @@ class Workload:
     measured_peaks_tflops: dict[str, float] = dataclasses.field(default_factory=dict)
     measured_bandwidth_gb_s: float | None = None
     measured_inner_tflops: dict[str, dict[int, float]] = dataclasses.field(default_factory=dict)
+    measured_op_rates: dict[str, float] = dataclasses.field(default_factory=dict)
     allocator_env: dict[str, str] = dataclasses.field(default_factory=allocator_settings)
     compile_timeout_s: float | None = None
     devices_per_trial: int = 1
@@ -124,12 +127,17 @@ class Workload:
 
     def speed_model(self) -> SpeedModel:
         """The throughput prior of this workload (:mod:`autotune.estimate._speed`): the device's rates before
-        any trial (its measured peaks and bandwidth where calibrated; on a CPU the cores one trial's ranks
+        any trial (its measured peaks, bandwidth and a CPU's per-element rates where calibrated; on a CPU the cores one trial's ranks
         share), the matmul dtype of :meth:`peak_dtype`, and the user's rows' token lengths where the plan
         tokenized them (``dataset.token_lengths``: padding and packing then predicted on the real data)."""
         cores = max(1, (os.cpu_count() or 1) // self.devices_per_trial)
         fit = speed_prior(
-            self.device, self.measured_peaks_tflops, self.measured_bandwidth_gb_s, cores, self.measured_inner_tflops
+            self.device,
+            self.measured_peaks_tflops,
+            self.measured_bandwidth_gb_s,
+            cores,
+            self.measured_inner_tflops,
+            self.measured_op_rates,
         )
         lengths = self.dataset.token_lengths if self.dataset is not None else ()
         samples = self.dataset.num_samples if self.dataset is not None else None

@@ -105,10 +105,29 @@ def load_measured_inner_rates(device_name: str) -> dict[str, dict[int, float]]:
     return rates
 
 
-def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak], bandwidth_gb_s: float | None = None) -> Path:
-    """Store ``peaks`` (and the memory bandwidth, GB/s) under ``device.name``, keeping other devices'
-    records; returns the file. Square matmuls are the peaks; narrow ones (``inner_size``) their rates by
-    inner size."""
+# The rates of work a CPU's calibration times per element (``autotune.runner.measure_cpu_op_rates``), by the
+# name of the throughput prior's field each sets (``SpeedFit``): seconds per element.
+OP_RATE_NAMES = ("dropout_s_per_element", "loss_s_per_logit")
+
+
+def load_measured_op_rates(device_name: str) -> dict[str, float]:
+    """The per-element rates ``autotune devices --calibrate`` timed on a CPU (:data:`OP_RATE_NAMES`, seconds per
+    element); empty where never timed (a GPU, an older calibration)."""
+    found = (load_calibration(device_name) or {}).get("op_rates") or {}
+    if not isinstance(found, dict):
+        return {}
+    return {n: float(v) for n, v in found.items() if n in OP_RATE_NAMES and isinstance(v, (int, float)) and v > 0}
+
+
+def save_calibration(
+    device: DeviceSpec,
+    peaks: list[MeasuredMatmulPeak],
+    bandwidth_gb_s: float | None = None,
+    op_rates: dict[str, float] | None = None,
+) -> Path:
+    """Store ``peaks`` (and the memory bandwidth, GB/s, and a CPU's per-element rates, :data:`OP_RATE_NAMES`) under
+    ``device.name``, keeping other devices' records; returns the file. Square matmuls are the peaks; narrow ones
+    (``inner_size``) their rates by inner size."""
     import torch
 
     path = peaks_file()
@@ -136,6 +155,10 @@ def save_calibration(device: DeviceSpec, peaks: list[MeasuredMatmulPeak], bandwi
         record["bandwidth_gb_s"] = bandwidth_gb_s
     elif "bandwidth_gb_s" in previous:
         record["bandwidth_gb_s"] = previous["bandwidth_gb_s"]
+    if op_rates:
+        record["op_rates"] = dict(op_rates)
+    elif "op_rates" in previous:
+        record["op_rates"] = previous["op_rates"]
     if device.kind == "cpu":
         record["threads"] = torch.get_num_threads()  # a CPU's rate depends on how many cores torch uses
     store[device.name] = record

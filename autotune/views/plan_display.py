@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -391,10 +391,15 @@ def known_gpus_table() -> Table:
 
 
 def calibrated_peaks_text(
-    spec: DeviceSpec, peaks: Sequence[Any], path: object, bandwidth_gb_s: float | None = None
+    spec: DeviceSpec,
+    peaks: Sequence[Any],
+    path: object,
+    bandwidth_gb_s: float | None = None,
+    op_rates: Mapping[str, float] | None = None,
 ) -> str:
     """``autotune devices --calibrate``'s lines for one device: each measured peak (a
-    ``calibrate.MeasuredMatmulPeak``), the measured memory bandwidth, then where they were stored."""
+    ``calibrate.MeasuredMatmulPeak``), the measured memory bandwidth, a CPU's per-element rates, then where they
+    were stored."""
     lines = [
         f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
         f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
@@ -408,6 +413,15 @@ def calibrated_peaks_text(
         lines.append(
             f"  measured memory bandwidth {spec.label}: {bandwidth_gb_s:.1f} GB/s (best large copy, read + write)"
         )
+    words = {
+        "dropout_s_per_element": "dropout's mask (p 0.1, training)",
+        "loss_s_per_logit": "cross-entropy forward and backward per fp32 logit",
+    }
+    lines += [
+        f"  measured {spec.label} {words[name]}: {value * 1e9:.2f} ns an element (best run; the throughput prior's rate)"
+        for name, value in (op_rates or {}).items()
+        if name in words
+    ]
     return "\n".join([*lines, f"  stored in {path}"])
 
 

@@ -93,6 +93,10 @@ def test_cli_calibrates_the_cpu_then_a_search_reports_mfu_against_it(tmp_path, p
     (record,) = stored.values()
     assert record["peaks_tflops"]["fp32"] > 0 and record["peaks_tflops"]["bf16"] > 0
     assert record["bandwidth_gb_s"] > 0 and "measured memory bandwidth cpu:" in calibrated.stdout
+    # The CPU's per-element rates the throughput prior reads: each timed, between 0.1 and 1000 ns an element.
+    assert set(record["op_rates"]) == {"dropout_s_per_element", "loss_s_per_logit"}
+    assert all(1e-10 < rate < 1e-6 for rate in record["op_rates"].values()), record["op_rates"]
+    assert "dropout's mask" in calibrated.stdout and "cross-entropy forward and backward" in calibrated.stdout
     assert "*" in calibrated.stdout.split("Devices")[-1]  # the table shows the measured peaks
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -132,3 +136,23 @@ def test_the_memory_bandwidth_is_stored_beside_the_peaks_and_kept_by_a_later_cal
     assert load_measured_bandwidth(cpu.name) == 12.5
     save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 256, 5)])
     assert load_measured_bandwidth(cpu.name) == 12.5
+
+
+def test_a_cpus_timed_rates_are_stored_kept_and_win_over_the_priors_constants(cpu, peaks_path):
+    """The per-element rates a CPU's calibration timed replace the prior's constants (measured on one EPYC);
+    a later calibration that times none keeps them; a GPU's prior never reads them."""
+    from autotune.estimate import speed_prior
+    from autotune.spec.devices import known_gpu
+    from autotune.spec.measured_peaks import load_measured_op_rates
+
+    assert load_measured_op_rates(cpu.name) == {}
+    timed = {"dropout_s_per_element": 3e-9, "loss_s_per_logit": 2e-8}
+    save_calibration(cpu, [MeasuredMatmulPeak("fp32", 0.5, 0.4, 256, 5)], 12.5, timed)
+    save_calibration(cpu, [MeasuredMatmulPeak("bf16", 1.5, 1.2, 256, 5)])
+    assert load_measured_op_rates(cpu.name) == timed
+    fit = speed_prior(cpu, {}, measured_op_rates=load_measured_op_rates(cpu.name))
+    assert (fit.dropout_s_per_element, fit.loss_s_per_logit) == (3e-9, 2e-8)
+    untimed = speed_prior(cpu, {})
+    assert untimed.dropout_s_per_element > 0 and untimed.loss_s_per_logit > 0 and untimed.loss_s_per_logit != 2e-8
+    gpu = speed_prior(known_gpu("h100-sxm").device(), {}, measured_op_rates=timed)
+    assert (gpu.dropout_s_per_element, gpu.loss_s_per_logit) == (0.0, 0.0)
