@@ -75,7 +75,9 @@ CLIP_PASSES = 3
 # Kernels (CPU: ops) per transformer layer per micro-batch in eager mode: about 35 in a block's forward
 # (transformers' modeling_llama.py: two RMSNorms of 6 ops, 4 projections, rotary ~10, attention, reshapes,
 # 2 residual adds, 5 in the MLP), about twice that in its backward. Inductor fuses the elementwise ones:
-# about a third are left (the matmuls, attention and the fused kernels between them).
+# about a third are left (the matmuls, attention and the fused kernels between them). Checkpointing runs the
+# block's forward again inside the backward: its ops are dispatched again.
+FORWARD_OPS_PER_LAYER = 35
 OPS_PER_LAYER = 100
 FUSED_OPS_SHARE = 1 / 3
 # Parameter tensors per layer, for a per-tensor optimizer (a block's projections, norms and biases).
@@ -279,8 +281,9 @@ def step_work(
     if traits.zero_offload:  # gradients down, updated 16-bit weights up, the step on the host
         host += trainable * (4 + 2) + optimizer
         optimizer = 0.0
+    ops_per_layer = OPS_PER_LAYER + (FORWARD_OPS_PER_LAYER if traits.recompute else 0)
     launches_per_batch = (
-        0.0 if speed.graphs else OPS_PER_LAYER * layers * (FUSED_OPS_SHARE if speed.fuses_elementwise else 1.0)
+        0.0 if speed.graphs else ops_per_layer * layers * (FUSED_OPS_SHARE if speed.fuses_elementwise else 1.0)
     )
     tensors = TENSORS_PER_LAYER * layers + 5
     fp32_flops = k * fused_head_fp32_backward_flops(model, batch.computed_tokens, device_kind, matmul_dtype)

@@ -210,6 +210,22 @@ def test_dpo_draws_no_dropout_where_it_switches_the_modules_off_unless_the_base_
     assert drawn(dropping) == drawn(dropping, {"disable_dropout": False}) > 0
 
 
+def test_a_recomputed_forward_dispatches_the_forwards_ops_again(llama):
+    """Checkpointing reruns each block's forward in the backward: its ~35 ops a layer are launched again (a
+    third of them compiled); under CUDA graphs nothing is launched either way."""
+    from autotune.estimate._speed import FORWARD_OPS_PER_LAYER
+
+    for config, share in ((TrialConfig(micro_batch=2), 1.0), (TrialConfig(micro_batch=2, compile="inductor"), 1 / 3)):
+        plain = step_work(llama, config, 64, "cpu", "fp32")
+        recomputed = step_work(llama, dataclasses.replace(config, checkpointing=True), 64, "cpu", "fp32")
+        extra = FORWARD_OPS_PER_LAYER * llama.num_layers * share
+        assert recomputed.launches - plain.launches == pytest.approx(extra)
+    graphs = TrialConfig(micro_batch=2, compile="inductor:reduce-overhead")
+    assert step_work(llama, dataclasses.replace(graphs, checkpointing=True), 64, "cuda", "bf16").launches == (
+        step_work(llama, graphs, 64, "cuda", "bf16").launches
+    )
+
+
 def test_lora_costs_four_n_for_the_frozen_base(llama):
     from autotune.spec.peft import with_peft
 
