@@ -224,6 +224,8 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """
     if task is not None and task not in TASKS:
         raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
+    if _found_nowhere_offline(name):  # said before transformers and torch are imported: 5-8 s of a typo's answer
+        raise _unknown_model(name)
     from transformers.utils import logging as hf_logging
 
     # A config autotune refuses below would first draw transformers' own warnings about it (a
@@ -279,10 +281,29 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
             return AutoConfig.from_pretrained(name, **NO_MODEL_CODE), "hub", None
         except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
             _refuse_its_own_code(name, name)
-    raise AutotuneError(
+    raise _unknown_model(name)
+
+
+def _unknown_model(name: str) -> AutotuneError:
+    return AutotuneError(
         f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
         f"cache, or a catalog name ({', '.join(catalog_names())})"
     )
+
+
+def _found_nowhere_offline(name: str) -> bool:
+    """Whether ``name`` is no path, no catalog entry and no model in the Hugging Face cache, with the hub off
+    (``HF_HUB_OFFLINE=1``): where :func:`_load_config` would look, asked without transformers (the cache as
+    ``huggingface_hub.try_to_load_from_cache`` reads it, the one transformers' ``local_files_only`` load reads)."""
+    if os.environ.get("HF_HUB_OFFLINE") != "1" or Path(name).expanduser().exists() or name.lower() in _catalog_index():
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a repository id (huggingface_hub's HFValidationError): nothing cached under it
+        return True
+    return not isinstance(cached, str)
 
 
 def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:

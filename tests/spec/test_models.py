@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -183,6 +186,27 @@ def test_unknown_name_says_how_to_fix_it():
         resolve_model("no-such-model-anywhere")
     message = str(info.value)
     assert "local directory" in message and "cache" in message and "bert-tiny" in message
+
+
+@pytest.mark.slow
+def test_a_name_found_nowhere_offline_is_answered_before_transformers_or_torch_is_imported(tmp_path):
+    """A typo's one line needs neither (their imports are 5-8 s of CPU): the same answer, from a fresh interpreter
+    whose modules are read after it; a model the Hugging Face cache holds still resolves (the test above)."""
+    names = ["no-such-model-anywhere", "acme/not-cached", "./no such directory"]
+    script = (
+        "import sys\n"
+        "from autotune.errors import AutotuneError\n"
+        "from autotune.spec.models import resolve_model\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        resolve_model(name)\n"
+        "    except AutotuneError as error:\n"
+        "        print(str(error).split(':')[0])\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    completed = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True, env=env)
+    assert completed.stdout.splitlines() == [*(f"unknown model {n!r}" for n in names), "[]"], completed.stderr[-2000:]
 
 
 def test_task_override_and_bad_task():
