@@ -49,17 +49,16 @@ FUSED_ELEMENTWISE_PASSES = 2
 # not bound by memory but by its ``exp`` and ``log``: timed per logit instead (:attr:`StepWork.loss_logits`).
 LOSS_BYTES_PER_LOGIT = 6 * 4
 # TRL's fused head off CUDA (trl/kernels/chunked_logprob.py: ``_use_triton`` is CUDA/XPU only) folds each
-# ``tokens x 32k`` tile in torch ops, every op a pass of the fp32 tile through memory: counted from
-# ``_forward_tile`` with DPOTrainer's outputs (log-probabilities, entropy, mean logits, top-1: the
-# matmul's write, the upcast, two scalings, the sum, the top-1 mask, max, shift, exp, sum, ``e * z``:
-# about 20 passes) and ``_backward_tile`` (the recomputed tile, upcast, scalings, ``log_p``, ``exp``,
-# the target mask and ``grad``'s five ops: about 27), 4 bytes each; the reference's head (log-probabilities
-# only) about 12 passes. Off CUDA every position of the padded batch is projected, padding and prompt
+# ``tokens x 32k`` tile in torch ops: ``_forward_tile`` with DPOTrainer's outputs (log-probabilities, entropy, mean
+# logits, top-1: the matmul's write, the upcast, two scalings, the sum, the top-1 mask, max, shift, exp, sum, ``e * z``:
+# about 20 passes) and ``_backward_tile`` (the recomputed tile, upcast, scalings, ``log_p``, ``exp``, the target mask
+# and ``grad``'s five ops: about 27). Off CUDA every position of the padded batch is projected, padding and prompt
 # included ("On Triton devices, only the valid positions are scored. Elsewhere ... every position is scored
-# instead": ``compact = _use_triton(...)``, trl/trainer/utils.py:1640-1642, TRL 1.16), so these passes
-# follow the batch's computed tokens, and a smaller micro-batch that pads less does fewer. On CUDA the
+# instead": ``compact = _use_triton(...)``, trl/trainer/utils.py:1640-1642, TRL 1.16), so it follows the batch's
+# computed tokens, and a smaller micro-batch that pads less does less. Its training pass is timed per logit
+# (``_speed_time.HEAD_S_PER_LOGIT``: on a CPU its ``exp`` and ``log`` bound it, not its 47 passes' bytes); the
+# reference's forward-only head (log-probabilities only, about 12 passes) is still counted in bytes. On CUDA the
 # Triton kernels fold the tile as the matmul writes it: nothing beyond the matmul, as Liger's.
-FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT = (20 + 27) * 4
 FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT = 12 * 4
 # Its backward's two matmuls per tile (the hidden states' gradient and, where the head trains, the head's
 # own) run in fp32 off CUDA whatever the autocast dtype: ``_addmm_fp32`` keeps 16-bit inputs only on CUDA
@@ -199,6 +198,8 @@ class StepWork:
         loss_logits: Off CUDA, the logits the plain loss takes its log-softmax over and back
             (:func:`plain_loss_logits`), timed per logit (``SpeedFit.loss_s_per_logit``); on CUDA they are
             bytes in ``memory_bytes`` (:data:`LOSS_BYTES_PER_LOGIT`).
+        head_logits: Off CUDA, the logits TRL's chunked head folds in torch ops in training
+            (:func:`fused_head_fallback_logits`), timed per logit (``SpeedFit.head_s_per_logit``).
         micro_batches: Micro-batches per step.
         samples: Samples per step.
         real_tokens: The samples' own tokens per step.
@@ -225,6 +226,7 @@ class StepWork:
     fp32_matmul_flops: float = 0.0
     dropout_elements: float = 0.0
     loss_logits: float = 0.0
+    head_logits: float = 0.0
     setup_matmul_flops_per_sample: float = 0.0
     setup_memory_bytes_per_sample: float = 0.0
     run_passes: float = 1.0
@@ -262,6 +264,7 @@ def step_work(
     shape = MicroBatchShape(rows=rows, row_tokens=max(round(batch.computed_tokens / rows), 1))
     layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
     loss_logits = plain_loss_logits(model, traits, batch.computed_tokens)
+    head_logits = fused_head_fallback_logits(model, batch.computed_tokens, device_kind)
     passes = FUSED_ELEMENTWISE_PASSES if speed.fuses_elementwise else ELEMENTWISE_PASSES
     elementwise = layers * layer * (passes + (1 if traits.recompute else 0))
     trainable = model.trainable_params
@@ -269,7 +272,6 @@ def step_work(
     memory_per_batch = (
         elementwise
         + (LOSS_BYTES_PER_LOGIT * loss_logits if device_kind == "cuda" else 0.0)
-        + fused_head_fallback_bytes(model, batch.computed_tokens, device_kind)
         + weight_read_bytes(model, traits)
         + (reference_bytes if each_step else 0.0)
     )
@@ -296,6 +298,7 @@ def step_work(
     return StepWork(
         dropout_elements=dropout,
         loss_logits=0.0 if device_kind == "cuda" else k * loss_logits,
+        head_logits=k * head_logits,
         matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0)) - fp32_flops,
         matmul_dtype=matmul_dtype,
         matmul_inner=model.hidden_size,
@@ -315,7 +318,7 @@ def step_work(
 def plain_loss_logits(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:
     """The ``V x tokens`` logits the plain loss goes over; none for a classification head, and none where a
     fused loss (Liger's, TRL's chunked head) keeps the logits in tiles it consumes at once (its own count:
-    :func:`fused_head_fallback_bytes`)."""
+    :func:`fused_head_fallback_logits`)."""
     if model.task not in ("causal-lm", "masked-lm") or model.fused_lm_head or traits.logits is not None:
         return 0.0
     return tokens * model.vocab_size
@@ -338,17 +341,14 @@ def reference_forward(model: ModelSpec, batch: TypicalBatch, device_kind: str) -
     return flops, head
 
 
-def fused_head_fallback_bytes(model: ModelSpec, tokens: float, device_kind: str) -> float:
-    """TRL's fused head off CUDA: its torch ops' passes over the ``V x tokens`` fp32 tiles
-    (:data:`FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT`; the reference's in :func:`reference_forward`); none on
-    CUDA, nor without TRL's head. Before it was counted the prior put CPU DPO trials of llama-tiny
-    112-529x too fast (median 240x), the head's torch path being 55 % of a step (cProfile); with it 12-63x
-    (median 28x: docs/benchmarks.md, "DPO on the CPU", run 7); over every padded position (``tokens``: the
-    batch's computed tokens), TRL's batches padded to their longest, 4.1-6.4x in real tokens/s (median 5.7x,
-    run 11's 12 trials), the rest the small matmuls' and ops' own rates."""
+def fused_head_fallback_logits(model: ModelSpec, tokens: float, device_kind: str) -> float:
+    """The ``V x tokens`` logits TRL's fused head folds in torch ops off CUDA, over every padded position
+    (``tokens``: the batch's computed tokens; TRL's batches padded to their longest); none on CUDA, nor without
+    TRL's head. Counted at the memory bandwidth as 188 bytes a logit until 2026-11-30, it put the CPU's SFT trials
+    4.7x fast in real tokens/s (median of 8; docs/benchmarks.md, "The throughput prior")."""
     if not model.fused_lm_head or device_kind == "cuda":
         return 0.0
-    return FUSED_HEAD_FALLBACK_BYTES_PER_LOGIT * tokens * model.vocab_size
+    return tokens * model.vocab_size
 
 
 def fused_head_fp32_backward_flops(model: ModelSpec, tokens: float, device_kind: str, matmul_dtype: str) -> float:

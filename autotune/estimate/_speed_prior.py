@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from autotune.estimate._speed import StepWork
 from autotune.estimate._speed_time import (
     DROPOUT_S_PER_ELEMENT,
+    HEAD_S_PER_LOGIT,
     LOSS_S_PER_LOGIT,
     OP_OVERHEAD_S,
     STEP_OVERHEAD_S,
@@ -89,7 +90,11 @@ def speed_prior(
             :data:`DROPOUT_S_PER_ELEMENT` and :data:`LOSS_S_PER_LOGIT`, measured on one CPU.
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
-    dropout, loss = DROPOUT_S_PER_ELEMENT[device.kind], LOSS_S_PER_LOGIT[device.kind]
+    dropout, loss, head = (
+        DROPOUT_S_PER_ELEMENT[device.kind],
+        LOSS_S_PER_LOGIT[device.kind],
+        HEAD_S_PER_LOGIT[device.kind],
+    )
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
     if device.kind == "cpu":
         timed = measured_op_rates or {}
@@ -115,6 +120,7 @@ def speed_prior(
             inner_rates_tflops=inner,
             dropout_s_per_element=dropout,
             loss_s_per_logit=loss,
+            head_s_per_logit=head,
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
@@ -135,11 +141,12 @@ def speed_prior(
         step,
         dropout_s_per_element=dropout,
         loss_s_per_logit=loss,
+        head_s_per_logit=head,
     )
 
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
-    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + launches + overhead`` on measured
+    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + launches + overhead`` on measured
     trials ((their step's work, their measured step time in seconds)) by least squares.
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
@@ -150,7 +157,14 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         predicted = predict_speed(work, dataclasses.replace(prior, achievable_fraction=1.0, step_overhead_s=0.0))
         if predicted is None or seconds <= 0:
             continue
-        fixed = predicted.memory_s + predicted.host_s + predicted.dropout_s + predicted.loss_s + predicted.overhead_s
+        fixed = (
+            predicted.memory_s
+            + predicted.host_s
+            + predicted.dropout_s
+            + predicted.loss_s
+            + predicted.head_s
+            + predicted.overhead_s
+        )
         rows.append((predicted.compute_s, seconds - fixed))
     if not rows:
         return prior
@@ -191,9 +205,9 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 # throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
 PRIOR_EXPECTED_ERROR = (
     "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by 0.4-2x "
-    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), and 2.5-8x "
-    "fast in real tokens/s under TRL's trainers (their chunked log-prob head's torch path off "
-    "CUDA, counted at the nominal memory bandwidth: docs/benchmarks.md, 'DPO on the CPU', run 11), and it ranks configs "
+    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
+    "1.4-1.9x fast in real tokens/s under SFTTrainer (0.8x where bf16 is emulated; not re-measured under DPOTrainer, "
+    "3.9-6.0x before its head was timed per logit), and it ranks configs "
     "within a few percent of each other no better than chance (docs/benchmarks.md, 'The throughput prior'); a "
     "study's trials calibrate it (--storage)"
 )

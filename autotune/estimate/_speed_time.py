@@ -38,6 +38,12 @@ DROPOUT_S_PER_ELEMENT = {"cpu": 12e-9, "cuda": 0.0}
 # 32k vocabulary a profiled CPU step spent half its time there (docs/benchmarks.md, "The throughput prior").
 # On CUDA the loss is memory-bound: its bytes (``_speed.LOSS_BYTES_PER_LOGIT``), nothing of its own.
 LOSS_S_PER_LOGIT = {"cpu": 8e-9, "cuda": 0.0}
+# TRL's chunked log-prob head off CUDA, its training pass (forward and backward over each tile in torch ops), per
+# logit, its matmuls apart (counted as FLOPs): ``ChunkedLogProbFunction`` over 512 tokens of a 64-wide model and a
+# 32,000 vocabulary, torch 2.13, AMD EPYC with AVX2, 2 threads: 46-53 ns a logit in all, of which its four matmuls
+# 11-12: 34 ns with the log-probabilities alone, 42 with DPO's outputs (entropy, mean logits, top-1). On CUDA its
+# Triton kernels fold the tiles as the matmul writes them: nothing of its own.
+HEAD_S_PER_LOGIT = {"cpu": 40e-9, "cuda": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +68,7 @@ class SpeedFit:
             ascending, the square peak last (``autotune devices --calibrate`` on a CPU); empty: the peak alone.
         dropout_s_per_element: Seconds per element dropout draws a mask for (:data:`DROPOUT_S_PER_ELEMENT`).
         loss_s_per_logit: Seconds per logit of the plain loss where it is not memory-bound (:data:`LOSS_S_PER_LOGIT`).
+        head_s_per_logit: Seconds per logit of TRL's chunked head's torch path (:data:`HEAD_S_PER_LOGIT`).
     """
 
     device_kind: str
@@ -78,6 +85,7 @@ class SpeedFit:
     inner_rates_tflops: dict[str, tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=dict)
     dropout_s_per_element: float = 0.0
     loss_s_per_logit: float = 0.0
+    head_s_per_logit: float = 0.0
 
     def matmul_rate_tflops(self, dtype: str, inner: int) -> float | None:
         """The matmul rate of ``dtype`` at inner size ``inner``: the peak, or where the device was calibrated
@@ -130,11 +138,14 @@ class SpeedEstimate:
     setup_s_per_sample: float = 0.0
     dropout_s: float = 0.0
     loss_s: float = 0.0
+    head_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """One steady optimizer step (what a trial's median step measures, and calibration fits)."""
-        return self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s + self.loss_s
+        return (
+            self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s + self.loss_s + self.head_s
+        )
 
     @property
     def steady_samples_per_s(self) -> float:
@@ -173,6 +184,7 @@ class SpeedEstimate:
             "host": self.host_s,
             "dropout": self.dropout_s,
             "loss": self.loss_s,
+            "head": self.head_s,
             "overhead": self.overhead_s,
         }
 
@@ -200,6 +212,7 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         setup_s_per_sample=setup_s,
         dropout_s=work.dropout_elements * fit.dropout_s_per_element,
         loss_s=work.loss_logits * fit.loss_s_per_logit,
+        head_s=work.head_logits * fit.head_s_per_logit,
     )
 
 
