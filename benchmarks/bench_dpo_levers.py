@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from autotune.spec.models import build_model, catalog_entry
+from autotune.spec.model_catalog import catalog_entry
+from autotune.spec.models import build_model
 from autotune.trainers._preference_corpus import preference_rows
 from autotune.trainers.dpo import TOKENS_COUNTED
 from benchmarks._common import load_average

@@ -68,9 +68,9 @@ def decoder_configs(init_range: float = INIT_RANGE) -> dict[str, Any]:
     """llama-tiny from the catalog, and a Qwen2 config scaled down the same way."""
     from transformers import AutoConfig
 
-    from autotune.spec.models import _catalog_config
+    from autotune.spec.model_catalog import catalog_config
 
-    llama = _catalog_config("llama-tiny")
+    llama = catalog_config("llama-tiny")
     qwen_values = {k: v for k, v in _qwen_entry().items() if not k.startswith("_autotune")}
     qwen_values.update(
         hidden_size=64,
@@ -91,7 +91,7 @@ def decoder_configs(init_range: float = INIT_RANGE) -> dict[str, Any]:
 
 
 def _qwen_entry() -> dict[str, Any]:
-    from autotune.spec.models import catalog_entry
+    from autotune.spec.model_catalog import catalog_entry
 
     return catalog_entry("qwen2.5-0.5b")
 

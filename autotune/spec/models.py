@@ -10,14 +10,12 @@ throughput and memory do not depend on the weights' values.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
@@ -168,50 +166,6 @@ class ModelSpec:
         return self.hidden_size // self.num_heads
 
 
-def catalog_names() -> list[str]:
-    """Names of the configs shipped in the catalog."""
-    files = resources.files("autotune.catalog").iterdir()
-    return sorted(f.name[: -len(".json")] for f in files if f.name.endswith(".json"))
-
-
-def catalog_entry(catalog_name: str) -> dict[str, Any]:
-    """A catalog file as stored: the published config plus its ``_autotune_*`` keys (hub id, source, published size)."""
-    text = resources.files("autotune.catalog").joinpath(f"{catalog_name}.json").read_text()
-    return dict(json.loads(text))
-
-
-@functools.cache
-def _catalog_index() -> dict[str, str]:
-    """Every name a catalog entry answers to, lower-cased: its file name and the Hub id stored in it.
-
-    Lower-cased so that a short name typed as on the model card (``Qwen2.5-7B``) and a Hub id typed
-    in lower case (``meta-llama/llama-3.1-8b``) reach the same entry.
-    """
-    index: dict[str, str] = {}
-    for catalog_name in catalog_names():
-        index[catalog_name.lower()] = catalog_name
-        hub_id = catalog_entry(catalog_name).get("_autotune_hub_id")
-        if hub_id:
-            index[str(hub_id).lower()] = catalog_name
-    return index
-
-
-def catalog_name_of(name: str) -> str | None:
-    """The catalog entry ``--model name`` resolves to (by file name or Hub id, any case); ``None`` for a
-    local directory (resolved before the catalog, as :func:`resolve_model` does) or a name the catalog
-    does not hold. Read without transformers: the export asks it of a study's model."""
-    if Path(name).expanduser().is_dir():
-        return None
-    return _catalog_index().get(name.lower())
-
-
-def catalog_hub_id(catalog_name: str) -> str | None:
-    """The Hub repository a catalog entry's config was published in, which a tool loads the model from by
-    name (``from_pretrained``); ``None`` for autotune's made-up test configs, which have no checkpoint."""
-    hub_id = catalog_entry(catalog_name)["_autotune_hub_id"]
-    return None if hub_id is None else str(hub_id)
-
-
 def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
 
@@ -273,9 +227,9 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
         return AutoConfig.from_pretrained(name, local_files_only=True, **NO_MODEL_CODE), "hf-cache", None
     except (OSError, ValueError):
         _refuse_its_own_code(name, name, local_files_only=True)
-    catalog_name = _catalog_index().get(name.lower())
+    catalog_name = catalog_index().get(name.lower())
     if catalog_name is not None:
-        return _catalog_config(catalog_name), "catalog", None
+        return catalog_config(catalog_name), "catalog", None
     if os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable():
         try:
             return AutoConfig.from_pretrained(name, **NO_MODEL_CODE), "hub", None
@@ -295,7 +249,7 @@ def _found_nowhere_offline(name: str) -> bool:
     """Whether ``name`` is no path, no catalog entry and no model in the Hugging Face cache, with the hub off
     (``HF_HUB_OFFLINE=1``): where :func:`_load_config` would look, asked without transformers (the cache as
     ``huggingface_hub.try_to_load_from_cache`` reads it, the one transformers' ``local_files_only`` load reads)."""
-    if os.environ.get("HF_HUB_OFFLINE") != "1" or Path(name).expanduser().exists() or name.lower() in _catalog_index():
+    if os.environ.get("HF_HUB_OFFLINE") != "1" or Path(name).expanduser().exists() or name.lower() in catalog_index():
         return False
     from huggingface_hub import try_to_load_from_cache
 
@@ -345,13 +299,6 @@ def _hub_reachable(timeout_s: float = 2.0) -> bool:
     except OSError:
         return False
     return True
-
-
-def _catalog_config(catalog_name: str) -> Any:
-    from transformers import AutoConfig
-
-    values = {k: v for k, v in catalog_entry(catalog_name).items() if not k.startswith("_autotune")}
-    return AutoConfig.for_model(**values)
 
 
 def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:

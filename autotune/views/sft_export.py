@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.levers import TrialConfig, model_build_kwargs, with_levers_off_explicit
 from autotune.levers.memory_savers import checkpointing_field
-from autotune.spec.models import catalog_hub_id, catalog_name_of
+from autotune.spec.model_catalog import catalog_hub_id, catalog_name_of
 from autotune.trainers import ToolExport, TrainerKind, class_named
 from autotune.views.text import comment_lines, shell_line
 

@@ -43,7 +43,7 @@ def decoder_config(name: str) -> Any:
     down as llama-tiny is (its qkv bias and tied head kept)."""
     from transformers import AutoConfig
 
-    from autotune.spec.models import _catalog_config, catalog_entry
+    from autotune.spec.model_catalog import catalog_config, catalog_entry
 
     if name == "qwen2-tiny":
         values = {k: v for k, v in catalog_entry("qwen2.5-0.5b").items() if not k.startswith("_autotune")}
@@ -58,7 +58,7 @@ def decoder_config(name: str) -> Any:
         )
         config = AutoConfig.for_model(**values)
     else:
-        config = _catalog_config(name)
+        config = catalog_config(name)
     config.initializer_range = INIT_RANGE
     return config
 

@@ -41,7 +41,8 @@ def test_the_model_is_built_in_the_weight_dtype_whatever_its_config_says():
     """smollm2's published config says bfloat16: from_config alone would build it in bf16."""
     import torch
 
-    from autotune.spec.models import build_model, catalog_entry, resolve_model
+    from autotune.spec.model_catalog import catalog_entry
+    from autotune.spec.models import build_model, resolve_model
 
     assert catalog_entry("smollm2-135m")["torch_dtype"] == "bfloat16"
     spec = resolve_model("smollm2-135m")

@@ -283,7 +283,7 @@ def test_no_trial_reaches_the_network_whatever_the_base_args_ask(tmp_path):
 
     import optuna
 
-    from autotune.spec.models import catalog_entry
+    from autotune.spec.model_catalog import catalog_entry
     from tests.support.bad_input import TINY_SPACE
     from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
     from tests.support.network_guard import LOG_VARIABLE, attempts, sitecustomize_dir

@@ -55,7 +55,8 @@ def test_a_damaged_entry_is_computed_again_and_a_value_json_cannot_hold_is_not_k
 def test_a_config_of_another_shape_is_counted_again(cache_home):
     from transformers import AutoConfig
 
-    from autotune.spec.models import catalog_entry, spec_from_config
+    from autotune.spec.model_catalog import catalog_entry
+    from autotune.spec.models import spec_from_config
 
     values = {k: v for k, v in catalog_entry("bert-tiny").items() if not k.startswith("_autotune")}
     two = spec_from_config("bert-tiny", AutoConfig.for_model(**values), "catalog", None, None)

@@ -8,14 +8,8 @@ import sys
 import pytest
 
 from autotune.errors import AutotuneError
-from autotune.spec.models import (
-    build_model,
-    catalog_entry,
-    catalog_hub_id,
-    catalog_name_of,
-    catalog_names,
-    resolve_model,
-)
+from autotune.spec.model_catalog import catalog_entry, catalog_hub_id, catalog_name_of, catalog_names
+from autotune.spec.models import build_model, resolve_model
 
 # Today's decoders (issue 21): short name -> the Hub id whose published config.json the entry holds
 # (docs/catalog.md says where each was read and cross-checked).

@@ -47,7 +47,7 @@ def write_decoder(directory: Path) -> None:
     """The local decoder's ``config.json``: llama-tiny's from the catalog, at :data:`DECODER`."""
     import json
 
-    from autotune.spec.models import catalog_entry
+    from autotune.spec.model_catalog import catalog_entry
 
     config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
     directory.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,8 @@ pytest.importorskip("trl")
 import torch
 
 from autotune.spec.chat_corpus import DEFAULT_SHAPE
-from autotune.spec.models import build_model, catalog_entry
+from autotune.spec.model_catalog import catalog_entry
+from autotune.spec.models import build_model
 from autotune.trainers._preference_corpus import pair_tokens, preference_pair, preference_rows
 from autotune.trainers.dpo import TOKENS_COUNTED
 from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows

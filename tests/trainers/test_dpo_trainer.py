@@ -153,7 +153,8 @@ def built(
     pytest.importorskip("trl")
     import torch
 
-    from autotune.spec.models import build_model, catalog_entry
+    from autotune.spec.model_catalog import catalog_entry
+    from autotune.spec.models import build_model
     from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows
 
     config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
@@ -310,7 +311,8 @@ def test_every_trial_pays_the_reference_pass_even_where_trl_could_read_an_earlie
     pytest.importorskip("trl")
     import torch
 
-    from autotune.spec.models import build_model, catalog_entry
+    from autotune.spec.model_catalog import catalog_entry
+    from autotune.spec.models import build_model
     from benchmarks.bench_dpo_levers import dpo_trainer, saved_dpo_rows
 
     config = {key: value for key, value in catalog_entry("llama-tiny").items() if not key.startswith("_")}
