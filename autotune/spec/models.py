@@ -10,12 +10,15 @@ throughput and memory do not depend on the weights' values.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.spec.derived_cache import cached
 from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
+from autotune.spec.model_files import config_on_disk, found_nowhere_offline
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
@@ -83,6 +86,25 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
     return holds_reference and not under_peft and not reference_precomputed
 
 
+# The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
+_CONFIG_FIELDS = (
+    "source",
+    "hf_config",
+    "family",
+    "task",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_positions",
+    "num_params",
+    "num_embedding_params",
+    "num_block_params",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """What the tuner needs to know about a model: its config and its shape.
@@ -144,6 +166,16 @@ class ModelSpec:
     pads_to_longest: bool = False
     dropout_modules_off: bool = False
 
+    def fields_of_its_config(self) -> dict[str, Any]:
+        """What :func:`spec_from_config` read from the config (all but the user's name and directory, and what the
+        trainer and the adapters set later), as JSON gives it back: the form the derived cache keeps, so that a
+        described model and one read back are the same."""
+        fields = {field: getattr(self, field) for field in _CONFIG_FIELDS}
+        try:
+            return dict(json.loads(json.dumps(fields)))
+        except (TypeError, ValueError):  # a value JSON cannot hold: not kept, used as read
+            return fields
+
     def keeps_reference_copy(self, reference_precomputed: bool) -> bool:
         """:func:`keeps_reference_copy` for this model's trainer and adapters."""
         return keeps_reference_copy(self.holds_reference, self.peft is not None, reference_precomputed)
@@ -169,6 +201,10 @@ class ModelSpec:
 def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """Resolve a model name or path to a :class:`ModelSpec`, without downloading weights.
 
+    A config found on disk (:func:`autotune.spec.model_files.config_on_disk`) that was described before is read
+    from the derived cache (:mod:`autotune.spec.derived_cache`: per file content, source, task and installed
+    versions) without importing transformers or torch; otherwise transformers reads and sizes it.
+
     Args:
         name: A local directory holding ``config.json``, a Hugging Face id, or a catalog name.
         task: One of :data:`TASKS`; ``None`` picks the family's default head.
@@ -178,8 +214,20 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     """
     if task is not None and task not in TASKS:
         raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
-    if _found_nowhere_offline(name):  # said before transformers and torch are imported: 5-8 s of a typo's answer
+    if found_nowhere_offline(name):  # said before transformers and torch are imported: 5-8 s of a typo's answer
         raise _unknown_model(name)
+    found = config_on_disk(name)
+    if found is None:  # only the hub has it: nothing on disk to key a kept description by
+        return _described(name, task)
+    key = {"config": found.values, "source": found.source, "task": task}
+    fields = cached("model-spec", key, __file__, lambda: _described(name, task).fields_of_its_config())
+    if fields["source"] != found.source:  # transformers read it elsewhere (a cached file it refused): ask it again
+        return _described(name, task)
+    return ModelSpec(name=name, local_dir=found.local_dir, **fields)
+
+
+def _described(name: str, task: str | None) -> ModelSpec:
+    """The spec of ``name`` as transformers reads its config and the meta device sizes it."""
     from transformers.utils import logging as hf_logging
 
     # A config autotune refuses below would first draw transformers' own warnings about it (a
@@ -243,21 +291,6 @@ def _unknown_model(name: str) -> AutotuneError:
         f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
         f"cache, or a catalog name ({', '.join(catalog_names())})"
     )
-
-
-def _found_nowhere_offline(name: str) -> bool:
-    """Whether ``name`` is no path, no catalog entry and no model in the Hugging Face cache, with the hub off
-    (``HF_HUB_OFFLINE=1``): where :func:`_load_config` would look, asked without transformers (the cache as
-    ``huggingface_hub.try_to_load_from_cache`` reads it, the one transformers' ``local_files_only`` load reads)."""
-    if os.environ.get("HF_HUB_OFFLINE") != "1" or Path(name).expanduser().exists() or name.lower() in catalog_index():
-        return False
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(name, "config.json")
-    except ValueError:  # not a repository id (huggingface_hub's HFValidationError): nothing cached under it
-        return True
-    return not isinstance(cached, str)
 
 
 def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:
@@ -385,8 +418,6 @@ def _count_params(hf_config: Any, task: str) -> tuple[int, int, int]:
         (all parameters, lookup-only embedding parameters, transformer-block parameters).
     """
     import copy
-
-    from autotune.spec.derived_cache import cached
 
     # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
     # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.

@@ -146,6 +146,23 @@ def test_local_directory_wins(tmp_path):
     assert (spec.source, spec.num_layers, spec.hidden_size, spec.local_dir) == ("local", 3, 64, str(tmp_path.resolve()))
 
 
+def test_a_local_config_edited_after_it_was_described_is_described_again(tmp_path, monkeypatch):
+    """The description a search start reads back (autotune.spec.derived_cache) is keyed by the file's content:
+    an edited config.json is never answered from the old one, and the same content reads back equal."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    config = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+              "intermediate_size": 128, "vocab_size": 500, "max_position_embeddings": 128}  # fmt: skip
+    (model_dir / "config.json").write_text(json.dumps(config))
+    two = resolve_model(str(model_dir))
+    assert resolve_model(str(model_dir)) == two and two.num_layers == 2 and two.local_dir == str(model_dir.resolve())
+    (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
+    four = resolve_model(str(model_dir))
+    assert four.num_layers == 4 and four.num_block_params == 2 * two.num_block_params
+    assert len(list((tmp_path / "cache" / "autotune" / "derived").glob("model-spec-*.json"))) == 2
+
+
 def test_directory_without_config_is_explained(tmp_path):
     with pytest.raises(AutotuneError, match="no config.json"):
         resolve_model(str(tmp_path))
