@@ -41,6 +41,7 @@ from autotune.spec.models import resolve_model
 from autotune.study._seeds import default_config
 from autotune.trainers import get, with_model
 from benchmarks._common import load_average
+from benchmarks.bench_prior_on_search import prior_against_the_search
 
 MODEL = "llama-tiny"
 STUDY = "sft-landscape"
@@ -76,29 +77,6 @@ def search_winner(root: Path, data: Path, seq_len: int, trials: int, settings: M
     from autotune.views.export import winner
 
     return winner(load_study(storage, STUDY)).config
-
-
-def prior_against_the_search(root: Path, workload: Workload) -> None:
-    """The throughput prior (uncalibrated, from this CPU's flags) against each trial the search measured: predicted
-    and measured real tokens/s, their rank correlation and the median level (docs/benchmarks.md, "The throughput
-    prior": TRL's chunked head off CUDA)."""
-    from autotune.storage import load_study
-    from autotune.views.ranking import study_ranking
-    from benchmarks.bench_speed_prior import spearman
-
-    speed = workload.speed_model()
-    rows = []
-    for ranked in study_ranking(load_study(f"sqlite:///{root / 'study.db'}", STUDY)):
-        estimate = speed.estimate(workload.model, ranked.config, workload.seq_len)
-        if estimate is not None and ranked.result.real_tokens_per_s:
-            rows.append((ranked.config.short(), estimate.tokens_per_s, ranked.result.real_tokens_per_s))
-    print("the throughput prior against the search's trials (real tokens/s, predicted / measured):")
-    for name, predicted, measured in rows:
-        print(f"  {name:<64} {predicted:8.0f} {measured:8.0f} {predicted / measured:6.2f}x")
-    if len(rows) >= 2:
-        levels = [predicted / measured for _, predicted, measured in rows]
-        correlation = spearman([r[1] for r in rows], [r[2] for r in rows])
-        print(f"  Spearman {correlation:.2f} over {len(rows)} trials; level median {statistics.median(levels):.2f}x")
 
 
 def lever_variants(trl_default: TrialConfig, best: TrialConfig) -> dict[str, TrialConfig]:
@@ -167,7 +145,7 @@ def main() -> None:
         trainer="sft",
         loss_on="all",
     )
-    prior_against_the_search(root, workload)
+    prior_against_the_search(f"sqlite:///{root / 'study.db'}", STUDY, workload)
     real: dict[str, list[float]] = {name: [] for name in variants}
     for round_number in range(options.rounds):
         for index, (name, config) in enumerate(variants.items()):

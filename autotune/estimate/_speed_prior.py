@@ -206,8 +206,8 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 PRIOR_EXPECTED_ERROR = (
     "uncalibrated: on published GPU figures tokens/s within about 25 %; on the CPU its level is off by 0.4-2x "
     "under the Trainer (by grid, median: 1.0x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
-    "1.4-1.9x fast in real tokens/s under SFTTrainer (0.8x where bf16 is emulated; not re-measured under DPOTrainer, "
-    "3.9-6.0x before its head was timed per logit), and it ranks configs "
+    "in real tokens/s 1.2-1.9x fast under SFTTrainer and 1.2-1.7x under DPOTrainer (0.8x where bf16 is emulated), "
+    "and it ranks configs "
     "within a few percent of each other no better than chance (docs/benchmarks.md, 'The throughput prior'); a "
     "study's trials calibrate it (--storage)"
 )
