@@ -57,38 +57,42 @@ def forkserver_context(device_kind: str) -> ForkServerContext:
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the forkserver with SIGINT ignored from its first instruction (the resource tracker, which
-    shields itself, first).
+    """Start the forkserver with SIGINT blocked from its first instruction (the resource tracker, which
+    shields itself, first), and the Ctrl-C of that moment kept for the orchestrator.
 
-    An ignored signal stays ignored across ``exec`` (POSIX ``execve``), and Python installs no
-    KeyboardInterrupt handler for a SIGINT ignored at startup: a Ctrl-C while the forkserver still
-    starts Python or imports torch (seconds) then prints no traceback from it. The orchestrator
-    handles Ctrl-C. ``signal.signal`` works in the main thread only; from a worker thread the
-    forkserver starts as usual, and ``autotune/runner/_forkserver_signals.py`` ignores SIGINT from its first
-    preload import on.
+    A blocked signal stays blocked across ``fork`` and ``exec`` (POSIX: the signal mask is inherited): a
+    Ctrl-C while the forkserver still starts Python or imports torch (seconds) waits unseen there, and
+    ``autotune/runner/_forkserver_signals.py``, its first preload import, ignores SIGINT (which discards a
+    pending one) before it unblocks it. It printed a KeyboardInterrupt traceback from the forkserver before.
+    The orchestrator handles Ctrl-C. ``signal.signal`` works in the main thread only; from a worker thread
+    the forkserver starts as usual, and ``_forkserver_signals`` ignores SIGINT from its first preload
+    import on.
     """
     from multiprocessing import forkserver, resource_tracker
 
     if threading.current_thread() is not threading.main_thread():
         forkserver.ensure_running()
         return
-    # Blocked before it is ignored: a Ctrl-C while the forkserver starts (the orchestrator's own handler
-    # set aside) stays pending instead of being dropped, and reaches that handler once it is back. Linux
-    # never ignores a blocked signal (kernel/signal.c, sig_ignored: "the signal handler may change by the
-    # time it is unblocked"), where an ignored one is discarded; CPython's resource tracker starts the same
-    # way (multiprocessing/resource_tracker.py, ensure_running). Dropped, that Ctrl-C went unanswered
-    # and the search ran on (tests/runner/test_forkserver_signals.py). The forkserver inherits the mask
-    # and unblocks it once it ignores SIGINT itself (autotune/runner/_forkserver_signals.py). The resource
-    # tracker first, on its own: it blocks SIGINT and SIGTERM while it starts, then unblocks both whatever
-    # was blocked before (CPython 3.11-3.13, bpo-33613), which inside the block below would undo it.
+    # The resource tracker first, on its own: it blocks SIGINT and SIGTERM while it starts, then unblocks
+    # both whatever was blocked before (CPython 3.11-3.13, bpo-33613), which inside the block below would
+    # undo it.
     resource_tracker.ensure_running()
+    # Blocked in this thread only (a signal mask is a thread's): a Ctrl-C meanwhile reaches another thread
+    # of this process, a native library's (OpenBLAS starts its own) or Python's, or waits here. It is
+    # never ignored: SIGINT ignored here, as the forkserver once inherited it, was discarded by whichever
+    # other thread took it, and the search ran on to its end (tests/runner/test_forkserver_signals.py).
+    # Its Python handler runs in this thread once the forkserver has started: kept meanwhile, then given
+    # to the orchestrator's own handler.
+    caught: list[int] = []
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending on this thread reaches `previous` now
+    if caught:  # one another thread took while the forkserver started
+        signal.raise_signal(signal.SIGINT)
 
 
 def run_isolated(
