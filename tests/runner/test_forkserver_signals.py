@@ -10,6 +10,7 @@ import pytest
 
 from autotune.runner._quiet import DEBUG_LOG_ENV
 from tests.support.cli import REPO
+from tests.support.processes import sigint_as_from_a_terminal
 
 PROBE = """
 import os, signal, sys, time
@@ -25,7 +26,15 @@ def test_a_process_that_imported_it_survives_ctrl_c_without_importing_torch():
     """Ctrl-C in the seconds the forkserver imports torch printed a 40-60 line traceback before
     autotune's own line; the module ignores SIGINT first. Importing it (and so the runner's face) must
     not import torch: that would put those seconds back before the signal is ignored."""
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO, timeout=120)
+    # SIGINT as a terminal's search has it, whatever started this test run (a background job ignores it).
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["alive", "False", "False"]
 
@@ -118,11 +127,21 @@ def test_a_ctrl_c_while_the_forkserver_starts_reaches_the_search_and_the_trials_
     search ran to its end. Blocked, it waits for the search's own handler, and the forkserver, which
     inherits the mask, unblocks it once it ignores it, so a trial it forks can still be interrupted. A mask
     is a thread's: the Ctrl-C then goes to another thread of the search (OpenBLAS starts its own), which
-    dropped it while it was ignored (a fresh clone's CI run, once); the search keeps it now."""
+    dropped it while it was ignored; the search keeps it now."""
     script = tmp_path / "ctrl_c_while_it_starts.py"
     script.write_text(CTRL_C_WHILE_IT_STARTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), **({"OTHER_THREAD": "1"} if other_thread else {})}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    # SIGINT as a terminal's search has it: a test run started as a background job inherits it ignored, and the
+    # script's Ctrl-C was then lost whatever the code (two fresh clones' runs here, 2026-11-30).
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+        preexec_fn=sigint_as_from_a_terminal,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "the Ctrl-C reached the search",
