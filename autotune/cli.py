@@ -149,8 +149,8 @@ def estimate(
     epochs: option.Epochs = None,
     price_per_hour: option.PricePerHour = None,
 ) -> None:
-    """Predict peak memory without running anything: per dtype x checkpointing x optimizer, the largest
-    micro-batch that fits (--all: every config by part; --json: every config for scripts)."""
+    """Predict peak memory and speed without running anything: per dtype x checkpointing x optimizer, the
+    largest and the fastest micro-batch that fit, the winner, the run's time (--all, --json: every config)."""
     # Every parameter is an estimate option, by the same name.
     options = EstimateOptions(**locals())
     options.check()  # before the heavy imports: a wrong option is answered at once

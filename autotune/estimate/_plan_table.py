@@ -137,15 +137,31 @@ def estimate_rows(
     return rows
 
 
-def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool]]:
+@dataclasses.dataclass(frozen=True)
+class SettingRow:
+    """One setting of the other memory levers in ``autotune estimate``'s short table (:func:`by_setting`).
+
+    Attributes:
+        largest: The row of the largest micro-batch predicted to fit; where none fits, the smallest.
+        fits: Whether any micro-batch of the setting is predicted to fit.
+        fastest: Of the rows that fit, the one with the highest predicted model TFLOPs: not always the
+            largest (a padded batch of samples that differ in length computes more padding as it grows);
+            ``None`` where none fits or no speed is predicted.
+    """
+
+    largest: EstimateRow
+    fits: bool
+    fastest: EstimateRow | None
+
+
+def by_setting(rows: Sequence[EstimateRow]) -> list[SettingRow]:
     """For each setting of the other memory levers (dtype x checkpointing x optimizer, ...,
-    :func:`setting_of`), the row of the largest micro-batch predicted to fit; where none fits, the
-    smallest, marked ``False``.
+    :func:`setting_of`), its largest micro-batch predicted to fit and its fastest.
 
     Returns:
-        (row, whether any micro-batch of that setting fits): the settings that fit first, fastest first by
-        their row's predicted model TFLOPs (where predicted), then the others, each group in the order the
-        settings first appear.
+        The settings that fit first, fastest first by their fastest row's predicted model TFLOPs (so the
+        first holds :func:`predicted_winner`), then the others, each group in the order the settings
+        first appear.
     """
     groups: dict[tuple[Any, ...], list[EstimateRow]] = {}
     for row in rows:
@@ -153,11 +169,18 @@ def largest_fitting(rows: Sequence[EstimateRow]) -> list[tuple[EstimateRow, bool
     chosen = []
     for members in groups.values():
         fitting = [row for row in members if row.fits]
-        if fitting:
-            chosen.append((max(fitting, key=lambda row: size_of(row.config)), True))
-        else:
-            chosen.append((min(members, key=lambda row: size_of(row.config)), False))
-    return sorted(chosen, key=lambda pair: (not pair[1], -predicted_model_tflops(pair[0]) if pair[1] else 0.0))
+        if not fitting:
+            chosen.append(SettingRow(min(members, key=lambda row: size_of(row.config)), False, None))
+            continue
+        fastest = predicted_winner(fitting)
+        chosen.append(SettingRow(max(fitting, key=lambda row: size_of(row.config)), True, fastest))
+    return sorted(
+        chosen,
+        key=lambda setting: (
+            not setting.fits,
+            -predicted_model_tflops(setting.fastest) if setting.fastest is not None else 0.0,
+        ),
+    )
 
 
 def speed_json(speed: SpeedEstimate | None) -> dict[str, Any] | None:

@@ -15,10 +15,11 @@ from autotune.estimate import (
     FitAdvice,
     MemoryEstimate,
     MemoryFit,
+    SettingRow,
     SpeedEstimate,
     SpeedFit,
+    by_setting,
     estimate_json,
-    largest_fitting,
     plan_rows,
     predicted_winner,
     speed_expected_error,
@@ -198,7 +199,7 @@ def print_estimate(
             )
         )
     else:
-        console.print(estimate_short_table(title, largest_fitting(rows), ceiling_bytes, speed is not None))
+        console.print(estimate_short_table(title, by_setting(rows), ceiling_bytes, speed is not None))
     if speed is not None:
         console.print(winner_line(rows, speed))
     if run_time is not None:
@@ -264,25 +265,31 @@ def _cell(value: Any) -> str:
 
 
 def estimate_short_table(
-    title: str, chosen: Sequence[tuple[EstimateRow, bool]], ceiling_bytes: int, with_speed: bool = False
+    title: str, settings: Sequence[SettingRow], ceiling_bytes: int, with_speed: bool = False
 ) -> Table:
     """``autotune estimate``'s default: per setting of the other memory levers, the largest micro-batch
-    predicted to fit and its predicted peak (:func:`autotune.estimate.largest_fitting`).
+    predicted to fit and its predicted peak (:func:`autotune.estimate.by_setting`).
 
     The levers with a ``planner_column`` get a column of their own; every other lever that moves
     memory and is away from its default is shown under "other levers" as the config's label says it
     (weights=bf16, zero=2, ...); the micro-batch (a lever whose memory grows with its value) is the
-    one the table solves for. ``with_speed``: the throughput prior's columns too, the settings that fit
-    fastest first.
+    one the table solves for. ``with_speed``: the throughput prior's columns too, for the setting's
+    fastest micro-batch that fits (named: on samples that differ in length a padded batch is not fastest
+    at its largest), the settings fastest first, so the first row holds the predicted winner.
     """
     table = Table(
         title=title,
         caption="largest micro-batch: of the space's micro-batches, the largest whose predicted peak is at most the "
         "ceiling; predicted peak: that config's (--all: every row by part; --json: every row for scripts)."
-        + (f" {SPEED_CAPTION}" if with_speed else ""),
+        + (
+            " fastest micro-batch: of those that fit, the one predicted fastest, whose speed the next columns give. "
+            f"{SPEED_CAPTION}"
+            if with_speed
+            else ""
+        ),
         caption_justify="left",
     )
-    host = shows_host_memory([row.estimate for row, _ in chosen])
+    host = shows_host_memory([setting.largest.estimate for setting in settings])
     columns = [lever for lever in LEVERS.values() if lever.planner_column]
     headers = (
         *(lever.planner_column for lever in columns),
@@ -291,34 +298,40 @@ def estimate_short_table(
         "predicted peak",
         *([HOST_COLUMN] if host else []),
         "vs ceiling",
-        *(SPEED_COLUMNS if with_speed else ()),
+        *(("fastest micro-batch", *SPEED_COLUMNS) if with_speed else ()),
     )
-    right = ("largest micro-batch", "predicted peak", HOST_COLUMN, *SPEED_COLUMNS)
+    right = ("largest micro-batch", "predicted peak", HOST_COLUMN, "fastest micro-batch", *SPEED_COLUMNS)
     for header in headers:
         table.add_column(header, justify="right" if header in right else "left")
     others = [lever for lever in LEVERS.values() if lever.memory_parts and not lever.planner_column]
-    for row, any_fits in chosen:
-        config = row.config
+
+    def size(config: TrialConfig) -> str:
+        return " x ".join(str(getattr(config, lever.name)) for lever in others if lever.grows_memory)
+
+    for setting in settings:
+        config = setting.largest.config
         label = " ".join(
             lever.label(getattr(config, lever.name))
             for lever in others
             if not lever.grows_memory and getattr(config, lever.name) != lever.default
         )
-        size = " x ".join(str(getattr(config, lever.name)) for lever in others if lever.grows_memory)
-        batch = size if any_fits else f"none (smallest {size})"
         verdict = (
             "[green]fits[/]"
-            if any_fits
-            else f"[magenta]over by {format_bytes(row.estimate.total_bytes - ceiling_bytes)}[/]"
+            if setting.fits
+            else f"[magenta]over by {format_bytes(setting.largest.estimate.total_bytes - ceiling_bytes)}[/]"
+        )
+        fastest = setting.fastest
+        speed = (
+            [size(fastest.config), *speed_cells(fastest.speed)] if fastest is not None else ["-", *speed_cells(None)]
         )
         table.add_row(
             *(_cell(getattr(config, lever.name)) for lever in columns),
             label or "-",
-            batch,
-            format_bytes(row.estimate.total_bytes),
-            *([format_bytes(row.estimate.host_bytes)] if host else []),
+            size(config) if setting.fits else f"none (smallest {size(config)})",
+            format_bytes(setting.largest.estimate.total_bytes),
+            *([format_bytes(setting.largest.estimate.host_bytes)] if host else []),
             verdict,
-            *(speed_cells(row.speed if any_fits else None) if with_speed else []),
+            *(speed if with_speed else []),
         )
     return table
 

@@ -202,3 +202,35 @@ def test_a_dpo_plan_reads_whether_dropout_is_switched_off_from_the_users_base_ar
     assert planned(None) == (True, 0.0)
     off, dropout_s = planned(str(kept))
     assert not off and dropout_s > 0
+
+
+def test_estimates_table_gives_each_settings_fastest_micro_batch_and_its_first_row_is_the_predicted_winner(tmp_path):
+    """On pairs of different lengths TRL pads a batch to its longest, so a setting's largest micro-batch that
+    fits is not its fastest. ``autotune estimate``'s table names each setting's fastest micro-batch and gives
+    its predicted speed, the settings ordered by it, so its first row holds the predicted winner. (Its speed
+    columns were the largest micro-batch's: the winner line named a config faster than every row.)"""
+    from tests.support.cli import run_cli_in_process
+
+    path = tmp_path / "prefs.jsonl"
+    write_corpus(str(path), 48, seed=0, fmt="preference", length_scale=0.125)
+    out = run_cli_in_process(
+        *("estimate", "--model", "llama-tiny", "--dataset", str(path), "--seq-len", str(SEQ_LEN)),
+        *("--device", "cpu", "--max-global-batch", "16"),
+        cwd=tmp_path,
+        env={"COLUMNS": "400"},
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    column = {name.strip(): index for index, name in enumerate(header.split("┃"))}
+    rows = [line.split("│") for line in lines if line.startswith("│")]
+    fitting = [cells for cells in rows if cells[column["vs ceiling"]].strip() == "fits"]
+    assert len(fitting) > 1
+    largest = [int(cells[column["largest micro-batch"]]) for cells in fitting]
+    fastest = [int(cells[column["fastest micro-batch"]]) for cells in fitting]
+    assert all(f <= big for f, big in zip(fastest, largest)) and any(f < big for f, big in zip(fastest, largest))
+    tokens = [float(cells[column["tokens/s"]].replace(",", "")) for cells in fitting]
+    tflops = [float(cells[column["model TFLOPs"]]) for cells in fitting]
+    assert tflops == sorted(tflops, reverse=True)
+    winner = next(line for line in lines if line.startswith("predicted winner: "))
+    assert winner.startswith(f"predicted winner: mb={fastest[0]} ") and f" {tokens[0]:,.0f} tokens/s" in winner
