@@ -7,7 +7,8 @@ Two checks, no training:
   calibrated on 3 trials (``fit_speed``: the 3 configs it predicts fastest, as the search's first
   proposals are) and the measured speed of the config it then predicts fastest, against the grid's best;
 * published single-GPU figures (torchtune's README, llm-foundry's benchmarking tables), predicted from the
-  datasheet alone, side by side with what was published.
+  datasheet alone, side by side with what was published; and every 8-GPU row of llm-foundry's H100 and A100
+  tables up to 16k tokens (``benchmarks/data/published_llm_foundry.json``, 75 rows: MPT-125M to 30B, 512 to 16,384 tokens), per GPU.
 
 The grids record the CPU's model name ("AMD EPYC") but not its flags: each grid is predicted for the CPU
 its own figures point to (``GRID_CPUS``, with the reason) and, beside it, for the other kind.
@@ -298,11 +299,17 @@ class Published:
 
 TORCHTUNE = "torchtune README, 'Memory and training speed' (batch 2, packed to 2048, torch.compile)"
 FOUNDRY = "llm-foundry scripts/train/benchmarking/README.md (8 GPUs, per GPU, bf16 amp, FSDP, flash attention)"
-# The MPT architectures of llm-foundry's yamls (scripts/train/yamls/pretrain/mpt-1b.yaml, mpt-7b.yaml):
-# tied embeddings, no biases, expansion ratio 4, vocabulary 50,368.
+# The MPT architectures of llm-foundry's yamls (scripts/train/yamls/pretrain/mpt-*.yaml): tied embeddings,
+# no biases, expansion ratio 4, vocabulary 50,368; ALiBi, so no position limit (the runs set max_seq_len).
 MPT = {
+    "mpt-125m": {"d_model": 768, "n_heads": 12, "n_layers": 12},
+    "mpt-350m": {"d_model": 1024, "n_heads": 16, "n_layers": 24},
+    "mpt-760m": {"d_model": 1536, "n_heads": 12, "n_layers": 24},
     "mpt-1b": {"d_model": 2048, "n_heads": 16, "n_layers": 24},
+    "mpt-3b": {"d_model": 2560, "n_heads": 20, "n_layers": 32},
     "mpt-7b": {"d_model": 4096, "n_heads": 32, "n_layers": 32},
+    "mpt-13b": {"d_model": 5120, "n_heads": 40, "n_layers": 40},
+    "mpt-30b": {"d_model": 7168, "n_heads": 56, "n_layers": 48},
 }
 # torchtune's single-device recipes (recipes/configs/llama3_1/8B_full_single_device.yaml,
 # 8B_lora_single_device.yaml, 8B_qlora_single_device.yaml): bf16 weights, activation checkpointing,
@@ -362,6 +369,68 @@ PUBLISHED = (
 )
 
 
+# Every 8-GPU row of llm-foundry's benchmarking tables for H100 and A100 up to 16k tokens, read per GPU (the file
+# names its source and columns). A wider check than PUBLISHED's three rows, by sequence length and size; none of
+# it was used to set a constant.
+FOUNDRY_FILE = DATA / "published_llm_foundry.json"
+
+
+def foundry_rows() -> dict[str, list[list[Any]]]:
+    """``FOUNDRY_FILE``'s rows by GPU: model, seq len, micro-batch, accumulation, checkpointing, tokens/s per GPU,
+    MFU (%)."""
+    return json.loads(FOUNDRY_FILE.read_text())["rows"]
+
+
+def foundry_sweep(workdir: Path) -> list[dict[str, Any]]:
+    """Each of ``FOUNDRY_FILE``'s rows predicted from the datasheet alone: the prior's tokens/s and MFU per GPU."""
+    rows = []
+    for gpu_name, figures in foundry_rows().items():
+        device = gpu(gpu_name)
+        for name, seq_len, micro, accumulation, checkpointing, tokens_per_s, mfu in figures:
+            config = dataclasses.replace(
+                MPT_RUN, micro_batch=micro, grad_accum=accumulation, checkpointing=checkpointing
+            )
+            model = published_model(name, workdir)
+            speed = predict_speed(step_work(model, config, seq_len, "cuda", config.precision), speed_prior(device, {}))
+            assert speed is not None and speed.mfu is not None
+            rows.append(
+                {
+                    "gpu": gpu_name,
+                    "model": name,
+                    "seq_len": seq_len,
+                    "config": config.short(),
+                    "published_tokens_per_s": tokens_per_s,
+                    "predicted_tokens_per_s": round(speed.tokens_per_s),
+                    "tokens_error": speed.tokens_per_s / tokens_per_s - 1,
+                    "published_mfu": mfu / 100,
+                    "predicted_mfu": speed.mfu,
+                }
+            )
+    return rows
+
+
+def foundry_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per GPU and sequence length band: how many rows within 25 % in tokens/s and 10 points of MFU, the median
+    and the worst error."""
+    summary = {}
+    for gpu_name in {row["gpu"]: None for row in rows}:
+        for band, (low, high) in {"<= 2048": (0, 2048), "4096-16384": (2049, 16384)}.items():
+            errors = [r["tokens_error"] for r in rows if r["gpu"] == gpu_name and low <= r["seq_len"] <= high]
+            points = [
+                abs(r["predicted_mfu"] - r["published_mfu"])
+                for r in rows
+                if r["gpu"] == gpu_name and low <= r["seq_len"] <= high
+            ]
+            summary[f"{gpu_name}, seq {band}"] = {
+                "rows": len(errors),
+                "within_25pct": sum(abs(e) <= 0.25 for e in errors),
+                "mfu_within_10_points": sum(p <= 0.10 for p in points),
+                "median_error": median(errors),
+                "worst_error": max(errors, key=abs),
+            }
+    return summary
+
+
 def published_model(name: str, workdir: Path):
     if name not in MPT:
         return resolve_model(name)
@@ -371,7 +440,7 @@ def published_model(name: str, workdir: Path):
         "architectures": ["MptForCausalLM"],
         "model_type": "mpt",
         "expansion_ratio": 4,
-        "max_seq_len": 2048,
+        "max_seq_len": 65536,
         "vocab_size": 50368,
         "no_bias": True,
         **MPT[name],
@@ -431,6 +500,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for figure in PUBLISHED:
             print(json.dumps(published_check(figure, Path(workdir)), default=str))
+        foundry = foundry_sweep(Path(workdir))
+        for row in foundry:
+            print("llm-foundry", json.dumps(row))
+        print("llm-foundry summary", json.dumps(foundry_summary(foundry), indent=1))
 
 
 if __name__ == "__main__":

@@ -42,3 +42,20 @@ def test_a_pass_that_reverses_another_is_said(tmp_path):
     (tmp_path / "pass2.json").write_text(json.dumps(grid))
     result = repeated_grid_check(tmp_path, CEILING)
     assert result["pass_vs_pass_spearman"]["median"] < -0.5
+
+
+def test_llm_foundrys_rows_are_read_whole_and_each_mpt_is_the_size_the_tables_print(tmp_path):
+    """The wider published check (docs/benchmarks.md, "Every one-node row of llm-foundry's H100 and A100 tables"):
+    every row predicted, and the MPT shapes the bench builds from llm-foundry's yamls have the parameter count the
+    tables print (a wrong width or depth would be off by far more than the 1.5 % their count of the embeddings
+    and norms leaves)."""
+    from benchmarks.bench_speed_prior import FOUNDRY_FILE, foundry_summary, foundry_sweep, published_model
+
+    published = json.loads(FOUNDRY_FILE.read_text())
+    rows = foundry_sweep(tmp_path)
+    assert len(rows) == sum(len(figures) for figures in published["rows"].values()) > 70
+    assert all(row["predicted_tokens_per_s"] > 0 and 0 < row["predicted_mfu"] < 1 for row in rows)
+    for name, count in published["num_params"].items():
+        assert published_model(name, tmp_path).num_params == pytest.approx(count, rel=0.015)
+    summary = foundry_summary(rows)
+    assert sum(band["rows"] for band in summary.values()) == len(rows)
