@@ -59,6 +59,7 @@ from autotune.result._trial_result import (
     objective_value,
     params_key,
     precision_note,
+    worth_retrying,
 )
 from autotune.result._verification import FigureCheck, Judgement, StudyAnswer, Verification, VersionChange
 from autotune.spec.measure import over_the_run  # one rule for measured and predicted rates: its home is spec
@@ -114,4 +115,5 @@ __all__ = [
     "skipped_among",
     "trained_fraction",
     "winner_loss",
+    "worth_retrying",
 ]

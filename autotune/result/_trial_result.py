@@ -58,7 +58,8 @@ MEMORY_EXCEEDED_STATUSES = frozenset({Status.OOM, Status.OVER_CEILING})
 # Failures that say nothing about the config: recorded as FAIL trials, never counted, and a
 # confirmation re-run that ends so is left out of the median.
 FAILED_STATUSES = frozenset({Status.TIMEOUT, Status.COMPILE_TIMEOUT, Status.CRASH, Status.ERROR, Status.INTERRUPTED})
-# Failures that may be transient (a noisy neighbour, a driver hiccup): the trial is tried once more.
+# Failures that may be transient (a noisy neighbour, a driver hiccup, a hang): the trial is tried once more
+# (:func:`worth_retrying`: not a timeout that killed a trial still stepping).
 RETRIED_STATUSES = frozenset({Status.CRASH, Status.TIMEOUT})
 # Failed on every attempt it gets (a crash or a timeout twice, an error, a compile timeout): the
 # config is taken, never proposed again. An interrupted trial runs again instead (queued once).
@@ -131,6 +132,9 @@ class TrialResult:
     stderr_tail: str = ""  # last lines the child wrote
     wall_s: float = 0.0  # the whole trial as the orchestrator saw it
     attempts: int = 1
+    # Killed by its timeout while its steps still came at their pace (autotune.runner._deadlines): too slow for
+    # the budget, not hung.
+    still_stepping: bool = False
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     # Training numerics (autotune.result._loss): the loss of every optimizer step from global step 1
     # (warm-up included; None where not finite), the first measured step, the non-finite losses as
@@ -207,6 +211,13 @@ class TrialResult:
     def from_dict(cls, values: dict[str, Any]) -> TrialResult:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def worth_retrying(result: TrialResult) -> bool:
+    """Whether a failed trial gets its second try: a crash or a timeout (``RETRIED_STATUSES``), but not a
+    timeout that killed a trial still stepping (``still_stepping``): the same budget would end it again, and
+    the search would spend the whole timeout twice on one slow config."""
+    return result.status in RETRIED_STATUSES and not result.still_stepping
 
 
 def measured_constraint_gib(result: TrialResult) -> float:

@@ -54,7 +54,7 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     try:
         from autotune.runner._trial import train_and_measure
 
-        result = train_and_measure(job, on_first_step=lambda compile_s: conn.send(("first_step", compile_s)))
+        result = train_and_measure(job, on_step=lambda compile_s: conn.send(("step", compile_s)))
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         result = failure_result(exc, job)

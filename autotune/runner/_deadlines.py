@@ -12,6 +12,10 @@ from autotune.spec.ceiling import fits
 
 # How often the parent polls a running trial (its result pipe, its budgets, the heartbeat).
 POLL_S = 0.2
+# A trial the timeout kills within this many of its longest steps after its last one was still stepping: after
+# its last timed step it runs at most one more and the fullest batch's (autotune.runner._trial): a config too
+# slow for the budget, which the same budget ends again, not a hang, which a second try may not meet.
+STALL_STEPS = 3.0
 
 
 class TrialDeadlines:
@@ -31,9 +35,29 @@ class TrialDeadlines:
         self.compile_s = 0.0  # dynamo's compile seconds by then, as the child read them
         self.expired: Status | None = None  # TIMEOUT or COMPILE_TIMEOUT
         self.expired_after_s = 0.0
+        self.step_ends: list[float] = []  # when each optimizer step ended, as the parent heard it
 
     def first_step_ended(self, now: float, compile_s: float) -> None:
         self.first_step_at, self.compile_s = now, compile_s
+
+    def step_ended(self, now: float, compile_s: float) -> None:
+        """An optimizer step ended at ``now`` (the first also ends the compile budget)."""
+        if self.first_step_at is None:
+            self.first_step_ended(now, compile_s)
+        self.step_ends.append(now)
+
+    def longest_step_s(self) -> float:
+        """The longest time between step ends heard, the first counted from the trial's start (0: none)."""
+        ends = [self.started, *self.step_ends]
+        return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
+
+    def still_stepping(self) -> bool:
+        """Whether, when its budget ran out, the trial's steps still came at their own pace (the last within
+        ``STALL_STEPS`` of its longest): too slow for the budget, not hung (not tried again)."""
+        if not self.step_ends:
+            return False
+        since_last = self.started + self.expired_after_s - self.step_ends[-1]
+        return since_last <= STALL_STEPS * self.longest_step_s()
 
     def _timeout_clock_start(self) -> float:
         """Under a compile timeout the trial's timeout counts from its first step; else from its start."""
@@ -64,6 +88,17 @@ class TrialDeadlines:
         after_compile = ""
         if self.first_step_at is not None and self.compile_timeout_s is not None:
             after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
+        if self.still_stepping():
+            since_last = self.started + self.expired_after_s - self.step_ends[-1]
+            return TrialResult(
+                status=Status.TIMEOUT,
+                error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed while its steps "
+                f"still came ({len(self.step_ends)} ended, the longest {self.longest_step_s():.0f} s, the last "
+                f"{since_last:.0f} s before): too slow for the timeout, not hung, so not tried again; "
+                "--trial-timeout gives a trial longer",
+                compile_s=self.compile_s,
+                still_stepping=True,
+            )
         return TrialResult(
             status=Status.TIMEOUT,
             error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",

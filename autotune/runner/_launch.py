@@ -138,13 +138,18 @@ def rank(job_path: str) -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     faulthandler.enable(all_threads=False)
 
-    def first_step(compile_s: float) -> None:
-        write_json(first_step_file(job.work_dir), {"compile_s": compile_s})
+    steps = 0
+
+    def first_step(compile_s: float) -> None:  # the ranks' parent reads the first step's end only
+        nonlocal steps
+        steps += 1
+        if steps == 1:
+            write_json(first_step_file(job.work_dir), {"compile_s": compile_s})
 
     try:
         from autotune.runner._trial import train_and_measure
 
-        result = train_and_measure(job, on_first_step=first_step if rank_number == 0 else None)
+        result = train_and_measure(job, on_step=first_step if rank_number == 0 else None)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         result = failure_result(exc, job)

@@ -181,8 +181,8 @@ def _await_result(
                 return None
             if kind == "result":
                 return message
-            if kind == "first_step":
-                deadlines.first_step_ended(time.perf_counter(), float(message))
+            if kind == "step":
+                deadlines.step_ended(time.perf_counter(), float(message))
             continue
         watch.sample()
         if not process.is_alive() and not receiver.poll(0):

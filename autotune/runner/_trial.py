@@ -90,28 +90,27 @@ def build_dataset(job: TrialJob, batching: Batching) -> torch.utils.data.Dataset
     return SyntheticTokens(workload.model.vocab_size, workload.seq_len, workload.model.task, length)
 
 
-class FirstStepSignal(TrainerCallback):
-    """Calls ``on_first_step(compile seconds so far)`` once, when the first optimizer step ends: by then
-    torch.compile has compiled the forward and backward, so the parent's compile budget ends here."""
+class StepSignal(TrainerCallback):
+    """Calls ``on_step(compile seconds so far)`` when each optimizer step ends: the parent's compile budget
+    ends at the first (torch.compile has compiled the forward and backward by then), and the steps' pace
+    tells a trial too slow for its timeout from a hung one (``runner._deadlines``)."""
 
-    def __init__(self, on_first_step: Callable[[float], None]) -> None:
-        self._on_first_step: Callable[[float], None] | None = on_first_step
+    def __init__(self, on_step: Callable[[float], None]) -> None:
+        self._on_step = on_step
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
-        if self._on_first_step is not None:
-            self._on_first_step(dynamo_compile_seconds())
-            self._on_first_step = None
+        self._on_step(dynamo_compile_seconds())
         return control
 
 
-def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | None = None) -> TrialResult:
+def train_and_measure(job: TrialJob, on_step: Callable[[float], None] | None = None) -> TrialResult:
     """Train ``job.config`` until the step time is steady and return what was measured.
 
     Args:
         job: The trial.
-        on_first_step: Called once when the first optimizer step ends (:class:`FirstStepSignal`).
+        on_step: Called when each optimizer step ends (:class:`StepSignal`).
     """
     workload = job.workload
     started = time.perf_counter()
@@ -138,7 +137,7 @@ def train_and_measure(job: TrialJob, on_first_step: Callable[[float], None] | No
             recorder,
             timer,
             *(load_callback(name)() for name in workload.callbacks),
-            *([FirstStepSignal(on_first_step)] if on_first_step is not None else []),
+            *([StepSignal(on_step)] if on_step is not None else []),
         ]
         varying = batches_vary(job, batching)
         # Before the Trainer builds accelerate's compile plugin, which reads it: a compiled trial whose

@@ -43,7 +43,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.levers import TrialConfig
 from autotune.result import (
-    RETRIED_STATUSES,
     Status,
     TrialResult,
     feasible_by_speed,
@@ -51,6 +50,7 @@ from autotune.result import (
     judge_against_default,
     judged_trials,
     loss_reference,
+    worth_retrying,
 )
 from autotune.runner import TrialJob, run_isolated
 from autotune.storage import heartbeat_settings, schema
@@ -65,7 +65,7 @@ from autotune.study._record import record_interrupted, tell, tell_or_keep, trial
 from autotune.study._request import SearchBudget, SearchProgress, SearchRequest
 from autotune.study._screening import MeasuredTrial, record_predictions, screen
 
-# Crashes and timeouts may be transient (autotune.result.RETRIED_STATUSES): one more try.
+# Crashes and timeouts may be transient (autotune.result.worth_retrying): one more try.
 MAX_ATTEMPTS = 2
 # Repeats of measured configs answered from the record before the search gives up asking (the
 # sampler proposes untaken configs while any are left: see ._proposals).
@@ -369,7 +369,7 @@ def _run_with_retry(
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = run_trial(job, request.trial_timeout_s, on_tick=on_tick)  # Ctrl-C: see run_one_trial
         result.attempts = attempt
-        if result.status not in RETRIED_STATUSES or attempt == MAX_ATTEMPTS:
+        if not worth_retrying(result) or attempt == MAX_ATTEMPTS:
             break
         # Keep why the first attempt failed; the retry appends to the same log, after a marker.
         trial.set_user_attr(

@@ -81,3 +81,24 @@ def test_the_compile_timeout_option_is_checked_like_the_trial_timeout(tmp_path):
         result.stderr.strip()
         == "autotune: error: --compile-timeout 0.0: give a number of seconds above 0, up to and including 86,400"
     )
+
+
+def test_a_timeout_that_kills_a_trial_still_stepping_is_slow_not_hung_and_is_not_tried_again():
+    from autotune.result import worth_retrying
+
+    slow = TrialDeadlines(started=0.0, timeout_s=900.0, compile_timeout_s=None)
+    for end in (350.0, 700.0):  # steps of 350 s (set-up in the first), then the fullest batch's, killed in it
+        slow.step_ended(now=end, compile_s=0.0)
+    assert slow.check(now=901.0) and slow.still_stepping()
+    result = slow.result("off")
+    assert result.still_stepping and not worth_retrying(result)
+    assert "killed while its steps still came (2 ended, the longest 350 s, the last 201 s before)" in result.error
+    assert result.error.endswith("--trial-timeout gives a trial longer")
+    hung = TrialDeadlines(started=0.0, timeout_s=900.0, compile_timeout_s=None)
+    for end in (20.0, 21.0, 22.0):  # a collective stuck after three steps of about a second
+        hung.step_ended(now=end, compile_s=0.0)
+    assert hung.check(now=901.0) and not hung.still_stepping()
+    result = hung.result("off")
+    assert result.error == "no result within the 900 s timeout; killed" and worth_retrying(result)
+    never = TrialDeadlines(started=0.0, timeout_s=60.0, compile_timeout_s=None)  # hung before its first step ended
+    assert never.check(now=61.0) and not never.still_stepping() and worth_retrying(never.result("off"))

@@ -171,6 +171,23 @@ def test_hang_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
     assert_consistent(study)
 
 
+def test_a_trial_whose_steps_keep_ending_when_its_timeout_kills_it_is_slow_and_not_tried_again(study_for):
+    """A config slower than its timeout (a 135M model in emulated bf16 on a CPU took 350 s a step and was killed
+    at 900 s, then run for 900 s more): its steps kept ending, so it is recorded as too slow, once. The tiny
+    workload trains 4 steps (1 warm-up, 3 timed) of STEP_S each: it cannot end within 4 x STEP_S, and its
+    first step ends well before unless the set-up takes 3 x STEP_S."""
+    from tests.support.faults import StepsPastTheTimeout
+
+    study, request = study_for("StepsPastTheTimeout", timeout_s=4 * StepsPastTheTimeout.STEP_S)
+    trial = run_trial(study, request)
+    result = TrialResult.from_trial(trial)
+    assert (result.status, result.attempts, result.still_stepping) == ("timeout", 1, True)
+    assert "killed while its steps still came" in result.error
+    assert "too slow for the timeout, not hung, so not tried again" in result.error
+    assert "first_attempt" not in trial.user_attrs
+    assert_consistent(study)
+
+
 def test_a_stopped_child_past_the_timeout_is_killed_and_the_retry_times_out_too(study_for):
     # SIGSTOP, unlike a hang, leaves a process that handles no signal but SIGKILL: the timeout still ends it.
     # The stop must fire in at least one attempt (the retry's child forks from a running forkserver, and a

@@ -38,7 +38,7 @@ def test_trial_of_a_killed_worker_is_failed_and_rerun_once_by_another(postgres_u
     runs = tmp_path / "runs"
     other_host = _other_host_prefix()
     storage = open_storage(postgres_url)
-    # The victim's child hangs at its second step (it writes hung.pid first): the kill below always lands
+    # The victim's child hangs in its first step (it writes hung.pid first): the kill below always lands
     # mid-trial, however fast the machine trains (a trial that finished between the poll and the kill
     # failed this test once, on a fresh clone under CI's load). The survivor runs without the callback.
     hang = ("--callback", "tests.support.faults:HangAtStep")

@@ -55,8 +55,13 @@ class SegfaultAtStep(FaultAtStep):
 class HangAtStep(FaultAtStep):
     """The child stops making progress (a deadlock, a stuck collective) and never returns.
 
-    Writes its PID to ``<output_dir>/hung.pid`` first, so a test can check that it was killed.
+    Writes its PID to ``<output_dir>/hung.pid`` first, so a test can check that it was killed. It hangs in its
+    first step: with no step ended, the parent's timeout reads it as hung (tried again) at any timeout; a hang
+    after steps of ~2 s (a tiny model's set-up and first step) would take a timeout many times that to tell
+    from a slow trial (``runner._deadlines.STALL_STEPS``; ``tests/runner/test_deadlines.py`` checks that rule).
     """
+
+    at_step = 1
 
     def fire(self, args, kwargs) -> None:
         (Path(args.output_dir) / "hung.pid").write_text(str(os.getpid()))
@@ -73,6 +78,17 @@ class CompileAtStep(FaultAtStep):
         import torch
 
         torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+
+
+class StepsPastTheTimeout(TrainerCallback):
+    """Every optimizer step takes ``STEP_S`` longer (a config far slower than its timeout): its steps keep
+    ending, so the timeout that kills it reads it as slow, not hung."""
+
+    STEP_S = 3.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        time.sleep(self.STEP_S)
+        return control
 
 
 class StopAtStep(FaultAtStep):
