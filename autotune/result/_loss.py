@@ -29,6 +29,7 @@ from autotune.result._trial_result import (
     RAN_NORMALLY_STATUSES,
     Status,
     TrialResult,
+    hf_default_trial,
     measured_constraint_gib,
     objective_value,
 )
@@ -414,7 +415,11 @@ def winner_loss(
     """The winner's loss against the default trial's, ``baseline`` in words (see :class:`WinnerLoss`)."""
     found = hf_default_result(trials)
     if found is None:
-        return WinnerLoss(winner_trial, winner, None, None, None, baseline)
+        failed = hf_default_trial(trials)  # one that failed for good (a timeout, a crash) is said as such
+        result = TrialResult.from_trial(failed) if failed is not None else None
+        if failed is None or result is None:
+            return WinnerLoss(winner_trial, winner, None, None, None, baseline)
+        return WinnerLoss(winner_trial, winner, failed.number, result, None, baseline)
     default_trial, default = found
     usable = default.status in RAN_NORMALLY_STATUSES and default_trial != winner_trial
     comparison = compare_with(winner, default) if usable else None

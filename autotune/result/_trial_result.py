@@ -297,17 +297,24 @@ def is_budget_trial(trial: FrozenTrial) -> bool:
 
 def hf_default_trial(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
     """The study's HF-default seed trial (``seed`` ``hf-default``): the first that finished complete or
-    pruned, ``None`` if none did. The speedup line compares the winner with it, and confirmation
-    re-runs it beside the leaders for that (:mod:`autotune.study._confirm`)."""
-    return next(
-        (
-            trial
-            for trial in sorted(trials, key=lambda t: t.number)
-            if trial.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT
-            and trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        ),
-        None,
-    )
+    pruned; where none did, the first that failed for good (``GIVEN_UP_STATUSES``: a timeout, a crash, an
+    error, so the speedup line can say why there is no figure); ``None`` if none finished. The speedup line
+    compares the winner with it, and confirmation re-runs it beside the leaders where it ran and fit
+    (:func:`comparable_hf_default`, :mod:`autotune.study._confirm`)."""
+    seeds = [
+        trial
+        for trial in sorted(trials, key=lambda t: t.number)
+        if trial.user_attrs.get(schema.TRIAL_SEED) == schema.SEED_HF_DEFAULT
+    ]
+    finished = [trial for trial in seeds if trial.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    given_up = [
+        trial
+        for trial in seeds
+        if trial.state == TrialState.FAIL
+        and (result := TrialResult.from_trial(trial)) is not None
+        and result.status in GIVEN_UP_STATUSES
+    ]
+    return next(iter(finished + given_up), None)
 
 
 def comparable_hf_default(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:

@@ -175,7 +175,8 @@ class SpeedupOverDefault:
 
     Attributes:
         default_trial: Number of the ``hf-default`` trial.
-        default_status: Its status (``ok``, ``oom``, ``screened``, ...).
+        default_status: Its status (``ok``, ``oom``, ``screened``, ``timeout``, ...).
+        default_error: Its reason where it failed (one line; empty where it ran).
         default_ran_and_fit: It ran under the ceiling with a measured throughput (a pruned one too).
         default_samples_per_s: Its throughput, measured as ``best_samples_per_s`` is.
         best_trial: Number of the best feasible trial.
@@ -193,6 +194,7 @@ class SpeedupOverDefault:
     default_trial: int
     default_status: Status
     default_ran_and_fit: bool
+    default_error: str
     default_samples_per_s: float
     best_trial: int
     best_samples_per_s: float
@@ -250,6 +252,7 @@ def speedup_over_default(
         default_trial=default.number,
         default_status=result.status,
         default_ran_and_fit=result.ran_and_fit,
+        default_error=result.error,
         default_samples_per_s=default_figure,
         best_trial=best.number,
         best_samples_per_s=best_figure,

@@ -22,6 +22,7 @@ from rich.table import Table
 from autotune.levers import TrialConfig
 from autotune.result import (
     ACCUMULATION_MEANING,
+    FAILED_STATUSES,
     UNFINISHED_LABELS,
     Status,
     TimeSpent,
@@ -425,7 +426,11 @@ def print_speedup(console: Console, study: Any) -> None:
         over = f"speedup over the nearest config to the {trainer.baseline_words} in this space"
         default = f"that config (#{speedup.default_trial}: {', '.join(speedup.default_moved)})"
     if speedup.ratio is None:
-        console.print(f"{over}: n/a: {default} did not fit ({speedup.default_status}); winner {best}")
+        if speedup.default_status in FAILED_STATUSES:  # no figure: it failed (a timeout, a crash), say why
+            why = f"failed ({speedup.default_status}: {printable(speedup.default_error)})"
+        else:
+            why = f"did not fit ({speedup.default_status})"
+        console.print(f"{over}: n/a: {default} {why}; winner {best}", markup=False, highlight=False, soft_wrap=True)
         return
     tie = ", within noise of the default" if speedup.within_noise else ""
     if speedup.not_told_apart and not speedup.within_noise:

@@ -286,3 +286,29 @@ def test_a_search_starts_from_the_hf_default_and_prints_its_speedup(searched_stu
         assert f"{speedup.ratio:.2f}x" in line and f"{speedup.default_samples_per_s:.1f} samples/s" in line
     else:
         assert "did not fit" in line
+
+
+def test_a_default_that_failed_for_good_is_said_in_the_speedup_and_the_loss_lines(new_study):
+    """A default too slow for its timeout (TRL's, in bf16 a CPU emulates: 405 s a step under a 420 s timeout)
+    has no figure: the summary says it failed and why. It printed no speedup line at all, and said the default
+    trial "has not run"."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.study._record import tell
+    from autotune.views.search_display import print_speedup, print_winner_loss
+
+    study = new_study()
+    reason = "no result within the 420 s timeout; killed while its steps still came"
+    tell(study, study.ask(), TrialResult(status="timeout", error=reason, ceiling_bytes=4 * GiB))  # the HF default
+    tell_seed(study, "ok", 0.26)  # the best-practice guess
+    speedup = speedup_over_default(study.get_trials())
+    assert (speedup.default_trial, speedup.best_trial, speedup.ratio) == (0, 1, None)
+    out = io.StringIO()
+    console = Console(file=out, width=400)
+    print_speedup(console, study)
+    print_winner_loss(console, study)
+    text = out.getvalue()
+    assert f"n/a: HF default TrainingArguments (#0) failed (timeout: {reason}); winner #1" in text
+    assert "#0 is timeout, so it gives no reference loss" in text and "has not run" not in text
