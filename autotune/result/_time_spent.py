@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from autotune.result._trial_result import Status, TrialResult
+from autotune.result._trial_result import GIVEN_UP_STATUSES, Status, TrialResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +27,13 @@ class TimeSpent:
         startup_s: The rest of those trials' wall time: the child's start, the model build, the
             Trainer's set-up, the end of the trial (the worst-case batch, the result).
         pruned_s: The whole wall time of the trials stopped early.
+        failed_s: The whole wall time of the trials that failed for good (a timeout, a crash, an error:
+            ``GIVEN_UP_STATUSES``), their last attempt's: a timeout's whole budget is here, not in start-up.
         confirmation_s: The confirmation's re-runs (with what happened between them).
         confirmation_measured_s: Of those, the re-runs' measured steps: with :attr:`measured_s`, the
             wall time spent measuring configs that were not pruned.
-        trials: Trials run to the end of their measurement (or failed); ``pruned``: stopped early;
-            ``screened``: not run; ``confirmation_runs``: re-runs of the confirmation.
+        trials: Trials run to the end of their measurement; ``pruned``: stopped early; ``failed``: failed for
+            good; ``screened``: not run; ``confirmation_runs``: re-runs of the confirmation.
     """
 
     wall_s: float
@@ -39,10 +41,12 @@ class TimeSpent:
     warmup_s: float = 0.0
     startup_s: float = 0.0
     pruned_s: float = 0.0
+    failed_s: float = 0.0
     confirmation_s: float = 0.0
     confirmation_measured_s: float = 0.0
     trials: int = 0
     pruned: int = 0
+    failed: int = 0
     screened: int = 0
     confirmation_runs: int = 0
 
@@ -57,7 +61,13 @@ class TimeSpent:
         """From the results of the trials a search ran (repeats answered from the record left out)
         and of its confirmation's re-runs."""
         results, reruns = list(results), list(reruns)
-        ran = [r for r in results if r.status not in (Status.SCREENED, Status.PRUNED, Status.INTERRUPTED)]
+        failed = [r for r in results if r.status in GIVEN_UP_STATUSES]
+        ran = [
+            r
+            for r in results
+            if r.status not in (Status.SCREENED, Status.PRUNED, Status.INTERRUPTED)
+            and r.status not in GIVEN_UP_STATUSES
+        ]
         pruned = [r for r in results if r.status == Status.PRUNED]
         return cls(
             wall_s=wall_s,
@@ -65,10 +75,12 @@ class TimeSpent:
             warmup_s=sum(r.warmup_s for r in ran),
             startup_s=sum(max(r.wall_s - r.measured_s - r.warmup_s, 0.0) for r in ran),
             pruned_s=sum(r.wall_s for r in pruned),
+            failed_s=sum(r.wall_s for r in failed),
             confirmation_s=confirmation_s,
             confirmation_measured_s=sum(r.measured_s for r in reruns),
             trials=len(ran),
             pruned=len(pruned),
+            failed=len(failed),
             screened=sum(r.status == Status.SCREENED for r in results),
             confirmation_runs=len(reruns),
         )
@@ -77,7 +89,9 @@ class TimeSpent:
     def other_s(self) -> float:
         """What no trial and no re-run accounts for: the sampler, screening, the storage, a failed
         first attempt of a retried trial, an interrupted trial."""
-        accounted = self.measured_s + self.warmup_s + self.startup_s + self.pruned_s + self.confirmation_s
+        accounted = (
+            self.measured_s + self.warmup_s + self.startup_s + self.pruned_s + self.failed_s + self.confirmation_s
+        )
         return max(self.wall_s - accounted, 0.0)
 
     def share(self, seconds: float) -> float:
@@ -90,6 +104,7 @@ class TimeSpent:
             f"warm-up and compile {self.share(self.warmup_s):.0%}",
             f"process start-up and model build {self.share(self.startup_s):.0%}",
             f"pruned trials {self.share(self.pruned_s):.0%} ({self.pruned})",
+            *([f"failed trials {self.share(self.failed_s):.0%} ({self.failed})"] if self.failed else []),
             f"confirmation {self.share(self.confirmation_s):.0%} ({self.confirmation_runs} re-runs"
             + (
                 f", {self.share(self.confirmation_measured_s):.0%} in measured steps)"

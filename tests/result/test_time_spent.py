@@ -39,3 +39,17 @@ def test_a_search_that_ran_nothing_says_so_without_dividing_by_zero():
         "time: 0 s in all: measured steps 0% (0 trials), warm-up and compile 0%, process start-up and model build "
         "0%, pruned trials 0% (0), confirmation 0% (0 re-runs), screening and other 0%"
     )
+
+
+def test_a_trial_that_failed_for_good_is_its_own_share_not_start_up():
+    """A timeout's whole budget (a TRL default in emulated bf16: 420 s, killed while stepping) was counted as
+    process start-up and model build (73 % of a 10-minute search); it is the failed trials' share now."""
+    results = [
+        ran("timeout", wall_s=420.0),
+        ran("ok", wall_s=100.0, measured_s=30.0, warmup_s=30.0),
+        ran("crash", wall_s=10.0),
+    ]
+    spent = TimeSpent.of_search(results, wall_s=600.0)
+    assert (spent.failed_s, spent.failed, spent.startup_s, spent.trials) == (430.0, 2, 40.0, 1)
+    assert "process start-up and model build 7%, pruned trials 0% (0), failed trials 72% (2)," in spent.line()
+    assert spent.other_s == pytest.approx(600.0 - 30.0 - 30.0 - 40.0 - 430.0)
