@@ -142,16 +142,20 @@ class SettingRow:
     """One setting of the other memory levers in ``autotune estimate``'s short table (:func:`by_setting`).
 
     Attributes:
-        largest: The row of the largest micro-batch predicted to fit; where none fits, the smallest.
-        fits: Whether any micro-batch of the setting is predicted to fit.
+        largest: The row of the largest micro-batch predicted to fit; where none fits, the smallest (so
+            :attr:`fits` is its own).
         fastest: Of the rows that fit, the one with the highest predicted model TFLOPs: not always the
             largest (a padded batch of samples that differ in length computes more padding as it grows);
             ``None`` where none fits or no speed is predicted.
     """
 
     largest: EstimateRow
-    fits: bool
     fastest: EstimateRow | None
+
+    @property
+    def fits(self) -> bool:
+        """Whether any micro-batch of the setting is predicted to fit."""
+        return self.largest.fits
 
 
 def by_setting(rows: Sequence[EstimateRow]) -> list[SettingRow]:
@@ -170,10 +174,10 @@ def by_setting(rows: Sequence[EstimateRow]) -> list[SettingRow]:
     for members in groups.values():
         fitting = [row for row in members if row.fits]
         if not fitting:
-            chosen.append(SettingRow(min(members, key=lambda row: size_of(row.config)), False, None))
+            chosen.append(SettingRow(min(members, key=lambda row: size_of(row.config)), None))
             continue
         fastest = predicted_winner(fitting)
-        chosen.append(SettingRow(max(fitting, key=lambda row: size_of(row.config)), True, fastest))
+        chosen.append(SettingRow(max(fitting, key=lambda row: size_of(row.config)), fastest))
     return sorted(
         chosen,
         key=lambda setting: (

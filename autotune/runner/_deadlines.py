@@ -51,13 +51,14 @@ class TrialDeadlines:
         ends = [self.started, *self.step_ends]
         return max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
 
+    def since_last_step_s(self) -> float:
+        """From the last step end heard to the moment the budget ran out."""
+        return self.started + self.expired_after_s - self.step_ends[-1]
+
     def still_stepping(self) -> bool:
         """Whether, when its budget ran out, the trial's steps still came at their own pace (the last within
         ``STALL_STEPS`` of its longest): too slow for the budget, not hung (not tried again)."""
-        if not self.step_ends:
-            return False
-        since_last = self.started + self.expired_after_s - self.step_ends[-1]
-        return since_last <= STALL_STEPS * self.longest_step_s()
+        return bool(self.step_ends) and self.since_last_step_s() <= STALL_STEPS * self.longest_step_s()
 
     def _timeout_clock_start(self) -> float:
         """Under a compile timeout the trial's timeout counts from its first step; else from its start."""
@@ -89,12 +90,11 @@ class TrialDeadlines:
         if self.first_step_at is not None and self.compile_timeout_s is not None:
             after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
         if self.still_stepping():
-            since_last = self.started + self.expired_after_s - self.step_ends[-1]
             return TrialResult(
                 status=Status.TIMEOUT,
                 error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed while its steps "
                 f"still came ({len(self.step_ends)} ended, the longest {self.longest_step_s():.0f} s, the last "
-                f"{since_last:.0f} s before): too slow for the timeout, not hung, so not tried again; "
+                f"{self.since_last_step_s():.0f} s before): too slow for the timeout, not hung, so not tried again; "
                 "--trial-timeout gives a trial longer",
                 compile_s=self.compile_s,
                 still_stepping=True,
