@@ -22,6 +22,7 @@ import sqlalchemy.exc
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from autotune.errors import AutotuneError
+from autotune.storage._ctrl_c import RDBStorageHoldingCtrlC
 
 # autotune drives heartbeats itself around ask/tell (Optuna only does so inside optimize), and
 # relies on the long-stable stale-trial helpers that Optuna still labels experimental.
@@ -58,7 +59,9 @@ _SERVER_RESTARTING = re.compile(
 )
 
 
-def open_storage(url: str, storage_class: type[RDBStorage] = RDBStorage, *, existing: bool = False) -> RDBStorage:
+def open_storage(
+    url: str, storage_class: type[RDBStorage] = RDBStorageHoldingCtrlC, *, existing: bool = False
+) -> RDBStorage:
     """Open an Optuna RDB storage with heartbeats, or explain in one line why it cannot be opened.
 
     ``storage_class`` lets the dashboard serve a subclass (see ``autotune.views.dashboard``).
@@ -134,7 +137,7 @@ def _wait_for_a_restarting_server(engine: sqlalchemy.engine.Engine, url: str, wa
                     reason = scrub_password(str(exc).strip().splitlines()[0], url)
                     print(
                         f"autotune: the study's database is not answering ({reason}); "
-                        f"waiting up to {wait_s:.0f} s for it to come back",
+                        f"waiting up to {wait_s:.0f} s for it to come back (a second Ctrl-C stops now)",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -20,7 +20,7 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.result import Status, TrialResult
-from autotune.storage import schema
+from autotune.storage import STOP_SIGNALS, schema
 from autotune.study._record import record_interrupted
 
 
@@ -162,12 +162,6 @@ class Heartbeat:
             except optuna.exceptions.StorageInternalError:
                 return  # a full disk, a busy database: the trial keeps running; the next tick retries
             self._last = now
-
-
-# Signals that end a search as Ctrl-C does (the running trials recorded interrupted and queued again):
-# `kill`, `docker stop` and batch schedulers send SIGTERM; a closed terminal or a dropped SSH session,
-# SIGHUP (POSIX "General Terminal Interface": the controlling process, then the foreground group).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def stop_as_on_ctrl_c() -> list[int]:
