@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autotune.spec.derived_cache import cached
+from autotune.spec.positions import first_position
 from autotune.trainers import get as trainer_named
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ APART_TOLERANCE = 1e-3
 # The probe's width: the mask and what reaches the kernel do not depend on it.
 _HEADS, _LAYERS, _VOCAB = 4, 2, 512
 _FLASH_STAND_IN = "autotune_varlen_stand_in"  # a name without "flash": transformers reads one as a Hub kernel
-# Model types whose position ids start after the padding index (DataCollatorWithFlattening's docstring).
-_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta", "camembert", "mpnet", "esm")
 _TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 
 
@@ -144,7 +143,7 @@ def flattening_collator(pad_token_id: int, model_type: str) -> Any:
     RoBERTa-like models number positions from ``pad_token_id + 1`` (that class's docstring)."""
     from transformers import DataCollatorWithFlattening
 
-    start = pad_token_id + 1 if model_type in _POSITIONS_AFTER_PADDING else 0
+    start = first_position(model_type, pad_token_id)  # autotune.spec.positions: read from transformers' source
     return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, position_ids_start=start)
 
 

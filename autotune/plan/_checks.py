@@ -24,6 +24,7 @@ from autotune.units import format_bytes
 
 if TYPE_CHECKING:  # the devices module reads torch and NVML: imported where they are listed
     from autotune.spec.devices import DeviceSpec
+    from autotune.spec.models import ModelSpec
 
 # The highest TCP port number (RFC 793: ports are 16-bit); 0 asks the system for any free port.
 MAX_PORT = 65535
@@ -78,11 +79,17 @@ def trainer_options(trainer: str | None, loss_on: str | None) -> None:
         )
 
 
-def seq_len_fits(seq_len: int, model_name: str, max_positions: int) -> None:
-    """``--seq-len`` is accepted and within the model's position table (``max_positions``; 0: unbounded)."""
+def seq_len_fits(seq_len: int, model_name: str, model: ModelSpec) -> None:
+    """``--seq-len`` is accepted and within the model's position table (:func:`autotune.spec.positions.longest_sequence`)."""
+    from autotune.spec.positions import longest_sequence  # after the checks made before the heavy imports
+
     within("--seq-len", seq_len)
-    if max_positions and seq_len > max_positions:
-        raise AutotuneError(f"--seq-len {seq_len} is longer than {model_name} allows ({max_positions} positions)")
+    longest = longest_sequence(model)
+    if longest and seq_len > longest:
+        table = f"{longest} positions"
+        if longest < model.max_positions:  # RoBERTa-like: the table's first rows come before the first token
+            table += f": its table of {model.max_positions} starts after the padding index, {model.max_positions - longest - 1}"
+        raise AutotuneError(f"--seq-len {seq_len} is longer than {model_name} allows ({table})")
 
 
 def worker_share(workers: int, child_budget_bytes: int, smallest_peak_bytes: int) -> None:

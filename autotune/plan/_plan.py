@@ -99,7 +99,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     device = devices[0]
     ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
     model = resolve_model(options.model, options.task)
-    seq_len_fits(options.seq_len, options.model, model.max_positions)
+    seq_len_fits(options.seq_len, options.model, model)
     notes: list[str] = []
     kind, data, first_row = plan_trainer(options, model.task, notes)
     trainer = kind.name
