@@ -171,6 +171,20 @@ def _start(args: list[str], cwd: Path, name: str) -> subprocess.Popen:
     )
 
 
+def _exited(process: subprocess.Popen, cwd: Path, name: str, timeout_s: float = 120.0) -> None:
+    """Wait for the search to exit after a signal; one still running is killed, and the failure shows what it
+    printed (the Ctrl-C that once waited out SQLite's 120 s busy timeout showed nothing: autotune/storage/_ctrl_c.py)."""
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(
+            f"still running {timeout_s:.0f} s after the signal; stdout:\n{(cwd / f'{name}.out').read_text()[-3000:]}\n"
+            f"stderr:\n{(cwd / f'{name}.err').read_text()[-3000:]}"
+        )
+
+
 def _wait_for(condition, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -218,7 +232,7 @@ def test_ctrl_c_while_the_forkserver_imports_torch_is_one_line(tmp_path):
     forkserver = _forkserver_once_started(process)
     assert forkserver is not None, (tmp_path / "early.err").read_text()
     os.killpg(process.pid, signal.SIGINT)
-    process.wait(timeout=120)
+    _exited(process, tmp_path, "early")
     _wait_for(lambda: not forkserver.is_running() or forkserver.status() == psutil.STATUS_ZOMBIE, timeout_s=60)
     stderr = (tmp_path / "early.err").read_text()
     assert process.returncode == 130, stderr
@@ -253,7 +267,7 @@ def test_a_stop_signal_mid_trial_records_the_trial_interrupted_in_one_line(tmp_p
         os.killpg(process.pid, stop_signal)
     else:
         process.send_signal(stop_signal)
-    process.wait(timeout=120)
+    _exited(process, tmp_path, "stop")
     stderr = (tmp_path / "stop.err").read_text()
     assert process.returncode == 128 + stop_signal, stderr
     assert "Traceback" not in stderr and [line[:12] for line in stderr.splitlines() if line.strip()] == ["interrupted:"]
@@ -278,7 +292,7 @@ def test_the_forkserver_killed_while_it_starts_is_one_line_and_the_trial_runs_ag
         forkserver = _forkserver_once_started(process)
         assert forkserver is not None, (runs / "killed.err").read_text()
         forkserver.kill()
-        process.wait(timeout=120)
+        _exited(process, runs, "killed")
         stderr = (runs / "killed.err").read_text()
         if process.returncode == 0 and "Traceback" not in stderr:
             continue  # the kill came after the forkserver had forked the trial: not the case under test
@@ -308,7 +322,7 @@ def test_ctrl_c_during_confirmation_exits_130_and_says_what_the_ranking_rests_on
     _wait_for(lambda: "confirming:" in out.read_text() or process.poll() is not None)
     assert process.poll() is None, (tmp_path / "confirm.err").read_text()
     os.killpg(process.pid, signal.SIGINT)
-    process.wait(timeout=120)
+    _exited(process, tmp_path, "confirm")
     stdout, stderr = out.read_text(), (tmp_path / "confirm.err").read_text()
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
