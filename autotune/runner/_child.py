@@ -54,7 +54,11 @@ def child_main(conn: Connection, lifeline: Connection, job: TrialJob) -> None:
     try:
         from autotune.runner._trial import train_and_measure
 
-        result = train_and_measure(job, on_step=lambda compile_s: conn.send(("step", compile_s)))
+        result = train_and_measure(
+            job,
+            on_step=lambda compile_s: conn.send(("step", compile_s)),
+            on_measured=lambda measured: conn.send(("measured", measured)),
+        )
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         traceback.print_exc()
         result = failure_result(exc, job)

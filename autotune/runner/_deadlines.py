@@ -5,6 +5,8 @@ to any result (:func:`finished`: what it watched from outside, the wall time, th
 
 from __future__ import annotations
 
+import dataclasses
+
 from autotune.result import FAILED_STATUSES, Status, TrialResult
 from autotune.runner._job import TrialJob
 from autotune.runner._watch import ChildWatch
@@ -36,6 +38,8 @@ class TrialDeadlines:
         self.expired: Status | None = None  # TIMEOUT or COMPILE_TIMEOUT
         self.expired_after_s = 0.0
         self.step_ends: list[float] = []  # when each optimizer step ended, as the parent heard it
+        # What the timed steps measured, sent before the step on the fullest batch (runner._trial: on_measured).
+        self.steps_measured: TrialResult | None = None
 
     def first_step_ended(self, now: float, compile_s: float) -> None:
         self.first_step_at, self.compile_s = now, compile_s
@@ -89,21 +93,26 @@ class TrialDeadlines:
         after_compile = ""
         if self.first_step_at is not None and self.compile_timeout_s is not None:
             after_compile = f" after its first step (compiled in {self.compile_s:.0f} s)"
-        if self.still_stepping():
-            return TrialResult(
-                status=Status.TIMEOUT,
-                error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed while its steps "
-                f"still came ({len(self.step_ends)} ended, the longest {self.longest_step_s():.0f} s, the last "
-                f"{self.since_last_step_s():.0f} s before): too slow for the timeout, not hung, so not tried again; "
-                "--trial-timeout gives a trial longer",
-                compile_s=self.compile_s,
-                still_stepping=True,
+        still_stepping = self.still_stepping()
+        reason = f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed"
+        if still_stepping:
+            reason += (
+                f" while its steps still came ({len(self.step_ends)} ended, the longest {self.longest_step_s():.0f} s, "
+                f"the last {self.since_last_step_s():.0f} s before): too slow for the timeout, not hung, so not tried "
+                "again; --trial-timeout gives a trial longer"
             )
-        return TrialResult(
-            status=Status.TIMEOUT,
-            error=f"no result within the {self.timeout_s:g} s timeout{after_compile}; killed",
-            compile_s=self.compile_s,
-        )
+        if self.steps_measured is not None:
+            # Killed in the step on the fullest batch, after its timed steps: what they measured is kept, and
+            # the trial is no less a timeout (whether its fullest batch fits is not known: it is not ranked).
+            steps = self.steps_measured
+            return dataclasses.replace(
+                steps,
+                status=Status.TIMEOUT,
+                error=f"{reason}. It was killed in the step on its fullest batch, after {steps.measured_steps} timed "
+                f"steps at {steps.samples_per_s:.3g} samples/s (kept; whether that batch fits is not known)",
+                still_stepping=still_stepping,
+            )
+        return TrialResult(status=Status.TIMEOUT, error=reason, compile_s=self.compile_s, still_stepping=still_stepping)
 
 
 def finished(

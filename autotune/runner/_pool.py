@@ -183,6 +183,8 @@ def _await_result(
                 return message
             if kind == "step":
                 deadlines.step_ended(time.perf_counter(), float(message))
+            elif kind == "measured":  # the timed steps' figures, before the step on the fullest batch
+                deadlines.steps_measured = TrialResult.from_dict(message)
             continue
         watch.sample()
         if not process.is_alive() and not receiver.poll(0):

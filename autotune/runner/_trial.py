@@ -7,6 +7,7 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -105,12 +106,19 @@ class StepSignal(TrainerCallback):
         return control
 
 
-def train_and_measure(job: TrialJob, on_step: Callable[[float], None] | None = None) -> TrialResult:
+def train_and_measure(
+    job: TrialJob,
+    on_step: Callable[[float], None] | None = None,
+    on_measured: Callable[[dict[str, Any]], None] | None = None,
+) -> TrialResult:
     """Train ``job.config`` until the step time is steady and return what was measured.
 
     Args:
         job: The trial.
         on_step: Called when each optimizer step ends (:class:`StepSignal`).
+        on_measured: Called with what the timed steps measured (a result's dict, their peaks, the weights
+            not checked) before the step on the fullest batch (:func:`worst_case_peaks`): a timeout that
+            ends that step keeps the measurement (``runner._pool``).
     """
     workload = job.workload
     started = time.perf_counter()
@@ -155,83 +163,120 @@ def train_and_measure(job: TrialJob, on_step: Callable[[float], None] | None = N
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         if timer.still_compiling:  # no steady state, and the fullest batch would compile once more
             return still_compiling(job, timer, probe, started, model_build_s)
+        steps = _Measured(timer, recorder, lengths, varying, trainer, probe.ceiling_source, started, model_build_s)
         peaks, peak_batch = probe.peaks(), ""
+        compiled = job.config.compiled_as is not None
         if varying:
+            if on_measured is not None:  # the weights not checked: reading them is not part of what is measured
+                runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes(), compiled=compiled)
+                on_measured(steps.result(job, peaks, "", None, runtime).to_dict())
             peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
-        runtime = runtime_readings(
-            trainer, autocast, workload.device.kind, probe.notes(), compiled=job.config.compiled_as is not None
-        )
+        runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes(), compiled=compiled)
     finally:
         probe.stop()
-    stats = timer.stats()
-    if stats.measured_steps == 0:
-        raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
-    record = loss_record(recorder.losses, recorder.skipped_steps, timer.measured_step_numbers, weights_finite)
-    diverged = nonfinite_reason(record, stats.measured_steps)
-    # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
-    trained = trained_fraction(stats.measured_steps, record.skipped_measured)
-    # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
-    # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
-    samples_per_s = job.config.global_batch * trained / (stats.mean_s if varying else stats.median_s)
-    if trainer_named(workload.trainer).samples_counted_from_lengths:  # however packing puts them in rows
-        samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
-    real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
-    # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
-    # rate below counts its share over the user's run (autotune.result.over_the_run).
-    setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(trainer)
-    samples = workload.dataset.num_samples if workload.dataset is not None else None
-    passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
-    if setup_samples:
-        share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
-        samples_per_s *= share
-        real_tokens_per_s = real_tokens_per_s * share if real_tokens_per_s is not None else None
-    # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
-    context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
-    model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
-    hardware_tflops = hardware_tflops_of(
-        workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s, context
-    )
-    # The peak of the precision that ran (read back from torch), not of the lever's name.
-    peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
-    peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
-    measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
-    mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
-    defects = [d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d]
-    return TrialResult(
-        status=Status.DIVERGED if diverged else Status.PRUNED if timer.stopped_early else Status.OK,
-        error=diverged or "",
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * workload.seq_len,
-        real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
-        attention_context=context or float(workload.seq_len),
-        model_tflops=model_tflops,
-        hardware_tflops=hardware_tflops,
-        mfu=None if mfu is not None and mfu > 1 else mfu,
-        hfu=None if hfu is not None and hfu > 1 else hfu,
-        mfu_measured=utilisation(model_tflops, measured_peak_tflops),
-        hfu_measured=utilisation(hardware_tflops, measured_peak_tflops),
-        peak_dtype=peak_dtype,
-        peak_tflops=peak_tflops,
-        measured_peak_tflops=measured_peak_tflops,
-        step_time_median_s=stats.median_s,
-        step_time_cv=stats.cv,
-        steady=stats.converged,
-        peak_batch=peak_batch,
-        **steps_and_peaks(job, timer, probe.ceiling_source, peaks, started, model_build_s),
-        loss_curve=record.curve,
-        loss_measured_from=record.measured_from,
-        loss_nonfinite=record.nonfinite,
-        skipped_steps=record.skipped_steps,
-        skipped_measured_steps=record.skipped_measured,
-        weights_finite=record.weights_finite,
-        gradient_scale=recorder.gradient_scale,
-        runtime=runtime,
-        defects=defects,
-        setup_pass_s=setup_s,
-        setup_pass_samples=setup_samples,
-        run_passes=passes,
-    )
+    return steps.result(job, peaks, peak_batch, weights_finite, runtime)
+
+
+@dataclasses.dataclass
+class _Measured:
+    """What a trial's timed steps left, turned into its result by :meth:`result`: once after the fullest
+    batch's step, and, where a timeout may end that step, once before it (``on_measured``)."""
+
+    timer: StepTimer
+    recorder: LossRecorder
+    lengths: SampleLengths
+    varying: bool
+    trainer: Trainer
+    ceiling_source: str
+    started: float
+    model_build_s: float
+
+    def result(
+        self,
+        job: TrialJob,
+        peaks: dict[str, int],
+        peak_batch: str,
+        weights_finite: bool | None,
+        runtime: dict[str, str],
+    ) -> TrialResult:
+        workload, timer, recorder, lengths, trainer = (
+            job.workload,
+            self.timer,
+            self.recorder,
+            self.lengths,
+            self.trainer,
+        )
+        stats = timer.stats()
+        if stats.measured_steps == 0:
+            raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
+        record = loss_record(recorder.losses, recorder.skipped_steps, timer.measured_step_numbers, weights_finite)
+        diverged = nonfinite_reason(record, stats.measured_steps)
+        # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
+        trained = trained_fraction(stats.measured_steps, record.skipped_measured)
+        # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
+        # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
+        samples_per_s = job.config.global_batch * trained / (stats.mean_s if self.varying else stats.median_s)
+        if trainer_named(workload.trainer).samples_counted_from_lengths:  # however packing puts them in rows
+            samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
+        real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
+        # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
+        # rate below counts its share over the user's run (autotune.result.over_the_run).
+        setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(trainer)
+        samples = workload.dataset.num_samples if workload.dataset is not None else None
+        passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
+        if setup_samples:
+            share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
+            samples_per_s *= share
+            real_tokens_per_s = real_tokens_per_s * share if real_tokens_per_s is not None else None
+        # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
+        context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
+        model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
+        hardware_tflops = hardware_tflops_of(
+            workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s, context
+        )
+        # The peak of the precision that ran (read back from torch), not of the lever's name.
+        peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
+        peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
+        measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
+        mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
+        defects = [
+            d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d
+        ]
+        return TrialResult(
+            status=Status.DIVERGED if diverged else Status.PRUNED if timer.stopped_early else Status.OK,
+            error=diverged or "",
+            samples_per_s=samples_per_s,
+            tokens_per_s=samples_per_s * workload.seq_len,
+            real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
+            attention_context=context or float(workload.seq_len),
+            model_tflops=model_tflops,
+            hardware_tflops=hardware_tflops,
+            mfu=None if mfu is not None and mfu > 1 else mfu,
+            hfu=None if hfu is not None and hfu > 1 else hfu,
+            mfu_measured=utilisation(model_tflops, measured_peak_tflops),
+            hfu_measured=utilisation(hardware_tflops, measured_peak_tflops),
+            peak_dtype=peak_dtype,
+            peak_tflops=peak_tflops,
+            measured_peak_tflops=measured_peak_tflops,
+            step_time_median_s=stats.median_s,
+            step_time_cv=stats.cv,
+            steady=stats.converged,
+            peak_batch=peak_batch,
+            **steps_and_peaks(job, timer, self.ceiling_source, peaks, self.started, self.model_build_s),
+            loss_curve=record.curve,
+            loss_measured_from=record.measured_from,
+            loss_nonfinite=record.nonfinite,
+            skipped_steps=record.skipped_steps,
+            skipped_measured_steps=record.skipped_measured,
+            weights_finite=record.weights_finite,
+            gradient_scale=recorder.gradient_scale,
+            runtime=runtime,
+            defects=defects,
+            setup_pass_s=setup_s,
+            setup_pass_samples=setup_samples,
+            run_passes=passes,
+        )
 
 
 def still_compiling(

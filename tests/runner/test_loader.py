@@ -98,3 +98,34 @@ def test_the_export_and_the_report_say_which_batch_set_the_peak():
         **{**fields, "number": 2, "status": "ok", "config": TrialConfig(), "result": result, "reused": False}
     )
     assert f"peak set by {words}" in row.hover()
+
+
+@pytest.mark.slow
+def test_a_timeout_in_the_fullest_batchs_step_keeps_what_the_timed_steps_measured(
+    tmp_path, gpt2_tiny, cpu, fast_measure
+):
+    """The timed steps were measured, then the timeout ended the step on the fullest batch: the trial is a
+    timeout (whether that batch fits is not known: not ranked), its speed kept. The old code recorded nothing
+    of the steps: a smollm2-135m trial lost its 700 s of measured training that way."""
+    prepared = prepare_dataset(
+        str(write_ids(tmp_path / "d.jsonl", 2000, 2)), gpt2_tiny, SEQ_LEN, 8, 40, str(tmp_path / "cache")
+    )
+    job = TrialJob(
+        workload=Workload.for_model(
+            gpt2_tiny,
+            device=cpu,
+            seq_len=SEQ_LEN,
+            ceiling_bytes=16 * 1024**3,
+            measure=fast_measure,
+            dataset=prepared,
+            callbacks=("tests.support.faults:SlowFullestBatch",),
+        ),
+        config=TrialConfig(micro_batch=8, pin_memory=False, padding="longest"),
+        work_dir=str(tmp_path / "trial"),
+    )
+    result = run_isolated(job, timeout_s=45)  # the timed steps take 5-15 s here; the fullest batch's, an hour
+    assert result.status == "timeout", result.error
+    assert result.measured_steps > 0 and result.samples_per_s > 0 and result.step_time_median_s > 0
+    assert not result.feasible
+    assert "It was killed in the step on its fullest batch, after" in result.error
+    assert f"at {result.samples_per_s:.3g} samples/s (kept; whether that batch fits is not known)" in result.error

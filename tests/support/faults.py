@@ -436,3 +436,19 @@ class SlowerSteps(SlowSteps):
     """:class:`SlowSteps` at 16 times each step's own time: four times as slow as :class:`SlowSteps`."""
 
     factor = 15.0
+
+
+class SlowFullestBatch(TrainerCallback):
+    """Training ends, then the model's forward takes an hour: the one step after the timed ones, on the fullest
+    batch (autotune/runner/_trial.py: worst_case_peaks), outlasts any timeout (a batch far longer than those the
+    timed steps drew)."""
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        forward = model.forward
+
+        def an_hour_late(*inputs, **named):
+            time.sleep(3600)
+            return forward(*inputs, **named)
+
+        model.forward = an_hour_late
+        return control
