@@ -7,10 +7,7 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
 import os
-import platform
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,12 +27,7 @@ from autotune.levers import (
     with_levers_off_explicit,
 )
 from autotune.result import (
-    Status,
     TrialResult,
-    loss_record,
-    nonfinite_reason,
-    over_the_run,
-    passes_over_data,
     skipped_among,
     trained_fraction,
 )
@@ -44,22 +36,17 @@ from autotune.runner._job import TrialJob
 from autotune.runner._limits import allocator_read_back, allocator_settings, limit_address_space
 from autotune.runner._loader import SyntheticTokens, load_training_dataset
 from autotune.runner._loss_recorder import LossRecorder, weights_are_finite
+from autotune.runner._measured import MeasuredSteps
 from autotune.runner._memory_probe import MemoryProbe, memory_probe
 from autotune.runner._precision import (
     AutocastRecorder,
     accelerator_autocast_dtype,
     align_legacy_tf32,
     cuda_matmul_precision,
-    ran_dtype,
-    utilisation_defect,
 )
 from autotune.runner._sample_lengths import SampleLengths
 from autotune.runner._side_effects import trial_overrides
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
-from autotune.spec.devices import DeviceSpec
-from autotune.spec.flops import hardware_tflops as hardware_tflops_of
-from autotune.spec.flops import model_tflops as model_tflops_of
-from autotune.spec.flops import utilisation
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
 from autotune.spec.peft import apply_peft, lora_config
@@ -161,9 +148,9 @@ def train_and_measure(
             autocast.attach(model)
         align_legacy_tf32(torch)  # after TrainingArguments and the accelerator set TF32, before compile reads it
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
+        steps = MeasuredSteps(timer, recorder, lengths, varying, trainer, probe.ceiling_source, started, model_build_s)
         if timer.still_compiling:  # no steady state, and the fullest batch would compile once more
-            return still_compiling(job, timer, probe, started, model_build_s)
-        steps = _Measured(timer, recorder, lengths, varying, trainer, probe.ceiling_source, started, model_build_s)
+            return steps.still_compiling(job, probe.peaks())
         peaks, peak_batch = probe.peaks(), ""
         compiled = job.config.compiled_as is not None
         if varying:
@@ -176,147 +163,6 @@ def train_and_measure(
     finally:
         probe.stop()
     return steps.result(job, peaks, peak_batch, weights_finite, runtime)
-
-
-@dataclasses.dataclass
-class _Measured:
-    """What a trial's timed steps left, turned into its result by :meth:`result`: once after the fullest
-    batch's step, and, where a timeout may end that step, once before it (``on_measured``)."""
-
-    timer: StepTimer
-    recorder: LossRecorder
-    lengths: SampleLengths
-    varying: bool
-    trainer: Trainer
-    ceiling_source: str
-    started: float
-    model_build_s: float
-
-    def result(
-        self,
-        job: TrialJob,
-        peaks: dict[str, int],
-        peak_batch: str,
-        weights_finite: bool | None,
-        runtime: dict[str, str],
-    ) -> TrialResult:
-        workload, timer, recorder, lengths, trainer = (
-            job.workload,
-            self.timer,
-            self.recorder,
-            self.lengths,
-            self.trainer,
-        )
-        stats = timer.stats()
-        if stats.measured_steps == 0:
-            raise RuntimeError("training ended before any step was measured (dataset shorter than the warm-up?)")
-        record = loss_record(recorder.losses, recorder.skipped_steps, timer.measured_step_numbers, weights_finite)
-        diverged = nonfinite_reason(record, stats.measured_steps)
-        # A step the grad scaler skipped trained on nothing: only steps that updated the weights count.
-        trained = trained_fraction(stats.measured_steps, record.skipped_measured)
-        # Batches of different lengths (padding longest / padding_free, every SFTTrainer batching) differ
-        # in cost by design: their throughput is the mean over the measured steps, not the median of a window.
-        samples_per_s = job.config.global_batch * trained / (stats.mean_s if self.varying else stats.median_s)
-        if trainer_named(workload.trainer).samples_counted_from_lengths:  # however packing puts them in rows
-            samples_per_s = trained * lengths.totals(timer.measured_step_numbers)[0] / stats.measured_s
-        real_tokens_per_s = trained * stats.measured_tokens / stats.measured_s if workload.dataset is not None else None
-        # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
-        # rate below counts its share over the user's run (autotune.result.over_the_run).
-        setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(trainer)
-        samples = workload.dataset.num_samples if workload.dataset is not None else None
-        passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
-        if setup_samples:
-            share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
-            samples_per_s *= share
-            real_tokens_per_s = real_tokens_per_s * share if real_tokens_per_s is not None else None
-        # The attention term over each sample's own length (sum s_i^2), as the collator emitted them.
-        context = lengths.context(timer.measured_step_numbers) if workload.dataset is not None else None
-        model_tflops = model_tflops_of(workload.model, workload.seq_len, samples_per_s, real_tokens_per_s, context)
-        hardware_tflops = hardware_tflops_of(
-            workload.model, workload.seq_len, samples_per_s, job.config.recomputes_forward, real_tokens_per_s, context
-        )
-        # The peak of the precision that ran (read back from torch), not of the lever's name.
-        peak_dtype = ran_dtype(workload.device.kind, runtime.get("autocast_dtype") or None, runtime["matmul_precision"])
-        peak_tflops = workload.device.datasheet_peak_tflops(peak_dtype)
-        measured_peak_tflops = workload.measured_peaks_tflops.get(peak_dtype)
-        mfu, hfu = utilisation(model_tflops, peak_tflops), utilisation(hardware_tflops, peak_tflops)
-        defects = [
-            d for d in (utilisation_defect("MFU", mfu, peak_dtype), utilisation_defect("HFU", hfu, peak_dtype)) if d
-        ]
-        return TrialResult(
-            status=Status.DIVERGED if diverged else Status.PRUNED if timer.stopped_early else Status.OK,
-            error=diverged or "",
-            samples_per_s=samples_per_s,
-            tokens_per_s=samples_per_s * workload.seq_len,
-            real_tokens_per_s=real_tokens_per_s if real_tokens_per_s is not None else samples_per_s * workload.seq_len,
-            attention_context=context or float(workload.seq_len),
-            model_tflops=model_tflops,
-            hardware_tflops=hardware_tflops,
-            mfu=None if mfu is not None and mfu > 1 else mfu,
-            hfu=None if hfu is not None and hfu > 1 else hfu,
-            mfu_measured=utilisation(model_tflops, measured_peak_tflops),
-            hfu_measured=utilisation(hardware_tflops, measured_peak_tflops),
-            peak_dtype=peak_dtype,
-            peak_tflops=peak_tflops,
-            measured_peak_tflops=measured_peak_tflops,
-            step_time_median_s=stats.median_s,
-            step_time_cv=stats.cv,
-            steady=stats.converged,
-            peak_batch=peak_batch,
-            **steps_and_peaks(job, timer, self.ceiling_source, peaks, self.started, self.model_build_s),
-            loss_curve=record.curve,
-            loss_measured_from=record.measured_from,
-            loss_nonfinite=record.nonfinite,
-            skipped_steps=record.skipped_steps,
-            skipped_measured_steps=record.skipped_measured,
-            weights_finite=record.weights_finite,
-            gradient_scale=recorder.gradient_scale,
-            runtime=runtime,
-            defects=defects,
-            setup_pass_s=setup_s,
-            setup_pass_samples=setup_samples,
-            run_passes=passes,
-        )
-
-
-def still_compiling(
-    job: TrialJob, timer: StepTimer, probe: MemoryProbe, started: float, model_build_s: float
-) -> TrialResult:
-    """A trial stopped because torch.compile compiled again in more steps after warm-up than
-    ``recompile_limit`` allows (:attr:`StepTimer.still_compiling`): what it ran, and why it stopped."""
-    limit = job.workload.measure.recompile_limit
-    return TrialResult(
-        status=Status.RECOMPILING,
-        error=(
-            f"torch.compile compiled again in {timer.recompiled_steps} steps after warm-up (more than {limit}): "
-            f"batches of a new shape compile at every step, so there is no steady state to measure "
-            f"({timer.stats().compile_s:.0f} s compiling); compile with fixed shapes (padding max_length, no packing) or not at all"
-        ),
-        **steps_and_peaks(job, timer, probe.ceiling_source, probe.peaks(), started, model_build_s),
-    )
-
-
-def steps_and_peaks(
-    job: TrialJob, timer: StepTimer, source: str, peaks: dict[str, int], started: float, model_build_s: float
-) -> dict[str, Any]:
-    """The fields of a result that every trial which ran steps records: its steps, times and peaks."""
-    stats = timer.stats()
-    return dict(
-        measured_steps=stats.measured_steps,
-        measured_s=stats.measured_s,
-        step_times_s=list(timer.step_times),
-        warmup_steps=stats.warmup_steps,
-        warmup_s=stats.warmup_s,
-        compile_s=stats.compile_s,
-        recompiled_steps=timer.recompiled_steps,
-        setup_s=(timer.first_step_started_at or started) - started,
-        model_build_s=model_build_s,
-        peak_memory_bytes=peaks[source],
-        memory_source=source,
-        memory_peaks=peaks,
-        ceiling_bytes=job.workload.ceiling_bytes,
-        versions=versions(job.workload.device),
-    )
 
 
 def worst_case_peaks(
@@ -471,45 +317,3 @@ def _pruner(job: TrialJob, recorder: LossRecorder, lengths: SampleLengths):  # n
         return clearly_slower(timer.step_times, samples_per_step, threshold, job.prune_step_noise, timer.settings)
 
     return losing
-
-
-# The libraries a trial's speed and memory depend on, by distribution name: recorded with every trial, so
-# `autotune verify` can say which of them changed since the study measured (an upgrade can slow a run
-# down: a transformers nightly made a 750-step run take 43 h, unsloth#1144). Read from the installed
-# metadata (importlib.metadata): the child imports none of them for it.
-RECORDED_DISTRIBUTIONS = (
-    "torch",
-    "transformers",
-    "trl",
-    "accelerate",
-    "peft",
-    "deepspeed",
-    "bitsandbytes",
-    "liger-kernel",
-)
-NOT_INSTALLED = "not installed"
-
-
-def versions(device: DeviceSpec) -> dict[str, str]:
-    """The software a trial ran on (each of :data:`RECORDED_DISTRIBUTIONS`, Python, CUDA and the driver
-    on a GPU) and the device's name, kept with its result."""
-    found = {name: installed_version(name) for name in RECORDED_DISTRIBUTIONS}
-    found["python"] = platform.python_version()
-    found["device"] = device.name
-    if device.kind == "cuda":
-        found["cuda"] = str(torch.version.cuda)
-        try:
-            import pynvml
-
-            found["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
-        except Exception:  # noqa: BLE001 - the driver version is informative only
-            pass
-    return found
-
-
-def installed_version(distribution: str) -> str:
-    """``distribution``'s installed version, from its metadata (nothing imported), or ``not installed``."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return NOT_INSTALLED

@@ -38,7 +38,7 @@ run and fit; absent from records written before it), ``noise``, ``runs``, ``seco
 (trial number -> its re-runs' summary, ``Confirmation.to_attr``).
 
 A trial's ``result`` records the versions it ran with (``TrialResult.versions``: each library of
-``autotune.runner._trial.RECORDED_DISTRIBUTIONS``, ``not installed`` where absent, Python, the device's
+``autotune.runner._measured.RECORDED_DISTRIBUTIONS``, ``not installed`` where absent, Python, the device's
 name, CUDA and the driver on a GPU; trials recorded before a library joined that list lack its key).
 
 Study system attributes: ``autotune_setup_by`` (study set-up, while it sets a new study up; read

@@ -365,7 +365,7 @@ ALLOWED_FIELDS = {
     },
     ("autotune/runner/_baseline.py", "deepspeed"): "the library's name (its import time is measured)",
     ("autotune/runner/_cpu_deepspeed.py", "deepspeed"): "the library's name (imported among the preloads)",
-    ("autotune/runner/_trial.py", "deepspeed"): "the library's distribution name (its version recorded)",
+    ("autotune/runner/_measured.py", "deepspeed"): "the library's distribution name (its version recorded)",
     ("autotune/runner/_side_effects.py", "deepspeed"): "the trial's DeepSpeed config, its monitors turned off",
     ("autotune/runner/_trial.py", "per_device_train_batch_size"): "the built arguments read back in the child",
     ("autotune/runner/_loss_recorder.py", "gradient_accumulation_steps"): "the built arguments read back in the child",

@@ -36,14 +36,13 @@ def test_the_prepared_sample_keeps_the_datas_longest_samples(tmp_path, gpt2_tiny
     assert len(lengths) == 32 and sorted(lengths)[-LONG:] == [SEQ_LEN] * LONG and lengths.count(4) == 32 - LONG
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("padding", ["padding_free", "longest"])
-def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tiny, cpu, fast_measure, padding):
-    # gpt2-tiny's 50k-token head: a batch's logits are 12 bytes x tokens x 50257, so the tokens decide the peak.
+def _job_on_two_long_samples(tmp_path, gpt2_tiny, cpu, fast_measure, padding: str, callbacks=()) -> TrialJob:
+    """gpt2-tiny on 2,000 samples of 4 tokens and 2 of SEQ_LEN (its 50k-token head: a batch's logits are
+    12 bytes x tokens x 50257, so the tokens decide the peak)."""
     prepared = prepare_dataset(
         str(write_ids(tmp_path / "d.jsonl", 2000, 2)), gpt2_tiny, SEQ_LEN, 8, 40, str(tmp_path / "cache")
     )
-    job = TrialJob(
+    return TrialJob(
         workload=Workload.for_model(
             gpt2_tiny,
             device=cpu,
@@ -51,10 +50,17 @@ def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tin
             ceiling_bytes=16 * 1024**3,
             measure=fast_measure,
             dataset=prepared,
+            callbacks=callbacks,
         ),
         config=TrialConfig(micro_batch=8, pin_memory=False, padding=padding),
         work_dir=str(tmp_path / "trial"),
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padding", ["padding_free", "longest"])
+def test_the_worst_batch_runs_once_and_its_peak_is_the_trials(tmp_path, gpt2_tiny, cpu, fast_measure, padding):
+    job = _job_on_two_long_samples(tmp_path, gpt2_tiny, cpu, fast_measure, padding)
     result = run_isolated(job, timeout_s=300)
     assert result.status == "ok", result.error
     measured = result.memory_peaks["measured_steps_peak_bytes"]
@@ -107,21 +113,8 @@ def test_a_timeout_in_the_fullest_batchs_step_keeps_what_the_timed_steps_measure
     """The timed steps were measured, then the timeout ended the step on the fullest batch: the trial is a
     timeout (whether that batch fits is not known: not ranked), its speed kept. The old code recorded nothing
     of the steps: a smollm2-135m trial lost its 700 s of measured training that way."""
-    prepared = prepare_dataset(
-        str(write_ids(tmp_path / "d.jsonl", 2000, 2)), gpt2_tiny, SEQ_LEN, 8, 40, str(tmp_path / "cache")
-    )
-    job = TrialJob(
-        workload=Workload.for_model(
-            gpt2_tiny,
-            device=cpu,
-            seq_len=SEQ_LEN,
-            ceiling_bytes=16 * 1024**3,
-            measure=fast_measure,
-            dataset=prepared,
-            callbacks=("tests.support.faults:SlowFullestBatch",),
-        ),
-        config=TrialConfig(micro_batch=8, pin_memory=False, padding="longest"),
-        work_dir=str(tmp_path / "trial"),
+    job = _job_on_two_long_samples(
+        tmp_path, gpt2_tiny, cpu, fast_measure, "longest", callbacks=("tests.support.faults:SlowFullestBatch",)
     )
     result = run_isolated(job, timeout_s=45)  # the timed steps take 5-15 s here; the fullest batch's, an hour
     assert result.status == "timeout", result.error

@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from autotune.result import Judgement, TrialResult, VersionChange
-from autotune.runner._trial import NOT_INSTALLED, RECORDED_DISTRIBUTIONS
+from autotune.runner._measured import NOT_INSTALLED, RECORDED_DISTRIBUTIONS
 from autotune.storage import schema
 from autotune.study._verify import changed_versions, judge
 from tests.support.bad_input import assert_one_error_line
