@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli, run_cli_in_process
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
 from tests.support.local_model import corpus, make_local_model, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def byo_run(tmp_path_factory):
     (root / "base.json").write_text(json.dumps(BASE))
     (root / "space.yaml").write_text(SPACE)
     storage = f"sqlite:///{root / 'study.db'}"
-    search = run_cli(
+    search = run_cli_in_process(
         "search",
         "--model",
         str(model_dir),
@@ -57,7 +57,6 @@ def byo_run(tmp_path_factory):
         "0",
         cwd=root,
     )
-    # The search is the end-to-end run (`python -m autotune`); the export reads the study in this process.
     export = run_cli_in_process("export", "--storage", storage, "--out", "best.json", cwd=root)
     return root, storage, search, export
 

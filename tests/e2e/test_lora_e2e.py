@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.support.cli import FAST_SEARCH_ARGS, REPO, run_cli, run_cli_in_process
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ def lora_study(tmp_path_factory):
     (workdir / "adapter.json").write_text(json.dumps(ADAPTER))
     (workdir / "space.yaml").write_text("micro_batch: [2, 4]\n")
     storage = f"sqlite:///{workdir / 'autotune.db'}"
-    searched = run_cli(
+    searched = run_cli_in_process(
         "search",
         "--model",
         "gpt2-tiny",
@@ -39,7 +39,6 @@ def lora_study(tmp_path_factory):
         "tests.support.faults:RecordParameters",
         *FAST_SEARCH_ARGS,
         cwd=workdir,
-        env={"PYTHONPATH": str(REPO)},  # tests.support.faults importable for --callback
     )
     assert searched.returncode == 0, searched.stderr
     return workdir, storage
@@ -68,7 +67,7 @@ def test_every_trial_trained_the_adapters_and_its_tflops_use_the_lora_formula(lo
 
 def test_best_export_and_report_carry_the_adapters(lora_study, tmp_path):
     workdir, storage = lora_study
-    # The study's readers in this process: the search above is the end-to-end run (`python -m autotune`).
+    # The study's readers, in this process as the search above.
     shown = run_cli_in_process("best", "--storage", storage, cwd=workdir)
     assert shown.returncode == 0, shown.stderr
     exported = run_cli_in_process(

@@ -16,7 +16,7 @@ pytest.importorskip("trl")
 
 @pytest.fixture(scope="module")
 def sft_search(sft_study):
-    """The run's SFT study (tests/support/sft_study.py: `python -m autotune search`, made once) and
+    """The run's SFT study (tests/support/sft_study.py: `autotune search`, made once) and
     `autotune best` on it, in this process."""
     best = run_cli_in_process("best", "--storage", sft_study.storage, cwd=sft_study.root)
     return sft_study.search, best, sft_study.storage

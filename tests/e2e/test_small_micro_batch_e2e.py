@@ -8,7 +8,7 @@ import pytest
 from autotune.estimate import UNCALIBRATED_MARGIN, estimate_peak
 from autotune.levers import TrialConfig
 from autotune.runner import trial_memory_prior
-from tests.support.cli import run_cli, run_cli_in_process
+from tests.support.cli import run_cli_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_auto_searches_small_micro_batches_where_8_does_not_fit(tmp_path, cpu, g
     space = tmp_path / "space.yaml"
     space.write_text("micro_batch: auto\ndtype: [fp32]\noptim: [adamw_torch]\npin_memory: [false]\n")
     storage = f"sqlite:///{tmp_path / 'autotune.db'}"
-    searched = run_cli(
+    searched = run_cli_in_process(
         "search",
         "--model",
         "gpt2-tiny",

@@ -44,10 +44,12 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
     ``run_cli`` (a real subprocess) stays the way to run a command whose behaviour is about processes
     (signals, a crash, a server, several workers), a search whose trials must see ``env`` (a forkserver
     already running keeps the environment it started with), and the real ``python -m autotune`` a user
-    runs: each end-to-end search in tests/e2e/ and tests/test_cli_errors.py (the readers of the study an
-    end-to-end search made run here, and so does a rerun of a study a real process left, as
-    tests/e2e/test_resume.py's after its SIGKILL: an interpreter start each, under load tens of seconds,
-    for nothing the test is about).
+    runs from a fresh interpreter: tests/e2e/test_search_e2e.py's search and tests/test_cli_errors.py's
+    fresh-interpreter cases. The other end-to-end searches (LoRA, bring-your-own, small micro-batches, the
+    SFT and DPO studies) run their whole path here, entry point to trials: a search as a process costs
+    about 20 s of CPU before its first trial (its own imports, then its forkserver's torch, transformers,
+    peft and DeepSpeed: 12-13 s), which on CI's two cores was a tenth of the suite's time for nothing
+    those tests are about (docs/benchmarks.md, "The test suite").
 
     An exception escaping ``main`` is returned as exit 1 with its traceback on stderr, as a process
     would end, so a test of "no traceback" fails on it.

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support.cli import run_cli
+from tests.support.cli import run_cli_in_process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,15 +30,14 @@ def search_rows(
     max_measure_steps: int,
     model: str = "llama-tiny",
 ) -> subprocess.CompletedProcess:
-    """``python -m autotune search --model MODEL --dataset DATASET --device cpu`` in ``root`` over its
-    ``space.yaml``, with no confirmation re-runs and no pruning; it must succeed."""
-    search = run_cli(
+    """``autotune search --model MODEL --dataset DATASET --device cpu`` in ``root`` over its ``space.yaml``
+    (the entry point, in this process), with no confirmation re-runs and no pruning; it must succeed."""
+    search = run_cli_in_process(
         *("search", "--model", model, "--dataset", dataset, "--device", "cpu", "--trials", str(trials)),
         *("--seq-len", str(seq_len), "--space", "space.yaml", "--storage", storage, "--work-dir", "runs"),
         *("--warmup-steps", str(warmup_steps), "--max-measure-steps", str(max_measure_steps)),
         *("--confirm-top", "0", "--prune-ratio", "0"),
         cwd=root,
-        timeout=1500,
     )
     assert search.returncode == 0, search.stdout[-3000:] + search.stderr[-3000:]
     return search

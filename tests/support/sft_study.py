@@ -2,8 +2,9 @@
 SFT fidelity benchmark's test (tests/test_bench_sft_fidelity.py), built once per test run (the
 ``sft_study`` fixture in conftest.py, through ``tests.support.made_once``): the generated chat corpus,
 the fidelity benchmark's own space (benchmarks/bench_sft_fidelity.py: packing, attention and weight
-dtype among the levers), and ``python -m autotune search --model llama-tiny --dataset chat.jsonl``, the
-command a user runs, with TRL's default SFTConfig as its first trial."""
+dtype among the levers), and ``autotune search --model llama-tiny --dataset chat.jsonl``, the command a user
+runs (its entry point, in the test process: tests/support/cli.py's ``run_cli_in_process``), with TRL's default
+SFTConfig as its first trial."""
 
 from __future__ import annotations
 
