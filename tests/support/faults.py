@@ -405,12 +405,14 @@ class SigkillRankOneAtStep(FaultAtStep):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SigkillRankOneAtMicroBatch8(SigkillRankOneAtStep):
-    """Rank 1 kills itself in the trials of micro-batch 8 only: the study's other configs train, so a
-    search shows a rank killed mid-trial ending that trial alone."""
+class SigkillRankOneOnTheFirstAttempt(SigkillRankOneAtStep):
+    """Rank 1 kills itself in a trial's first attempt only (a mark left in the trial's work directory, which its
+    retry shares, says it did): a search shows the rank's death as the attempt's crash, and the retry trains."""
 
     def fire(self, args, kwargs) -> None:
-        if args.per_device_train_batch_size == 8:
+        mark = Path(args.output_dir) / "rank-1-killed-once"
+        if os.environ.get("RANK") == "1" and not mark.exists():
+            mark.touch()
             super().fire(args, kwargs)
 
 
