@@ -4,6 +4,10 @@
 #   bash scripts/test.sh -k export  # extra arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's start on its own line, seconds since this script started: CI's log shows where its time went
+# (pytest's own "in N s" counts only its session).
+phase() { echo "== ${SECONDS} s: $*"; }
+phase "install"
 
 # System packages: Chromium renders the HTML report in its test; the PostgreSQL server backs the
 # multi-worker tests (the suite starts its own server in a temp dir, on loopback). Installed in the
@@ -58,6 +62,7 @@ for op in ShareMemCommBuilder CPUAdamBuilder; do
   op_builds+=($!)
 done
 
+phase "lint and types (DeepSpeed's ops building in the background)"
 # Lint, format and types first (seconds; mypy about a minute): a red line here names the file and the fix.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
@@ -75,10 +80,13 @@ status=0
 # throughout (vmstat), so a fourth worker would only share them.
 # --no-loadscope-reorder: files start in the order tests/conftest.py gives them (heaviest first).
 # --durations: every CI log shows where the time goes (the suite runs close to its time limit).
+phase "pytest"
 .venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder --durations=40 "$@" || status=$?
+phase "pytest ended (exit status $status)"
 for build in "${op_builds[@]}"; do wait "$build" || echo "a DeepSpeed op build failed (the trials built it themselves): $(ls .venv/logs/build-*.log)" >&2; done
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here, not a pass" >&2
   exit 1
 fi
+phase "done"
 exit "$status"
