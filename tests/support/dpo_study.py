@@ -1,9 +1,10 @@
 """One real ``--trainer dpo`` study for the DPO end-to-end tests (tests/e2e/test_dpo_e2e.py), built once per
 test run (the ``dpo_study`` fixture in conftest.py, through ``tests.support.made_once``): generated
-preference pairs (``autotune chat-corpus --format preference``) and ``autotune search --model
-./decoder --dataset prefs.jsonl --device cpu``, the command a user runs (its entry point, in the test process), on a local 2-layer decoder (its
-``config.json`` alone: llama-tiny's at 2 layers and a 4,096-word vocabulary, the synthetic tokenizer's), with
-no ``--trainer`` (the rows choose DPOTrainer), TRL's default DPOConfig as its first trial."""
+preference pairs (``autotune chat-corpus --format preference``) and ``autotune search --model ./decoder
+--dataset prefs.jsonl --device cpu``, the command a user runs (its entry point, in the test process), on a
+local 2-layer decoder (its ``config.json`` alone: llama-tiny's at 2 layers and a 4,096-word vocabulary, the
+synthetic tokenizer's), with no ``--trainer`` (the rows choose DPOTrainer), TRL's default DPOConfig as its first
+trial."""
 
 from __future__ import annotations
 
