@@ -156,7 +156,7 @@ def train_and_measure(
         if varying:
             if on_measured is not None:  # the weights not checked: reading them is not part of what is measured
                 runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes(), compiled=compiled)
-                on_measured(steps.result(job, peaks, "", None, runtime).to_dict())
+                on_measured(steps.result(job, peaks, peak_batch="", weights_finite=None, runtime=runtime).to_dict())
             peaks, peak_batch = worst_case_peaks(trainer, job, batching, probe, peaks)
         weights_finite = weights_are_finite(model)  # after the peaks: not part of what was measured
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes(), compiled=compiled)

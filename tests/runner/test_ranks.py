@@ -116,7 +116,7 @@ def test_a_search_records_a_killed_rank_as_that_attempts_crash_and_its_retry_tra
     tmp_path, tiny_workload, assert_no_process_left
 ):
     """A rank killed mid-trial is a crash naming the rank, no process of the trial is left, and in a
-    search (issue 22) it is that trial's failure, retried once as a crash is; the retry is two ranks trained
+    search (issue 22) it is that attempt's crash, retried once as a crash is; the retry is two ranks trained
     as one trial: the group's throughput, the largest rank's peak. (One trial for all of it: each attempt
     is two interpreters importing torch and transformers. That a crash on both attempts fails the trial
     is the loop's rule for any crash: tests/runner/test_faults.py.)"""
