@@ -10,8 +10,10 @@ Two checks, no training:
   datasheet alone, side by side with what was published; and every 8-GPU row of llm-foundry's H100 and A100
   tables up to 16k tokens (``benchmarks/data/published_llm_foundry.json``, 75 rows: MPT-125M to 30B, 512 to 16,384 tokens), per GPU.
 
-The grids record the CPU's model name ("AMD EPYC") but not its flags: each grid is predicted for the CPU
-its own figures point to (``GRID_CPUS``, with the reason) and, beside it, for the other kind.
+The single-pass grids record the CPU's model name ("AMD EPYC") but not its flags: each is predicted for the
+CPU its own figures point to (``GRID_CPUS``, with the reason) and, beside it, for the other kind. The grids
+measured several times over (``REPEATED_GRIDS``) record their CPU's flags and calibration: the prior against
+the median of their passes, and the search's own model after its first 3 trials replayed on that median.
 
     python -m benchmarks.bench_speed_prior
 """
@@ -162,19 +164,36 @@ SEARCH_SEEDS = 3
 
 
 def search_model_check(
-    path: Path, ceiling: int, trials: int = CALIBRATION_TRIALS, seeds: int = SEARCH_SEEDS
+    grid: Grid,
+    name: str,
+    space_path: Path,
+    ceiling: int,
+    device: DeviceSpec,
+    calibration: Path | None = None,
+    trials: int = CALIBRATION_TRIALS,
+    seeds: int = SEARCH_SEEDS,
 ) -> dict[str, Any]:
     """The search's own model after its first ``trials`` trials, replayed on the grid: ``autotune.study.search``
     (its seed trials first, then its proposals; the grid's measurements as the trials' results), then the
     landscape it proposes from, at its posterior mean (the throughput prior calibrated on those trials, plus
     the knob effects learned from them), over every config of the grid that fits. Its predicted best's
-    measured speed against the grid's best, and its rank correlation with the grid, per sampler seed."""
+    measured speed against the grid's best, and its rank correlation with the grid, per sampler seed.
+    ``calibration``: the measuring machine's record (peaks.json's format), which the search then plans with,
+    as ``autotune search`` does on a calibrated machine; without it, the CPU's nominal rates."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    grid = Grid.load(path)
     model = resolve_model(grid.meta["model"])
-    device, _ = replay_device(cpu_device(), grid)
-    space = load_space(str(DATA / GRID_SPACES[path.name]), device)
+    space = load_space(str(space_path), device)
     request = bench_request(grid, model, device, space, ceiling, prune_ratio=0.0)
+    if calibration is not None:
+        with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(calibration)}):
+            workload = dataclasses.replace(
+                request.workload,
+                measured_peaks_tflops=load_measured_peaks(device.name),
+                measured_bandwidth_gb_s=load_measured_bandwidth(device.name),
+                measured_inner_tflops=load_measured_inner_rates(device.name),
+                measured_op_rates=load_measured_op_rates(device.name),
+            )
+        request = dataclasses.replace(request, workload=workload)
     feasible = [
         (c, r)
         for c, r in grid.results.items()
@@ -207,7 +226,7 @@ def search_model_check(
     picks.sort()
     rhos.sort()
     return {
-        "grid": path.name,
+        "grid": name,
         "trials": trials,
         "seeds": seeds,
         "pick_vs_best_median": picks[len(picks) // 2],
@@ -218,6 +237,36 @@ def search_model_check(
     }
 
 
+def median_pass_grid(directory: Path) -> Grid:
+    """A repeated grid's passes as one grid to replay: each config's row from the pass whose figure for it is the
+    median (the lower middle of an even count of passes): a measured row, not an average of rows. Configs some
+    pass lacks are left out."""
+    passes = [Grid.load(path) for path in sorted(directory.glob("pass*.json"))]
+    results = {}
+    for config in passes[0].results:
+        rows = sorted((g.results[config] for g in passes if config in g.results), key=lambda r: r.model_tflops)
+        if len(rows) == len(passes):
+            results[config] = rows[(len(rows) - 1) // 2]
+    return Grid(meta=passes[0].meta, results=results)
+
+
+def repeated_grid_device(directory: Path) -> DeviceSpec:
+    """The CPU that measured a repeated grid, as its first pass recorded it (name and flags): the name is what
+    its ``calibration.json`` is keyed by."""
+    meta = Grid.load(sorted(directory.glob("pass*.json"))[0]).meta
+    return DeviceSpec("cpu", None, meta["device"], 24 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset(meta["cpu_flags"]))
+
+
+def repeated_search_model_check(directory: Path, ceiling: int, workdir: Path) -> dict[str, Any]:
+    """:func:`search_model_check` on the median of a repeated grid's passes, planned with the machine's
+    calibration; the space is the one the passes recorded (their ``meta["space"]``)."""
+    grid = median_pass_grid(directory)
+    space_path = workdir / f"{directory.name}-space.yaml"
+    space_path.write_text(json.dumps(grid.meta["space"]))  # JSON is YAML
+    device = repeated_grid_device(directory)
+    return search_model_check(grid, directory.name, space_path, ceiling, device, directory / "calibration.json")
+
+
 # Grids measured several times over on one CPU calibrated the same hour (``autotune devices --calibrate``): a
 # directory of ``pass<N>.json`` (each ``python -m benchmarks.bench_search ... --grid pass<N>.json --rounds 0``,
 # one after the other) and ``calibration.json``, the machine's record in peaks.json's format. The one
@@ -225,7 +274,11 @@ def search_model_check(
 # reproducibility is measured, not modelled (``perfect_predictor_spearman``): how well one pass ranks the
 # configs as the others do.
 # Each with the ceiling its passes were measured under (``--ceiling``).
-REPEATED_GRIDS = {"bench_grid_llama_xeon_amx": 980 * 2**20, "bench_grid_bert_xeon_amx": int(1.25 * 2**30)}
+REPEATED_GRIDS = {
+    "bench_grid_llama_xeon_amx": 980 * 2**20,
+    "bench_grid_bert_xeon_amx": int(1.25 * 2**30),
+    "bench_grid_gpt2_epyc_avx2": int(2.5 * 2**30),
+}
 
 
 def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
@@ -247,9 +300,7 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
     medians = [median([figures[i] for figures in by_pass]) for i in range(len(configs))]
     step_s = [median([g.results[c].step_time_median_s for g in passes]) for c in configs]
     model = resolve_model(meta["model"])
-    device = DeviceSpec(
-        "cpu", None, meta["device"], 24 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset(meta["cpu_flags"])
-    )
+    device = repeated_grid_device(directory)
     works = [step_work(model, c, int(meta["seq_len"]), "cpu", matmul_dtype(c.precision)) for c in configs]
     with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(directory / "calibration.json")}):
         calibrated = speed_prior(
@@ -499,10 +550,16 @@ def main() -> None:
             result = grid_check(DATA / name, kind, ceiling)
             print(label, json.dumps(result, indent=None, default=str))
     for name, (ceiling, _) in GRID_CPUS.items():
-        print("the search's model", json.dumps(search_model_check(DATA / name, ceiling)))
+        grid = Grid.load(DATA / name)
+        device, _ = replay_device(cpu_device(), grid)
+        check = search_model_check(grid, name, DATA / GRID_SPACES[name], ceiling, device)
+        print("the search's model", json.dumps(check))
     for name, ceiling in REPEATED_GRIDS.items():
         print("repeated", json.dumps(repeated_grid_check(DATA / name, ceiling)))
     with tempfile.TemporaryDirectory() as workdir:
+        for name, ceiling in REPEATED_GRIDS.items():
+            check = repeated_search_model_check(DATA / name, ceiling, Path(workdir))
+            print("the search's model, repeated", json.dumps(check))
         for figure in PUBLISHED:
             print(json.dumps(published_check(figure, Path(workdir)), default=str))
         foundry = foundry_sweep(Path(workdir))

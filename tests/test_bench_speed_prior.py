@@ -59,3 +59,23 @@ def test_llm_foundrys_rows_are_read_whole_and_each_mpt_is_the_size_the_tables_pr
         assert published_model(name, tmp_path).num_params == pytest.approx(count, rel=0.015)
     summary = foundry_summary(rows)
     assert sum(band["rows"] for band in summary.values()) == len(rows)
+
+
+def test_the_median_of_passes_is_each_configs_middle_measured_row_and_drops_what_a_pass_lacks(tmp_path):
+    from benchmarks.bench_speed_prior import median_pass_grid
+
+    grid = json.loads((DATA / GRID / "pass1.json").read_text())
+    measured = [row for row in grid["results"] if row["result"]["model_tflops"]]
+    for name, scale in (("pass1.json", 0.9), ("pass2.json", 1.1), ("pass3.json", 1.0)):
+        rows = [
+            {**row, "result": {**row["result"], "model_tflops": row["result"]["model_tflops"] * scale}}
+            for row in measured
+        ]
+        if name == "pass2.json":
+            rows = rows[1:]  # a config this pass did not measure
+        (tmp_path / name).write_text(json.dumps({**grid, "results": rows}))
+    median = median_pass_grid(tmp_path)
+    assert len(median.results) == len(measured) - 1
+    originals = {tuple(sorted(row["params"].items())): row["result"]["model_tflops"] for row in measured}
+    for config, result in median.results.items():
+        assert result.model_tflops == pytest.approx(originals[tuple(sorted(config.to_params().items()))])
