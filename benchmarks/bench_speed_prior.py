@@ -259,10 +259,17 @@ def repeated_grid_device(directory: Path) -> DeviceSpec:
 
 def repeated_search_model_check(directory: Path, ceiling: int, workdir: Path) -> dict[str, Any]:
     """:func:`search_model_check` on the median of a repeated grid's passes, planned with the machine's
-    calibration; the space is the one the passes recorded (their ``meta["space"]``)."""
+    calibration; the space is the passes' recorded one (``meta["space"]``) narrowed to the values every pass
+    measured (a first pass may have measured more: gpt2-tiny's also micro-batch 32), so the replayed search
+    proposes only configs the median grid has."""
     grid = median_pass_grid(directory)
+    measured = [config.to_params() for config in grid.results]
+    space = {
+        knob: [value for value in values if any(params[knob] == value for params in measured)]
+        for knob, values in grid.meta["space"].items()
+    }
     space_path = workdir / f"{directory.name}-space.yaml"
-    space_path.write_text(json.dumps(grid.meta["space"]))  # JSON is YAML
+    space_path.write_text(json.dumps(space))  # JSON is YAML
     device = repeated_grid_device(directory)
     return search_model_check(grid, directory.name, space_path, ceiling, device, directory / "calibration.json")
 

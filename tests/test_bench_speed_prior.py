@@ -79,3 +79,23 @@ def test_the_median_of_passes_is_each_configs_middle_measured_row_and_drops_what
     originals = {tuple(sorted(row["params"].items())): row["result"]["model_tflops"] for row in measured}
     for config, result in median.results.items():
         assert result.model_tflops == pytest.approx(originals[tuple(sorted(config.to_params().items()))])
+
+
+def test_the_search_replayed_on_the_median_proposes_only_what_every_pass_measured(tmp_path):
+    """A first pass that measured more than the others (gpt2-tiny's: micro-batch 32 too) records the wider space;
+    the replayed search's space is narrowed to what the median grid has, so it never asks for a config no pass
+    but one measured (the grid runner has no row for it)."""
+    from benchmarks.bench_speed_prior import repeated_search_model_check
+
+    shutil.copy(DATA / GRID / "calibration.json", tmp_path / "calibration.json")
+    grid = json.loads((DATA / GRID / "pass1.json").read_text())
+    assert 4 in grid["meta"]["space"]["micro_batch"]
+    (tmp_path / "pass1.json").write_text(json.dumps(grid))
+    narrower = [row for row in grid["results"] if row["params"]["micro_batch"] != 4]
+    (tmp_path / "pass2.json").write_text(json.dumps({**grid, "results": narrower}))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    check = repeated_search_model_check(tmp_path, CEILING, workdir)
+    assert check["picks"] and not any(pick.startswith("mb=4 ") for pick in check["picks"])
+    replayed = json.loads((workdir / f"{tmp_path.name}-space.yaml").read_text())
+    assert replayed["micro_batch"] == [1, 2]
