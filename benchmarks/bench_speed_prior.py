@@ -185,14 +185,7 @@ def search_model_check(
     space = load_space(str(space_path), device)
     request = bench_request(grid, model, device, space, ceiling, prune_ratio=0.0)
     if calibration is not None:
-        with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(calibration)}):
-            workload = dataclasses.replace(
-                request.workload,
-                measured_peaks_tflops=load_measured_peaks(device.name),
-                measured_bandwidth_gb_s=load_measured_bandwidth(device.name),
-                measured_inner_tflops=load_measured_inner_rates(device.name),
-                measured_op_rates=load_measured_op_rates(device.name),
-            )
+        workload = dataclasses.replace(request.workload, **machine_rates(calibration, device))
         request = dataclasses.replace(request, workload=workload)
     feasible = [
         (c, r)
@@ -250,11 +243,22 @@ def median_pass_grid(directory: Path) -> Grid:
     return Grid(meta=passes[0].meta, results=results)
 
 
-def repeated_grid_device(directory: Path) -> DeviceSpec:
-    """The CPU that measured a repeated grid, as its first pass recorded it (name and flags): the name is what
-    its ``calibration.json`` is keyed by."""
-    meta = Grid.load(sorted(directory.glob("pass*.json"))[0]).meta
+def repeated_grid_device(meta: dict[str, Any]) -> DeviceSpec:
+    """The CPU that measured a repeated grid, as its passes' ``meta`` recorded it (name and flags): the name is
+    what its ``calibration.json`` is keyed by."""
     return DeviceSpec("cpu", None, meta["device"], 24 * 2**30, ("fp32", "bf16"), cpu_flags=frozenset(meta["cpu_flags"]))
+
+
+def machine_rates(calibration: Path, device: DeviceSpec) -> dict[str, Any]:
+    """A machine's record (``autotune devices --calibrate``'s file, peaks.json's format) read for ``device``, as
+    the planner reads the user's (``autotune/plan/_plan.py``): the ``Workload`` fields of its measured rates."""
+    with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(calibration)}):
+        return {
+            "measured_peaks_tflops": load_measured_peaks(device.name),
+            "measured_bandwidth_gb_s": load_measured_bandwidth(device.name),
+            "measured_inner_tflops": load_measured_inner_rates(device.name),
+            "measured_op_rates": load_measured_op_rates(device.name),
+        }
 
 
 def repeated_search_model_check(directory: Path, ceiling: int, workdir: Path) -> dict[str, Any]:
@@ -270,7 +274,7 @@ def repeated_search_model_check(directory: Path, ceiling: int, workdir: Path) ->
     }
     space_path = workdir / f"{directory.name}-space.yaml"
     space_path.write_text(json.dumps(space))  # JSON is YAML
-    device = repeated_grid_device(directory)
+    device = repeated_grid_device(grid.meta)
     return search_model_check(grid, directory.name, space_path, ceiling, device, directory / "calibration.json")
 
 
@@ -307,17 +311,17 @@ def repeated_grid_check(directory: Path, ceiling: int) -> dict[str, Any]:
     medians = [median([figures[i] for figures in by_pass]) for i in range(len(configs))]
     step_s = [median([g.results[c].step_time_median_s for g in passes]) for c in configs]
     model = resolve_model(meta["model"])
-    device = repeated_grid_device(directory)
+    device = repeated_grid_device(meta)
     works = [step_work(model, c, int(meta["seq_len"]), "cpu", matmul_dtype(c.precision)) for c in configs]
-    with mock.patch.dict(os.environ, {PEAKS_FILE_ENV: str(directory / "calibration.json")}):
-        calibrated = speed_prior(
-            device,
-            load_measured_peaks(device.name),
-            load_measured_bandwidth(device.name),
-            cpu_cores=2,
-            measured_inner_tflops=load_measured_inner_rates(device.name),
-            measured_op_rates=load_measured_op_rates(device.name),
-        )
+    rates = machine_rates(directory / "calibration.json", device)
+    calibrated = speed_prior(
+        device,
+        rates["measured_peaks_tflops"],
+        rates["measured_bandwidth_gb_s"],
+        cpu_cores=2,
+        measured_inner_tflops=rates["measured_inner_tflops"],
+        measured_op_rates=rates["measured_op_rates"],
+    )
     best = max(medians)
     result: dict[str, Any] = {"grid": directory.name, "passes": len(passes), "configs": len(configs)}
     result["spread"] = best / min(medians)
