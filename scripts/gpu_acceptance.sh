@@ -29,7 +29,7 @@
 #             corpus (autotune chat-corpus), then for Qwen2.5-0.5B with LoRA and Llama-3.2-1B full fine-tune
 #             at seq len 2048: a search (--trainer sft by itself on chat rows; the LLM space) bounded to
 #             LLM_SEARCH_S, then TRL's default SFTConfig, the winner and an expert recipe (packing + Liger +
-#             compile + bf16) side by side, and the winner's export in a plain SFTTrainer
+#             compile + bf16, checkpointing off) side by side, and the winner's export in a plain SFTTrainer
 #             (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
 #             liger-kernel: install from a wheelhouse written with scripts/wheelhouse.sh --llm
 #   proof     issue 41's one call, ending inside PROOF_S (540 s) with everything in OUT_DIR: install (from
@@ -55,11 +55,11 @@
 # GPU_ACCEPTANCE_LLM_SEQ_LEN (2048), GPU_ACCEPTANCE_LLM_TRIALS (6), GPU_ACCEPTANCE_LLM_SEARCH_S (120 a model),
 # GPU_ACCEPTANCE_LLM_COMPARE_S (160 a model), GPU_ACCEPTANCE_LLM_DEVICE (cuda:0; cpu for a dry run),
 # GPU_ACCEPTANCE_LLM_SAMPLES (2000 conversations), GPU_ACCEPTANCE_LLM_LENGTH_SCALE (1: public chat data's),
-# GPU_ACCEPTANCE_LLM_EXPERT (packing=bfd,liger=true,compile=inductor,dtype=bf16), GPU_ACCEPTANCE_LLM_STEPS
+# GPU_ACCEPTANCE_LLM_EXPERT (packing=bfd,liger=true,compile=inductor,dtype=bf16,checkpointing=false), GPU_ACCEPTANCE_LLM_STEPS
 # ("3 12": warm-up and measured steps a trial), GPU_ACCEPTANCE_LLM_PLAIN_STEPS (20: the plain SFTTrainer's
 # timed steps, after 2), GPU_ACCEPTANCE_LLM_SPACE (unset: the LLM space).
 # The proof step's: GPU_ACCEPTANCE_PROOF_S (540), GPU_ACCEPTANCE_DPO_MODEL (qwen2.5-0.5b),
-# GPU_ACCEPTANCE_DPO_SEARCH_S (60), GPU_ACCEPTANCE_DPO_TRIALS (4), GPU_ACCEPTANCE_DPO_SAMPLES (400 pairs).
+# GPU_ACCEPTANCE_DPO_SEARCH_S (60), GPU_ACCEPTANCE_DPO_TRIALS (4), GPU_ACCEPTANCE_DPO_SAMPLES (2000 pairs: at least the LLM space's largest global batch, 512, on a GPU).
 # A step that fails stops the script with one line naming it (the command's own message is above it).
 set -euo pipefail
 
@@ -86,14 +86,14 @@ LLM_COMPARE_S="${GPU_ACCEPTANCE_LLM_COMPARE_S:-160}"
 LLM_DEVICE="${GPU_ACCEPTANCE_LLM_DEVICE:-cuda:0}"
 LLM_SAMPLES="${GPU_ACCEPTANCE_LLM_SAMPLES:-2000}"
 LLM_LENGTH_SCALE="${GPU_ACCEPTANCE_LLM_LENGTH_SCALE:-1}"
-LLM_EXPERT="${GPU_ACCEPTANCE_LLM_EXPERT:-packing=bfd,liger=true,compile=inductor,dtype=bf16}"
+LLM_EXPERT="${GPU_ACCEPTANCE_LLM_EXPERT:-packing=bfd,liger=true,compile=inductor,dtype=bf16,checkpointing=false}"
 read -r LLM_WARMUP LLM_MEASURE <<< "${GPU_ACCEPTANCE_LLM_STEPS:-3 12}"
 LLM_PLAIN_STEPS="${GPU_ACCEPTANCE_LLM_PLAIN_STEPS:-20}"
 PROOF_S="${GPU_ACCEPTANCE_PROOF_S:-540}"
 DPO_MODEL="${GPU_ACCEPTANCE_DPO_MODEL:-qwen2.5-0.5b}"
 DPO_SEARCH_S="${GPU_ACCEPTANCE_DPO_SEARCH_S:-60}"
 DPO_TRIALS="${GPU_ACCEPTANCE_DPO_TRIALS:-4}"
-DPO_SAMPLES="${GPU_ACCEPTANCE_DPO_SAMPLES:-400}"
+DPO_SAMPLES="${GPU_ACCEPTANCE_DPO_SAMPLES:-2000}"
 STORAGE="sqlite:///$OUT/study.db"
 STUDY="gpu-acceptance"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"  # models are built from the catalog's configs

@@ -47,5 +47,6 @@ def test_the_expert_recipe_leaves_out_what_the_cpu_cannot_run_with_a_note(cpu):
     notes: list[str] = []
     expert = llm.expert_config(default_config("sft"), llm.EXPERT_RECIPE, cpu, notes)
     assert (expert.packing, expert.compile, expert.dtype, expert.liger) == ("bfd", "inductor", "bf16", False)
+    assert expert.checkpointing is False and default_config("sft").checkpointing is True  # TRL's default: on
     assert expert.micro_batch == default_config("sft").micro_batch  # the rest is TRL's default
     assert len(notes) == 1 and notes[0].startswith("expert recipe: liger=true left out on ")

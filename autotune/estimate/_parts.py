@@ -29,7 +29,7 @@ from autotune.spec.models import ModelSpec
 # being recomputed and its gradients (2). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
 # resident memory holds half a layer more: malloc does not reuse the previous layer's freed
 # recompute buffers at once (docs/benchmarks.md).
-CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 2.0}
+CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 1.0}
 # A 4-bit (NF4) weight: half a byte, plus one fp32 absmax per block of 64 (bitsandbytes'
 # ``quantize_4bit`` default blocksize; double quantization would shrink that to ~1/64 byte: a bound).
 QUANTIZED_4BIT_BYTES = 0.5 + 4 / 64
@@ -188,7 +188,10 @@ def model_state_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int,
     weight to 16 bits once per forward and autograd keeps that copy for the backward (the input
     gradient needs it, frozen or not): 2 more bytes per compute parameter (lookup-only embeddings are
     not cast; 4-bit weights are dequantized again in the backward by bitsandbytes' ``MatMul4Bit``,
-    nothing kept). bf16 weights: 2 bytes per weight and gradient, no copy.
+    nothing kept). Under checkpointing autograd keeps no copy: each layer casts its weights again when
+    its backward recomputes it, one layer's worth at a time (measured on the H200, 2026-11-30: with the
+    copies counted, Llama-3.2-1B's checkpointed peak was predicted 17 % high, 8 % without).
+    bf16 weights: 2 bytes per weight and gradient, no copy.
 
     Under PEFT (``model.peft``) the base is frozen: its weights only (4-bit ones at
     :data:`QUANTIZED_4BIT_BYTES`); the adapters are fp32 whatever the base (peft's
@@ -205,7 +208,7 @@ def model_state_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int,
         weights = weight_bytes * (n - quantized) + int(QUANTIZED_4BIT_BYTES * quantized) + 4 * adapters
         gradients = 4 * adapters
         compute_params += adapters - quantized
-    if traits.half_autocast and weight_bytes == 4:
+    if traits.half_autocast and weight_bytes == 4 and not traits.recompute:
         weights += 2 * compute_params
     return weights, gradients, optimizer_state_bytes(model, traits.optimizer, weight_bytes)
 
@@ -304,6 +307,65 @@ def layer_activation_bytes(
     return int(per_token * s * b + scores)
 
 
+def saved_layer_bytes(
+    model: ModelSpec, traits: MemoryTraits, seq_len: int, device_kind: str, shape: MicroBatchShape | None = None
+) -> int:
+    """Bytes autograd keeps for one layer: Korthikanti's count (:func:`layer_activation_bytes`) with what the
+    block's layout and the adapters change in it (:func:`layout_bytes_per_token`), for each token."""
+    shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
+    per_token = layout_bytes_per_token(model, traits, device_kind)
+    return max(layer_activation_bytes(model, traits, seq_len, device_kind, shape) + per_token * shape.tokens, 0)
+
+
+def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: str) -> int:
+    """What one layer keeps per token beyond (or, under adapters, short of) Korthikanti's block.
+
+    Counted with saved-tensor hooks on decoder blocks (tests/estimate/test_saved_activations.py), from
+    the block's :class:`~autotune.spec.models.BlockLayout`:
+
+    * under autocast with fp32 weights, each projection reading an input casts and keeps its own 16-bit
+      copy (three for separate Q, K, V; two for a gate and an up projection), where the count has one;
+    * a gated MLP keeps its gate's output, the activation and the up projection's output (three ``p f``)
+      where a two-matrix MLP keeps one;
+    * transformers' RMSNorm keeps its fp32 input and the normalised input (two ``r h``) where LayerNorm
+      keeps its input;
+    * a fused attention kernel (SDPA's flash or memory-efficient, FlashAttention) keeps its output for
+      the backward, beside the output projection's own (contiguous) input.
+
+    Under adapters (``--peft``) the base is frozen: a frozen linear keeps no input (its weight's gradient
+    is never computed, and autograd saves what a gradient it computes needs: the torch docs' autograd notes,
+    "Excluding subgraphs from backward"; the hooks count agrees), nor does a frozen
+    RMSNorm's weight product; each adapter keeps its dropout mask (bool on CUDA; on the CPU the float
+    mask of its fp32 input) and its 16-bit (fp32 without autocast) input copy, over
+    ``PeftSpec.adapted_input_width``.
+    """
+    p, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
+    layout = model.block_layout
+    h, f = model.hidden_size, model.intermediate_size
+    copies = traits.half_autocast and compute_weight_bytes(traits) == 4  # autocast casts each op's input anew
+    attention_inputs = layout.attention_input_projections if copies else 1
+    mlp_inputs = layout.mlp_input_projections if copies else 1
+    mlp_saved = 4 if layout.gated_mlp else 2  # f-wide tensors a trainable MLP keeps (Korthikanti: 2)
+    norm_saved = 2 if layout.rms_norm else 1
+    kernel_output = p * h if not materializes_attention_scores(model, traits, device_kind) else 0
+    if model.peft is None:
+        return (
+            (attention_inputs - 1) * p * h
+            + (mlp_inputs - 1) * p * h
+            + (mlp_saved - 2) * p * f
+            + 2 * (norm_saved - 1) * r * h
+            + kernel_output
+        )
+    mask = 1 if device_kind == "cuda" else 4
+    dropout = float(model.peft.adapter_config.get("lora_dropout", 0.0) or 0.0)
+    adapter_copy = 2 if traits.half_autocast else 4
+    adapters = ((mask if dropout > 0 else 0) + adapter_copy) * model.peft.adapted_input_width
+    # Frozen: the QKV, output-projection and MLP inputs (3 p h), the MLP's second input (p f) and RMSNorm's
+    # weight product are not kept; the gated MLP's three f-wide tensors (or the activation's input) are.
+    frozen_mlp_saved = mlp_saved - 1
+    return -3 * p * h + (frozen_mlp_saved - 2) * p * f + kernel_output + adapters
+
+
 def materializes_attention_scores(model: ModelSpec, traits: MemoryTraits, device_kind: str) -> bool:
     """Whether the ``a x s x s`` attention scores are kept for the backward pass."""
     if traits.attention == "materialized":
@@ -338,7 +400,7 @@ def activation_bytes(
     shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
     _, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
     tokens, h = shape.tokens, model.hidden_size
-    layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
+    layer = saved_layer_bytes(model, traits, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(traits, shape)
     if traits.activations_offloaded:
         # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host

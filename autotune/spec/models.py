@@ -65,12 +65,15 @@ class PeftSpec:
         adapter_params: Trainable parameters with the adapters on (LoRA matrices, and a
             classification head peft keeps trainable), counted by ``peft`` on the meta device.
         quantized_params: Base parameters stored 4-bit: the linear layers' weights but the output head.
+        adapted_input_width: The input features of a block's adapted modules, summed: what each adapter's
+            input keeps per token (its dropout mask and its 16-bit copy) scales with it.
     """
 
     adapter_config: dict[str, Any]
     quantize: str | None
     adapter_params: int
     quantized_params: int = 0
+    adapted_input_width: int = 0
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must match, stored with it: the adapters and the quantization (the
@@ -84,6 +87,33 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
     reference) nor once the reference's log-probabilities are precomputed (the policy computes them before
     training): trl/trainer/dpo_trainer.py:908-929. The one rule the memory estimate and the trial's build read."""
     return holds_reference and not under_peft and not reference_precomputed
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+    """What in a transformer block sets the tensors autograd keeps for its backward, read from the block
+    built on the meta device (:func:`block_layout`). The defaults are the block Korthikanti et al. count
+    (GPT-2, BERT: one projection reads each input, a two-matrix MLP, LayerNorm).
+
+    Attributes:
+        attention_input_projections: Linear modules that each read the attention's input (3: separate
+            ``q_proj``, ``k_proj``, ``v_proj``; 1: one fused ``qkv`` or ``c_attn``). Under autocast each one
+            casts, and keeps, its own 16-bit copy of the input (autocast's cast cache holds leaf tensors
+            only: torch/csrc/autograd/autocast_mode.cpp, ``cached_cast``).
+        mlp_input_projections: Linear modules that each read the MLP's input (2: ``gate_proj`` and
+            ``up_proj``; 1: ``fc1``, or a fused ``gate_up_proj``).
+        gated_mlp: The MLP multiplies an activated gate by an up projection (SwiGLU, GeGLU): it keeps the
+            gate's output, its activation and the up projection's output, three ``f``-wide tensors where a
+            two-matrix MLP keeps one.
+        rms_norm: The norms are transformers' Python RMSNorm, which keep their fp32 input and, for the
+            weight's gradient, the normalised input (``LlamaRMSNorm.forward``: ``self.weight *
+            hidden_states``): two ``h``-wide tensors where ``nn.LayerNorm`` keeps one.
+    """
+
+    attention_input_projections: int = 1
+    mlp_input_projections: int = 1
+    gated_mlp: bool = False
+    rms_norm: bool = False
 
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
@@ -102,6 +132,7 @@ _CONFIG_FIELDS = (
     "num_params",
     "num_embedding_params",
     "num_block_params",
+    "block_layout",
 )
 
 
@@ -127,6 +158,8 @@ class ModelSpec:
             embeddings). A language-model head tied to the token embedding multiplies every token
             by that matrix, so it counts as compute, not as embedding.
         num_block_params: Parameters inside the transformer blocks (what checkpointing recomputes).
+        block_layout: How a block is built, as the meta device shows it (:class:`BlockLayout`): what sets
+            the tensors autograd keeps beyond Korthikanti's count.
         local_dir: The local directory the config came from, if any (tokenizer lives there too).
         peft: The adapters every trial trains instead of the whole model (``--peft``), with their
             counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
@@ -158,6 +191,7 @@ class ModelSpec:
     num_params: int
     num_embedding_params: int
     num_block_params: int
+    block_layout: BlockLayout = dataclasses.field(default_factory=lambda: BlockLayout())
     local_dir: str | None = None
     peft: PeftSpec | None = None
     fused_lm_head: bool = False
@@ -171,6 +205,7 @@ class ModelSpec:
         trainer and the adapters set later), as JSON gives it back: the form the derived cache keeps, so that a
         described model and one read back are the same."""
         fields = {field: getattr(self, field) for field in _CONFIG_FIELDS}
+        fields["block_layout"] = dataclasses.asdict(self.block_layout)
         try:
             return dict(json.loads(json.dumps(fields)))
         except (TypeError, ValueError):  # a value JSON cannot hold: not kept, used as read
@@ -223,7 +258,8 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     fields = cached("model-spec", key, __file__, lambda: _described(name, task).fields_of_its_config())
     if fields["source"] != found.source:  # transformers read it elsewhere (a cached file it refused): ask it again
         return _described(name, task)
-    return ModelSpec(name=name, local_dir=found.local_dir, **fields)
+    layout = BlockLayout(**fields.pop("block_layout"))
+    return ModelSpec(name=name, local_dir=found.local_dir, block_layout=layout, **fields)
 
 
 def _described(name: str, task: str | None) -> ModelSpec:
@@ -364,7 +400,7 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
     max_positions = declared_positions
     if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
         max_positions = 0  # RoPE: no learned position table limits the length
-    num_params, num_embedding_params, num_block_params = _count_params(hf_config, task)
+    num_params, num_embedding_params, num_block_params, layout = _count_params(hf_config, task)
     return ModelSpec(
         name=name,
         source=source,
@@ -381,6 +417,7 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
         num_params=num_params,
         num_embedding_params=num_embedding_params,
         num_block_params=num_block_params,
+        block_layout=layout,
         local_dir=local_dir,
     )
 
@@ -409,24 +446,24 @@ def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _count_params(hf_config: Any, task: str) -> tuple[int, int, int]:
-    """Exact parameter counts from the model built on the meta device (no weights allocated), kept on disk
-    per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build imports the
-    architecture's modeling code, seconds at every search start).
+def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout]:
+    """Exact parameter counts from the model built on the meta device (no weights allocated), and its blocks'
+    layout, kept on disk per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build
+    imports the architecture's modeling code, seconds at every search start).
 
     Returns:
-        (all parameters, lookup-only embedding parameters, transformer-block parameters).
+        (all parameters, lookup-only embedding parameters, transformer-block parameters, the blocks' layout).
     """
     import copy
 
     # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
     # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
     key = {"config": hf_config.to_dict(), "task": task}
-    counts = cached("param-counts", key, __file__, lambda: list(_count_params_on_meta(copy.deepcopy(hf_config), task)))
-    return int(counts[0]), int(counts[1]), int(counts[2])
+    counts = cached("param-counts", key, __file__, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
+    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3])
 
 
-def _count_params_on_meta(hf_config: Any, task: str) -> tuple[int, int, int]:
+def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
     import torch
 
     with torch.device("meta"):
@@ -437,11 +474,41 @@ def _count_params_on_meta(hf_config: Any, task: str) -> tuple[int, int, int]:
     num_embedding_params = sum(
         m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.weight is not head_weight
     )
-    # The blocks are the model's longest ModuleList (encoder.layer, h, layers, ...).
-    block_lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    blocks = max(block_lists, key=len, default=None)
+    blocks = transformer_blocks(model)
     num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
-    return num_params, num_embedding_params, num_block_params
+    layout = block_layout(blocks[0]) if blocks is not None and len(blocks) else BlockLayout()
+    return [num_params, num_embedding_params, num_block_params, dataclasses.asdict(layout)]
+
+
+def transformer_blocks(model: Any) -> Any:
+    """The model's transformer blocks: its longest ``ModuleList`` (``encoder.layer``, ``h``, ``layers``, ...)."""
+    import torch
+
+    block_lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return max(block_lists, key=len, default=None)
+
+
+# Linear modules that each read the attention's input, and the MLP's, by the names transformers' decoders give
+# them (modeling_llama.py, modeling_qwen2.py, modeling_mistral.py, modeling_gemma.py: q_proj, k_proj, v_proj;
+# gate_proj, up_proj), BERT's (query, key, value) and DistilBERT's (q_lin, k_lin, v_lin). A fused projection (GPT-2's c_attn, Phi-3's qkv_proj and
+# gate_up_proj) is one module: it keeps one copy.
+_ATTENTION_INPUT_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value", "q_lin", "k_lin", "v_lin"})
+_MLP_INPUT_NAMES = frozenset({"gate_proj", "up_proj", "w1", "w3"})
+_GATE_NAMES = frozenset({"gate_proj", "gate_up_proj", "w1"})
+
+
+def block_layout(block: Any) -> BlockLayout:
+    """Read a block's :class:`BlockLayout` from its modules (built on the meta device: no memory)."""
+    import torch
+
+    linear_names = [name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
+    norms = [type(m).__name__ for m in block.modules() if "norm" in type(m).__name__.lower()]
+    return BlockLayout(
+        attention_input_projections=max(sum(n in _ATTENTION_INPUT_NAMES for n in linear_names), 1),
+        mlp_input_projections=max(sum(n in _MLP_INPUT_NAMES for n in linear_names), 1),
+        gated_mlp=any(n in _GATE_NAMES for n in linear_names),
+        rms_norm=bool(norms) and all("rmsnorm" in n.lower() for n in norms),
+    )
 
 
 def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
 from autotune.spec.files import read_user_file
-from autotune.spec.models import ModelSpec, PeftSpec, build_model
+from autotune.spec.models import ModelSpec, PeftSpec, build_model, transformer_blocks
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -141,8 +141,14 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
         except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
             raise AutotuneError(f"--peft {value}: {str(exc).strip().splitlines()[0][:200]}") from None
         trainable, _ = wrapped.get_nb_trainable_parameters()
+        blocks = transformer_blocks(wrapped)
+        adapted_width = sum(m.in_features for m in blocks[0].modules() if hasattr(m, "lora_A")) if blocks else 0
     spec = PeftSpec(
-        adapter_config=config, quantize=quantize, adapter_params=int(trainable), quantized_params=int(quantized)
+        adapter_config=config,
+        quantize=quantize,
+        adapter_params=int(trainable),
+        quantized_params=int(quantized),
+        adapted_input_width=int(adapted_width),
     )
     return dataclasses.replace(model, peft=spec)
 

@@ -281,3 +281,24 @@ def test_a_known_model_type_that_also_ships_code_is_built_from_transformers_own_
     model = build_model(spec.hf_config, spec.task)
     assert type(model).__module__.startswith("transformers.models.bert.")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "attention_inputs", "mlp_inputs", "gated", "rms"),
+    [
+        ("llama-3.2-1b", 3, 2, True, True),  # q/k/v_proj, gate_proj + up_proj, LlamaRMSNorm
+        ("qwen2.5-0.5b", 3, 2, True, True),
+        ("phi-3.5-mini", 1, 1, True, True),  # fused qkv_proj and gate_up_proj
+        ("gpt2", 1, 1, False, False),  # c_attn, c_fc, LayerNorm
+        ("bert-tiny", 3, 1, False, False),  # query/key/value, intermediate.dense
+        ("distilbert-base-uncased", 3, 1, False, False),  # q_lin/k_lin/v_lin
+    ],
+)
+def test_the_block_layout_is_read_from_the_block_built_on_the_meta_device(
+    name, attention_inputs, mlp_inputs, gated, rms
+):
+    layout = resolve_model(name).block_layout
+    assert (layout.attention_input_projections, layout.mlp_input_projections) == (attention_inputs, mlp_inputs)
+    assert (layout.gated_mlp, layout.rms_norm) == (gated, rms)
+    # Kept in the derived cache and read back the same (a second resolve reads it without transformers).
+    assert resolve_model(name).block_layout == layout

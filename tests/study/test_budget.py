@@ -45,10 +45,11 @@ LORA_SPACE = (
     "weight_dtype: [fp32, bf16]\noptim: [adamw_torch_fused, adafactor]\n"
 )
 CEILING = 16 * GiB
-# The study's measured peak of mb=1 (11.34 GiB) over the estimator's prediction for it: every
-# modelled peak is the prediction times this, so micro-batch 2 (15.7 GiB predicted) is over the
-# ceiling without checkpointing and under it with.
-PEAK_OVER_PREDICTION = 1.17
+# The study's measured peak of mb=1 (11.34 GiB) over the estimator's prediction for it (11.69 GiB since
+# the layer count reads the block's layout; 9.67 when the study ran): every modelled peak is the
+# prediction times this, so micro-batch 2 (19.7 GiB predicted) is over the ceiling without
+# checkpointing and under it with (12.4 GiB).
+PEAK_OVER_PREDICTION = 0.97
 
 
 def config(micro_batch: int, checkpointing: bool, weight_dtype: str, optim: str) -> dict:
@@ -115,13 +116,14 @@ def lora_request(tmp_path_factory) -> SearchRequest:
     return SearchRequest(workload=workload, space=space, work_root=str(space_file.parent / "runs"))
 
 
-def test_the_estimate_fits_micro_batches_1_and_2_only(lora_request):
-    """The situation of the GPU study: `autotune estimate --peft lora` put micro-batch 2 the largest that fits."""
+def test_the_estimate_fits_micro_batch_1_and_2_with_checkpointing_only(lora_request):
+    """The situation of the GPU study (its mb=1 measured at 11.34 GiB, predicted 11.69): micro-batch 2 fits
+    with checkpointing only, micro-batch 4 not at all. (When the study ran, the estimate said micro-batch 2
+    fit without checkpointing: the layer count left out the layout's tensors, 15 % low at mb=1.)"""
     workload = lora_request.workload
-    for micro_batch, fits in ((1, True), (2, True), (4, False)):
-        peak = estimate_peak(
-            workload.model, TrialConfig(micro_batch=micro_batch, dtype="bf16"), 2048, workload.memory_prior
-        )
+    for micro_batch, checkpointing, fits in ((1, False, True), (2, False, False), (2, True, True), (4, True, False)):
+        config = TrialConfig(micro_batch=micro_batch, dtype="bf16", checkpointing=checkpointing)
+        peak = estimate_peak(workload.model, config, 2048, workload.memory_prior)
         assert (peak.total_bytes <= CEILING) == fits
 
 
