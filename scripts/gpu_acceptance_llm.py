@@ -244,7 +244,7 @@ def trials(options: argparse.Namespace) -> None:
     import optuna
 
     from autotune.levers import TrialConfig
-    from autotune.result import TrialResult
+    from autotune.result import RAN_NORMALLY_STATUSES, TrialResult
     from autotune.storage import open_storage, schema
 
     storage = open_storage(options.storage)
@@ -267,7 +267,8 @@ def trials(options: argparse.Namespace) -> None:
             result = TrialResult.from_trial(trial)
             if result is None or result.status == "screened" or schema.TRIAL_REUSED_FROM in trial.user_attrs:
                 continue  # never ran here: nothing measured to compare
-            measured = result.real_tokens_per_s if result.status == "ok" else 0.0
+            # Its speed where it trained as a run does (over the ceiling too: the throughput prior is judged on it).
+            measured = result.real_tokens_per_s if result.status in RAN_NORMALLY_STATUSES else 0.0
             speed = trial.user_attrs.get(schema.TRIAL_PRIOR_TOKENS_PER_S)
             peak = result.peak_memory_bytes or 0
             prior_peak = trial.user_attrs.get(schema.TRIAL_PRIOR_PEAK_BYTES)
