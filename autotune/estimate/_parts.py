@@ -25,10 +25,11 @@ from autotune.levers import (
 )
 from autotune.spec.models import ModelSpec
 
-# Under full checkpointing, layers' worth of activations alive in the backward pass: the layer
-# being recomputed and its gradients (2). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
-# resident memory holds half a layer more: malloc does not reuse the previous layer's freed
-# recompute buffers at once (docs/benchmarks.md).
+# Under full checkpointing, layers' worth of activations alive in the backward pass. On CUDA the layer
+# being recomputed (1): with what the block's layout keeps counted (saved_layer_bytes), its transient
+# gradient tensors fit in the count's margin (the H200's checkpointed trials, docs/estimator.md,
+# "Activations"; 2 before the layout was counted). On the CPU, measured on bert-tiny/bert-mini (L = 2, 4),
+# 2.5: malloc does not reuse the previous layer's freed recompute buffers at once (docs/benchmarks.md).
 CHECKPOINT_WORKING_LAYERS = {"cpu": 2.5, "cuda": 1.0}
 # A 4-bit (NF4) weight: half a byte, plus one fp32 absmax per block of 64 (bitsandbytes'
 # ``quantize_4bit`` default blocksize; double quantization would shrink that to ~1/64 byte: a bound).
@@ -329,6 +330,8 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
       where a two-matrix MLP keeps one;
     * transformers' RMSNorm keeps its fp32 input and the normalised input (two ``r h``) where LayerNorm
       keeps its input;
+    * fused block kernels (``traits.fused_block_kernels``: Liger's) keep a norm's input alone and the gated
+      MLP's gate and up outputs, recomputing the activation: one ``r h`` a norm, three ``p f``;
     * a fused attention kernel (SDPA's flash or memory-efficient, FlashAttention) keeps its output for
       the backward, beside the output projection's own (contiguous) input.
 
@@ -345,8 +348,9 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
     copies = traits.half_autocast and compute_weight_bytes(traits) == 4  # autocast casts each op's input anew
     attention_inputs = layout.attention_input_projections if copies else 1
     mlp_inputs = layout.mlp_input_projections if copies else 1
-    mlp_saved = 4 if layout.gated_mlp else 2  # f-wide tensors a trainable MLP keeps (Korthikanti: 2)
-    norm_saved = 2 if layout.rms_norm else 1
+    # f-wide tensors a trainable MLP keeps (Korthikanti: 2); a fused gated kernel recomputes the activation.
+    mlp_saved = (3 if traits.fused_block_kernels else 4) if layout.gated_mlp else 2
+    norm_saved = 2 if layout.rms_norm and not traits.fused_block_kernels else 1
     kernel_output = p * h if not materializes_attention_scores(model, traits, device_kind) else 0
     if model.peft is None:
         return (

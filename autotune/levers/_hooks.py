@@ -112,6 +112,9 @@ class MemoryTraits:
             without a ``T x T`` mask (the flash kernels).
         logits: Bytes of the loss's tensors for ``(model, tokens)`` where a fused loss replaces the
             ``b x s x V`` logits; ``None``: the plain loss.
+        fused_block_kernels: The block's RMSNorm and gated activation run as fused kernels that keep the
+            norm's input alone and recompute the activation (Liger's): fewer saved tensors than
+            transformers' Python modules (``autotune.estimate``'s layout count).
         forked_workers: Processes forked from the trial process (CPU dataloader workers).
         zero_stage: DeepSpeed ZeRO's stage (0: none).
         zero_offload: ZeRO keeps the optimizer states (and at stage 3 the parameters) in host memory.
@@ -131,6 +134,7 @@ class MemoryTraits:
     attention: str = "default"
     reads_boundaries: bool = False
     logits: Callable[[ModelSpec, int], int] | None = None
+    fused_block_kernels: bool = False
     forked_workers: int = 0
     zero_stage: int = 0
     zero_offload: bool = False

@@ -61,7 +61,13 @@ def fused_linear_cross_entropy_bytes(model: ModelSpec, tokens: int) -> int:
 
 
 def _liger_memory(value: bool, traits: MemoryTraits) -> MemoryTraits:
-    return dataclasses.replace(traits, logits=fused_linear_cross_entropy_bytes) if value else traits
+    """The fused loss's tensors, and the layer kernels' fewer saved tensors: LigerRMSNormFunction keeps its
+    input and the per-row rstd (liger_kernel/ops/rms_norm.py: ``ctx.save_for_backward(X, W, RSTD)``),
+    LigerSiLUMulFunction the gate's and the up projection's outputs, recomputing the activation
+    (liger_kernel/ops/swiglu.py: ``ctx.save_for_backward(a, b)``; liger-kernel 0.8.5)."""
+    if not value:
+        return traits
+    return dataclasses.replace(traits, logits=fused_linear_cross_entropy_bytes, fused_block_kernels=True)
 
 
 def _axolotl_liger(value: Any, args: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -94,6 +100,6 @@ LIGER = Lever(
     unavailable_on=_unavailable_on,
     unavailable_for_model=_unavailable_for_model,
     fallback=False,
-    memory_parts=("logits",),
+    memory_parts=("logits", "activations"),
     memory=_liger_memory,
 )

@@ -75,3 +75,16 @@ def test_a_decoder_layer_keeps_what_the_estimator_counts(dtype, adapters):
     korthikanti = layer_activation_bytes(spec, traits, SEQ, "cpu") / SEQ
     assert abs(counted / measured - 1) < 0.12, (counted, measured)
     assert korthikanti < 0.7 * measured  # the block the count alone describes keeps far less than Llama's
+
+
+def test_liger_s_fused_kernels_keep_one_tensor_a_norm_and_recompute_the_gated_activation():
+    """Liger can only run on CUDA, so its count is checked against its source's saves (liger-kernel 0.8.5:
+    ``LigerRMSNormFunction`` keeps X and RSTD, ``LigerSiLUMulFunction`` keeps a and b): one ``r h`` less per
+    norm and one ``p f`` less in the MLP, per token of each layer."""
+    spec = resolve_model("llama-3.2-1b")
+    h, f, tokens = spec.hidden_size, spec.intermediate_size, 4 * 256
+    plain, liger = (
+        saved_layer_bytes(spec, memory_traits(TrialConfig(micro_batch=4, dtype="bf16", liger=on), "cuda"), 256, "cuda")
+        for on in (False, True)
+    )
+    assert plain - liger == (2 * 4 * h + 2 * f) * tokens  # two fp32 norm products, one bf16 activation
