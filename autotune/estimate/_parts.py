@@ -330,6 +330,8 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
       where a two-matrix MLP keeps one;
     * transformers' RMSNorm keeps its fp32 input and the normalised input (two ``r h``) where LayerNorm
       keeps its input;
+    * an activation written in Python keeps its intermediates (``activation_extra_tensors``: GPT-2's
+      ``gelu_new``, three ``p f``);
     * fused block kernels (``traits.fused_block_kernels``: Liger's) keep a norm's input alone and the gated
       MLP's gate and up outputs, recomputing the activation: one ``r h`` a norm, three ``p f``;
     * a fused attention kernel (SDPA's flash or memory-efficient, FlashAttention) keeps its output for
@@ -348,12 +350,15 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
     copies = traits.half_autocast and compute_weight_bytes(traits) == 4  # autocast casts each op's input anew
     attention_inputs = layout.attention_input_projections if copies else 1
     mlp_inputs = layout.mlp_input_projections if copies else 1
-    # f-wide tensors a trainable MLP keeps (Korthikanti: 2); a fused gated kernel recomputes the activation.
-    mlp_saved = (3 if traits.fused_block_kernels else 4) if layout.gated_mlp else 2
+    # f-wide tensors a trainable MLP keeps (Korthikanti: 2); a fused gated kernel recomputes the activation,
+    # a Python activation keeps its intermediates.
+    mlp_saved: float = (3 if traits.fused_block_kernels else 4) if layout.gated_mlp else 2
+    if not (layout.gated_mlp and traits.fused_block_kernels):
+        mlp_saved += layout.activation_extra_tensors
     norm_saved = 2 if layout.rms_norm and not traits.fused_block_kernels else 1
     kernel_output = p * h if not materializes_attention_scores(model, traits, device_kind) else 0
     if model.peft is None:
-        return (
+        return int(
             (attention_inputs - 1) * p * h
             + (mlp_inputs - 1) * p * h
             + (mlp_saved - 2) * p * f
@@ -367,7 +372,7 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
     # Frozen: the QKV, output-projection and MLP inputs (3 p h), the MLP's second input (p f) and RMSNorm's
     # weight product are not kept; the gated MLP's three f-wide tensors (or the activation's input) are.
     frozen_mlp_saved = mlp_saved - 1
-    return -3 * p * h + (frozen_mlp_saved - 2) * p * f + kernel_output + adapters
+    return int(-3 * p * h + (frozen_mlp_saved - 2) * p * f + kernel_output + adapters)
 
 
 def materializes_attention_scores(model: ModelSpec, traits: MemoryTraits, device_kind: str) -> bool:

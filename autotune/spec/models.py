@@ -108,12 +108,16 @@ class BlockLayout:
         rms_norm: The norms are transformers' Python RMSNorm, which keep their fp32 input and, for the
             weight's gradient, the normalised input (``LlamaRMSNorm.forward``: ``self.weight *
             hidden_states``): two ``h``-wide tensors where ``nn.LayerNorm`` keeps one.
+        activation_extra_tensors: Tensors of its input's size the MLP's activation keeps beyond its input
+            (0 for torch's own GELU and SiLU; 3 for transformers' Python ``NewGELUActivation``, GPT-2's
+            ``gelu_new``: its ``tanh`` output and the two factors of its last product), counted by running it.
     """
 
     attention_input_projections: int = 1
     mlp_input_projections: int = 1
     gated_mlp: bool = False
     rms_norm: bool = False
+    activation_extra_tensors: float = 0.0
 
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
@@ -503,12 +507,38 @@ def block_layout(block: Any) -> BlockLayout:
 
     linear_names = [name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
     norms = [type(m).__name__ for m in block.modules() if "norm" in type(m).__name__.lower()]
+    activations = [m for m in block.modules() if type(m).__module__ in _ACTIVATION_MODULES]
     return BlockLayout(
         attention_input_projections=max(sum(n in _ATTENTION_INPUT_NAMES for n in linear_names), 1),
         mlp_input_projections=max(sum(n in _MLP_INPUT_NAMES for n in linear_names), 1),
         gated_mlp=any(n in _GATE_NAMES for n in linear_names),
         rms_norm=bool(norms) and all("rmsnorm" in n.lower() for n in norms),
+        activation_extra_tensors=activation_extra_tensors(activations[0]) if activations else 0.0,
     )
+
+
+# Where the activation modules of transformers' blocks come from (ACT2FN's classes, and torch's own).
+_ACTIVATION_MODULES = frozenset({"transformers.activations", "torch.nn.modules.activation"})
+
+
+def activation_extra_tensors(activation: Any) -> float:
+    """Input-sized tensors ``activation`` keeps for its backward beyond its input: run once on a small CPU tensor
+    under autograd's saved-tensor hooks (an activation module holds no weights, so one built on the meta device
+    runs on the CPU)."""
+    import torch
+
+    x = torch.randn(4, 32, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        activation(x)
+    saved.pop(x.untyped_storage().data_ptr(), None)
+    return round(sum(nbytes for nbytes in saved.values() if nbytes >= x.nbytes) / x.nbytes, 2)
 
 
 def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:

@@ -300,5 +300,6 @@ def test_the_block_layout_is_read_from_the_block_built_on_the_meta_device(
     layout = resolve_model(name).block_layout
     assert (layout.attention_input_projections, layout.mlp_input_projections) == (attention_inputs, mlp_inputs)
     assert (layout.gated_mlp, layout.rms_norm) == (gated, rms)
+    assert layout.activation_extra_tensors == (3.0 if name == "gpt2" else 0.0)  # gelu_new in Python; the others torch's
     # Kept in the derived cache and read back the same (a second resolve reads it without transformers).
     assert resolve_model(name).block_layout == layout
