@@ -507,7 +507,12 @@ def block_layout(block: Any) -> BlockLayout:
 
     linear_names = [name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
     norms = [type(m).__name__ for m in block.modules() if "norm" in type(m).__name__.lower()]
-    activations = [m for m in block.modules() if type(m).__module__ in _ACTIVATION_MODULES]
+    # The MLP's activation (act_fn, act, activation_fn, intermediate_act_fn), not an attention's softmax.
+    activations = [
+        m
+        for name, m in block.named_modules()
+        if type(m).__module__ in _ACTIVATION_MODULES and "act" in name.rsplit(".", 1)[-1]
+    ]
     return BlockLayout(
         attention_input_projections=max(sum(n in _ATTENTION_INPUT_NAMES for n in linear_names), 1),
         mlp_input_projections=max(sum(n in _MLP_INPUT_NAMES for n in linear_names), 1),
