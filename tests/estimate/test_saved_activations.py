@@ -3,7 +3,7 @@ estimator's count (``saved_layer_bytes``): the layout terms (three Q/K/V copies 
 MLP's three f-wide tensors, RMSNorm's two fp32 tensors, a fused kernel's output) and, under LoRA, the frozen
 base's inputs that are not kept and the adapters' that are.
 
-On an H200 (docs/benchmarks.md, "The LLM proof on a lent H200") the count without them was 37-46 % under
+On an H200 (docs/benchmarks.md, "The LLM proof on a lent H200") the count without them was 36-46 % under
 the measured peak of Qwen2.5-0.5B (LoRA) and Llama-3.2-1B (full) without checkpointing."""
 
 from __future__ import annotations
