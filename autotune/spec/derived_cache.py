@@ -34,13 +34,14 @@ def cache_dir() -> Path:
     return autotune_cache_dir() / "derived"
 
 
-def cached(kind: str, key: Any, computing_module: str, compute: Callable[[], T]) -> T:
+def cached(kind: str, key: Any, computing_module: str | tuple[str, ...], compute: Callable[[], T]) -> T:
     """``compute()``'s JSON-serialisable value for ``key``: read from disk, else computed and kept.
 
     Args:
         kind: What the figure is (the file name's prefix, for a reader of the directory).
         key: Everything the figure depends on besides the installed libraries (JSON-serialisable).
-        computing_module: The path of the source file whose rules compute it (part of the key).
+        computing_module: The path of the source file whose rules compute it (part of the key), or the
+            paths of each file that holds some of them.
         compute: Computes the figure when no entry holds it.
     """
     path = cache_dir() / f"{kind}-{_digest(key, computing_module)}.json"
@@ -55,12 +56,13 @@ def cached(kind: str, key: Any, computing_module: str, compute: Callable[[], T])
     return value
 
 
-def _digest(key: Any, computing_module: str) -> str:
+def _digest(key: Any, computing_module: str | tuple[str, ...]) -> str:
     parts = [json.dumps(key, sort_keys=True, default=str)]
     for package in _LIBRARIES:
         try:
             parts.append(f"{package}={importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{package}=absent")
-    parts.append(hashlib.sha256(Path(computing_module).read_bytes()).hexdigest())
+    for module in (computing_module,) if isinstance(computing_module, str) else computing_module:
+        parts.append(hashlib.sha256(Path(module).read_bytes()).hexdigest())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.spec import block_layout as layout_rules
+from autotune.spec.block_layout import BlockLayout, block_layout, transformer_blocks
 from autotune.spec.derived_cache import cached
 from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
-from autotune.spec.model_files import config_on_disk, found_nowhere_offline
+from autotune.spec.model_files import config_on_disk, found_nowhere_offline, hub_reachable
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
@@ -89,36 +91,8 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
     return holds_reference and not under_peft and not reference_precomputed
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockLayout:
-    """What in a transformer block sets the tensors autograd keeps for its backward, read from the block
-    built on the meta device (:func:`block_layout`). The defaults are the block Korthikanti et al. count
-    (GPT-2, BERT: one projection reads each input, a two-matrix MLP, LayerNorm).
-
-    Attributes:
-        attention_input_projections: Linear modules that each read the attention's input (3: separate
-            ``q_proj``, ``k_proj``, ``v_proj``; 1: one fused ``qkv`` or ``c_attn``). Under autocast each one
-            casts, and keeps, its own 16-bit copy of the input (autocast's cast cache holds leaf tensors
-            only: torch/csrc/autograd/autocast_mode.cpp, ``cached_cast``).
-        mlp_input_projections: Linear modules that each read the MLP's input (2: ``gate_proj`` and
-            ``up_proj``; 1: ``fc1``, or a fused ``gate_up_proj``).
-        gated_mlp: The MLP multiplies an activated gate by an up projection (SwiGLU, GeGLU): it keeps the
-            gate's output, its activation and the up projection's output, three ``f``-wide tensors where a
-            two-matrix MLP keeps one.
-        rms_norm: The norms are transformers' Python RMSNorm, which keep their fp32 input and, for the
-            weight's gradient, the normalised input (``LlamaRMSNorm.forward``: ``self.weight *
-            hidden_states``): two ``h``-wide tensors where ``nn.LayerNorm`` keeps one.
-        activation_extra_tensors: Tensors of its input's size the MLP's activation keeps beyond its input
-            (0 for torch's own GELU and SiLU; 3 for transformers' Python ``NewGELUActivation``, GPT-2's
-            ``gelu_new``: its ``tanh`` output and the two factors of its last product), counted by running it.
-    """
-
-    attention_input_projections: int = 1
-    mlp_input_projections: int = 1
-    gated_mlp: bool = False
-    rms_norm: bool = False
-    activation_extra_tensors: float = 0.0
-
+# The source files whose rules describe a model (the derived cache's entries change with either).
+_RULES = (__file__, layout_rules.__file__)
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
 _CONFIG_FIELDS = (
@@ -259,7 +233,7 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     if found is None:  # only the hub has it: nothing on disk to key a kept description by
         return _described(name, task)
     key = {"config": found.values, "source": found.source, "task": task}
-    fields = cached("model-spec", key, __file__, lambda: _described(name, task).fields_of_its_config())
+    fields = cached("model-spec", key, _RULES, lambda: _described(name, task).fields_of_its_config())
     if fields["source"] != found.source:  # transformers read it elsewhere (a cached file it refused): ask it again
         return _described(name, task)
     layout = BlockLayout(**fields.pop("block_layout"))
@@ -318,7 +292,7 @@ def _load_config(name: str) -> tuple[Any, str, str | None]:
     catalog_name = catalog_index().get(name.lower())
     if catalog_name is not None:
         return catalog_config(catalog_name), "catalog", None
-    if os.environ.get("HF_HUB_OFFLINE") != "1" and _hub_reachable():
+    if os.environ.get("HF_HUB_OFFLINE") != "1" and hub_reachable():
         try:
             return AutoConfig.from_pretrained(name, **NO_MODEL_CODE), "hub", None
         except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
@@ -357,21 +331,6 @@ def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:
             f"auto_map names code of its own, which autotune never runs); autotune trains only those: use a model whose "
             f"model_type transformers knows (transformers.CONFIG_MAPPING)"
         )
-
-
-def _hub_reachable(timeout_s: float = 2.0) -> bool:
-    """One quick TCP connect: without it, an offline machine spends ~25 s in the hub client's retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    endpoint = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
 
 
 def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
@@ -463,7 +422,7 @@ def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout
     # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
     # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
     key = {"config": hf_config.to_dict(), "task": task}
-    counts = cached("param-counts", key, __file__, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
+    counts = cached("param-counts", key, _RULES, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
     return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3])
 
 
@@ -482,68 +441,6 @@ def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
     num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
     layout = block_layout(blocks[0]) if blocks is not None and len(blocks) else BlockLayout()
     return [num_params, num_embedding_params, num_block_params, dataclasses.asdict(layout)]
-
-
-def transformer_blocks(model: Any) -> Any:
-    """The model's transformer blocks: its longest ``ModuleList`` (``encoder.layer``, ``h``, ``layers``, ...)."""
-    import torch
-
-    block_lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return max(block_lists, key=len, default=None)
-
-
-# Linear modules that each read the attention's input, and the MLP's, by the names transformers' decoders give
-# them (modeling_llama.py, modeling_qwen2.py, modeling_mistral.py, modeling_gemma.py: q_proj, k_proj, v_proj;
-# gate_proj, up_proj), BERT's (query, key, value) and DistilBERT's (q_lin, k_lin, v_lin). A fused projection (GPT-2's c_attn, Phi-3's qkv_proj and
-# gate_up_proj) is one module: it keeps one copy.
-_ATTENTION_INPUT_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value", "q_lin", "k_lin", "v_lin"})
-_MLP_INPUT_NAMES = frozenset({"gate_proj", "up_proj", "w1", "w3"})
-_GATE_NAMES = frozenset({"gate_proj", "gate_up_proj", "w1"})
-
-
-def block_layout(block: Any) -> BlockLayout:
-    """Read a block's :class:`BlockLayout` from its modules (built on the meta device: no memory)."""
-    import torch
-
-    linear_names = [name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)]
-    norms = [type(m).__name__ for m in block.modules() if "norm" in type(m).__name__.lower()]
-    # The MLP's activation (act_fn, act, activation_fn, intermediate_act_fn), not an attention's softmax.
-    activations = [
-        m
-        for name, m in block.named_modules()
-        if type(m).__module__ in _ACTIVATION_MODULES and "act" in name.rsplit(".", 1)[-1]
-    ]
-    return BlockLayout(
-        attention_input_projections=max(sum(n in _ATTENTION_INPUT_NAMES for n in linear_names), 1),
-        mlp_input_projections=max(sum(n in _MLP_INPUT_NAMES for n in linear_names), 1),
-        gated_mlp=any(n in _GATE_NAMES for n in linear_names),
-        rms_norm=bool(norms) and all("rmsnorm" in n.lower() for n in norms),
-        activation_extra_tensors=activation_extra_tensors(activations[0]) if activations else 0.0,
-    )
-
-
-# Where the activation modules of transformers' blocks come from (ACT2FN's classes, and torch's own).
-_ACTIVATION_MODULES = frozenset({"transformers.activations", "torch.nn.modules.activation"})
-
-
-def activation_extra_tensors(activation: Any) -> float:
-    """Input-sized tensors ``activation`` keeps for its backward beyond its input: run once on a small CPU tensor
-    under autograd's saved-tensor hooks (an activation module holds no weights, so one built on the meta device
-    runs on the CPU)."""
-    import torch
-
-    x = torch.randn(4, 32, requires_grad=True)
-    saved: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        activation(x)
-    saved.pop(x.untyped_storage().data_ptr(), None)
-    return round(sum(nbytes for nbytes in saved.values() if nbytes >= x.nbytes) / x.nbytes, 2)
 
 
 def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:

@@ -25,8 +25,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
+from autotune.spec.block_layout import transformer_blocks
 from autotune.spec.files import read_user_file
-from autotune.spec.models import ModelSpec, PeftSpec, build_model, transformer_blocks
+from autotune.spec.models import ModelSpec, PeftSpec, build_model
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec

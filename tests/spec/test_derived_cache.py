@@ -41,6 +41,17 @@ def test_a_changed_rule_is_a_new_entry(cache_home, tmp_path):
     assert cached("figure", {}, str(rules), lambda: 2) == 2
 
 
+def test_a_rule_changed_in_any_of_its_files_is_a_new_entry(cache_home, tmp_path):
+    """A figure whose rules span files (a model's description: spec/models.py and spec/block_layout.py)."""
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("A = 1\n")
+    second.write_text("B = 1\n")
+    assert cached("figure", {}, (str(first), str(second)), lambda: 1) == 1
+    assert cached("figure", {}, (str(first), str(second)), lambda: 9) == 1  # unchanged: read back
+    second.write_text("B = 2\n")
+    assert cached("figure", {}, (str(first), str(second)), lambda: 2) == 2
+
+
 def test_a_damaged_entry_is_computed_again_and_a_value_json_cannot_hold_is_not_kept(cache_home):
     assert cached("figure", {}, __file__, lambda: [1, 2]) == [1, 2]
     (entry,) = cache_home.glob("figure-*.json")
