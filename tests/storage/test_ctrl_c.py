@@ -22,8 +22,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalW
 
 @pytest.fixture
 def searchs_handlers():
-    """The search's stop handlers in this process, as ``autotune search`` installs them; pytest's back after."""
+    """The search's stop handlers in this process, as ``autotune search`` installs them from a terminal; pytest's
+    back after. A test run started as a background job of a non-interactive shell starts with SIGINT ignored
+    (POSIX, "Shell Command Language" 2.11), and the search keeps an ignored signal ignored (``stop_as_on_ctrl_c``):
+    SIGINT is set as a terminal's process has it first, as ``tests/support/processes.py`` does for a search."""
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop_as_on_ctrl_c()
     yield
     for signum, handler in before.items():
