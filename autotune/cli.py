@@ -27,8 +27,7 @@ app = typer.Typer(
 
 
 def _console(stderr: bool = False) -> Console:
-    # Piped into a log or CI, Rich would wrap at its 80-column default and cut the trial table's
-    # configs into slivers; a wider page keeps rows readable. COLUMNS, when set, still wins.
+    # Piped (a log, CI), Rich would wrap at 80 columns and cut the trial table into slivers; COLUMNS still wins.
     stream = sys.stderr if stderr else sys.stdout
     piped = not stream.isatty() and "COLUMNS" not in os.environ
     return Console(stderr=stderr, width=140 if piped else None)
@@ -283,10 +282,11 @@ def verify(
     repeats: option.Repeats = VerifyOptions.repeats,
     tolerance: option.Tolerance = None,
     callbacks: option.Callbacks = None,
+    profile: option.Profile = False,
 ) -> None:
     """Measure the study's winner and the trainer's default again, interleaved, on the study's device: exit 0
     if its answer still holds on today's install, 1 if it regressed beyond the noise (run it after `pip install -U`)."""
-    options = VerifyOptions(storage, study_name, device, gpu, repeats, tolerance, tuple(callbacks or ()))
+    options = VerifyOptions(storage, study_name, device, gpu, repeats, tolerance, tuple(callbacks or ()), profile)
     options.check()  # before the heavy imports: a wrong option is answered at once
     from autotune.storage import load_study
     from autotune.study import stop_as_on_ctrl_c

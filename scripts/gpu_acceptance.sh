@@ -38,8 +38,9 @@
 #             seq len on generated preference pairs, bounded to DPO_SEARCH_S: OUT_DIR/dpo.md, its ranking
 #             and winner against TRL's default DPOConfig) and OUT_DIR/trials.md (every trial of every
 #             study: the throughput prior's real tokens/s and the memory prior's peak, predicted when it
-#             was proposed, against what it measured), then, in the time left, `autotune verify` of the first
-#             LLM study (OUT_DIR/verify.md). A part whose budget no longer fits in what is left
+#             was proposed, against what it measured), then, in the time left, `autotune verify --profile` of the
+#             first LLM study (OUT_DIR/verify.md: its answer re-measured, then where the winner's and TRL's default's
+#             step time went, from torch's profiler). A part whose budget no longer fits in what is left
 #             of PROOF_S is skipped with a line saying so. Dry run on a CPU: GPU_ACCEPTANCE_LLM_DEVICE=cpu
 #             with small models (GPU_ACCEPTANCE_LLM_RUNS="llama-tiny:lora", GPU_ACCEPTANCE_DPO_MODEL=llama-tiny)
 #   all       every step in order, the search step until done, then offload (llm and proof are run on their own)
@@ -263,13 +264,14 @@ step_proof() {  # issue 41's one call: each part run only if its budget fits in 
     else
         echo "proof: dpo skipped: $((deadline - SECONDS)) s left of PROOF_S=$PROOF_S, it needs $dpo_needs" >&2
     fi
-    # With time left: `autotune verify` of the first LLM study on the GPU (its winner and TRL's default re-run,
-    # interleaved, against the record), stopped as by Ctrl-C at what is left (nothing is recorded then).
+    # With time left: `autotune verify --profile` of the first LLM study on the GPU (its winner and TRL's default
+    # re-run once each against the record, then once more each under torch's profiler: where a step's time goes,
+    # what issue 41 asks of a goal missed), stopped as by Ctrl-C at what is left (nothing is recorded then).
     pair="${runs# }" pair="${pair%% *}"
     if [[ -n "$pair" && $((deadline - SECONDS)) -ge 60 ]]; then
         { echo "## autotune verify of llm-${pair//[:.]/-} (scripts/gpu_acceptance.sh proof)"; echo; echo '```';
           (cd "$OUT" && timeout -k 10 -s INT $((deadline - SECONDS - 15)) "$PYTHON" -m autotune verify \
-              --storage "$STORAGE" --study-name "llm-${pair//[:.]/-}" --repeats 2 2>&1) || echo "(verify ended with $?)";
+              --storage "$STORAGE" --study-name "llm-${pair//[:.]/-}" --repeats 1 --profile 2>&1) || echo "(verify ended with $?)";
           echo '```'; } > "$OUT/verify.md"
     fi
     (cd "$OUT" && "$PYTHON" "$REPO/scripts/gpu_acceptance_llm.py" trials --storage "$STORAGE" --out "$OUT/trials.md" > /dev/null)

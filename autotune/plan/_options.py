@@ -229,6 +229,7 @@ class VerifyOptions:
             instead of the study's measured noise; ``None``: the noise decides.
         callbacks: ``--callback`` classes the re-runs add (never the search's: what it measured with
             them is compared with what today measures without).
+        profile: After the re-runs, one profiled run of each (``autotune.runner._step_profile``), not judged.
     """
 
     storage: str
@@ -238,6 +239,7 @@ class VerifyOptions:
     repeats: int = 3
     tolerance: float | None = None
     callbacks: tuple[str, ...] = ()
+    profile: bool = False
 
     def check(self) -> None:
         """Each option's own check (the study, and the device by the plan, are read later).

@@ -243,6 +243,13 @@ VerifyGpu = Annotated[
     ),
 ]
 Repeats = Annotated[int, typer.Option(help="Re-runs of the winner and of the trainer's default each, interleaved.")]
+Profile = Annotated[
+    bool,
+    typer.Option(
+        help="Then run the winner and the trainer's default once more each under torch's profiler, and say where "
+        "their steps' time went (those runs are not judged: profiling slows a step)."
+    ),
+]
 Tolerance = Annotated[
     float | None,
     typer.Option(

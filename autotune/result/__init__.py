@@ -4,7 +4,7 @@
 source), stored in the trial's user attrs, and :class:`Status`, the one vocabulary of how a trial ended and its
 groups. ``_verification``: what ``autotune verify`` compares (:class:`StudyAnswer`) and finds
 (:class:`Verification`). ``_time_spent``: :class:`TimeSpent`, where a search's wall time went. ``_run_time``: the user's whole
-run, its length, projected wall time and cost (:func:`run_time_line`). ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
+run, its length, projected wall time and cost (:func:`run_time_line`). ``_profile``: :class:`StepProfile`, where a profiled trial's step time went. ``_loss``: the loss every trial records, the ``diverged`` rules, and the comparison with the HF default's
 loss (:func:`judge_against_default`, :func:`judged_trials`).
 """
 
@@ -23,6 +23,7 @@ from autotune.result._loss import (
     trained_fraction,
     winner_loss,
 )
+from autotune.result._profile import HOST_BOUND_BELOW, ProfiledOp, StepProfile
 from autotune.result._run_time import (
     Pace,
     RunLength,
@@ -66,6 +67,9 @@ from autotune.spec.measure import over_the_run  # one rule for measured and pred
 
 __all__ = [
     "FAILED_STATUSES",
+    "HOST_BOUND_BELOW",
+    "ProfiledOp",
+    "StepProfile",
     "GIVEN_UP_STATUSES",
     "INFEASIBLE_STATUSES",
     "MEMORY_EXCEEDED_STATUSES",

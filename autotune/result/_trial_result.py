@@ -136,6 +136,8 @@ class TrialResult:
     # the budget, not hung.
     still_stepping: bool = False
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Where the step time went, for a profiled run only (``TrialJob.profile_steps``): StepProfile.to_dict().
+    profile: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Training numerics (autotune.result._loss): the loss of every optimizer step from global step 1
     # (warm-up included; None where not finite), the first measured step, the non-finite losses as
     # [step, "nan"|"inf"|"-inf"], the steps the fp16 grad scaler skipped (their samples are not

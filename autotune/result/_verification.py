@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from autotune.result._profile import StepProfile
+
 
 class Judgement(enum.StrEnum):
     """How a figure measured today compares with its record."""
@@ -113,6 +115,8 @@ class Verification:
         device: The device measured on, in words.
         recorded_callbacks: ``--callback`` classes the search's trials ran with (its recorded options).
         callbacks: Those today's re-runs ran with.
+        profiles: ``--profile``: where each profiled run's step time went, by trial number (a run that did
+            not train is among ``failures``); not judged.
     """
 
     answer: StudyAnswer
@@ -129,6 +133,7 @@ class Verification:
     device: str
     recorded_callbacks: tuple[str, ...] = ()
     callbacks: tuple[str, ...] = ()
+    profiles: dict[int, StepProfile] = dataclasses.field(default_factory=dict)
 
     @property
     def regressed(self) -> tuple[FigureCheck, ...]:

@@ -170,6 +170,8 @@ class TrialJob:
             clearly below this (:func:`autotune.spec.measure.clearly_slower`); ``None`` never prunes.
         prune_step_noise: The step-time CV of the trial that set the threshold: how far one step
             may stray before a judgement on fewer than ``prune_after_steps`` steps.
+        profile_steps: Profile this many optimizer steps after warm-up (``runner._step_profile``): a run of
+            its own, never a search's measurement; 0: not profiled.
     """
 
     workload: Workload
@@ -177,6 +179,7 @@ class TrialJob:
     work_dir: str
     prune_below_samples_per_s: float | None = None
     prune_step_noise: float = 0.0
+    profile_steps: int = 0
 
     @property
     def log_path(self) -> str:

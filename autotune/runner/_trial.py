@@ -7,6 +7,7 @@ build, the batches, the trainer and its arguments: ``autotune.levers``); nothing
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from autotune.runner._precision import (
 )
 from autotune.runner._sample_lengths import SampleLengths
 from autotune.runner._side_effects import trial_overrides
+from autotune.runner._step_profile import StepProfiler
 from autotune.runner._step_timer import StepTimer, dynamo_compile_seconds
 from autotune.spec.measure import clearly_slower
 from autotune.spec.models import build_model
@@ -128,9 +130,12 @@ def train_and_measure(
         recorder = LossRecorder()
         lengths = SampleLengths()
         timer = StepTimer(workload.measure, probe.synchronize, _pruner(job, recorder, lengths))
+        # After the timer: the profiled window ends once the step's clock is read.
+        profiler = step_profiler(job, probe.synchronize)
         callbacks = [
             recorder,
             timer,
+            *([profiler] if profiler is not None else []),
             *(load_callback(name)() for name in workload.callbacks),
             *([StepSignal(on_step)] if on_step is not None else []),
         ]
@@ -150,7 +155,7 @@ def train_and_measure(
         trainer.train()  # exactly as a plain run does (docs/benchmarks.md, Isolation: why nothing is skipped)
         steps = MeasuredSteps(timer, recorder, lengths, varying, trainer, probe.ceiling_source, started, model_build_s)
         if timer.still_compiling:  # no steady state, and the fullest batch would compile once more
-            return steps.still_compiling(job, probe.peaks())
+            return with_profile(steps.still_compiling(job, probe.peaks()), profiler)
         peaks, peak_batch = probe.peaks(), ""
         compiled = job.config.compiled_as is not None
         if varying:
@@ -162,7 +167,22 @@ def train_and_measure(
         runtime = runtime_readings(trainer, autocast, workload.device.kind, probe.notes(), compiled=compiled)
     finally:
         probe.stop()
-    return steps.result(job, peaks, peak_batch, weights_finite, runtime)
+    return with_profile(steps.result(job, peaks, peak_batch, weights_finite, runtime), profiler)
+
+
+def step_profiler(job: TrialJob, synchronize: Callable[[], None]) -> StepProfiler | None:
+    """The profiler of a job that asks for one (``TrialJob.profile_steps``), in a trial of one process."""
+    if job.profile_steps <= 0 or job.workload.devices_per_trial > 1:
+        return None
+    warmup = job.workload.measure.warmup_steps
+    return StepProfiler(job.profile_steps, warmup, job.workload.device.kind, job.work_dir, synchronize)
+
+
+def with_profile(result: TrialResult, profiler: StepProfiler | None) -> TrialResult:
+    """``result`` with what ``profiler`` recorded, if it recorded anything."""
+    if profiler is None or profiler.summary is None:
+        return result
+    return dataclasses.replace(result, profile=profiler.summary.to_dict())
 
 
 def worst_case_peaks(

@@ -21,6 +21,9 @@ run take 43 h (unsloth#1144). Verify measures the answer again, as the search me
   re-run measured (every re-run failed, ran out of memory or went over the ceiling), is a regression.
 * The versions the winner's trial recorded (``TrialResult.versions``) are compared with those today's
   re-runs record.
+* ``--profile``: after the judged re-runs, each of the two runs once more with its first :data:`PROFILE_STEPS`
+  steps after warm-up under torch's profiler (:func:`rerun_profiled`, ``autotune/runner/_step_profile.py``):
+  where its step time went. Not judged, and not among the re-runs: recording every operator slows the step.
 
 Nothing is written to the study: verify reads it, and its re-runs are its own.
 """
@@ -40,6 +43,7 @@ from autotune.plan import SearchOptions, VerifyOptions
 from autotune.result import (
     FigureCheck,
     Judgement,
+    StepProfile,
     StudyAnswer,
     TrialResult,
     Verification,
@@ -48,10 +52,14 @@ from autotune.result import (
 from autotune.runner import run_isolated
 from autotune.storage import schema
 from autotune.study._confirm import in_round_order, interval_width, rerun, summarise, within_reach_of_the_leader
+from autotune.study._loop import make_job
 from autotune.study._proposals import measured_noise, noise_fraction
 from autotune.study._request import SearchRequest, prepare_request
 from autotune.study._setup import check_identity
 
+# Steps ``--profile`` records after warm-up: enough to see a step's repeating pattern (its data loading, its
+# optimizer step) without a trace too large to open; a step of a 1B decoder is tens of thousands of kernels.
+PROFILE_STEPS = 3
 # What to do when the recorded options no longer plan the study's workload here.
 SAME_SETUP_REMEDY = (
     "verify measures what the study measured: put back what its search read (the model, the data, "
@@ -72,7 +80,8 @@ def verify(
         study: The study.
         answer: Its winner, the trainer's default and their recorded figures (``autotune.views.verify``).
         options: ``verify``'s options.
-        on_run: Called after every re-run with (round, trial number, result).
+        on_run: Called after every re-run with (round, trial number, result); a profiled run's round is
+            ``options.repeats``, after the last.
         run_trial: Runs a :class:`autotune.runner.TrialJob` (``run_isolated``'s signature).
 
     Raises:
@@ -93,6 +102,13 @@ def verify(
             if on_run is not None:
                 on_run(round_index, number, result)
     seconds = time.perf_counter() - started
+    profiled: dict[int, TrialResult] = {}
+    for number in numbers if options.profile else ():  # after the judged re-runs: profiling slows a step
+        profiled[number] = rerun_profiled(
+            request, TrialConfig.from_params(trials[number].params), f"{number}-profile", run_trial
+        )
+        if on_run is not None:
+            on_run(options.repeats, number, profiled[number])
     summaries = {number: summarise(number, results) for number, results in runs.items()}
     # Each figure's interval is as wide as the noise of the period it was measured in: a quiet search
     # does not make a re-run on a busy machine precise, nor the reverse. So the larger of the two.
@@ -135,12 +151,31 @@ def verify(
             for number, results in runs.items()
             for index, result in enumerate(results)
             if not result.feasible
+        )
+        + tuple(
+            f"#{number} profiled run: {result.status}" + (f" ({result.error})" if result.error else "")
+            for number, result in profiled.items()
+            if not result.profile
         ),
         seconds=seconds,
         device=f"{request.workload.device.label} ({request.workload.device.name})",
         recorded_callbacks=tuple((study.user_attrs.get(schema.STUDY_SEARCH_OPTIONS) or {}).get("callbacks") or ()),
         callbacks=options.callbacks,
+        profiles={
+            number: StepProfile.from_dict(result.profile) for number, result in profiled.items() if result.profile
+        },
     )
+
+
+def rerun_profiled(
+    request: SearchRequest, config: TrialConfig, label: str, run_trial: Callable[..., TrialResult] = run_isolated
+) -> TrialResult:
+    """One more run of ``config``, its first :data:`PROFILE_STEPS` steps after warm-up under torch's profiler
+    (``autotune.runner._step_profile``); its throughput is not compared with anything."""
+    job = dataclasses.replace(
+        make_job(request, config, label, prune_below_samples_per_s=None), profile_steps=PROFILE_STEPS
+    )
+    return run_trial(job, request.trial_timeout_s)
 
 
 def verify_request(study: optuna.Study, options: VerifyOptions) -> SearchRequest:

@@ -11,7 +11,7 @@ import optuna
 from rich.console import Console
 
 from autotune.errors import AutotuneError
-from autotune.result import FigureCheck, Judgement, StudyAnswer, TrialResult, Verification
+from autotune.result import FigureCheck, Judgement, StepProfile, StudyAnswer, TrialResult, Verification
 from autotune.spec.measure import PRUNE_NOISE_FLOOR
 from autotune.units import format_bytes
 from autotune.views.ranking import confirmations_of, speedup_over_default, study_ranking, study_trainer
@@ -83,6 +83,11 @@ class VerifyPrinter:
             self._line(f"note: the {self._baseline} did not run and fit in the study: no speedup to verify")
 
     def rerun(self, round_index: int, number: int, result: TrialResult) -> None:
+        if round_index >= self._repeats:  # the profiled run after the rounds (verify --profile)
+            self._line(
+                f"  profiled: {self._name(number)} {result.status}" + (f", {result.error[:80]}" if result.error else "")
+            )
+            return
         figure = f"{result.samples_per_s:.1f} samples/s" if result.samples_per_s else result.error[:80]
         self._line(
             f"  round {round_index + 1}/{self._repeats}: {self._name(number)} {result.status}, {figure}, "
@@ -106,6 +111,9 @@ class VerifyPrinter:
                 f"note: the search's trials ran with --callback {', '.join(verification.recorded_callbacks) or 'none'}; "
                 f"these re-runs with {', '.join(verification.callbacks) or 'none'}"
             )
+        for number, profile in verification.profiles.items():
+            for line in profile_lines(self._name(number), profile):
+                self._line(line)
         self._line(verdict_line(verification))
         return 0 if verification.holds else 1
 
@@ -180,3 +188,27 @@ def verdict_line(verification: Verification) -> str:
     better = [check.what for check in verification.checks if check.judgement == Judgement.BETTER]
     how = f" ({', '.join(better)} better than recorded)" if better else " (every figure as recorded)"
     return f"verdict: the study's answer holds on today's install{how}"
+
+
+def profile_lines(name: str, profile: StepProfile) -> list[str]:
+    """Where a profiled run's step went: its wall time, the device's busy share (CUDA), the data loader's and
+    the optimizer's host time, then its operators with most self time, each per step and as a share of the step."""
+    per_step = profile.step_s
+    parts = [f"{per_step * 1000:.1f} ms per step over {profile.steps} profiled step(s)"]
+    if profile.device_busy_s is not None:
+        busy = profile.share(profile.device_busy_s)
+        waiting = f": the device waited for the host {1 - busy:.0%} of the step" if profile.host_bound else ""
+        parts.append(f"some kernel ran {busy:.0%} of it{waiting}")
+    else:  # a CPU's operators: the rest of the step is Python and the framework between them
+        parts.append(f"operators {profile.share(profile.operators_s):.0%} of it")
+    parts.append(f"data loading {profile.share(profile.data_loader_s):.0%}")
+    parts.append(f"optimizer step {profile.share(profile.optimizer_s):.0%} (host time)")
+    clock = "device" if profile.time_of == "device" else "CPU"
+    lines = [f"where the step time went, {name}: " + ", ".join(parts)]
+    lines += [
+        f"  {op.name}: {op.self_s / profile.steps * 1000:.1f} ms per step ({profile.share(op.self_s):.0%} of the "
+        f"step, {clock} self time, {op.calls} call(s))"
+        for op in profile.top
+    ]
+    lines.append(f"  every operator: {profile.table}; the trace (open it in https://ui.perfetto.dev): {profile.trace}")
+    return lines

@@ -178,6 +178,29 @@ def test_without_the_slow_callback_the_answer_holds_faster_than_recorded(slow_st
 
 
 @pytest.mark.slow
+def test_with_profile_each_answers_run_says_where_its_step_time_went_and_is_not_judged(slow_study):
+    """``--profile``: after the judged round, one profiled run of the winner and of the default each; their
+    operators, per step, and the files of the whole profile. The re-runs judged are the round's alone."""
+    completed = _verify(slow_study, "--repeats", "1", "--tolerance", "0.5", "--profile")
+    out = completed.stdout
+    assert completed.returncode == 0, out[-3000:] + completed.stderr[-3000:]
+    assert "measured on " in out and ": 2 re-run(s) in " in out  # the profiled runs are not re-runs
+    assert re.findall(r"^  profiled: (winner|HF default) #\d+ ok$", out, re.MULTILINE) == ["winner", "HF default"], out
+    for name in ("winner", "HF default"):
+        (header,) = re.findall(rf"^where the step time went, {name} #\d+: .*$", out, re.MULTILINE)
+        assert "ms per step over 3 profiled step(s)" in header and "data loading" in header, header
+        assert "some kernel ran" not in header  # the device's busy share is CUDA's
+    # The slow callback of the search is not in these runs; bert-tiny's step is its matmuls and its update.
+    assert re.search(r"^  aten::(addmm|mm): [\d.]+ ms per step \(\d+% of the step, CPU self time", out, re.MULTILINE), (
+        out
+    )
+    tables = re.findall(
+        r"^  every operator: (\S+); the trace \(open it in https://ui.perfetto.dev\): (\S+)$", out, re.MULTILINE
+    )
+    assert len(tables) == 2 and all(Path(table).is_file() and Path(trace).is_file() for table, trace in tables), tables
+
+
+@pytest.mark.slow
 def test_with_a_heavier_callback_the_answer_regressed(slow_study):
     # A quarter of the recorded speed, judged by --tolerance: however noisy the machine is today.
     args = ("--repeats", "1", "--tolerance", "0.5", "--callback", "tests.support.faults:SlowerSteps")
