@@ -29,8 +29,9 @@
 #             corpus (autotune chat-corpus), then for Qwen2.5-0.5B with LoRA and Llama-3.2-1B full fine-tune
 #             at seq len 2048: a search (--trainer sft by itself on chat rows; the LLM space) bounded to
 #             LLM_SEARCH_S, then TRL's default SFTConfig, the winner, the winner's export in a plain
-#             SFTTrainer and an expert recipe (packing + Liger + compile + bf16, checkpointing off; it compiles,
-#             so it runs last) (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
+#             SFTTrainer, the winner under torch's profiler (where its step time goes) and an expert recipe
+#             (packing + Liger + compile + bf16, checkpointing off; it compiles, so it runs last)
+#             (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
 #             liger-kernel: install from a wheelhouse written with scripts/wheelhouse.sh --llm
 #   proof     issue 41's one call, ending inside PROOF_S (540 s) with everything in OUT_DIR: install (from
 #             WHEELHOUSE, a --llm wheelhouse), the llm step's runs (their search and compare budgets

@@ -1,4 +1,5 @@
-"""scripts/gpu_acceptance.sh llm, after each model's search: three runs side by side and the export's plain run.
+"""scripts/gpu_acceptance.sh llm, after each model's search: three runs side by side, the export's plain run, and
+where the winner's step time goes (a profiled run).
 
     gpu_acceptance_llm.py compare --model M --seq-len S --dataset chat.jsonl [--peft lora] --device cuda:0
         --storage URL --study-name NAME --work-dir DIR --out OUT/llm.md [--expert packing=bfd,liger=true,...]
@@ -11,7 +12,8 @@ bf16 on TRL's default; a lever the device cannot run is left out of it, with a n
 appends a row to OUT: real (trained) tokens/s, MFU, the measured peak against the memory prior's
 predicted one. Then the winner's export (``autotune.views.export.winner_arguments``) trains in a
 plain ``SFTTrainer`` in a fresh process (``plain``, below), and its tokens/s and peak are appended
-against the winner's.
+against the winner's; then the winner once more under torch's profiler (``verify --profile``'s lines:
+``autotune.views.verify.profile_lines``), before the expert recipe, which compiles.
 
     gpu_acceptance_llm.py plain --args best_args.json --model M --seq-len S --rows DIR --tokenizer DIR
         [--adapters adapter_config.json] [--attn sdpa] [--weight-dtype fp32] [--steps 20]
@@ -136,12 +138,32 @@ def compare(options: argparse.Namespace) -> None:
         f"{plain['tokens_per_s']:.0f} tokens/s over {plain['steps']} steps after {PLAIN_WARMUP_STEPS} "
         f"(the study's record: {recorded.real_tokens_per_s:.0f} real tokens/s), peak "
         f"{plain['peak_bytes'] / GiB:.2f} GiB (the study's: {(recorded.peak_memory_bytes or 0) / GiB:.2f} GiB).",
-        "",
-        *header,
     ]
     append(options.out, lines)
+    # Before the expert recipe, which compiles: where the winner's step time goes (issue 41 asks it of a goal missed).
+    append(options.out, [*profiled_winner(workload, best, options), *header])
     measure(2, "expert recipe", expert_config(trl_default, options.expert, workload.device, notes))
     append(options.out, [*(f"- {note}" for note in notes), ""])
+
+
+def profiled_winner(workload: Any, best: Any, options: argparse.Namespace) -> list[str]:
+    """The winner once more with its first steps after warm-up under torch's profiler (as `autotune verify
+    --profile` runs it: not compared with anything, profiling slows a step); its lines for llm.md."""
+    from autotune.result import StepProfile
+    from autotune.runner import TrialJob, run_isolated
+    from autotune.study._verify import PROFILE_STEPS
+    from autotune.views.verify import profile_lines
+
+    work_dir = str(Path(options.work_dir) / "compare-profile")
+    job = TrialJob(workload=workload, config=best.config, work_dir=work_dir, profile_steps=PROFILE_STEPS)
+    result = run_isolated(job, options.trial_timeout)
+    if not result.profile:
+        return ["", f"The winner's profiled run: {result.status} {(result.error or '')[:200]}", ""]
+    lines = profile_lines(
+        f"autotune winner (#{best.number}), {best.config.short()}", StepProfile.from_dict(result.profile)
+    )
+    print(*lines, sep="\n", flush=True)
+    return ["", "```", *lines, "```", ""]
 
 
 def append(path: str, lines: list[str]) -> None:

@@ -29,7 +29,9 @@ export PYTHONUNBUFFERED=1 PYTHON="${PYTHON:-python3}"
 for name in llm.md dpo.md trials.md verify.md study.db; do
     [[ -f "$WORK/$name" ]] && cp "$WORK/$name" "$OUT_DIR/"
 done
-# The trials' logs (a failed trial's traceback), without the prepared datasets or any weights.
+# The trials' logs (a failed trial's traceback) and the profiled runs' tables of every operator, without the
+# prepared datasets, any weights, or the profiler's traces (tens of MB for a step of a 1B model: one file over
+# what a call brings back would lose the archive).
 tar czf "$OUT_DIR/runs.tgz" --exclude='*.arrow' --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' \
-    --exclude=chat.jsonl --exclude=prefs.jsonl -C "$WORK" .
+    --exclude=chat.jsonl --exclude=prefs.jsonl --exclude=trace.json.gz -C "$WORK" .
 ls -la "$OUT_DIR"
