@@ -8,7 +8,7 @@ operators, and on CUDA each kernel through CUPTI); this callback starts it at th
 stops it after ``profile_steps`` optimizer steps, or at the end of training, whichever comes first.
 
 It is never part of a search's measurement: recording every operator costs the step it records time (on this 2-core
-CPU, 2026-11-30: bert-tiny's winner profiled at 164, 181 and 241 ms a step in three verifies whose judged re-run
+CPU, 2026-11-30: bert-tiny's winner profiled at 164, 181 and 241 ms a step in three verifies, the first's judged re-run
 took 171 ms; llama-tiny under SFTTrainer 2,010-2,156 ms against 2,000), so a profiled run is a run of its own
 (``autotune verify --profile``), and its throughput is not compared with anything. Only a trial of one process is profiled: the ranks of a multi-rank trial would
 each write their own.
