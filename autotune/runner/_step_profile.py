@@ -10,8 +10,8 @@ stops it after ``profile_steps`` optimizer steps, or at the end of training, whi
 It is never part of a search's measurement: recording every operator costs the step it records time (on this 2-core
 CPU, 2026-11-30: bert-tiny's winner profiled at 164, 181 and 241 ms a step in three verifies, the first's judged re-run
 took 171 ms; llama-tiny under SFTTrainer 2,010-2,156 ms against 2,000), so a profiled run is a run of its own
-(``autotune verify --profile``), and its throughput is not compared with anything. Only a trial of one process is profiled: the ranks of a multi-rank trial would
-each write their own.
+(``autotune verify --profile``), and its throughput is not compared with anything. Only a trial of one process is
+profiled: the ranks of a multi-rank trial would each write their own.
 
 What is kept (:class:`autotune.result.StepProfile`): the profiled window's wall time per step, the operators
 that took most of it (their self time on the device on CUDA, on the CPU otherwise), the data loader's and the
