@@ -153,7 +153,8 @@ def verify(
             if not result.feasible
         )
         + tuple(
-            f"#{number} profiled run: {result.status}" + (f" ({result.error})" if result.error else "")
+            f"#{number} profiled run: {result.status}"
+            + (f" ({result.error})" if result.error else " (no step after warm-up ran to profile)")
             for number, result in profiled.items()
             if not result.profile
         ),
