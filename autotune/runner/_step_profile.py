@@ -112,7 +112,14 @@ def summarise(
     def self_s(row: Any) -> float:
         return (row.self_device_time_total if on_device else row.self_cpu_time_total) / 1e6
 
-    operators = [row for row in averages if _RANGE_MARK not in row.key and self_s(row) > 0]
+    # The host's operators, each with the kernel time it launched (on CUDA): kineto lists each kernel again as a
+    # row of its own (device_type CUDA), which would count that time twice (torch/autograd/profiler_util.py,
+    # ``_build_table``, sums the device rows alone for its total).
+    operators = [
+        row
+        for row in averages
+        if _RANGE_MARK not in row.key and row.device_type == torch.autograd.DeviceType.CPU and self_s(row) > 0
+    ]
     operators.sort(key=self_s, reverse=True)
     busy_s = _union_seconds(
         (event.time_range.start, event.time_range.end)

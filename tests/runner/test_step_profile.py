@@ -53,14 +53,23 @@ def _kernel(start: float, end: float):
     )
 
 
-def _row(key: str, device_us: float, cpu_total_us: float = 0.0, count: int = 1):
+def _row(key: str, device_us: float, cpu_total_us: float = 0.0, count: int = 1, on_host: bool = True):
+    import torch
+
+    device_type = torch.autograd.DeviceType.CPU if on_host else torch.autograd.DeviceType.CUDA
     return types.SimpleNamespace(
-        key=key, self_device_time_total=device_us, self_cpu_time_total=0.0, cpu_time_total=cpu_total_us, count=count
+        key=key,
+        self_device_time_total=device_us,
+        self_cpu_time_total=0.0,
+        cpu_time_total=cpu_total_us,
+        count=count,
+        device_type=device_type,
     )
 
 
 def test_on_cuda_the_device_is_busy_while_any_kernel_runs_and_ranges_are_not_operators():
-    """Kernels of two streams overlap: busy is their union (1.4 s of a 2 s window), not their sum (1.65 s)."""
+    """Kernels of two streams overlap: busy is their union (1.4 s of a 2 s window), not their sum (1.65 s); a
+    kernel's own row does not count its launching operator's time twice."""
     from autotune.runner._step_profile import summarise
 
     kernels = [
@@ -75,6 +84,8 @@ def test_on_cuda_the_device_is_busy_while_any_kernel_runs_and_ranges_are_not_ope
         _row("Optimizer.step#AdamW.step", 0.0, cpu_total_us=100_000),
         _row("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0.0, cpu_total_us=400_000),
         _row("aten::copy_", 0.0),
+        # kineto's row of the kernel aten::mm launched: the same time again, not another operator's
+        _row("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 1_200_000, on_host=False),
     ]
     profile = summarise(averages, kernels, wall_s=2.0, steps=2, on_device=True)
     assert profile.device_busy_s == pytest.approx(1.4)
