@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# Below this share of the step, the device waited for the host most of the time: Python, kernel launches,
-# synchronisations, the data loader (the kernels of a step that keeps a GPU fed run back to back).
+# Below this share of the step with a kernel running, the step is called host-bound: the device waited on Python,
+# kernel launches, synchronisations or the data loader for over a fifth of it (a step that keeps a GPU fed runs
+# its kernels back to back). A threshold of judgement for the printed word, not a measured constant.
 HOST_BOUND_BELOW = 0.8
 
 
