@@ -34,8 +34,8 @@
 #             (scripts/gpu_acceptance_llm.py), bounded to LLM_COMPARE_S; OUT_DIR/llm.md. Needs trl and
 #             liger-kernel: install from a wheelhouse written with scripts/wheelhouse.sh --llm
 #   proof     issue 41's one call, ending inside PROOF_S (540 s) with everything in OUT_DIR: install (from
-#             WHEELHOUSE, a --llm wheelhouse), the llm step's runs (their search and compare budgets
-#             default to 90 s and 110 s a model here), a DPO study (DPO_MODEL with LoRA at the llm step's
+#             WHEELHOUSE, a --llm wheelhouse), the llm step's runs (one model here by default, Llama-3.2-1B's full
+#             fine-tune, its search and compare budgets 200 s and 220 s), a DPO study (DPO_MODEL with LoRA at the llm step's
 #             seq len on generated preference pairs, bounded to DPO_SEARCH_S: OUT_DIR/dpo.md, its ranking
 #             and winner against TRL's default DPOConfig) and OUT_DIR/trials.md (every trial of every
 #             study: the throughput prior's real tokens/s and the memory prior's peak, predicted when it
@@ -245,7 +245,12 @@ step_dpo() {  # a bounded DPO study (TRL's DPOTrainer, LoRA) on generated prefer
 
 step_proof() {  # issue 41's one call: each part run only if its budget fits in what is left of PROOF_S
     local deadline=$((SECONDS + PROOF_S)) planned=0 each runs="" pair dpo_needs=$((DPO_SEARCH_S + 20))
-    LLM_SEARCH_S="${GPU_ACCEPTANCE_LLM_SEARCH_S:-90}" LLM_COMPARE_S="${GPU_ACCEPTANCE_LLM_COMPARE_S:-110}"
+    # One model a call, with the time its goals need: the H200 call of 2026-11-30 gave each of two models 90 s of
+    # search (two trials, the second over the ceiling) and 110 s of compare, which ended before the export's plain
+    # run, so no goal could be reached. Llama-3.2-1B's full fine-tune first (the MFU goal and the 2x); the next
+    # loan's call takes GPU_ACCEPTANCE_LLM_RUNS="qwen2.5-0.5b:lora".
+    LLM_RUNS="${GPU_ACCEPTANCE_LLM_RUNS:-llama-3.2-1b:full}"
+    LLM_SEARCH_S="${GPU_ACCEPTANCE_LLM_SEARCH_S:-200}" LLM_COMPARE_S="${GPU_ACCEPTANCE_LLM_COMPARE_S:-220}"
     if [[ -n "${WHEELHOUSE:-}" ]]; then
         step_install || return $?
     fi
