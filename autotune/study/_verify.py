@@ -85,11 +85,16 @@ def verify(
         run_trial: Runs a :class:`autotune.runner.TrialJob` (``run_isolated``'s signature).
 
     Raises:
-        AutotuneError: The study records no search options, its device is not here, or its options plan
-            another setup here.
+        AutotuneError: The study records no search options, its device is not here, its options plan
+            another setup here, or ``--profile`` is asked of trials of several ranks.
         KeyboardInterrupt: After killing the running re-run.
     """
     request = verify_request(study, options)
+    if options.profile and request.workload.devices_per_trial > 1:
+        raise AutotuneError(
+            f"--profile profiles a trial of one process, and study {study.study_name!r} trains each trial on "
+            f"{request.workload.devices_per_trial} ranks (each would profile its own): verify it without --profile"
+        )
     trials = {trial.number: trial for trial in study.get_trials(deepcopy=False)}
     numbers = list(dict.fromkeys(n for n in (answer.winner_trial, answer.default_trial) if n is not None))
     runs: dict[int, list[TrialResult]] = {number: [] for number in numbers}

@@ -99,6 +99,25 @@ def test_a_storage_without_a_study_is_one_line(tmp_path):
     assert_one_error_line(completed, "absent")
 
 
+def test_profile_of_a_study_whose_trials_run_on_several_ranks_is_refused_before_any_run(monkeypatch):
+    """Each rank of a multi-rank trial would profile its own: ``--profile`` is one line, before any re-run."""
+    import types
+
+    from autotune.errors import AutotuneError
+    from autotune.plan import VerifyOptions
+    from autotune.result import StudyAnswer
+    from autotune.study import _verify
+
+    two_ranks = types.SimpleNamespace(workload=types.SimpleNamespace(devices_per_trial=2))
+    monkeypatch.setattr(_verify, "verify_request", lambda study, options: two_ranks)
+    ran: list[object] = []
+    study = types.SimpleNamespace(study_name="ranks")
+    answer = StudyAnswer(winner_trial=0, winner_samples_per_s=1.0, winner_peak_bytes=1)
+    with pytest.raises(AutotuneError, match="trains each trial on 2 ranks"):
+        _verify.verify(study, answer, VerifyOptions("sqlite://", profile=True), run_trial=lambda *a: ran.append(a))
+    assert ran == []
+
+
 # --- the scenario: a study recorded on a slow install -------------------------------------------------
 
 
