@@ -45,7 +45,7 @@ ELEMENTWISE_PASSES = 4
 FUSED_ELEMENTWISE_PASSES = 2
 # The loss over ``V x tokens`` logits on CUDA: transformers upcasts them to fp32, cross-entropy writes its fp32
 # log-softmax and the backward an fp32 gradient of the same size (the memory model's three fp32 tensors,
-# ``_parts.logits_bytes``), each written once and read once: 6 passes of 4 bytes. On a CPU the same loss is
+# ``_logits.logits_bytes``), each written once and read once: 6 passes of 4 bytes. On a CPU the same loss is
 # not bound by memory but by its ``exp`` and ``log``: timed per logit instead (:attr:`StepWork.loss_logits`).
 LOSS_BYTES_PER_LOGIT = 6 * 4
 # TRL's fused head off CUDA (trl/kernels/chunked_logprob.py: ``_use_triton`` is CUDA/XPU only) folds each

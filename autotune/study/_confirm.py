@@ -155,11 +155,18 @@ def in_round_order(numbers: list[int], round_index: int) -> list[int]:
 
 
 def rerun(
-    request: SearchRequest, config: TrialConfig, label: str, run_trial: Callable[..., TrialResult] = run_isolated
+    request: SearchRequest,
+    config: TrialConfig,
+    label: str,
+    run_trial: Callable[..., TrialResult] = run_isolated,
+    profile_steps: int = 0,
 ) -> TrialResult:
     """One re-run of ``config`` in a trial child, as the search runs a trial, measured in full (no early
-    stop: a re-run's figure is the point), in a work directory named after ``label``."""
-    job = make_job(request, config, label, prune_below_samples_per_s=None)
+    stop: a re-run's figure is the point), in a work directory named after ``label``; ``profile_steps``
+    steps after warm-up under torch's profiler (``TrialJob.profile_steps``), if any."""
+    job = dataclasses.replace(
+        make_job(request, config, label, prune_below_samples_per_s=None), profile_steps=profile_steps
+    )
     return run_trial(job, request.trial_timeout_s)
 
 

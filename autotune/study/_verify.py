@@ -22,7 +22,7 @@ run take 43 h (unsloth#1144). Verify measures the answer again, as the search me
 * The versions the winner's trial recorded (``TrialResult.versions``) are compared with those today's
   re-runs record.
 * ``--profile``: after the judged re-runs, each of the two runs once more with its first :data:`PROFILE_STEPS`
-  steps after warm-up under torch's profiler (:func:`rerun_profiled`, ``autotune/runner/_step_profile.py``):
+  steps after warm-up under torch's profiler (``_confirm.rerun``'s ``profile_steps``, ``autotune/runner/_step_profile.py``):
   where its step time went. Not judged, and not among the re-runs: recording every operator slows the step.
 
 Nothing is written to the study: verify reads it, and its re-runs are its own.
@@ -52,7 +52,6 @@ from autotune.result import (
 from autotune.runner import run_isolated
 from autotune.storage import schema
 from autotune.study._confirm import in_round_order, interval_width, rerun, summarise, within_reach_of_the_leader
-from autotune.study._loop import make_job
 from autotune.study._proposals import measured_noise, noise_fraction
 from autotune.study._request import SearchRequest, prepare_request
 from autotune.study._setup import check_identity
@@ -109,9 +108,8 @@ def verify(
     seconds = time.perf_counter() - started
     profiled: dict[int, TrialResult] = {}
     for number in numbers if options.profile else ():  # after the judged re-runs: profiling slows a step
-        profiled[number] = rerun_profiled(
-            request, TrialConfig.from_params(trials[number].params), f"{number}-profile", run_trial
-        )
+        config = TrialConfig.from_params(trials[number].params)
+        profiled[number] = rerun(request, config, f"{number}-profile", run_trial, profile_steps=PROFILE_STEPS)
         if on_run is not None:
             on_run(options.repeats, number, profiled[number])
     summaries = {number: summarise(number, results) for number, results in runs.items()}
@@ -171,17 +169,6 @@ def verify(
             number: StepProfile.from_dict(result.profile) for number, result in profiled.items() if result.profile
         },
     )
-
-
-def rerun_profiled(
-    request: SearchRequest, config: TrialConfig, label: str, run_trial: Callable[..., TrialResult] = run_isolated
-) -> TrialResult:
-    """One more run of ``config``, its first :data:`PROFILE_STEPS` steps after warm-up under torch's profiler
-    (``autotune.runner._step_profile``); its throughput is not compared with anything."""
-    job = dataclasses.replace(
-        make_job(request, config, label, prune_below_samples_per_s=None), profile_steps=PROFILE_STEPS
-    )
-    return run_trial(job, request.trial_timeout_s)
 
 
 def verify_request(study: optuna.Study, options: VerifyOptions) -> SearchRequest:

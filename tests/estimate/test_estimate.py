@@ -9,7 +9,8 @@ import pytest
 
 from autotune.estimate import MeasuredMemory, MemoryFit, estimate_peak, fit_memory
 from autotune.estimate._fit import SCALE_BOUNDS
-from autotune.estimate._parts import activation_bytes, layer_activation_bytes, logits_bytes
+from autotune.estimate._logits import logits_bytes
+from autotune.estimate._parts import activation_bytes, layer_activation_bytes
 from autotune.estimate._plan_table import memory_distinct_configs
 from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import trial_memory_prior

@@ -1,4 +1,4 @@
-"""TRL's fused LM head off CUDA holds what the memory prior counts for it (``estimate._parts.fused_lm_head_bytes``):
+"""TRL's fused LM head off CUDA holds what the memory prior counts for it (``estimate._logits.fused_lm_head_bytes``):
 its torch fallback's forward and backward over one tile of llama-tiny's 32,000-id head, run in a fresh process
 as SFTTrainer runs it (bf16 autocast, the outputs SFTTrainer asks for), its peak resident memory above what
 the process held before. A test on the head alone: a trial's peak also holds the process, whose baseline the
@@ -35,7 +35,7 @@ print(json.dumps({{"held_bytes": peak - before}}))
 
 
 def test_the_head_off_cuda_holds_the_tiles_the_prior_counts():
-    from autotune.estimate._parts import fused_lm_head_bytes
+    from autotune.estimate._logits import fused_lm_head_bytes
     from autotune.spec.models import resolve_model
 
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
