@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from autotune.estimate._experts import routed_expert_bytes_per_token
 from autotune.estimate._fsdp import fsdp_state_bytes
 from autotune.estimate._logits import logits_bytes
 from autotune.estimate._prior import MemoryFit
@@ -358,6 +359,8 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
         mlp_saved += layout.activation_extra_tensors
     norm_saved = 2 if layout.rms_norm and not traits.fused_block_kernels else 1
     kernel_output = p * h if not materializes_attention_scores(model, traits, device_kind) else 0
+    trainable_experts = model.peft is None or model.peft.adapts_experts
+    routed = routed_expert_bytes_per_token(model, p, compute_weight_bytes(traits), trainable_experts)
     if model.peft is None:
         return int(
             (attention_inputs - 1) * p * h
@@ -365,6 +368,7 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
             + (mlp_saved - 2) * p * f
             + 2 * (norm_saved - 1) * r * h
             + kernel_output
+            + routed
         )
     mask = 1 if device_kind == "cuda" else 4
     dropout = float(model.peft.adapter_config.get("lora_dropout", 0.0) or 0.0)
@@ -373,7 +377,7 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
     # Frozen: the QKV, output-projection and MLP inputs (3 p h), the MLP's second input (p f) and RMSNorm's
     # weight product are not kept; the gated MLP's three f-wide tensors (or the activation's input) are.
     frozen_mlp_saved = mlp_saved - 1
-    return int(-3 * p * h + (frozen_mlp_saved - 2) * p * f + kernel_output + adapters)
+    return int(-3 * p * h + (frozen_mlp_saved - 2) * p * f + kernel_output + adapters + routed)
 
 
 def materializes_attention_scores(model: ModelSpec, traits: MemoryTraits, device_kind: str) -> bool:

@@ -27,6 +27,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.estimate._experts import routed_expert_fp32_flops_per_token
 from autotune.estimate._parts import layer_activation_bytes, precomputes_reference, runs_reference, trainer_rows
 from autotune.levers import Batching, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
 from autotune.spec.flops import (
@@ -289,6 +290,7 @@ def step_work(
     )
     tensors = TENSORS_PER_LAYER * layers + 5
     fp32_flops = k * fused_head_fp32_backward_flops(model, batch.computed_tokens, device_kind, matmul_dtype)
+    fp32_flops += k * batch.computed_tokens * routed_expert_fp32_flops_per_token(model, traits)
     setup_flops = setup_bytes = 0.0
     if precomputes_reference(model, traits):  # batched as training batches (trl: per_device_train_batch_size)
         samples_per_batch = batch.samples / model.rows_per_sample

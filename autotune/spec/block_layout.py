@@ -68,10 +68,12 @@ def block_layout(block: Any) -> BlockLayout:
         for name, m in block.named_modules()
         if type(m).__module__ in _ACTIVATION_MODULES and "act" in name.rsplit(".", 1)[-1]
     ]
+    # Routed experts keep their weights as 3-D tensors, not Linear modules (transformers 5: ``experts.gate_up_proj``).
+    parameter_names = [name.rsplit(".", 1)[-1] for name, _ in block.named_parameters()]
     return BlockLayout(
         attention_input_projections=max(sum(n in _ATTENTION_INPUT_NAMES for n in linear_names), 1),
         mlp_input_projections=max(sum(n in _MLP_INPUT_NAMES for n in linear_names), 1),
-        gated_mlp=any(n in _GATE_NAMES for n in linear_names),
+        gated_mlp=any(n in _GATE_NAMES for n in linear_names) or "gate_up_proj" in parameter_names,
         rms_norm=bool(norms) and all("rmsnorm" in n.lower() for n in norms),
         activation_extra_tensors=activation_extra_tensors(activations[0]) if activations else 0.0,
     )

@@ -71,10 +71,13 @@ def weight_flops_per_token(spec: ModelSpec) -> int:
     weight FLOPs (docs/facts.md, "LoRA"; the LoRA paper, Hu et al. 2021, section 4.2, measured a 25 %
     training speed-up on GPT-3 175B from it). The attention term is unchanged: its matmuls have
     no weights. With a 4-bit base (QLoRA) the same matmuls run after dequantization: same count.
+
+    ``N`` is what one token multiplies: under routed experts (a mixture of experts) its ``k`` of ``E``
+    experts, not all of them (``ModelSpec.active_non_embedding_params``; :mod:`autotune.spec.experts`).
     """
     if spec.peft is None:
-        return 6 * spec.num_non_embedding_params
-    return 4 * spec.num_non_embedding_params + 6 * spec.peft.adapter_params
+        return 6 * spec.active_non_embedding_params
+    return 4 * spec.active_non_embedding_params + 6 * spec.peft.adapter_params
 
 
 def recompute_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
@@ -86,7 +89,7 @@ def recompute_flops_per_token(spec: ModelSpec, seq_len: float) -> float:
     blocks are recomputed and the embedding and head are not.
     """
     adapters = spec.peft.adapter_params if spec.peft is not None else 0  # recomputed with their blocks
-    return 2 * (spec.num_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
+    return 2 * (spec.active_block_params + adapters) + 4 * spec.num_layers * attention_width(spec) * seq_len
 
 
 def model_flops_per_sample(spec: ModelSpec, seq_len: int) -> float:

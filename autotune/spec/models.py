@@ -11,27 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.spec import block_layout as layout_rules
+from autotune.spec import config_reading as config_rules
+from autotune.spec import experts as expert_rules
 from autotune.spec.block_layout import BlockLayout, block_layout, transformer_blocks
+from autotune.spec.config_reading import NO_MODEL_CODE, first_line, load_config, unknown_model
 from autotune.spec.derived_cache import cached
-from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
-from autotune.spec.model_files import config_on_disk, found_nowhere_offline, hub_reachable
+from autotune.spec.experts import RoutedExperts, routed_experts
+from autotune.spec.model_files import config_on_disk, found_nowhere_offline
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
 TASKS = ("sequence-classification", "causal-lm", "masked-lm")
-
-# autotune builds transformers' own architectures from a config and never runs code a model
-# directory or repository ships (``auto_map`` in its config.json). Every load of a config, a
-# tokenizer or a model says so: told nothing, transformers asks "Do you wish to run the custom
-# code? [y/N]" on a terminal and runs the code on "y", and without a terminal puts the question in
-# its error (transformers/dynamic_module_utils.py, ``resolve_trust_remote_code``).
-NO_MODEL_CODE: dict[str, bool] = {"trust_remote_code": False}
 
 _DECODER_MODEL_TYPES = {
     "gpt2",
@@ -69,6 +63,8 @@ class PeftSpec:
         quantized_params: Base parameters stored 4-bit: the linear layers' weights but the output head.
         adapted_input_width: The input features of a block's adapted modules, summed: what each adapter's
             input keeps per token (its dropout mask and its 16-bit copy) scales with it.
+        adapts_experts: The adapters include routed experts' weights (peft's ``ParamWrapper``, which
+            ``"all-linear"`` targets on a mixture of experts): those experts keep their inputs as trainable ones do.
     """
 
     adapter_config: dict[str, Any]
@@ -76,6 +72,7 @@ class PeftSpec:
     adapter_params: int
     quantized_params: int = 0
     adapted_input_width: int = 0
+    adapts_experts: bool = False
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must match, stored with it: the adapters and the quantization (the
@@ -91,8 +88,8 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
     return holds_reference and not under_peft and not reference_precomputed
 
 
-# The source files whose rules describe a model (the derived cache's entries change with either).
-_RULES = (__file__, layout_rules.__file__)
+# The source files whose rules describe a model (the derived cache's entries change with any of them).
+_RULES = (__file__, layout_rules.__file__, expert_rules.__file__, config_rules.__file__)
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
 _CONFIG_FIELDS = (
@@ -111,6 +108,7 @@ _CONFIG_FIELDS = (
     "num_embedding_params",
     "num_block_params",
     "block_layout",
+    "experts",
 )
 
 
@@ -128,7 +126,7 @@ class ModelSpec:
         hidden_size: Model width h.
         num_heads: Attention heads a.
         num_kv_heads: Key/value heads (fewer than ``num_heads`` under grouped-query attention).
-        intermediate_size: FFN width f.
+        intermediate_size: FFN width f: under routed experts, the width a token passes through (``experts``).
         vocab_size: Vocabulary V.
         max_positions: Longest sequence the position embeddings allow (0 if unbounded, e.g. RoPE).
         num_params: All trainable parameters of the model with its task head.
@@ -138,6 +136,8 @@ class ModelSpec:
         num_block_params: Parameters inside the transformer blocks (what checkpointing recomputes).
         block_layout: How a block is built, as the meta device shows it (:class:`BlockLayout`): what sets
             the tensors autograd keeps beyond Korthikanti's count.
+        experts: A mixture-of-experts model's routed experts (:class:`RoutedExperts`): a token multiplies ``k / E``
+            of them; ``None``: dense.
         local_dir: The local directory the config came from, if any (tokenizer lives there too).
         peft: The adapters every trial trains instead of the whole model (``--peft``), with their
             counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
@@ -170,6 +170,7 @@ class ModelSpec:
     num_embedding_params: int
     num_block_params: int
     block_layout: BlockLayout = dataclasses.field(default_factory=lambda: BlockLayout())
+    experts: RoutedExperts | None = None
     local_dir: str | None = None
     peft: PeftSpec | None = None
     fused_lm_head: bool = False
@@ -184,6 +185,7 @@ class ModelSpec:
         described model and one read back are the same."""
         fields = {field: getattr(self, field) for field in _CONFIG_FIELDS}
         fields["block_layout"] = dataclasses.asdict(self.block_layout)
+        fields["experts"] = dataclasses.asdict(self.experts) if self.experts else None
         try:
             return dict(json.loads(json.dumps(fields)))
         except (TypeError, ValueError):  # a value JSON cannot hold: not kept, used as read
@@ -207,6 +209,16 @@ class ModelSpec:
         return self.num_params - self.num_embedding_params
 
     @property
+    def active_non_embedding_params(self) -> int:
+        """The non-embedding parameters one token multiplies (its FLOPs): all but the routed experts it skips."""
+        return self.num_non_embedding_params - (self.experts.idle_params if self.experts else 0)
+
+    @property
+    def active_block_params(self) -> int:
+        """The block parameters one token multiplies (what checkpointing recomputes for it)."""
+        return self.num_block_params - (self.experts.idle_params if self.experts else 0)
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
@@ -228,7 +240,7 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     if task is not None and task not in TASKS:
         raise AutotuneError(f"unknown --task {task!r}: choose one of {', '.join(TASKS)}")
     if found_nowhere_offline(name):  # said before transformers and torch are imported: 5-8 s of a typo's answer
-        raise _unknown_model(name)
+        raise unknown_model(name)
     found = config_on_disk(name)
     if found is None:  # only the hub has it: nothing on disk to key a kept description by
         return _described(name, task)
@@ -236,8 +248,9 @@ def resolve_model(name: str, task: str | None = None) -> ModelSpec:
     fields = cached("model-spec", key, _RULES, lambda: _described(name, task).fields_of_its_config())
     if fields["source"] != found.source:  # transformers read it elsewhere (a cached file it refused): ask it again
         return _described(name, task)
-    layout = BlockLayout(**fields.pop("block_layout"))
-    return ModelSpec(name=name, local_dir=found.local_dir, block_layout=layout, **fields)
+    layout, experts = BlockLayout(**fields.pop("block_layout")), fields.pop("experts", None)
+    experts = RoutedExperts(**experts) if experts else None
+    return ModelSpec(name=name, local_dir=found.local_dir, block_layout=layout, experts=experts, **fields)
 
 
 def _described(name: str, task: str | None) -> ModelSpec:
@@ -249,7 +262,7 @@ def _described(name: str, task: str | None) -> ModelSpec:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        hf_config, source, local_dir = _load_config(name)
+        hf_config, source, local_dir = load_config(name)
     finally:
         hf_logging.set_verbosity(verbosity)
     try:
@@ -261,76 +274,8 @@ def _described(name: str, task: str | None) -> ModelSpec:
         # "hidden size is not a multiple of the number of attention heads", ...): what they reject
         # would fail every trial, so it is the user's config to fix, said in one line.
         raise AutotuneError(
-            f"--model {name}: transformers cannot build a model from its config ({_first_line(exc)})"
+            f"--model {name}: transformers cannot build a model from its config ({first_line(exc)})"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-def _load_config(name: str) -> tuple[Any, str, str | None]:
-    from transformers import AutoConfig
-
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
-        try:
-            return AutoConfig.from_pretrained(str(path), **NO_MODEL_CODE), "local", str(path.resolve())
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
-            _refuse_its_own_code(name, str(path))
-            # Invalid JSON, a list, no or an unknown model_type: transformers' own message says which.
-            raise AutotuneError(
-                f"--model {name}: transformers cannot read its config.json ({_first_line(exc)})"
-            ) from None
-    try:
-        return AutoConfig.from_pretrained(name, local_files_only=True, **NO_MODEL_CODE), "hf-cache", None
-    except (OSError, ValueError):
-        _refuse_its_own_code(name, name, local_files_only=True)
-    catalog_name = catalog_index().get(name.lower())
-    if catalog_name is not None:
-        return catalog_config(catalog_name), "catalog", None
-    if os.environ.get("HF_HUB_OFFLINE") != "1" and hub_reachable():
-        try:
-            return AutoConfig.from_pretrained(name, **NO_MODEL_CODE), "hub", None
-        except Exception:  # noqa: BLE001 - any hub failure means "not found" to the user
-            _refuse_its_own_code(name, name)
-    raise _unknown_model(name)
-
-
-def _unknown_model(name: str) -> AutotuneError:
-    return AutotuneError(
-        f"unknown model {name!r}: give a local directory with config.json, a model in the Hugging Face "
-        f"cache, or a catalog name ({', '.join(catalog_names())})"
-    )
-
-
-def _refuse_its_own_code(name: str, location: str, **load_kwargs: Any) -> None:
-    """One line for a config transformers refused because its model type needs code of its own.
-
-    Read as transformers reads it (``PretrainedConfig.get_config_dict``, which runs nothing): a model
-    type transformers does not know, with an ``auto_map`` naming the classes the directory ships.
-
-    Raises:
-        AutotuneError: That is why the config was refused.
-    """
-    from transformers import CONFIG_MAPPING, PretrainedConfig
-
-    try:
-        values, _ = PretrainedConfig.get_config_dict(location, **load_kwargs)
-    except Exception:  # noqa: BLE001 - unreadable: the caller says why in its own words
-        return
-    if not isinstance(values, dict):  # a JSON list: the caller says so
-        return
-    model_type = values.get("model_type")
-    if values.get("auto_map") and model_type not in CONFIG_MAPPING:
-        raise AutotuneError(
-            f"--model {name}: model type {model_type!r} is not one of transformers' own architectures (its config's "
-            f"auto_map names code of its own, which autotune never runs); autotune trains only those: use a model whose "
-            f"model_type transformers knows (transformers.CONFIG_MAPPING)"
-        )
 
 
 def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
@@ -363,7 +308,7 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
     max_positions = declared_positions
     if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
         max_positions = 0  # RoPE: no learned position table limits the length
-    num_params, num_embedding_params, num_block_params, layout = _count_params(hf_config, task)
+    num_params, num_embedding_params, num_block_params, layout, experts = _count_params(hf_config, task)
     return ModelSpec(
         name=name,
         source=source,
@@ -374,13 +319,14 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
         hidden_size=int(hidden),
         num_heads=int(heads),
         num_kv_heads=int(kv_heads),
-        intermediate_size=int(ffn),
+        intermediate_size=experts.mlp_width if experts else int(ffn),
         vocab_size=int(hf_config.vocab_size),
         max_positions=int(max_positions),
         num_params=num_params,
         num_embedding_params=num_embedding_params,
         num_block_params=num_block_params,
         block_layout=layout,
+        experts=experts,
         local_dir=local_dir,
     )
 
@@ -409,13 +355,14 @@ def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout]:
+def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout, RoutedExperts | None]:
     """Exact parameter counts from the model built on the meta device (no weights allocated), and its blocks'
     layout, kept on disk per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build
     imports the architecture's modeling code, seconds at every search start).
 
     Returns:
-        (all parameters, lookup-only embedding parameters, transformer-block parameters, the blocks' layout).
+        (all parameters, lookup-only embedding parameters, transformer-block parameters, the blocks' layout, the
+        routed experts).
     """
     import copy
 
@@ -423,7 +370,8 @@ def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout
     # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
     key = {"config": hf_config.to_dict(), "task": task}
     counts = cached("param-counts", key, _RULES, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
-    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3])
+    experts = RoutedExperts(**counts[4]) if counts[4] else None
+    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3]), experts
 
 
 def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
@@ -440,7 +388,14 @@ def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
     blocks = transformer_blocks(model)
     num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
     layout = block_layout(blocks[0]) if blocks is not None and len(blocks) else BlockLayout()
-    return [num_params, num_embedding_params, num_block_params, dataclasses.asdict(layout)]
+    experts = routed_experts(model, hf_config)
+    return [
+        num_params,
+        num_embedding_params,
+        num_block_params,
+        dataclasses.asdict(layout),
+        experts and dataclasses.asdict(experts),
+    ]
 
 
 def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:

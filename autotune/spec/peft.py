@@ -126,6 +126,14 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
     import torch
 
     config, quantize = read_peft_option(value)
+    if model.experts is not None and value in ("lora", "qlora") and config["lora_dropout"]:
+        # peft (0.17+) puts "all-linear"'s adapters on a mixture of experts' 3-D expert weights too (its
+        # ParamWrapper), which cannot apply dropout to their input: "does not work with lora_dropout != 0"
+        # (peft/tuners/lora/layer.py, ParamWrapper.__init__).
+        notes.append(
+            f"--peft {value}: lora_dropout {config['lora_dropout']} -> 0: peft's LoRA on routed experts' weights takes no dropout"
+        )
+        config["lora_dropout"] = 0.0
     if quantize is not None and device.kind != "cuda":
         notes.append(
             f"--peft: quantize {quantize} removed: bitsandbytes' 4-bit base needs a CUDA device; LoRA over the unquantized base"
@@ -140,16 +148,20 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
         try:
             wrapped = wrap_with_adapters(base, config, model.task)
         except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
-            raise AutotuneError(f"--peft {value}: {str(exc).strip().splitlines()[0][:200]}") from None
+            reason = str(exc).strip().splitlines()[0][:200]
+            fix = "; set lora_dropout to 0, or target_modules without the experts" if "lora_dropout" in reason else ""
+            raise AutotuneError(f"--peft {value}: {reason}{fix}") from None
         trainable, _ = wrapped.get_nb_trainable_parameters()
         blocks = transformer_blocks(wrapped)
-        adapted_width = sum(m.in_features for m in blocks[0].modules() if hasattr(m, "lora_A")) if blocks else 0
+        adapted = [(name, m) for name, m in blocks[0].named_modules() if hasattr(m, "lora_A")] if blocks else []
+        adapted_width = sum(m.in_features for name, m in adapted if "experts" not in name.split("."))
     spec = PeftSpec(
         adapter_config=config,
         quantize=quantize,
         adapter_params=int(trainable),
         quantized_params=int(quantized),
         adapted_input_width=int(adapted_width),
+        adapts_experts=any("experts" in name.split(".") for name, _ in adapted),
     )
     return dataclasses.replace(model, peft=spec)
 

@@ -252,7 +252,7 @@ def study_note(study: optuna.Study) -> str:
         f"## {study.study_name}",
         "",
         f"**Objective: {attrs.get(schema.STUDY_METRIC, schema.METRIC_NAME)}** (maximized): useful training work per second, "
-        "6N + 12·L·h·s FLOPs per token (PaLM, appendix B; 4N + 6N_adapter + 12·L·h·s under --peft); recomputation from checkpointing is not counted.",
+        "6N + 12·L·h·s FLOPs per token, N the parameters a token multiplies (a mixture of experts: k of its E routed experts; PaLM, appendix B; 4N + 6N_adapter + 12·L·h·s under --peft); recomputation from checkpointing is not counted.",
         "",
         f"Model **{identity.get('model', '?')}** ({identity.get('task', '?')}), sequence length {identity.get('seq_len', '?')}, "
         f"device {identity.get('device', '?')}; memory ceiling **{format_bytes(attrs.get('ceiling_bytes', 0))}** "

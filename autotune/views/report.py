@@ -130,7 +130,7 @@ def report_html(study: optuna.Study, epochs: float | None = None, price_per_hour
         f"memory ceiling <b>{format_bytes(attrs.get('ceiling_bytes', 0))}</b>. "
         f"{len(trials)} trials: {html.escape(', '.join(f'{s} {n}' for s, n in sorted(statuses.items())) or 'none')}.",
         "</p><p>",
-        f"<b>{METRIC_NAME}</b>: useful work per second, 6N + 12·L·h·s FLOPs per token (PaLM, appendix B; 4N + 6N_adapter + 12·L·h·s under --peft), the ranking metric; "
+        f"<b>{METRIC_NAME}</b>: useful work per second, 6N + 12·L·h·s FLOPs per token, N the parameters a token multiplies (a mixture of experts: k of its E routed experts; PaLM, appendix B; 4N + 6N_adapter + 12·L·h·s under --peft), the ranking metric; "
         "hardware TFLOPs also count checkpointing's recomputed forward. samples/s: steady-state median over whole "
         "optimizer steps, warm-up excluded. MFU: model TFLOPs over the datasheet peak of the dtype used.",
         "</p>",

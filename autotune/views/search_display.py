@@ -75,7 +75,7 @@ STATUS_STYLE: dict[str, str] = {
 LEGEND = (
     "samples/s: steady-state median over whole optimizer steps (warm-up and compilation excluded); "
     "✓ = median of the end-of-search re-runs. model TFLOPs: useful work per second (6N + 12·L·h·s per "
-    "token, PaLM; 4N + 6N_adapter + 12·L·h·s under --peft), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
+    "token, N the parameters a token multiplies: a mixture of experts' routed ones, k of E; PaLM; 4N + 6N_adapter + 12·L·h·s under --peft), the ranking metric. MFU: model TFLOPs over the datasheet peak of the dtype the "
     "matmuls ran in; * = over the peak measured by `autotune devices --calibrate`; - = no peak known "
     "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
     "over the same peak. peak mem: the figure the ceiling is compared with ({source}); pred: the calibrated "

@@ -18,6 +18,7 @@ from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.devices import cpu_device
 from autotune.spec.models import ModelSpec, build_model, resolve_model
 from autotune.spec.peft import with_peft, wrap_with_adapters
+from tests.support.moe import write_tiny_moe
 
 SEQ = 32
 
@@ -97,3 +98,21 @@ def test_liger_s_fused_kernels_keep_one_tensor_a_norm_and_recompute_the_gated_ac
         for on in (False, True)
     )
     assert plain - liger == (2 * 4 * h + 2 * f) * tokens  # two fp32 norm products, one bf16 activation
+
+
+@pytest.mark.parametrize("adapters", [None, "lora"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_a_layer_of_routed_experts_keeps_what_the_estimator_counts(model_type, dtype, adapters, tmp_path):
+    """A mixture of experts (tests/support/moe.py): the gated MLP of the width a token passes through (its ``k``
+    experts'), each expert's gathered input and output, the router's probabilities; the experts' tensors fp32 under
+    bf16 autocast (``grouped_mm`` is not autocast-enabled); under LoRA the experts adapted too (peft's ParamWrapper)."""
+    spec = resolve_model(str(write_tiny_moe(tmp_path / model_type, model_type)))
+    if adapters is not None:
+        spec = with_peft(spec, adapters, cpu_device(), [])
+    traits = memory_traits(TrialConfig(micro_batch=1, dtype=dtype), "cpu")
+    measured = kept_bytes_per_token(spec, dtype)
+    counted = saved_layer_bytes(spec, traits, SEQ, "cpu") / SEQ
+    assert abs(counted / measured - 1) < 0.12, (counted, measured)
+    as_dense = saved_layer_bytes(dataclasses.replace(spec, experts=None), traits, SEQ, "cpu") / SEQ
+    assert abs(as_dense / measured - 1) > abs(counted / measured - 1) + 0.05, (as_dense, counted, measured)

@@ -27,6 +27,8 @@ DECODERS = {
     "gemma-2-2b": "google/gemma-2-2b",
     "phi-3.5-mini": "microsoft/Phi-3.5-mini-instruct",
     "tinyllama-1.1b": "TinyLlama/TinyLlama_v1.1",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
 }
 
 REQUIRED_CATALOG = [
@@ -78,9 +80,20 @@ def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_publ
     assert entry["_autotune_hub_id"] == hub_id
     by_hub_id = resolve_model(hub_id)
     assert (by_hub_id.source, by_hub_id.family, by_hub_id.task) == ("catalog", "decoder", "causal-lm")
-    assert by_hub_id.model_type == entry["model_type"] in {"llama", "qwen2", "mistral", "gemma2", "phi3"}
+    assert (
+        by_hub_id.model_type
+        == entry["model_type"]
+        in {"llama", "qwen2", "mistral", "gemma2", "phi3", "mixtral", "qwen3_moe"}
+    )
     # Within 1 % of the size the model's Hub page / card publishes (the counts differ only by rounding).
     assert by_hub_id.num_params == pytest.approx(entry["_autotune_published_params"], rel=0.01)
+    # A mixture of experts: the size one token passes through, as its publisher gives it, to 0.1B (Qwen3-30B-A3B's
+    # card says 3.3B of the 3.353B counted: within 2 %; counting every expert would be 9x it).
+    active = by_hub_id.active_non_embedding_params + by_hub_id.num_embedding_params
+    if "_autotune_published_active_params" in entry:
+        assert active == pytest.approx(entry["_autotune_published_active_params"], rel=0.02)
+    else:
+        assert by_hub_id.experts is None and active == by_hub_id.num_params
     for spelling in (short_name, short_name.upper(), hub_id.lower()):
         assert resolve_model(spelling).hf_config == by_hub_id.hf_config, spelling
     # The trial child builds from the spec's config dict, not from the catalog file: the round trip

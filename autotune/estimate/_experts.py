@@ -1,0 +1,47 @@
+"""What a mixture of experts' routed experts cost beyond the dense model of the width a token passes through: the
+tensors they keep for the backward, and the matmuls that run in fp32 where the rest runs in 16 bits. One home for
+both, read by the memory prior (``_parts.layout_bytes_per_token``) and the throughput prior (``_speed.step_work``);
+the experts themselves are read from the model (:mod:`autotune.spec.experts`)."""
+
+from __future__ import annotations
+
+from autotune.estimate._zero import compute_weight_bytes
+from autotune.levers import MemoryTraits
+from autotune.spec.models import ModelSpec
+
+
+def routed_expert_bytes_per_token(model: ModelSpec, p: int, expert_bytes: int, trainable: bool) -> int:
+    """What a layer of routed experts keeps per token beyond the gated MLP of the width the token passes through
+    (``ModelSpec.intermediate_size``: ``p h + 4 p f`` counted; :mod:`autotune.spec.experts`), as transformers 5
+    runs them (integrations/moe.py, ``grouped_mm_experts_forward``, its default where ``torch.nn.functional.grouped_mm``
+    runs: CUDA from sm80, the CPU from torch 2.9):
+
+    * its four ``f``-wide tensors (the gate and up outputs, the activation, its product) in the experts' weights'
+      dtype, ``expert_bytes``: ``grouped_mm`` is not autocast-enabled, so transformers casts the input to the
+      weights' dtype and fp32 weights compute the experts in fp32 under 16-bit autocast;
+    * each of the token's ``k`` experts' gathered copy of its input (``hidden_states[perm // k]``, kept for the
+      weight's gradient: not under frozen experts without adapters) and its output (kept for the product with the
+      routing weight);
+    * the router's ``E`` fp32 probabilities and the routing's int64 indices (about four per routed copy).
+
+    Counted with saved-tensor hooks (tests/estimate/test_saved_activations.py); 0 for a dense model."""
+    experts = model.experts
+    if experts is None:
+        return 0
+    k, h, f = experts.per_token, model.hidden_size, model.intermediate_size
+    copies = 2 * k if trainable else k
+    return copies * expert_bytes * h + (expert_bytes - p) * 4 * f + 4 * experts.experts + 8 * 4 * k
+
+
+def routed_expert_fp32_flops_per_token(model: ModelSpec, traits: MemoryTraits) -> float:
+    """The routed experts' matmul FLOPs per token that run in fp32 under 16-bit autocast with fp32 weights: all of
+    them. transformers 5 runs experts through ``grouped_mm``, which autocast does not cast, so it casts the input to
+    the weights' dtype (integrations/moe.py, ``_grouped_mm``: "not autocast-enabled"); 0 with 16-bit weights, in
+    fp32, or for a dense model. A token's experts cost ``6`` FLOPs per active weight, ``4`` when frozen without
+    adapters, ``2`` more when checkpointing recomputes them (as ``spec.flops`` counts the rest)."""
+    experts = model.experts
+    if experts is None or not traits.half_autocast or compute_weight_bytes(traits) != 4:
+        return 0.0
+    trainable = model.peft is None or model.peft.adapts_experts
+    per_weight = (6 if trainable else 4) + (2 if traits.recompute else 0)
+    return per_weight * experts.params * experts.per_token / experts.experts

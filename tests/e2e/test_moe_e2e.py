@@ -1,0 +1,42 @@
+"""A mixture of experts searched end to end on the CPU: a small Qwen3-MoE (16 experts, top 4: tests/support/moe.py)
+trains through the real Trainer in each trial child; the recorded model TFLOPs count the experts each token is
+routed to, and the memory prior's prediction at proposal lands near the measured peak."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.spec.flops import model_flops_per_token
+from autotune.spec.models import resolve_model
+from autotune.storage import schema
+from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
+from tests.support.moe import write_tiny_moe
+
+pytestmark = pytest.mark.slow
+
+SEQ = 32  # FAST_SEARCH_ARGS' --seq-len
+
+
+def test_a_mixture_of_experts_trains_and_its_model_flops_are_the_routed_experts(tmp_path):
+    model = write_tiny_moe(tmp_path / "qwen3-moe-tiny", "qwen3_moe", layers=4)
+    space = tmp_path / "space.yaml"
+    space.write_text("micro_batch: [4, 16]\ndtype: [fp32]\noptim: [adamw_torch_fused]\n")
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    where = ["--space", str(space), "--storage", storage, "--study-name", "moe", "--memory-ceiling", "4GiB"]
+    # FAST_SEARCH_ARGS: --seq-len 32, 1 warm-up step, at most 4 measured, no confirmation.
+    args = ["--model", str(model), "--device", "cpu", *FAST_SEARCH_ARGS, *where, "--trials", "2"]
+    searched = run_cli_in_process("search", *args, cwd=tmp_path)
+    assert searched.returncode == 0, searched.stdout[-3000:] + searched.stderr[-3000:]
+    spec = resolve_model(str(model))
+    assert spec.experts is not None
+    per_sample = SEQ * model_flops_per_token(spec, SEQ)
+    trials = [t for t in optuna.load_study(study_name="moe", storage=storage).trials if t.user_attrs.get("result")]
+    measured = [t for t in trials if t.user_attrs["result"]["status"] == "ok"]
+    assert len(measured) == 2, [t.user_attrs["result"]["status"] for t in trials]
+    for trial in measured:
+        result = trial.user_attrs["result"]
+        # The ranking metric counts a token's k of E experts (every expert counted would be 2.35x it here).
+        assert result["model_tflops"] == pytest.approx(result["samples_per_s"] * per_sample / 1e12, rel=1e-3)
+        predicted = trial.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES]
+        assert predicted == pytest.approx(result["peak_memory_bytes"], rel=0.15), (predicted, result)
