@@ -30,8 +30,20 @@ def attention_width(spec: ModelSpec) -> int:
     Equal to the hidden size for BERT, GPT-2 and Llama; some configs (Gemma) set ``head_dim``
     explicitly. Grouped-query attention shares K and V between heads, but every query head still
     multiplies its own scores, so the query head count is the one that matters.
+
+    Multi-head latent attention (DeepSeek-V2/V3: transformers' ``modeling_deepseek_v3.py``) scores with
+    ``qk_head_dim = qk_nope_head_dim + qk_rope_head_dim`` and weighs values of ``v_head_dim``, where the
+    config's ``head_dim`` is the rotary part's alone: the width is their mean, so that ``QK^T`` and ``AV``
+    together count as they run (torch's FlopCounterMode agrees within 1 %: tests/spec/test_experts.py).
     """
-    head_dim = spec.hf_config.get("head_dim") or spec.head_dim
+    config = spec.hf_config
+    value_dim = config.get("v_head_dim")
+    query_dim = config.get("qk_head_dim") or (config.get("qk_nope_head_dim") or 0) + (
+        config.get("qk_rope_head_dim") or 0
+    )
+    if value_dim and query_dim:
+        return spec.num_heads * (int(query_dim) + int(value_dim)) // 2
+    head_dim = config.get("head_dim") or spec.head_dim
     return spec.num_heads * int(head_dim)
 
 

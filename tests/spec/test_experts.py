@@ -20,26 +20,27 @@ from autotune.spec.models import build_model, resolve_model
 from autotune.spec.peft import with_peft
 from tests.support.moe import write_tiny_moe
 
-TOKENS = 64
 
-
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "qwen2_moe"])
-def test_a_training_step_does_the_flops_of_the_experts_each_token_is_routed_to(model_type, tmp_path):
+@pytest.mark.parametrize(
+    ("model_type", "tokens"), [("mixtral", 64), ("qwen3_moe", 64), ("qwen2_moe", 64), ("deepseek_v3", 256)]
+)
+def test_a_training_step_does_the_flops_of_the_experts_each_token_is_routed_to(model_type, tokens, tmp_path):
     """torch's FlopCounterMode over a real forward and backward (eager attention and experts, whose matmuls it
-    counts: it has no formula for ``grouped_mm``) against ``model_flops_per_token``: within 1 %."""
+    counts: it has no formula for ``grouped_mm``) against ``model_flops_per_token``: within 1 %. DeepSeek-V3 at a
+    longer sequence, where its latent attention's score and value widths (16 each, its ``head_dim`` 8) weigh."""
     spec = resolve_model(str(write_tiny_moe(tmp_path / model_type, model_type, layers=3)))
     assert spec.experts is not None
     torch.manual_seed(0)
     model = build_model(spec.hf_config, spec.task, attn_implementation="eager", experts_implementation="eager")
-    ids = torch.randint(0, spec.vocab_size, (1, TOKENS))
+    ids = torch.randint(0, spec.vocab_size, (1, tokens))
     with FlopCounterMode(display=False) as counter:
         model(input_ids=ids, labels=ids).loss.backward()
     measured = counter.get_total_flops()
-    counted = TOKENS * model_flops_per_token(spec, TOKENS)
+    counted = tokens * model_flops_per_token(spec, tokens)
     assert counted == pytest.approx(measured, rel=0.01)
     # Every parameter a token's work (the dense rule) is far off: the experts it skips are most of the model.
-    every_parameter = counted + TOKENS * 6 * spec.experts.idle_params
-    assert every_parameter > 1.4 * measured
+    every_parameter = counted + tokens * 6 * spec.experts.idle_params
+    assert every_parameter > 1.25 * measured  # 1.31x (DeepSeek-V3 at 256 tokens) to 2.3x (Qwen3-MoE)
 
 
 @pytest.mark.parametrize(
