@@ -90,6 +90,11 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             "not a multiple of the number of attention heads",
         ),
         "model: vocab_size 0": (model("vocab0", vocab_size=0), "vocab_size 0"),
+        # torch's nn.Embedding asserts (an AssertionError, once a traceback): a pad token past the vocabulary.
+        "model: pad token past the vocabulary": (
+            model("pad-past-vocab", pad_token_id=1_000_000),
+            "Padding_idx must be within num_embeddings",
+        ),
         "model: 0 positions": (model("positions0", max_position_embeddings=0), "max_position_embeddings 0"),
         "model: negative heads": (model("negative-heads", num_attention_heads=-2), "num_heads -2"),
         "estimate: hidden not divisible by heads": (
@@ -296,6 +301,7 @@ CASE_IDS = [
     "model: a JSON list",
     "model: hidden not divisible by heads",
     "model: vocab_size 0",
+    "model: pad token past the vocabulary",
     "model: 0 positions",
     "model: negative heads",
     "estimate: hidden not divisible by heads",

@@ -269,7 +269,16 @@ def _described(name: str, task: str | None) -> ModelSpec:
         return spec_from_config(name, hf_config, source, task, local_dir)
     except AutotuneError:
         raise
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError, ZeroDivisionError, RuntimeError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        ZeroDivisionError,
+        RuntimeError,
+        AssertionError,  # torch's own checks: nn.Embedding's "Padding_idx must be within num_embeddings"
+    ) as exc:
         # Building the model on the meta device runs the architecture's own shape checks (BERT's
         # "hidden size is not a multiple of the number of attention heads", ...): what they reject
         # would fail every trial, so it is the user's config to fix, said in one line.
