@@ -278,6 +278,7 @@ def _described(name: str, task: str | None) -> ModelSpec:
         ZeroDivisionError,
         RuntimeError,
         AssertionError,  # torch's own checks: nn.Embedding's "Padding_idx must be within num_embeddings"
+        ImportError,  # an architecture whose modeling code needs a package this machine lacks
     ) as exc:
         # Building the model on the meta device runs the architecture's own shape checks (BERT's
         # "hidden size is not a multiple of the number of attention heads", ...): what they reject
