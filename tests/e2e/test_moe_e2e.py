@@ -28,6 +28,8 @@ def test_a_mixture_of_experts_trains_and_its_model_flops_are_the_routed_experts(
     args = ["--model", str(model), "--device", "cpu", *FAST_SEARCH_ARGS, *where, "--trials", "2"]
     searched = run_cli_in_process("search", *args, cwd=tmp_path)
     assert searched.returncode == 0, searched.stdout[-3000:] + searched.stderr[-3000:]
+    said = " ".join(searched.stdout.split())
+    assert "is a mixture of experts: a token passes through 4 of 16 experts," in said, said[:2000]
     spec = resolve_model(str(model))
     assert spec.experts is not None
     per_sample = SEQ * model_flops_per_token(spec, SEQ)
