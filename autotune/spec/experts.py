@@ -1,11 +1,12 @@
 """A mixture-of-experts model's routed experts: how much of the model one token passes through.
 
-A sparse MoE layer routes each token to ``k`` of its ``E`` experts (Shazeer et al. 2017; Mixtral, Jiang et al.
-2024, section 2: "each token ... two experts"), so a token multiplies ``k / E`` of the experts' weights while the
-memory holds all of them, and the optimizer updates all of them. Counting every parameter as a token's FLOPs
-(``6N``) makes Mixtral-8x7B 3.6x and Qwen3-30B-A3B 9x the work they do: Mistral gives Mixtral "46.7B total
-parameters but only uses 12.9B parameters per token" (mistral.ai/news/mixtral-of-experts), Qwen "30.5B in total
-and 3.3B activated" (the Qwen3-30B-A3B model card); both are the catalog's checks (tests/spec/test_models.py).
+A sparse MoE layer routes each token to ``k`` of its ``E`` experts (Shazeer et al. 2017; Mixtral's release text:
+"At every layer, for every token, a router network chooses two of these experts to process the token and combine
+their output additively"), so a token multiplies ``k / E`` of the experts' weights while the memory holds all of
+them, and the optimizer updates all of them. Counting every parameter as a token's FLOPs (``6N``) makes
+Mixtral-8x7B 3.6x and Qwen3-30B-A3B 9x the work they do: Mistral gives Mixtral "46.7B total parameters but only
+uses 12.9B parameters per token" (mistral.ai/news/mixtral-of-experts), Qwen "30.5B in total and 3.3B activated"
+(the Qwen3-30B-A3B model card); both are the catalog's checks (tests/spec/test_models.py).
 
 What is read, and from where:
 
