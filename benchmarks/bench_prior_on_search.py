@@ -9,6 +9,8 @@ unless ``autotune devices --calibrate`` stored this CPU's) against the measured,
 median level.
 
     python -m benchmarks.bench_prior_on_search --format preference --trials 6 --seq-len 256
+
+``--model`` gives another model than llama-tiny (a local directory is resolved to its absolute path first).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--model", default=MODEL, help="a catalog name or a local model directory")
     options = parser.parse_args()
+    model = str(Path(options.model).resolve()) if Path(options.model).is_dir() else options.model
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = Path(tempfile.mkdtemp(prefix="bench-prior-on-search-"))
     corpus = ("chat-corpus", "--format", options.format, "--samples", str(options.samples))
@@ -70,7 +74,7 @@ def main() -> None:
         cwd=root,
         check=True,
     )
-    shared = ("--model", MODEL, "--dataset", "rows.jsonl", "--device", "cpu", "--seq-len", str(options.seq_len))
+    shared = ("--model", model, "--dataset", "rows.jsonl", "--device", "cpu", "--seq-len", str(options.seq_len))
     storage, study_name = "sqlite:///study.db", "prior-on-search"
     print("before:", load_average())
     search = subprocess.run(
@@ -89,7 +93,7 @@ def main() -> None:
 
     planned = plan(
         SearchOptions(
-            model=MODEL,
+            model=model,
             dataset="rows.jsonl",
             device="cpu",
             seq_len=options.seq_len,
