@@ -27,6 +27,7 @@ DECODERS = {
     "gemma-2-2b": "google/gemma-2-2b",
     "phi-3.5-mini": "microsoft/Phi-3.5-mini-instruct",
     "tinyllama-1.1b": "TinyLlama/TinyLlama_v1.1",
+    "gemma-3-1b": "google/gemma-3-1b-pt",
     "qwen3-0.6b": "Qwen/Qwen3-0.6B",
     "qwen3-4b": "Qwen/Qwen3-4B",
     "qwen3-8b": "Qwen/Qwen3-8B",
@@ -86,7 +87,7 @@ def test_each_decoder_resolves_offline_by_hub_id_and_short_name_and_has_its_publ
     assert (
         by_hub_id.model_type
         == entry["model_type"]
-        in {"llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "mixtral", "qwen3_moe"}
+        in {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen3_moe"}
     )
     # Within 1 % of the size the model's Hub page / card publishes (the counts differ only by rounding).
     assert by_hub_id.num_params == pytest.approx(entry["_autotune_published_params"], rel=0.01)
