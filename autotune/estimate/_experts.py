@@ -33,6 +33,25 @@ def routed_expert_bytes_per_token(model: ModelSpec, p: int, expert_bytes: int, t
     return copies * expert_bytes * h + (expert_bytes - p) * 4 * f + 4 * experts.experts + 8 * 4 * k
 
 
+# Folds of the experts' LoRA into their weights a micro-batch runs, in fold-forward equivalents: peft 0.21's
+# ``ParamWrapper`` folds each adapted weight twice in a forward and backpropagates through one fold (the gradients
+# of ``A`` and ``B``: two more of its size), so four. Counted with torch's FlopCounterMode (``aten.baddbmm`` and
+# ``aten.bmm`` on a LoRA'd mixture of experts: tests/spec/test_experts.py).
+EXPERT_FOLDS_PER_MICRO_BATCH = 4
+
+
+def expert_adapter_fold_flops(model: ModelSpec, traits: MemoryTraits) -> tuple[float, float]:
+    """The FLOPs of folding LoRA into the routed experts' 3-D weights in a micro-batch's forward and backward,
+    whatever its tokens, and how many of them run in fp32: peft's ``ParamWrapper`` computes ``W + s B A`` as one
+    ``baddbmm`` per weight in the weight's dtype with autocast off (peft/tuners/lora/layer.py, ``_LoraFactorsProxy``;
+    ``PeftSpec.expert_fold_flops`` is one fold), :data:`EXPERT_FOLDS_PER_MICRO_BATCH` times; ``(0, 0)`` without
+    adapters on the experts."""
+    if model.peft is None or not model.peft.expert_fold_flops:
+        return 0.0, 0.0
+    fold = EXPERT_FOLDS_PER_MICRO_BATCH * model.peft.expert_fold_flops
+    return fold, fold if traits.half_autocast and compute_weight_bytes(traits) == 4 else 0.0
+
+
 def routed_expert_fp32_flops_per_token(model: ModelSpec, traits: MemoryTraits) -> float:
     """The routed experts' matmul FLOPs per token that run in fp32 under 16-bit autocast with fp32 weights: all of
     them. transformers 5 runs experts through ``grouped_mm``, which autocast does not cast, so it casts the input to

@@ -27,7 +27,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from autotune.estimate._experts import routed_expert_fp32_flops_per_token
+from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
 from autotune.estimate._parts import layer_activation_bytes, precomputes_reference, runs_reference, trainer_rows
 from autotune.levers import Batching, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
 from autotune.spec.flops import (
@@ -291,6 +291,8 @@ def step_work(
     tensors = TENSORS_PER_LAYER * layers + 5
     fp32_flops = k * fused_head_fp32_backward_flops(model, batch.computed_tokens, device_kind, matmul_dtype)
     fp32_flops += k * batch.computed_tokens * routed_expert_fp32_flops_per_token(model, traits)
+    fold, fold_fp32 = expert_adapter_fold_flops(model, traits)
+    fp32_flops += k * fold_fp32
     setup_flops = setup_bytes = 0.0
     if precomputes_reference(model, traits):  # batched as training batches (trl: per_device_train_batch_size)
         samples_per_batch = batch.samples / model.rows_per_sample
@@ -301,7 +303,8 @@ def step_work(
         dropout_elements=dropout,
         loss_logits=0.0 if device_kind == "cuda" else k * loss_logits,
         head_logits=k * head_logits,
-        matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0)) - fp32_flops,
+        matmul_flops=k * (batch.computed_tokens * per_token + (reference_flops if each_step else 0.0) + fold)
+        - fp32_flops,
         matmul_dtype=matmul_dtype,
         matmul_inner=model.hidden_size,
         fp32_matmul_flops=fp32_flops,

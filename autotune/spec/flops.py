@@ -86,10 +86,18 @@ def weight_flops_per_token(spec: ModelSpec) -> int:
 
     ``N`` is what one token multiplies: under routed experts (a mixture of experts) its ``k`` of ``E``
     experts, not all of them (``ModelSpec.active_non_embedding_params``; :mod:`autotune.spec.experts`).
+    Adapters on the experts' 3-D weights (peft's ``ParamWrapper``) fold into the weight once a forward
+    (``W + B A``) and the tokens multiply the folded weight: its gradient is computed, ``2`` more per active
+    expert weight a token, and the adapters' own ``6 N_adapter`` is not a token's (its fold is a micro-batch's:
+    ``estimate._experts.expert_adapter_fold_flops``).
     """
     if spec.peft is None:
         return 6 * spec.active_non_embedding_params
-    return 4 * spec.active_non_embedding_params + 6 * spec.peft.adapter_params
+    adapted_experts = 0
+    if spec.experts is not None and spec.peft.adapts_experts:
+        adapted_experts = spec.experts.params * spec.experts.per_token // spec.experts.experts
+    token_adapters = spec.peft.adapter_params - spec.peft.expert_adapter_params
+    return 4 * spec.active_non_embedding_params + 2 * adapted_experts + 6 * token_adapters
 
 
 def recompute_flops_per_token(spec: ModelSpec, seq_len: float) -> float:

@@ -63,8 +63,12 @@ class PeftSpec:
         quantized_params: Base parameters stored 4-bit: the linear layers' weights but the output head.
         adapted_input_width: The input features of a block's adapted modules, summed: what each adapter's
             input keeps per token (its dropout mask and its 16-bit copy) scales with it.
-        adapts_experts: The adapters include routed experts' weights (peft's ``ParamWrapper``, which
-            ``"all-linear"`` targets on a mixture of experts): those experts keep their inputs as trainable ones do.
+        expert_adapter_params: The adapters' parameters on routed experts' weights (peft's ``ParamWrapper``, which
+            ``"all-linear"`` targets on a mixture of experts; 0: none): such experts compute their weights'
+            gradient and keep their inputs as trainable ones do.
+        expert_fold_flops: One fold of those adapters into the experts' weights, ``W + s B A``: ``2 r`` FLOPs per
+            element of each adapted weight, summed (``estimate._experts.expert_adapter_fold_flops`` counts how many
+            folds a micro-batch runs).
     """
 
     adapter_config: dict[str, Any]
@@ -72,7 +76,12 @@ class PeftSpec:
     adapter_params: int
     quantized_params: int = 0
     adapted_input_width: int = 0
-    adapts_experts: bool = False
+    expert_adapter_params: int = 0
+    expert_fold_flops: float = 0.0
+
+    @property
+    def adapts_experts(self) -> bool:
+        return self.expert_adapter_params > 0
 
     def identity(self) -> dict[str, Any]:
         """What a resumed study must match, stored with it: the adapters and the quantization (the

@@ -152,6 +152,10 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
             fix = "; set lora_dropout to 0, or target_modules without the experts" if "lora_dropout" in reason else ""
             raise AutotuneError(f"--peft {value}: {reason}{fix}") from None
         trainable, _ = wrapped.get_nb_trainable_parameters()
+        on_experts = sum(
+            p.numel() for name, p in wrapped.named_parameters() if p.requires_grad and "experts" in name.split(".")
+        )
+        fold = sum(_fold_flops(m) for name, m in wrapped.named_modules() if "experts" in name.split("."))
         blocks = transformer_blocks(wrapped)
         adapted = [(name, m) for name, m in blocks[0].named_modules() if hasattr(m, "lora_A")] if blocks else []
         adapted_width = sum(m.in_features for name, m in adapted if "experts" not in name.split("."))
@@ -161,9 +165,20 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
         adapter_params=int(trainable),
         quantized_params=int(quantized),
         adapted_input_width=int(adapted_width),
-        adapts_experts=any("experts" in name.split(".") for name, _ in adapted),
+        expert_adapter_params=int(on_experts),
+        expert_fold_flops=float(fold),
     )
     return dataclasses.replace(model, peft=spec)
+
+
+def _fold_flops(module: Any) -> float:
+    """One fold of the LoRA factors peft keeps on a 3-D expert weight (``ParamWrapper``: its ``lora_A`` holds ``r``
+    rows per expert) into that weight: ``2 r`` FLOPs per element (one ``baddbmm``); 0 for any other module."""
+    lora_a, get_param = getattr(module, "lora_A", None), getattr(module, "get_param", None)
+    if not lora_a or get_param is None or getattr(module, "num_experts", 1) <= 1:
+        return 0.0
+    rank = sum(a.weight.shape[0] for a in lora_a.values()) / module.num_experts
+    return 2.0 * rank * get_param().numel()
 
 
 def _is_quantized_linear(module: Any, output_head: Any) -> bool:
