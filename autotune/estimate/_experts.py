@@ -52,6 +52,18 @@ def expert_adapter_fold_flops(model: ModelSpec, traits: MemoryTraits) -> tuple[f
     return fold, fold if traits.half_autocast and compute_weight_bytes(traits) == 4 else 0.0
 
 
+def folded_expert_weight_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int]:
+    """(all layers', one layer's) folded expert weights ``W + s B A`` that LoRA on the experts' 3-D weights keeps:
+    the fold is a new tensor of the weight's size and dtype, which the experts' matmul keeps for its input's
+    gradient until the layer's backward (peft's ``ParamWrapper`` under ``nn.utils.parametrize``; the saved-tensor
+    hooks find it: tests/estimate/test_saved_activations.py). Without checkpointing every layer's fold is alive at
+    the backward's start; with it, the recomputed layer's. ``(0, 0)`` without adapters on the experts."""
+    if model.experts is None or model.peft is None or not model.peft.adapts_experts:
+        return 0, 0
+    every_layer = model.experts.params * traits.weight_bytes
+    return every_layer, every_layer // max(model.num_layers, 1)
+
+
 def routed_expert_fp32_flops_per_token(model: ModelSpec, traits: MemoryTraits) -> float:
     """The routed experts' matmul FLOPs per token that run in fp32 under 16-bit autocast with fp32 weights: all of
     them. transformers 5 runs experts through ``grouped_mm``, which autocast does not cast, so it casts the input to

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from autotune.estimate._experts import routed_expert_bytes_per_token
+from autotune.estimate._experts import folded_expert_weight_bytes, routed_expert_bytes_per_token
 from autotune.estimate._fsdp import fsdp_state_bytes
 from autotune.estimate._logits import logits_bytes
 from autotune.estimate._prior import MemoryFit
@@ -416,14 +416,16 @@ def activation_bytes(
     tokens, h = shape.tokens, model.hidden_size
     layer = saved_layer_bytes(model, traits, seq_len, device_kind, shape)
     embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(traits, shape)
+    folded, folded_layer = folded_expert_weight_bytes(model, traits)
+    working = CHECKPOINT_WORKING_LAYERS[device_kind] * (layer + folded_layer)
     if traits.activations_offloaded:
         # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host
         # memory as the forward makes it and brings each back for its layer's backward: the device
         # holds about the working layers of checkpointing's backward (counted so, a bound).
-        return int(CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
+        return int(working + embeddings)
     if traits.recompute:
-        return int(model.num_layers * r * tokens * h + CHECKPOINT_WORKING_LAYERS[device_kind] * layer + embeddings)
-    return (model.num_layers + 1) * layer + embeddings
+        return int(model.num_layers * r * tokens * h + working + embeddings)
+    return (model.num_layers + 1) * layer + folded + embeddings
 
 
 def packed_mask_bytes(traits: MemoryTraits, shape: MicroBatchShape) -> int:

@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from autotune.estimate._experts import folded_expert_weight_bytes
 from autotune.estimate._parts import layer_activation_bytes, saved_layer_bytes
 from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.devices import cpu_device
@@ -116,3 +117,37 @@ def test_a_layer_of_routed_experts_keeps_what_the_estimator_counts(model_type, d
     assert abs(counted / measured - 1) < 0.12, (counted, measured)
     as_dense = saved_layer_bytes(dataclasses.replace(spec, experts=None), traits, SEQ, "cpu") / SEQ
     assert abs(as_dense / measured - 1) > abs(counted / measured - 1) + 0.05, (as_dense, counted, measured)
+
+
+@pytest.mark.parametrize("adapters", [None, "lora"])
+def test_lora_on_the_experts_keeps_each_layer_s_folded_weights_until_its_backward(adapters, tmp_path):
+    """peft's ParamWrapper folds ``W + s B A`` into a new tensor of the experts' weights' size, which the experts'
+    matmul keeps for the backward: among a layer's saved storages that are no parameter's own, those of the experts'
+    weights' sizes (``folded_expert_weight_bytes``: one layer's); none in full fine-tuning, whose matmul keeps the
+    parameter itself."""
+    spec = resolve_model(str(write_tiny_moe(tmp_path / "mixtral", "mixtral")))
+    if adapters is not None:
+        spec = with_peft(spec, adapters, cpu_device(), [])
+    model = build_model(spec.hf_config, spec.task, attn_implementation="sdpa")
+    if spec.peft is not None:
+        model = wrap_with_adapters(model, spec.peft.adapter_config, spec.task)
+    model.train()
+    block = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)[1]
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    expert_weight_bytes = {4 * p.numel() for p in block.parameters() if p.dim() == 3}  # the experts' own weights
+    saved: dict[int, int] = {}
+    inside = {"now": False}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if inside["now"] and storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    block.register_forward_pre_hook(lambda *_: inside.update(now=True))
+    block.register_forward_hook(lambda *_: inside.update(now=False))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=torch.randint(0, spec.vocab_size, (1, SEQ)))
+    folds = sum(nbytes for nbytes in saved.values() if nbytes in expert_weight_bytes)
+    _, one_layer = folded_expert_weight_bytes(spec, memory_traits(TrialConfig(micro_batch=1, dtype="fp32"), "cpu"))
+    assert folds == one_layer, (folds, one_layer, sorted(saved.values()))
