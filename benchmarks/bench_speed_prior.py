@@ -289,6 +289,7 @@ REPEATED_GRIDS = {
     "bench_grid_llama_xeon_amx": 980 * 2**20,
     "bench_grid_bert_xeon_amx": int(1.25 * 2**30),
     "bench_grid_gpt2_epyc_avx2": int(2.5 * 2**30),
+    "bench_grid_gpt2_epyc_avx512": int(2.5 * 2**30),
 }
 
 
