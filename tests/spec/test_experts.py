@@ -1,7 +1,7 @@
 """A mixture of experts: a token multiplies its ``k`` of ``E`` routed experts, as torch's own FLOP counter sees the
 real model train, while the memory holds them all; read from each family's config (Mixtral, Qwen3-MoE, Qwen2-MoE's
 shared expert, DeepSeek-V3's shared experts and dense first layer). Counting every parameter as a token's work, as
-autotune did before, is 1.5-2.3x off on these models (Mixtral-8x7B 3.6x, Qwen3-30B-A3B 9x: tests/spec/test_models.py)."""
+autotune did before, is 1.3-2.3x off on these models (Mixtral-8x7B 3.6x, Qwen3-30B-A3B 9x: tests/spec/test_models.py)."""
 
 from __future__ import annotations
 
