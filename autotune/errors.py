@@ -1,4 +1,4 @@
-"""The one exception type that means "the user can fix this"."""
+"""The one exception type that means "the user can fix this", and the one line a library's exception gives it."""
 
 from __future__ import annotations
 
@@ -9,3 +9,10 @@ class AutotuneError(Exception):
     The CLI prints the message as a single line and exits with status 2, without a traceback.
     The message says what is wrong and how to fix it.
     """
+
+
+def first_line(exc: BaseException) -> str:
+    """A library exception's first line (at most 300 characters), or its type's name where it has no message: what
+    an :class:`AutotuneError` quotes of a library that refused the user's input."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -40,6 +40,14 @@ def routed_expert_bytes_per_token(model: ModelSpec, p: int, expert_bytes: int, t
 EXPERT_FOLDS_PER_MICRO_BATCH = 4
 
 
+def experts_compute_in_fp32(traits: MemoryTraits) -> bool:
+    """The routed experts compute in fp32 while the rest runs in 16 bits: 16-bit autocast with fp32 weights.
+    transformers 5 runs experts through ``grouped_mm``, which autocast does not cast, so it casts the input to the
+    weights' dtype (integrations/moe.py, ``_grouped_mm``: "not autocast-enabled"); peft folds adapters into them
+    with autocast off, in the weights' dtype too."""
+    return traits.half_autocast and compute_weight_bytes(traits) == 4
+
+
 def expert_adapter_fold_flops(model: ModelSpec, traits: MemoryTraits) -> tuple[float, float]:
     """The FLOPs of folding LoRA into the routed experts' 3-D weights in a micro-batch's forward and backward,
     whatever its tokens, and how many of them run in fp32: peft's ``ParamWrapper`` computes ``W + s B A`` as one
@@ -49,7 +57,7 @@ def expert_adapter_fold_flops(model: ModelSpec, traits: MemoryTraits) -> tuple[f
     if model.peft is None or not model.peft.expert_fold_flops:
         return 0.0, 0.0
     fold = EXPERT_FOLDS_PER_MICRO_BATCH * model.peft.expert_fold_flops
-    return fold, fold if traits.half_autocast and compute_weight_bytes(traits) == 4 else 0.0
+    return fold, fold if experts_compute_in_fp32(traits) else 0.0
 
 
 def folded_expert_weight_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int]:
@@ -58,21 +66,17 @@ def folded_expert_weight_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[
     gradient until the layer's backward (peft's ``ParamWrapper`` under ``nn.utils.parametrize``; the saved-tensor
     hooks find it: tests/estimate/test_saved_activations.py). Without checkpointing every layer's fold is alive at
     the backward's start; with it, the recomputed layer's. ``(0, 0)`` without adapters on the experts."""
-    if model.experts is None or model.peft is None or not model.peft.adapts_experts:
+    if model.experts is None or model.peft is None or not model.peft.adapts_experts:  # no folds without adapters
         return 0, 0
     every_layer = model.experts.params * traits.weight_bytes
     return every_layer, every_layer // max(model.num_layers, 1)
 
 
 def routed_expert_fp32_flops_per_token(model: ModelSpec, traits: MemoryTraits) -> float:
-    """The routed experts' matmul FLOPs per token that run in fp32 under 16-bit autocast with fp32 weights: all of
-    them. transformers 5 runs experts through ``grouped_mm``, which autocast does not cast, so it casts the input to
-    the weights' dtype (integrations/moe.py, ``_grouped_mm``: "not autocast-enabled"); 0 with 16-bit weights, in
-    fp32, or for a dense model. A token's experts cost ``6`` FLOPs per active weight, ``4`` when frozen without
-    adapters, ``2`` more when checkpointing recomputes them (as ``spec.flops`` counts the rest)."""
-    experts = model.experts
-    if experts is None or not traits.half_autocast or compute_weight_bytes(traits) != 4:
+    """The routed experts' matmul FLOPs per token that run in fp32 (:func:`experts_compute_in_fp32`): all of them;
+    0 otherwise, or for a dense model. A token's experts cost ``6`` FLOPs per active weight, ``4`` when frozen
+    without adapters, ``2`` more when checkpointing recomputes them (as ``spec.flops`` counts the rest)."""
+    if model.experts is None or not experts_compute_in_fp32(traits):
         return 0.0
-    trainable = model.peft is None or model.peft.adapts_experts
-    per_weight = (6 if trainable else 4) + (2 if traits.recompute else 0)
-    return per_weight * experts.params * experts.per_token / experts.experts
+    per_weight = (6 if model.experts_get_weight_gradients else 4) + (2 if traits.recompute else 0)
+    return float(per_weight * model.experts.active_params)

@@ -359,8 +359,7 @@ def layout_bytes_per_token(model: ModelSpec, traits: MemoryTraits, device_kind: 
         mlp_saved += layout.activation_extra_tensors
     norm_saved = 2 if layout.rms_norm and not traits.fused_block_kernels else 1
     kernel_output = p * h if not materializes_attention_scores(model, traits, device_kind) else 0
-    trainable_experts = model.peft is None or model.peft.adapts_experts
-    routed = routed_expert_bytes_per_token(model, p, compute_weight_bytes(traits), trainable_experts)
+    routed = routed_expert_bytes_per_token(model, p, compute_weight_bytes(traits), model.experts_get_weight_gradients)
     if model.peft is None:
         return int(
             (attention_inputs - 1) * p * h

@@ -9,7 +9,7 @@ import math
 import tempfile
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, first_line
 from autotune.levers import LEVERS, PRECISION_FIELDS, read_deepspeed_config
 from autotune.spec.files import read_user_file
 from autotune.trainers import DEFAULT, arguments_class, owner_of_field
@@ -86,7 +86,7 @@ def load_base_args(path: str, trainer: str = DEFAULT.name) -> dict[str, Any]:
         try:
             arguments = arguments_type(output_dir=scratch, use_cpu=True, **checked)
         except Exception as exc:  # noqa: BLE001 - whatever __post_init__ raises (ValueError, AttributeError, ...) is the user's value
-            raise AutotuneError(f"--base-args {path}: {class_name} rejects them: {_first_line(exc)}") from None
+            raise AutotuneError(f"--base-args {path}: {class_name} rejects them: {first_line(exc)}") from None
     if base_args.get("deepspeed"):
         check_deepspeed(path, base_args, arguments)
     return base_args
@@ -172,11 +172,6 @@ def check_base_arg_knobs(path: str, base_args: dict[str, Any]) -> None:
         raise AutotuneError(
             f"--base-args {path}: bf16 and fp16 are both true: keep one (or leave both out to search dtype)"
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def check_finite(path: str, values: Any, field: str = "") -> None:
@@ -316,7 +311,7 @@ def check_deepspeed(path: str, base_args: dict[str, Any], arguments: Any) -> Non
     except Exception as exc:  # noqa: BLE001 - pydantic, assertions, ValueError: DeepSpeed rejects it
         read_errors = getattr(exc, "errors", None)
         errors = read_errors() if callable(read_errors) else None  # pydantic: which entry, and why
-        reason = f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']}" if errors else _first_line(exc)
+        reason = f"{'.'.join(map(str, errors[0]['loc']))}: {errors[0]['msg']}" if errors else first_line(exc)
         raise AutotuneError(f"--base-args {path}: DeepSpeed rejects the deepspeed config: {reason}") from None
     finally:
         deepspeed_logger.setLevel(level)

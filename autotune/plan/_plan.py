@@ -102,10 +102,10 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     seq_len_fits(options.seq_len, options.model, model)
     notes: list[str] = []
     if model.experts is not None:  # what its model TFLOPs and MFU count, said once
-        experts, active = model.experts, model.active_non_embedding_params + model.num_embedding_params
+        experts = model.experts
         notes.append(
             f"{options.model} is a mixture of experts: a token passes through {experts.per_token} of {experts.experts} "
-            f"experts, {active / 1e9:.3g}B of its {model.num_params / 1e9:.3g}B parameters; model TFLOPs and MFU count "
+            f"experts, {model.active_params / 1e9:.3g}B of its {model.num_params / 1e9:.3g}B parameters; model TFLOPs and MFU count "
             f"those, memory all of them"
         )
     kind, data, first_row = plan_trainer(options, model.task, notes)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, first_line
 from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
 from autotune.spec.model_files import hub_reachable
 
@@ -21,11 +21,6 @@ from autotune.spec.model_files import hub_reachable
 # code? [y/N]" on a terminal and runs the code on "y", and without a terminal puts the question in
 # its error (transformers/dynamic_module_utils.py, ``resolve_trust_remote_code``).
 NO_MODEL_CODE: dict[str, bool] = {"trust_remote_code": False}
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def load_config(name: str) -> tuple[Any, str, str | None]:

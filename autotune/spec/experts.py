@@ -53,9 +53,14 @@ class RoutedExperts:
     mlp_width: int
 
     @property
+    def active_params(self) -> int:
+        """Routed experts' parameters one token multiplies: ``params x k / E``."""
+        return self.params * self.per_token // self.experts
+
+    @property
     def idle_params(self) -> int:
-        """Routed experts' parameters one token does not multiply: ``params x (1 - k / E)``."""
-        return self.params - self.params * self.per_token // self.experts
+        """Routed experts' parameters one token does not multiply."""
+        return self.params - self.active_params
 
 
 def _first_int(hf_config: Any, keys: tuple[str, ...]) -> int | None:

@@ -93,9 +93,7 @@ def weight_flops_per_token(spec: ModelSpec) -> int:
     """
     if spec.peft is None:
         return 6 * spec.active_non_embedding_params
-    adapted_experts = 0
-    if spec.experts is not None and spec.peft.adapts_experts:
-        adapted_experts = spec.experts.params * spec.experts.per_token // spec.experts.experts
+    adapted_experts = spec.experts.active_params if spec.experts and spec.experts_get_weight_gradients else 0
     token_adapters = spec.peft.adapter_params - spec.peft.expert_adapter_params
     return 4 * spec.active_non_embedding_params + 2 * adapted_experts + 6 * token_adapters
 

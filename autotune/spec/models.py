@@ -13,12 +13,12 @@ import dataclasses
 import json
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, first_line
 from autotune.spec import block_layout as layout_rules
 from autotune.spec import config_reading as config_rules
 from autotune.spec import experts as expert_rules
 from autotune.spec.block_layout import BlockLayout, block_layout, transformer_blocks
-from autotune.spec.config_reading import NO_MODEL_CODE, first_line, load_config, unknown_model
+from autotune.spec.config_reading import NO_MODEL_CODE, load_config, unknown_model
 from autotune.spec.derived_cache import cached
 from autotune.spec.experts import RoutedExperts, routed_experts
 from autotune.spec.model_files import config_on_disk, found_nowhere_offline
@@ -221,6 +221,17 @@ class ModelSpec:
     def active_non_embedding_params(self) -> int:
         """The non-embedding parameters one token multiplies (its FLOPs): all but the routed experts it skips."""
         return self.num_non_embedding_params - (self.experts.idle_params if self.experts else 0)
+
+    @property
+    def active_params(self) -> int:
+        """Every parameter one token passes through, embeddings included (a mixture of experts' active size)."""
+        return self.active_non_embedding_params + self.num_embedding_params
+
+    @property
+    def experts_get_weight_gradients(self) -> bool:
+        """The routed experts' weights get a gradient: trained, or folded with adapters (``PeftSpec.adapts_experts``);
+        not frozen under adapters elsewhere. False for a dense model."""
+        return self.experts is not None and (self.peft is None or self.peft.adapts_experts)
 
     @property
     def active_block_params(self) -> int:

@@ -24,7 +24,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, first_line
 from autotune.spec.block_layout import transformer_blocks
 from autotune.spec.files import read_user_file
 from autotune.spec.models import ModelSpec, PeftSpec, build_model
@@ -111,7 +111,7 @@ def _check_lora_keys(option: str, config: dict[str, Any]) -> None:
     try:
         LoraConfig(**config)
     except (TypeError, ValueError) as exc:
-        raise AutotuneError(f"{option}: LoraConfig refuses it ({str(exc).strip().splitlines()[0][:200]})") from None
+        raise AutotuneError(f"{option}: LoraConfig refuses it ({first_line(exc)})") from None
 
 
 def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]) -> ModelSpec:
@@ -148,7 +148,7 @@ def with_peft(model: ModelSpec, value: str, device: DeviceSpec, notes: list[str]
         try:
             wrapped = wrap_with_adapters(base, config, model.task)
         except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
-            reason = str(exc).strip().splitlines()[0][:200]
+            reason = first_line(exc)
             fix = "; set lora_dropout to 0, or target_modules without the experts" if "lora_dropout" in reason else ""
             raise AutotuneError(f"--peft {value}: {reason}{fix}") from None
         trainable, _ = wrapped.get_nb_trainable_parameters()
