@@ -85,10 +85,17 @@ _ACTIVATION_MODULES = frozenset({"transformers.activations", "torch.nn.modules.a
 
 def activation_extra_tensors(activation: Any) -> float:
     """Input-sized tensors ``activation`` keeps for its backward beyond its input: run once on a small CPU tensor
-    under autograd's saved-tensor hooks (an activation module holds no weights, so one built on the meta device
-    runs on the CPU)."""
+    under autograd's saved-tensor hooks. Most activations hold no weights, so one built on the meta device runs on
+    the CPU; a learned one (Apertus's xIELU: two scalar parameters) runs as a CPU copy with its parameters at 1."""
+    import copy
+
     import torch
 
+    if any(True for _ in activation.parameters()) or any(True for _ in activation.buffers()):
+        activation = copy.deepcopy(activation).to_empty(device="cpu")
+        with torch.no_grad():
+            for tensor in [*activation.parameters(), *activation.buffers()]:
+                tensor.fill_(1.0)
     x = torch.randn(4, 32, requires_grad=True)
     saved: dict[int, int] = {}
 

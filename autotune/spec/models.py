@@ -27,29 +27,6 @@ from autotune.spec.model_files import config_on_disk, found_nowhere_offline
 # decoders get causal LM. ``--task`` overrides.
 TASKS = ("sequence-classification", "causal-lm", "masked-lm")
 
-_DECODER_MODEL_TYPES = {
-    "gpt2",
-    "gpt_neo",
-    "gpt_neox",
-    "gptj",
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen3",
-    "phi",
-    "phi3",
-    "gemma",
-    "gemma2",
-    "opt",
-    "bloom",
-    "falcon",
-    "olmo",
-    "olmo2",
-    "smollm3",
-    "starcoder2",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class PeftSpec:
@@ -311,7 +288,7 @@ def _described(name: str, task: str | None) -> ModelSpec:
 def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
     """Describe a config's shape and count its parameters on the meta device (no memory used)."""
     model_type = hf_config.model_type
-    family = "decoder" if model_type in _DECODER_MODEL_TYPES or _has_causal_head(hf_config) else "encoder"
+    family = "decoder" if _has_causal_head(hf_config) or _is_decoder_type(model_type) else "encoder"
     task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
     if task == "causal-lm" and family == "encoder":
         raise AutotuneError(
@@ -335,10 +312,11 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
     )
     if "max_position_embeddings" in hf_config.to_dict() or "n_positions" in hf_config.to_dict():
         _check_positive(name, max_position_embeddings=declared_positions)
-    max_positions = declared_positions
-    if model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
-        max_positions = 0  # RoPE: no learned position table limits the length
-    num_params, num_embedding_params, num_block_params, layout, experts = _count_params(hf_config, task)
+    num_params, num_embedding_params, num_block_params, layout, experts, learned_positions = _count_params(
+        hf_config, task
+    )
+    # Only a learned position table (BERT's, GPT-2's) bounds the length; rotary or ALiBi positions do not.
+    max_positions = declared_positions if learned_positions else 0
     return ModelSpec(
         name=name,
         source=source,
@@ -375,6 +353,18 @@ def _has_causal_head(hf_config: Any) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
+def _is_decoder_type(model_type: str) -> bool:
+    """Whether transformers builds ``model_type`` with a causal-LM head and no masked-LM one: a decoder, read
+    from the installed transformers' own auto mappings (a config without ``architectures`` still says what it
+    is; BERT-like encoders have both heads, decoders only the causal one)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
 def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     for attr in names:
         value = getattr(hf_config, attr, None)
@@ -385,14 +375,14 @@ def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout, RoutedExperts | None]:
+def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout, RoutedExperts | None, bool]:
     """Exact parameter counts from the model built on the meta device (no weights allocated), and its blocks'
     layout, kept on disk per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build
     imports the architecture's modeling code, seconds at every search start).
 
     Returns:
         (all parameters, lookup-only embedding parameters, transformer-block parameters, the blocks' layout, the
-        routed experts).
+        routed experts, whether positions come from a learned table).
     """
     import copy
 
@@ -401,7 +391,7 @@ def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout
     key = {"config": hf_config.to_dict(), "task": task}
     counts = cached("param-counts", key, _RULES, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
     experts = RoutedExperts(**counts[4]) if counts[4] else None
-    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3]), experts
+    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3]), experts, bool(counts[5])
 
 
 def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
@@ -425,7 +415,26 @@ def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
         num_block_params,
         dataclasses.asdict(layout),
         experts and dataclasses.asdict(experts),
+        _has_position_table(model, hf_config),
     ]
+
+
+def _has_position_table(model: Any, hf_config: Any) -> bool:
+    """Whether the model looks positions up in a learned table: an embedding named for positions (BERT's
+    ``position_embeddings``, OPT's ``embed_positions``, GPT-2's ``wpe``) with at least the config's
+    ``max_position_embeddings`` rows (OPT's and RoBERTa's have a few more: their positions start after an
+    offset). Relative-position buckets are smaller; rotary and ALiBi models have no such table."""
+    import torch
+
+    positions = _first_attr(hf_config, "max_position_embeddings", "n_positions", default=0)
+    if not isinstance(positions, int) or positions <= 0:
+        return False
+    return any(
+        isinstance(module, torch.nn.Embedding)
+        and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
+        and module.num_embeddings >= positions
+        for name, module in model.named_modules()
+    )
 
 
 def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:

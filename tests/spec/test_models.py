@@ -320,3 +320,56 @@ def test_the_block_layout_is_read_from_the_block_built_on_the_meta_device(
     assert layout.activation_extra_tensors == (3.0 if name == "gpt2" else 0.0)  # gelu_new in Python; the others torch's
     # Kept in the derived cache and read back the same (a second resolve reads it without transformers).
     assert resolve_model(name).block_layout == layout
+
+
+def _config_dir(tmp_path, model_type: str, **values):
+    from transformers import AutoConfig
+
+    directory = tmp_path / model_type
+    AutoConfig.for_model(model_type, **values).save_pretrained(directory)
+    return str(directory)
+
+
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+
+
+@pytest.mark.parametrize(
+    "model_type, family, task",
+    [
+        # Decoders no list of autotune's names (apertus, olmo3): transformers' own mappings say so.
+        ("apertus", "decoder", "causal-lm"),
+        ("olmo3", "decoder", "causal-lm"),
+        # BERT has a causal-LM head too (BertLMHeadModel), and a masked-LM one: an encoder.
+        ("bert", "encoder", "sequence-classification"),
+    ],
+)
+def test_a_config_without_architectures_is_read_by_its_model_type(tmp_path, model_type, family, task):
+    spec = resolve_model(_config_dir(tmp_path, model_type, vocab_size=32064, **SMALL))
+    assert "architectures" not in spec.hf_config or not spec.hf_config["architectures"]
+    assert (spec.family, spec.task) == (family, task)
+
+
+@pytest.mark.parametrize(
+    "model_type, values, bounded",
+    [
+        ("gpt2", {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}, True),  # wpe
+        (
+            "opt",
+            {
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "ffn_dim": 128,
+                "word_embed_proj_dim": 64,
+                "max_position_embeddings": 256,
+            },
+            True,
+        ),  # embed_positions, offset 2
+        ("phi3", {**SMALL, "max_position_embeddings": 256}, False),  # rotary
+        ("bloom", {"hidden_size": 64, "n_layer": 2, "n_head": 4}, False),  # ALiBi
+    ],
+)
+def test_only_a_learned_position_table_bounds_the_sequence(tmp_path, model_type, values, bounded):
+    spec = resolve_model(_config_dir(tmp_path, model_type, vocab_size=32064, **values))
+    declared = spec.hf_config.get("max_position_embeddings") or spec.hf_config.get("n_positions") or 0
+    assert spec.max_positions == (declared if bounded else 0)
