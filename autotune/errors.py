@@ -13,6 +13,10 @@ class AutotuneError(Exception):
 
 def first_line(exc: BaseException) -> str:
     """A library exception's first line (at most 300 characters), or its type's name where it has no message: what
-    an :class:`AutotuneError` quotes of a library that refused the user's input."""
+    an :class:`AutotuneError` quotes of a library that refused the user's input. A ``KeyError``'s message is the
+    bare key (``'full_attention'``): its type's name goes before it, or the line says nothing."""
     text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0][:300]
+    return f"{type(exc).__name__}: {line}" if isinstance(exc, KeyError) else line

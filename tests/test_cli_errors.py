@@ -286,3 +286,14 @@ def test_no_command_prints_the_help_and_exits_2(tmp_path):
     completed = run_cli_in_process(cwd=tmp_path)
     assert completed.returncode == 2
     assert "Usage:" in completed.stdout and "Commands" in completed.stdout
+
+
+def test_a_library_exception_is_quoted_by_its_first_line_and_a_bare_key_by_its_type():
+    from autotune.errors import first_line
+
+    assert first_line(ValueError("hidden size 65 is not a multiple of 4\n  more detail")) == (
+        "hidden size 65 is not a multiple of 4"
+    )
+    # transformers 5.24 building cohere_compass's default config: KeyError('full_attention')
+    assert first_line(KeyError("full_attention")) == "KeyError: 'full_attention'"
+    assert first_line(RuntimeError()) == "RuntimeError"

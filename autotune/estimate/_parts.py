@@ -203,9 +203,9 @@ def model_state_bytes(model: ModelSpec, traits: MemoryTraits) -> tuple[int, int,
     """
     n = model.num_params
     weight_bytes = traits.weight_bytes
-    compute_params = model.num_non_embedding_params
+    compute_params = model.num_non_embedding_params - model.other_modality_params  # a tower text never runs: no copy
     if model.peft is None:
-        weights, gradients = weight_bytes * n, weight_bytes * n
+        weights, gradients = weight_bytes * n, weight_bytes * model.trainable_params
     else:
         adapters, quantized = model.peft.adapter_params, model.peft.quantized_params
         weights = weight_bytes * (n - quantized) + int(QUANTIZED_4BIT_BYTES * quantized) + 4 * adapters
@@ -392,7 +392,7 @@ def materializes_attention_scores(model: ModelSpec, traits: MemoryTraits, device
 
 def attention_dropout(model: ModelSpec) -> float:
     for key in _ATTENTION_DROPOUT_KEYS:
-        value = model.hf_config.get(key)
+        value = model.text_config.get(key)
         if isinstance(value, (int, float)):
             return float(value)
     return 0.0

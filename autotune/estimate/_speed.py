@@ -100,7 +100,7 @@ FLOAT_DROPOUT_KEYS = ("attention_dropout",)
 
 def _dropout_probability(model: ModelSpec, keys: tuple[str, ...]) -> float:
     for key in keys:
-        value = model.hf_config.get(key)
+        value = model.text_config.get(key)
         if isinstance(value, int | float):
             return 0.0 if model.dropout_modules_off and key not in FLOAT_DROPOUT_KEYS else float(value)
     return 0.0

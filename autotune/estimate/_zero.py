@@ -128,7 +128,7 @@ def zero_state_bytes(model: ModelSpec, traits: MemoryTraits, ranks: int, device_
     """
     stage, offload = traits.zero_stage, traits.zero_offload
     p = 2 if traits.half_autocast else 4
-    n_all, n_train = model.num_params, model.trainable_params
+    n_all, n_train = model.num_params, model.optimized_params  # ZeRO partitions every parameter it is handed
     grad_bucket, weight_buffer = deepspeed_buffer_elements(model, stage)
     weight_partition = p * n_all // ranks if stage == 3 else p * n_all
     half_grads = p * n_train // ranks if stage >= 2 else p * n_train

@@ -156,6 +156,11 @@ def _build(model: ModelSpec, attention: str | None) -> Any:
     from autotune.spec.models import build_model
 
     values = dict(model.hf_config)
+    if values.get("per_layer_config"):
+        # A heterogeneous config (Gemma 4's full-attention layers' own head size): the probe's layers take the
+        # global values. What it checks, the masks and positions, goes by layer type, not by head size; and a
+        # per-layer attribute read off the config object raises (``layer_mean``'s docstring).
+        values["per_layer_config"] = {}
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     _shrink(config)
     kernel = _runnable_kernel(attention, config, model)

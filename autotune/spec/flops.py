@@ -21,6 +21,7 @@ every configuration of one model and sequence length).
 
 from __future__ import annotations
 
+from autotune.spec.config_reading import layer_mean
 from autotune.spec.models import ModelSpec
 
 
@@ -36,15 +37,15 @@ def attention_width(spec: ModelSpec) -> int:
     config's ``head_dim`` is the rotary part's alone: the width is their mean, so that ``QK^T`` and ``AV``
     together count as they run (torch's FlopCounterMode agrees within 1 %: tests/spec/test_experts.py).
     """
-    config = spec.hf_config
+    config = spec.text_config
     value_dim = config.get("v_head_dim")
     query_dim = config.get("qk_head_dim") or (config.get("qk_nope_head_dim") or 0) + (
         config.get("qk_rope_head_dim") or 0
     )
     if value_dim and query_dim:
         return spec.num_heads * (int(query_dim) + int(value_dim)) // 2
-    head_dim = config.get("head_dim") or spec.head_dim
-    return spec.num_heads * int(head_dim)
+    head_dim = layer_mean(config, "head_dim") or spec.head_dim  # Gemma 4's: 512 in one layer of six, else 256
+    return int(spec.num_heads * head_dim)
 
 
 def attention_flops_per_token(spec: ModelSpec, seq_len: float) -> float:

@@ -14,14 +14,17 @@ import json
 from typing import Any
 
 from autotune.errors import AutotuneError, first_line
-from autotune.spec import block_layout as layout_rules
 from autotune.spec import config_reading as config_rules
-from autotune.spec import experts as expert_rules
-from autotune.spec.block_layout import BlockLayout, block_layout, transformer_blocks
-from autotune.spec.config_reading import NO_MODEL_CODE, load_config, unknown_model
+from autotune.spec import meta_build as meta_rules
+from autotune.spec.block_layout import BlockLayout
+from autotune.spec.building import build_model
+from autotune.spec.config_reading import NO_MODEL_CODE, layer_mean, load_config, unknown_model
 from autotune.spec.derived_cache import cached
-from autotune.spec.experts import RoutedExperts, routed_experts
+from autotune.spec.experts import RoutedExperts
+from autotune.spec.meta_build import count_on_meta
 from autotune.spec.model_files import config_on_disk, found_nowhere_offline
+
+__all__ = ["NO_MODEL_CODE", "TASKS", "ModelSpec", "PeftSpec", "build_model", "resolve_model", "spec_from_config"]
 
 # Task heads. Encoders get sequence classification (as the HF single-GPU performance guide does);
 # decoders get causal LM. ``--task`` overrides.
@@ -75,7 +78,7 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
 
 
 # The source files whose rules describe a model (the derived cache's entries change with any of them).
-_RULES = (__file__, layout_rules.__file__, expert_rules.__file__, config_rules.__file__)
+_RULES = (__file__, config_rules.__file__, *meta_rules._RULES)
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
 _CONFIG_FIELDS = (
@@ -95,6 +98,8 @@ _CONFIG_FIELDS = (
     "num_block_params",
     "block_layout",
     "experts",
+    "text_config_key",
+    "other_modality_params",
 )
 
 
@@ -124,6 +129,10 @@ class ModelSpec:
             the tensors autograd keeps beyond Korthikanti's count.
         experts: A mixture-of-experts model's routed experts (:class:`RoutedExperts`): a token multiplies ``k / E``
             of them; ``None``: dense.
+        text_config_key: Where a multimodal config keeps its language model's (Gemma 3's ``text_config``: the
+            sizes above are that model's); ``""``: the config is the language model's.
+        other_modality_params: Parameters of the towers a text batch never runs (a vision or audio encoder and its
+            projector, which the trainer builds all the same): weights, but no FLOPs, gradients or optimizer states.
         local_dir: The local directory the config came from, if any (tokenizer lives there too).
         peft: The adapters every trial trains instead of the whole model (``--peft``), with their
             counts; ``None``: full fine-tuning. Set by :func:`autotune.spec.peft.with_peft`.
@@ -157,6 +166,8 @@ class ModelSpec:
     num_block_params: int
     block_layout: BlockLayout = dataclasses.field(default_factory=lambda: BlockLayout())
     experts: RoutedExperts | None = None
+    text_config_key: str = ""
+    other_modality_params: int = 0
     local_dir: str | None = None
     peft: PeftSpec | None = None
     fused_lm_head: bool = False
@@ -186,9 +197,23 @@ class ModelSpec:
         return str(self.hf_config["model_type"])
 
     @property
-    def trainable_params(self) -> int:
-        """Parameters with gradients and optimizer states: the adapters under PEFT, else all."""
+    def text_config(self) -> dict[str, Any]:
+        """The language model's config values: a multimodal config's ``text_config`` (``text_config_key``), else
+        the config itself."""
+        return dict(self.hf_config[self.text_config_key]) if self.text_config_key else self.hf_config
+
+    @property
+    def optimized_params(self) -> int:
+        """Parameters the trainer hands its optimizer: the adapters under PEFT, else all (DeepSpeed's ZeRO keeps
+        states for each whether or not a batch reaches it)."""
         return self.peft.adapter_params if self.peft is not None else self.num_params
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer states: the adapters under PEFT, else all a text batch runs (a
+        tower of another modality gets no gradient, and torch's optimizers keep no state for a parameter without
+        one)."""
+        return self.peft.adapter_params if self.peft is not None else self.num_params - self.other_modality_params
 
     @property
     def num_non_embedding_params(self) -> int:
@@ -196,8 +221,10 @@ class ModelSpec:
 
     @property
     def active_non_embedding_params(self) -> int:
-        """The non-embedding parameters one token multiplies (its FLOPs): all but the routed experts it skips."""
-        return self.num_non_embedding_params - (self.experts.idle_params if self.experts else 0)
+        """The non-embedding parameters one token multiplies (its FLOPs): all but the routed experts it skips and
+        the towers of other modalities."""
+        idle_experts = self.experts.idle_params if self.experts else 0
+        return self.num_non_embedding_params - idle_experts - self.other_modality_params
 
     @property
     def active_params(self) -> int:
@@ -295,12 +322,16 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
             f"--task causal-lm: {name} is an encoder ({model_type}); use sequence-classification or masked-lm"
         )
 
-    hidden = _first_attr(hf_config, "hidden_size", "n_embd", "dim", "d_model")
-    heads = _first_attr(hf_config, "num_attention_heads", "n_head", "n_heads")
-    layers = _first_attr(hf_config, "num_hidden_layers", "n_layer", "n_layers")
-    ffn = _first_attr(hf_config, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
-    kv_heads = _first_attr(hf_config, "num_key_value_heads", default=heads)
-    declared_positions = _first_attr(hf_config, "max_position_embeddings", "n_positions", default=0)
+    # A multimodal config (Gemma 3 and 4, Llama 4, Qwen3.5) keeps its language model's in a sub-config: the sizes
+    # are that model's, the count the whole model's the trainer builds (transformers' own get_text_config).
+    text, text_key = _text_config(hf_config)
+    hidden = _first_attr(text, "hidden_size", "n_embd", "dim", "d_model")
+    heads = _first_attr(text, "num_attention_heads", "n_head", "n_heads")
+    layers = _first_attr(text, "num_hidden_layers", "n_layer", "n_layers")
+    ffn = _first_attr(text, "intermediate_size", "n_inner", "hidden_dim", "ffn_dim", default=4 * hidden)
+    kv_heads = _first_attr(text, "num_key_value_heads", default=heads)
+    declared_positions = _first_attr(text, "max_position_embeddings", "n_positions", default=0)
+    vocab: Any = getattr(text, "vocab_size", None)
     _check_positive(
         name,
         num_layers=layers,
@@ -308,15 +339,13 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
         num_heads=heads,
         num_kv_heads=kv_heads,
         intermediate_size=ffn,
-        vocab_size=hf_config.vocab_size,
+        vocab_size=vocab,
     )
-    if "max_position_embeddings" in hf_config.to_dict() or "n_positions" in hf_config.to_dict():
+    if "max_position_embeddings" in text.to_dict() or "n_positions" in text.to_dict():
         _check_positive(name, max_position_embeddings=declared_positions)
-    num_params, num_embedding_params, num_block_params, layout, experts, learned_positions = _count_params(
-        hf_config, task
-    )
+    counts = count_on_meta(hf_config, task, declared_positions)
     # Only a learned position table (BERT's, GPT-2's) bounds the length; rotary or ALiBi positions do not.
-    max_positions = declared_positions if learned_positions else 0
+    max_positions = declared_positions if counts.learned_positions else 0
     return ModelSpec(
         name=name,
         source=source,
@@ -327,16 +356,31 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
         hidden_size=int(hidden),
         num_heads=int(heads),
         num_kv_heads=int(kv_heads),
-        intermediate_size=experts.mlp_width if experts else int(ffn),
-        vocab_size=int(hf_config.vocab_size),
+        intermediate_size=counts.experts.mlp_width if counts.experts else int(ffn),
+        vocab_size=int(vocab),
         max_positions=int(max_positions),
-        num_params=num_params,
-        num_embedding_params=num_embedding_params,
-        num_block_params=num_block_params,
-        block_layout=layout,
-        experts=experts,
+        num_params=counts.num_params,
+        num_embedding_params=counts.num_embedding_params,
+        num_block_params=counts.num_block_params,
+        block_layout=counts.layout,
+        experts=counts.experts,
+        text_config_key=text_key,
+        other_modality_params=counts.other_modality_params,
         local_dir=local_dir,
     )
+
+
+def _text_config(hf_config: Any) -> tuple[Any, str]:
+    """The language model's config (transformers' ``get_text_config(decoder=True)``) and the name the config
+    keeps it under (``""``: the config itself)."""
+    try:
+        text = hf_config.get_text_config(decoder=True)
+    except ValueError:  # several text configs (transformers: "ambiguous"): the config's own sizes
+        return hf_config, ""
+    if text is hf_config:
+        return hf_config, ""
+    key = next((k for k, v in vars(hf_config).items() if v is text), "")
+    return (text, key) if key else (hf_config, "")
 
 
 def _check_positive(name: str, **sizes: Any) -> None:
@@ -366,108 +410,15 @@ def _is_decoder_type(model_type: str) -> bool:
 
 
 def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
+    per_layer = getattr(hf_config, "per_layer_attributes", None) or ()  # a heterogeneous config's (Gemma 4)
     for attr in names:
-        value = getattr(hf_config, attr, None)
+        if attr in per_layer:
+            mean = layer_mean(hf_config.to_dict(), attr)
+            value = round(mean) if isinstance(mean, float) else mean
+        else:
+            value = getattr(hf_config, attr, None)
         if value is not None:
             return value
     if default is None:
         raise AutotuneError(f"config of type {hf_config.model_type!r} has none of {names}; autotune cannot size it")
     return default
-
-
-def _count_params(hf_config: Any, task: str) -> tuple[int, int, int, BlockLayout, RoutedExperts | None, bool]:
-    """Exact parameter counts from the model built on the meta device (no weights allocated), and its blocks'
-    layout, kept on disk per config, task and installed versions (:mod:`autotune.spec.derived_cache`: the build
-    imports the architecture's modeling code, seconds at every search start).
-
-    Returns:
-        (all parameters, lookup-only embedding parameters, transformer-block parameters, the blocks' layout, the
-        routed experts, whether positions come from a learned table).
-    """
-    import copy
-
-    # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
-    # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
-    key = {"config": hf_config.to_dict(), "task": task}
-    counts = cached("param-counts", key, _RULES, lambda: _count_params_on_meta(copy.deepcopy(hf_config), task))
-    experts = RoutedExperts(**counts[4]) if counts[4] else None
-    return int(counts[0]), int(counts[1]), int(counts[2]), BlockLayout(**counts[3]), experts, bool(counts[5])
-
-
-def _count_params_on_meta(hf_config: Any, task: str) -> list[Any]:
-    import torch
-
-    with torch.device("meta"):
-        model = build_model(hf_config, task)
-    num_params = sum(p.numel() for p in model.parameters())
-    output_embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_weight = getattr(output_embeddings, "weight", None)
-    num_embedding_params = sum(
-        m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.weight is not head_weight
-    )
-    blocks = transformer_blocks(model)
-    num_block_params = sum(p.numel() for p in blocks.parameters()) if blocks is not None else 0
-    layout = block_layout(blocks[0]) if blocks is not None and len(blocks) else BlockLayout()
-    experts = routed_experts(model, hf_config)
-    return [
-        num_params,
-        num_embedding_params,
-        num_block_params,
-        dataclasses.asdict(layout),
-        experts and dataclasses.asdict(experts),
-        _has_position_table(model, hf_config),
-    ]
-
-
-def _has_position_table(model: Any, hf_config: Any) -> bool:
-    """Whether the model looks positions up in a learned table: an embedding named for positions (BERT's
-    ``position_embeddings``, OPT's ``embed_positions``, GPT-2's ``wpe``) with at least the config's
-    ``max_position_embeddings`` rows (OPT's and RoBERTa's have a few more: their positions start after an
-    offset). Relative-position buckets are smaller; rotary and ALiBi models have no such table."""
-    import torch
-
-    positions = _first_attr(hf_config, "max_position_embeddings", "n_positions", default=0)
-    if not isinstance(positions, int) or positions <= 0:
-        return False
-    return any(
-        isinstance(module, torch.nn.Embedding)
-        and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
-        and module.num_embeddings >= positions
-        for name, module in model.named_modules()
-    )
-
-
-def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
-    """Build the model for ``task`` from a Hugging Face config, with random weights.
-
-    Args:
-        hf_config: A ``PretrainedConfig`` or a config dict (as stored in :class:`ModelSpec`).
-        task: One of :data:`TASKS`.
-        from_config: Keyword arguments of ``from_config``, as the trial's levers set them
-            (``autotune.levers.model_build_kwargs``: ``attn_implementation``, ``dtype`` by its torch
-            name). The weights' dtype is always passed, ``float32`` unless given: without it
-            ``from_config`` builds in the config's own ``dtype`` (transformers/modeling_utils.py,
-            ``_from_config``: ``dtype = kwargs.pop("dtype", config.dtype)``), and most published
-            decoder configs say bfloat16.
-    """
-    import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-    )
-
-    if isinstance(hf_config, dict):
-        values = dict(hf_config)
-        hf_config = AutoConfig.for_model(values.pop("model_type"), **values)
-    weights_dtype = getattr(torch, from_config.pop("dtype", "float32"))
-    kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype}
-    if task == "causal-lm":
-        return AutoModelForCausalLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
-    if task == "masked-lm":
-        return AutoModelForMaskedLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
-    hf_config.num_labels = 2
-    if getattr(hf_config, "pad_token_id", None) is None:
-        hf_config.pad_token_id = 0  # decoders need one to classify a batch
-    return AutoModelForSequenceClassification.from_config(hf_config, **kwargs, **NO_MODEL_CODE)

@@ -10,7 +10,7 @@ import pytest
 from autotune.spec.flops import model_flops_per_token
 from autotune.spec.models import resolve_model
 from autotune.storage import schema
-from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
+from tests.support.cli import search_a_model_directory
 from tests.support.moe import write_tiny_moe
 
 pytestmark = pytest.mark.slow
@@ -20,13 +20,8 @@ SEQ = 32  # FAST_SEARCH_ARGS' --seq-len
 
 def test_a_mixture_of_experts_trains_and_its_model_flops_are_the_routed_experts(tmp_path):
     model = write_tiny_moe(tmp_path / "qwen3-moe-tiny", "qwen3_moe", layers=4)
-    space = tmp_path / "space.yaml"
-    space.write_text("micro_batch: [4, 16]\ndtype: [fp32]\noptim: [adamw_torch_fused]\n")
-    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
-    where = ["--space", str(space), "--storage", storage, "--study-name", "moe", "--memory-ceiling", "4GiB"]
-    # FAST_SEARCH_ARGS: --seq-len 32, 1 warm-up step, at most 4 measured, no confirmation.
-    args = ["--model", str(model), "--device", "cpu", *FAST_SEARCH_ARGS, *where, "--trials", "2"]
-    searched = run_cli_in_process("search", *args, cwd=tmp_path)
+    space = "micro_batch: [4, 16]\ndtype: [fp32]\noptim: [adamw_torch_fused]\n"
+    searched, storage = search_a_model_directory(tmp_path, model, space, trials=2, study="moe")
     assert searched.returncode == 0, searched.stdout[-3000:] + searched.stderr[-3000:]
     said = " ".join(searched.stdout.split())
     assert "is a mixture of experts: a token passes through 4 of 16 experts," in said, said[:2000]

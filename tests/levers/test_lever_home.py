@@ -189,7 +189,7 @@ LIBRARY_WORDS = {"dtype", "compile", "packing"}
 ALLOWED = {
     # from_config's own keyword: the torch dtype the weights are built in (the weight_dtype lever sets it
     # through its to_model_build hook; build_model passes float32 where no lever does).
-    ("autotune/spec/models.py", "dtype"),
+    ("autotune/spec/building.py", "dtype"),
     # A datasets Feature's dtype ("string", "int64"): which column holds the text or the token ids.
     ("autotune/spec/dataset_files.py", "dtype"),
     # The keys of SFTConfig and of its model_init_kwargs that the SFT export translates into other tools'

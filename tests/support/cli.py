@@ -91,6 +91,20 @@ def run_cli_in_process(*args: str, cwd: Path, env: dict | None = None) -> subpro
     return subprocess.CompletedProcess(["autotune", *args], returncode, stdout.getvalue(), stderr.getvalue())
 
 
+def search_a_model_directory(
+    tmp_path: Path, model: Path, space: str, trials: int, study: str
+) -> tuple[subprocess.CompletedProcess, str]:
+    """``autotune search`` of a local model directory on the CPU in this process: ``space`` (YAML text), at
+    FAST_SEARCH_ARGS (--seq-len 32, 1 warm-up step, at most 4 measured, no confirmation), a 4 GiB ceiling, a
+    SQLite study ``study`` in ``tmp_path``; returns the run and its storage URL."""
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(space)
+    storage = f"sqlite:///{tmp_path / 'autotune.db'}"
+    where = ["--space", str(space_file), "--storage", storage, "--study-name", study, "--memory-ceiling", "4GiB"]
+    args = ["--model", str(model), "--device", "cpu", *FAST_SEARCH_ARGS, *where, "--trials", str(trials)]
+    return run_cli_in_process("search", *args, cwd=tmp_path), storage
+
+
 def run_cli_in_terminal(
     *args: str, cwd: Path, answer: bytes = b"y\n", timeout: float = 300, env: dict | None = None
 ) -> tuple[int, str]:
