@@ -409,14 +409,25 @@ def _is_decoder_type(model_type: str) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
+def _is_per_layer_list(value: Any, hf_config: Any) -> bool:
+    """A size given once a layer (a list as long as the layers, of positive integers): read at its mean, as a
+    heterogeneous config's per-layer values are (``layer_mean``)."""
+    layers = getattr(hf_config, "num_hidden_layers", None)
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) == layers
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
+
+
 def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     per_layer = getattr(hf_config, "per_layer_attributes", None) or ()  # a heterogeneous config's (Gemma 4)
     for attr in names:
-        if attr in per_layer:
-            mean = layer_mean(hf_config.to_dict(), attr)
-            value = round(mean) if isinstance(mean, float) else mean
-        else:
-            value = getattr(hf_config, attr, None)
+        value: Any = layer_mean(hf_config.to_dict(), attr) if attr in per_layer else getattr(hf_config, attr, None)
+        if _is_per_layer_list(value, hf_config):  # Gemma 3n's intermediate_size: one width a layer
+            value = round(sum(value) / len(value))
+        elif attr in per_layer and isinstance(value, float):
+            value = round(value)
         if value is not None:
             return value
     if default is None:

@@ -373,3 +373,13 @@ def test_only_a_learned_position_table_bounds_the_sequence(tmp_path, model_type,
     spec = resolve_model(_config_dir(tmp_path, model_type, vocab_size=32064, **values))
     declared = spec.hf_config.get("max_position_embeddings") or spec.hf_config.get("n_positions") or 0
     assert spec.max_positions == (declared if bounded else 0)
+
+
+def test_a_size_given_once_a_layer_is_read_at_its_mean(tmp_path):
+    """Gemma 3n's ``intermediate_size`` is a list, one width a layer (configuration_gemma3n.py)."""
+    values = {**SMALL, "intermediate_size": [128, 256], "layer_types": ["sliding_attention", "full_attention"]}
+    values["num_kv_shared_layers"] = 0
+    directory = _config_dir(tmp_path, "gemma3n_text", vocab_size=512, vocab_size_per_layer_input=512, **values)
+    spec = resolve_model(directory)
+    assert spec.intermediate_size == 192
+    assert spec.num_layers == 2
