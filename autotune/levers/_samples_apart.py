@@ -156,13 +156,19 @@ def _build(model: ModelSpec, attention: str | None) -> Any:
     from autotune.spec.models import build_model
 
     values = dict(model.hf_config)
-    if values.get("per_layer_config"):
+    text_values = dict(model.text_config)
+    if text_values.get("per_layer_config"):
         # A heterogeneous config (Gemma 4's full-attention layers' own head size): the probe's layers take the
         # global values. What it checks, the masks and positions, goes by layer type, not by head size; and a
         # per-layer attribute read off the config object raises (``layer_mean``'s docstring).
-        values["per_layer_config"] = {}
+        text_values["per_layer_config"] = {}
+    values = {**values, model.text_config_key: text_values} if model.text_config_key else text_values
     config = AutoConfig.for_model(values.pop("model_type"), **values)
-    _shrink(config)
+    text = config.get_text_config(decoder=True)
+    _shrink(text)
+    for tower in vars(config).values():  # a multimodal model's vision or audio tower: built, never run by text
+        if tower is not text and hasattr(tower, "to_dict") and getattr(tower, "num_hidden_layers", None):
+            tower.num_hidden_layers = 1
     kernel = _runnable_kernel(attention, config, model)
     torch.manual_seed(0)
     built = build_model(config, model.task, **({"attn_implementation": kernel} if kernel else {}))

@@ -108,6 +108,12 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
             f"experts, {model.active_params / 1e9:.3g}B of its {model.num_params / 1e9:.3g}B parameters; model TFLOPs and MFU count "
             f"those, memory all of them"
         )
+    if model.other_modality_params:  # a multimodal checkpoint: what is trained and counted, said once
+        notes.append(
+            f"{options.model} is multimodal: its {model.other_modality_params / 1e9:.3g}B-parameter vision or audio "
+            f"tower is built, as the trainer builds it, and never run by text: its weights count in memory, not in "
+            f"model TFLOPs, gradients or optimizer states"
+        )
     kind, data, first_row = plan_trainer(options, model.task, notes)
     trainer = kind.name
     base_args = load_base_args(options.base_args, trainer) if options.base_args else {}

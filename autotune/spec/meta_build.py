@@ -21,7 +21,7 @@ from autotune.spec.derived_cache import cached
 from autotune.spec.experts import RoutedExperts, routed_experts
 
 # The source files whose rules the kept counts follow (the derived cache's entries change with any of them).
-_RULES = (__file__, layout_rules.__file__, expert_rules.__file__, building_rules.__file__)
+COUNT_RULES = (__file__, layout_rules.__file__, expert_rules.__file__, building_rules.__file__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ def count_on_meta(hf_config: Any, task: str, positions: int) -> MetaCounts:
     # Built from a copy: transformers' _from_config writes the weights' dtype into the config it is given,
     # and the config described (ModelSpec.hf_config) is the one read, whether or not the count is cached.
     key = {"config": hf_config.to_dict(), "task": task}
-    counts = cached("param-counts", key, _RULES, lambda: _count(copy.deepcopy(hf_config), task, positions))
+    counts = cached("param-counts", key, COUNT_RULES, lambda: _count(copy.deepcopy(hf_config), task, positions))
     return MetaCounts(
         num_params=int(counts["num_params"]),
         num_embedding_params=int(counts["num_embedding_params"]),

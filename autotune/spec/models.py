@@ -78,7 +78,7 @@ def keeps_reference_copy(holds_reference: bool, under_peft: bool, reference_prec
 
 
 # The source files whose rules describe a model (the derived cache's entries change with any of them).
-_RULES = (__file__, config_rules.__file__, *meta_rules._RULES)
+_RULES = (__file__, config_rules.__file__, *meta_rules.COUNT_RULES)
 
 # The fields of a ModelSpec that its config alone gives (spec_from_config): what the derived cache keeps.
 _CONFIG_FIELDS = (
@@ -200,7 +200,7 @@ class ModelSpec:
     def text_config(self) -> dict[str, Any]:
         """The language model's config values: a multimodal config's ``text_config`` (``text_config_key``), else
         the config itself."""
-        return dict(self.hf_config[self.text_config_key]) if self.text_config_key else self.hf_config
+        return self.hf_config[self.text_config_key] if self.text_config_key else self.hf_config
 
     @property
     def optimized_params(self) -> int:

@@ -67,3 +67,15 @@ def test_a_heterogeneous_config_is_read_at_its_layers_mean(tmp_path):
     assert kv_heads == [2, 2, 2, 2, 2, 1]
     assert spec.num_kv_heads == round(sum(kv_heads) / len(layers))
     assert TOKENS * model_flops_per_token(spec, TOKENS) == pytest.approx(_counted_flops(spec, model), rel=0.01)
+
+
+@pytest.mark.parametrize("write", [write_tiny_gemma3, write_tiny_gemma4_text], ids=["gemma3", "gemma4_text"])
+def test_the_packing_probe_runs_on_a_multimodal_or_per_layer_model(tmp_path, write):
+    """The probe that lets packing and padding-free be searched (``flattened_rows_leak``: a small copy of the
+    model, a flattened row against each sample alone) builds these shapes too; it answered "could not check"
+    before (a multimodal config has no top-level hidden_size; a per-layer attribute raises)."""
+    from autotune.levers._samples_apart import flattened_rows_leak
+
+    spec = resolve_model(str(write(tmp_path / "model")))
+    for trainer in ("trainer", "sft"):
+        assert flattened_rows_leak(spec, "sdpa", trainer) == ""
