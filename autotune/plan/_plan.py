@@ -110,8 +110,8 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         )
     if model.other_modality_params:  # a multimodal checkpoint: what is trained and counted, said once
         notes.append(
-            f"{options.model} is multimodal: its {model.other_modality_params / 1e9:.3g}B-parameter vision or audio "
-            f"tower is built, as the trainer builds it, and never run by text: its weights count in memory, not in "
+            f"{options.model} is multimodal: its vision or audio tower ({model.other_modality_params / 1e6:,.1f} M params) "
+            f"is built, as the trainer builds it, and never run by text: its weights count in memory, not in "
             f"model TFLOPs, gradients or optimizer states"
         )
     kind, data, first_row = plan_trainer(options, model.task, notes)

@@ -26,7 +26,9 @@ def test_a_multimodal_or_per_layer_model_trains_and_is_counted_as_its_language_m
     searched, storage = search_a_model_directory(tmp_path, model, space, trials=1, study="s")
     assert searched.returncode == 0, searched.stdout[-3000:] + searched.stderr[-3000:]
     said = " ".join(searched.stdout.split())
-    assert ("is multimodal: its" in said) == (write is write_tiny_gemma3), said[:2000]
+    assert ("is multimodal: its vision or audio tower (0.2 M params)" in said) == (write is write_tiny_gemma3), said[
+        :2000
+    ]
     spec = resolve_model(str(model))
     per_sample = SEQ * model_flops_per_token(spec, SEQ)
     trials = [t for t in optuna.load_study(study_name="s", storage=storage).trials if t.user_attrs.get("result")]
