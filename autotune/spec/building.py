@@ -35,6 +35,10 @@ def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
         hf_config = AutoConfig.for_model(values.pop("model_type"), **values)
     weights_dtype = getattr(torch, from_config.pop("dtype", "float32"))
     kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype}
+    if task == "causal-lm" and text_generation_class(hf_config.model_type) == "AutoModelForImageTextToText":
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "causal-lm":
         return AutoModelForCausalLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "masked-lm":
@@ -43,3 +47,20 @@ def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
     if getattr(hf_config, "pad_token_id", None) is None:
         hf_config.pad_token_id = 0  # decoders need one to classify a batch
     return AutoModelForSequenceClassification.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
+
+
+def text_generation_class(model_type: str) -> str | None:
+    """The Auto class transformers generates text with for ``model_type``: ``AutoModelForCausalLM`` where it maps
+    the type to a causal-LM class (Gemma 3's multimodal config among them), ``AutoModelForImageTextToText`` for an
+    image-text model it maps only there (Mistral 3, Qwen2.5-VL: a text batch trains their language model, the
+    vision tower built and idle); ``None``: neither (an encoder, a speech model)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "AutoModelForCausalLM"
+    if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return "AutoModelForImageTextToText"
+    return None

@@ -17,7 +17,7 @@ from autotune.errors import AutotuneError, first_line
 from autotune.spec import config_reading as config_rules
 from autotune.spec import meta_build as meta_rules
 from autotune.spec.block_layout import BlockLayout
-from autotune.spec.building import build_model
+from autotune.spec.building import build_model, text_generation_class
 from autotune.spec.config_reading import NO_MODEL_CODE, layer_mean, load_config, unknown_model
 from autotune.spec.derived_cache import cached
 from autotune.spec.experts import RoutedExperts
@@ -315,7 +315,7 @@ def _described(name: str, task: str | None) -> ModelSpec:
 def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, local_dir: str | None) -> ModelSpec:
     """Describe a config's shape and count its parameters on the meta device (no memory used)."""
     model_type = hf_config.model_type
-    family = "decoder" if _has_causal_head(hf_config) or _is_decoder_type(model_type) else "encoder"
+    family = "decoder" if _has_causal_head(hf_config) or _is_decoder(hf_config) else "encoder"
     task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
     if task == "causal-lm" and family == "encoder":
         raise AutotuneError(
@@ -397,16 +397,19 @@ def _has_causal_head(hf_config: Any) -> bool:
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
 
 
-def _is_decoder_type(model_type: str) -> bool:
-    """Whether transformers builds ``model_type`` with a causal-LM head and no masked-LM one: a decoder, read
-    from the installed transformers' own auto mappings (a config without ``architectures`` still says what it
-    is; BERT-like encoders have both heads, decoders only the causal one)."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-    )
+def _is_decoder(hf_config: Any) -> bool:
+    """Whether transformers generates text with the config's type (a causal-LM or an image-text-to-text class:
+    ``building.text_generation_class``), not as an encoder-decoder, and has no masked-LM head for it: a decoder,
+    read from the installed transformers' own auto mappings (a config without ``architectures`` still says what it
+    is; BERT-like encoders have both a causal and a masked head, decoders only the first; Florence-2 and Pix2Struct
+    generate text from images through an encoder-decoder)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    model_type = hf_config.model_type
+    generates = text_generation_class(model_type)
+    if generates is None or model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return False
+    return generates == "AutoModelForCausalLM" or not getattr(hf_config, "is_encoder_decoder", False)
 
 
 def _is_per_layer_list(value: Any, hf_config: Any) -> bool:

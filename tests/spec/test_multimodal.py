@@ -13,7 +13,7 @@ from autotune.estimate._parts import model_state_bytes
 from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.flops import attention_width, model_flops_per_token
 from autotune.spec.models import build_model, resolve_model
-from tests.support.multimodal import write_tiny_gemma3, write_tiny_gemma4_text
+from tests.support.multimodal import write_tiny_gemma3, write_tiny_gemma4_text, write_tiny_mistral3
 
 TOKENS = 64
 
@@ -25,10 +25,19 @@ def _counted_flops(spec, model) -> float:
     return counter.get_total_flops()
 
 
-def test_a_multimodal_model_is_sized_by_its_language_model_and_its_vision_tower_is_weights_only(tmp_path):
-    spec = resolve_model(str(write_tiny_gemma3(tmp_path / "gemma3")))
+@pytest.mark.parametrize(
+    ("write", "model_type", "built"),
+    [
+        (write_tiny_gemma3, "gemma3", "Gemma3ForConditionalGeneration"),  # AutoModelForCausalLM builds it whole
+        (write_tiny_mistral3, "mistral3", "Mistral3ForConditionalGeneration"),  # AutoModelForImageTextToText only
+    ],
+)
+def test_a_multimodal_model_is_sized_by_its_language_model_and_its_vision_tower_is_weights_only(
+    tmp_path, write, model_type, built
+):
+    spec = resolve_model(str(write(tmp_path / model_type)))
     assert (spec.model_type, spec.text_config_key, spec.family, spec.task) == (
-        "gemma3",
+        model_type,
         "text_config",
         "decoder",
         "causal-lm",
@@ -36,7 +45,7 @@ def test_a_multimodal_model_is_sized_by_its_language_model_and_its_vision_tower_
     assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (64, 2, 4, 2, 512)
     torch.manual_seed(0)
     model = build_model(spec.hf_config, spec.task, attn_implementation="eager")
-    assert type(model).__name__ == "Gemma3ForConditionalGeneration"  # what the trainer builds: the tower included
+    assert type(model).__name__ == built  # what the trainer builds: the tower included
     towers = [model.model.vision_tower, model.model.multi_modal_projector]
     tower_params = sum(p.numel() for tower in towers for p in tower.parameters())
     assert spec.num_params == sum(p.numel() for p in model.parameters())
@@ -69,7 +78,9 @@ def test_a_heterogeneous_config_is_read_at_its_layers_mean(tmp_path):
     assert TOKENS * model_flops_per_token(spec, TOKENS) == pytest.approx(_counted_flops(spec, model), rel=0.01)
 
 
-@pytest.mark.parametrize("write", [write_tiny_gemma3, write_tiny_gemma4_text], ids=["gemma3", "gemma4_text"])
+@pytest.mark.parametrize(
+    "write", [write_tiny_gemma3, write_tiny_mistral3, write_tiny_gemma4_text], ids=["gemma3", "mistral3", "gemma4_text"]
+)
 def test_the_packing_probe_runs_on_a_multimodal_or_per_layer_model(tmp_path, write):
     """The probe that lets packing and padding-free be searched (``flattened_rows_leak``: a small copy of the
     model, a flattened row against each sample alone) builds these shapes too; it answered "could not check"

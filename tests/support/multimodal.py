@@ -1,11 +1,24 @@
 """Small configs of the shapes transformers 5 gives today's multimodal and per-layer models, written as a user's
 local model directory (``config.json`` alone): Gemma 3's (a language model under ``text_config`` beside a SigLIP
-vision tower, built whole by ``AutoModelForCausalLM``) and Gemma 4's text model (a heterogeneous config: its
+vision tower, built whole by ``AutoModelForCausalLM``), Mistral 3's (the same shape, built by
+``AutoModelForImageTextToText``) and Gemma 4's text model (a heterogeneous config: its
 full-attention layers have their own head size and key/value heads, ``per_layer_config``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+}
+_VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
 def write_tiny_gemma3(directory: Path) -> Path:
@@ -14,25 +27,8 @@ def write_tiny_gemma3(directory: Path) -> Path:
 
     config = AutoConfig.for_model(
         "gemma3",
-        text_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "vocab_size": 512,
-            "sliding_window": 32,
-            "max_position_embeddings": 1024,
-        },
-        vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "image_size": 64,
-            "patch_size": 16,
-        },
+        text_config={**_TEXT, "sliding_window": 32},
+        vision_config={**_VISION, "image_size": 64, "patch_size": 16},
         mm_tokens_per_image=4,
         boi_token_index=500,
         eoi_token_index=501,
@@ -66,5 +62,21 @@ def write_tiny_gemma4_text(directory: Path) -> Path:
         max_position_embeddings=1024,
     )
     config.architectures = ["Gemma4ForCausalLM"]
+    config.save_pretrained(directory)
+    return directory
+
+
+def write_tiny_mistral3(directory: Path) -> Path:
+    """A Mistral 3 image-text config (Mistral Small 3.1's shape): a Mistral language model and a Pixtral vision
+    tower; transformers maps the type to an image-text-to-text class only (``AutoModelForImageTextToText``)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        "mistral3",
+        text_config={**_TEXT, "model_type": "mistral"},
+        vision_config={**_VISION, "head_dim": 16},
+        image_token_index=500,
+    )
+    config.architectures = ["Mistral3ForConditionalGeneration"]
     config.save_pretrained(directory)
     return directory
