@@ -23,24 +23,17 @@ def build_model(hf_config: Any, task: str, **from_config: Any) -> Any:
             decoder configs say bfloat16.
     """
     import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-    )
+    import transformers
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     if isinstance(hf_config, dict):
         values = dict(hf_config)
         hf_config = AutoConfig.for_model(values.pop("model_type"), **values)
     weights_dtype = getattr(torch, from_config.pop("dtype", "float32"))
     kwargs: dict[str, Any] = {**from_config, "dtype": weights_dtype}
-    if task == "causal-lm" and text_generation_class(hf_config.model_type) == "AutoModelForImageTextToText":
-        from transformers import AutoModelForImageTextToText
-
-        return AutoModelForImageTextToText.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "causal-lm":
-        return AutoModelForCausalLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
+        auto_class = getattr(transformers, text_generation_class(hf_config.model_type) or "AutoModelForCausalLM")
+        return auto_class.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     if task == "masked-lm":
         return AutoModelForMaskedLM.from_config(hf_config, **kwargs, **NO_MODEL_CODE)
     hf_config.num_labels = 2

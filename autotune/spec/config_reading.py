@@ -54,28 +54,32 @@ def load_config(name: str) -> tuple[Any, str, str | None]:
 
 
 def layer_mean(config: dict[str, Any], name: str) -> Any:
-    """``name``'s value for the whole model where a heterogeneous config sets it per layer: its mean over the
-    layers (an int where every layer's is one and the mean is whole; rounded by callers that need a count).
+    """``name``'s value for the whole model where the config sets it per layer: its mean over the layers (an int
+    where every layer's is one and the mean is whole; rounded by callers that need a count); else the value itself.
 
     transformers 5's heterogeneous configs (``HeterogeneousConfigMixin``, integrations/heterogeneity) keep a global
     value and ``per_layer_config`` overrides by layer index; reading a per-layer attribute off the config object
     raises ``AmbiguousGlobalPerLayerAttributeError``. Gemma 4's full-attention layers (one in six) have
     ``head_dim`` 512 against 256 and, in its 26B and 31B models, fewer key/value heads (configuration_gemma4.py,
-    ``global_head_dim``, ``num_global_key_value_heads``). A per-layer count summed over the layers (FLOPs, saved
-    bytes) is its mean times the layers, so the mean describes it exactly where the count is linear in it.
+    ``global_head_dim``, ``num_global_key_value_heads``). Other configs give a size as a list, one a layer (Gemma
+    3n's ``intermediate_size``). A per-layer count summed over the layers (FLOPs, saved bytes) is its mean times the
+    layers, so the mean describes it exactly where the count is linear in it.
     """
     value = config.get(name)
     overrides = config.get("per_layer_config") or {}
     layers = config.get("num_hidden_layers")
     if not isinstance(overrides, dict) or not isinstance(layers, int) or layers <= 0:
         return value
-    by_layer = [overrides.get(str(i), overrides.get(i)) or {} for i in range(layers)]
+    if isinstance(value, (list, tuple)) and len(value) == layers:
+        by_layer = [{name: v} for v in value]
+    else:
+        by_layer = [overrides.get(str(i), overrides.get(i)) or {} for i in range(layers)]
     if not any(name in layer for layer in by_layer):
         return value
     values: list[float] = []
     for layer in by_layer:
         v = layer.get(name, value)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             return value
         values.append(v)
     mean = sum(values) / layers

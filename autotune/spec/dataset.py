@@ -337,7 +337,7 @@ def _pad_token_id(tokenizer: Any, model: ModelSpec) -> int:
     for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         if candidate is not None:
             return int(candidate)
-    return int(model.text_config.get("pad_token_id") or model.hf_config.get("pad_token_id") or 0)
+    return int(model.config_value("pad_token_id") or 0)
 
 
 def _prepare_rows(

@@ -202,6 +202,12 @@ class ModelSpec:
         the config itself."""
         return self.hf_config[self.text_config_key] if self.text_config_key else self.hf_config
 
+    def config_value(self, key: str) -> Any:
+        """``key`` of the language model's config, else of the whole config (a multimodal config's pad token may
+        be either's); ``None`` where neither gives it."""
+        value = self.text_config.get(key)
+        return self.hf_config.get(key) if value is None else value
+
     @property
     def optimized_params(self) -> int:
         """Parameters the trainer hands its optimizer: the adapters under PEFT, else all (DeepSpeed's ZeRO keeps
@@ -412,25 +418,14 @@ def _is_decoder(hf_config: Any) -> bool:
     return generates == "AutoModelForCausalLM" or not getattr(hf_config, "is_encoder_decoder", False)
 
 
-def _is_per_layer_list(value: Any, hf_config: Any) -> bool:
-    """A size given once a layer (a list as long as the layers, of positive integers): read at its mean, as a
-    heterogeneous config's per-layer values are (``layer_mean``)."""
-    layers = getattr(hf_config, "num_hidden_layers", None)
-    return (
-        isinstance(value, (list, tuple))
-        and len(value) == layers
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-    )
-
-
 def _first_attr(hf_config: Any, *names: str, default: Any = None) -> Any:
     per_layer = getattr(hf_config, "per_layer_attributes", None) or ()  # a heterogeneous config's (Gemma 4)
     for attr in names:
-        value: Any = layer_mean(hf_config.to_dict(), attr) if attr in per_layer else getattr(hf_config, attr, None)
-        if _is_per_layer_list(value, hf_config):  # Gemma 3n's intermediate_size: one width a layer
-            value = round(sum(value) / len(value))
-        elif attr in per_layer and isinstance(value, float):
-            value = round(value)
+        # A per-layer attribute raises when read off the config; a list gives one value a layer (Gemma 3n's).
+        value: Any = None if attr in per_layer else getattr(hf_config, attr, None)
+        if attr in per_layer or isinstance(value, (list, tuple)):
+            value = layer_mean(hf_config.to_dict(), attr)
+            value = round(value) if isinstance(value, float) else value
         if value is not None:
             return value
     if default is None:

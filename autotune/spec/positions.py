@@ -40,7 +40,7 @@ def longest_sequence(model: ModelSpec) -> int:
     before its first (0: no learned table bounds it, RoPE)."""
     if not model.max_positions:
         return 0
-    pad_token_id = model.text_config.get("pad_token_id", model.hf_config.get("pad_token_id"))
+    pad_token_id = model.config_value("pad_token_id")
     model_type = str(model.text_config.get("model_type", ""))
     if pad_token_id is None or not positions_start_after_padding(model_type):
         return model.max_positions

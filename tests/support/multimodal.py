@@ -21,12 +21,22 @@ _TEXT = {
 _VISION = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 
-def write_tiny_gemma3(directory: Path) -> Path:
-    """A Gemma 3 image-text config: a 2-layer language model and a 2-layer vision tower."""
+def _write(directory: Path, model_type: str, architecture: str, **values: object) -> Path:
+    """``model_type``'s config with ``values``, its class in ``architectures``, saved in ``directory``."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(
+    config = AutoConfig.for_model(model_type, **values)
+    config.architectures = [architecture]
+    config.save_pretrained(directory)
+    return directory
+
+
+def write_tiny_gemma3(directory: Path) -> Path:
+    """A Gemma 3 image-text config: a 2-layer language model and a 2-layer vision tower."""
+    return _write(
+        directory,
         "gemma3",
+        "Gemma3ForConditionalGeneration",
         text_config={**_TEXT, "sliding_window": 32},
         vision_config={**_VISION, "image_size": 64, "patch_size": 16},
         mm_tokens_per_image=4,
@@ -34,18 +44,15 @@ def write_tiny_gemma3(directory: Path) -> Path:
         eoi_token_index=501,
         image_token_index=502,
     )
-    config.architectures = ["Gemma3ForConditionalGeneration"]
-    config.save_pretrained(directory)
-    return directory
 
 
 def write_tiny_gemma4_text(directory: Path) -> Path:
     """A Gemma 4 text config shaped like its 31B model's (fewer key/value heads and wider heads in the
     full-attention layers, one in six), at 6 layers of width 64."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.for_model(
+    return _write(
+        directory,
         "gemma4_text",
+        "Gemma4ForCausalLM",
         vocab_size=512,
         vocab_size_per_layer_input=512,
         hidden_size=64,
@@ -61,22 +68,16 @@ def write_tiny_gemma4_text(directory: Path) -> Path:
         sliding_window=32,
         max_position_embeddings=1024,
     )
-    config.architectures = ["Gemma4ForCausalLM"]
-    config.save_pretrained(directory)
-    return directory
 
 
 def write_tiny_mistral3(directory: Path) -> Path:
     """A Mistral 3 image-text config (Mistral Small 3.1's shape): a Mistral language model and a Pixtral vision
     tower; transformers maps the type to an image-text-to-text class only (``AutoModelForImageTextToText``)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.for_model(
+    return _write(
+        directory,
         "mistral3",
+        "Mistral3ForConditionalGeneration",
         text_config={**_TEXT, "model_type": "mistral"},
         vision_config={**_VISION, "head_dim": 16},
         image_token_index=500,
     )
-    config.architectures = ["Mistral3ForConditionalGeneration"]
-    config.save_pretrained(directory)
-    return directory
