@@ -13,6 +13,10 @@
 Goal (docs/benchmarks.md): the projected wall time within 15 % of the real run's.
 
     python -m benchmarks.bench_run_time --max-steps 300 --trials 3
+    python -m benchmarks.bench_run_time --epochs 1 --samples 800 --space packed.yaml  # a run of epochs, packed
+
+``--epochs`` makes the run's length ``num_train_epochs`` instead of ``max_steps`` (the export keeps it and the
+plain run trains every row that many times); ``--space`` searches another space (e.g. TRL's packing alone).
 """
 
 from __future__ import annotations
@@ -73,6 +77,10 @@ def main() -> None:
     parser.add_argument("--length-scale", type=float, default=0.2, help="chat-corpus --length-scale.")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=300, help="The user's run: max_steps in --base-args.")
+    parser.add_argument(
+        "--epochs", type=float, help="The user's run in epochs instead: num_train_epochs in --base-args."
+    )
+    parser.add_argument("--space", metavar="YAML", help="The search space (default: the SFT fidelity space).")
     parser.add_argument("--reuse", metavar="DIR", help="A finished run's directory: its study and export again.")
     parser.add_argument("--plain", metavar="ARGS_JSON", help=argparse.SUPPRESS)  # the child mode, with:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -90,8 +98,9 @@ def main() -> None:
     if not options.reuse:
         run([*autotune, "chat-corpus", "--out", "chat.jsonl", "--samples", str(options.samples)]
             + ["--length-scale", str(options.length_scale)], root)  # fmt: skip
-        (root / "space.yaml").write_text(SPACE)
-        (root / "base.json").write_text(json.dumps({"max_steps": options.max_steps}))
+        (root / "space.yaml").write_text(Path(options.space).read_text() if options.space else SPACE)
+        length = {"num_train_epochs": options.epochs} if options.epochs else {"max_steps": options.max_steps}
+        (root / "base.json").write_text(json.dumps(length))
         started = time.monotonic()
         run(
             [

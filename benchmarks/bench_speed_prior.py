@@ -499,6 +499,62 @@ def foundry_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+# torchtitan's published Llama 2 and Llama 3 rows on A100 and H100, per GPU of FSDP runs (the file names its
+# sources and columns). Its two Llama-3 8B A100 rows set ``TRAINING_MATMUL_FRACTION`` (``set_a_constant``); the
+# others set nothing.
+TORCHTITAN_FILE = DATA / "published_torchtitan.json"
+# torchtitan's runs: bf16 compute over fp32 weights (FSDP2's mixed precision), fused AdamW, SDPA.
+TITAN_RUN = TrialConfig(dtype="bf16", optim="adamw_torch_fused", attn_implementation="sdpa")
+
+
+def torchtitan_sweep(workdir: Path) -> list[dict[str, Any]]:
+    """Each of ``TORCHTITAN_FILE``'s rows predicted from the datasheet alone. Its selective checkpointing recomputes
+    about half of what checkpointing every layer does (every 2nd layer, or every 2nd matmul of each layer): the
+    step predicted as the mean of the prior's step without checkpointing and with it, both shown."""
+    published = json.loads(TORCHTITAN_FILE.read_text())
+    rows = []
+    for name, gpu_name, gpus, seq_len, micro, checkpointing, compiled, tokens_per_s, set_constant in published["rows"]:
+        shape = published["models"][name]
+        if isinstance(shape, str):
+            model = resolve_model(shape)
+        else:
+            directory = workdir / name
+            directory.mkdir(parents=True, exist_ok=True)
+            written = {k: v for k, v in shape.items() if k not in ("source", "num_params")}
+            written |= {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
+            (directory / "config.json").write_text(json.dumps(written | {"tie_word_embeddings": False}))
+            model = resolve_model(str(directory))
+        device = gpu(gpu_name)
+        steps = {}
+        for recompute in (False, True):
+            config = dataclasses.replace(
+                TITAN_RUN, micro_batch=micro, checkpointing=recompute, compile="inductor" if compiled else "off"
+            )
+            speed = predict_speed(step_work(model, config, seq_len, "cuda", config.precision), speed_prior(device, {}))
+            assert speed is not None
+            steps[recompute] = speed.step_s
+        step_s = {"none": steps[False], "full": steps[True], "selective": (steps[False] + steps[True]) / 2}
+        predicted = micro * seq_len / step_s[checkpointing]
+        rows.append(
+            {
+                "gpu": gpu_name,
+                "gpus": gpus,
+                "model": name,
+                "seq_len": seq_len,
+                "micro_batch": micro,
+                "checkpointing": checkpointing,
+                "compile": compiled,
+                "published_tokens_per_s": tokens_per_s,
+                "predicted_tokens_per_s": round(predicted),
+                "tokens_error": predicted / tokens_per_s - 1,
+                "without_checkpointing": round(micro * seq_len / steps[False]),
+                "every_layer_checkpointed": round(micro * seq_len / steps[True]),
+                "set_a_constant": set_constant,
+            }
+        )
+    return rows
+
+
 def published_model(name: str, workdir: Path):
     if name not in MPT:
         return resolve_model(name)
@@ -578,6 +634,12 @@ def main() -> None:
         for row in foundry:
             print("llm-foundry", json.dumps(row))
         print("llm-foundry summary", json.dumps(foundry_summary(foundry), indent=1))
+        titan = torchtitan_sweep(Path(workdir))
+        for row in titan:
+            print("torchtitan", json.dumps(row))
+        independent = [row for row in titan if not row["set_a_constant"]]
+        within = sum(abs(row["tokens_error"]) <= 0.25 for row in independent)
+        print(f"torchtitan summary: {within} of {len(independent)} rows that set no constant within 25 %")
 
 
 if __name__ == "__main__":

@@ -99,3 +99,26 @@ def test_the_search_replayed_on_the_median_proposes_only_what_every_pass_measure
     assert check["picks"] and not any(pick.startswith("mb=4 ") for pick in check["picks"])
     replayed = json.loads((workdir / f"{tmp_path.name}-space.yaml").read_text())
     assert replayed["micro_batch"] == [1, 2]
+
+
+def test_torchtitans_rows_are_each_predicted_on_the_llama_the_page_names(tmp_path):
+    """torchtitan's published rows (docs/benchmarks.md, "torchtitan's Llama 2 and Llama 3 rows"): each predicted,
+    the shapes the bench writes have the parameter count of the published checkpoints (a wrong width, depth or
+    key/value head count would be off by far more than 0.5 %), and a selectively checkpointed row lies between the
+    prior's step without checkpointing and with every layer checkpointed."""
+    from benchmarks.bench_speed_prior import TORCHTITAN_FILE, torchtitan_sweep
+
+    published = json.loads(TORCHTITAN_FILE.read_text())
+    rows = torchtitan_sweep(tmp_path)
+    assert len(rows) == len(published["rows"])
+    for name, shape in published["models"].items():
+        if isinstance(shape, dict):
+            from autotune.spec.models import resolve_model
+
+            assert resolve_model(str(tmp_path / name)).num_params == pytest.approx(shape["num_params"], rel=0.005)
+    for row in rows:
+        low, high = row["every_layer_checkpointed"], row["without_checkpointing"]
+        assert 0 < low < high
+        assert low <= row["predicted_tokens_per_s"] <= high
+        if row["checkpointing"] == "selective":
+            assert low < row["predicted_tokens_per_s"] < high
