@@ -208,10 +208,10 @@ PRIOR_EXPECTED_ERROR = (
     "(up to 1.5x fast at 4-16k tokens on H100, down to 0.72x for checkpointed 7-30B models on A100) and on 9 of "
     "torchtitan's 10 Llama 2 and 3 rows that set no constant (0.80-0.87x on A100, 1.10-1.27x on H100); on the CPU its "
     "level is off by 0.4-2x "
-    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
+    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
     "in real tokens/s 1.2-1.9x fast under SFTTrainer and 1.2-1.7x under DPOTrainer (0.8x where bf16 is emulated), "
-    "and it ranks configs "
-    "within a few percent of each other no better than chance (docs/benchmarks.md, 'The throughput prior'); a "
+    "and it ranks configs within a few percent of each other no better than chance, a landscape of 2.7x at 0.93 "
+    "(docs/benchmarks.md, 'The throughput prior'); a "
     "study's trials calibrate it (--storage)"
 )
 

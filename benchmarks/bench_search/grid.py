@@ -146,6 +146,10 @@ def measure_grid(
         if c not in grid.results
         or (remeasure_above_load is not None and grid.loads.get(c, float("inf")) > remeasure_above_load)
     ]
+    # In an order of the file's own (its name seeds it; a resumed run keeps it): passes of one grid measured one
+    # after the other then meet the host's drift in different configs, which their median can set aside; in one
+    # fixed order, a drift over a pass would rank the same configs low in every pass.
+    random.Random(path.name).shuffle(todo)
     if todo:  # what the replay's device is told of bf16 hardware (replay_device)
         grid.meta["cpu_flags"] = sorted(device.cpu_flags)
     work = Path(tempfile.mkdtemp(prefix="bench-search-grid-"))
