@@ -137,7 +137,8 @@ def compare(options: argparse.Namespace) -> None:
         f"The winner's export ({args_file.name}) in a plain SFTTrainer, a fresh process: "
         f"{plain['tokens_per_s']:.0f} tokens/s over {plain['steps']} steps after {PLAIN_WARMUP_STEPS} "
         f"(the study's record: {recorded.real_tokens_per_s:.0f} real tokens/s), peak "
-        f"{plain['peak_bytes'] / GiB:.2f} GiB (the study's: {(recorded.peak_memory_bytes or 0) / GiB:.2f} GiB).",
+        f"{plain['peak_bytes'] / GiB:.2f} GiB (the study's: {(recorded.peak_memory_bytes or 0) / GiB:.2f} GiB, "
+        f"{recorded.memory_source}).",
     ]
     append(options.out, lines)
     # Before the expert recipe, which compiles: where the winner's step time goes (issue 41 asks it of a goal missed).
@@ -192,6 +193,25 @@ def run_plain(args_file: Path, options: argparse.Namespace, workload: Any, confi
         raise SystemExit(f"plain SFTTrainer run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     (line,) = [line for line in done.stdout.splitlines() if line.startswith(PLAIN_RESULT_MARK)]
     return json.loads(line.removeprefix(PLAIN_RESULT_MARK))
+
+
+def plain_peak_bytes(on_cpu: bool) -> int:
+    """The plain run's peak, the figure a trial records for the same device (``autotune.runner._memory_probe``):
+    on the CPU the process's peak resident memory; on CUDA what nvidia-smi shows for the process at its peak, the
+    caching allocator's peak holding (``max_memory_reserved``; not ``max_memory_allocated``, the live tensors
+    alone) plus what the process holds outside the allocator (the CUDA context, cuBLAS workspaces): CUDA's
+    ``total - free`` now minus the allocator's holding now, exact where nothing else runs on the GPU, as on a
+    lent one (the trial's third source of it)."""
+    import resource
+
+    import torch
+
+    if on_cpu or not torch.cuda.is_available():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    outside = max(total - free - torch.cuda.memory_reserved(), 0)
+    return torch.cuda.max_memory_reserved() + outside
 
 
 def plain(options: argparse.Namespace) -> None:
@@ -256,8 +276,7 @@ def plain(options: argparse.Namespace) -> None:
     first = PLAIN_WARMUP_STEPS - 1  # timed from the end of the last warm-up step
     tokens = clock.tokens[-1] - clock.tokens[first]
     seconds = clock.ends[-1] - clock.ends[first]
-    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and not on_cpu else 0
-    result = {"tokens_per_s": tokens / seconds, "steps": options.steps, "peak_bytes": peak}
+    result = {"tokens_per_s": tokens / seconds, "steps": options.steps, "peak_bytes": plain_peak_bytes(on_cpu)}
     print(PLAIN_RESULT_MARK + json.dumps(result), flush=True)
 
 

@@ -50,3 +50,41 @@ def test_the_expert_recipe_leaves_out_what_the_cpu_cannot_run_with_a_note(cpu):
     assert expert.checkpointing is False and default_config("sft").checkpointing is True  # TRL's default: on
     assert expert.micro_batch == default_config("sft").micro_batch  # the rest is TRL's default
     assert len(notes) == 1 and notes[0].startswith("expert recipe: liger=true left out on ")
+
+
+class FakeCudaMemory:
+    """A fake of the ``torch.cuda`` readings (no CUDA device here): a process whose allocator peaked at 9 GiB of
+    reservations (7 GiB of live tensors) and holds 8 GiB now, on an 80 GiB GPU with 70 GiB free."""
+
+    GiB = 1024**3
+
+    def is_available(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return 70 * self.GiB, 80 * self.GiB
+
+    def memory_reserved(self) -> int:
+        return 8 * self.GiB
+
+    def max_memory_reserved(self) -> int:
+        return 9 * self.GiB
+
+    def max_memory_allocated(self) -> int:
+        return 7 * self.GiB
+
+
+def test_the_exports_plain_run_reports_the_peak_a_trial_records(monkeypatch):
+    """The compare's plain run is held to the study's record of the winner's peak (issue 41: within 10 %), so it
+    measures what a trial records: on CUDA the allocator's peak holding plus the process's memory outside it
+    (here 9 + 2 GiB, not the 7 GiB of live tensors it reported before, against a record that counts the context);
+    on the CPU its peak resident memory (it reported 0 in the CPU dry run)."""
+    import torch
+
+    llm = script("gpu_acceptance_llm")
+    assert llm.plain_peak_bytes(on_cpu=True) > 100 * 2**20  # this test's own process: torch is loaded
+    monkeypatch.setattr(torch, "cuda", FakeCudaMemory())
+    assert llm.plain_peak_bytes(on_cpu=False) == 11 * FakeCudaMemory.GiB
