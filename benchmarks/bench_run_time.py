@@ -196,12 +196,17 @@ def main() -> None:
     error = projected / real["wall_s"] - 1
     print(
         f"{label} ({pace.samples_per_s:.2f} samples/s, {pace.samples_per_step:.1f} samples a step, warm-up excess "
-        f"{pace.warmup_excess_s:.1f} s; reference pass {pace.setup_s_per_sample * 1e3:.1f} ms a pair): projected "
+        f"{pace.warmup_excess_s:.1f} s{pass_words(pace.setup_s_per_sample)}): projected "
         f"{projected:.1f} s for {length.words(None)}; real plain {options.trainer.upper()}Trainer "
         f"run: {real['wall_s']:.1f} s ({real['steps']} steps; train_runtime {real['train_runtime_s']:.1f} s"
         f"{reference_words(real)}); "
         f"projected vs real {error:+.1%} (goal: within 15 %); {load_average()}; {root}"
     )
+
+
+def pass_words(seconds_per_pair: float) -> str:
+    """The trial's reference pass as the projection counts it, in words (nothing where it ran none)."""
+    return f"; reference pass {seconds_per_pair * 1e3:.1f} ms a pair, once a run" if seconds_per_pair else ""
 
 
 def reference_words(real: dict[str, Any]) -> str:

@@ -210,8 +210,8 @@ PRIOR_EXPECTED_ERROR = (
     "level is off by 0.4-2x "
     "under the Trainer (by grid, median: 1.0x, 1.1x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
     "in real tokens/s 1.2-1.9x fast under SFTTrainer and 1.2-1.7x under DPOTrainer (0.8x where bf16 is emulated), "
-    "and it ranks configs within a few percent of each other no better than chance, a landscape of 2.7x at 0.93 "
-    "(docs/benchmarks.md, 'The throughput prior'); a "
+    "and it ranks configs within a few percent of each other no better than chance, a landscape spread 2.7x at a "
+    "rank correlation of 0.93 (docs/benchmarks.md, 'The throughput prior'); a "
     "study's trials calibrate it (--storage)"
 )
 
