@@ -291,6 +291,7 @@ REPEATED_GRIDS = {
     "bench_grid_gpt2_epyc_avx2": int(2.5 * 2**30),
     "bench_grid_gpt2_epyc_avx512": int(2.5 * 2**30),
     "bench_grid_smollm2_epyc_avx512": 8 * 2**30,
+    "bench_grid_distilbert_epyc_avx512": 8 * 2**30,
 }
 
 
