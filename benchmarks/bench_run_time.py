@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import PLAIN_RESULT_MARK, load_average
+from benchmarks.bench_dpo_fidelity import SPACE as DPO_SPACE
+from benchmarks.bench_dpo_fidelity import timed_reference_pass
 from benchmarks.bench_sft_fidelity import PLAIN_HARNESS, SPACE, keep_start, plain_child
 
 
@@ -74,8 +76,6 @@ def plain_dpo_run(args_file: str, model_dir: str, data_file: str) -> dict[str, A
     import datasets
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
-
-    from benchmarks.bench_dpo_fidelity import timed_reference_pass
 
     datasets.disable_progress_bars()
     exported = json.loads(Path(args_file).read_text())
@@ -149,8 +149,6 @@ def main() -> None:
         corpus = ["--format", "preference"] if options.trainer == "dpo" else []
         run([*autotune, "chat-corpus", "--out", data, "--samples", str(options.samples), *corpus]
             + ["--length-scale", str(options.length_scale)], root)  # fmt: skip
-        from benchmarks.bench_dpo_fidelity import SPACE as DPO_SPACE
-
         default_space = DPO_SPACE if options.trainer == "dpo" else SPACE
         (root / "space.yaml").write_text(Path(options.space).read_text() if options.space else default_space)
         length = {"num_train_epochs": options.epochs} if options.epochs else {"max_steps": options.max_steps}

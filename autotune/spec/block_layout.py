@@ -91,7 +91,7 @@ def activation_extra_tensors(activation: Any) -> float:
 
     import torch
 
-    if any(True for _ in activation.parameters()) or any(True for _ in activation.buffers()):
+    if [*activation.parameters(), *activation.buffers()]:
         activation = copy.deepcopy(activation).to_empty(device="cpu")
         with torch.no_grad():
             for tensor in [*activation.parameters(), *activation.buffers()]:
