@@ -301,13 +301,22 @@ def layer_activation_bytes(
     shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
     p, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
     q = r if device_kind == "cpu" else p
-    score_mask = q if device_kind == "cpu" else 1
     s, b = shape.row_tokens, shape.rows
-    h, f, a = model.hidden_size, model.intermediate_size, model.num_heads
+    h, f = model.hidden_size, model.intermediate_size
     kv_fraction = model.num_kv_heads / model.num_heads  # grouped-query attention keeps smaller K, V
     per_token = p * h + (1 + 2 * kv_fraction) * q * h + p * h + h + p * h + 2 * p * f + h + 2 * r * h
-    scores = (r + score_mask + q) * a * s * s * b if materializes_attention_scores(model, traits, device_kind) else 0
-    return int(per_token * s * b + scores)
+    return int(per_token * s * b + attention_score_bytes(model, traits, device_kind, shape))
+
+
+def attention_score_bytes(model: ModelSpec, traits: MemoryTraits, device_kind: str, shape: MicroBatchShape) -> int:
+    """The ``a s^2 b`` part of :func:`layer_activation_bytes`: the scores a materialising kernel keeps (softmax
+    output, dropout mask, dropout output); 0 where the kernel keeps none."""
+    if not materializes_attention_scores(model, traits, device_kind):
+        return 0
+    p, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
+    q = r if device_kind == "cpu" else p
+    score_mask = q if device_kind == "cpu" else 1
+    return int((r + score_mask + q) * model.num_heads * shape.row_tokens**2 * shape.rows)
 
 
 def saved_layer_bytes(

@@ -7,9 +7,10 @@ A step's time is a sum of parts a user can check by hand (docs/estimator.md, "Th
   checkpointing's recomputed forward) over the peak of the dtype the matmuls run in times the share of it
   a training step's matmuls reach (:attr:`SpeedFit.achievable_fraction`);
 * **memory**: memory-bound work over the memory bandwidth: the elementwise work around the matmuls
-  (each saved activation written and read, its gradient too: the memory model's per-layer activation
-  bytes, :func:`~autotune.estimate._parts.layer_activation_bytes`; fewer passes where ``torch.compile``
-  fuses them), the loss's logits (``V x tokens`` fp32 tensors, none where a fused loss keeps them in
+  (in eager mode every op's reads and writes, counted from the model's own code:
+  :mod:`~autotune.estimate._elementwise`; where ``torch.compile`` or Liger's kernels fuse them, two passes over
+  the memory model's per-layer activation bytes, :func:`~autotune.estimate._parts.layer_activation_bytes`:
+  :func:`elementwise_layer_bytes`), the loss's logits (``V x tokens`` fp32 tensors, none where a fused loss keeps them in
   chunks), the weights each matmul reads, and the optimizer's step (bytes per parameter, counted from
   its implementation: ``autotune.levers.optimizer.STEP_BYTES_PER_PARAM``);
 * **host**: what crosses the host link (TRL's activation offloading, ZeRO offload);
@@ -27,9 +28,25 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
-from autotune.estimate._parts import layer_activation_bytes, precomputes_reference, runs_reference, trainer_rows
-from autotune.levers import Batching, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits, speed_traits
+from autotune.estimate._parts import (
+    attention_score_bytes,
+    layer_activation_bytes,
+    precomputes_reference,
+    runs_reference,
+    trainer_rows,
+)
+from autotune.estimate._zero import compute_weight_bytes
+from autotune.levers import (
+    Batching,
+    MemoryTraits,
+    MicroBatchShape,
+    SpeedTraits,
+    TrialConfig,
+    memory_traits,
+    speed_traits,
+)
 from autotune.spec.flops import (
     attention_flops_per_token,
     model_flops_per_token,
@@ -39,9 +56,11 @@ from autotune.spec.flops import (
 from autotune.spec.models import ModelSpec
 
 # Each saved activation is written in the forward and read in the backward, and its gradient written and
-# read in the backward: four passes over the memory model's saved bytes per layer in eager mode. Inductor
-# fuses each elementwise chain into one kernel that writes only what leaves it (what the backward saves)
-# and reads it back once: two passes. Checkpointing writes the forward's activations once more.
+# read in the backward: four passes over the memory model's saved bytes per layer, the least eager mode can
+# move (what it moves is counted from the model's code, ``_elementwise.py``; these passes stand in where it
+# cannot be, and for materialised attention scores). Inductor fuses each elementwise chain into one kernel
+# that writes only what leaves it (what the backward saves) and reads it back once: two passes.
+# Checkpointing writes the forward's activations once more.
 ELEMENTWISE_PASSES = 4
 FUSED_ELEMENTWISE_PASSES = 2
 # The loss over ``V x tokens`` logits on CUDA: transformers upcasts them to fp32, cross-entropy writes its fp32
@@ -266,8 +285,7 @@ def step_work(
     layer = layer_activation_bytes(model, traits, seq_len, device_kind, shape)
     loss_logits = plain_loss_logits(model, traits, batch.computed_tokens)
     head_logits = fused_head_fallback_logits(model, batch.computed_tokens, device_kind)
-    passes = FUSED_ELEMENTWISE_PASSES if speed.fuses_elementwise else ELEMENTWISE_PASSES
-    elementwise = layers * layer * (passes + (1 if traits.recompute else 0))
+    elementwise = layers * elementwise_layer_bytes(model, traits, speed, device_kind, shape, layer)
     trainable = model.trainable_params
     parameter_scale = traits.weight_bytes / 4
     memory_per_batch = (
@@ -318,6 +336,30 @@ def step_work(
         setup_matmul_flops_per_sample=setup_flops,
         setup_memory_bytes_per_sample=setup_bytes,
     )
+
+
+def elementwise_layer_bytes(
+    model: ModelSpec, traits: MemoryTraits, speed: SpeedTraits, device_kind: str, shape: MicroBatchShape, saved: int
+) -> float:
+    """The bytes one layer's elementwise ops read and write in a micro-batch (``saved``: what the layer keeps for
+    its backward, :func:`~autotune.estimate._parts.layer_activation_bytes`).
+
+    Fused (``torch.compile``'s inductor, or Liger's kernels for the norms, rotary and the gated activation): each
+    chain of ops writes what leaves it and reads it back once, :data:`FUSED_ELEMENTWISE_PASSES` over ``saved``. In
+    eager mode every op reads and writes its tensors: counted from the model's own code per token
+    (:func:`~autotune.estimate._elementwise.eager_layer_traffic`), the materialised attention scores
+    (``a s^2`` per row, which that count leaves out) at :data:`ELEMENTWISE_PASSES`; where the model cannot be
+    counted, :data:`ELEMENTWISE_PASSES` over ``saved``. A recomputed forward (checkpointing) moves its forward's
+    bytes once more."""
+    recompute = 1 if traits.recompute else 0
+    if speed.fuses_elementwise or traits.fused_block_kernels:
+        return saved * (FUSED_ELEMENTWISE_PASSES + recompute)
+    traffic = eager_layer_traffic(model, compute_weight_bytes(traits), traits.half_autocast)
+    if traffic is None:
+        return saved * (ELEMENTWISE_PASSES + recompute)
+    tokens = shape.rows * shape.row_tokens
+    scores = attention_score_bytes(model, traits, device_kind, shape)
+    return tokens * (traffic.forward * (1 + recompute) + traffic.backward) + scores * (ELEMENTWISE_PASSES + recompute)
 
 
 def plain_loss_logits(model: ModelSpec, traits: MemoryTraits, tokens: float) -> float:

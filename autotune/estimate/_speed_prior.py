@@ -204,11 +204,11 @@ def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:
 # The uncalibrated prior's error, as measured by benchmarks/bench_speed_prior.py (docs/benchmarks.md, "The
 # throughput prior"): what `autotune estimate` states beside its predicted winner before any trial.
 PRIOR_EXPECTED_ERROR = (
-    "uncalibrated: on published GPU figures tokens/s within 25 % on 62 of llm-foundry's 75 one-node rows "
-    "(up to 1.5x fast at 4-16k tokens on H100, down to 0.72x for checkpointed 7-30B models on A100) and on 9 of "
-    "torchtitan's 10 Llama 2 and 3 rows that set no constant (0.80-0.87x on A100, 1.10-1.27x on H100); on the CPU its "
+    "uncalibrated: on published GPU figures tokens/s within 25 % on 65 of llm-foundry's 75 one-node rows "
+    "(up to 1.43x fast at 8-16k tokens on H100, down to 0.70x for 7-30B models on A100) and on all 10 of "
+    "torchtitan's Llama 2 and 3 rows that set no constant (0.75-0.80x on A100, 1.05-1.12x on H100); on the CPU its "
     "level is off by 0.4-2x "
-    "under the Trainer (by grid, median: 1.0x, 1.1x, 1.1x, 1.8x and 1.8x fast, 2.2x slow where bf16 is emulated), "
+    "under the Trainer (by grid, median: 1.0x, 1.0x, 1.1x, 1.6x and 1.8x fast, 2.2x slow where bf16 is emulated), "
     "in real tokens/s 1.2-1.9x fast under SFTTrainer and 1.2-1.7x under DPOTrainer (0.8x where bf16 is emulated), "
     "and it ranks configs within a few percent of each other no better than chance, a landscape spread 2.7x at a "
     "rank correlation of 0.93 (docs/benchmarks.md, 'The throughput prior'); a "

@@ -16,14 +16,15 @@ from autotune.estimate import (
     step_work,
     typical_micro_batch,
 )
+from autotune.estimate._elementwise import eager_layer_traffic
+from autotune.estimate._parts import attention_score_bytes
 from autotune.estimate._speed import (
     ELEMENTWISE_PASSES,
     FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT,
     LOSS_BYTES_PER_LOGIT,
-    layer_activation_bytes,
 )
 from autotune.estimate._speed_prior import CPU_EMULATED_SLOWDOWN, TRAINING_MATMUL_FRACTION
-from autotune.levers import PADDED, MemoryTraits, TrialConfig, memory_traits
+from autotune.levers import PADDED, MemoryTraits, MicroBatchShape, TrialConfig, memory_traits
 from autotune.levers.batching import PaddedToLongest
 from autotune.levers.packing import TrlFlattened, TrlPacked
 from autotune.spec.devices import DeviceSpec, known_gpu
@@ -67,8 +68,10 @@ def test_memory_counts_the_elementwise_passes_the_loss_and_the_optimizer(gpt2):
     logits timed apart, per logit."""
     config = TrialConfig(micro_batch=2, optim="adamw_torch_fused")
     traits = memory_traits(config, "cuda")
-    layer = layer_activation_bytes(gpt2, traits, 64, "cuda")
-    elementwise = gpt2.num_layers * layer * ELEMENTWISE_PASSES
+    traffic = eager_layer_traffic(gpt2, 4, half_autocast=False)
+    assert traffic is not None and traffic.forward > 0 and traffic.backward > traffic.forward
+    scores = attention_score_bytes(gpt2, traits, "cuda", MicroBatchShape(rows=2, row_tokens=64))
+    elementwise = gpt2.num_layers * (2 * 64 * (traffic.forward + traffic.backward) + scores * ELEMENTWISE_PASSES)
     logits = 2 * 64 * gpt2.vocab_size
     weights = gpt2.num_non_embedding_params * 4 * 3  # fp32 weights read in the forward and twice in the backward
     optimizer = gpt2.trainable_params * (28 + 3 * 4)  # one fused pass of 7 tensors, gradient clipping's 3
@@ -78,8 +81,13 @@ def test_memory_counts_the_elementwise_passes_the_loss_and_the_optimizer(gpt2):
     estimate = predict_speed(on_cuda, ROUND)
     assert estimate is not None and estimate.memory_s == pytest.approx(on_cuda.memory_bytes / 1e9)
     on_cpu = step_work(gpt2, config, 64, "cpu", "fp32")
-    cpu_layer = layer_activation_bytes(gpt2, memory_traits(config, "cpu"), 64, "cpu")
-    assert on_cpu.memory_bytes == pytest.approx(gpt2.num_layers * cpu_layer * ELEMENTWISE_PASSES + weights + optimizer)
+    cpu_scores = attention_score_bytes(
+        gpt2, memory_traits(config, "cpu"), "cpu", MicroBatchShape(rows=2, row_tokens=64)
+    )
+    cpu_elementwise = gpt2.num_layers * (
+        2 * 64 * (traffic.forward + traffic.backward) + cpu_scores * ELEMENTWISE_PASSES
+    )
+    assert on_cpu.memory_bytes == pytest.approx(cpu_elementwise + weights + optimizer)
     assert on_cpu.loss_logits == logits
 
 

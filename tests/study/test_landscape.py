@@ -319,8 +319,8 @@ def test_calibrated_speed_fits_the_trials_step_times(cpu, bert_tiny):
 
 
 def test_the_first_proposals_after_the_seeds_are_the_predicted_fastest_configs_that_fit(tmp_path: Path, bert_tiny):
-    """On an AVX512-BF16 CPU the prior ranks bf16 and large micro-batches first: the first proposals are
-    its fastest configs among those the memory estimate expects to fit, in its order, not random ones."""
+    """On an AVX512-BF16 CPU the prior ranks the largest micro-batch that fits first, bf16 at its head: the first
+    proposals are its fastest configs among those the memory estimate expects to fit, in its order, not random ones."""
     from autotune.spec.devices import DeviceSpec
 
     device = DeviceSpec(
@@ -340,7 +340,8 @@ def test_the_first_proposals_after_the_seeds_are_the_predicted_fastest_configs_t
     runner = LookupRunner(lambda c: 50.0)
     run_search(study, request, SearchBudget(trials=3), run_trial=runner)
     assert runner.ran == sorted(fitting, key=lambda c: -predicted[c])[:3]
-    assert all(c.dtype == "bf16" for c in runner.ran)
+    assert runner.ran[0].dtype == "bf16"
+    assert {c.micro_batch for c in runner.ran} == {max(c.micro_batch for c in fitting)}
 
 
 # The same posterior and seed, drawn under two of OpenBLAS's kernel sets, both of which run on every
