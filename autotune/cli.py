@@ -1,9 +1,7 @@
-"""The ``autotune`` command line: each command checks its options, makes one call, prints.
-
-All the work happens in the modules it calls (docs/architecture.md is the map); ``autotune.__main__`` runs
-the command and turns every user error into one line. Each option is declared
-once, with its help text, in ``autotune.plan.cli_options``; its default stays with its command.
-"""
+"""The ``autotune`` command line: each command checks its options, makes one call, prints. All the work happens in
+the modules it calls (docs/architecture.md is the map); ``autotune.__main__`` runs the command and turns every user
+error into one line. Each option is declared once, with its help text, in ``autotune.plan.cli_options``; its default
+stays with its command."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, width=140 if piped else None)
 
 
-console = _console()
-err_console = _console(stderr=True)
+console, err_console = _console(), _console(stderr=True)
 
 
 @app.command()
@@ -143,6 +140,9 @@ def estimate(
     devices_per_trial: option.EstimateDevicesPerTrial = EstimateOptions.devices_per_trial,
     peft: option.EstimatePeft = None,
     dataset: option.Dataset = None,
+    text_column: option.TextColumn = None,
+    trainer: option.Trainer = None,
+    base_args: option.BaseArgs = None,
     global_batch: option.GlobalBatch = None,
     max_global_batch: option.MaxGlobalBatch = None,
     epochs: option.Epochs = None,

@@ -89,6 +89,15 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             model("indivisible", hidden_size=129),
             "not a multiple of the number of attention heads",
         ),
+        # transformers 5's config classes validate themselves (huggingface_hub's strict dataclasses): once a traceback
+        "model: a Llama width its class refuses": (
+            model(
+                "indivisible-llama",
+                '{"model_type": "llama", "hidden_size": 100, "num_attention_heads": 3, "num_hidden_layers": 2, '
+                '"intermediate_size": 128, "vocab_size": 100}',
+            ),
+            "The hidden size (100) is not a multiple of the number of attention heads (3)",
+        ),
         "model: vocab_size 0": (model("vocab0", vocab_size=0), "vocab_size 0"),
         # torch's nn.Embedding asserts (an AssertionError, once a traceback): a pad token past the vocabulary.
         "model: pad token past the vocabulary": (
@@ -300,6 +309,7 @@ CASE_IDS = [
     "model: no model_type",
     "model: a JSON list",
     "model: hidden not divisible by heads",
+    "model: a Llama width its class refuses",
     "model: vocab_size 0",
     "model: pad token past the vocabulary",
     "model: 0 positions",

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import tempfile
 from typing import Any
 
@@ -32,8 +33,14 @@ CREDENTIAL_SUFFIX = "_token"
 CREDENTIAL_ENVIRONMENT = "HF_TOKEN"
 
 
+def is_inline_json(value: str) -> bool:
+    """``--base-args '{"learning_rate": 1e-4}'``: a JSON object given on the command line, not a file's path (a file
+    of that name, however unlikely, still wins)."""
+    return value.lstrip().startswith("{") and not os.path.lexists(value)
+
+
 def load_base_args(path: str, trainer: str = DEFAULT.name) -> dict[str, Any]:
-    """Read and check a ``--base-args`` JSON file of the arguments the user fixes.
+    """Read and check ``--base-args``, the arguments the user fixes: a JSON file, or a JSON object given inline.
 
     Every key must be a field of the trainer's arguments class (``TrainingArguments``; under
     ``--trainer sft`` TRL's ``SFTConfig``), and that class must accept the values (checked here, in
@@ -46,7 +53,7 @@ def load_base_args(path: str, trainer: str = DEFAULT.name) -> dict[str, Any]:
     arguments_type = arguments_class(trainer)
     class_name = arguments_type.__name__
     refused_fields = {**REFUSED_BASE_FIELDS, **trainer_named(trainer).refused_fields}
-    text = read_user_file(path, "--base-args", "UTF-8 JSON")
+    text = path if is_inline_json(path) else read_user_file(path, "--base-args", "UTF-8 JSON")
     try:
         base_args = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -207,12 +207,14 @@ class EstimateOptions(PlanOptions):
         one_of(("--all", self.all_rows or None), ("--json", self.as_json or None))
 
     def worker_devices(self) -> list[DeviceSpec]:
-        """The GPU ``--gpu-type`` names, from the datasheet table (no GPU needed), else this machine's device."""
+        """The GPUs ``--gpu-type`` names, from the datasheet table (no GPU needed), as many as one trial spans
+        (``--devices-per-trial``), else this machine's devices."""
         if self.gpu_type is None:
             return super().worker_devices()
         from autotune.spec.devices import known_gpu
 
-        return [known_gpu(self.gpu_type).device()]
+        planned = known_gpu(self.gpu_type).device()
+        return [dataclasses.replace(planned, index=index) for index in range(self.devices_per_trial)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,6 +101,13 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     model = resolve_model(options.model, options.task)
     seq_len_fits(options.seq_len, options.model, model)
     notes: list[str] = []
+    trained_for = int(model.text_config.get("max_position_embeddings") or 0)
+    if not model.max_positions and 0 < trained_for < options.seq_len:  # rotary: nothing stops it, so say it
+        notes.append(
+            f"--seq-len {options.seq_len:,} is beyond the {trained_for:,} positions {options.model}'s config declares: "
+            f"its rotary positions run there, but the model was not trained so long (rope scaling is the model's "
+            f"config, not a lever); memory and speed are predicted and measured as given"
+        )
     if model.experts is not None:  # what its model TFLOPs and MFU count, said once
         experts = model.experts
         notes.append(

@@ -120,8 +120,9 @@ LossOn = Annotated[
 BaseArgs = Annotated[
     str | None,
     typer.Option(
-        help="JSON of TrainingArguments (SFTConfig under --trainer sft) you fix (learning_rate, ...): kept in "
-        "every trial and the export."
+        help="A JSON file, or JSON inline ('{\"learning_rate\": 1e-4}'), of TrainingArguments (SFTConfig under "
+        "--trainer sft, DPOConfig under --trainer dpo) you fix (learning_rate, max_steps, ...): kept in every trial "
+        "and the export."
     ),
 ]
 GlobalBatch = Annotated[

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.errors import StrictDataclassError
+
 from autotune.errors import AutotuneError, first_line
 from autotune.spec.model_catalog import catalog_config, catalog_index, catalog_names
 from autotune.spec.model_files import hub_reachable
@@ -32,15 +34,26 @@ def load_config(name: str) -> tuple[Any, str, str | None]:
             raise AutotuneError(f"--model {name}: the directory has no config.json; point at a saved model")
         try:
             return AutoConfig.from_pretrained(str(path), **NO_MODEL_CODE), "local", str(path.resolve())
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as exc:
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            UnicodeDecodeError,
+            StrictDataclassError,
+        ) as exc:
             refuse_its_own_code(name, str(path))
-            # Invalid JSON, a list, no or an unknown model_type: transformers' own message says which.
+            # Invalid JSON, a list, no or an unknown model_type, sizes its class refuses (a width that is not a
+            # multiple of the heads: huggingface_hub's strict dataclass validation, its cause the message):
+            # transformers' own message says which.
+            cause = exc.__cause__ if isinstance(exc, StrictDataclassError) and exc.__cause__ else exc
             raise AutotuneError(
-                f"--model {name}: transformers cannot read its config.json ({first_line(exc)})"
+                f"--model {name}: transformers cannot read its config.json ({first_line(cause)})"
             ) from None
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True, **NO_MODEL_CODE), "hf-cache", None
-    except (OSError, ValueError):
+    except (OSError, ValueError, StrictDataclassError):
         refuse_its_own_code(name, name, local_files_only=True)
     catalog_name = catalog_index().get(name.lower())
     if catalog_name is not None:

@@ -75,7 +75,8 @@ class PreparedDataset:
         column: The column the trials read (text, or token ids when packed).
         tokenizer_dir: Where the child loads the tokenizer from (``None``: already tokenized).
         pad_token_id: The id padding uses.
-        num_samples: Samples in the prepared copy.
+        num_samples: Samples of the user's data one epoch trains: under a TRL trainer its rows less those TRL
+            drops (counted on the prepared rows, scaled to the whole data where they are a part of it).
         length: Samples a trial's dataset cycles up to (one epoch never ends within a trial).
         packing: Documents were packed into full ``seq_len`` blocks instead of padded.
         token_lengths: Each prepared row's tokens, before truncation (DPO: a pair's two rows): the throughput
@@ -265,11 +266,20 @@ def prepare_sft_rows(
         column=data,
         tokenizer_dir=meta["tokenizer_dir"],
         pad_token_id=int(meta["pad_token_id"]),
-        num_samples=int(meta["num_samples"]),
+        num_samples=kept_rows(int(meta["num_samples"]), dropped, len(sample)),
         length=length,
         packing=False,
         token_lengths=tuple(reader.row_lengths(_evenly(sample, LENGTH_ROWS), tokenizer, data, loss_on)),
     )
+
+
+def kept_rows(rows: int, dropped: int, checked: int) -> int:
+    """The rows of the data the trainer trains on, of ``rows``, where ``dropped`` of the ``checked`` rows it was read
+    for are dropped (all of them where ``checked`` is every row; else at the checked rows' rate): what one epoch of
+    the user's run trains, and so what its projected time counts."""
+    if not dropped or not checked:
+        return rows
+    return rows - dropped if checked >= rows else round(rows * (1 - dropped / checked))
 
 
 # Rows whose tokens the throughput prior's typical batch is drawn from: a trainer's rendering of a chat row takes

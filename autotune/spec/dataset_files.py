@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +34,27 @@ def peek_rows(path: str) -> tuple[list[str], dict[str, Any]]:
     try:
         first = next(iter(datasets.load_dataset(builder, data_files=str(source), split="train", streaming=True)), None)
     except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
-        raise AutotuneError(f"--dataset {path}: cannot read it ({root_cause(exc)})") from None
+        raise AutotuneError(f"--dataset {path}: cannot read it ({why_unreadable(source, exc)})") from None
     if first is None:
         raise AutotuneError(f"--dataset {path}: it holds no samples")
     return list(first), dict(first)
+
+
+def why_unreadable(source: Path, exc: BaseException) -> str:
+    """Why the reader refused ``source``: for JSON lines, the first line that is not JSON, by number (pandas' reader
+    says only "Trailing data at position 23"); else the reader's own root cause."""
+    if source.is_file() and _FILE_BUILDERS.get(source.suffix.lower()) == "json":
+        with contextlib.suppress(OSError, UnicodeDecodeError), source.open(encoding="utf-8") as lines:
+            if not lines.read(1).lstrip().startswith("["):  # one JSON document (an array) has no lines to name
+                lines.seek(0)
+                for number, line in enumerate(lines, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        json.loads(line.rstrip("\r\n"))
+                    except json.JSONDecodeError as bad:
+                        return f"line {number} is not JSON: {bad.msg} at column {bad.colno}"
+    return root_cause(exc)
 
 
 def datasets_package(path: str) -> Any:
@@ -75,7 +93,7 @@ def read_rows(source: Path, path: str, cache_dir: str) -> Any:
             f"--dataset {path}: a directory must hold a dataset written by datasets.save_to_disk"
         ) from None
     except Exception as exc:  # noqa: BLE001 - any reader failure means "cannot read it" to the user
-        raise AutotuneError(f"--dataset {path}: cannot read it ({root_cause(exc)})") from None
+        raise AutotuneError(f"--dataset {path}: cannot read it ({why_unreadable(source, exc)})") from None
     if isinstance(loaded, datasets.DatasetDict):
         if "train" not in loaded and len(loaded) != 1:
             raise AutotuneError(f"--dataset {path}: no 'train' split among {', '.join(loaded)}; save one split")

@@ -84,8 +84,10 @@ def _finish(
 
 def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: int) -> TrialResult:
     """Record a trial stopped by Ctrl-C (or a stop signal, a stop of the search, a trial process that
-    could not be started) as FAIL ``interrupted``, and queue its config to run again once, first thing
-    on resume.
+    could not be started) as FAIL ``interrupted``, and queue its config to run again, first thing on resume:
+    however often it was stopped before, as each stop is the user's and measured nothing of the config (a
+    trial whose orchestrator died is queued once, ``_liveness.recover_orphans``: that death may be the
+    trial's own doing).
 
     Safe wherever the interrupt landed: a trial told before it keeps its result.
     """
@@ -101,7 +103,7 @@ def record_interrupted(study: optuna.Study, trial: optuna.Trial, ceiling_bytes: 
         tell(study, trial, result)
     except optuna.exceptions.UpdateFinishedTrialError:
         return result  # another worker declared it dead and queued it already
-    RetryHeartbeatStaleTrialCallback(max_retry=1)(study, study._storage.get_trial(trial._trial_id))
+    RetryHeartbeatStaleTrialCallback(max_retry=None)(study, study._storage.get_trial(trial._trial_id))
     return result
 
 

@@ -421,16 +421,19 @@ def ranking_table_figure(ranking: list[RankedTrial]) -> go.Figure:
     return figure
 
 
-def loss_figure(trials: list[FrozenTrial], ranking: list[RankedTrial]) -> tuple[str, go.Figure]:
-    """The winner's training loss beside the HF default's, step by step, and whether they agree."""
-    title = "Training loss: the winner beside the HF default"
+def loss_figure(
+    trials: list[FrozenTrial], ranking: list[RankedTrial], baseline: str = "HF default"
+) -> tuple[str, go.Figure]:
+    """The winner's training loss beside the trainer's default's (``baseline``: its name in words, the study's
+    trainer's ``baseline_words``, as the search's summary names it), step by step, and whether they agree."""
+    title = f"Training loss: the winner beside the {baseline}"
     if not ranking or ranking[0].result is None:
         return "No winner yet: no loss to compare.", empty_figure(title, "no configuration fits under the ceiling yet")
-    loss = winner_loss(trials, ranking[0].number, ranking[0].result)
+    loss = winner_loss(trials, ranking[0].number, ranking[0].result, baseline)
     figure = go.Figure()
     curves = [(f"winner #{loss.winner_trial}", loss.winner, "#2ca02c")]
     if loss.default is not None and loss.default_trial != loss.winner_trial:
-        curves.append((f"HF default #{loss.default_trial}", loss.default, "#1f77b4"))
+        curves.append((f"{baseline} #{loss.default_trial}", loss.default, "#1f77b4"))
     for name, result, colour in curves:
         steps = list(range(1, len(result.loss_curve) + 1))
         figure.add_trace(

@@ -30,7 +30,7 @@ from autotune.levers import (
     training_arguments_kwargs,
     update_ignores_gradient_scale,
 )
-from autotune.result import TrialResult, accumulation_note
+from autotune.result import Status, TrialResult, accumulation_note
 from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -54,11 +54,23 @@ from autotune.views.trainer_formats import accelerate_config, cli_flags, json_te
 def winner(study: optuna.Study) -> RankedTrial:
     ranking = study_ranking(study)  # the confirmed winner, where the search confirmed one
     if not ranking:
-        raise AutotuneError(
-            f"study {study.study_name!r} has no feasible trial to export (every trial failed, ran out of memory "
-            "or went over the ceiling): run more trials, or raise --memory-ceiling"
-        )
+        raise AutotuneError(f"study {study.study_name!r} has no feasible trial to export: {why_none_finished(study)}")
     return ranking[0]
+
+
+def why_none_finished(study: optuna.Study) -> str:
+    """Why a study has no feasible trial, in what its trials say: none ran to the end yet (stopped, or queued to run
+    again: resume), or every one that did failed, ran out of memory or went over the ceiling."""
+    trials = study.get_trials(deepcopy=False)
+    waiting = sum(t.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING) for t in trials)
+    results = [TrialResult.from_trial(t) for t in trials if t.state.is_finished()]
+    if all(result is None or result.status == Status.INTERRUPTED for result in results):
+        queued = f" ({waiting} queued to run)" if waiting else ""
+        return f"none of its {len(trials)} trial(s) ran to the end{queued}: rerun the same search command to resume it"
+    return (
+        "every trial failed, ran out of memory or went over the ceiling (autotune best --all says which): run more "
+        "trials, or raise --memory-ceiling"
+    )
 
 
 def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:

@@ -26,11 +26,10 @@ from autotune.estimate import (
     what_would_fit,
 )
 from autotune.levers import LEVERS, TrialConfig
-from autotune.result import dataset_samples
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.units import format_bytes
-from autotune.views.run_time import predicted_run_time
+from autotune.views.run_time import predicted_run_time_of
 from autotune.views.search_display import format_tflops
 from autotune.views.text import for_rich
 
@@ -84,9 +83,18 @@ def host_memory_note(device_kind: str) -> str:
     return "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory per rank, beside the device's peak"
 
 
-def estimate_title(model_name: str, seq_len: int, where: str, device_kind: str, ceiling_bytes: int) -> str:
-    """The title of ``autotune estimate``'s table: which memory is predicted, of what, where, under which ceiling."""
+def estimate_title(
+    model_name: str, seq_len: int, where: str, device_kind: str, ceiling_bytes: int, ranks: int = 1
+) -> str:
+    """The title of ``autotune estimate``'s table: which memory is predicted, of what, where, under which ceiling;
+    of a trial of several ranks, the largest rank's (as a trial records it, ``runner/_ranks.py``)."""
     memory = "peak RSS of the trial's process tree" if device_kind == "cpu" else "device memory as nvidia-smi shows it"
+    if ranks > 1:
+        memory = (
+            f"{memory}, the largest of its {ranks} ranks"
+            if device_kind == "cuda"
+            else f"peak RSS of the largest of its {ranks} ranks, which share this machine's memory"
+        )
     return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling_bytes)}"
 
 
@@ -104,13 +112,13 @@ def show_estimate(
         where = f"{options.gpu_type} ({device.name}, datasheet)"
     else:
         where = f"{device.label} ({device.name})"
-    run_time = predicted_run_time_of(planned, rows, speed, options, default)
+    run_time = predicted_run_time_of(planned, rows, speed, options, default, fit)
     if options.as_json:
         sys.stdout.write(estimate_json(rows, estimate_header(planned, where, fit, speed, advice, run_time)) + "\n")
         return
     print_estimate(
         console,
-        estimate_title(model.name, seq_len, where, device.kind, ceiling),
+        estimate_title(model.name, seq_len, where, device.kind, ceiling, workload.devices_per_trial),
         rows,
         notes=planned.notes,
         advice=advice,
@@ -121,27 +129,6 @@ def show_estimate(
         device_kind=device.kind,
         space_size=planned.space.size if options.all_rows else None,
         run_time=run_time,
-    )
-
-
-def predicted_run_time_of(
-    planned: Any, rows: Sequence[EstimateRow], speed: Any, options: Any, default: TrialConfig
-) -> str | None:
-    """The whole run's predicted wall time (``estimate``): the predicted winner's and the trainer's
-    default's predicted speeds (``speed``, the throughput prior) over the run's length from ``--base-args``
-    and ``--epochs`` and the ``--dataset``'s samples, on ``--devices-per-trial`` devices at ``--price-per-hour``.
-    ``planned``: the estimate's :class:`autotune.plan.Plan`; ``default``: the trainer's default config."""
-    workload = planned.workload
-    winner = predicted_winner(rows)
-    return predicted_run_time(
-        workload.base_args,
-        options.epochs,
-        dataset_samples(workload.dataset),
-        (winner.config, winner.speed) if winner is not None else None,
-        (default, speed.estimate(workload.model, default, workload.seq_len)),
-        options.price_per_hour,
-        options.devices_per_trial,
-        workload.trainer,
     )
 
 

@@ -307,9 +307,20 @@ def describe_winner(ranking: list[RankedTrial]) -> str:
     repeats = int(leader.confirmation.get("repeats", 0))
     if repeats >= 2:
         how = f"the median of {repeats} interleaved re-runs (run-to-run CV {leader.confirmation.get('cv', 0.0):.1%})"
-    else:  # the budget allowed the first round only: one figure shows no run-to-run noise
-        how = f"from {repeats} interleaved re-run (no run-to-run noise seen)"
+    else:  # the budget allowed the first round only: one figure measures no run-to-run noise of its own
+        noise = float(leader.confirmation.get("noise") or 0.0)
+        how = f"from {repeats} interleaved re-run (one figure: its own run-to-run noise not measured"
+        how += f"; the search's measured noise, {noise:.0%}, judges what is told apart)" if noise else ")"
     sentence = f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, {how}"
+    searched = leader.result.samples_per_s if leader.result else 0.0
+    if searched and not 0.5 <= leader.samples_per_s / searched <= 2.0:
+        # A re-run at a third or three times its own search-time figure says the machine changed under the search
+        # (other work on it, thermal limits), not the config: the ranking's figures are not like for like.
+        sentence += (
+            f"; its re-run measured {leader.samples_per_s / searched:.2g}x its search-time "
+            f"{searched:.3g} samples/s: the machine's speed changed during the search (other load?), so "
+            "compare again on a quiet machine (autotune verify)"
+        )
     tied = [r for r in ranking[1:] if r.ties_with_leader]
     if leader.ties_with_leader and tied:
         others = ", ".join(

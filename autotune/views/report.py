@@ -37,9 +37,17 @@ from autotune.views._report_figures import (
     timeline_figure,
     trial_rows,
 )
-from autotune.views.export import export_notes, render, winner_arguments
+from autotune.views.export import (
+    compile_environment,
+    export_notes,
+    exported_as,
+    render,
+    tool_winner,
+    winner_arguments,
+)
 from autotune.views.ranking import (
     study_ranking,
+    study_trainer,
     winner_summary,
 )
 from autotune.views.run_time import study_run_time
@@ -101,7 +109,7 @@ def report_figures(study: optuna.Study) -> list[tuple[str, go.Figure]]:
             "Only configs that ran and fit under the ceiling are ranked; confirmed figures are re-measured medians.",
             ranking_table_figure(ranking),
         ),
-        loss_figure(trials, ranking),
+        loss_figure(trials, ranking, study_trainer(study).baseline_words),
     ]
     return figures
 
@@ -137,17 +145,21 @@ def report_html(study: optuna.Study, epochs: float | None = None, price_per_hour
     ]
     if ranking:
         best = ranking[0]
-        arguments = winner_arguments(study)
         parts += [
             f"<h2>Winner: trial {best.number}</h2>",
-            f"<p>Trial {html.escape(winner_summary(best))}.</p>",
+            f"<p>{html.escape(winner_summary(best))}.</p>",
             f"<p>{html.escape(study_run_time(study, epochs, price_per_hour) or '')}.</p>",
             *(f"<p>Note: {html.escape(note)}.</p>" for note in export_notes(best, study)),
-            "<p><code>autotune export</code> (TrainingArguments keyword arguments):</p>",
-            f"<pre>{html.escape(render(arguments, 'json'))}</pre>",
-            "<p><code>autotune export --format cli</code> (flags for HF example scripts):</p>",
-            f"<pre>{html.escape(render(arguments, 'cli'))}</pre>",
         ]
+        for fmt, command in (("json", "autotune export"), ("cli", "autotune export --format cli")):
+            # What `autotune export` writes, through its own rendering (an SFT or DPO study's arguments are its
+            # config class's, and its flags TRL's), and what they are, in its words.
+            arguments = winner_arguments(study, fmt)
+            text = render(arguments, fmt, tool=tool_winner(study, arguments, compile_environment(best)))
+            parts += [
+                f"<p><code>{command}</code> ({html.escape(exported_as(study, fmt))}):</p>",
+                f"<pre>{html.escape(text)}</pre>",
+            ]
     else:
         parts.append("<h2>No configuration fits under the ceiling yet</h2>")
     for index, (caption, figure) in enumerate(report_figures(study)):

@@ -4,15 +4,18 @@ export's header (measured) and ``estimate`` (predicted) print it; the arithmetic
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 
 from autotune import trainers
+from autotune.estimate import EstimateRow, MemoryFit, estimate_peak, predicted_winner
 from autotune.levers import TrialConfig
-from autotune.result import Pace, TrialResult, run_length, run_time_line
+from autotune.result import Pace, TrialResult, dataset_samples, run_length, run_time_line
+from autotune.spec.ceiling import fits
 from autotune.storage import schema
+from autotune.units import format_bytes
 from autotune.views.ranking import study_ranking, study_trainer
 from autotune.views.verify import study_answer
 
@@ -64,6 +67,31 @@ def study_paces(study: optuna.Study) -> tuple[tuple[str, Pace], tuple[str, Pace]
     )
 
 
+def predicted_run_time_of(
+    planned: Any, rows: Sequence[EstimateRow], speed: Any, options: Any, default: TrialConfig, fit: MemoryFit
+) -> str | None:
+    """The whole run's predicted wall time (``estimate``): the predicted winner's and the trainer's
+    default's predicted speeds (``speed``, the throughput prior) over the run's length from ``--base-args``
+    and ``--epochs`` and the ``--dataset``'s samples, on ``--devices-per-trial`` devices at ``--price-per-hour``.
+    ``planned``: the estimate's :class:`autotune.plan.Plan`; ``default``: the trainer's default config, compared
+    only where the memory model (``fit``) says it fits under the ceiling, as the winner must."""
+    workload = planned.workload
+    winner = predicted_winner(rows)
+    peak = estimate_peak(workload.model, default, workload.seq_len, fit).total_bytes
+    over = None if fits(peak, workload.ceiling_bytes) else (peak, workload.ceiling_bytes)
+    return predicted_run_time(
+        workload.base_args,
+        options.epochs,
+        dataset_samples(workload.dataset),
+        (winner.config, winner.speed) if winner is not None else None,
+        (default, speed.estimate(workload.model, default, workload.seq_len)),
+        options.price_per_hour,
+        options.devices_per_trial,
+        workload.trainer,
+        default_over_ceiling=over,
+    )
+
+
 def predicted_run_time(
     base_args: Mapping[str, Any],
     epochs: float | None,
@@ -73,10 +101,12 @@ def predicted_run_time(
     price_per_hour: float | None,
     devices: int,
     trainer: str,
+    default_over_ceiling: tuple[int, int] | None = None,
 ) -> str | None:
     """``estimate``'s run-time line: the predicted winner's and the trainer's default's predicted speeds
     (each a (config, :class:`autotune.estimate.SpeedEstimate`)), marked predicted; ``None`` without a
-    predicted winner."""
+    predicted winner. ``default_over_ceiling``: the default's predicted peak and the ceiling where it does not fit,
+    so it is not compared (a run that cannot start saves no time)."""
     if winner is None or winner[1] is None:
         return None
     length = run_length(base_args, epochs)
@@ -84,11 +114,16 @@ def predicted_run_time(
     def pace(config: TrialConfig, speed: Any) -> Pace:  # steady steps of global-batch samples, and any pass before
         return Pace(speed.steady_samples_per_s, config.global_batch, setup_s_per_sample=speed.setup_s_per_sample)
 
-    other = (
-        (trainers.get(trainer).baseline_words, pace(*default))
-        if default is not None and default[1] is not None
-        else None
-    )
-    return run_time_line(
+    words = trainers.get(trainer).baseline_words
+    compared = default is not None and default[1] is not None and default_over_ceiling is None
+    other = (words, pace(*default)) if compared and default is not None else None
+    line = run_time_line(
         length, samples, ("predicted winner", pace(*winner)), other, price_per_hour, devices, predicted=True
     )
+    if default_over_ceiling is not None:
+        peak, ceiling = default_over_ceiling
+        line += (
+            f"; the {words} is not compared: its predicted peak {format_bytes(peak)} is over the "
+            f"{format_bytes(ceiling)} ceiling"
+        )
+    return line

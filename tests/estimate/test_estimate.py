@@ -521,3 +521,14 @@ def test_estimate_plans_one_rank_of_a_multi_rank_trial(tmp_path):
     grads = {json.dumps(r["config"], sort_keys=True): r["parts_bytes"]["gradients"] for r in one["rows"]}
     for row in two["rows"]:  # DDP's buckets: one more copy of the gradients on each rank
         assert row["parts_bytes"]["gradients"] == 2 * grads[json.dumps(row["config"], sort_keys=True)]
+
+
+def test_estimate_reads_the_runs_length_and_the_trainer_from_the_options_search_takes(tmp_path):
+    """`estimate --base-args` (inline JSON) sets the run's length as `search --base-args` does, and `--trainer`
+    names the trainer whose default the run is set against."""
+    args = ["estimate", "--model", "llama-tiny", "--seq-len", "64", "--device", "cpu", "--global-batch", "8"]
+    out = run_cli_in_process(*args, "--base-args", '{"max_steps": 20}', "--trainer", "trainer", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stdout.splitlines() if "predicted wall time" in line)
+    assert line.startswith("predicted wall time of 20 optimizer steps (max_steps in --base-args): ")
+    assert "(HF default, " in line and ("saved" in line or "longer" in line)  # one global batch: like for like

@@ -9,6 +9,7 @@ import statistics
 
 import pytest
 
+from autotune.estimate import plan_rows
 from autotune.levers import TrialConfig
 from autotune.plan import EstimateOptions, plan
 from autotune.trainers import write_corpus
@@ -177,6 +178,29 @@ def test_a_precomputed_reference_pass_is_predicted_and_counted_over_the_run_as_a
         seconds = 48 * epochs / precomputed.steady_samples_per_s + 48 * precomputed.setup_s_per_sample
         assert line is not None and f": {duration(seconds)} (predicted winner" in line
     assert rates[1.0] < rates[3.0]  # the pass weighs more on a shorter run
+
+
+def test_the_predicted_run_time_compares_no_default_that_does_not_fit(tmp_path):
+    """Qwen2.5-0.5B under a 6 GiB ceiling: the HF default (fp32 weights and AdamW states, 16 bytes a parameter) cannot
+    start, so its time is not set against the winner's; the line says why. Under a ceiling it fits, it is compared."""
+    from autotune.study import default_config
+    from autotune.views.run_time import predicted_run_time_of
+
+    path = tmp_path / "chat.jsonl"
+    write_corpus(str(path), 32, seed=0, fmt="messages", length_scale=0.125)
+    for ceiling, compared in ((6 * GiB, False), (64 * GiB, True)):
+        options = EstimateOptions(
+            model="qwen2.5-0.5b", dataset=str(path), seq_len=SEQ_LEN, device="cpu", epochs=1.0, max_global_batch=16
+        )
+        planned = plan(options, 64 * GiB)
+        workload = dataclasses.replace(planned.workload, ceiling_bytes=ceiling)
+        planned = dataclasses.replace(planned, workload=workload)
+        speed, fit = workload.speed_model(), planned.prior
+        rows = plan_rows(workload.model, planned.space.choices, SEQ_LEN, fit, ceiling, speed)
+        line = predicted_run_time_of(planned, rows, speed, options, default_config(workload.trainer), fit)
+        assert line is not None and "(predicted winner" in line
+        assert ("is not compared: its predicted peak" in line) is not compared
+        assert (" vs " in line) is compared
 
 
 def test_a_dpo_plan_reads_whether_dropout_is_switched_off_from_the_users_base_args(tmp_path):

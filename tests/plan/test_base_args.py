@@ -32,6 +32,18 @@ def test_valid_base_args_are_returned_as_given(tmp_path):
     assert load_base_args(write_json(tmp_path, BASE)) == BASE
 
 
+def test_base_args_given_inline_read_as_a_files_and_are_checked_alike(tmp_path, monkeypatch):
+    """``--base-args '{"learning_rate": 1e-4}'`` is JSON, not a path: read as a file's JSON would be, with the same
+    one-line checks; a file of that very name still wins."""
+    assert load_base_args('{"learning_rate": 1e-4, "max_steps": 50}') == {"learning_rate": 1e-4, "max_steps": 50}
+    with pytest.raises(AutotuneError) as misspelled:
+        load_base_args('{"learrning_rate": 1e-4}')
+    assert "learrning_rate is not a TrainingArguments field (did you mean learning_rate?)" in str(misspelled.value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "{odd}").write_text('{"max_steps": 7}')
+    assert load_base_args("{odd}") == {"max_steps": 7}
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

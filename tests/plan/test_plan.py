@@ -140,6 +140,29 @@ def test_estimate_plans_for_a_gpu_type_without_a_gpu():
     assert planned.prior.device_kind == "cuda" and planned.workload.address_space_bytes is None
 
 
+def test_estimate_plans_a_trial_of_several_gpus_of_a_type_it_lacks():
+    """`--gpu-type h100-sxm --devices-per-trial 2`: two planned H100s, one trial, the largest rank's peak (the table
+    says so); once refused for want of a --gpus option estimate does not take."""
+    from autotune.views.plan_display import estimate_title
+
+    planned = plan(
+        EstimateOptions(model="bert-tiny", gpu_type="h100-sxm", seq_len=32, space=TINY_SPACE, devices_per_trial=2)
+    )
+    assert planned.workload.devices_per_trial == 2 and planned.prior.ranks == 2
+    title = estimate_title("bert-tiny", 32, "h100-sxm", "cuda", 2**30, planned.workload.devices_per_trial)
+    assert "device memory as nvidia-smi shows it, the largest of its 2 ranks" in title
+
+
+def test_a_length_beyond_the_rotary_models_declared_positions_is_said_not_refused():
+    """Rotary positions do not stop a longer sequence (a learned table does: refused), so the plan says it once."""
+    beyond = plan(EstimateOptions(model="llama-tiny", gpu_type="h100-sxm", seq_len=4096, space=TINY_SPACE))
+    declared = beyond.workload.model.text_config["max_position_embeddings"]
+    assert declared < 4096
+    assert any(f"beyond the {declared:,} positions llama-tiny's config declares" in note for note in beyond.notes)
+    within = plan(EstimateOptions(model="llama-tiny", gpu_type="h100-sxm", seq_len=declared, space=TINY_SPACE))
+    assert not any("positions llama-tiny's config declares" in note for note in within.notes)
+
+
 def fake_gpus(count: int) -> list:
     """FakeGpus: eight H100s as discovery would describe them (no CUDA device exists here)."""
     return [dataclasses.replace(known_gpu("h100-sxm").device(), index=i) for i in range(count)]

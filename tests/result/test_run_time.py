@@ -90,6 +90,7 @@ def test_a_trials_pace_takes_its_recorded_rate_and_the_warmup_beyond_steady_step
     ("seconds", "words"),
     [
         (4.2, "4.2 s"),
+        (13.6, "13.6 s"),
         (45, "45 s"),
         (200, "3 min 20 s"),
         (7_800, "2 h 10 min"),
@@ -116,7 +117,22 @@ def test_the_line_says_the_winners_and_defaults_time_the_time_saved_and_the_cost
 def test_a_cost_below_a_cent_keeps_its_figures():
     from autotune.result._run_time import money
 
-    assert (money(1234.5), money(0.0012345), money(0.0)) == ("$1,234.50", "$0.0012", "$0.00")
+    assert (money(1234.5), money(0.0012345), money(0.0)) == ("$1,234.50", "$0.00123", "$0.00")
+    # Two small costs side by side keep their ratio: $0.0142 against $0.0083, not $0.01 against $0.0083.
+    assert (money(0.01416), money(0.00832), money(2.5)) == ("$0.0142", "$0.00832", "$2.50")
+
+
+def test_max_steps_of_two_global_batches_is_not_the_same_run():
+    """``max_steps`` trains as many steps as the user says, each of its config's global batch: a winner of 256 a
+    step and a default of 8 train different amounts of data, so no time is called saved or lost; with the same
+    global batch the comparison stands."""
+    length = run_length({"max_steps": 50}, None)
+    line = run_time_line(length, None, ("predicted winner", Pace(25.0, 256)), ("HF default", Pace(20.0, 8)), 2.0, 1)
+    assert "not the same run, 50 steps train 12,800 samples in the first and 400 in the second" in line
+    assert "saved" not in line and "longer" not in line
+    assert "cost $0.284 vs $0.0111" in line  # 512 s and 20 s at $2/h
+    same = run_time_line(length, None, ("predicted winner", Pace(25.0, 8)), ("HF default", Pace(20.0, 8)), None, 1)
+    assert "not the same run" not in same and "(HF default, 20 samples/s): 4 s saved" in same
 
 
 def test_the_line_says_what_it_needs_rather_than_invent_a_size_and_marks_a_prediction():

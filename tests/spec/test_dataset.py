@@ -182,8 +182,8 @@ def test_unreadable_or_unusable_data_is_one_line(tmp_path, texts, local_bert, be
     assert "cannot read it (No such file or directory)" in error_of(tmp_path / "absent.jsonl")
     (tmp_path / "plain").mkdir()
     assert "a directory must hold a dataset written by datasets.save_to_disk" in error_of(tmp_path / "plain")
-    (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n{"text": \n')
-    assert "cannot read it" in error_of(tmp_path / "broken.jsonl")
+    (tmp_path / "broken.jsonl").write_text('{"text": "fine"}\n\n{"text": \n{"text": "fine"}\n')
+    assert "cannot read it (line 3 is not JSON: Expecting value at column 10)" in error_of(tmp_path / "broken.jsonl")
     two = tmp_path / "two.jsonl"
     two.write_text("".join(json.dumps({"title": t, "body": t}) + "\n" for t in texts[:20]))
     assert "no text column (columns: title, body); name the one to train on with --text-column" in error_of(two)
@@ -222,8 +222,8 @@ def test_paths_that_are_not_data_and_bytes_that_are_not_text_are_one_line_and_no
         loop: "cannot read it (Too many levels of symbolic links)",
         fifo: "it is a named pipe (FIFO), not a file or a directory",
         Path("/dev/zero"): "it is a character device, not a file or a directory",
-        junk: "cannot read it (ValueError: ",
-        nul: "cannot read it (ValueError: ",
+        junk: "cannot read it (line 1 is not JSON: Expecting value at column 1)",
+        nul: "cannot read it (line 21 is not JSON: ",
         not_utf8: "column 'text' is not UTF-8 text (",
     }
     for path, words in expected.items():
@@ -293,3 +293,12 @@ def test_empty_text_rows_follow_one_rule_under_both_trainers(tmp_path):
     import datasets
 
     assert set(datasets.load_from_disk(prepared.prepared_dir)["text"]) == {"hello world"}
+
+
+def test_the_rows_trained_are_the_rows_less_those_the_trainer_drops():
+    """Counted on every row: exact; on a part of the data: at that part's rate."""
+    from autotune.spec.dataset import kept_rows
+
+    assert kept_rows(60, 1, 60) == 59
+    assert kept_rows(10_000, 10, 200) == 9_500
+    assert kept_rows(60, 0, 60) == 60

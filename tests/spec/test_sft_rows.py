@@ -208,6 +208,7 @@ def test_a_search_notes_the_rows_trl_drops_and_keeps_the_rows_tool_schemas(tmp_p
         "TRL drops 4 of the 16 rows the trials train on: not an assistant token within their first 64 tokens "
         "(--seq-len; TRL drops a row truncation leaves without a label, and so will your run)"
     ]
+    assert prepared.num_samples == 12  # one epoch of the user's run trains the rows TRL keeps: its projected time too
     from datasets import load_from_disk
 
     assert load_from_disk(prepared.prepared_dir).column_names == ["messages", "tools"]

@@ -101,6 +101,21 @@ def test_interrupt_own_running_records_only_this_workers_trials_and_queues_them_
     assert [t.params for t in study.get_trials(states=(TrialState.WAITING,))] == [mine.params]
 
 
+@pytest.mark.slow
+def test_a_config_stopped_again_on_resume_is_queued_again(study):
+    """A stop measures nothing of the config: the re-run of an interrupted trial, stopped too, is queued once more
+    (Optuna's retry callback with ``max_retry=1`` queued it once only, and the next resume lost it)."""
+    first = study.ask(DISTRIBUTIONS)
+    mark_owner(study, first)
+    interrupt_own_running(study, ceiling_bytes=1024**3)
+    for _ in range(2):
+        rerun = study.ask()  # the queued config, first thing on resume
+        assert rerun.params == first.params
+        mark_owner(study, rerun)
+        assert interrupt_own_running(study, ceiling_bytes=1024**3) == [rerun.number]
+        assert [t.params for t in study.get_trials(states=(TrialState.WAITING,))] == [first.params]
+
+
 def test_a_heartbeat_is_recorded_at_most_once_per_interval(study, tmp_path):
     trial = study.ask(DISTRIBUTIONS)
     heartbeat = Heartbeat(study, trial)

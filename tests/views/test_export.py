@@ -432,3 +432,40 @@ def test_the_accumulation_note_says_what_was_changed_and_what_no_argument_undoes
         adamw, doubled, "accelerate"
     )
     assert accumulation_export_note(adamw, TrialResult(status="ok"), "json") is None
+
+
+def test_export_of_a_study_no_trial_finished_says_to_resume_it_not_to_raise_the_ceiling():
+    """A search stopped during its first trial left it interrupted and queued again: nothing failed, so the advice is
+    to resume; a study whose finished trials all ran out of memory is told to raise the ceiling."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.errors import AutotuneError
+    from autotune.result import Status, TrialResult
+    from autotune.storage import schema
+    from autotune.views.export import winner
+
+    def study_of(status: Status, queued: bool) -> optuna.Study:
+        study = optuna.create_study(direction="maximize", study_name=f"stopped-{status}")
+        study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"micro_batch": 8},
+                distributions={"micro_batch": CategoricalDistribution([8, 16])},
+                state=optuna.trial.TrialState.FAIL,
+                user_attrs={schema.TRIAL_RESULT: TrialResult(status=status).to_dict()},
+            )
+        )
+        if queued:
+            study.enqueue_trial({"micro_batch": 8})
+        return study
+
+    with pytest.raises(AutotuneError) as stopped:
+        winner(study_of(Status.INTERRUPTED, queued=True))
+    assert "none of its 2 trial(s) ran to the end (1 queued to run): rerun the same search command" in str(
+        stopped.value
+    )
+    assert "memory-ceiling" not in str(stopped.value)
+    with pytest.raises(AutotuneError) as out_of_memory:
+        winner(study_of(Status.OOM, queued=False))
+    assert "every trial failed, ran out of memory or went over the ceiling" in str(out_of_memory.value)

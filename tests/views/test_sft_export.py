@@ -388,3 +388,25 @@ def test_a_winner_compiled_with_dynamic_shapes_is_exported_with_the_environment_
             assert "# note: the winner compiled with dynamic shapes" in text and "USE_DYNAMIC=true" in text
     else:
         assert shlex.split(command[0])[:2] == ["trl", "sft"] and "ACCELERATE_DYNAMO" not in notes
+
+
+@pytest.mark.parametrize("trainer", ["sft", "dpo"])
+def test_the_report_shows_the_export_that_export_writes_and_names_its_class(trainer):
+    """The report's two export blocks are `autotune export`'s own JSON and flags, named as that export names them
+    (an SFT study's arguments are SFTConfig's, a DPO study's DPOConfig's, refused by TrainingArguments)."""
+    import html
+
+    from autotune.views.export import exported_as
+    from autotune.views.report import report_html
+
+    study = sft_study(
+        CONFIGS["bf16-weights-padding-free-eager"] if trainer == "sft" else TrialConfig(), trainer=trainer
+    )
+    page = html.unescape(report_html(study))
+    for fmt, command in (("json", "autotune export"), ("cli", "autotune export --format cli")):
+        arguments = winner_arguments(study, fmt)
+        text = render(arguments, fmt, tool=sft_export_winner(study, arguments))
+        assert f"<code>{command}</code> ({exported_as(study, fmt)}):</p>\n<pre>{text}</pre>" in page
+    assert ("SFTConfig" if trainer == "sft" else "DPOConfig") in exported_as(study, "json")
+    assert "TrainingArguments keyword arguments" not in page
+    assert "the winner beside the TRL default" in page and "beside the HF default" not in page  # as the search says it
