@@ -158,7 +158,8 @@ def keep_zero_where_needed(
     With the memory prior (before any trial): where some config with ``zero: off`` fits the ceiling,
     ``zero`` is ``off``; where none does, ``zero`` keeps its values with which some config fits
     (over the prior's ranks: with one rank, partitioning saves nothing and only offload is left), or
-    all of them where none does (the search then stops with what would fit). Without what the prior
+    all of them, ``off`` among them, where none does (the search then stops with what would fit, which must see
+    the levers ZeRO does not run with: 16-bit weights, 8-bit optimizers). Without what the prior
     predicts (no model, sequence length, ceiling or prior) nothing is known to need it: ``off``.
     Applied before the combination rules, which then narrow the levers ZeRO does not run with.
     """
@@ -167,7 +168,8 @@ def keep_zero_where_needed(
     if memory is None or memory.some_config_fits({**choices, "zero": ["off"]}):
         return ["off"], ""
     needed = [v for v in values if v != "off" and memory.some_config_fits({**choices, "zero": [v]})]
-    needed = needed or [v for v in values if v != "off"]
+    if not needed:  # nothing fits with it either: ZeRO is not what is missing, and off keeps the levers it excludes
+        return values, ""
     return (
         needed,
         f"zero {', '.join(needed)} searched: no config of the space is predicted to fit without DeepSpeed ZeRO",

@@ -205,6 +205,10 @@ class EstimateOptions(PlanOptions):
                 "--gpu-type plans for a GPU you do not have: give it without --gpu, --device or --storage"
             )
         one_of(("--all", self.all_rows or None), ("--json", self.as_json or None))
+        if self.study_name is not None and self.storage is None:
+            raise AutotuneError(
+                "--study-name names the study to calibrate on: give its --storage too (estimate reads none unless told)"
+            )
 
     def worker_devices(self) -> list[DeviceSpec]:
         """The GPUs ``--gpu-type`` names, from the datasheet table (no GPU needed), as many as one trial spans

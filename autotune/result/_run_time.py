@@ -58,9 +58,9 @@ class RunLength:
     def words(self, samples: int | None) -> str:
         """``3 epochs over 12,345 samples`` or ``500 optimizer steps``."""
         if self.max_steps is not None:
-            return f"{self.max_steps:,} optimizer steps"
+            return f"{self.max_steps:,} optimizer step{'s' if self.max_steps != 1 else ''}"
         epochs = f"{self.epochs:g} epoch{'s' if self.epochs != 1 else ''}"
-        return f"{epochs} over {samples:,} samples" if samples is not None else epochs
+        return f"{epochs} over {samples:,} sample{'s' if samples != 1 else ''}" if samples is not None else epochs
 
 
 def run_length(base_args: Mapping[str, Any], epochs: float | None) -> RunLength:

@@ -253,7 +253,8 @@ def prepare_sft_rows(
     meta = json.loads((prepared_dir / _META_FILE).read_text())
     if meta["num_samples"] < global_batch:
         raise AutotuneError(
-            f"--dataset {path}: {meta['num_samples']} rows is less than one global batch of the search space "
+            f"--dataset {path}: {meta['num_samples']} row{'s' if meta['num_samples'] != 1 else ''} is less than one "
+            "global batch of the search space "
             f"({global_batch}); give more data, or cap the batch with --global-batch / --max-global-batch"
         )
     sample = datasets_package(path).load_from_disk(str(prepared_dir))

@@ -62,6 +62,10 @@ def read_peft_option(value: str) -> tuple[dict[str, Any], str | None]:
     option = f"--peft {value}"
     import yaml
 
+    if not os.path.lexists(value):  # a word that is no file: most likely a misspelled kind
+        raise AutotuneError(
+            f"{option}: give lora, qlora, or the path of an adapter config (JSON or YAML): no such file"
+        )
     text = read_user_file(value, "--peft", "UTF-8 JSON or YAML", _MAX_BYTES, "a LoRA adapter config is a few lines")
     try:
         raw = yaml.safe_load(text)  # YAML reads JSON too

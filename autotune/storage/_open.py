@@ -455,10 +455,14 @@ def load_study(storage_url: str, study_name: str | None) -> optuna.Study:
     storage = open_storage(storage_url, existing=True)
     names = [s.study_name for s in storage.get_all_studies()]
     if study_name is None:
-        if len(names) != 1:
-            found = ", ".join(names) if names else "none"
+        if not names:
             raise AutotuneError(
-                f"{redact(storage_url)} holds {len(names)} studies ({found}); name one with --study-name"
+                f"{redact(storage_url)} holds no study: run autotune search with this --storage first, or point "
+                "--storage at the database a search wrote"
+            )
+        if len(names) > 1:
+            raise AutotuneError(
+                f"{redact(storage_url)} holds {len(names)} studies ({', '.join(names)}); name one with --study-name"
             )
         study_name = names[0]
     if study_name not in names:

@@ -8,16 +8,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group, JustifyMethod
 from rich.live import Live
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from autotune.levers import TrialConfig
 from autotune.result import (
@@ -37,7 +41,7 @@ from autotune.result import (
     winner_loss,
 )
 from autotune.storage import schema
-from autotune.units import format_bytes
+from autotune.units import byte_unit, format_bytes
 from autotune.views.ranking import (
     RankedTrial,
     all_trials,
@@ -80,8 +84,15 @@ LEGEND = (
     "(never invented). HFU (checkpointing only): hardware TFLOPs, which count the recomputed forward, "
     "over the same peak. peak mem: the figure the ceiling is compared with ({source}); pred: the calibrated "
     "estimate when the config was proposed. "
-    "CV: step-time coefficient of variation over the steady window."
+    "CV: step-time coefficient of variation over the steady window; - = fewer than two steps measured "
+    "(one step has no spread)."
 )
+
+# What the live table says of an interrupted trial: its error is a sentence (autotune.study._record,
+# _liveness), which `autotune best --all` shows whole; the live table has no room for it.
+INTERRUPTED_NOTE = "stopped; queued to run again"
+# The live table's notes are cut (at a word) to this many characters: one glance a row.
+SHORT_NOTE_CHARS = 60
 
 
 def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
@@ -96,41 +107,70 @@ def format_tflops(value: float) -> str:
 
 
 def utilisation_cell(datasheet: float | None, measured: float | None) -> str:
-    """``41.2%`` against the datasheet, ``48.0%*`` against the measured peak, both when both exist."""
+    """``41.2%`` against the datasheet, ``48.0%*`` against the measured peak, both when both exist (one a
+    line: the column stays as narrow as one figure)."""
     parts = []
     if datasheet is not None:
         parts.append(f"{datasheet:.1%}")
     if measured is not None:
         parts.append(f"{measured:.1%}*")
-    return " / ".join(parts) if parts else "-"
+    return "\n".join(parts) if parts else "-"
 
 
-def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "") -> Table:
-    """One row per trial: its status, lever values and every measured figure with its unit."""
+# The table's columns, in trial_cells' order: header, justification, and whether the column is text
+# that may wrap. Every other column holds one word or figure a line and never wraps, so a number is never
+# split across lines; the two text columns take what width is left (an 80-column terminal included).
+COLUMNS: list[tuple[str, JustifyMethod, bool]] = [
+    ("#", "right", False),
+    ("status", "left", False),
+    ("config", "left", True),
+    ("samples/s", "right", False),
+    ("model\nTFLOPs", "right", False),  # two lines: the header is no wider than its figures
+    ("MFU", "right", False),
+    ("HFU", "right", False),
+    ("peak mem", "right", False),
+    ("CV", "right", False),
+    ("time", "right", False),
+    ("note", "left", True),
+]
+HFU_COLUMN = 6
+
+
+def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "", short_notes: bool = False) -> Table:
+    """One row per trial: its status, lever values and every measured figure with its unit.
+
+    Args:
+        short_notes: Cut each note to a glance (the live view); else every note is whole (``autotune best``).
+    """
     source = memory_source_description(memory_source) or "see each trial's memory_source"
     caption = LEGEND.format(source=source)
     if any(row.result is not None and accumulation_note(row.result) for row in rows):  # said once, not per row
         caption += f" gradients xk: {ACCUMULATION_MEANING.format(steps='k')}."
-    table = Table(title=title, caption=caption, caption_justify="left")
-    columns: list[tuple[str, JustifyMethod]] = [
-        ("#", "right"),
-        ("status", "left"),
-        ("config", "left"),
-        ("samples/s", "right"),
-        ("model TFLOPs", "right"),
-        ("MFU", "right"),
-        ("HFU", "right"),
-        ("peak mem", "right"),
-        ("CV", "right"),
-        ("time", "right"),
-        ("note", "left"),
-    ]
-    for header, justify in columns:
-        table.add_column(header, justify=justify, overflow="fold")
+    # One space between the columns and no frame: a frame and padding take 30-odd characters, the room
+    # the config and the notes need in an 80-column terminal.
+    table = Table(
+        title=title, caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0)
+    )
+    # HFU is measured under checkpointing only: a column of blanks where no row recomputes its forward.
+    shown = [i for i in range(len(COLUMNS)) if i != HFU_COLUMN or any(row.config.recomputes_forward for row in rows)]
+    for i in shown:
+        header, justify, wraps = COLUMNS[i]
+        if wraps:
+            # Wrapped at spaces; a word longer than the column (adamw_torch_fused) ends in "…", never split.
+            table.add_column(header, justify=justify, overflow="ellipsis")
+        else:
+            table.add_column(header, justify=justify, no_wrap=True)
     for row in rows:
-        table.add_row(
-            *trial_cells(row.number, row.config, row.result, row.confirmed_samples_per_s, row.confirmation, row.state)
+        cells = trial_cells(
+            row.number,
+            row.config,
+            row.result,
+            row.confirmed_samples_per_s,
+            row.confirmation,
+            row.state,
+            short_notes=short_notes,
         )
+        table.add_row(*(cells[i] for i in shown))
     return table
 
 
@@ -141,8 +181,14 @@ def trial_cells(
     confirmed: float | None = None,
     confirmation: dict | None = None,
     state: str = "RUNNING",
+    short_notes: bool = False,
 ) -> list[str]:
-    """The cells of one table row; ``-`` where a trial measured nothing."""
+    """The cells of one table row (Rich markup); ``-`` where a trial measured nothing.
+
+    Args:
+        short_notes: Cut the note to :data:`SHORT_NOTE_CHARS`, an interrupted trial's to
+            :data:`INTERRUPTED_NOTE` (the live view); else the note is whole.
+    """
     if result is None:
         label = UNFINISHED_LABELS.get(state, state.lower())
         return [str(number), label, config.short()] + ["-"] * 8
@@ -156,7 +202,8 @@ def trial_cells(
         result = dataclasses.replace(result, **confirmation["figures"])
     mfu = utilisation_cell(result.mfu, result.mfu_measured)
     hfu = utilisation_cell(result.hfu, result.hfu_measured) if config.recomputes_forward else ""
-    notes = [result.error] if result.error else []
+    error = INTERRUPTED_NOTE if short_notes and result.status == Status.INTERRUPTED else result.error
+    notes = [error] if error else []
     if result.skipped_measured_steps:
         notes.append(f"fp16 scaler skipped {result.skipped_measured_steps}/{result.measured_steps} steps (not counted)")
     notes += [note for note in [precision_note(config.precision, result)] if note]
@@ -180,6 +227,9 @@ def trial_cells(
             notes.append(f"re-runs: {', '.join(confirmation.get('statuses', []))}")
     if ran and not result.steady and result.feasible:
         notes.append("CV target not met")
+    note = "; ".join(notes)  # a trial's error holds whatever its exception said: escaped below
+    if short_notes and len(note) > SHORT_NOTE_CHARS:
+        note = note[: SHORT_NOTE_CHARS - 1].rsplit(" ", 1)[0].rstrip(";,") + "…"
     return [
         str(number),
         status,
@@ -189,17 +239,45 @@ def trial_cells(
         mfu if ran else "-",
         hfu if ran else "-",
         peak_cell(result),
-        _fmt(result.step_time_cv, ".1%") if ran else "-",
+        cv_cell(result) if ran else "-",
         f"{result.wall_s:.0f}s",
-        for_rich("; ".join(notes)[:90]),  # a trial's error holds whatever its exception said
+        for_rich(note),
     ]
 
 
+def cv_cell(result: TrialResult) -> str:
+    """The step-time CV, or ``-`` where fewer than two steps were measured: the runner records a CV of
+    0 for a single step (``runner._step_timer``), which is no spread measured, not a steady one."""
+    steps = max(result.measured_steps, len(result.step_times_s))
+    return _fmt(result.step_time_cv, ".1%") if steps >= 2 else "-"
+
+
 def peak_cell(result: TrialResult) -> str:
-    """The measured peak, and the prediction made when the config was proposed (study._screening)."""
+    """The measured peak, and under it the prediction made when the config was proposed
+    (study._screening), both in one unit so they compare at a glance."""
     predicted = result.memory_peaks.get(schema.TRIAL_PREDICTED_PEAK_BYTES)
-    measured = format_bytes(result.peak_memory_bytes) if result.peak_memory_bytes else "-"
-    return measured if predicted is None else f"{measured} (pred {format_bytes(predicted)})"
+    if not result.peak_memory_bytes:
+        return "-" if predicted is None else f"-\npred {format_bytes(predicted)}"
+    if predicted is None:
+        return format_bytes(result.peak_memory_bytes)
+    # The larger figure's unit (the narrower cell), unless the smaller would read 0.00 in it.
+    larger, smaller = max(result.peak_memory_bytes, predicted), min(result.peak_memory_bytes, predicted)
+    unit = byte_unit(larger)
+    if smaller < unit[1] / 100:
+        unit = byte_unit(smaller)
+    return f"{format_bytes(result.peak_memory_bytes, unit)}\npred {format_bytes(predicted, unit)}"
+
+
+class RunningColumn(ProgressColumn):
+    """The progress bar's last column, what runs now (``running #3: mb=8 ga=1 ...``): one line, cut with
+    "…" to the width the count and the elapsed time leave it, so those two are never the ones cut."""
+
+    def __init__(self) -> None:
+        # Not no_wrap: Rich narrows only the columns that may wrap before it cuts every column alike.
+        super().__init__(table_column=Column(overflow="ellipsis"))
+
+    def render(self, task: Task) -> Text:
+        return Text(task.description, no_wrap=True, overflow="ellipsis")
 
 
 class SearchView:
@@ -215,7 +293,7 @@ class SearchView:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.description}"),
+            RunningColumn(),
             console=console,
         )
         self._task = self._progress.add_task("starting", total=n_trials)
@@ -227,7 +305,7 @@ class SearchView:
 
     def _render(self) -> Group:
         title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source})"
-        return Group(trial_table(title, self._rows[-30:], self._memory_source), self._progress)
+        return Group(trial_table(title, self._rows[-30:], self._memory_source, short_notes=True), self._progress)
 
     def __enter__(self) -> SearchView:
         self._live.__enter__()
@@ -255,7 +333,10 @@ class SearchView:
             if result.status == Status.SCREENED and self._progress.tasks[0].total is not None:
                 # A screened proposal costs no trial of --trials (autotune.study._loop): the bar grows by it.
                 self._progress.update(self._task, total=self._progress.tasks[0].total + 1)
-            self._progress.update(self._task, advance=1, description=self._running_description())
+            # An interrupted trial measured nothing and is queued to run again (study._record.record_interrupted,
+            # study._liveness): not done. Every other status is the trial's outcome, a failure included.
+            done = 0 if result.status == Status.INTERRUPTED else 1
+            self._progress.update(self._task, advance=done, description=self._running_description())
             self._live.update(self._render())
 
     def _running_description(self) -> str:
@@ -398,12 +479,20 @@ def print_ranking(
         console.print(f"study {for_rich(repr(study.study_name))}: no feasible trial yet (see `autotune best --all`)")
         return
     source = ranking[0].result.memory_source if ranking[0].result else ""
-    title = f"Feasible configurations of {for_rich(study.study_name)}, fastest first"
-    console.print(trial_table(title, ranking[:top], source))
+    console.print(trial_table(ranking_title(study.study_name, ranking), ranking[:top], source))
     console.print(describe_winner(ranking))
     console.print(study_run_time(study, epochs, price_per_hour), markup=False, highlight=False, soft_wrap=True)
     if (counted := describe_work_counted(study)) is not None:
         console.print(counted, markup=False, highlight=False, soft_wrap=True)
+
+
+def ranking_title(study_name: str, ranking: Sequence[RankedTrial]) -> str:
+    """The ranking table's title: its order as :func:`autotune.views.ranking.feasible_ranking` makes it,
+    where a single measurement, however fast, is never put above the confirmed leader."""
+    title = f"Feasible configurations of {for_rich(study_name)}, fastest first"
+    if any(row.confirmed for row in ranking):
+        title += "; unconfirmed single measurements below the confirmed leader"
+    return title
 
 
 def print_all_trials(console: Console, study: Any) -> None:

@@ -180,8 +180,9 @@ LEVERS_FOLDER = PACKAGE / "levers"
 # ends in ``config``: ``config.dtype``, ``job.config.dtype``, ``TrialConfig(dtype=...)``); elsewhere it
 # is the library's. ``packing`` is also the ``--packing`` option (the Trainer path's own packing of
 # documents into blocks: ``PlanOptions.packing``, ``PreparedDataset.packing``), read the same way. Every
-# other lever name is an offence wherever it is read.
-LIBRARY_WORDS = {"dtype", "compile", "packing"}
+# other lever name is an offence wherever it is read. ``padding`` is also Rich's (a table's cell padding), read the
+# same way.
+LIBRARY_WORDS = {"dtype", "compile", "packing", "padding"}
 # The only places outside autotune/levers/ that may spell a lever's name, each with why it is not a
 # lever's rule read by name. (TrialConfig's own definition, its roles such as ``global_batch`` and the
 # loops over the levers' hooks live in autotune/levers/; the space file's schema spells every lever as

@@ -179,10 +179,13 @@ def test_a_space_searches_zero_only_where_nothing_fits_without_it(tmp_path, cpu,
     assert plenty.choices["zero"] == ["off"]
     without = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=1, dtype="bf16"), 32, fit).total_bytes
     offload = estimate_peak(gpt2_tiny, TrialConfig(micro_batch=1, dtype="bf16", zero="3+offload"), 32, fit).total_bytes
-    # On one rank only offload could help; on the CPU the host is the same memory: nothing does,
-    # so every value is searched (and the search then says what would fit).
+    # On one rank only offload could help; on the CPU the host is the same memory: nothing does, so ZeRO is not what
+    # is missing: every value is searched, off among them (the search then says what would fit, and must see the
+    # levers ZeRO does not run with, 16-bit weights and 8-bit optimizers: once off was dropped, it named a ZeRO
+    # config 3x the leanest one's peak as the smallest).
     tight = load_space(space, cpu, model=gpt2_tiny, seq_len=32, ceiling_bytes=min(without, offload) - 1, memory_fit=fit)
-    assert "off" not in tight.choices["zero"] and any("zero" in note for note in tight.notes)
+    assert tight.choices["zero"][0] == "off" and len(tight.choices["zero"]) > 1
+    assert not any("predicted to fit without DeepSpeed ZeRO" in note for note in tight.notes)
     listed = load_space(
         write_space(tmp_path, 'zero: ["off", "2"]\n'),
         cpu,
@@ -207,3 +210,20 @@ def test_a_deepspeed_config_the_user_fixed_is_kept_whole(tmp_path):
     fixed = lever_values_from_base_args(base_args)
     assert fixed == {"zero": "2"}
     assert training_arguments_kwargs(TrialConfig(**fixed), "cpu", base_args)["deepspeed"] == str(path)
+
+
+def test_where_only_zero_fits_the_space_searches_only_the_values_that_do(tmp_path, gpt2_tiny):
+    """A planned H100 whose ceiling only offloading the optimizer's states to the host gets under: ZeRO is what is
+    missing, so the space keeps the values with which something fits, without off, and says so."""
+    from autotune.spec.devices import known_gpu
+
+    space = write_space(tmp_path, "micro_batch: [1]\ndtype: [bf16]\noptim: [adamw_torch]\n")
+    fit = MemoryFit.prior("cuda")
+    config = TrialConfig(micro_batch=1, dtype="bf16", optim="adamw_torch")
+    without = estimate_peak(gpt2_tiny, config, 32, fit).total_bytes
+    offload = estimate_peak(gpt2_tiny, dataclasses.replace(config, zero="3+offload"), 32, fit).total_bytes
+    assert offload < without
+    gpu = known_gpu("h100-sxm").device()
+    tight = load_space(space, gpu, model=gpt2_tiny, seq_len=32, ceiling_bytes=(offload + without) // 2, memory_fit=fit)
+    assert "off" not in tight.choices["zero"] and "3+offload" in tight.choices["zero"]
+    assert any("predicted to fit without DeepSpeed ZeRO" in note for note in tight.notes)

@@ -125,6 +125,10 @@ def test_a_plan_builds_the_memory_prior_once(tmp_path, monkeypatch):
         (EstimateOptions(model="m", all_rows=True, as_json=True), "give --all or --json, not both"),
         (EstimateOptions(model="m", gpu_type="l4", gpu=0), "--gpu-type plans for a GPU you do not have"),
         (EstimateOptions(model="m", devices_per_trial=0), "--devices-per-trial 0: give a whole number above 0"),
+        (
+            EstimateOptions(model="m", study_name="s1"),
+            "--study-name names the study to calibrate on: give its --storage",
+        ),
     ],
 )
 def test_each_option_is_checked_by_its_options_class_naming_it(options, message):

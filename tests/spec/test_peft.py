@@ -52,8 +52,10 @@ def test_a_bad_adapter_config_is_one_line_naming_the_option_and_file(tmp_path, t
 
 
 def test_a_missing_file_and_a_binary_file_are_refused(tmp_path):
-    with pytest.raises(AutotuneError, match=r"^--peft .*missing.json: cannot read it"):
+    with pytest.raises(AutotuneError, match=r"^--peft .*missing.json: give lora, qlora, or the path of an adapter"):
         read_peft_option(str(tmp_path / "missing.json"))
+    with pytest.raises(AutotuneError, match=r"^--peft lroa: give lora, qlora, or the path of an adapter config"):
+        read_peft_option("lroa")  # a misspelled kind is no file either
     binary = tmp_path / "adapter.bin"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(AutotuneError, match=r"not a text file"):

@@ -184,3 +184,17 @@ def test_sqlites_read_only_uri_is_read(tmp_path, form):
     missing = run_cli_in_process("best", "--storage", storage.replace("study.db", "other.db"), cwd=tmp_path)
     assert_one_error_line(missing, "no such database file")
     assert not (tmp_path / "other.db").exists()
+
+
+def test_reading_a_database_of_no_study_says_to_search_first_and_of_several_to_name_one(tmp_path):
+    from autotune.errors import AutotuneError
+    from autotune.storage import load_study
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    storage = open_storage(url)
+    with pytest.raises(AutotuneError, match="holds no study: run autotune search with this --storage first"):
+        load_study(url, None)
+    for name in ("a", "b"):
+        optuna.create_study(storage=storage, study_name=name)
+    with pytest.raises(AutotuneError, match=r"holds 2 studies \(a, b\); name one with --study-name"):
+        load_study(url, None)

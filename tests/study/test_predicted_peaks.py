@@ -10,7 +10,7 @@ from autotune.estimate import estimate_peak
 from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.storage import schema
-from autotune.units import format_bytes
+from autotune.units import GiB, KiB, MiB
 from autotune.views.search_display import trial_cells
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,12 @@ def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_bes
         speed = workload.speed_model().estimate(workload.model, config, workload.seq_len)
         assert speed is not None and trial.user_attrs[schema.TRIAL_PRIOR_TOKENS_PER_S] == speed.tokens_per_s > 0
         peak_cell = trial_cells(trial.number, config, result)[7]
-        assert peak_cell == f"{format_bytes(result.peak_memory_bytes)} (pred {format_bytes(predicted)})"
+        # Measured over predicted, in one unit (views.search_display.peak_cell).
+        measured_line, predicted_line = peak_cell.splitlines()
+        measured_figure, unit = measured_line.split()
+        size = {"GiB": GiB, "MiB": MiB, "KiB": KiB}[unit]
+        assert predicted_line == f"pred {predicted / size:.2f} {unit}"
+        assert float(measured_figure) == round(result.peak_memory_bytes / size, 2)
     # Before any measurement the calibrated figure is the prior; after one, it is fitted on it.
     assert first.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES] == first.user_attrs[schema.TRIAL_PRIOR_PEAK_BYTES]
     assert second.user_attrs[schema.TRIAL_PREDICTED_PEAK_BYTES] != second.user_attrs[schema.TRIAL_PRIOR_PEAK_BYTES]
