@@ -105,6 +105,15 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             "Padding_idx must be within num_embeddings",
         ),
         "model: 0 positions": (model("positions0", max_position_embeddings=0), "max_position_embeddings 0"),
+        # Two stacks the FLOPs and the activations do not count: refused, not ranked wrong.
+        "model: an encoder-decoder": (
+            model(
+                "t5-small-shape",
+                '{"model_type": "t5", "d_model": 64, "d_ff": 128, "num_layers": 2, "num_heads": 2, "d_kv": 32, '
+                '"vocab_size": 100, "is_encoder_decoder": true}',
+            ),
+            "is an encoder-decoder (t5): trained for sequence-classification it runs two stacks",
+        ),
         "model: negative heads": (model("negative-heads", num_attention_heads=-2), "num_heads -2"),
         "estimate: hidden not divisible by heads": (
             ["estimate", "--model", _model_dir(root, "estimate-indivisible", hidden_size=129)],
@@ -313,6 +322,7 @@ CASE_IDS = [
     "model: vocab_size 0",
     "model: pad token past the vocabulary",
     "model: 0 positions",
+    "model: an encoder-decoder",
     "model: negative heads",
     "estimate: hidden not divisible by heads",
     "space: binary",

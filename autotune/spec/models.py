@@ -323,6 +323,15 @@ def spec_from_config(name: str, hf_config: Any, source: str, task: str | None, l
     model_type = hf_config.model_type
     family = "decoder" if _has_causal_head(hf_config) or _is_decoder(hf_config) else "encoder"
     task = task or ("causal-lm" if family == "decoder" else "sequence-classification")
+    if getattr(hf_config, "is_encoder_decoder", False) and task != "causal-lm":
+        # T5, BART, Whisper classify or fill masks through both stacks, which the FLOPs (6N over one stack's tokens),
+        # the activations and the throughput prior do not count (T5's training FLOPs 3.8x what one stack's formula
+        # says: torch's FlopCounterMode): refused rather than predicted and ranked wrong. As a causal LM
+        # (BartForCausalLM, WhisperForCausalLM) transformers builds the decoder alone, which is counted as it runs.
+        raise AutotuneError(
+            f"--model {name} is an encoder-decoder ({model_type}): trained for {task} it runs two stacks, which "
+            "autotune does not size; pick a decoder-only model or an encoder"
+        )
     if task == "causal-lm" and family == "encoder":
         raise AutotuneError(
             f"--task causal-lm: {name} is an encoder ({model_type}); use sequence-classification or masked-lm"
