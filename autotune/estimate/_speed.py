@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
 from autotune.estimate._parts import (
+    QUANTIZED_4BIT_BYTES,
     attention_score_bytes,
     layer_activation_bytes,
     precomputes_reference,
@@ -410,11 +411,25 @@ def fused_head_fp32_backward_flops(model: ModelSpec, tokens: float, device_kind:
 
 
 def weight_read_bytes(model: ModelSpec, traits: MemoryTraits) -> float:
-    """The weights the matmuls read per micro-batch: each compute weight in the forward and twice in the
-    backward (input and weight gradients), once more for a recomputed forward, in the bytes they run in
-    (autocast's 16-bit copy, written once per forward from the fp32 weight it reads)."""
+    """The bytes the matmuls' weights move per micro-batch, in the bytes they run in.
+
+    A trained weight is read in the forward and for the backward's input gradient, and its gradient is written
+    (three passes); a frozen one (the base under PEFT) only read (two); a recomputed forward reads each once more.
+    Under 16-bit autocast over fp32 weights each forward writes the 16-bit copy from the fp32 weight it reads. A
+    4-bit base weight (QLoRA) is dequantized at each use, in the backward again (bitsandbytes' ``MatMul4Bit``):
+    read at its 4-bit size (:data:`~autotune.estimate._parts.QUANTIZED_4BIT_BYTES`), written at 16 bits and read
+    there by the matmul, and has no autocast copy. (Until 2026-12-01 a frozen weight counted the gradient's pass,
+    and a 4-bit one the fp32 weight's autocast copy: QLoRA's weights at 12 bytes a parameter a micro-batch, 9.1
+    as they run.)"""
     params = model.num_non_embedding_params
-    reads = 3 + (1 if traits.recompute else 0)
+    recompute = 1 if traits.recompute else 0
+    frozen = model.peft is not None
+    quantized = model.peft.quantized_params if model.peft is not None else 0
+    passes = (2 if frozen else 3) + recompute
+    dense = params - quantized
     if traits.half_autocast and traits.weight_bytes == 4:
-        return params * (2 * reads + (4 + 2) * (1 + (1 if traits.recompute else 0)))
-    return params * traits.weight_bytes * reads
+        dense_bytes = dense * (2 * passes + (4 + 2) * (1 + recompute))
+    else:
+        dense_bytes = dense * traits.weight_bytes * passes
+    dequantized = quantized * (2 + recompute) * (QUANTIZED_4BIT_BYTES + 2 + 2)
+    return dense_bytes + dequantized

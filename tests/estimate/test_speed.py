@@ -339,3 +339,27 @@ def test_fit_speed_recovers_the_fraction_and_the_overhead(bert):
     one = fit_speed(measured[:1], prior)  # one trial: the fraction alone, the prior's overhead kept
     assert one.step_overhead_s == prior.step_overhead_s and one.achievable_fraction != prior.achievable_fraction
     assert fit_speed([], prior) is prior
+
+
+def test_the_weights_bytes_follow_how_each_kind_of_weight_runs(gpt2):
+    """Per non-embedding parameter and micro-batch under bf16 autocast over fp32 weights: a trained weight read twice
+    and its gradient written (3 passes of its 16-bit copy) plus the copy cast from fp32 (4 + 2): 12 bytes; a frozen
+    base (LoRA) 2 passes: 10; a 4-bit base (QLoRA) dequantized at both uses, no autocast copy: 2 x (0.5625 + 2 + 2)."""
+    from autotune.estimate._parts import QUANTIZED_4BIT_BYTES
+    from autotune.estimate._speed import weight_read_bytes
+    from autotune.spec.models import PeftSpec
+
+    traits = memory_traits(TrialConfig(micro_batch=2, dtype="bf16"), "cuda")
+    n = gpt2.num_non_embedding_params
+    assert weight_read_bytes(gpt2, traits) == pytest.approx(12 * n)
+    lora = dataclasses.replace(gpt2, peft=PeftSpec(adapter_config={"r": 8}, quantize=None, adapter_params=1000))
+    assert weight_read_bytes(lora, traits) == pytest.approx(10 * n)
+    qlora_peft = PeftSpec(adapter_config={"r": 8}, quantize="4bit", adapter_params=1000, quantized_params=n // 2)
+    qlora = dataclasses.replace(gpt2, peft=qlora_peft)
+    per_quantized = 2 * (QUANTIZED_4BIT_BYTES + 2 + 2)
+    assert weight_read_bytes(qlora, traits) == pytest.approx(10 * (n - n // 2) + per_quantized * (n // 2))
+    assert per_quantized < 10  # dequantizing 4-bit weights moves less than casting fp32 ones
+    recomputed = memory_traits(TrialConfig(micro_batch=2, dtype="bf16", checkpointing=True), "cuda")
+    assert weight_read_bytes(qlora, recomputed) == pytest.approx(
+        (n - n // 2) * (2 * 3 + 6 * 2) + 3 * (QUANTIZED_4BIT_BYTES + 4) * (n // 2)
+    )
