@@ -17,6 +17,7 @@ from autotune.estimate._prior import MemoryFit
 from autotune.estimate._speed import pads_each_batch_to_longest
 from autotune.estimate._speed_time import SpeedEstimate, SpeedModel
 from autotune.levers import COMBINATION_RULES, LEVERS, Lever, TrialConfig, config_conflict, memory_traits
+from autotune.levers.batch import GLOBAL_BATCH_LEVERS
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.spec.models import ModelSpec
@@ -86,9 +87,39 @@ def plan_rows(
     speed: SpeedModel | None = None,
 ) -> list[EstimateRow]:
     """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged,
-    the configs that fit first, fastest first by the throughput prior (``speed``), the others after."""
+    the configs that fit first, fastest first by the throughput prior (``speed``), the others after; each at the
+    values of the levers that change only its speed (``torch.compile``) the prior predicts fastest for it."""
     configs = memory_distinct_configs(choices, fit.device_kind)
+    if speed is not None:
+        configs = [fastest_variant(model, config, choices, seq_len, speed, fit.device_kind) for config in configs]
     return by_predicted_speed(estimate_rows(model, configs, seq_len, fit, ceiling_bytes, speed))
+
+
+def fastest_variant(
+    model: ModelSpec, config: TrialConfig, choices: dict[str, list[Any]], seq_len: int, speed: SpeedModel, kind: str
+) -> TrialConfig:
+    """``config`` at the values of the space's speed-only levers (a ``speed`` hook, no memory part on ``kind``, not
+    the batch's: ``torch.compile``) that the throughput prior predicts fastest, among those that run with it: a row
+    at its first choice (compile off) could never be the predicted winner, however much compiling gains."""
+    names = [
+        lever.name
+        for lever in LEVERS.values()
+        if lever.speed is not None
+        and len(choices.get(lever.name, ())) > 1
+        and not lever.changes_memory_on(kind)
+        and lever.name not in GLOBAL_BATCH_LEVERS
+    ]
+    variants = [
+        variant
+        for values in itertools.product(*(choices[name] for name in names))
+        if not config_conflict((variant := dataclasses.replace(config, **dict(zip(names, values)))).to_params())
+    ]
+
+    def model_tflops(variant: TrialConfig) -> float:
+        predicted = speed.estimate(model, variant, seq_len)
+        return predicted.model_tflops if predicted is not None else 0.0
+
+    return max(variants, key=model_tflops) if names and variants else config
 
 
 @dataclasses.dataclass(frozen=True)

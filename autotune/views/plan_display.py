@@ -26,6 +26,7 @@ from autotune.estimate import (
     what_would_fit,
 )
 from autotune.levers import LEVERS, TrialConfig
+from autotune.levers.batch import GLOBAL_BATCH_LEVERS
 from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.units import format_bytes
@@ -295,12 +296,24 @@ def estimate_short_table(
     def size(config: TrialConfig) -> str:
         return " x ".join(str(getattr(config, lever.name)) for lever in others if lever.grows_memory)
 
+    # The levers that change only the speed (torch.compile): each row is at the value the prior predicts fastest
+    # (estimate._plan_table.fastest_variant), said beside the memory levers.
+    speed_only = [lever for lever in LEVERS.values() if lever.speed is not None and not lever.memory_parts]
+
     for setting in settings:
         config = setting.largest.config
+        shown = (setting.fastest or setting.largest).config
         label = " ".join(
-            lever.label(getattr(config, lever.name))
-            for lever in others
-            if not lever.grows_memory and getattr(config, lever.name) != lever.default
+            [
+                lever.label(getattr(config, lever.name))
+                for lever in others
+                if not lever.grows_memory and getattr(config, lever.name) != lever.default
+            ]
+            + [
+                lever.label(getattr(shown, lever.name))
+                for lever in speed_only
+                if lever.name not in GLOBAL_BATCH_LEVERS and getattr(shown, lever.name) != lever.default
+            ]
         )
         verdict = (
             "[green]fits[/]"

@@ -363,3 +363,19 @@ def test_the_weights_bytes_follow_how_each_kind_of_weight_runs(gpt2):
     assert weight_read_bytes(qlora, recomputed) == pytest.approx(
         (n - n // 2) * (2 * 3 + 6 * 2) + 3 * (QUANTIZED_4BIT_BYTES + 4) * (n // 2)
     )
+
+
+def test_each_planned_row_is_at_the_compile_setting_the_prior_predicts_fastest():
+    """`torch.compile` changes no memory, so the planner's memory-distinct rows once all sat at the space's first
+    choice (off), and a compiled config could never be the predicted winner. Now each row takes the speed-only
+    levers' fastest values: on an H100, Llama-3.1-8B at 4k tokens gains from fused elementwise work."""
+    from autotune.estimate import MemoryFit, plan_rows
+    from autotune.estimate._speed_time import SpeedModel
+
+    model = resolve_model("llama-3.1-8b")
+    speed = SpeedModel(speed_prior(known_gpu("h100-sxm").device(), {}), lambda config: "bf16")
+    choices = {"micro_batch": [1], "dtype": ["bf16"], "weight_dtype": ["bf16"], "compile": ["off", "inductor"]}
+    rows = plan_rows(model, choices, 4096, MemoryFit.prior("cuda"), 200 * 2**30, speed)
+    assert [row.config.compile for row in rows] == ["inductor"]
+    off = speed.estimate(model, dataclasses.replace(rows[0].config, compile="off"), 4096)
+    assert rows[0].speed is not None and off is not None and rows[0].speed.model_tflops > off.model_tflops
