@@ -30,14 +30,14 @@ from autotune.levers import (
     training_arguments_kwargs,
     update_ignores_gradient_scale,
 )
-from autotune.result import Status, TrialResult, accumulation_note
+from autotune.result import TrialResult, accumulation_note
 from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
 from autotune.storage import schema
 from autotune.trainers import DEFAULT, REGISTERED, TrainerKind, tool_form_owner
 from autotune.units import format_bytes
-from autotune.views.ranking import RankedTrial, study_ranking, study_trainer, winner_summary
+from autotune.views.ranking import RankedTrial, study_ranking, study_trainer, why_none_finished, winner_summary
 from autotune.views.sft_export import (
     ToolWinner,
     config_arguments,
@@ -56,21 +56,6 @@ def winner(study: optuna.Study) -> RankedTrial:
     if not ranking:
         raise AutotuneError(f"study {study.study_name!r} has no feasible trial to export: {why_none_finished(study)}")
     return ranking[0]
-
-
-def why_none_finished(study: optuna.Study) -> str:
-    """Why a study has no feasible trial, in what its trials say: none ran to the end yet (stopped, or queued to run
-    again: resume), or every one that did failed, ran out of memory or went over the ceiling."""
-    trials = study.get_trials(deepcopy=False)
-    waiting = sum(t.state in (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING) for t in trials)
-    results = [TrialResult.from_trial(t) for t in trials if t.state.is_finished()]
-    if all(result is None or result.status == Status.INTERRUPTED for result in results):
-        queued = f" ({waiting} queued to run)" if waiting else ""
-        return f"none of its {len(trials)} trial(s) ran to the end{queued}: rerun the same search command to resume it"
-    return (
-        "every trial failed, ran out of memory or went over the ceiling (autotune best --all says which): run more "
-        "trials, or raise --memory-ceiling"
-    )
 
 
 def winner_arguments(study: optuna.Study, fmt: str = "json") -> dict[str, Any]:

@@ -31,8 +31,8 @@ from autotune.spec.ceiling import fits
 from autotune.spec.devices import DeviceSpec
 from autotune.units import format_bytes
 from autotune.views.run_time import predicted_run_time_of
-from autotune.views.search_display import format_tflops
 from autotune.views.text import for_rich
+from autotune.views.trial_table import format_tflops
 
 HOST_COLUMN = "host RAM (offload)"
 # The throughput prior's columns (autotune.estimate._speed), and what they mean.

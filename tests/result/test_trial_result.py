@@ -77,7 +77,7 @@ def test_the_groups_say_what_was_measured():
 
 def test_maps_keyed_by_status_cover_exactly_the_vocabulary():
     from autotune.views.report import STATUS_COLORS, STATUS_MEANING
-    from autotune.views.search_display import STATUS_STYLE
+    from autotune.views.trial_table import STATUS_STYLE
 
     assert set(STATUS_STYLE) == set(Status)
     # The report also colours the trials that have no result yet.

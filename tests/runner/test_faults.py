@@ -72,7 +72,7 @@ def assert_consistent(study: optuna.Study) -> None:
     row the live table and `autotune best --all` show says the status and the reason."""
     from rich.text import Text
 
-    from autotune.views.search_display import trial_cells
+    from autotune.views.trial_table import trial_cells
 
     for trial in study.get_trials():
         assert trial.state != TrialState.RUNNING, f"trial {trial.number} left RUNNING"

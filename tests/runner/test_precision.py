@@ -107,7 +107,7 @@ def test_mfu_above_100_percent_is_a_defect_and_the_label_says_what_ran():
     result = TrialResult(status="ok", peak_dtype="tf32", samples_per_s=10.0, defects=[defect])
     assert precision_note("fp32", result) == "ran tf32 matmuls"
     assert precision_note("bf16", dataclasses.replace(result, peak_dtype="bf16")) is None
-    from autotune.views.search_display import trial_cells
+    from autotune.views.trial_table import trial_cells
 
     cells = trial_cells(3, TrialConfig(dtype="fp32", compile="inductor"), result)
     assert "ran tf32 matmuls" in cells[-1] and "impossible" in cells[-1]

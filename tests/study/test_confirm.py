@@ -22,10 +22,9 @@ from autotune.study._confirm import (
     mark_ties,
     summarise,
 )
+from autotune.views.confirmation_words import describe_confirmation, describe_winner
 from autotune.views.ranking import (
     confirmations_of,
-    describe_confirmation,
-    describe_winner,
     feasible_ranking,
     speedup_over_default,
     study_ranking,

@@ -11,7 +11,7 @@ from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.storage import schema
 from autotune.units import GiB, KiB, MiB
-from autotune.views.search_display import trial_cells
+from autotune.views.trial_table import trial_cells
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def test_each_trial_that_ran_records_the_prior_and_the_calibrated_prediction_bes
         speed = workload.speed_model().estimate(workload.model, config, workload.seq_len)
         assert speed is not None and trial.user_attrs[schema.TRIAL_PRIOR_TOKENS_PER_S] == speed.tokens_per_s > 0
         peak_cell = trial_cells(trial.number, config, result)[7]
-        # Measured over predicted, in one unit (views.search_display.peak_cell).
+        # Measured over predicted, in one unit (views.trial_table.peak_cell).
         measured_line, predicted_line = peak_cell.splitlines()
         measured_figure, unit = measured_line.split()
         size = {"GiB": GiB, "MiB": MiB, "KiB": KiB}[unit]

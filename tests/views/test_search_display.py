@@ -200,7 +200,7 @@ def test_a_new_study_counts_no_trial_before_any_has_run(tiny_workload, tmp_path)
 def test_the_accumulation_note_is_said_once_under_the_table():
     """Every ga>1 row marks its gradients; the sentence that explains it is under the table, once."""
     from autotune.views.ranking import RankedTrial
-    from autotune.views.search_display import trial_table
+    from autotune.views.trial_table import trial_table
 
     rows = [
         RankedTrial(number, "COMPLETE", TrialConfig(micro_batch=8, grad_accum=k), _scaled(k))

@@ -13,15 +13,8 @@ from autotune.levers import TrialConfig
 from autotune.result import TrialResult
 from autotune.storage import schema
 from autotune.views.ranking import RankedTrial
-from autotune.views.search_display import (
-    COLUMNS,
-    INTERRUPTED_NOTE,
-    SearchView,
-    peak_cell,
-    ranking_title,
-    trial_cells,
-    trial_table,
-)
+from autotune.views.search_display import SearchView, ranking_title
+from autotune.views.trial_table import COLUMNS, INTERRUPTED_NOTE, peak_cell, trial_cells, trial_table
 
 MiB = 1024**2
 GiB = 1024**3
