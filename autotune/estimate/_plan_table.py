@@ -109,6 +109,8 @@ def fastest_variant(
         and not lever.changes_memory_on(kind)
         and lever.name not in GLOBAL_BATCH_LEVERS
     ]
+    if not names:
+        return config
     variants = [
         variant
         for values in itertools.product(*(choices[name] for name in names))
@@ -119,7 +121,7 @@ def fastest_variant(
         predicted = speed.estimate(model, variant, seq_len)
         return predicted.model_tflops if predicted is not None else 0.0
 
-    return max(variants, key=model_tflops) if names and variants else config
+    return max(variants, key=model_tflops) if variants else config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ def describe_winner(ranking: list[RankedTrial]) -> str:
     sentence = f"winner: #{leader.number} at {leader.samples_per_s:.1f} samples/s, {how}"
     searched = leader.result.samples_per_s if leader.result else 0.0
     if searched and not 0.5 <= leader.samples_per_s / searched <= 2.0:
-        # A re-run at a third or three times its own search-time figure says the machine changed under the search
+        # A re-run under half or over twice its own search-time figure says the machine changed under the search
         # (other work on it, thermal limits), not the config: the ranking's figures are not like for like.
         sentence += (
             f"; its re-run measured {leader.samples_per_s / searched:.2g}x its search-time "

@@ -99,7 +99,7 @@ COLUMNS: list[tuple[str, JustifyMethod, bool]] = [
     ("time", "right", False),
     ("note", "left", True),
 ]
-HFU_COLUMN = 6
+HFU_COLUMN = next(i for i, (header, _, _) in enumerate(COLUMNS) if header == "HFU")
 
 
 def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "", short_notes: bool = False) -> Table:
