@@ -319,14 +319,14 @@ def devices(
 
     targets = calibration_targets(calibrate, known, device, seconds, matrix_size)  # all checked before measuring
     if known:
-        from autotune.views.plan_display import known_gpus_table
+        from autotune.views.devices_display import known_gpus_table
 
         console.print(known_gpus_table())
         return
     from autotune.runner import calibrate_bandwidth, calibrate_device, calibrate_op_rates
     from autotune.spec.devices import list_devices
     from autotune.spec.measured_peaks import load_measured_peaks, save_calibration
-    from autotune.views.plan_display import calibrated_peaks_text, devices_table
+    from autotune.views.devices_display import calibrated_peaks_text, devices_table
 
     for spec in targets:
         console.print(f"calibrating {spec.label} ({spec.name}): timing matmuls in {', '.join(spec.supported_dtypes)}")

@@ -28,7 +28,7 @@ The levers (``autotune.levers``, each naming the parts it moves) change these pa
 ``MemoryTraits``, the estimator's words for what a value does, so that no part names a lever: a fused
 attention kernel (flash, flex, SDPA's fused kernels on CUDA) keeps no ``s x s`` scores; Liger keeps
 no ``b x s x V`` logits; padding changes the tokens of the fullest micro-batch
-(``_parts.micro_batch_shape``), and a flattened batch under a mask-based kernel adds its ``T x T``
+(``_activations.micro_batch_shape``), and a flattened batch under a mask-based kernel adds its ``T x T``
 mask. Length grouping and emptying the cache change typical steps and the allocator's cache, not
 the tensors alive at the peak.
 

@@ -16,7 +16,7 @@ bytes every elementwise op reads and writes (its tensor inputs and outputs; a vi
 the fused attention kernels are compute, counted as FLOPs). One and two layers, at three lengths: the difference
 between the layer counts is one layer's, and the fit over the lengths keeps the part linear in the tokens, which
 leaves out what does not grow with the tokens (weights' casts, gradients' accumulation: counted elsewhere) and what
-grows with their square (materialised attention scores: ``_parts.attention_score_bytes``). The fake tensors are the
+grows with their square (materialised attention scores: ``_activations.attention_score_bytes``). The fake tensors are the
 CPU's, so the casts are those of CPU autocast; transformers' modeling code upcasts its norms itself, which is most of
 what differs from CUDA's autocast policy.
 

@@ -1,6 +1,6 @@
 """What a mixture of experts' routed experts cost beyond the dense model of the width a token passes through: the
 tensors they keep for the backward, and the matmuls that run in fp32 where the rest runs in 16 bits. One home for
-both, read by the memory prior (``_parts.layout_bytes_per_token``) and the throughput prior (``_speed.step_work``);
+both, read by the memory prior (``_activations.layout_bytes_per_token``) and the throughput prior (``_speed.step_work``);
 the experts themselves are read from the model (:mod:`autotune.spec.experts`)."""
 
 from __future__ import annotations

@@ -85,6 +85,7 @@ def plan_rows(
     fit: MemoryFit,
     ceiling_bytes: int,
     speed: SpeedModel | None = None,
+    host_ceiling_bytes: int | None = None,
 ) -> list[EstimateRow]:
     """The planner (``autotune estimate``): every memory-distinct config of a space, predicted and judged,
     the configs that fit first, fastest first by the throughput prior (``speed``), the others after; each at the
@@ -92,7 +93,7 @@ def plan_rows(
     configs = memory_distinct_configs(choices, fit.device_kind)
     if speed is not None:
         configs = [fastest_variant(model, config, choices, seq_len, speed, fit.device_kind) for config in configs]
-    return by_predicted_speed(estimate_rows(model, configs, seq_len, fit, ceiling_bytes, speed))
+    return by_predicted_speed(estimate_rows(model, configs, seq_len, fit, ceiling_bytes, speed, host_ceiling_bytes))
 
 
 def fastest_variant(
@@ -131,7 +132,7 @@ class EstimateRow:
 
     config: TrialConfig
     estimate: MemoryEstimate
-    fits: bool
+    fits: bool  # its peak under the ceiling, and what it offloads under the host's
     speed: SpeedEstimate | None = None
 
 
@@ -159,14 +160,17 @@ def estimate_rows(
     fit: MemoryFit,
     ceiling_bytes: int,
     speed: SpeedModel | None = None,
+    host_ceiling_bytes: int | None = None,
 ) -> list[EstimateRow]:
-    """Predict every config's peak and judge it against the ceiling (:func:`autotune.spec.ceiling.fits`),
-    and its speed where a throughput prior is given."""
+    """Predict every config's peak and judge it against the ceiling (:func:`autotune.spec.ceiling.fits`) and
+    what it offloads against the host's (:meth:`MemoryEstimate.host_fits`, where given), and its speed where
+    a throughput prior is given."""
     rows = []
     for config in configs:
         estimate = estimate_peak(model, config, seq_len, fit)
         predicted = speed.estimate(model, config, seq_len) if speed is not None else None
-        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes), predicted))
+        host_fits = estimate.host_fits(host_ceiling_bytes, fit.ranks)
+        rows.append(EstimateRow(config, estimate, fits(estimate.total_bytes, ceiling_bytes) and host_fits, predicted))
     return rows
 
 

@@ -9,7 +9,7 @@ A step's time is a sum of parts a user can check by hand (docs/estimator.md, "Th
 * **memory**: memory-bound work over the memory bandwidth: the elementwise work around the matmuls
   (in eager mode every op's reads and writes, counted from the model's own code:
   :mod:`~autotune.estimate._elementwise`; where ``torch.compile`` or Liger's kernels fuse them, two passes over
-  the memory model's per-layer activation bytes, :func:`~autotune.estimate._parts.layer_activation_bytes`:
+  the memory model's per-layer activation bytes, :func:`~autotune.estimate._activations.layer_activation_bytes`:
   :func:`elementwise_layer_bytes`), the loss's logits (``V x tokens`` fp32 tensors, none where a fused loss keeps them in
   chunks), the weights each matmul reads, and the optimizer's step (bytes per parameter, counted from
   its implementation: ``autotune.levers.optimizer.STEP_BYTES_PER_PARAM``);
@@ -28,16 +28,10 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from autotune.estimate._activations import attention_score_bytes, layer_activation_bytes
 from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
-from autotune.estimate._parts import (
-    QUANTIZED_4BIT_BYTES,
-    attention_score_bytes,
-    layer_activation_bytes,
-    precomputes_reference,
-    runs_reference,
-    trainer_rows,
-)
+from autotune.estimate._parts import QUANTIZED_4BIT_BYTES, precomputes_reference, runs_reference, trainer_rows
 from autotune.estimate._zero import compute_weight_bytes
 from autotune.levers import (
     Batching,
@@ -343,7 +337,7 @@ def elementwise_layer_bytes(
     model: ModelSpec, traits: MemoryTraits, speed: SpeedTraits, device_kind: str, shape: MicroBatchShape, saved: int
 ) -> float:
     """The bytes one layer's elementwise ops read and write in a micro-batch (``saved``: what the layer keeps for
-    its backward, :func:`~autotune.estimate._parts.layer_activation_bytes`).
+    its backward, :func:`~autotune.estimate._activations.layer_activation_bytes`).
 
     Fused (``torch.compile``'s inductor, or Liger's kernels for the norms, rotary and the gated activation): each
     chain of ops writes what leaves it and reads it back once, :data:`FUSED_ELEMENTWISE_PASSES` over ``saved``. In

@@ -24,7 +24,7 @@ Ceiling = Annotated[str, typer.Option(help="Fraction of device memory (0.9) or a
 HostCeiling = Annotated[
     str | None,
     typer.Option(
-        help="Host RAM a trial may use (ZeRO offload puts optimizer states there): a fraction of the available RAM or a size (default: all available)."
+        help="Host RAM a trial may use, its ranks together (ZeRO offload puts optimizer states there, TRL's activation offloading activations): a fraction of the available RAM or a size (default: the available RAM, shared by the trials that run at once)."
     ),
 ]
 # The default of each task is autotune.space.DEFAULT_SPACES' (not imported here: the command line stays light;

@@ -66,8 +66,8 @@ class Workload:
             launched together; 1: the trial is one process).
         rank_devices: CUDA with ``devices_per_trial > 1``: the device numbers of the trial's ranks
             (one GPU each; ``device`` is the first), made visible to the trial and to nothing else.
-        host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use (what offload moves
-            off the device counts against it); ``None``: not checked.
+        host_ceiling_bytes: ``--host-memory-ceiling``: host RAM a trial may use, its ranks together (what
+            offload moves off the device counts against it); ``None``: not checked.
         trainer: ``--trainer``: ``trainer`` (the transformers Trainer) or ``sft`` (TRL's SFTTrainer,
             which prepares and batches ``dataset`` itself: ``autotune.trainers.sft``).
         loss_on: ``--loss-on`` under ``sft``: the tokens the loss is taken on (``all``, ``completion``,

@@ -1,6 +1,6 @@
 """How a transformer block is built, as far as the memory it keeps for its backward depends on it: the
 :class:`BlockLayout` read from the block built on the meta device (``spec.models`` keeps it on ``ModelSpec``;
-``estimate._parts.layout_bytes_per_token`` counts with it; docs/estimator.md, "Activations")."""
+``estimate._activations.layout_bytes_per_token`` counts with it; docs/estimator.md, "Activations")."""
 
 from __future__ import annotations
 

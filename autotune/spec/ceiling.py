@@ -66,9 +66,10 @@ def excess_gib(peak_bytes: float, ceiling_bytes: float) -> float:
     return (peak_bytes - ceiling_bytes) / GiB
 
 
-def host_ceiling_bytes(text: str | None, available_bytes: int) -> int:
-    """``--host-memory-ceiling``: the host RAM a trial may use (what ZeRO offload keeps there counts
-    against it); ``None``: the RAM available when the search starts (``psutil``'s ``available``)."""
+def host_ceiling_bytes(text: str | None, available_bytes: int, trials_at_once: int = 1) -> int:
+    """``--host-memory-ceiling``: the host RAM one trial may use, all its ranks together (what ZeRO offload
+    and TRL's activation offloading keep there counts against it); ``None``: the RAM available when the search
+    starts (``psutil``'s ``available``), shared by the ``trials_at_once`` trials it runs side by side."""
     if text is None:
-        return available_bytes
+        return available_bytes // trials_at_once
     return parse_ceiling(text, available_bytes, "--host-memory-ceiling", "available host RAM")

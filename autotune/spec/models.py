@@ -63,6 +63,11 @@ class PeftSpec:
     def adapts_experts(self) -> bool:
         return self.expert_adapter_params > 0
 
+    def describe(self) -> str:
+        """The adapters in a few words, for a title: ``QLoRA r=16 (4-bit base, 41.9 M trained params)``."""
+        kind, base = ("QLoRA", f"{self.quantize.replace('bit', '-bit')} base, ") if self.quantize else ("LoRA", "")
+        return f"{kind} r={self.adapter_config.get('r')} ({base}{self.adapter_params / 1e6:,.1f} M trained params)"
+
     def identity(self) -> dict[str, Any]:
         """What a resumed study must match, stored with it: the adapters and the quantization (the
         export reads them back from there)."""

@@ -167,21 +167,23 @@ def screen(config: TrialConfig, workload: Workload, measured: Sequence[MeasuredT
     fit = memory_fit_from_trials(workload.model, workload.seq_len, workload.memory_prior, measured)
     estimate = estimate_peak(workload.model, config, workload.seq_len, fit)
     return predict_over_ceiling(estimate, workload.ceiling_bytes, fit) or host_over_ceiling(
-        estimate, workload.host_ceiling_bytes
+        estimate, workload.host_ceiling_bytes, workload.devices_per_trial
     )
 
 
-def host_over_ceiling(estimate: MemoryEstimate, host_ceiling_bytes: int | None) -> ScreenDecision | None:
-    """Screen a ZeRO-offload config whose host memory (optimizer states, and at stage 3 parameters,
-    in host RAM; ``MemoryEstimate.host_bytes``) is over ``--host-memory-ceiling``: it would swap.
-
-    No margin: the host part is an exact count of DeepSpeed's partitions, not a fitted guess.
-    """
-    if host_ceiling_bytes is None or not estimate.host_bytes or fits(estimate.host_bytes, host_ceiling_bytes):
+def host_over_ceiling(
+    estimate: MemoryEstimate, host_ceiling_bytes: int | None, ranks: int = 1
+) -> ScreenDecision | None:
+    """Screen an offload config whose host memory is over ``--host-memory-ceiling``
+    (:meth:`MemoryEstimate.host_fits`): it would swap, or fail to pin. What each rank keeps there
+    (``MemoryEstimate.host_bytes``: ZeRO offload's optimizer states, and at stage 3 parameters; TRL's offloaded
+    activations) counts once per rank: a trial's ranks share one host."""
+    if host_ceiling_bytes is None or estimate.host_fits(host_ceiling_bytes, ranks):
         return None
+    per_rank = f" ({format_bytes(estimate.host_bytes)} per rank x {ranks} ranks)" if ranks > 1 else ""
     return ScreenDecision(
-        reason=f"screened: offloaded host memory {format_bytes(estimate.host_bytes)} > host memory ceiling "
-        f"{format_bytes(host_ceiling_bytes)} (estimate, not run: it would swap)",
+        reason=f"screened: offloaded host memory {format_bytes(estimate.trial_host_bytes(ranks))}{per_rank} > host "
+        f"memory ceiling {format_bytes(host_ceiling_bytes)} (estimate, not run: it would swap)",
         predicted_peak_bytes=estimate.total_bytes,
     )
 

@@ -4,6 +4,6 @@
 ``ranking`` (feasible trials fastest first, the speedup over the HF default), ``export`` (the winner
 as TrainingArguments JSON, flags, Python or an accelerate config), ``report`` (one self-contained
 HTML page), ``dashboard`` (optuna-dashboard, told the truth about feasibility), ``search_display``
-(the live view of a running search and its tables), ``plan_display`` (what the commands that train
-nothing print: ``estimate``, ``devices``).
+(the live view of a running search and its tables), ``plan_display`` and ``devices_display`` (what the
+commands that train nothing print: ``estimate``, ``devices``).
 """

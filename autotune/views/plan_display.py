@@ -1,10 +1,10 @@
-"""What the commands that train nothing print: ``autotune estimate`` (the planner's tables) and
-``autotune devices`` (what each device is, its datasheet and measured peaks)."""
+"""What ``autotune estimate`` prints: the planner's tables, its predicted winner and run time, what would fit
+(``autotune devices`` prints through ``views/devices_display.py``)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
@@ -28,7 +28,7 @@ from autotune.estimate import (
 from autotune.levers import LEVERS, TrialConfig
 from autotune.levers.batch import GLOBAL_BATCH_LEVERS
 from autotune.spec.ceiling import fits
-from autotune.spec.devices import DeviceSpec
+from autotune.spec.models import ModelSpec
 from autotune.units import format_bytes
 from autotune.views.run_time import predicted_run_time_of
 from autotune.views.text import for_rich
@@ -70,18 +70,26 @@ def winner_line(rows: Sequence[EstimateRow], speed: SpeedFit) -> str:
 
 
 def shows_host_memory(estimates: Sequence[MemoryEstimate]) -> bool:
-    """Whether a table needs the host column: some config offloads with ZeRO."""
+    """Whether a table needs the host column: some config offloads (ZeRO, TRL's activation offloading)."""
     return any(estimate.host_bytes for estimate in estimates)
 
 
-def host_memory_note(device_kind: str) -> str:
-    """What the host column means where it is shown (``autotune estimate``)."""
+def host_memory_note(device_kind: str, host_ceiling_bytes: int | None = None) -> str:
+    """What the host column means where it is shown (``autotune estimate``), and the host RAM it was judged by."""
+    what = "host RAM (offload): what DeepSpeed ZeRO offload and TRL's activation offloading keep in host memory"
     if device_kind == "cpu":
-        return (
-            "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory; on the CPU the host is the "
-            "device, so the predicted peak already holds it"
-        )
-    return "host RAM (offload): what DeepSpeed ZeRO offload keeps in host memory per rank, beside the device's peak"
+        return f"{what}; on the CPU the host is the device, so the predicted peak already holds it"
+    judged = (
+        f"; a config whose ranks together need more than {format_bytes(host_ceiling_bytes)} there does not fit"
+        if host_ceiling_bytes is not None
+        else "; not judged against this machine's RAM (the GPU's host is not this one)"
+    )
+    return f"{what} per rank, beside the device's peak (a trial's ranks share the host){judged}"
+
+
+def trained_name(model: ModelSpec) -> str:
+    """The model as every trial trains it: its name, and its adapters under ``--peft``."""
+    return model.name if model.peft is None else f"{model.name} with {model.peft.describe()}"
 
 
 def estimate_title(
@@ -107,7 +115,9 @@ def show_estimate(
     models, calibrated or not), as JSON (``--json``) or as tables; ``default``: the trainer's default config."""
     workload = planned.workload
     model, device, ceiling, seq_len = workload.model, workload.device, workload.ceiling_bytes, workload.seq_len
-    rows = plan_rows(model, planned.space.choices, seq_len, fit, ceiling, speed)
+    # A GPU planned from its datasheet (--gpu-type) runs on a host that is not this one: its RAM is not known.
+    host_ceiling = None if options.gpu_type else workload.host_ceiling_bytes
+    rows = plan_rows(model, planned.space.choices, seq_len, fit, ceiling, speed, host_ceiling)
     advice = what_would_fit(model, planned.space.choices, seq_len, fit, ceiling, device)
     if options.gpu_type:
         where = f"{options.gpu_type} ({device.name}, datasheet)"
@@ -115,11 +125,12 @@ def show_estimate(
         where = f"{device.label} ({device.name})"
     run_time = predicted_run_time_of(planned, rows, speed, options, default, fit)
     if options.as_json:
-        sys.stdout.write(estimate_json(rows, estimate_header(planned, where, fit, speed, advice, run_time)) + "\n")
+        header = estimate_header(planned, where, fit, speed, advice, run_time)
+        sys.stdout.write(estimate_json(rows, {**header, "host_ceiling_bytes": host_ceiling}) + "\n")
         return
     print_estimate(
         console,
-        estimate_title(model.name, seq_len, where, device.kind, ceiling, workload.devices_per_trial),
+        estimate_title(trained_name(model), seq_len, where, device.kind, ceiling, workload.devices_per_trial),
         rows,
         notes=planned.notes,
         advice=advice,
@@ -130,6 +141,7 @@ def show_estimate(
         device_kind=device.kind,
         space_size=planned.space.size if options.all_rows else None,
         run_time=run_time,
+        host_ceiling_bytes=host_ceiling,
     )
 
 
@@ -141,6 +153,7 @@ def estimate_header(
     workload = planned.workload
     return {
         "model": workload.model.name,
+        "peft": workload.model.peft.identity() if workload.model.peft is not None else None,
         "seq_len": workload.seq_len,
         "device": where,
         "device_kind": workload.device.kind,
@@ -169,6 +182,7 @@ def print_estimate(
     device_kind: str,
     space_size: int | None,
     run_time: str | None = None,
+    host_ceiling_bytes: int | None = None,
 ) -> None:
     """``autotune estimate``'s text: the plan's notes, the table (given the ``space_size``, every
     memory-distinct config by part; else per setting the largest micro-batch that fits; with the throughput
@@ -180,10 +194,10 @@ def print_estimate(
         console.print(
             estimate_table(
                 f"{title}: {len(rows)} memory-distinct configs of {space_size}",
-                [(row.config, row.estimate) for row in rows],
+                rows,
                 ceiling_bytes,
                 screen_margin,
-                [row.speed for row in rows] if speed is not None else None,
+                with_speed=speed is not None,
             )
         )
     else:
@@ -195,21 +209,17 @@ def print_estimate(
     if advice is not None:
         console.print(what_would_fit_table(advice))
     if shows_host_memory([row.estimate for row in rows]):
-        console.print(host_memory_note(device_kind))
+        console.print(host_memory_note(device_kind, host_ceiling_bytes))
     console.print(f"estimator: {fit.describe()}")
     if speed is not None:
         console.print(f"speed estimator: {speed.describe()}")
 
 
 def estimate_table(
-    title: str,
-    rows: Sequence[tuple[TrialConfig, MemoryEstimate]],
-    ceiling_bytes: int,
-    screen_margin: float,
-    speeds: Sequence[SpeedEstimate | None] | None = None,
+    title: str, rows: Sequence[EstimateRow], ceiling_bytes: int, screen_margin: float, with_speed: bool = False
 ) -> Table:
     """Predicted peak memory per config, by part, against the ceiling (``autotune estimate``), and each
-    config's predicted speed where ``speeds`` are given (one per row)."""
+    config's predicted speed (``with_speed``)."""
     table = Table(
         title=title,
         caption=(
@@ -218,20 +228,22 @@ def estimate_table(
             "three fp32 b·s·V tensors of the LM loss; allocator: CUDA caching allocator's workspaces and "
             "fragmentation (0 on the CPU); context: CUDA context, or on the CPU the process baseline "
             f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "
-            "a search would not run it." + (f" {SPEED_CAPTION}" if speeds is not None else "")
+            "a search would not run it." + (f" {SPEED_CAPTION}" if with_speed else "")
         ),
         caption_justify="left",
     )
-    parts = list(rows[0][1].parts()) if rows else []
-    host = shows_host_memory([estimate for _, estimate in rows])
-    speed_headers = list(SPEED_COLUMNS) if speeds is not None else []
+    parts = list(rows[0].estimate.parts()) if rows else []
+    host = shows_host_memory([row.estimate for row in rows])
+    speed_headers = list(SPEED_COLUMNS) if with_speed else []
     headers = ["config", *parts, "predicted peak", *([HOST_COLUMN] if host else []), "vs ceiling", *speed_headers]
     for header in headers:
         table.add_column(header, justify="left" if header == "config" else "right")
-    for index, (config, estimate) in enumerate(rows):
-        total = estimate.total_bytes
-        if fits(total, ceiling_bytes):
+    for row in rows:
+        config, estimate, total = row.config, row.estimate, row.estimate.total_bytes
+        if row.fits:
             verdict = "[green]fits[/]"
+        elif fits(total, ceiling_bytes):
+            verdict = "[magenta]host RAM over[/]"
         elif fits(total, ceiling_bytes * screen_margin):
             verdict = "[yellow]over (would run)[/]"
         else:
@@ -243,7 +255,7 @@ def estimate_table(
             format_bytes(total),
             *host_cell,
             verdict,
-            *(speed_cells(speeds[index]) if speeds is not None else []),
+            *(speed_cells(row.speed) if with_speed else []),
         )
     return table
 
@@ -315,10 +327,11 @@ def estimate_short_table(
                 if lever.name not in GLOBAL_BATCH_LEVERS and getattr(shown, lever.name) != lever.default
             ]
         )
+        over = setting.largest.estimate.total_bytes - ceiling_bytes
         verdict = (
             "[green]fits[/]"
             if setting.fits
-            else f"[magenta]over by {format_bytes(setting.largest.estimate.total_bytes - ceiling_bytes)}[/]"
+            else ("[magenta]host RAM over[/]" if over <= 0 else f"[magenta]over by {format_bytes(over)}[/]")
         )
         fastest = setting.fastest
         speed = (
@@ -370,111 +383,3 @@ def what_would_fit_table(advice: FitAdvice) -> Table:
             verdict(leanest.estimate.total_bytes),
         )
     return table
-
-
-def known_gpus_table() -> Table:
-    """``autotune devices --known``: the GPUs ``autotune estimate --gpu-type`` plans for."""
-    from autotune.spec.devices import KNOWN_GPUS
-
-    table = Table(title="GPUs to plan for without having them (autotune estimate --gpu-type NAME)")
-    for header in (
-        "name",
-        "GPU (as NVML names it)",
-        "memory",
-        "compute capability",
-        "dtypes",
-        "datasheet peaks (TFLOPS)",
-        "memory figure from",
-    ):
-        table.add_column(header)
-    for gpu in KNOWN_GPUS:
-        device = gpu.device()
-        entry = device.datasheet_entry()
-        peaks = ", ".join(f"{d} {v:g}" for d, v in entry.peaks_tflops.items()) if entry else "-"
-        table.add_row(
-            gpu.key,
-            gpu.nvml_name,
-            format_bytes(gpu.memory_bytes),
-            f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}",
-            ", ".join(device.supported_dtypes),
-            peaks,
-            gpu.memory_source,
-        )
-    return table
-
-
-def calibrated_peaks_text(
-    spec: DeviceSpec,
-    peaks: Sequence[Any],
-    path: object,
-    bandwidth_gb_s: float | None = None,
-    op_rates: Mapping[str, float] | None = None,
-) -> str:
-    """``autotune devices --calibrate``'s lines for one device: each measured peak (a
-    ``calibrate.MeasuredMatmulPeak``), the measured memory bandwidth, a CPU's per-element rates, then where they
-    were stored."""
-    lines = [
-        f"  measured peak {spec.label} {peak.dtype}: {format_tflops(peak.tflops)} TFLOPS (best of "
-        f"{peak.iterations} {peak.matrix_size}x{peak.matrix_size} matmuls; median {format_tflops(peak.median_tflops)})"
-        if peak.inner_size is None
-        else f"  measured rate {spec.label} {peak.dtype} at inner size {peak.inner_size}: {format_tflops(peak.tflops)} "
-        f"TFLOPS (best of {peak.iterations} {peak.matrix_size}x{peak.inner_size} by {peak.inner_size}x{peak.matrix_size} "
-        f"matmuls; the throughput prior reads it for a model that narrow)"
-        for peak in peaks
-    ]
-    if bandwidth_gb_s is not None:
-        lines.append(
-            f"  measured memory bandwidth {spec.label}: {bandwidth_gb_s:.1f} GB/s (best large copy, read + write)"
-        )
-    words = {
-        "dropout_s_per_element": "dropout's mask (p 0.1, training)",
-        "loss_s_per_logit": "cross-entropy forward and backward per fp32 logit",
-    }
-    lines += [
-        f"  measured {spec.label} {words[name]}: {value * 1e9:.2f} ns an element (best run; the throughput prior's rate)"
-        for name, value in (op_rates or {}).items()
-        if name in words
-    ]
-    return "\n".join([*lines, f"  stored in {path}"])
-
-
-def devices_table(
-    devices: Sequence[DeviceSpec], measured_peaks: dict[str, dict[str, float]]
-) -> tuple[Table, list[str]]:
-    """``autotune devices``: each device's memory and peak TFLOPS per dtype, datasheet / measured, and a
-    note per device saying what MFU is measured against.
-
-    Args:
-        devices: The devices found.
-        measured_peaks: Peaks measured by ``autotune devices --calibrate``, by device name and dtype.
-    """
-    from autotune.levers import DTYPES
-    from autotune.spec.measured_peaks import peak_note
-
-    table = Table(
-        title="Devices: peak TFLOPS per dtype, datasheet / measured* ('-' = unknown, never invented; n/a = unsupported; "
-        "emulated = no matmul hardware for it)"
-    )
-    for header in ["device", "name", "memory", "datasheet", *DTYPES]:
-        table.add_column(header)
-    notes = []
-    for spec in devices:
-        measured = measured_peaks.get(spec.name, {})
-        cells = []
-        for dtype in DTYPES:
-            if dtype not in spec.supported_dtypes:
-                cells.append("n/a")
-                continue
-            datasheet = spec.datasheet_peak_tflops(dtype)
-            cells.append(
-                f"{'-' if datasheet is None else format_tflops(datasheet)} / "
-                f"{format_tflops(measured[dtype]) + '*' if dtype in measured else '-'}"
-                + (" emulated" if dtype in spec.emulated_dtypes else "")
-            )
-        entry = spec.datasheet_entry()
-        table.add_row(
-            spec.label, spec.name, format_bytes(spec.total_memory_bytes), entry.label if entry else "-", *cells
-        )
-        notes.append(f"{spec.label}: {peak_note(spec, measured)}")
-        notes += [f"{spec.label}: {spec.emulation_reason(dtype)}" for dtype in spec.emulated_dtypes]
-    return table, notes

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from autotune.estimate._activations import layer_activation_bytes
 from autotune.estimate._elementwise import _count, _traffic, eager_layer_traffic
-from autotune.estimate._parts import layer_activation_bytes
 from autotune.estimate._speed import (
     ELEMENTWISE_PASSES,
     FUSED_ELEMENTWISE_PASSES,

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from autotune.estimate import MeasuredMemory, MemoryFit, estimate_peak, fit_memory
+from autotune.estimate._activations import activation_bytes, layer_activation_bytes
 from autotune.estimate._fit import SCALE_BOUNDS
 from autotune.estimate._logits import logits_bytes
-from autotune.estimate._parts import activation_bytes, layer_activation_bytes
 from autotune.estimate._plan_table import memory_distinct_configs
 from autotune.levers import TrialConfig, memory_traits
 from autotune.runner import trial_memory_prior
@@ -100,6 +100,22 @@ def test_activations_grow_linearly_with_the_micro_batch_and_checkpointing_cuts_t
 
     assert activations(32) == 4 * activations(8)
     assert activations(32, checkpointing=True) < 0.7 * activations(32)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["saved", "checkpointed"])
+def test_trls_activation_offloading_moves_the_saved_activations_to_the_host_not_away(gpt2_tiny, checkpointing):
+    """TRL's offloading keeps on the device about checkpointing's working layers, and in pinned host memory
+    what the layers would have kept: the two together hold at least what the device held without it."""
+    config = TrialConfig(micro_batch=8, dtype="bf16", checkpointing=checkpointing)
+    kept = estimate_peak(gpt2_tiny, config, 256, MemoryFit.prior("cuda"))
+    offloaded = estimate_peak(
+        gpt2_tiny, dataclasses.replace(config, activation_offloading=True), 256, MemoryFit.prior("cuda")
+    )
+    assert kept.host_bytes == 0 and offloaded.host_bytes > 0
+    assert offloaded.activations_bytes < kept.activations_bytes
+    assert offloaded.activations_bytes + offloaded.host_bytes >= kept.activations_bytes
+    assert offloaded.host_bytes <= kept.activations_bytes  # no more than the layers keep (a bound)
+    assert offloaded.trial_host_bytes(4) == 4 * offloaded.host_bytes  # each rank its own, on one host
 
 
 def test_logits_are_three_fp32_copies_for_language_models_only(gpt2_tiny, bert_tiny):

@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 import torch
 
+from autotune.estimate._activations import layer_activation_bytes, saved_layer_bytes
 from autotune.estimate._experts import folded_expert_weight_bytes
-from autotune.estimate._parts import layer_activation_bytes, saved_layer_bytes
 from autotune.levers import TrialConfig, memory_traits
 from autotune.spec.devices import cpu_device
 from autotune.spec.models import ModelSpec, build_model, resolve_model

@@ -16,8 +16,8 @@ from autotune.estimate import (
     step_work,
     typical_micro_batch,
 )
+from autotune.estimate._activations import attention_score_bytes
 from autotune.estimate._elementwise import eager_layer_traffic
-from autotune.estimate._parts import attention_score_bytes
 from autotune.estimate._speed import (
     ELEMENTWISE_PASSES,
     FUSED_HEAD_FALLBACK_REFERENCE_BYTES_PER_LOGIT,

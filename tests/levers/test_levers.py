@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from autotune.estimate import MemoryFit, estimate_peak
-from autotune.estimate._parts import (
-    MicroBatchShape,
+from autotune.estimate._activations import (
     activation_bytes,
     layer_activation_bytes,
-    logits_bytes,
     micro_batch_shape,
     packed_mask_bytes,
 )
+from autotune.estimate._logits import logits_bytes
 from autotune.levers import (
+    MicroBatchShape,
     TrialConfig,
     lever_values_from_base_args,
     memory_traits,

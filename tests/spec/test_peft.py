@@ -225,6 +225,16 @@ def test_a_bad_peft_file_is_one_line_through_the_real_cli(tmp_path):
     )
 
 
+def test_a_studys_adapters_are_described_in_a_few_words():
+    from autotune.spec.models import PeftSpec
+
+    qlora = PeftSpec(adapter_config={"r": 8}, quantize="4bit", adapter_params=41_943_040)
+    assert qlora.describe() == "QLoRA r=8 (4-bit base, 41.9 M trained params)"
+    assert PeftSpec(adapter_config={"r": 16}, quantize=None, adapter_params=1_000_000).describe() == (
+        "LoRA r=16 (1.0 M trained params)"
+    )
+
+
 def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dtype(tmp_path):
     """`autotune estimate --peft lora` plans the adapters as the search trains them (frozen base: no
     gradients or optimizer states for it), qlora on a GPU you plan for keeps its 4-bit base, and the
@@ -244,6 +254,8 @@ def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dt
         for done in (full, lora)
     )
     assert full_rows.keys() == lora_rows.keys()
+    assert json.loads(full.stdout)["peft"] is None
+    assert json.loads(lora.stdout)["peft"]["adapter_config"]["r"] == 16
     states = ("weights", "gradients", "optimizer states")
     for key, row in full_rows.items():  # adapters only: fewer gradient and optimizer-state bytes
         assert lora_rows[key]["parts_bytes"]["optimizer states"] < row["parts_bytes"]["optimizer states"] / 20, key
@@ -251,6 +263,8 @@ def test_estimate_plans_lora_with_the_search_s_wrapping_and_shows_each_weight_dt
         assert lora_states < sum(row["parts_bytes"][part] for part in states), key
     table = run_cli_in_process(*plan, "--peft", "lora", cwd=tmp_path)
     assert table.returncode == 0, table.stderr
+    # Every row trains the adapters: the title says which (the table's rows cannot).
+    assert "qwen2.5-0.5b with LoRA r=16 (" in " ".join(table.stdout.split()), table.stdout
     rows = [line for line in table.stdout.splitlines() if line.startswith("│") and "│ bf16 " in line]
     assert len(rows) == 2, table.stdout  # one per weight dtype: accumulation does not split a setting
     assert sum("weights=" in line for line in rows) == 1, table.stdout  # "weights=bf16", cut short in a narrow console

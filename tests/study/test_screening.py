@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from optuna.trial import TrialState
 
@@ -222,11 +224,27 @@ def test_an_offload_config_whose_host_memory_is_over_the_host_ceiling_is_screene
     assert plain.host_bytes == 0 and host_over_ceiling(plain, 1) is None
 
 
+def test_the_host_ceiling_holds_every_rank_of_a_trial_on_one_host(tiny_workload, gpt2_tiny):
+    """A trial's ranks each keep their offloaded part in the one host's RAM: 2 ranks need twice one's."""
+    from autotune.study._screening import screen
+
+    offload = TrialConfig(micro_batch=1, dtype="bf16", zero="2+offload")
+    two_ranks = tiny_workload(gpt2_tiny, devices_per_trial=2)
+    per_rank = estimate_peak(gpt2_tiny, offload, 32, two_ranks.memory_prior).host_bytes
+    assert per_rank > 0
+    fits = dataclasses.replace(two_ranks, host_ceiling_bytes=2 * per_rank)
+    assert screen(offload, fits, []) is None
+    over = screen(offload, dataclasses.replace(two_ranks, host_ceiling_bytes=2 * per_rank - 1), [])
+    assert over is not None and "per rank x 2 ranks" in over.reason and "host memory ceiling" in over.reason
+
+
 def test_the_host_memory_ceiling_defaults_to_the_available_ram_and_reads_like_the_memory_ceiling():
     from autotune.errors import AutotuneError
     from autotune.spec.ceiling import host_ceiling_bytes
 
     assert host_ceiling_bytes(None, 8 * 2**30) == 8 * 2**30
+    assert host_ceiling_bytes(None, 8 * 2**30, trials_at_once=4) == 2 * 2**30  # trials side by side share it
+    assert host_ceiling_bytes("2GiB", 8 * 2**30, trials_at_once=4) == 2 * 2**30  # a given one is each trial's
     assert host_ceiling_bytes("0.5", 8 * 2**30) == 4 * 2**30
     assert host_ceiling_bytes("2GiB", 8 * 2**30) == 2 * 2**30
     with pytest.raises(AutotuneError, match=r"^--host-memory-ceiling '16GiB' is more than the available host RAM's"):
