@@ -154,15 +154,15 @@ def estimate(
     options = EstimateOptions(**locals())
     options.check()  # before the heavy imports: a wrong option is answered at once
     from autotune.plan import plan
-    from autotune.study import default_config, margin_for, memory_fit_of_study, speed_model_of_study
+    from autotune.study import calibration_study, default_config, margin_for, memory_fit_of_study, speed_model_of_study
     from autotune.views.plan_display import show_estimate
 
     planned = plan(options)  # the search's plan: the same model, adapters, prior and space
-    model_spec, device_spec = planned.workload.model, planned.workload.device
     fit, speed = planned.prior, planned.workload.speed_model()
     if storage is not None:
-        fit = memory_fit_of_study(storage, study_name, model_spec, seq_len, device_spec, fit)
-        speed = speed_model_of_study(storage, study_name, model_spec, seq_len, device_spec, speed)
+        study = calibration_study(storage, study_name, planned.workload)
+        fit = memory_fit_of_study(study, planned.workload.model, seq_len, fit)
+        speed = speed_model_of_study(study, planned.workload.model, seq_len, speed)
     show_estimate(console, planned, options, fit, speed, margin_for(fit), default_config(planned.workload.trainer))
 
 

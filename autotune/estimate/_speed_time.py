@@ -127,7 +127,9 @@ class SpeedFit:
 
 @dataclasses.dataclass(frozen=True)
 class SpeedEstimate:
-    """Predicted time of one optimizer step, by part, and the rates that follow."""
+    """Predicted time of one optimizer step, by part, and the rates that follow: a trial's, over its ``ranks``
+    (data parallel, one device each: each rank's step trains its own ``work``, and a trial records its ranks'
+    rates summed, ``runner/_ranks.py``; MFU stays per device). The ranks' collectives are not counted."""
 
     work: StepWork
     compute_s: float
@@ -139,6 +141,7 @@ class SpeedEstimate:
     dropout_s: float = 0.0
     loss_s: float = 0.0
     head_s: float = 0.0
+    ranks: int = 1
 
     @property
     def step_s(self) -> float:
@@ -150,7 +153,7 @@ class SpeedEstimate:
     @property
     def steady_samples_per_s(self) -> float:
         """Samples a second of the steady steps alone, before the pass counted in :attr:`run_share`."""
-        return self.work.samples / self.step_s
+        return self.work.samples * self.ranks / self.step_s
 
     @property
     def run_share(self) -> float:
@@ -167,15 +170,15 @@ class SpeedEstimate:
     @property
     def tokens_per_s(self) -> float:
         """Real (non-padding) tokens per second, over the user's run as :attr:`samples_per_s`."""
-        return self.work.real_tokens / self.step_s * self.run_share
+        return self.work.real_tokens * self.ranks / self.step_s * self.run_share
 
     @property
     def model_tflops(self) -> float:
-        return self.work.model_flops / self.step_s / 1e12 * self.run_share
+        return self.work.model_flops * self.ranks / self.step_s / 1e12 * self.run_share
 
     @property
     def mfu(self) -> float | None:
-        return self.model_tflops / self.mfu_peak_tflops if self.mfu_peak_tflops else None
+        return self.model_tflops / self.ranks / self.mfu_peak_tflops if self.mfu_peak_tflops else None
 
     def parts(self) -> dict[str, float]:
         return {
@@ -189,8 +192,9 @@ class SpeedEstimate:
         }
 
 
-def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
-    """The step's time with the device's rates; ``None`` where the device's peak for the dtype is unknown."""
+def predict_speed(work: StepWork, fit: SpeedFit, ranks: int = 1) -> SpeedEstimate | None:
+    """The step's time with the device's rates, on each of ``ranks`` devices; ``None`` where the device's peak for
+    the dtype is unknown."""
     rate = fit.matmul_rate_tflops(work.matmul_dtype, work.matmul_inner)
     if not rate:
         return None
@@ -209,10 +213,11 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         host_s=work.host_bytes / fit.link_bytes_per_s,
         overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,
         mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
-        setup_s_per_sample=setup_s,
+        setup_s_per_sample=setup_s / ranks,  # the ranks share the pass over the data, a shard each
         dropout_s=work.dropout_elements * fit.dropout_s_per_element,
         loss_s=work.loss_logits * fit.loss_s_per_logit,
         head_s=work.head_logits * fit.head_s_per_logit,
+        ranks=ranks,
     )
 
 
@@ -233,12 +238,14 @@ class SpeedModel:
     """The throughput prior of one workload: its device's rates, how a config's matmul dtype is read (the
     workload's ``peak_dtype``: tf32 where TF32 is on), the user's sample lengths where known, and how many
     times the user's run goes over its data at a config's global batch (``run_passes``: a pass the trainer
-    runs before training is counted over them)."""
+    runs before training is counted over them), and the ranks a trial spans (``--devices-per-trial``), whose
+    rates it predicts together as a trial records them."""
 
     fit: SpeedFit
     matmul_dtype: Callable[[TrialConfig], str]
     lengths: tuple[int, ...] | None = None
     run_passes: Callable[[TrialConfig], float] | None = None
+    ranks: int = 1
 
     def work(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> StepWork:
         work = step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
@@ -247,4 +254,4 @@ class SpeedModel:
         return dataclasses.replace(work, run_passes=self.run_passes(config))
 
     def estimate(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> SpeedEstimate | None:
-        return predict_speed(self.work(model, config, seq_len), self.fit)
+        return predict_speed(self.work(model, config, seq_len), self.fit, self.ranks)

@@ -115,6 +115,11 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
             f"experts, {model.active_params / 1e9:.3g}B of its {model.num_params / 1e9:.3g}B parameters; model TFLOPs and MFU count "
             f"those, memory all of them"
         )
+    if options.devices_per_trial > 1:  # what a trial's figures are, said once (runner/_ranks.py sums its ranks')
+        notes.append(
+            f"--devices-per-trial {options.devices_per_trial}: a trial's samples/s, tokens/s and model TFLOPs are its "
+            f"{options.devices_per_trial} ranks' together; MFU is per device, peak memory the largest rank's"
+        )
     if model.other_modality_params:  # a multimodal checkpoint: what is trained and counted, said once
         notes.append(
             f"{options.model} is multimodal: its vision or audio tower ({model.other_modality_params / 1e6:,.1f} M params) "

@@ -145,7 +145,7 @@ class Workload:
         def run_passes(config: TrialConfig) -> float:  # as the trial counts its pass (runner._trial)
             return passes_over_data(self.run_length, config.global_batch, samples)
 
-        return SpeedModel(fit, self.peak_dtype, lengths or None, run_passes)
+        return SpeedModel(fit, self.peak_dtype, lengths or None, run_passes, self.devices_per_trial)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -25,7 +25,13 @@ from autotune.study._request import SearchBudget, SearchProgress, SearchRequest,
 from autotune.study._run import SearchHooks, search
 from autotune.study._screening import margin_for, memory_fit_from_trials
 from autotune.study._seeds import default_config
-from autotune.study._setup import check_identity, memory_fit_of_study, open_study, speed_model_of_study
+from autotune.study._setup import (
+    calibration_study,
+    check_identity,
+    memory_fit_of_study,
+    open_study,
+    speed_model_of_study,
+)
 from autotune.study._verify import verify
 
 __all__ = [
@@ -40,6 +46,7 @@ __all__ = [
     "margin_for",
     "measured_trials",
     "memory_fit_from_trials",
+    "calibration_study",
     "memory_fit_of_study",
     "speed_model_of_study",
     "open_study",

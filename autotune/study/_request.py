@@ -65,21 +65,7 @@ class SearchRequest:
 
     def identity(self) -> dict[str, Any]:
         """What must match for trials to be comparable in one study."""
-        workload = self.workload
-        return {
-            "model": workload.model.name,
-            "task": workload.model.task,
-            "seq_len": workload.seq_len,
-            "device": workload.device.name,
-            # Real data and fixed arguments change what a step costs (and what export writes).
-            "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
-            "base_args": workload.base_args,
-            "peft": workload.model.peft.identity() if workload.model.peft else None,
-            # Not under the default trainer, so studies of the Trainer written before the option resume unchanged.
-            **identity_entries(workload.trainer, workload.loss_on),
-            # Only where it is not 1, so studies written before the option resume unchanged.
-            **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
-        }
+        return workload_identity(self.workload)
 
     def for_device(self, device: DeviceSpec, rank_devices: tuple[int, ...] = ()) -> SearchRequest:
         """This request for one worker: the same search, trained on ``device`` (and, for a
@@ -192,3 +178,21 @@ def default_study_name(model_name: str, device: DeviceSpec, seq_len: int) -> str
     """``<model>-<device>-s<seq len>``: rerunning ``search`` with the same three resumes the same study."""
     model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_name).name if os.path.isdir(model_name) else model_name)
     return f"{model}-{device.label.replace(':', '')}-s{seq_len}"
+
+
+def workload_identity(workload: Workload) -> dict[str, Any]:
+    """What must match for trials to be comparable in one study (stored with it: ``SearchRequest.identity``)."""
+    return {
+        "model": workload.model.name,
+        "task": workload.model.task,
+        "seq_len": workload.seq_len,
+        "device": workload.device.name,
+        # Real data and fixed arguments change what a step costs (and what export writes).
+        "dataset": workload.dataset.label if workload.dataset else "synthetic tokens",
+        "base_args": workload.base_args,
+        "peft": workload.model.peft.identity() if workload.model.peft else None,
+        # Not under the default trainer, so studies of the Trainer written before the option resume unchanged.
+        **identity_entries(workload.trainer, workload.loss_on),
+        # Only where it is not 1, so studies written before the option resume unchanged.
+        **({"devices_per_trial": workload.devices_per_trial} if workload.devices_per_trial > 1 else {}),
+    }

@@ -19,14 +19,14 @@ from optuna.storages import RDBStorage
 from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit, SpeedModel
 from autotune.result import dataset_samples
-from autotune.spec.devices import DeviceSpec
+from autotune.runner import Workload
 from autotune.spec.models import ModelSpec
 from autotune.storage import load_study, schema
 from autotune.study._landscape import calibrated_speed
 from autotune.study._liveness import worker_identity
 from autotune.study._loop import measured_trials
 from autotune.study._proposals import make_sampler
-from autotune.study._request import SearchRequest
+from autotune.study._request import SearchRequest, workload_identity
 from autotune.study._screening import memory_fit_from_trials
 from autotune.study._seeds import enqueue_seeds, requeue_failed_seeds, study_seeds
 from autotune.units import format_bytes
@@ -160,23 +160,32 @@ def _wait_for_identity(study: optuna.Study, patience_s: float = 30.0) -> dict[st
     return identity
 
 
-def memory_fit_of_study(
-    storage: str, study_name: str | None, model: ModelSpec, seq_len: int, device: DeviceSpec, prior: MemoryFit
-) -> MemoryFit:
-    """The memory model fitted on a study's measured trials (``autotune estimate --storage``), refusing a
-    study of another model, length or device."""
+# What a study's trials must share with an estimate for their figures to calibrate it: what a step of a config
+# trains and where (not the dataset, the fixed arguments or the loss's tokens, which the estimate's own options set).
+CALIBRATION_KEYS = ("model", "task", "seq_len", "device", "peft", "trainer", "devices_per_trial")
+CALIBRATION_REMEDY = (
+    "give estimate the options that study was searched with (--peft, --trainer, --devices-per-trial), or leave out "
+    "--storage to plan from the prior alone"
+)
+
+
+def calibration_study(storage: str, study_name: str | None, workload: Workload) -> optuna.Study:
+    """The study whose measured trials calibrate ``autotune estimate --storage``, refusing one that trained
+    another setup (:data:`CALIBRATION_KEYS`): its trials' peaks and speeds are not this plan's.
+
+    Raises:
+        AutotuneError: Naming each difference, and what to do instead.
+    """
     study = load_study(storage, study_name)
-    expected = {"model": model.name, "seq_len": seq_len, "device": device.name}
-    check_identity(study, expected, keys=expected)
+    check_identity(study, workload_identity(workload), keys=CALIBRATION_KEYS, remedy=CALIBRATION_REMEDY)
+    return study
+
+
+def memory_fit_of_study(study: optuna.Study, model: ModelSpec, seq_len: int, prior: MemoryFit) -> MemoryFit:
+    """The memory model fitted on a study's measured trials (``autotune estimate --storage``)."""
     return memory_fit_from_trials(model, seq_len, prior, measured_trials(study))
 
 
-def speed_model_of_study(
-    storage: str, study_name: str | None, model: ModelSpec, seq_len: int, device: DeviceSpec, speed: SpeedModel
-) -> SpeedModel:
-    """The throughput prior calibrated on a study's measured trials (``autotune estimate --storage``),
-    refusing a study of another model, length or device."""
-    study = load_study(storage, study_name)
-    expected = {"model": model.name, "seq_len": seq_len, "device": device.name}
-    check_identity(study, expected, keys=expected)
+def speed_model_of_study(study: optuna.Study, model: ModelSpec, seq_len: int, speed: SpeedModel) -> SpeedModel:
+    """The throughput prior calibrated on a study's measured trials (``autotune estimate --storage``)."""
     return calibrated_speed(model, seq_len, speed, ((trial.config, trial.result) for trial in measured_trials(study)))

@@ -223,8 +223,9 @@ def estimate_table(
     table = Table(
         title=title,
         caption=(
-            "weights: fp32 parameters (+ 16-bit copies under fp16/bf16 autocast); gradients: fp32; optimizer "
-            "states: per optimizer; activations: Korthikanti et al. 2022 per layer, calibrated scale; logits: "
+            "weights: the parameters in their dtype (fp32; 16-bit under weights=bf16; a 4-bit base under QLoRA) + "
+            "16-bit autocast copies of fp32 weights under fp16/bf16; gradients: of what trains (every parameter, or "
+            "the adapters under --peft), in its dtype; optimizer states: per optimizer; activations: Korthikanti et al. 2022 per layer, calibrated scale; logits: "
             "three fp32 b·s·V tensors of the LM loss; allocator: CUDA caching allocator's workspaces and "
             "fragmentation (0 on the CPU); context: CUDA context, or on the CPU the process baseline "
             f"(per dataloader worker too). fits: predicted peak <= ceiling; screened: > ceiling x {screen_margin:.2f}, "

@@ -51,11 +51,13 @@ def study_paces(study: optuna.Study) -> tuple[tuple[str, Pace], tuple[str, Pace]
     answer = study_answer(study)
     trials = {trial.number: trial for trial in study.get_trials(deepcopy=False)}
     trainer = study_trainer(study)
+    # A trial of several ranks records their rates summed, and its global batch knob as each rank's share.
+    ranks = int((study.user_attrs.get(schema.STUDY_SEARCH_OPTIONS) or {}).get("devices_per_trial") or 1)
 
     def pace(number: int, samples_per_s: float) -> Pace:
         result = TrialResult.from_trial(trials[number])
         assert result is not None  # the answer's trials ran and fit
-        batch = TrialConfig.from_params(trials[number].params).global_batch
+        batch = TrialConfig.from_params(trials[number].params).global_batch * ranks
         return Pace.measured(result, samples_per_s, batch, packed_samples=trainer.samples_counted_from_lengths)
 
     winner = (f"winner #{answer.winner_trial}", pace(answer.winner_trial, answer.winner_samples_per_s))
@@ -112,7 +114,10 @@ def predicted_run_time(
     length = run_length(base_args, epochs)
 
     def pace(config: TrialConfig, speed: Any) -> Pace:  # steady steps of global-batch samples, and any pass before
-        return Pace(speed.steady_samples_per_s, config.global_batch, setup_s_per_sample=speed.setup_s_per_sample)
+        # The speed is the trial's, over its ranks; a step trains each rank's share of the global batch.
+        return Pace(
+            speed.steady_samples_per_s, config.global_batch * devices, setup_s_per_sample=speed.setup_s_per_sample
+        )
 
     words = trainers.get(trainer).baseline_words
     compared = default is not None and default[1] is not None and default_over_ceiling is None

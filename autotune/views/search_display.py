@@ -275,7 +275,7 @@ def ranking_title(study_name: str, ranking: Sequence[RankedTrial]) -> str:
     """The ranking table's title: its order as :func:`autotune.views.ranking.feasible_ranking` makes it,
     where a single measurement, however fast, is never put above the confirmed leader."""
     title = f"Feasible configurations of {for_rich(study_name)}, fastest first"
-    if any(row.confirmed for row in ranking):
+    if any(row.confirmed for row in ranking) and not all(row.confirmed for row in ranking):
         title += "; unconfirmed single measurements below the confirmed leader"
     return title
 

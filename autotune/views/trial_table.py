@@ -108,7 +108,9 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
     Args:
         short_notes: Cut each note to a glance (the live view); else every note is whole (``autotune best``).
     """
-    source = memory_source_description(memory_source) or "see each trial's memory_source"
+    # The rows' own source where none is given (`best --all`): one probe measures every trial of a device.
+    sources = [memory_source] if memory_source else sorted({r.result.memory_source for r in rows if r.result})
+    source = "; ".join(memory_source_description(s) for s in sources if s) or "nothing measured"
     caption = LEGEND.format(source=source)
     if any(row.result is not None and accumulation_note(row.result) for row in rows):  # said once, not per row
         caption += f" gradients xk: {ACCUMULATION_MEANING.format(steps='k')}."
@@ -130,7 +132,8 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
         cells = trial_cells(
             row.number,
             row.config,
-            row.result,
+            # A confirmed trial's peak: the larger of its search run's and its re-runs' (the ceiling held in each).
+            dataclasses.replace(row.result, peak_memory_bytes=row.peak_memory_bytes) if row.result else None,
             row.confirmed_samples_per_s,
             row.confirmation,
             row.state,

@@ -368,6 +368,12 @@ def test_estimate_calibrates_only_on_a_study_of_the_same_setup(tmp_path, sqlite_
     )
     assert same.returncode == 0 and "not calibrated: no measured trial" in same.stdout
     assert "speed estimator: throughput prior" in same.stdout  # no trial ran: the throughput prior as is
+    # A study of the whole model does not calibrate a plan of adapters (it once did, silently).
+    lora = run_cli_in_process(
+        "estimate", "--model", "bert-tiny", "--seq-len", "32", "--peft", "lora", "--storage", sqlite_url, cwd=tmp_path
+    )
+    assert lora.returncode == 2 and "another setup (peft None there, {" in lora.stderr, lora.stderr
+    assert "leave out --storage to plan from the prior alone" in lora.stderr and "--study-name" not in lora.stderr
 
 
 # --- the CUDA prior and planning for a GPU one does not have (issue 14) ----------------------------

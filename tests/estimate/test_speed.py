@@ -379,3 +379,30 @@ def test_each_planned_row_is_at_the_compile_setting_the_prior_predicts_fastest()
     assert [row.config.compile for row in rows] == ["inductor"]
     off = speed.estimate(model, dataclasses.replace(rows[0].config, compile="off"), 4096)
     assert rows[0].speed is not None and off is not None and rows[0].speed.model_tflops > off.model_tflops
+
+
+def test_a_trial_of_two_ranks_is_predicted_as_a_trial_records_it_and_its_run_takes_half_as_long():
+    """A trial of N ranks records its ranks' rates summed and MFU per device (runner/_ranks.py): the prediction
+    says the same, and the whole run over N devices takes 1/N the time at the same cost (it once took as long as
+    on one device and cost N times as much)."""
+    from autotune.estimate._speed_time import SpeedModel
+    from autotune.result import duration
+    from autotune.result._run_time import money
+    from autotune.views.run_time import predicted_run_time
+
+    model = resolve_model("llama-3.2-1b")
+    one = SpeedModel(speed_prior(known_gpu("h100-sxm").device(), {}), lambda config: "bf16")
+    config = TrialConfig(micro_batch=4, dtype="bf16", weight_dtype="bf16")
+    alone, paired = one.estimate(model, config, 2048), dataclasses.replace(one, ranks=2).estimate(model, config, 2048)
+    assert alone is not None and paired is not None and alone.mfu is not None
+    assert paired.step_s == alone.step_s  # each rank's step trains its own micro-batches
+    for rate in ("samples_per_s", "tokens_per_s", "model_tflops"):
+        assert getattr(paired, rate) == pytest.approx(2 * getattr(alone, rate)), rate
+    assert paired.mfu == pytest.approx(alone.mfu)
+    samples = 100_000
+    for ranks, speed in ((1, alone), (2, paired)):
+        line = predicted_run_time({}, 1.0, samples, (config, speed), None, 2.0, ranks, "trainer")
+        assert line is not None
+        seconds = samples / (ranks * alone.samples_per_s)
+        assert f": {duration(seconds)} (predicted winner" in line, line
+        assert f"cost {money(samples / alone.samples_per_s / 3600 * 2.0)} at $2/h per device" in line, line

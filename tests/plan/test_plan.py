@@ -153,6 +153,8 @@ def test_estimate_plans_a_trial_of_several_gpus_of_a_type_it_lacks():
         EstimateOptions(model="bert-tiny", gpu_type="h100-sxm", seq_len=32, space=TINY_SPACE, devices_per_trial=2)
     )
     assert planned.workload.devices_per_trial == 2 and planned.prior.ranks == 2
+    assert planned.workload.speed_model().ranks == 2  # the trial's rates, as it records them
+    assert any("model TFLOPs are its 2 ranks' together; MFU is per device" in note for note in planned.notes)
     title = estimate_title("bert-tiny", 32, "h100-sxm", "cuda", 2**30, planned.workload.devices_per_trial)
     assert "device memory as nvidia-smi shows it, the largest of its 2 ranks" in title
 

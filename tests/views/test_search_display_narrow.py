@@ -159,6 +159,34 @@ def test_the_ranking_title_says_a_single_measurement_is_never_put_above_the_conf
     assert ranking_title("s", rows) == (
         "Feasible configurations of s, fastest first; unconfirmed single measurements below the confirmed leader"
     )
+    # Every row confirmed: no unconfirmed row to speak of.
+    assert ranking_title("s", rows[1:]) == "Feasible configurations of s, fastest first"
+
+
+def test_a_confirmed_rows_peak_is_the_larger_of_its_search_run_and_its_re_runs_as_export_says():
+    """`best` showed the search run's peak beside the confirmed speed, `export` and the report the larger of it and
+    the re-runs' (RankedTrial.peak_memory_bytes): one figure now, the one the ceiling held in every run."""
+    import dataclasses
+
+    from autotune.views.ranking import ranked_result
+
+    confirmed = _rows()[1]
+    rerun_peak = int(72.5 * GiB)
+    row = dataclasses.replace(
+        confirmed, confirmation={**(confirmed.confirmation or {}), "peak_memory_bytes": rerun_peak}
+    )
+    shown = _render(trial_table("Trials", [row]), width=200)
+    assert "72.50 GiB" in shown and "71.30 GiB" not in shown
+    result = ranked_result(row)
+    assert result is not None and result.peak_memory_bytes == rerun_peak
+
+
+def test_a_table_given_no_memory_source_names_its_rows_own():
+    caption = str(trial_table("All trials", _rows()).caption)
+    assert "see each trial's memory_source" not in caption
+    measured = TrialResult(status="ok", samples_per_s=1.0, memory_source="peak_rss_tree_bytes")
+    caption = str(trial_table("All trials", [RankedTrial(0, "COMPLETE", TrialConfig(), measured)]).caption)
+    assert "peak resident memory (RSS) of the trial's whole process tree" in caption
 
 
 def _view_lines(view: SearchView, console: Console) -> list[str]:
