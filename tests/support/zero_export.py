@@ -15,10 +15,9 @@ ACCELERATE_LOOP = Path(__file__).with_name("accelerate_loop.py")
 def zero_winner_study(zero: str = "2+offload", dtype: str = "bf16", host_bytes: int | None = None) -> optuna.Study:
     """A CPU study whose one feasible trial trained with DeepSpeed ZeRO ``zero`` in ``dtype``; ``host_bytes``:
     the host memory its offload was predicted to take (recorded with the trial)."""
-    from optuna.distributions import CategoricalDistribution
-
     from autotune.result import Status, TrialResult
     from autotune.storage import schema
+    from tests.support.recorded_study import add_recorded_trial
 
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
@@ -29,16 +28,5 @@ def zero_winner_study(zero: str = "2+offload", dtype: str = "bf16", host_bytes: 
         peak_memory_bytes=2**30,
         memory_peaks={schema.TRIAL_PREDICTED_HOST_BYTES: host_bytes} if host_bytes else {},
     )
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"zero": zero, "dtype": dtype},
-            distributions={
-                "zero": CategoricalDistribution(["off", zero]),
-                "dtype": CategoricalDistribution([dtype]),
-            },
-            value=1.0,
-            user_attrs={schema.TRIAL_RESULT: result.to_dict()},
-            system_attrs={"constraints": [-1.0]},
-        )
-    )
+    add_recorded_trial(study, {"zero": (zero, ["off", zero]), "dtype": dtype}, result)
     return study

@@ -33,10 +33,10 @@ ESCAPES = "study\x1b]0;owned\x07\x1b[2J\x1b[31mred\u202e"
 def hostile_sft_study(storage: str, name: str = "x" + HOSTILE):
     """An SFT study of one feasible trial whose name, model path, dataset and --base-args values are hostile."""
     import optuna
-    from optuna.distributions import CategoricalDistribution
 
     from autotune.result import Status, TrialResult
     from autotune.storage import schema
+    from tests.support.recorded_study import add_recorded_trial
 
     base_args = {"run_name": HOSTILE, "eos_token": HOSTILE}
     study = optuna.create_study(storage=storage, direction="maximize", study_name=name)
@@ -54,15 +54,7 @@ def hostile_sft_study(storage: str, name: str = "x" + HOSTILE):
     }
     study.set_user_attr(schema.STUDY_IDENTITY, identity)
     result = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30, error=ESCAPES)
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"micro_batch": 4},
-            distributions={"micro_batch": CategoricalDistribution([4])},
-            value=1.0,
-            user_attrs={schema.TRIAL_RESULT: result.to_dict()},
-            system_attrs={"constraints": [-1.0]},
-        )
-    )
+    add_recorded_trial(study, {"micro_batch": 4}, result)
     return study
 
 

@@ -129,25 +129,16 @@ def test_epochs_that_contradict_the_base_args_max_steps_are_refused_before_any_t
 def test_a_studys_run_of_max_steps_trains_every_ranks_share_of_the_global_batch(ranks):
     """A trial of N ranks records its ranks' samples/s summed and its global batch knob as each rank's share:
     a run of max_steps trains N shares a step (it once counted one, so N ranks' run was projected N times short)."""
-    from optuna.distributions import CategoricalDistribution
-
     from autotune.result import Status
     from autotune.views.run_time import study_run_time
+    from tests.support.recorded_study import add_recorded_trial
 
     study = optuna.create_study(direction="maximize")
     study.set_user_attr(schema.STUDY_DEVICE_KIND, "cpu")
     study.set_user_attr(schema.STUDY_BASE_ARGS, {"max_steps": 100})
     study.set_user_attr(schema.STUDY_SEARCH_OPTIONS, {"devices_per_trial": ranks} if ranks > 1 else {})
     result = TrialResult(status=Status.OK, samples_per_s=10.0, model_tflops=1.0, peak_memory_bytes=2**30)
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"micro_batch": 4},
-            distributions={"micro_batch": CategoricalDistribution([4])},
-            value=1.0,
-            user_attrs={schema.TRIAL_RESULT: result.to_dict()},
-            system_attrs={"constraints": [-1.0]},
-        )
-    )
+    add_recorded_trial(study, {"micro_batch": 4}, result)
     line = study_run_time(study)
     assert line is not None
     assert f": {duration(100 * 4 * ranks / 10.0)} (winner #0" in line, line
