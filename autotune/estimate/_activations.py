@@ -174,43 +174,47 @@ def activation_bytes(
 ) -> int:
     """Activations of the whole model at the peak (start of the backward pass), before the fit.
 
-    Without checkpointing: every layer's saved tensors, plus one layer's worth of gradient tensors
-    alive while its backward runs. With full checkpointing (one checkpoint per layer, as HF's
-    ``activation_checkpointing`` does): each layer's input ``r sbh``, plus one layer recomputed and
-    its gradients. Embeddings: int64 ids (and position ids), summed embeddings, layer norm input and
-    dropout mask. A flattened batch under a mask-based kernel adds its ``T x T`` boolean mask
-    (:func:`packed_mask_bytes`).
+    What the layers keep (:func:`kept_layer_bytes`), and under checkpointing the working layers of its
+    backward (one recomputed, with its gradients); under TRL's activation offloading the working layers
+    alone (what the layers keep is on the host: :func:`offloaded_activation_bytes`). Embeddings: int64 ids (and
+    position ids), summed embeddings, layer norm input and dropout mask. A flattened batch under a mask-based
+    kernel adds its ``T x T`` boolean mask (:func:`packed_mask_bytes`).
     """
     shape = shape or MicroBatchShape(rows=traits.rows, row_tokens=seq_len)
     _, r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))
-    tokens, h = shape.tokens, model.hidden_size
     layer = saved_layer_bytes(model, traits, seq_len, device_kind, shape)
-    embeddings = (2 * 8 + (2 * r + 1) * h) * tokens + packed_mask_bytes(traits, shape)
-    folded, folded_layer = folded_expert_weight_bytes(model, traits)
-    working = CHECKPOINT_WORKING_LAYERS[device_kind] * (layer + folded_layer)
+    embeddings = (2 * 8 + (2 * r + 1) * model.hidden_size) * shape.tokens + packed_mask_bytes(traits, shape)
+    working = CHECKPOINT_WORKING_LAYERS[device_kind] * (layer + folded_expert_weight_bytes(model, traits)[1])
     if traits.activations_offloaded:
         # TRL's offloading (trl/models/activation_offloading.py) moves every saved tensor to pinned host
         # memory as the forward makes it and brings each back for its layer's backward: the device
         # holds about the working layers of checkpointing's backward (counted so, a bound).
         return int(working + embeddings)
+    kept = kept_layer_bytes(model, traits, seq_len, device_kind, shape)
+    return int(kept + working + embeddings) if traits.recompute else kept + embeddings
+
+
+def kept_layer_bytes(
+    model: ModelSpec, traits: MemoryTraits, seq_len: int, device_kind: str, shape: MicroBatchShape
+) -> int:
+    """What the layers keep for the backward at its start: under full checkpointing (one checkpoint per layer,
+    as HF's ``activation_checkpointing`` does) each layer's input ``r sbh``; else every layer's saved tensors,
+    one layer's worth more for the gradient tensors alive while its backward runs, and any folded expert
+    weights."""
     if traits.recompute:
-        return int(model.num_layers * r * tokens * h + working + embeddings)
-    return (model.num_layers + 1) * layer + folded + embeddings
+        r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))[1]
+        return model.num_layers * r * shape.tokens * model.hidden_size
+    layer = saved_layer_bytes(model, traits, seq_len, device_kind, shape)
+    return (model.num_layers + 1) * layer + folded_expert_weight_bytes(model, traits)[0]
 
 
 def offloaded_activation_bytes(
     model: ModelSpec, traits: MemoryTraits, seq_len: int, device_kind: str, shape: MicroBatchShape
 ) -> int:
-    """What TRL's activation offloading keeps in pinned host memory: every tensor the forward saves, as
-    :func:`activation_bytes` counts them without it (a bound: tensors under 1 KiB and the output head's stay,
+    """What TRL's activation offloading keeps in pinned host memory: what the layers keep
+    (:func:`kept_layer_bytes`; a bound: tensors under 1 KiB and the output head's stay on the device,
     trl/models/activation_offloading.py ``min_offload_size``, ``NoOpManager``); 0 without it."""
-    if not traits.activations_offloaded:
-        return 0
-    if traits.recompute:  # checkpointing saves each layer's input only
-        r = activation_element_bytes(traits.half_autocast, compute_weight_bytes(traits))[1]
-        return model.num_layers * r * shape.tokens * model.hidden_size
-    layer = saved_layer_bytes(model, traits, seq_len, device_kind, shape)
-    return (model.num_layers + 1) * layer + folded_expert_weight_bytes(model, traits)[0]
+    return kept_layer_bytes(model, traits, seq_len, device_kind, shape) if traits.activations_offloaded else 0
 
 
 def packed_mask_bytes(traits: MemoryTraits, shape: MicroBatchShape) -> int:

@@ -43,9 +43,9 @@ class MemoryEstimate:
     logits_bytes: int
     context_bytes: int
     allocator_bytes: int = 0
-    # What offload keeps in host memory, per rank: ZeRO offload's partitions and TRL's offloaded
-    # activations (not a part of the device's peak, except on the CPU, where the host is the device's
-    # memory and the parts already hold it). A trial's ranks share one host: :func:`host_bytes_of_trial`.
+    # What offload keeps in host memory, per rank: ZeRO offload's partitions and TRL's offloaded activations
+    # (not a part of the device's peak, except on the CPU, where the host is the device's memory and the
+    # parts already hold it). A trial's ranks share one host: :meth:`trial_host_bytes`.
     host_bytes: int = 0
 
     @property

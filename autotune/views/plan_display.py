@@ -78,13 +78,12 @@ def host_memory_note(device_kind: str, host_ceiling_bytes: int | None = None) ->
     """What the host column means where it is shown (``autotune estimate``), and the host RAM it was judged by."""
     what = "host RAM (offload): what DeepSpeed ZeRO offload and TRL's activation offloading keep in host memory"
     if device_kind == "cpu":
-        return f"{what}; on the CPU the host is the device, so the predicted peak already holds it"
-    judged = (
-        f"; a config whose ranks together need more than {format_bytes(host_ceiling_bytes)} there does not fit"
-        if host_ceiling_bytes is not None
-        else "; not judged against this machine's RAM (the GPU's host is not this one)"
-    )
-    return f"{what} per rank, beside the device's peak (a trial's ranks share the host){judged}"
+        what += "; on the CPU the host is the device, so the predicted peak already holds it"
+    else:
+        what += " per rank, beside the device's peak (a trial's ranks share the host)"
+    if host_ceiling_bytes is None:
+        return f"{what}; not judged against this machine's RAM (the GPU's host is not this one)"
+    return f"{what}; a config whose ranks together need more than {format_bytes(host_ceiling_bytes)} there does not fit"
 
 
 def trained_name(model: ModelSpec) -> str:
