@@ -39,6 +39,31 @@ def _tokens_seen(state: object) -> int:
     return int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
 
+def several_ranks() -> bool:
+    """Whether this process is one rank of a trial of several (torch.distributed set up, more than one rank)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def any_rank_stops(stop: bool, device: Any) -> bool:
+    """Whether any rank of the trial stops after this step (``stop``: this rank's own answer).
+
+    Every rank calls it at the end of every step, so the ranks stop at the same step. Each rank's own
+    measurement converges at its own step (its CV, its time budget), and a rank that left the loop alone ran the
+    Trainer's closing collectives (``store_flos``'s gather of a float) against the others' next step: gloo
+    aborted the trial ("Received data size doesn't match expected size", seen on 2-rank ZeRO offload trials on
+    the CPU, docs/benchmarks.md, "ZeRO and several ranks"). One all-reduce of an int a step, on the rank's device
+    (``TrainingArguments.device``: NCCL's collectives take CUDA tensors).
+    """
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(stop)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 class StepTimer(TrainerCallback):
     """Times whole optimizer steps (data loading and every accumulation micro-batch included).
 
@@ -94,6 +119,16 @@ class StepTimer(TrainerCallback):
         now = time.perf_counter()
         assert self._last_step_end is not None
         elapsed, self._last_step_end = now - self._last_step_end, now
+        stop = self._record(elapsed, state)
+        if args is not None and several_ranks():
+            stop = any_rank_stops(stop, args.device)
+            self._last_step_end = time.perf_counter()  # the agreement is the timer's work, not the next step's
+        if stop:
+            control.should_training_stop = True
+        return control
+
+    def _record(self, elapsed: float, state: TrainerState) -> bool:
+        """Count one step of ``elapsed`` seconds; whether this rank's measurement is done."""
         compiled_now = self._compile_clock()
         compiled_during_step = compiled_now > self._compile_at_last_step
         self._compile_at_last_step = compiled_now
@@ -103,18 +138,16 @@ class StepTimer(TrainerCallback):
             recompiled = len(self.warmup_times) >= self.settings.warmup_steps
             self.warmup_times.append(elapsed)
             self.recompiled_steps += recompiled
-            if self.still_compiling:
-                control.should_training_stop = True
-            return control
+            return self.still_compiling
         self.step_times.append(elapsed)
         self.measured_step_numbers.append(state.global_step)
         self.step_tokens.append(int(tokens))
         if self._done():
-            control.should_training_stop = True
-        elif self._on_measured_step is not None and self._on_measured_step(self):
+            return True
+        if self._on_measured_step is not None and self._on_measured_step(self):
             self.stopped_early = True
-            control.should_training_stop = True
-        return control
+            return True
+        return False
 
     @property
     def still_compiling(self) -> bool:

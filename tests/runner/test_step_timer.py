@@ -88,6 +88,48 @@ def test_the_time_budget_stops_measurement():
     assert drive(timer, 100) == 2  # one warm-up, then the first measured step spends the budget
 
 
+def _rank_stops(rank: int, store: str, budgets: tuple[int, int], out: str) -> None:
+    """One rank of :func:`test_the_ranks_of_a_trial_stop_at_the_same_step`: a real gloo group of two processes."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.runner._step_timer import StepTimer
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        settings = MeasureSettings(
+            warmup_steps=1, min_steps=1, max_steps=budgets[rank], max_seconds=1e9, cv_target=-1.0
+        )
+        timer = StepTimer(settings, synchronize=lambda: None)
+        args = types.SimpleNamespace(device=torch.device("cpu"))  # what the timer reads of TrainingArguments
+        from transformers import TrainerControl, TrainerState
+
+        control, state = TrainerControl(), TrainerState()
+        while not control.should_training_stop and state.global_step < 20:
+            timer.on_step_begin(args, state, control)
+            state.global_step += 1
+            control = timer.on_step_end(args, state, control)
+        with open(f"{out}{rank}", "w") as file:
+            file.write(str(state.global_step))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_trial_stop_at_the_same_step(tmp_path):
+    """Each rank's measurement ends at its own step; a rank that left the loop alone ran the Trainer's closing
+    collectives against the others' next step, and gloo aborted the trial. Two real ranks whose budgets differ
+    (2 and 5 measured steps) both stop at the first one's."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(
+        _rank_stops, args=(str(tmp_path / "store"), (2, 5), str(tmp_path / "rank")), nprocs=2, start_method="spawn"
+    )
+    assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["3", "3"]  # a warm-up step and 2 measured
+
+
 def test_every_step_is_timed_after_synchronising():
     from autotune.runner._step_timer import StepTimer
 
