@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError
@@ -201,35 +201,6 @@ ZERO = Lever(
 )
 
 
-def _searches_zero(choices: Mapping[str, list[Any]]) -> list[str]:
-    return [value for value in choices.get("zero", []) if value != "off"]
-
-
-def zero_excludes(
-    choices: dict[str, list[Any]],
-    notes: list[str],
-    zero_values: list[str],
-    other: str,
-    bad: tuple[Any, ...],
-    reason: str,
-) -> dict[str, list[Any]]:
-    """One rule between ``zero`` and another lever: ``zero_values`` do not run with ``bad`` values of
-    ``other``. Where the space's ``zero`` offers only such values, the other lever loses its bad
-    values (a note); else those ``zero`` values go (a note saying how to search them)."""
-    others = choices.get(other, [])
-    clashing = [v for v in others if v in bad]
-    if not zero_values or not clashing:
-        return choices
-    kept_others = [v for v in others if v not in bad]
-    words = ", ".join(map(str, clashing))
-    if set(choices["zero"]) <= set(zero_values) and kept_others:
-        notes.append(f"{other} {words} removed: {reason}")
-        return {**choices, other: kept_others}
-    kept_zero = [v for v in choices["zero"] if v not in zero_values] or ["off"]
-    notes.append(f"zero {', '.join(zero_values)} removed: {reason}; search it in a space whose {other} is not {words}")
-    return {**choices, "zero": kept_zero}
-
-
 def zero_with_other_levers(choices: dict[str, list[Any]], notes: list[str], source: str) -> dict[str, list[Any]]:
     """The combinations of ZeRO that cannot run or would measure something else, each with its reason.
 
@@ -247,39 +218,75 @@ def zero_with_other_levers(choices: dict[str, list[Any]], notes: list[str], sour
     """
     from autotune.levers.optimizer import BNB_OPTIMIZERS, OPTIMIZERS
 
-    searched = _searches_zero(choices)
-    offloading = [v for v in searched if zero_offloads(v)]
-    not_adamw = tuple(o for o in OPTIMIZERS if o != OFFLOAD_OPTIM)
-    choices = zero_excludes(
-        choices,
-        notes,
-        offloading,
-        "optim",
-        not_adamw,
-        "ZeRO offload trains with DeepSpeed's own AdamW (DeepSpeedCPUAdam)",
-    )
-    choices = zero_excludes(
-        choices,
-        notes,
-        _searches_zero(choices),
-        "optim",
-        BNB_OPTIMIZERS,
-        "DeepSpeed hands the optimizer flat fp32 partitions: bitsandbytes' per-parameter 32-bit overrides do not apply",
-    )
-    choices = zero_excludes(
-        choices,
-        notes,
-        _searches_zero(choices),
-        "weight_dtype",
-        ("bf16",),
-        "DeepSpeed keeps fp32 master weights and makes its own bf16 copy",
-    )
+    every = tuple(v for v in ZERO_CHOICES if v != "off")
+    offloading = tuple(v for v in every if zero_offloads(v))
     compiled = tuple(v for v in choices.get("compile", []) if v != "off")
-    return zero_excludes(
-        choices,
-        notes,
-        _searches_zero(choices),
-        "compile",
-        compiled,
-        "a DeepSpeed engine is not compiled by the Trainer as a plain model is",
+    clashes = (
+        ZeroClash(
+            offloading,
+            "optim",
+            tuple(o for o in OPTIMIZERS if o != OFFLOAD_OPTIM),
+            "ZeRO offload trains with DeepSpeed's own AdamW (DeepSpeedCPUAdam)",
+        ),
+        ZeroClash(
+            every,
+            "optim",
+            BNB_OPTIMIZERS,
+            "DeepSpeed hands the optimizer flat fp32 partitions: bitsandbytes' per-parameter 32-bit overrides do not apply",
+        ),
+        ZeroClash(every, "weight_dtype", ("bf16",), "DeepSpeed keeps fp32 master weights and makes its own bf16 copy"),
+        ZeroClash(every, "compile", compiled, "a DeepSpeed engine is not compiled by the Trainer as a plain model is"),
     )
+    return apply_zero_clashes(choices, notes, clashes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroClash:
+    """One rule between ``zero`` and another lever: ``zero_values`` do not run with ``bad`` values of ``other``."""
+
+    zero_values: tuple[str, ...]
+    other: str
+    bad: tuple[Any, ...]
+    reason: str
+
+
+def apply_zero_clashes(
+    choices: dict[str, list[Any]], notes: list[str], clashes: Sequence[ZeroClash]
+) -> dict[str, list[Any]]:
+    """The rules between ``zero`` and other levers, applied so that every note holds of the space that results.
+
+    First, where every ``zero`` value of the space breaks a rule, the other lever loses its bad values (a note
+    each: ZeRO is what the space searches). Then each ``zero`` value that still breaks a rule goes, one note for
+    the values that broke the same rules, naming each reason and every value of every lever whose absence lets it
+    be searched (rules taken one at a time named some: zero 2+offload's note sent the user to a space without
+    8-bit optimizers, which the next rule then made, and offload stayed removed there).
+    """
+    for clash in clashes:
+        zero = choices.get("zero", [])
+        others = choices.get(clash.other, [])
+        clashing = [v for v in others if v in clash.bad]
+        kept = [v for v in others if v not in clash.bad]
+        if zero and clashing and kept and set(zero) <= set(clash.zero_values):
+            notes.append(f"{clash.other} {', '.join(map(str, clashing))} removed: {clash.reason}")
+            choices = {**choices, clash.other: kept}
+    broken: dict[str, list[ZeroClash]] = {}
+    for clash in clashes:
+        if any(v in clash.bad for v in choices.get(clash.other, [])):
+            for value in choices.get("zero", []):
+                if value in clash.zero_values:
+                    broken.setdefault(value, []).append(clash)
+    groups: dict[tuple[ZeroClash, ...], list[str]] = {}
+    for value, broke in broken.items():
+        groups.setdefault(tuple(broke), []).append(value)
+    for rules, values in groups.items():
+        bad: dict[str, list[Any]] = {}
+        for clash in rules:
+            for v in choices[clash.other]:
+                if v in clash.bad and v not in bad.setdefault(clash.other, []):
+                    bad[clash.other].append(v)
+        whose = " and ".join(f"{other} is not {', '.join(map(str, vs))}" for other, vs in bad.items())
+        reasons = "; ".join(clash.reason for clash in rules)
+        notes.append(f"zero {', '.join(values)} removed: {reasons}; search it in a space whose {whose}")
+    if not broken:
+        return choices
+    return {**choices, "zero": [v for v in choices["zero"] if v not in broken] or ["off"]}

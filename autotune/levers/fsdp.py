@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.levers._exports import CannotExpress, same_names
 from autotune.levers._hooks import MemoryTraits
 from autotune.levers._lever import Lever
-from autotune.levers.distributed import zero_excludes
+from autotune.levers.distributed import ZERO_CHOICES, ZeroClash, apply_zero_clashes
 
 if TYPE_CHECKING:
     from autotune.spec.devices import DeviceSpec
@@ -93,8 +93,7 @@ FSDP = Lever(
 
 def fsdp_or_zero(choices: dict[str, list[Any]], notes: list[str], source: str) -> dict[str, list[Any]]:
     """FSDP and ZeRO both shard the model over the ranks: a config runs one of them, not both."""
-    zero_values = [v for v in choices.get("zero", []) if v != "off"]
+    every_zero = tuple(v for v in ZERO_CHOICES if v != "off")
     sharded = tuple(v for v in FSDP_CHOICES if v != "off")
-    return zero_excludes(
-        choices, notes, zero_values, "fsdp", sharded, "ZeRO and FSDP both shard the model: a trial runs one of them"
-    )
+    clash = ZeroClash(every_zero, "fsdp", sharded, "ZeRO and FSDP both shard the model: a trial runs one of them")
+    return apply_zero_clashes(choices, notes, (clash,))

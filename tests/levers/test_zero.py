@@ -165,6 +165,30 @@ def test_combination_rules_say_why_and_keep_what_runs():
     assert choices == {"zero": ["1", "3"], "compile": ["off"]} and "compile inductor removed" in notes[0]
 
 
+def test_each_zero_note_holds_of_the_space_the_rules_leave():
+    """Rules taken one at a time removed 2+offload for an 8-bit optimizer, named it as what to leave out, then
+    removed that optimizer anyway: offload was lost from a space that could search it, and the note's advice was
+    already followed. Now the optimizer goes, and both stages stay."""
+    notes: list[str] = []
+    both = zero_with_other_levers({"zero": ["2", "2+offload"], "optim": ["adamw_torch", "adamw_bnb_8bit"]}, notes, "s")
+    assert both == {"zero": ["2", "2+offload"], "optim": ["adamw_torch"]}
+    assert notes == [
+        "optim adamw_bnb_8bit removed: DeepSpeed hands the optimizer flat fp32 partitions: bitsandbytes' "
+        "per-parameter 32-bit overrides do not apply"
+    ]
+    # A value that goes is named once, with every reason and every value whose absence lets it be searched.
+    notes = []
+    mixed = {"zero": ["off", "2", "2+offload"], "optim": ["adamw_torch", "adamw_bnb_8bit", "adafactor"]}
+    assert zero_with_other_levers(mixed, notes, "s")["zero"] == ["off"]
+    offload = next(note for note in notes if note.startswith("zero 2+offload removed"))
+    assert offload.endswith("search it in a space whose optim is not adamw_bnb_8bit, adafactor")
+    assert "DeepSpeedCPUAdam" in offload and "flat fp32 partitions" in offload
+    assert next(note for note in notes if note.startswith("zero 2 removed")).endswith("optim is not adamw_bnb_8bit")
+    assert len(notes) == 2
+    narrowed = zero_with_other_levers({"zero": ["2+offload"], "optim": ["adamw_torch"]}, [], "s")
+    assert narrowed["zero"] == ["2+offload"]  # the advice, followed, searches it
+
+
 def write_space(tmp_path, text: str) -> str:
     path = tmp_path / "space.yaml"
     path.write_text(text)
