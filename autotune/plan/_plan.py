@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import AutotuneError
 from autotune.plan._checks import cpu_ranks_fit, seq_len_fits, worker_share
 from autotune.plan._options import PlanOptions
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.estimate import MemoryFit
@@ -80,7 +81,7 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         trial_memory_prior,
     )
     from autotune.space import DEFAULT_SPACES, default_space_path, load_space
-    from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling
+    from autotune.spec.ceiling import host_ceiling_bytes, parse_ceiling, ranks_sharing
     from autotune.spec.measure import MeasureSettings
     from autotune.spec.measured_peaks import (
         load_measured_bandwidth,
@@ -97,7 +98,9 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
     groups = device_groups(options.worker_devices(), options.devices_per_trial)
     devices = [group[0] for group in groups]
     device = devices[0]
-    ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes)
+    # What each rank is judged against: a CPU trial's ranks share its RAM, so each gets its share.
+    sharing = ranks_sharing(device.kind, options.devices_per_trial)
+    ceiling = parse_ceiling(options.memory_ceiling, device.total_memory_bytes) // sharing
     model = resolve_model(options.model, options.task)
     seq_len_fits(options.seq_len, options.model, model)
     notes: list[str] = []
@@ -119,6 +122,12 @@ def plan(options: PlanOptions, available_memory_bytes: int | None = None) -> Pla
         notes.append(
             f"--devices-per-trial {options.devices_per_trial}: a trial's samples/s, tokens/s and model TFLOPs are its "
             f"{options.devices_per_trial} ranks' together; MFU is per device, peak memory the largest rank's"
+            + (
+                f", judged against a rank's share of the memory ceiling: {format_bytes(ceiling)} ({sharing} ranks share "
+                f"this machine's RAM, as the exported run's would)"
+                if sharing > 1
+                else ""
+            )
         )
     if model.other_modality_params:  # a multimodal checkpoint: what is trained and counted, said once
         notes.append(

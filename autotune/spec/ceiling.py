@@ -2,7 +2,9 @@
 
 Every place that judges memory against the ceiling calls :func:`fits` or :func:`excess_gib`: the
 runner (a trial that ran over it is ``over_ceiling``), ``tell`` (the study's memory constraint) and
-screening (a prediction clearly over it is not run). A peak equal to the ceiling fits.
+screening (a prediction clearly over it is not run). A peak equal to the ceiling fits. A trial's peak is
+its largest rank's, judged against a rank's ceiling: the whole one where each rank has a device of its own,
+a share where ranks share one (:func:`ranks_sharing`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ def parse_ceiling(text: str, total_bytes: int, option: str = "--memory-ceiling",
             f"{option} {text!r} is more than the {memory}'s {format_bytes(total_bytes)}; give at most that"
         )
     return ceiling
+
+
+def ranks_sharing(device_kind: str, ranks: int) -> int:
+    """How many of a trial's ``ranks`` share the memory one ``--memory-ceiling`` bounds: on the CPU all of them
+    (its ranks are processes on one machine's RAM, so each is judged against its share of the ceiling, and the
+    trial's ranks together stay under it, as the exported run of as many ranks must); on GPUs one, each rank
+    having a device of its own."""
+    return ranks if device_kind == "cpu" else 1
 
 
 def fits(peak_bytes: float, ceiling_bytes: float) -> bool:

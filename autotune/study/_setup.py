@@ -20,6 +20,7 @@ from autotune.errors import AutotuneError
 from autotune.estimate import MemoryFit, SpeedModel
 from autotune.result import dataset_samples
 from autotune.runner import Workload
+from autotune.spec.ceiling import ranks_sharing
 from autotune.spec.models import ModelSpec
 from autotune.storage import load_study, schema
 from autotune.study._landscape import calibrated_speed
@@ -61,7 +62,9 @@ def open_study(
     check_identity(study, request.identity())
     # The ceiling before the space: the memory prior narrows the space under the ceiling, so a run that
     # changed only the ceiling often plans another space too, and the ceiling is what the user changed.
-    check_same_ceiling(study, request.ceiling_bytes)
+    check_same_ceiling(
+        study, request.ceiling_bytes, ranks_sharing(request.workload.device.kind, request.workload.devices_per_trial)
+    )
     if study.user_attrs.get(schema.STUDY_SPACE) != request.space.choices:
         raise AutotuneError(
             f"study {study_name!r} was searched over another space; Optuna cannot mix spaces in one study: pass a new --study-name"
@@ -125,7 +128,7 @@ def check_identity(
         )
 
 
-def check_same_ceiling(study: optuna.Study, ceiling_bytes: int) -> None:
+def check_same_ceiling(study: optuna.Study, ceiling_bytes: int, sharing: int = 1) -> None:
     """A study is resumed under the ceiling it was searched with, as under the same sequence length.
 
     Each trial's feasibility is stored with it against the ceiling of its run (the memory
@@ -139,8 +142,8 @@ def check_same_ceiling(study: optuna.Study, ceiling_bytes: int) -> None:
     stored = study.user_attrs.get(schema.STUDY_CEILING_BYTES)
     if stored is not None and stored != ceiling_bytes:
         raise AutotuneError(
-            f"study {study.study_name!r} was searched under a memory ceiling of {format_bytes(stored)}, this run asks "
-            f"{format_bytes(ceiling_bytes)}: its trials were judged against the first; pass that --memory-ceiling, "
+            f"study {study.study_name!r} was searched under a memory ceiling of {format_bytes(stored * sharing)}, this run "
+            f"asks {format_bytes(ceiling_bytes * sharing)}: its trials were judged against the first; pass that --memory-ceiling, "
             f"or a new --study-name for the new ceiling"
         )
 

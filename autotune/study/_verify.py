@@ -50,6 +50,7 @@ from autotune.result import (
     VersionChange,
 )
 from autotune.runner import run_isolated
+from autotune.spec.ceiling import ranks_sharing
 from autotune.storage import schema
 from autotune.study._confirm import in_round_order, interval_width, rerun, summarise, within_reach_of_the_leader
 from autotune.study._proposals import measured_noise, noise_fraction
@@ -188,7 +189,11 @@ def verify_request(study: optuna.Study, options: VerifyOptions) -> SearchRequest
     values = {name: value for name, value in recorded.items() if name in known}
     values.update(callbacks=tuple(options.callbacks), workers=1, screen=False)
     if (ceiling := study.user_attrs.get(schema.STUDY_CEILING_BYTES)) is not None:
-        values["memory_ceiling"] = f"{int(ceiling)}B"  # the study's, whatever this machine's memory
+        # The study's, whatever this machine's memory: a rank's, given as the whole its ranks share.
+        sharing = ranks_sharing(
+            str(study.user_attrs.get(schema.STUDY_DEVICE_KIND)), int(values.get("devices_per_trial") or 1)
+        )
+        values["memory_ceiling"] = f"{int(ceiling) * sharing}B"
     if options.device is not None or options.gpu is not None:
         values.update(device=options.device, gpu=options.gpu, gpus=None)
     elif values.get("gpus"):  # one worker: the search's first GPU (its first group of a trial's GPUs)

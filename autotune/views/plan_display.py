@@ -39,7 +39,7 @@ HOST_COLUMN = "host RAM (offload)"
 SPEED_COLUMNS = ("samples/s", "tokens/s", "model TFLOPs", "MFU")
 SPEED_CAPTION = (
     "samples/s, tokens/s, model TFLOPs, MFU: predicted, not measured: the throughput prior's prediction (compute over the matmul peak x achievable fraction, memory-bound "
-    "work over the bandwidth, overhead; docs/estimator.md); tokens/s counts real tokens; MFU against the datasheet "
+    "work over the bandwidth, several ranks' collectives over the bus between them, overhead; docs/estimator.md); tokens/s counts real tokens; MFU against the datasheet "
     "(GPU) or measured (CPU, MFU*) peak, '-' where none is known; a pass the trainer runs before training (a "
     "precomputed reference) is counted over the run's passes over the data, as a trial counts it. Rows that fit "
     "come first, fastest first."
@@ -103,7 +103,8 @@ def estimate_title(
             if device_kind == "cuda"
             else f"peak RSS of the largest of its {ranks} ranks, which share this machine's memory"
         )
-    return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, ceiling {format_bytes(ceiling_bytes)}"
+    ceiling = f"ceiling {format_bytes(ceiling_bytes)}" + (" a rank" if ranks > 1 and device_kind == "cpu" else "")
+    return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, {ceiling}"
 
 
 def show_estimate(

@@ -9,6 +9,7 @@ are tested on their own; the bad inputs are one line each, exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import re
 from pathlib import Path
@@ -22,6 +23,8 @@ from autotune.storage import schema
 from autotune.study._verify import changed_versions, judge
 from tests.support.bad_input import assert_one_error_line
 from tests.support.cli import FAST_SEARCH_ARGS, run_cli_in_process
+
+GiB = 1024**3
 
 STUDY = "slow-install"
 
@@ -247,3 +250,33 @@ def test_a_device_not_present_and_a_study_of_another_device_are_one_line(slow_st
     assert_one_error_line(run_cli_in_process("verify", "--storage", copy, cwd=workdir), "measured on AMD EPYC 9654")
     study.set_user_attr(schema.STUDY_SEARCH_OPTIONS, None)  # as a study made before they were recorded
     assert_one_error_line(run_cli_in_process("verify", "--storage", copy, cwd=workdir), "does not record the options")
+
+
+def test_a_cpu_trials_ranks_share_the_ceiling_as_planned_resumed_and_verified(tmp_path):
+    """`--device cpu --devices-per-trial 2 --memory-ceiling 4GiB`: each rank is judged against 2 GiB (the ranks
+    share the machine's RAM, as the exported run's would), a GPU trial's ranks against the whole; the study keeps
+    the rank's ceiling, a resume under another ceiling names both as the user typed them, and verify plans the
+    study's rank ceiling again, not half of it."""
+    from autotune.errors import AutotuneError
+    from autotune.plan import SearchOptions, VerifyOptions, plan
+    from autotune.plan._options import EstimateOptions
+    from autotune.study import open_study, prepare_request
+    from autotune.study._verify import verify_request
+    from tests.support.cli import REPO
+
+    space = str(REPO / "search_spaces" / "tiny-test.yaml")
+    common = {"model": "bert-tiny", "seq_len": 32, "space": space, "devices_per_trial": 2}
+    gpus = plan(EstimateOptions(**common, gpu_type="h100-sxm", memory_ceiling="40GiB"))
+    assert gpus.workload.ceiling_bytes == 40 * GiB
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    options = SearchOptions(**common, device="cpu", memory_ceiling="4GiB", work_dir=str(tmp_path / "runs"))
+    prepared = prepare_request(options, 64 * GiB)
+    assert prepared.request.ceiling_bytes == 2 * GiB
+    assert any("a rank's share of the memory ceiling: 2.00 GiB (2 ranks share" in note for note in prepared.notes)
+    storage = optuna.storages.RDBStorage(url)
+    study = open_study(storage, "ranks", prepared.request)
+    assert study.user_attrs[schema.STUDY_CEILING_BYTES] == 2 * GiB
+    again = prepare_request(dataclasses.replace(options, memory_ceiling="3GiB"), 64 * GiB).request
+    with pytest.raises(AutotuneError, match=r"memory ceiling of 4\.00 GiB, this run asks 3\.00 GiB"):
+        open_study(storage, "ranks", again)
+    assert verify_request(study, VerifyOptions(url, study_name="ranks")).ceiling_bytes == 2 * GiB
