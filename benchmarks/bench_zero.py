@@ -44,6 +44,8 @@ class Row:
     predicted_bytes: int
     predicted_host_bytes: int
     placement: tuple[dict, ...] = ()
+    predicted_samples_per_s: float = 0.0
+    predicted_collectives_share: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
@@ -60,44 +62,78 @@ def offload_cost(rows: list[Row]) -> dict[tuple[int, str], float]:
     }
 
 
+def scaling(rows: list[Row]) -> dict[tuple[int, str], tuple[float, float]]:
+    """Each stage's samples/s on several ranks over its samples/s on one, measured and predicted."""
+    ok = {(row.ranks, row.zero): row for row in rows if row.status == "ok"}
+    return {
+        (ranks, zero): (
+            row.samples_per_s / one.samples_per_s,
+            row.predicted_samples_per_s / one.predicted_samples_per_s,
+        )
+        for (ranks, zero), row in ok.items()
+        if ranks > 1 and (one := ok.get((1, zero))) is not None and one.predicted_samples_per_s > 0
+    }
+
+
+def markdown(header: list[str], align: str, cells: list[list[str]]) -> str:
+    """A Markdown table: its header, each column's alignment row cell (``---`` or ``---:``), its rows."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([align] * len(header)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+
+
+def speed_table(rows: list[Row]) -> str:
+    """The throughput prior against the measured samples/s: what the ranks' collectives cost."""
+    scale = scaling(rows)
+    header = ["ranks", "zero", "samples/s measured", "predicted (prior)", "collectives' share of the predicted step"]
+    cells = []
+    for row in rows:
+        if row.status != "ok":
+            continue
+        measured, predicted = scale.get((row.ranks, row.zero), (None, None))
+        cells.append(
+            [str(row.ranks), row.zero, f"{row.samples_per_s:.2f}", f"{row.predicted_samples_per_s:.2f}"]
+            + [f"{row.predicted_collectives_share:.0%}"]
+            + ["" if ratio is None else f"{ratio:.2f}x" for ratio in (measured, predicted)]
+        )
+    return markdown([*header, "over 1 rank: measured", "predicted"], "---:", cells)
+
+
 def table(rows: list[Row]) -> str:
     """The Markdown table docs/benchmarks.md records."""
     cost = offload_cost(rows)
-    lines = [
-        "| ranks | zero | samples/s (global) | peak, largest rank (MiB) | each rank (MiB) | predicted (MiB) | measured / predicted | predicted host (MiB) | offload: samples/s vs without |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["ranks", "zero", "samples/s (global)", "peak, largest rank (MiB)", "each rank (MiB)", "predicted (MiB)"]
+    cells = []
     for row in rows:
         if row.status != "ok":
-            lines.append(f"| {row.ranks} | {row.zero} | {row.status} | | | {row.predicted_bytes / MiB:.0f} | | | |")
+            cells.append([str(row.ranks), row.zero, row.status, "", "", f"{row.predicted_bytes / MiB:.0f}", "", "", ""])
             continue
-        each = " / ".join(f"{peak / MiB:.0f}" for peak in row.rank_peaks_bytes)
-        host = f"{row.predicted_host_bytes / MiB:.0f}" if row.predicted_host_bytes else ""
         ratio = cost.get((row.ranks, row.zero))
-        lines.append(
-            f"| {row.ranks} | {row.zero} | {row.samples_per_s:.2f} | {row.peak_bytes / MiB:.0f} | {each} | "
-            f"{row.predicted_bytes / MiB:.0f} | {row.peak_bytes / row.predicted_bytes:.2f} | {host} | "
-            f"{'' if ratio is None else f'{ratio:.2f}x'} |"
+        cells.append(
+            [str(row.ranks), row.zero, f"{row.samples_per_s:.2f}", f"{row.peak_bytes / MiB:.0f}"]
+            + [" / ".join(f"{peak / MiB:.0f}" for peak in row.rank_peaks_bytes), f"{row.predicted_bytes / MiB:.0f}"]
+            + [f"{row.peak_bytes / row.predicted_bytes:.2f}"]
+            + [f"{row.predicted_host_bytes / MiB:.0f}" if row.predicted_host_bytes else ""]
+            + ["" if ratio is None else f"{ratio:.2f}x"]
         )
-    return "\n".join(lines)
+    extra = ["measured / predicted", "predicted host (MiB)", "offload: samples/s vs without"]
+    return markdown([*header, *extra], "---", cells)
 
 
 def placement_table(rows: list[Row]) -> str:
     """Where DeepSpeed says each rank's states are, against the estimator's host bytes."""
     from tests.support.zero_placement import offloaded_bytes
 
-    lines = [
-        "| ranks | zero | rank | ZeRO optimizer | steps the partitions | offload optimizer / params | fp32 master partition (MiB) | states (MiB) | offloaded per DeepSpeed (MiB) | predicted host (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    header = ["ranks", "zero", "rank", "ZeRO optimizer", "steps the partitions", "offload optimizer / params"]
+    extra = ["fp32 master partition (MiB)", "states (MiB)", "offloaded per DeepSpeed (MiB)", "predicted host (MiB)"]
+    cells = [
+        [str(row.ranks), row.zero, str(rank), str(placed["zero_optimizer"]), str(placed["basic_optimizer"])]
+        + [f"{placed['offload_optimizer']} / {placed['offload_param']}", f"{placed['master_bytes'] / MiB:.1f}"]
+        + [f"{placed['state_bytes'] / MiB:.1f}", f"{offloaded_bytes(placed) / MiB:.1f}"]
+        + [f"{row.predicted_host_bytes / MiB:.1f}"]
+        for row in rows
+        for rank, placed in enumerate(row.placement)
     ]
-    for row in rows:
-        for rank, placed in enumerate(row.placement):
-            lines.append(
-                f"| {row.ranks} | {row.zero} | {rank} | {placed['zero_optimizer']} | {placed['basic_optimizer']} | "
-                f"{placed['offload_optimizer']} / {placed['offload_param']} | {placed['master_bytes'] / MiB:.1f} | "
-                f"{placed['state_bytes'] / MiB:.1f} | {offloaded_bytes(placed) / MiB:.1f} | {row.predicted_host_bytes / MiB:.1f} |"
-            )
-    return "\n".join(lines)
+    return markdown([*header, *extra], "---", cells)
 
 
 def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: int, zero: str, root: Path) -> Row:
@@ -124,9 +160,17 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
         job = dataclasses.replace(job, work_dir=job.work_dir + "-retry")
         result = run_isolated(job, timeout_s=900)
     predicted = estimate_peak(workload.model, config, seq_len, workload.memory_prior)
+    speed = workload.speed_model().estimate(workload.model, config, seq_len)
+    assert speed is not None  # a CPU's prior always has a peak for the dtypes it trains in
+    speed_fields = {
+        "predicted_samples_per_s": speed.samples_per_s,
+        "predicted_collectives_share": speed.collectives_s / speed.step_s,
+    }
     if result.status != "ok":
         print(f"  {ranks} rank(s), zero {zero}: {result.status}: {result.error}", flush=True)
-        return Row(ranks, zero, str(result.status), 0.0, (), predicted.total_bytes, predicted.host_bytes)
+        return Row(
+            ranks, zero, str(result.status), 0.0, (), predicted.total_bytes, predicted.host_bytes, (), **speed_fields
+        )
     peaks = result.runtime.get("rank_peak_bytes")
     rank_peaks = tuple(int(p) for p in peaks.split(",")) if peaks else (result.peak_memory_bytes,)
     placement = tuple(
@@ -135,7 +179,15 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
         if placement_file(job.work_dir, rank).exists()
     )
     return Row(
-        ranks, zero, "ok", result.samples_per_s, rank_peaks, predicted.total_bytes, predicted.host_bytes, placement
+        ranks,
+        zero,
+        "ok",
+        result.samples_per_s,
+        rank_peaks,
+        predicted.total_bytes,
+        predicted.host_bytes,
+        placement,
+        **speed_fields,
     )
 
 
@@ -171,6 +223,8 @@ def main() -> None:
     rows.sort(key=lambda row: (row.ranks, STAGES.index(row.zero)))
     print()
     print(table(rows))
+    print()
+    print(speed_table(rows))
     print()
     print(placement_table(rows))
     print(load_average())

@@ -8,7 +8,7 @@ import json
 import sys
 
 from autotune.levers import TrialConfig
-from benchmarks.bench_zero import Row, offload_cost, table
+from benchmarks.bench_zero import Row, offload_cost, scaling, speed_table, table
 from tests.support.scripts import script
 
 MiB = 1024**2
@@ -36,6 +36,26 @@ def test_the_table_shows_the_largest_ranks_peak_against_the_prediction():
     assert lines[2].split(" | ")[3:7] == ["1000", "900 / 1000", "800", "1.25"]
     assert lines[3].endswith("| 0.50x |")
     assert "| crash |" in lines[4]
+
+
+def test_scaling_sets_each_stage_on_several_ranks_over_the_same_stage_on_one_measured_and_predicted():
+    def timed(ranks: int, zero: str, measured: float, predicted: float, status: str = "ok") -> Row:
+        return Row(ranks, zero, status, measured, (), 0, 0, (), predicted, 0.1 if ranks > 1 else 0.0)
+
+    rows = [
+        timed(1, "off", 4.0, 5.0),
+        timed(2, "off", 6.0, 9.0),
+        timed(1, "3", 2.0, 4.0),
+        timed(2, "3", 3.0, 4.0),
+        timed(2, "2", 3.0, 4.0),  # no one-rank row: no ratio
+        timed(1, "1", 2.0, 4.0, status="crash"),
+        timed(2, "1", 3.0, 4.0),
+    ]
+    assert scaling(rows) == {(2, "off"): (1.5, 1.8), (2, "3"): (1.5, 1.0)}
+    lines = speed_table(rows).splitlines()
+    assert lines[3] == "| 2 | off | 6.00 | 9.00 | 10% | 1.50x | 1.80x |"
+    assert lines[6] == "| 2 | 2 | 3.00 | 4.00 | 10% |  |  |"
+    assert not any("| 1 | 1 |" in line for line in lines)  # a crashed trial has no speed to show
 
 
 def test_a_plain_run_of_several_ranks_or_a_deepspeed_config_is_launched_by_torchrun(tmp_path):

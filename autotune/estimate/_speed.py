@@ -14,6 +14,8 @@ A step's time is a sum of parts a user can check by hand (docs/estimator.md, "Th
   chunks), the weights each matmul reads, and the optimizer's step (bytes per parameter, counted from
   its implementation: ``autotune.levers.optimizer.STEP_BYTES_PER_PARAM``);
 * **host**: what crosses the host link (TRL's activation offloading, ZeRO offload);
+* **collectives**: what a trial's ranks send each other (:mod:`~autotune.estimate._collectives`) over the bus
+  bandwidth between them, less what runs behind the compute;
 * **overhead**: a launch (on the CPU, an op's dispatch) per kernel, and a fixed cost per optimizer step.
 
 It reads a configuration through its :class:`~autotune.levers.MemoryTraits` and
@@ -29,9 +31,16 @@ import statistics
 from collections.abc import Sequence
 
 from autotune.estimate._activations import attention_score_bytes, layer_activation_bytes
+from autotune.estimate._collectives import NONE, Collectives, step_collectives
 from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
-from autotune.estimate._parts import QUANTIZED_4BIT_BYTES, precomputes_reference, runs_reference, trainer_rows
+from autotune.estimate._parts import (
+    QUANTIZED_4BIT_BYTES,
+    model_state_bytes,
+    precomputes_reference,
+    runs_reference,
+    trainer_rows,
+)
 from autotune.estimate._zero import compute_weight_bytes
 from autotune.levers import (
     Batching,
@@ -226,6 +235,8 @@ class StepWork:
             over the logits: :func:`reference_forward`, the count each step's reference forward uses too).
         run_passes: How many times the user's run goes over its data, over which that pass is counted
             (``autotune.spec.measure.over_the_run``, as a trial counts it); 1 where unknown.
+        collectives: What the trial's ranks send each other in the step (:mod:`~autotune.estimate._collectives`).
+        ranks: The ranks one trial spans, each training this work (``--devices-per-trial``).
     """
 
     matmul_flops: float
@@ -245,6 +256,8 @@ class StepWork:
     setup_matmul_flops_per_sample: float = 0.0
     setup_memory_bytes_per_sample: float = 0.0
     run_passes: float = 1.0
+    collectives: Collectives = NONE
+    ranks: int = 1
 
 
 def step_work(
@@ -255,7 +268,8 @@ def step_work(
     matmul_dtype: str,
     lengths: Sequence[int] | None = None,
 ) -> StepWork:
-    """Count one optimizer step of ``config`` (one rank's share where a trial spans several).
+    """Count one optimizer step of ``config`` (one rank's share where a trial spans several: their number is the
+    caller's, ``StepWork.ranks``).
 
     Args:
         model: The model's shape (its ``peft``: the frozen base's ``4N``).
@@ -330,6 +344,7 @@ def step_work(
         model_flops=k * batch.real_tokens * model_flops_per_token(model, batch.model_context),
         setup_matmul_flops_per_sample=setup_flops,
         setup_memory_bytes_per_sample=setup_bytes,
+        collectives=step_collectives(model, traits, k, model_state_bytes(model, traits)[1], device_kind),
     )
 
 

@@ -44,6 +44,19 @@ CPU_FALLBACK_BANDWIDTH_BYTES_PER_S = 24e9
 # The host link of a GPU, per direction, by compute capability major: PCIe 3.0 x16 (Volta) 16 GB/s, 4.0
 # (Ampere, Ada) 32 GB/s, 5.0 (Hopper) 64 GB/s (PCI-SIG's per-lane rates).
 PCIE_BYTES_PER_S = {7: 16e9, 8: 32e9, 9: 64e9}
+# The bus bandwidth NCCL's collectives reach over a link, as a share of its per-direction rate: over NVLink,
+# 8 A100 SXM4 all-reduce at 230-250 GB/s of NVLink 3's 300 (docs.alayanew.com, "NCCL-tests in practice", reference
+# table; 195 GB/s send/receive, li-plus/playground cuda/nccl.md); over PCIe, 8 H100 PCIe without NVLink at 35-45
+# GB/s of PCIe 5.0's 64 (the same table). GPUs that meet over PCIe are taken at that share of their link
+# (consumer cards without peer-to-peer copies, through the host, may reach less).
+NVLINK_BUS_SHARE = 0.8
+PCIE_BUS_SHARE = 0.6
+# A CPU's ranks (gloo over the loopback, one host): bus bandwidths measured here, torch 2.13, 2 processes of one
+# thread on a 2-core Intel Xeon with AMX, 32 and 128 MB fp32 tensors: all-reduce 1.16-1.26 GB/s, all-gather
+# (``all_gather_into_tensor``) 0.54-0.55, reduce-scatter (``reduce_scatter_tensor``) 0.37-0.39 (docs/estimator.md,
+# "The ranks' collectives").
+CPU_ALL_REDUCE_BUS_BYTES_PER_S = 1.2e9
+CPU_SHARD_BUS_BYTES_PER_S = 0.45e9
 # The fit's bounds: a fraction outside them means the model is wrong for this setup, not that it needs
 # stretching.
 FRACTION_BOUNDS = (0.01, 1.0)
@@ -73,6 +86,7 @@ def speed_prior(
     cpu_cores: int = 1,
     measured_inner_tflops: Mapping[str, Mapping[int, float]] | None = None,
     measured_op_rates: Mapping[str, float] | None = None,
+    rank_share: float = 1.0,
 ) -> SpeedFit:
     """The one throughput prior for a device: what every speed prediction starts from before a trial.
 
@@ -88,6 +102,12 @@ def speed_prior(
         measured_op_rates: A CPU's per-element rates the same calibration timed (``dropout_s_per_element``,
             ``loss_s_per_logit``: :func:`autotune.spec.measured_peaks.load_measured_op_rates`); they win over
             :data:`DROPOUT_S_PER_ELEMENT` and :data:`LOSS_S_PER_LOGIT`, measured on one CPU.
+        rank_share: On a CPU, the share of its cores one rank of a trial runs on (``cpu_cores`` of them all): what
+            the calibration measured with every core, its matmul rates, bandwidth and the loss's and head's
+            per-logit rates, is that rank's in this share (the ranks run side by side on one machine; dropout's
+            serial draws are each rank's own). Measured here, bert-small, 2 cores: a rank of two, on one core,
+            steps in 0.42 s, one rank alone on one core in 0.31 s and on both in 0.19 s (docs/benchmarks.md,
+            "ZeRO and several ranks").
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
     dropout, loss, head = (
@@ -98,19 +118,22 @@ def speed_prior(
     measured = {d: float(v) for d, v in measured_peaks_tflops.items() if v > 0}
     if device.kind == "cpu":
         timed = measured_op_rates or {}
-        dropout, loss = timed.get("dropout_s_per_element", dropout), timed.get("loss_s_per_logit", loss)
+        dropout = timed.get("dropout_s_per_element", dropout)
+        loss, head = timed.get("loss_s_per_logit", loss) / rank_share, head / rank_share
         nominal = {d: v * TYPICAL_MATMUL_FRACTION for d, v in cpu_nominal_peaks_tflops(device, cpu_cores).items()}
         source = "measured" if measured else f"nominal for {cpu_cores} core(s), not calibrated"
-        bandwidth = (measured_bandwidth_gb_s or 0) * 1e9 or CPU_FALLBACK_BANDWIDTH_BYTES_PER_S
+        if measured and rank_share < 1:
+            source += f", a rank's {rank_share:.0%} of the cores"
+        bandwidth = ((measured_bandwidth_gb_s or 0) * 1e9 or CPU_FALLBACK_BANDWIDTH_BYTES_PER_S) * rank_share
         inner = {
-            dtype: tuple(sorted((int(k), float(v)) for k, v in by_inner.items()))
+            dtype: tuple(sorted((int(k), float(v) * rank_share) for k, v in by_inner.items()))
             for dtype, by_inner in (measured_inner_tflops or {}).items()
             if dtype in measured and len(by_inner) >= 2
         }
         return SpeedFit(
             "cpu",
-            {**nominal, **measured},
-            dict(measured),
+            {**nominal, **{d: v * rank_share for d, v in measured.items()}},
+            dict(measured),  # MFU: against the machine's own peak
             source,
             bandwidth,
             bandwidth,
@@ -121,6 +144,8 @@ def speed_prior(
             dropout_s_per_element=dropout,
             loss_s_per_logit=loss,
             head_s_per_logit=head,
+            all_reduce_bus_bytes_per_s=CPU_ALL_REDUCE_BUS_BYTES_PER_S,
+            shard_bus_bytes_per_s=CPU_SHARD_BUS_BYTES_PER_S,
         )
     entry = device.datasheet_entry()
     share = (entry.matmul_fraction if entry and entry.matmul_fraction else None) or TYPICAL_MATMUL_FRACTION
@@ -129,6 +154,7 @@ def speed_prior(
     source = "measured" if measured else (f"{entry.label} datasheet x {share:.2f} matmul" if entry else "unknown")
     bandwidth = (measured_bandwidth_gb_s or (entry.bandwidth_gb_s if entry else None) or 0) * 1e9
     major = min(max((device.compute_capability or (8, 0))[0], 7), 9)
+    bus = gpu_bus_bytes_per_s(device, PCIE_BYTES_PER_S[major])
     return SpeedFit(
         "cuda",
         peaks,
@@ -142,11 +168,24 @@ def speed_prior(
         dropout_s_per_element=dropout,
         loss_s_per_logit=loss,
         head_s_per_logit=head,
+        all_reduce_bus_bytes_per_s=bus,
+        shard_bus_bytes_per_s=bus,
     )
 
 
+def gpu_bus_bytes_per_s(device: DeviceSpec, pcie_bytes_per_s: float) -> float:
+    """The bus bandwidth of collectives between GPUs of this kind on one board: over NVLink where its datasheet
+    entry has one and its name does not say PCIe, else over its PCIe link (one node: a trial's ranks are this
+    machine's GPUs)."""
+    entry = device.datasheet_entry()
+    if entry is not None and entry.nvlink_gb_s and "pcie" not in device.name.lower():
+        return entry.nvlink_gb_s * 1e9 * NVLINK_BUS_SHARE
+    return pcie_bytes_per_s * PCIE_BUS_SHARE
+
+
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
-    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + launches + overhead`` on measured
+    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + collectives +
+    launches + overhead`` on measured
     trials ((their step's work, their measured step time in seconds)) by least squares.
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
@@ -158,7 +197,8 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         if predicted is None or seconds <= 0:
             continue
         fixed = (
-            predicted.memory_s
+            collectives_at_prior(work, prior)
+            + predicted.memory_s
             + predicted.host_s
             + predicted.dropout_s
             + predicted.loss_s
@@ -187,6 +227,13 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         if predicted is not None and seconds > 0:
             errors.append(abs(predicted.step_s - seconds) / seconds)
     return dataclasses.replace(fitted, max_relative_error=max(errors) if errors else None)
+
+
+def collectives_at_prior(work: StepWork, prior: SpeedFit) -> float:
+    """The collectives' share of a measured step, held at the prior's compute (what runs behind the compute
+    depends on the fraction being fitted; the bytes do not)."""
+    predicted = predict_speed(work, prior)
+    return predicted.collectives_s if predicted is not None else 0.0
 
 
 def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:

@@ -69,6 +69,9 @@ class SpeedFit:
         dropout_s_per_element: Seconds per element dropout draws a mask for (:data:`DROPOUT_S_PER_ELEMENT`).
         loss_s_per_logit: Seconds per logit of the plain loss where it is not memory-bound (:data:`LOSS_S_PER_LOGIT`).
         head_s_per_logit: Seconds per logit of TRL's chunked head's torch path (:data:`HEAD_S_PER_LOGIT`).
+        all_reduce_bus_bytes_per_s: The bus bandwidth of an all-reduce between a trial's ranks (NCCL's tests'
+            ``busbw``: ``S x 2 (N - 1) / N`` bytes a second); infinite where no figure applies.
+        shard_bus_bytes_per_s: The same of an all-gather or a reduce-scatter (``S x (N - 1) / N``).
     """
 
     device_kind: str
@@ -86,6 +89,8 @@ class SpeedFit:
     dropout_s_per_element: float = 0.0
     loss_s_per_logit: float = 0.0
     head_s_per_logit: float = 0.0
+    all_reduce_bus_bytes_per_s: float = math.inf
+    shard_bus_bytes_per_s: float = math.inf
 
     def matmul_rate_tflops(self, dtype: str, inner: int) -> float | None:
         """The matmul rate of ``dtype`` at inner size ``inner``: the peak, or where the device was calibrated
@@ -129,7 +134,8 @@ class SpeedFit:
 class SpeedEstimate:
     """Predicted time of one optimizer step, by part, and the rates that follow: a trial's, over its ``ranks``
     (data parallel, one device each: each rank's step trains its own ``work``, and a trial records its ranks'
-    rates summed, ``runner/_ranks.py``; MFU stays per device). The ranks' collectives are not counted."""
+    rates summed, ``runner/_ranks.py``; MFU stays per device). ``collectives_s``: what the ranks' collectives
+    add to the step beyond what runs behind its compute."""
 
     work: StepWork
     compute_s: float
@@ -141,13 +147,24 @@ class SpeedEstimate:
     dropout_s: float = 0.0
     loss_s: float = 0.0
     head_s: float = 0.0
-    ranks: int = 1
+    collectives_s: float = 0.0
+
+    @property
+    def ranks(self) -> int:
+        return self.work.ranks
 
     @property
     def step_s(self) -> float:
         """One steady optimizer step (what a trial's median step measures, and calibration fits)."""
         return (
-            self.compute_s + self.memory_s + self.host_s + self.overhead_s + self.dropout_s + self.loss_s + self.head_s
+            self.compute_s
+            + self.memory_s
+            + self.host_s
+            + self.overhead_s
+            + self.dropout_s
+            + self.loss_s
+            + self.head_s
+            + self.collectives_s
         )
 
     @property
@@ -188,13 +205,14 @@ class SpeedEstimate:
             "dropout": self.dropout_s,
             "loss": self.loss_s,
             "head": self.head_s,
+            "collectives": self.collectives_s,
             "overhead": self.overhead_s,
         }
 
 
-def predict_speed(work: StepWork, fit: SpeedFit, ranks: int = 1) -> SpeedEstimate | None:
-    """The step's time with the device's rates, on each of ``ranks`` devices; ``None`` where the device's peak for
-    the dtype is unknown."""
+def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
+    """The step's time with the device's rates, on each of the work's ``ranks`` devices; ``None`` where the device's
+    peak for the dtype is unknown."""
     rate = fit.matmul_rate_tflops(work.matmul_dtype, work.matmul_inner)
     if not rate:
         return None
@@ -213,12 +231,26 @@ def predict_speed(work: StepWork, fit: SpeedFit, ranks: int = 1) -> SpeedEstimat
         host_s=work.host_bytes / fit.link_bytes_per_s,
         overhead_s=work.launches * fit.op_overhead_s + fit.step_overhead_s,
         mfu_peak_tflops=fit.mfu_peaks_tflops.get(work.matmul_dtype),
-        setup_s_per_sample=setup_s / ranks,  # the ranks share the pass over the data, a shard each
+        setup_s_per_sample=setup_s / work.ranks,  # the ranks share the pass over the data, a shard each
         dropout_s=work.dropout_elements * fit.dropout_s_per_element,
         loss_s=work.loss_logits * fit.loss_s_per_logit,
         head_s=work.head_logits * fit.head_s_per_logit,
-        ranks=ranks,
+        collectives_s=collectives_seconds(work, fit, compute_s),
     )
+
+
+def collectives_seconds(work: StepWork, fit: SpeedFit, compute_s: float) -> float:
+    """What the ranks' collectives add to a step whose matmuls take ``compute_s``: their bytes over the bus
+    bandwidths, times the ring's ``(N - 1) / N`` (none on one rank), less what runs behind the compute."""
+    if work.ranks <= 1:
+        return 0.0
+    collectives = work.collectives
+    ring = (work.ranks - 1) / work.ranks
+    traffic_s = ring * (
+        2 * collectives.all_reduce_bytes / fit.all_reduce_bus_bytes_per_s
+        + collectives.shard_bytes / fit.shard_bus_bytes_per_s
+    )
+    return max(traffic_s - collectives.hidden_share * compute_s, 0.0)
 
 
 def estimate_speed(
@@ -249,9 +281,10 @@ class SpeedModel:
 
     def work(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> StepWork:
         work = step_work(model, config, seq_len, self.fit.device_kind, self.matmul_dtype(config), self.lengths)
+        work = dataclasses.replace(work, ranks=self.ranks)
         if self.run_passes is None or not work.setup_matmul_flops_per_sample:
             return work
         return dataclasses.replace(work, run_passes=self.run_passes(config))
 
     def estimate(self, model: ModelSpec, config: TrialConfig, seq_len: int) -> SpeedEstimate | None:
-        return predict_speed(self.work(model, config, seq_len), self.fit, self.ranks)
+        return predict_speed(self.work(model, config, seq_len), self.fit)

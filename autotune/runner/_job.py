@@ -138,6 +138,7 @@ class Workload:
             cores,
             self.measured_inner_tflops,
             self.measured_op_rates,
+            rank_share=min(1.0, cores / (os.cpu_count() or 1)),
         )
         lengths = self.dataset.token_lengths if self.dataset is not None else ()
         samples = self.dataset.num_samples if self.dataset is not None else None

@@ -34,6 +34,9 @@ class DatasheetEntry:
         matmul_fraction: The share of the datasheet peak a large matmul achieves (measured figures in
             docs/facts.md: A100 ~271 of 312, H100 SXM ~795 of 989 bf16 TFLOPS); where none was
             measured, :data:`TYPICAL_MATMUL_FRACTION`.
+        nvlink_gb_s: The NVLink bandwidth between GPUs of a board, each direction, GB/s (the datasheet's figure
+            counts both directions, halved); ``None`` where the GPUs meet over PCIe. A name with "PCIe" in it
+            (an A100's PCIe card) has none whatever its entry says.
     """
 
     label: str
@@ -42,6 +45,7 @@ class DatasheetEntry:
     source: str
     bandwidth_gb_s: float | None = None
     matmul_fraction: float | None = None
+    nvlink_gb_s: float | None = None
 
 
 # Achievable matmul peaks are typically 80-87 % of datasheet figures on GPUs (docs/facts.md).
@@ -54,16 +58,20 @@ TYPICAL_MATMUL_FRACTION = 0.85
 # rather than the peak of a sibling. NVML names look like "NVIDIA H100 80GB HBM3" (SXM5),
 # "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090".
 DATASHEETS: tuple[DatasheetEntry, ...] = (
-    DatasheetEntry("V100 SXM2", r"\bV100-SXM2\b", {"fp32": 15.7, "fp16": 125.0}, "NVIDIA Tesla V100 datasheet", 900.0),
+    DatasheetEntry(
+        "V100 SXM2", r"\bV100-SXM2\b", {"fp32": 15.7, "fp16": 125.0}, "NVIDIA Tesla V100 datasheet", 900.0, None, 150.0
+    ),
     DatasheetEntry("V100 PCIe", r"\bV100-PCIE\b", {"fp32": 14.0, "fp16": 112.0}, "NVIDIA Tesla V100 datasheet", 900.0),
     DatasheetEntry("V100S PCIe", r"\bV100S\b", {"fp32": 16.4, "fp16": 130.0}, "NVIDIA Tesla V100S datasheet", 1134.0),
     DatasheetEntry(
         "A100",
         r"\bA100\b",
         {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-        "NVIDIA A100 datasheet (SXM4 and PCIe, 40 and 80 GB; bandwidth of the 80 GB SXM4, 1,555 GB/s on the 40 GB)",
+        "NVIDIA A100 datasheet (SXM4 and PCIe, 40 and 80 GB; bandwidth of the 80 GB SXM4, 1,555 GB/s on the 40 GB;"
+        " NVLink 600 GB/s, SXM4)",
         2039.0,
         271 / 312,
+        300.0,
     ),
     DatasheetEntry(
         "H100 PCIe",
@@ -76,16 +84,19 @@ DATASHEETS: tuple[DatasheetEntry, ...] = (
         "H100 SXM",
         r"\bH100\b(?!.*\bNVL\b).*\b(HBM3|SXM\d?)\b",
         {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
-        "NVIDIA H100 datasheet (sparsity figures halved)",
+        "NVIDIA H100 datasheet (sparsity figures halved; NVLink 900 GB/s, SXM)",
         3350.0,
         795 / 989,
+        450.0,
     ),
     DatasheetEntry(
         "H200 SXM",
         r"\bH200\b(?!.*\bNVL\b)",
         {"fp32": 67.0, "tf32": 494.5, "fp16": 989.0, "bf16": 989.0},
-        "NVIDIA H200 datasheet (sparsity figures halved)",
+        "NVIDIA H200 datasheet (sparsity figures halved; NVLink 900 GB/s, SXM)",
         4800.0,
+        None,
+        450.0,
     ),
     DatasheetEntry(
         "L4",
