@@ -33,6 +33,7 @@ from autotune.result import (
     judged_trials,
     winner_loss,
 )
+from autotune.spec.ceiling import ranks_sharing
 from autotune.storage import schema
 from autotune.units import format_bytes
 from autotune.views.confirmation_words import default_beside, describe_confirmation, describe_winner
@@ -185,16 +186,22 @@ class SearchPrinter:
         if all(t.state.name == "WAITING" for t in study.trials):  # a new study: say how its seeds were fitted
             for note in study.user_attrs.get(schema.STUDY_SEED_NOTES, []):
                 self._console.print(f"[dim]note: {for_rich(note)}[/]")
+        ranks = workload.devices_per_trial
+        rank_ceiling = " a rank" if ranks_sharing(workload.device.kind, ranks) > 1 else ""
         self._console.print(
             f"study [bold]{for_rich(study.study_name)}[/] in {for_rich(storage_label)}: {workload.model.name} ({workload.model.num_params / 1e6:.1f} M "
             f"params, {workload.model.task}) on {', '.join(d.label for d in request.worker_devices)} ({workload.device.name}), "
-            f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}, space of {request.space.size} configs, "
+            f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}{rank_ceiling}, space of {request.space.size} configs, "
             f"{_trials_so_far(study.trials)}"
         )
         cpu = workload.device.kind == "cpu"
         probe_source = (
             "peak RSS of the trial's process tree" if cpu else "peak reserved + outside-allocator device memory"
         )
+        if ranks > 1:  # runner/_ranks.py: a trial's peak is its largest rank's
+            probe_source = probe_source.replace("the trial's process tree", "each rank's process tree") + (
+                f", the largest of its {ranks} ranks'"
+            )
         return SearchView(self._console, self._n_trials, workload.ceiling_bytes, probe_source)
 
     def note(self, line: str) -> None:
