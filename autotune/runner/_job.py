@@ -141,12 +141,14 @@ class Workload:
             rank_share=min(1.0, cores / (os.cpu_count() or 1)),
         )
         lengths = self.dataset.token_lengths if self.dataset is not None else ()
+        return SpeedModel(fit, self.peak_dtype, lengths or None, self.run_passes, self.devices_per_trial)
+
+    def run_passes(self, config: TrialConfig) -> float:
+        """How many times the user's run of ``config`` goes over its data (``result.passes_over_data``): under
+        ``max_steps``, each step trains every rank's share of the global batch (``config.global_batch`` is one
+        rank's). What a trial's rates count a pass before training over (runner._measured), and the prior's."""
         samples = self.dataset.num_samples if self.dataset is not None else None
-
-        def run_passes(config: TrialConfig) -> float:  # as the trial counts its pass (runner._trial)
-            return passes_over_data(self.run_length, config.global_batch, samples)
-
-        return SpeedModel(fit, self.peak_dtype, lengths or None, run_passes, self.devices_per_trial)
+        return passes_over_data(self.run_length, config.global_batch * self.devices_per_trial, samples)
 
     def peak_dtype(self, config: TrialConfig) -> str:
         """The dtype whose peak is predicted to bound ``config``'s matmuls, before the trial runs.

@@ -21,7 +21,6 @@ from autotune.result import (
     loss_record,
     nonfinite_reason,
     over_the_run,
-    passes_over_data,
     trained_fraction,
 )
 from autotune.runner._job import TrialJob
@@ -76,8 +75,7 @@ class MeasuredSteps:
         # A pass the trainer ran over the rows before training (DPO's precomputed reference), once per run: every
         # rate below counts its share over the user's run (autotune.result.over_the_run).
         setup_s, setup_samples = trainer_named(workload.trainer).setup_pass(self.trainer)
-        samples = workload.dataset.num_samples if workload.dataset is not None else None
-        passes = passes_over_data(workload.run_length, job.config.global_batch, samples)
+        passes = workload.run_passes(job.config)
         if setup_samples:
             share = over_the_run(samples_per_s, setup_s / setup_samples, passes) / samples_per_s
             samples_per_s *= share

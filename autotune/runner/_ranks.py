@@ -123,7 +123,8 @@ def combine_ranks(results: list[TrialResult]) -> TrialResult:
     """One trial's record out of its ranks' (rank 0 first), all of which ran.
 
     Throughput is the group's: each rank's figure summed (:data:`SUMMED_OVER_RANKS`). Memory is the
-    largest rank's, source by source (device and host), so the ceiling judges the fullest device.
+    largest rank's, source by source (device and host), so the ceiling judges the fullest device. A pass before
+    training is the group's too: the slowest rank's time over all their samples.
     The rest (step times, loss, status) is rank 0's: the ranks step together.
     """
     first = results[0]
@@ -134,6 +135,10 @@ def combine_ranks(results: list[TrialResult]) -> TrialResult:
         for source, peak in result.memory_peaks.items():
             combined.memory_peaks[source] = max(peak, combined.memory_peaks.get(source, 0))
     combined.peak_memory_bytes = max(result.peak_memory_bytes for result in results)
+    # A pass before training (DPO's precomputed reference): each rank ran it over its shard, side by side, so the
+    # trial's took the slowest rank's time over every rank's samples (as the prior predicts it: a shard each).
+    combined.setup_pass_s = max(result.setup_pass_s for result in results)
+    combined.setup_pass_samples = sum(result.setup_pass_samples for result in results)
     combined.runtime["ranks"] = str(len(results))
     combined.runtime["rank_peak_bytes"] = ",".join(str(result.peak_memory_bytes) for result in results)
     return combined

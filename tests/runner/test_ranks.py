@@ -111,6 +111,47 @@ def test_ranks_combine_into_the_sum_of_throughputs_and_the_largest_peak_of_each_
     assert first.memory_peaks == {"a": 5, "b": 1}  # the ranks' own records are left as they were
 
 
+def test_a_pass_before_training_over_two_ranks_is_counted_over_the_whole_run_and_projected_once(bert_tiny):
+    """DPO's precomputed reference over 2 ranks: each rank passes over its shard and counts it over the run's
+    passes, which under max_steps every rank's share of the global batch makes (each rank counted its own share
+    alone: twice the pass); combined, the pass is the slowest rank's over all samples, so the projection takes the
+    trial's steady rate back and adds the pass once, half of one rank's time over the data."""
+    from autotune.levers import TrialConfig
+    from autotune.result import Pace, over_the_run, projected_seconds, run_length
+    from autotune.runner import Workload
+    from autotune.spec.dataset import PreparedDataset
+
+    samples, steps, rank_rate, per_sample = 400, 50, 20.0, 0.01  # a rank's steady samples/s, its pass a sample
+    data = PreparedDataset("d", "d", "d", "text", None, 0, samples, samples, False)
+    workload = Workload.for_model(
+        bert_tiny,
+        seq_len=32,
+        ceiling_bytes=2**30,
+        devices_per_trial=2,
+        dataset=data,
+        run_length=run_length({"max_steps": steps}, None),
+    )
+    config = TrialConfig(micro_batch=4)  # each rank's share of the global batch
+    passes = workload.run_passes(config)
+    assert passes == steps * 4 * 2 / samples  # both ranks' samples each step
+    ranks = [
+        TrialResult(
+            status=Status.OK,
+            samples_per_s=over_the_run(rank_rate, per_sample, passes),
+            setup_pass_s=per_sample * samples / 2 * slower,
+            setup_pass_samples=samples // 2,
+            run_passes=passes,
+        )
+        for slower in (1.0, 1.1)
+    ]
+    trial = combine_ranks(ranks)
+    assert (trial.setup_pass_s, trial.setup_pass_samples) == (per_sample * samples / 2 * 1.1, samples)
+    pace = Pace.measured(trial, trial.samples_per_s, 4 * 2, packed_samples=False)
+    assert pace.samples_per_s == pytest.approx(2 * rank_rate, rel=0.06)  # the slower rank's pass: within 6 %
+    projected = projected_seconds(workload.run_length, samples, pace)
+    assert projected == pytest.approx(steps * 8 / (2 * rank_rate) + per_sample * samples / 2 * 1.1, rel=0.06)
+
+
 @pytest.mark.slow
 def test_a_search_records_a_killed_rank_as_that_attempts_crash_and_its_retry_trains_both_ranks(
     tmp_path, tiny_workload, assert_no_process_left
