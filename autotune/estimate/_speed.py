@@ -34,6 +34,7 @@ from autotune.estimate._activations import attention_score_bytes, layer_activati
 from autotune.estimate._collectives import NONE, Collectives, step_collectives
 from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
+from autotune.estimate._packing import bfd_rows
 from autotune.estimate._parts import (
     QUANTIZED_4BIT_BYTES,
     model_state_bytes,
@@ -189,10 +190,11 @@ def typical_micro_batch(
         return TypicalBatch(rows, computed, computed, float(seq_len), attended)
     mean = statistics.fmean(clipped)
     context = sum(n * n for n in clipped) / sum(clipped)
-    if batching.packs:
-        computed = float(rows * seq_len)
+    if batching.packs:  # TRL's bfd rows: full only where short samples fill them (_packing.bfd_rows)
+        fill, samples_per_row = bfd_rows(tuple(clipped), seq_len)
+        computed = rows * fill
         attended = context if traits.reads_boundaries else computed
-        return TypicalBatch(computed / mean, computed, computed, context, attended)
+        return TypicalBatch(rows * samples_per_row, computed, computed, context, attended)
     if batching.flattened:
         computed = rows * mean
         return TypicalBatch(rows, computed, computed, context, context if traits.reads_boundaries else computed)

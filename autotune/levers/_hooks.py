@@ -53,8 +53,9 @@ class Batching:
         varies: Micro-batches differ in tokens: the trial's throughput is the mean over its steps and the
             child measures the fullest batch once more after them.
         flattened: A micro-batch is one row of its samples side by side (kept apart by position ids).
-        packs: Samples are packed into rows of ``--seq-len`` tokens, so a micro-batch of ``b`` rows holds
-            ``b x seq_len`` tokens of however many samples fit (the throughput prior counts its samples so).
+        packs: Samples are packed into rows of at most ``--seq-len`` tokens, so a micro-batch of ``b`` rows holds
+            up to ``b x seq_len`` tokens of however many samples fit (the throughput prior packs the user's rows
+            as TRL does: ``estimate._packing.bfd_rows``).
         counts_tokens: What the Trainer counts as input tokens (``include_num_input_tokens_seen``).
         words: How the fullest batch is built, for the trial's result.
     """

@@ -76,8 +76,9 @@ class TrlFlattened(Flattened):
 class TrlPacked(TrlFlattened):
     """``packing: bfd``: samples packed best-fit-decreasing into rows of at most ``--seq-len`` tokens
     (trl/data_utils.py ``_pack_bfd``), each micro-batch of ``b`` packed rows flattened into one row by
-    TRL's collator. Its fullest micro-batch is ``b`` full rows, ``b x seq_len`` tokens in one row: the
-    bins fill up whatever the samples' lengths."""
+    TRL's collator. Its fullest micro-batch is ``b`` full rows, ``b x seq_len`` tokens in one row: the bound
+    (rows fill only where short samples fill them; the throughput prior's typical rows are TRL's,
+    ``estimate._packing.bfd_rows``)."""
 
     words = "packed (bfd) into rows of --seq-len, flattened into one row by TRL's collator"
     packs = True

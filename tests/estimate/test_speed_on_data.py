@@ -258,3 +258,32 @@ def test_estimates_table_gives_each_settings_fastest_micro_batch_and_its_first_r
     assert tflops == sorted(tflops, reverse=True)
     winner = next(line for line in lines if line.startswith("predicted winner: "))
     assert winner.startswith(f"predicted winner: mb={fastest[0]} ") and f" {tokens[0]:,.0f} tokens/s" in winner
+
+
+def test_bfd_rows_are_the_rows_trls_own_packing_makes():
+    """The prior packs the user's rows as TRL does (trl.pack_dataset, bfd: best fit decreasing within each map
+    batch of 1,000 rows, every row truncated): the same mean row length and samples a row, on short rows that fill
+    rows, long ones that pack one to a row, a few that make one short row, and more rows than one map batch."""
+    import random
+
+    import datasets
+    from trl import pack_dataset
+
+    from autotune.estimate._packing import bfd_rows
+
+    rng = random.Random(0)
+    cases = {
+        "short": [rng.randint(20, 300) for _ in range(400)],
+        "long": [rng.randint(1100, 3000) for _ in range(60)],
+        "few": [100] * 8,
+        "two map batches": [rng.randint(5, 300) for _ in range(1300)],
+    }
+    for name, lengths in cases.items():
+        rows = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in lengths]})
+        packed = pack_dataset(rows, seq_length=2048, strategy="bfd")
+        tokens = [len(ids) for ids in packed["input_ids"]]
+        trl = (sum(tokens) / len(tokens), len(lengths) / len(tokens))
+        assert bfd_rows(tuple(lengths), 2048) == pytest.approx(trl), name
+    # Where short samples fill the rows, a row is nearly full: the prior's rows before it counted every row full.
+    assert bfd_rows(tuple(cases["short"]), 2048)[0] > 0.95 * 2048
+    assert bfd_rows(tuple(cases["few"]), 2048) == (800.0, 8.0)
