@@ -66,6 +66,10 @@ class RunningColumn(ProgressColumn):
         return Text(task.description, no_wrap=True, overflow="ellipsis")
 
 
+# The trials the live table shows at most (the last ones); `autotune best --all` shows every one.
+LIVE_ROWS = 30
+
+
 class SearchView:
     """A live progress bar over a growing table of finished trials."""
 
@@ -89,9 +93,28 @@ class SearchView:
         # Several workers (threads) report trials; one at a time changes the rows and the bar.
         self._lock = threading.Lock()
 
-    def _render(self) -> Group:
+    def _render(self, final: bool = False) -> Group:
+        """The table of the last trials over the bar. While it runs on a terminal, the frame fits the terminal's
+        height, its legend left for the last frame: Rich crops a taller live frame from the bottom ("..."), so the
+        bar went first (30 rows and the legend's 8 lines at 80 columns in a 24-line terminal)."""
         title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source})"
-        return Group(trial_table(title, self._rows[-30:], self._memory_source, short_notes=True), self._progress)
+        rows = self._rows[-LIVE_ROWS:]
+        if final or not self._console.is_terminal:
+            return Group(trial_table(title, rows, self._memory_source, short_notes=True), self._progress)
+        fits, over = 1, len(rows) + 1  # the most rows that fit, by halves (a row may wrap over several lines)
+        while over - fits > 1:
+            middle = (fits + over) // 2
+            if len(self._console.render_lines(self._frame(title, rows[-middle:]), pad=False)) <= self._console.height:
+                fits = middle
+            else:
+                over = middle
+        return self._frame(title, rows[-fits:])
+
+    def _frame(self, title: str, rows: list[RankedTrial]) -> Group:
+        """A running frame of ``rows``, the last of all (said in the title where some are left out), no legend."""
+        if len(rows) < len(self._rows):
+            title = f"{title[:-1]}; the last {len(rows)} of {len(self._rows)})"
+        return Group(trial_table(title, rows, self._memory_source, short_notes=True, legend=False), self._progress)
 
     def __enter__(self) -> SearchView:
         self._live.__enter__()
@@ -99,7 +122,7 @@ class SearchView:
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
-            self._live.update(self._render())
+            self._live.update(self._render(final=True))
         self._live.__exit__(*exc)  # type: ignore[arg-type]  # the exit info this context manager was given, passed on as is
         if not self._console.is_terminal:
             # Rich ends the last render with a newline only on a terminal (rich/live.py: Live.stop);

@@ -102,11 +102,14 @@ COLUMNS: list[tuple[str, JustifyMethod, bool]] = [
 HFU_COLUMN = next(i for i, (header, _, _) in enumerate(COLUMNS) if header == "HFU")
 
 
-def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = "", short_notes: bool = False) -> Table:
+def trial_table(
+    title: str, rows: Sequence[RankedTrial], memory_source: str = "", short_notes: bool = False, legend: bool = True
+) -> Table:
     """One row per trial: its status, lever values and every measured figure with its unit.
 
     Args:
         short_notes: Cut each note to a glance (the live view); else every note is whole (``autotune best``).
+        legend: Say under the table what each column is (not in the live view's running frames).
     """
     # The rows' own source where none is given (`best --all`): one probe measures every trial of a device.
     sources = [memory_source] if memory_source else sorted({r.result.memory_source for r in rows if r.result})
@@ -117,7 +120,12 @@ def trial_table(title: str, rows: Sequence[RankedTrial], memory_source: str = ""
     # One space between the columns and no frame: a frame and padding take 30-odd characters, the room
     # the config and the notes need in an 80-column terminal.
     table = Table(
-        title=title, caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0)
+        title=title,
+        caption=caption if legend else None,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0),
     )
     # HFU is measured under checkpointing only: a column of blanks where no row recomputes its forward.
     shown = [i for i in range(len(COLUMNS)) if i != HFU_COLUMN or any(row.config.recomputes_forward for row in rows)]

@@ -209,3 +209,26 @@ def test_the_progress_bar_counts_finished_trials_and_keeps_its_count_and_time_at
     # Two finished (ok, oom); the interrupted one runs again. The elapsed time whole, the running config cut.
     assert " 2/4 0:00:0" in bar and "running #3: mb=8" in bar and bar.endswith("…"), bar
     assert len(bar) <= 80
+
+
+def test_on_a_short_terminal_the_live_frame_fits_with_its_bar_and_the_last_frame_keeps_the_legend():
+    """Rich crops a live frame taller than the terminal from the bottom: 30 rows and the legend in a 24-line
+    terminal hid the bar. Each running frame shows the last trials that fit over the bar; the last frame, printed
+    whole when the view closes, has every row of them and the legend."""
+    console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True)
+    view = SearchView(console, 40, 2 * GiB, "peak RSS of the trial's process tree")
+    ok = TrialResult(status="ok", samples_per_s=10.0, model_tflops=0.01, peak_memory_bytes=GiB)
+    for number in range(35):
+        view.trial_started(number, LONG_CONFIG)
+        view.trial_finished(number, LONG_CONFIG, ok)
+    lines = [segments for segments in console.render_lines(view._render(), pad=False)]
+    text = ["".join(segment.text for segment in line) for line in lines]
+    assert len(text) <= 24 and text[-1].startswith("trials") and "35/40" in text[-1]
+    assert "the last" in " ".join(text) and sum(line[:3].strip().isdigit() for line in text) >= 3
+    assert not any("steady-state median" in line for line in text)
+    final = ["".join(s.text for s in line) for line in console.render_lines(view._render(final=True), pad=False)]
+    assert any("steady-state median" in line for line in final) and len(final) > 24
+    # In a log nothing is cropped: every frame is the whole one.
+    log = Console(file=io.StringIO(), width=80, height=24, force_terminal=False)
+    quiet = SearchView(log, 2, 2 * GiB, "peak RSS of the trial's process tree")
+    assert any("steady-state median" in "".join(s.text for s in line) for line in log.render_lines(quiet._render()))
