@@ -46,22 +46,23 @@ def several_ranks() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def any_rank_stops(stop: bool, device: Any) -> bool:
-    """Whether any rank of the trial stops after this step (``stop``: this rank's own answer).
+def any_rank(flags: tuple[bool, ...], device: Any) -> tuple[bool, ...]:
+    """Each of ``flags`` (this rank's answers) true where it is on any rank of the trial.
 
-    Every rank calls it at the end of every step, so the ranks stop at the same step. Each rank's own
-    measurement converges at its own step (its CV, its time budget), and a rank that left the loop alone ran the
-    Trainer's closing collectives (``store_flos``'s gather of a float) against the others' next step: gloo
-    aborted the trial ("Received data size doesn't match expected size", seen on 2-rank ZeRO offload trials on
-    the CPU, docs/benchmarks.md, "ZeRO and several ranks"). One all-reduce of an int a step, on the rank's device
-    (``TrainingArguments.device``: NCCL's collectives take CUDA tensors).
+    Every rank calls it at the end of every step, so the ranks stop at the same step, and for the same reason.
+    Each rank's own measurement converges at its own step (its CV, its time budget), and a rank that left the
+    loop alone ran the Trainer's closing collectives (``store_flos``'s gather of a float) against the others' next
+    step: gloo aborted the trial ("Received data size doesn't match expected size", seen on 2-rank ZeRO offload
+    trials on the CPU, docs/benchmarks.md, "ZeRO and several ranks"); a rank stopped as still compiling returns
+    without the fullest batch's step the others would run. One all-reduce of a few ints a step, on the rank's
+    device (``TrainingArguments.device``: NCCL's collectives take CUDA tensors).
     """
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([int(stop)], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tuple(bool(value) for value in tensor.tolist())
 
 
 class StepTimer(TrainerCallback):
@@ -103,6 +104,7 @@ class StepTimer(TrainerCallback):
         self._tokens_at_last_step = 0
         self.stopped_early = False
         self.recompiled_steps = 0  # steps after warm-up during which torch.compile compiled
+        self._other_rank_compiling = False  # a trial of several ranks: another rank is still compiling
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -121,7 +123,7 @@ class StepTimer(TrainerCallback):
         elapsed, self._last_step_end = now - self._last_step_end, now
         stop = self._record(elapsed, state)
         if args is not None and several_ranks():
-            stop = any_rank_stops(stop, args.device)
+            stop, self._other_rank_compiling = any_rank((stop, self.still_compiling), args.device)
             self._last_step_end = time.perf_counter()  # the agreement is the timer's work, not the next step's
         if stop:
             control.should_training_stop = True
@@ -152,8 +154,8 @@ class StepTimer(TrainerCallback):
     @property
     def still_compiling(self) -> bool:
         """More steps after warm-up compiled than ``recompile_limit`` allows: batches of a new shape
-        compile at every step, and the trial has no steady state to measure."""
-        return self.recompiled_steps > self.settings.recompile_limit
+        compile at every step, and the trial has no steady state to measure (on any rank of the trial's)."""
+        return self._other_rank_compiling or self.recompiled_steps > self.settings.recompile_limit
 
     def _window(self) -> list[float]:
         return self.step_times[-self.settings.min_steps :]

@@ -88,46 +88,54 @@ def test_the_time_budget_stops_measurement():
     assert drive(timer, 100) == 2  # one warm-up, then the first measured step spends the budget
 
 
-def _rank_stops(rank: int, store: str, budgets: tuple[int, int], out: str) -> None:
-    """One rank of :func:`test_the_ranks_of_a_trial_stop_at_the_same_step`: a real gloo group of two processes."""
+def _rank_stops(rank: int, store: str, budgets: tuple[int, int], out: str, compiling_rank: int = -1) -> None:
+    """One rank of the tests below: a real gloo group of two processes, each driving its own timer as the
+    Trainer does; ``compiling_rank`` compiles at every step (a scripted compile clock: a real one needs a real
+    compile)."""
     import types
 
     import torch
     import torch.distributed as dist
+    from transformers import TrainerControl, TrainerState
 
     from autotune.runner._step_timer import StepTimer
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         settings = MeasureSettings(
-            warmup_steps=1, min_steps=1, max_steps=budgets[rank], max_seconds=1e9, cv_target=-1.0
+            warmup_steps=1, min_steps=1, max_steps=budgets[rank], max_seconds=1e9, cv_target=-1.0, recompile_limit=1
         )
-        timer = StepTimer(settings, synchronize=lambda: None)
+        clock = ScriptedCompileClock(set(range(1, 100)) if rank == compiling_rank else set())
+        timer = StepTimer(settings, synchronize=lambda: None, compile_clock=clock)
         args = types.SimpleNamespace(device=torch.device("cpu"))  # what the timer reads of TrainingArguments
-        from transformers import TrainerControl, TrainerState
-
         control, state = TrainerControl(), TrainerState()
         while not control.should_training_stop and state.global_step < 20:
             timer.on_step_begin(args, state, control)
             state.global_step += 1
             control = timer.on_step_end(args, state, control)
         with open(f"{out}{rank}", "w") as file:
-            file.write(str(state.global_step))
+            file.write(f"{state.global_step} {timer.still_compiling}")
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_the_ranks_of_a_trial_stop_at_the_same_step(tmp_path):
-    """Each rank's measurement ends at its own step; a rank that left the loop alone ran the Trainer's closing
-    collectives against the others' next step, and gloo aborted the trial. Two real ranks whose budgets differ
-    (2 and 5 measured steps) both stop at the first one's."""
+def _two_ranks(tmp_path, budgets: tuple[int, int], compiling_rank: int = -1) -> list[str]:
     import torch.multiprocessing as mp
 
-    mp.start_processes(
-        _rank_stops, args=(str(tmp_path / "store"), (2, 5), str(tmp_path / "rank")), nprocs=2, start_method="spawn"
-    )
-    assert [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)] == ["3", "3"]  # a warm-up step and 2 measured
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store, out = str(tmp_path / "store"), str(tmp_path / "rank")
+    mp.start_processes(_rank_stops, args=(store, budgets, out, compiling_rank), nprocs=2, start_method="spawn")
+    return [(tmp_path / f"rank{rank}").read_text() for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_trial_stop_at_the_same_step_for_the_same_reason(tmp_path):
+    """Each rank's measurement ends at its own step; a rank that left the loop alone ran the Trainer's closing
+    collectives against the others' next step, and gloo aborted the trial. Two real ranks whose budgets differ
+    (2 and 5 measured steps) both stop at the first one's; where one rank keeps compiling, both stop as still
+    compiling (the trial then skips the fullest batch's step on every rank, not on one)."""
+    assert _two_ranks(tmp_path / "budgets", (2, 5)) == ["3 False", "3 False"]  # a warm-up step and 2 measured
+    assert _two_ranks(tmp_path / "compiling", (10, 10), compiling_rank=1) == ["3 True", "3 True"]
 
 
 def test_every_step_is_timed_after_synchronising():
