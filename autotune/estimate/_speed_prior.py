@@ -16,6 +16,7 @@ from autotune.estimate._speed_time import (
     OP_OVERHEAD_S,
     STEP_OVERHEAD_S,
     SpeedFit,
+    collectives_seconds,
     predict_speed,
 )
 from autotune.spec.devices import TYPICAL_MATMUL_FRACTION, DeviceSpec
@@ -185,8 +186,9 @@ def gpu_bus_bytes_per_s(device: DeviceSpec, pcie_bytes_per_s: float) -> float:
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
     """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + collectives +
-    launches + overhead`` on measured
-    trials ((their step's work, their measured step time in seconds)) by least squares.
+    launches + overhead`` on measured trials ((their step's work, their measured step time in seconds)) by least
+    squares; the collectives held at the prior's compute (what runs behind the compute depends on the fraction being
+    fitted; the bytes do not).
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
     per-step overhead; otherwise only the fraction, the overhead kept at the prior's.
@@ -197,7 +199,7 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         if predicted is None or seconds <= 0:
             continue
         fixed = (
-            collectives_at_prior(work, prior)
+            collectives_seconds(work, prior, predicted.compute_s / prior.achievable_fraction)
             + predicted.memory_s
             + predicted.host_s
             + predicted.dropout_s
@@ -227,13 +229,6 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
         if predicted is not None and seconds > 0:
             errors.append(abs(predicted.step_s - seconds) / seconds)
     return dataclasses.replace(fitted, max_relative_error=max(errors) if errors else None)
-
-
-def collectives_at_prior(work: StepWork, prior: SpeedFit) -> float:
-    """The collectives' share of a measured step, held at the prior's compute (what runs behind the compute
-    depends on the fraction being fitted; the bytes do not)."""
-    predicted = predict_speed(work, prior)
-    return predicted.collectives_s if predicted is not None else 0.0
 
 
 def _least_squares(rows: list[tuple[float, float]]) -> tuple[float, float]:

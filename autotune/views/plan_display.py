@@ -27,7 +27,7 @@ from autotune.estimate import (
 )
 from autotune.levers import LEVERS, TrialConfig
 from autotune.levers.batch import GLOBAL_BATCH_LEVERS
-from autotune.spec.ceiling import fits
+from autotune.spec.ceiling import fits, ranks_sharing
 from autotune.spec.models import ModelSpec
 from autotune.units import format_bytes
 from autotune.views.run_time import predicted_run_time_of
@@ -103,7 +103,7 @@ def estimate_title(
             if device_kind == "cuda"
             else f"peak RSS of the largest of its {ranks} ranks, which share this machine's memory"
         )
-    ceiling = f"ceiling {format_bytes(ceiling_bytes)}" + (" a rank" if ranks > 1 and device_kind == "cpu" else "")
+    ceiling = f"ceiling {format_bytes(ceiling_bytes)}" + (" a rank" if ranks_sharing(device_kind, ranks) > 1 else "")
     return f"Predicted peak memory ({memory}) of {model_name}, seq len {seq_len}, on {where}, {ceiling}"
 
 

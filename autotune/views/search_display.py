@@ -97,24 +97,25 @@ class SearchView:
         """The table of the last trials over the bar. While it runs on a terminal, the frame fits the terminal's
         height, its legend left for the last frame: Rich crops a taller live frame from the bottom ("..."), so the
         bar went first (30 rows and the legend's 8 lines at 80 columns in a 24-line terminal)."""
-        title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source})"
         rows = self._rows[-LIVE_ROWS:]
         if final or not self._console.is_terminal:
-            return Group(trial_table(title, rows, self._memory_source, short_notes=True), self._progress)
+            return self._frame(rows, legend=True)
         fits, over = 1, len(rows) + 1  # the most rows that fit, by halves (a row may wrap over several lines)
         while over - fits > 1:
             middle = (fits + over) // 2
-            if len(self._console.render_lines(self._frame(title, rows[-middle:]), pad=False)) <= self._console.height:
+            if len(self._console.render_lines(self._frame(rows[-middle:]), pad=False)) <= self._console.height:
                 fits = middle
             else:
                 over = middle
-        return self._frame(title, rows[-fits:])
+        return self._frame(rows[-fits:])
 
-    def _frame(self, title: str, rows: list[RankedTrial]) -> Group:
-        """A running frame of ``rows``, the last of all (said in the title where some are left out), no legend."""
-        if len(rows) < len(self._rows):
-            title = f"{title[:-1]}; the last {len(rows)} of {len(self._rows)})"
-        return Group(trial_table(title, rows, self._memory_source, short_notes=True, legend=False), self._progress)
+    def _frame(self, rows: list[RankedTrial], legend: bool = False) -> Group:
+        """A frame of ``rows``, the last of all (the title says so where the table leaves some out: the last 30
+        always, fewer while a short terminal runs it)."""
+        cut = f"; the last {len(rows)} of {len(self._rows)}" if len(rows) < len(self._rows) else ""
+        title = f"Trials (ceiling {format_bytes(self._ceiling)} of {self._memory_source}{cut})"
+        table = trial_table(title, rows, self._memory_source, short_notes=True, legend=legend)
+        return Group(table, self._progress)
 
     def __enter__(self) -> SearchView:
         self._live.__enter__()
@@ -217,14 +218,15 @@ class SearchPrinter:
             f"seq len {workload.seq_len}, ceiling {format_bytes(workload.ceiling_bytes)}{rank_ceiling}, space of {request.space.size} configs, "
             f"{_trials_so_far(study.trials)}"
         )
-        cpu = workload.device.kind == "cpu"
+        # A trial of several ranks records its largest rank's peak (runner/_ranks.py).
+        tree = "the trial's process tree" if ranks == 1 else "each rank's process tree"
         probe_source = (
-            "peak RSS of the trial's process tree" if cpu else "peak reserved + outside-allocator device memory"
+            f"peak RSS of {tree}"
+            if workload.device.kind == "cpu"
+            else "peak reserved + outside-allocator device memory"
         )
-        if ranks > 1:  # runner/_ranks.py: a trial's peak is its largest rank's
-            probe_source = probe_source.replace("the trial's process tree", "each rank's process tree") + (
-                f", the largest of its {ranks} ranks'"
-            )
+        if ranks > 1:
+            probe_source += f", the largest of its {ranks} ranks'"
         return SearchView(self._console, self._n_trials, workload.ceiling_bytes, probe_source)
 
     def note(self, line: str) -> None:
