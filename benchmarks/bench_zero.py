@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +47,7 @@ class Row:
     placement: tuple[dict, ...] = ()
     predicted_samples_per_s: float = 0.0
     predicted_collectives_share: float = 0.0
+    predicted_zero_share: float = 0.0
 
     @property
     def peak_bytes(self) -> int:
@@ -62,17 +64,29 @@ def offload_cost(rows: list[Row]) -> dict[tuple[int, str], float]:
     }
 
 
-def scaling(rows: list[Row]) -> dict[tuple[int, str], tuple[float, float]]:
-    """Each stage's samples/s on several ranks over its samples/s on one, measured and predicted."""
+def ratios(
+    rows: list[Row], base: Callable[[int, str], tuple[int, str] | None]
+) -> dict[tuple[int, str], tuple[float, float]]:
+    """Each trained row's samples/s over its ``base`` row's (``None``: no ratio), measured and predicted."""
     ok = {(row.ranks, row.zero): row for row in rows if row.status == "ok"}
     return {
-        (ranks, zero): (
-            row.samples_per_s / one.samples_per_s,
-            row.predicted_samples_per_s / one.predicted_samples_per_s,
-        )
-        for (ranks, zero), row in ok.items()
-        if ranks > 1 and (one := ok.get((1, zero))) is not None and one.predicted_samples_per_s > 0
+        key: (row.samples_per_s / under.samples_per_s, row.predicted_samples_per_s / under.predicted_samples_per_s)
+        for key, row in ok.items()
+        if (other := base(*key)) is not None
+        and (under := ok.get(other)) is not None
+        and under.predicted_samples_per_s > 0
     }
+
+
+def scaling(rows: list[Row]) -> dict[tuple[int, str], tuple[float, float]]:
+    """Each stage's samples/s on several ranks over its samples/s on one, measured and predicted."""
+    return ratios(rows, lambda ranks, zero: (1, zero) if ranks > 1 else None)
+
+
+def stage_cost(rows: list[Row]) -> dict[tuple[int, str], tuple[float, float]]:
+    """Each ZeRO row's samples/s over plain training's (``off``) on as many ranks, measured and predicted: what the
+    stage costs in time, DeepSpeed's own work in its step counted (docs/estimator.md, "ZeRO's own work")."""
+    return ratios(rows, lambda ranks, zero: (ranks, "off") if zero != "off" else None)
 
 
 def markdown(header: list[str], align: str, cells: list[list[str]]) -> str:
@@ -82,20 +96,21 @@ def markdown(header: list[str], align: str, cells: list[list[str]]) -> str:
 
 
 def speed_table(rows: list[Row]) -> str:
-    """The throughput prior against the measured samples/s: what the ranks' collectives cost."""
-    scale = scaling(rows)
+    """The throughput prior against the measured samples/s: what the ranks' collectives and each ZeRO stage cost."""
+    scale, cost = scaling(rows), stage_cost(rows)
     header = ["ranks", "zero", "samples/s measured", "predicted (prior)", "collectives' share of the predicted step"]
+    header += ["ZeRO's own work's share", "over 1 rank: measured", "predicted", "over zero off: measured", "predicted"]
     cells = []
     for row in rows:
         if row.status != "ok":
             continue
-        measured, predicted = scale.get((row.ranks, row.zero), (None, None))
+        ratios = [*scale.get((row.ranks, row.zero), (None, None)), *cost.get((row.ranks, row.zero), (None, None))]
         cells.append(
             [str(row.ranks), row.zero, f"{row.samples_per_s:.2f}", f"{row.predicted_samples_per_s:.2f}"]
-            + [f"{row.predicted_collectives_share:.0%}"]
-            + ["" if ratio is None else f"{ratio:.2f}x" for ratio in (measured, predicted)]
+            + [f"{row.predicted_collectives_share:.0%}", f"{row.predicted_zero_share:.0%}"]
+            + ["" if ratio is None else f"{ratio:.2f}x" for ratio in ratios]
         )
-    return markdown([*header, "over 1 rank: measured", "predicted"], "---:", cells)
+    return markdown(header, "---:", cells)
 
 
 def table(rows: list[Row]) -> str:
@@ -165,6 +180,7 @@ def measure(model_name: str, seq_len: int, micro_batch: int, dtype: str, ranks: 
     speed_fields = {
         "predicted_samples_per_s": speed.samples_per_s,
         "predicted_collectives_share": speed.collectives_s / speed.step_s,
+        "predicted_zero_share": speed.zero_s / speed.step_s,
     }
     if result.status != "ok":
         print(f"  {ranks} rank(s), zero {zero}: {result.status}: {result.error}", flush=True)

@@ -8,7 +8,7 @@ import json
 import sys
 
 from autotune.levers import TrialConfig
-from benchmarks.bench_zero import Row, offload_cost, scaling, speed_table, table
+from benchmarks.bench_zero import Row, offload_cost, scaling, speed_table, stage_cost, table
 from tests.support.scripts import script
 
 MiB = 1024**2
@@ -52,9 +52,16 @@ def test_scaling_sets_each_stage_on_several_ranks_over_the_same_stage_on_one_mea
         timed(2, "1", 3.0, 4.0),
     ]
     assert scaling(rows) == {(2, "off"): (1.5, 1.8), (2, "3"): (1.5, 1.0)}
+    # Each ZeRO row over plain training on as many ranks; none where no plain row trained (the crashed stage 1).
+    assert stage_cost(rows) == {
+        (1, "3"): (0.5, 0.8),
+        (2, "3"): (0.5, 4.0 / 9.0),
+        (2, "2"): (0.5, 4.0 / 9.0),
+        (2, "1"): (0.5, 4.0 / 9.0),
+    }
     lines = speed_table(rows).splitlines()
-    assert lines[3] == "| 2 | off | 6.00 | 9.00 | 10% | 1.50x | 1.80x |"
-    assert lines[6] == "| 2 | 2 | 3.00 | 4.00 | 10% |  |  |"
+    assert lines[3] == "| 2 | off | 6.00 | 9.00 | 10% | 0% | 1.50x | 1.80x |  |  |"
+    assert lines[6] == "| 2 | 2 | 3.00 | 4.00 | 10% | 0% |  |  | 0.50x | 0.44x |"
     assert not any("| 1 | 1 |" in line for line in lines)  # a crashed trial has no speed to show
 
 

@@ -31,7 +31,15 @@ import statistics
 from collections.abc import Sequence
 
 from autotune.estimate._activations import attention_score_bytes, layer_activation_bytes
-from autotune.estimate._collectives import NONE, Collectives, step_collectives
+from autotune.estimate._collectives import (
+    NONE,
+    ZERO_PARTITION_PASSES,
+    ZERO_WHOLE_PASSES,
+    Collectives,
+    gradient_bytes_per_param,
+    step_collectives,
+    zero_reductions,
+)
 from autotune.estimate._elementwise import eager_layer_traffic
 from autotune.estimate._experts import expert_adapter_fold_flops, routed_expert_fp32_flops_per_token
 from autotune.estimate._packing import bfd_rows
@@ -238,6 +246,11 @@ class StepWork:
         run_passes: How many times the user's run goes over its data, over which that pass is counted
             (``autotune.spec.measure.over_the_run``, as a trial counts it); 1 where unknown.
         collectives: What the trial's ranks send each other in the step (:mod:`~autotune.estimate._collectives`).
+        zero_params: Off CUDA, trained parameters times the reductions of DeepSpeed's ZeRO optimizer in the step, where
+            its step runs on the device (no offload): its own passes over each gradient, timed per parameter
+            (``SpeedFit.zero_s_per_param``); on one rank, ``_collectives.zero_rank_share`` says what a rank of several does.
+        zero_bytes: On CUDA, the bytes of those passes on one rank (``_collectives.ZERO_WHOLE_PASSES``,
+            ``ZERO_PARTITION_PASSES``), memory-bound.
         ranks: The ranks one trial spans, each training this work (``--devices-per-trial``).
     """
 
@@ -259,6 +272,8 @@ class StepWork:
     setup_memory_bytes_per_sample: float = 0.0
     run_passes: float = 1.0
     collectives: Collectives = NONE
+    zero_params: float = 0.0
+    zero_bytes: float = 0.0
     ranks: int = 1
 
 
@@ -307,6 +322,9 @@ def step_work(
     )
     optimizer_scale = parameter_scale if speed.optimizer_states_in_param_dtype else 1.0
     optimizer = trainable * (speed.optimizer_step_bytes * optimizer_scale + CLIP_PASSES * 4 * parameter_scale)
+    zero_params = 0.0 if traits.zero_offload else zero_reductions(traits, k) * trainable
+    passes = ZERO_WHOLE_PASSES + ZERO_PARTITION_PASSES
+    zero_bytes = zero_params * passes * 2 * gradient_bytes_per_param(traits) if device_kind == "cuda" else 0.0
     host = 0.0
     if traits.activations_offloaded:  # every saved tensor to the host in the forward and back for the backward
         host += 2 * layers * layer * k
@@ -347,6 +365,8 @@ def step_work(
         setup_matmul_flops_per_sample=setup_flops,
         setup_memory_bytes_per_sample=setup_bytes,
         collectives=step_collectives(model, traits, k, model_state_bytes(model, traits)[1], device_kind),
+        zero_params=0.0 if device_kind == "cuda" else zero_params,
+        zero_bytes=zero_bytes,
     )
 
 

@@ -15,6 +15,7 @@ from autotune.estimate._speed_time import (
     LOSS_S_PER_LOGIT,
     OP_OVERHEAD_S,
     STEP_OVERHEAD_S,
+    ZERO_S_PER_PARAM,
     SpeedFit,
     collectives_seconds,
     predict_speed,
@@ -106,7 +107,7 @@ def speed_prior(
         rank_share: On a CPU, the share of its cores one rank of a trial runs on (``cpu_cores`` of them all): what
             the calibration measured with every core, its matmul rates, bandwidth and the loss's and head's
             per-logit rates, is that rank's in this share (the ranks run side by side on one machine; dropout's
-            serial draws are each rank's own). Measured here, bert-small, 2 cores: a rank of two, on one core,
+            serial draws and ZeRO's own work are each rank's own). Measured here, bert-small, 2 cores: a rank of two, on one core,
             steps in 0.42 s, one rank alone on one core in 0.31 s and on both in 0.19 s (docs/benchmarks.md,
             "ZeRO and several ranks").
     """
@@ -145,6 +146,7 @@ def speed_prior(
             dropout_s_per_element=dropout,
             loss_s_per_logit=loss,
             head_s_per_logit=head,
+            zero_s_per_param=ZERO_S_PER_PARAM["cpu"],
             all_reduce_bus_bytes_per_s=CPU_ALL_REDUCE_BUS_BYTES_PER_S,
             shard_bus_bytes_per_s=CPU_SHARD_BUS_BYTES_PER_S,
         )
@@ -169,6 +171,7 @@ def speed_prior(
         dropout_s_per_element=dropout,
         loss_s_per_logit=loss,
         head_s_per_logit=head,
+        zero_s_per_param=ZERO_S_PER_PARAM["cuda"],
         all_reduce_bus_bytes_per_s=bus,
         shard_bus_bytes_per_s=bus,
     )
@@ -185,8 +188,8 @@ def gpu_bus_bytes_per_s(device: DeviceSpec, pcie_bytes_per_s: float) -> float:
 
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
-    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + collectives +
-    launches + overhead`` on measured trials ((their step's work, their measured step time in seconds)) by least
+    """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + collectives + ZeRO's
+    own work + launches + overhead`` on measured trials ((their step's work, their measured step time in seconds)) by least
     squares; the collectives held at the prior's compute (what runs behind the compute depends on the fraction being
     fitted; the bytes do not).
 
@@ -205,6 +208,7 @@ def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> Sp
             + predicted.dropout_s
             + predicted.loss_s
             + predicted.head_s
+            + predicted.zero_s
             + predicted.overhead_s
         )
         rows.append((predicted.compute_s, seconds - fixed))

@@ -10,6 +10,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
+from autotune.estimate._collectives import zero_rank_share
 from autotune.estimate._speed import StepWork, step_work
 from autotune.levers import TrialConfig
 from autotune.spec.measure import over_the_run
@@ -44,6 +45,18 @@ LOSS_S_PER_LOGIT = {"cpu": 8e-9, "cuda": 0.0}
 # 11-12: 34 ns with the log-probabilities alone, 42 with DPO's outputs (entropy, mean logits, top-1). On CUDA its
 # Triton kernels fold the tiles as the matmul writes them: nothing of its own.
 HEAD_S_PER_LOGIT = {"cpu": 40e-9, "cuda": 0.0}
+# DeepSpeed's ZeRO optimizer's own work on the gradients where its step runs on the device (stages 1-3 without
+# offload), per trained parameter and reduction (``_collectives.zero_reductions``), on one rank (a rank of several:
+# ``_collectives.zero_rank_share``). torch's profiler over a Trainer's ZeRO-1 steps against plain ones (bert-small, fp32,
+# one rank, torch 2.13, DeepSpeed 0.19): each gradient copied three more times, the partition flattened
+# (``aten::cat``) and averaged (``div_``), about 40 bytes a parameter (``_collectives.ZERO_WHOLE_PASSES``), plus
+# DeepSpeed's Python per bucket. On the CPU those copies run far below the memory bandwidth (7 GB/s on the AVX2
+# EPYC), so the whole is timed: one rank's step slower than plain training's by 5.7 ns a parameter on the 2-core AMX
+# Xeon (bert-small, bf16: 0.165 s), 9-10 ns on the 2-core AVX2 EPYC (bert-small, fp32: 0.26-0.30 s; 5-8 ns in a bare
+# Trainer loop there), ZeRO-2 at 2 micro-batches twice ZeRO-1's (docs/benchmarks.md, "ZeRO's own work in a step"):
+# 8 ns, within 1.4x of both. Under offload DeepSpeed's CPU Adam steps the fp32 partition the gradients land in: none
+# of these passes. On CUDA they are memory-bound: bytes (``StepWork.zero_bytes``), nothing of its own.
+ZERO_S_PER_PARAM = {"cpu": 8e-9, "cuda": 0.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +82,8 @@ class SpeedFit:
         dropout_s_per_element: Seconds per element dropout draws a mask for (:data:`DROPOUT_S_PER_ELEMENT`).
         loss_s_per_logit: Seconds per logit of the plain loss where it is not memory-bound (:data:`LOSS_S_PER_LOGIT`).
         head_s_per_logit: Seconds per logit of TRL's chunked head's torch path (:data:`HEAD_S_PER_LOGIT`).
+        zero_s_per_param: Seconds per trained parameter and reduction of DeepSpeed's ZeRO optimizer's own work
+            where it is not memory-bound (:data:`ZERO_S_PER_PARAM`).
         all_reduce_bus_bytes_per_s: The bus bandwidth of an all-reduce between a trial's ranks (NCCL's tests'
             ``busbw``: ``S x 2 (N - 1) / N`` bytes a second); infinite where no figure applies.
         shard_bus_bytes_per_s: The same of an all-gather or a reduce-scatter (``S x (N - 1) / N``).
@@ -89,6 +104,7 @@ class SpeedFit:
     dropout_s_per_element: float = 0.0
     loss_s_per_logit: float = 0.0
     head_s_per_logit: float = 0.0
+    zero_s_per_param: float = 0.0
     all_reduce_bus_bytes_per_s: float = math.inf
     shard_bus_bytes_per_s: float = math.inf
 
@@ -148,6 +164,7 @@ class SpeedEstimate:
     loss_s: float = 0.0
     head_s: float = 0.0
     collectives_s: float = 0.0
+    zero_s: float = 0.0
 
     @property
     def ranks(self) -> int:
@@ -165,6 +182,7 @@ class SpeedEstimate:
             + self.loss_s
             + self.head_s
             + self.collectives_s
+            + self.zero_s
         )
 
     @property
@@ -206,6 +224,7 @@ class SpeedEstimate:
             "loss": self.loss_s,
             "head": self.head_s,
             "collectives": self.collectives_s,
+            "zero_own_work": self.zero_s,
             "overhead": self.overhead_s,
         }
 
@@ -236,6 +255,8 @@ def predict_speed(work: StepWork, fit: SpeedFit) -> SpeedEstimate | None:
         loss_s=work.loss_logits * fit.loss_s_per_logit,
         head_s=work.head_logits * fit.head_s_per_logit,
         collectives_s=collectives_seconds(work, fit, compute_s),
+        zero_s=zero_rank_share(work.ranks)
+        * (work.zero_params * fit.zero_s_per_param + work.zero_bytes / fit.bandwidth_bytes_per_s),
     )
 
 

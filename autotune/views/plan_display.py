@@ -39,7 +39,7 @@ HOST_COLUMN = "host RAM (offload)"
 SPEED_COLUMNS = ("samples/s", "tokens/s", "model TFLOPs", "MFU")
 SPEED_CAPTION = (
     "samples/s, tokens/s, model TFLOPs, MFU: predicted, not measured: the throughput prior's prediction (compute over the matmul peak x achievable fraction, memory-bound "
-    "work over the bandwidth, several ranks' collectives over the bus between them, overhead; docs/estimator.md); tokens/s counts real tokens; MFU against the datasheet "
+    "work over the bandwidth, several ranks' collectives over the bus between them, DeepSpeed's own work under ZeRO, overhead; docs/estimator.md); tokens/s counts real tokens; MFU against the datasheet "
     "(GPU) or measured (CPU, MFU*) peak, '-' where none is known; a pass the trainer runs before training (a "
     "precomputed reference) is counted over the run's passes over the data, as a trial counts it. Rows that fit "
     "come first, fastest first."

@@ -132,3 +132,45 @@ def test_a_cpu_rank_runs_on_its_share_of_the_machine_that_was_calibrated_with_ev
     two = Workload.for_model("gpt2-tiny", seq_len=64, ceiling_bytes=2**30, devices_per_trial=2).speed_model().fit
     one = Workload.for_model("gpt2-tiny", seq_len=64, ceiling_bytes=2**30).speed_model().fit
     assert two.bandwidth_bytes_per_s == pytest.approx(one.bandwidth_bytes_per_s * max(1, cores // 2) / cores)
+
+
+def test_zeros_own_work_is_counted_per_reduction_where_its_step_runs_on_the_device(gpt2):
+    """DeepSpeed's ZeRO optimizer passes over every trained gradient at each reduction: once a step at stage 1, at
+    every micro-batch at stages 2 and 3; none under offload (DeepSpeed's CPU Adam steps the partition the gradients
+    land in) or without ZeRO. A rank of several passes over the whole gradient twice and over its own partition
+    three times. On a CPU it is timed per parameter; on CUDA it is the passes' bytes over the memory bandwidth."""
+    from autotune.estimate._speed_time import ZERO_S_PER_PARAM
+
+    n, cpu = gpt2.trainable_params, speed_prior(CPU, {}, cpu_cores=1)
+
+    def zero_s(zero: str, grad_accum: int, ranks: int = 1) -> float:
+        each = work(gpt2, "cpu", ranks, micro_batch=2, grad_accum=grad_accum, zero=zero)
+        return predict_speed(each, cpu).zero_s  # type: ignore[union-attr]
+
+    assert zero_s("off", 4) == 0.0
+    assert zero_s("1", 1) == zero_s("1", 4) == pytest.approx(n * ZERO_S_PER_PARAM["cpu"])
+    assert zero_s("2", 4) == zero_s("3", 4) == pytest.approx(4 * n * ZERO_S_PER_PARAM["cpu"])
+    assert zero_s("2", 4, ranks=2) == pytest.approx(zero_s("2", 4) * (2 + 3 / 2) / 5)
+    assert zero_s("2", 4, ranks=8) == pytest.approx(zero_s("2", 4) * (2 + 3 / 8) / 5)
+    assert zero_s("2+offload", 4) == zero_s("3+offload", 4) == 0.0
+    # On CUDA: the 16-bit gradients (bf16 here) read and written 5 times a reduction, over the memory bandwidth.
+    h100 = speed_prior(known_gpu("h100-sxm").device(), {})
+    on_gpu = {
+        z: predict_speed(work(gpt2, "cuda", 1, micro_batch=2, grad_accum=4, zero=z), h100) for z in ("2", "2+offload")
+    }
+    assert on_gpu["2"].zero_s == pytest.approx(4 * n * 5 * 2 * 2 / h100.bandwidth_bytes_per_s)  # type: ignore[union-attr]
+    assert on_gpu["2+offload"].zero_s == 0.0  # type: ignore[union-attr]
+
+
+def test_the_fit_keeps_zeros_own_work_out_of_the_fraction(gpt2):
+    """ZeRO-2 trials made by the model at a fraction of 0.3 and 40 ms: the fit finds both, DeepSpeed's own work held
+    as a part it does not fit (counted into the compute, it would pull the fraction down)."""
+    prior = speed_prior(CPU, {}, cpu_cores=1)
+    truth = dataclasses.replace(prior, achievable_fraction=0.3, step_overhead_s=0.04)
+    measured = []
+    for micro_batch in (2, 8, 32):
+        each = work(gpt2, "cpu", 1, micro_batch=micro_batch, grad_accum=2, zero="2")
+        measured.append((each, predict_speed(each, truth).step_s))  # type: ignore[union-attr]
+    fitted = fit_speed(measured, prior)
+    assert fitted.achievable_fraction == pytest.approx(0.3)
+    assert fitted.step_overhead_s == pytest.approx(0.04)
