@@ -246,9 +246,9 @@ class StepWork:
         run_passes: How many times the user's run goes over its data, over which that pass is counted
             (``autotune.spec.measure.over_the_run``, as a trial counts it); 1 where unknown.
         collectives: What the trial's ranks send each other in the step (:mod:`~autotune.estimate._collectives`).
-        zero_params: Off CUDA, trained parameters times the reductions of DeepSpeed's ZeRO optimizer in the step, where
-            its step runs on the device (no offload): its own passes over each gradient, timed per parameter
-            (``SpeedFit.zero_s_per_param``); on one rank, ``_collectives.zero_rank_share`` says what a rank of several does.
+        zero_params: Off CUDA, trained parameters times the reductions of DeepSpeed's ZeRO optimizer in the step,
+            where its step runs on the device (no offload): its own passes over each gradient, timed per parameter
+            (``SpeedFit.zero_s_per_param``); on one rank (``_collectives.zero_rank_share``: a rank of several).
         zero_bytes: On CUDA, the bytes of those passes on one rank (``_collectives.ZERO_WHOLE_PASSES``,
             ``ZERO_PARTITION_PASSES``), memory-bound.
         ranks: The ranks one trial spans, each training this work (``--devices-per-trial``).

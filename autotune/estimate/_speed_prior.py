@@ -107,9 +107,9 @@ def speed_prior(
         rank_share: On a CPU, the share of its cores one rank of a trial runs on (``cpu_cores`` of them all): what
             the calibration measured with every core, its matmul rates, bandwidth and the loss's and head's
             per-logit rates, is that rank's in this share (the ranks run side by side on one machine; dropout's
-            serial draws and ZeRO's own work are each rank's own). Measured here, bert-small, 2 cores: a rank of two, on one core,
-            steps in 0.42 s, one rank alone on one core in 0.31 s and on both in 0.19 s (docs/benchmarks.md,
-            "ZeRO and several ranks").
+            serial draws and ZeRO's own work are each rank's own). Measured here, bert-small, 2 cores: a rank of
+            two, on one core, steps in 0.42 s, one rank alone on one core in 0.31 s and on both in 0.19 s
+            (docs/benchmarks.md, "ZeRO and several ranks").
     """
     op, step = OP_OVERHEAD_S[device.kind], STEP_OVERHEAD_S[device.kind]
     dropout, loss, head = (
@@ -189,9 +189,9 @@ def gpu_bus_bytes_per_s(device: DeviceSpec, pcie_bytes_per_s: float) -> float:
 
 def fit_speed(measured: Sequence[tuple[StepWork, float]], prior: SpeedFit) -> SpeedFit:
     """Fit ``step time = compute at the peak / fraction + memory + host + dropout + loss + head + collectives + ZeRO's
-    own work + launches + overhead`` on measured trials ((their step's work, their measured step time in seconds)) by least
-    squares; the collectives held at the prior's compute (what runs behind the compute depends on the fraction being
-    fitted; the bytes do not).
+    own work + launches + overhead`` on measured trials ((their step's work, their measured step time in seconds))
+    by least squares; the collectives held at the prior's compute (what runs behind the compute depends on the
+    fraction being fitted; the bytes do not).
 
     With two or more trials whose compute differs by :data:`MIN_COMPUTE_SPREAD`, both the fraction and the
     per-step overhead; otherwise only the fraction, the overhead kept at the prior's.

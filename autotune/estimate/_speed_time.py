@@ -47,8 +47,8 @@ LOSS_S_PER_LOGIT = {"cpu": 8e-9, "cuda": 0.0}
 HEAD_S_PER_LOGIT = {"cpu": 40e-9, "cuda": 0.0}
 # DeepSpeed's ZeRO optimizer's own work on the gradients where its step runs on the device (stages 1-3 without
 # offload), per trained parameter and reduction (``_collectives.zero_reductions``), on one rank (a rank of several:
-# ``_collectives.zero_rank_share``). torch's profiler over a Trainer's ZeRO-1 steps against plain ones (bert-small, fp32,
-# one rank, torch 2.13, DeepSpeed 0.19): each gradient copied three more times, the partition flattened
+# ``_collectives.zero_rank_share``). torch's profiler over a Trainer's ZeRO-1 steps against plain ones (bert-small,
+# fp32, one rank, torch 2.13, DeepSpeed 0.19): each gradient copied three more times, the partition flattened
 # (``aten::cat``) and averaged (``div_``), about 40 bytes a parameter (``_collectives.ZERO_WHOLE_PASSES``), plus
 # DeepSpeed's Python per bucket. On the CPU those copies run far below the memory bandwidth (7 GB/s on the AVX2
 # EPYC), so the whole is timed: one rank's step slower than plain training's by 5.7 ns a parameter on the 2-core AMX
