@@ -104,11 +104,12 @@ def speed_table(rows: list[Row]) -> str:
     for row in rows:
         if row.status != "ok":
             continue
-        ratios = [*scale.get((row.ranks, row.zero), (None, None)), *cost.get((row.ranks, row.zero), (None, None))]
+        key = (row.ranks, row.zero)
+        over = [*scale.get(key, (None, None)), *cost.get(key, (None, None))]
         cells.append(
             [str(row.ranks), row.zero, f"{row.samples_per_s:.2f}", f"{row.predicted_samples_per_s:.2f}"]
             + [f"{row.predicted_collectives_share:.0%}", f"{row.predicted_zero_share:.0%}"]
-            + ["" if ratio is None else f"{ratio:.2f}x" for ratio in ratios]
+            + ["" if ratio is None else f"{ratio:.2f}x" for ratio in over]
         )
     return markdown(header, "---:", cells)
 

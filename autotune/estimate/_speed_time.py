@@ -47,15 +47,14 @@ LOSS_S_PER_LOGIT = {"cpu": 8e-9, "cuda": 0.0}
 HEAD_S_PER_LOGIT = {"cpu": 40e-9, "cuda": 0.0}
 # DeepSpeed's ZeRO optimizer's own work on the gradients where its step runs on the device (stages 1-3 without
 # offload), per trained parameter and reduction (``_collectives.zero_reductions``), on one rank (a rank of several:
-# ``_collectives.zero_rank_share``). torch's profiler over a Trainer's ZeRO-1 steps against plain ones (bert-small,
-# fp32, one rank, torch 2.13, DeepSpeed 0.19): each gradient copied three more times, the partition flattened
-# (``aten::cat``) and averaged (``div_``), about 40 bytes a parameter (``_collectives.ZERO_WHOLE_PASSES``), plus
-# DeepSpeed's Python per bucket. On the CPU those copies run far below the memory bandwidth (7 GB/s on the AVX2
-# EPYC), so the whole is timed: one rank's step slower than plain training's by 5.7 ns a parameter on the 2-core AMX
-# Xeon (bert-small, bf16: 0.165 s), 9-10 ns on the 2-core AVX2 EPYC (bert-small, fp32: 0.26-0.30 s; 5-8 ns in a bare
-# Trainer loop there), ZeRO-2 at 2 micro-batches twice ZeRO-1's (docs/benchmarks.md, "ZeRO's own work in a step"):
-# 8 ns, within 1.4x of both. Under offload DeepSpeed's CPU Adam steps the fp32 partition the gradients land in: none
-# of these passes. On CUDA they are memory-bound: bytes (``StepWork.zero_bytes``), nothing of its own.
+# ``_collectives.zero_rank_share``): the five passes over the gradients ``_collectives.ZERO_WHOLE_PASSES`` counts from
+# torch's profiler, about 40 bytes a parameter, plus DeepSpeed's Python per bucket. On the CPU those copies run far
+# below the memory bandwidth (7 GB/s on the AVX2 EPYC), so the whole is timed: one rank's step slower than plain
+# training's by 5.7 ns a parameter on the 2-core AMX Xeon (bert-small, bf16: 0.165 s), 9-10 ns on the 2-core AVX2 EPYC
+# (bert-small, fp32: 0.26-0.30 s; 5-8 ns in a bare Trainer loop there), ZeRO-2 at 2 micro-batches twice ZeRO-1's
+# (docs/benchmarks.md, "ZeRO's own work in a step"): 8 ns, within 1.4x of both. Under offload DeepSpeed's CPU Adam
+# steps the fp32 partition the gradients land in: none of these passes. On CUDA they are memory-bound: bytes
+# (``StepWork.zero_bytes``), nothing of its own.
 ZERO_S_PER_PARAM = {"cpu": 8e-9, "cuda": 0.0}
 
 
