@@ -64,8 +64,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     # A space of the repository's own (the default space resolves through the installed package);
     # a case that gives --space again wins (the last occurrence of an option counts).
     tiny = [*SEARCH, "--storage", db, "--model", "bert-tiny", "--space", TINY_SPACE]
-    resumed = f"sqlite:///{root / 'resumed.db'}"
-    create_study(resumed, "resumed", 1024**3)
+    resumed = _resumed_study(root)  # made by _make_costly_inputs, as is the huge space, for the cases that name them
     missing = f"sqlite:///{root / 'misspelled.db'}"
     llama = [*SEARCH, "--storage", db, "--model", "llama-tiny"]
     chat, pairs = str(root / "chat.jsonl"), str(root / "prefs.jsonl")
@@ -133,7 +132,7 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
             [
                 *tiny,
                 "--space",
-                _file(root, "huge.yaml", "micro_batch: [" + ", ".join(map(str, range(1, 700_001))) + "]\n"),
+                str(_huge_space(root)),
             ],
             "larger than 64 KiB",
         ),
@@ -311,6 +310,23 @@ def _cases(root: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+def _make_costly_inputs(root: Path, args: list[str]) -> None:
+    """The two inputs of ``_cases`` that take a fraction of a second each to make (an earlier search's study,
+    a 4.7 MB space), made only for a case that names them: every case builds the whole table, 61 times."""
+    if _resumed_study(root) in args:
+        create_study(_resumed_study(root), "resumed", 1024**3)
+    if str(_huge_space(root)) in args:
+        _huge_space(root).write_text("micro_batch: [" + ", ".join(map(str, range(1, 700_001))) + "]\n")
+
+
+def _resumed_study(root: Path) -> str:
+    return f"sqlite:///{root / 'resumed.db'}"
+
+
+def _huge_space(root: Path) -> Path:
+    return root / "huge.yaml"
+
+
 CASE_IDS = [
     "model: invalid JSON",
     "model: binary config",
@@ -379,6 +395,7 @@ CASE_IDS = [
 @pytest.mark.parametrize("case", CASE_IDS)
 def test_bad_input_is_one_line_before_any_trial(tmp_path, case):
     args, phrase = _cases(tmp_path)[case]
+    _make_costly_inputs(tmp_path, args)
     completed = run_cli_in_process(*args, cwd=tmp_path)
     assert_one_error_line(completed, phrase)
     assert not list(tmp_path.glob("autotune_runs/trial-*"))  # refused before the first trial: no trial ran
