@@ -31,6 +31,7 @@ from autotune.levers import (
     update_ignores_gradient_scale,
 )
 from autotune.result import TrialResult, accumulation_note
+from autotune.spec.derived_cache import cached
 from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -82,9 +83,26 @@ def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
 
 
 def _training_default(name: str) -> Any:
-    from transformers import TrainingArguments  # the class's own defaults, read where they are needed
+    """TrainingArguments' own default for ``name``, a field whose default is a number, a string, a bool or None.
 
-    return {field.name: field.default for field in dataclasses.fields(TrainingArguments)}[name]
+    Kept on disk per installed versions (:mod:`autotune.spec.derived_cache`): the study note at the end of
+    every search exports the winner, and for one that accumulated (its clipping, learning rate and optimizer)
+    importing the arguments class cost the search's parent 8 s of CPU (12 s against 3.6 s for a one-trial
+    search on a 2-core machine; transformers imports PEFT and bitsandbytes under it; docs/benchmarks.md "The
+    test suite"), as it did for the checkpointing field (issue 29).
+    """
+    return cached("training-defaults", {}, __file__, _training_defaults_of_transformers)[name]
+
+
+def _training_defaults_of_transformers() -> dict[str, Any]:
+    from transformers import TrainingArguments
+
+    defaults: dict[str, Any] = {}
+    for field in dataclasses.fields(TrainingArguments):
+        value = getattr(field.default, "value", field.default)  # an enum member (OptimizerNames, ...): its value
+        if value is None or isinstance(value, (str, int, float, bool)):
+            defaults[field.name] = value
+    return defaults
 
 
 def for_the_trainer(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:

@@ -88,11 +88,15 @@ SEARCH_START = (
     "arguments = training_arguments_kwargs(TrialConfig(checkpointing=True), 'cpu')\n"  # as the study note asks
     "from autotune.views.export import render\n"
     "flags = render(arguments, 'cli')\n"  # the note's command-line flags: the parser's nargs
+    "from autotune.result import TrialResult\n"
+    "from autotune.views.export import for_the_trainer\n"
+    "clip = for_the_trainer(arguments, TrialResult(status='ok', gradient_scale=2))['max_grad_norm']\n"  # a winner that
+    # accumulated: its clipping from TrainingArguments' default
     "from autotune.space import load_space\n"
     "from autotune.spec.devices import cpu_device\n"
     "space = load_space(None, cpu_device(), model=spec)\n"  # the default space's kernels the model builds with
     "assert space.choices['attn_implementation'] == ['sdpa', 'eager'], space.choices\n"
-    "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0], len(flags),"
+    "print(spec.num_params, config.micro_batch, sorted(k for k in arguments if 'checkpointing' in k)[0], len(flags), clip,"
     " 'transformers.models.bert.modeling_bert' in sys.modules, 'transformers.training_args' in sys.modules,"
     " 'transformers' in sys.modules, 'torch' in sys.modules)\n"
 )
@@ -110,9 +114,18 @@ def test_a_second_search_start_imports_neither_transformers_nor_torch(tmp_path):
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
     first, second = (run.stdout.split() for run in runs)
-    assert first[4:] == ["True"] * 4  # computed: the model was built, the class read
-    assert second[:4] == first[:4]  # the same parameter count, defaults, checkpointing field and flags
-    assert second[4:] == ["False"] * 4
-    # the model's description and its counts, the defaults, the checkpointing field's name, the parser's nargs
-    # and one build per kernel
-    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 7
+    assert first[5:] == ["True"] * 4  # computed: the model was built, the class read
+    assert second[:5] == first[:5]  # the same parameter count, defaults, checkpointing field, flags and clipping
+    assert float(first[4]) == 2 * _class_default("max_grad_norm")  # the default clipping, doubled
+    assert second[5:] == ["False"] * 4
+    # the model's description and its counts, the defaults, the checkpointing field's name, the parser's nargs,
+    # the TrainingArguments defaults the export reads and one build per kernel
+    assert len(list((tmp_path / "autotune" / "derived").glob("*.json"))) == 8
+
+
+def _class_default(name: str) -> object:
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    return {field.name: field.default for field in dataclasses.fields(TrainingArguments)}[name]
