@@ -31,7 +31,6 @@ from autotune.levers import (
     update_ignores_gradient_scale,
 )
 from autotune.result import TrialResult, accumulation_note
-from autotune.spec.derived_cache import cached
 from autotune.spec.files import Destination, writes_beside
 from autotune.spec.peft import adapter_config_json, adapter_config_path
 from autotune.spec.peft import export_note as peft_export_note
@@ -49,7 +48,7 @@ from autotune.views.sft_export import (
 )
 from autotune.views.sft_tool_yaml import axolotl_yaml, llama_factory_yaml
 from autotune.views.text import shell_line
-from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet
+from autotune.views.trainer_formats import accelerate_config, cli_flags, json_text, python_snippet, training_default
 
 
 def winner(study: optuna.Study) -> RankedTrial:
@@ -82,29 +81,6 @@ def trained_arguments(study: optuna.Study, best: RankedTrial) -> dict[str, Any]:
     return with_precision_that_ran(arguments, best.result)
 
 
-def _training_default(name: str) -> Any:
-    """TrainingArguments' own default for ``name``, a field whose default is a number, a string, a bool or None.
-
-    Kept on disk per installed versions (:mod:`autotune.spec.derived_cache`): the study note at the end of
-    every search exports the winner, and for one that accumulated (its clipping, learning rate and optimizer)
-    importing the arguments class cost the search's parent 8 s of CPU (12 s against 3.6 s for a one-trial
-    search on a 2-core machine; transformers imports PEFT and bitsandbytes under it; docs/benchmarks.md "The
-    test suite"), as it did for the checkpointing field (issue 29).
-    """
-    return cached("training-defaults", {}, __file__, _training_defaults_of_transformers)[name]
-
-
-def _training_defaults_of_transformers() -> dict[str, Any]:
-    from transformers import TrainingArguments
-
-    defaults: dict[str, Any] = {}
-    for field in dataclasses.fields(TrainingArguments):
-        value = getattr(field.default, "value", field.default)  # an enum member (OptimizerNames, ...): its value
-        if value is None or isinstance(value, (str, int, float, bool)):
-            defaults[field.name] = value
-    return defaults
-
-
 def for_the_trainer(arguments: dict[str, Any], result: TrialResult | None) -> dict[str, Any]:
     """The arguments that train with the Trainer as at accumulation 1 where the trial's Trainer added
     up its micro-batches' mean losses (:attr:`TrialResult.gradient_scale` k above 1; transformers 5
@@ -120,20 +96,20 @@ def for_the_trainer(arguments: dict[str, Any], result: TrialResult | None) -> di
     if steps <= 1:
         return arguments
     corrected = dict(arguments)
-    clip = arguments.get("max_grad_norm", _training_default("max_grad_norm"))
+    clip = arguments.get("max_grad_norm", training_default("max_grad_norm"))
     if clip:
         corrected["max_grad_norm"] = clip * steps
     if _optimizer_of(arguments) == "sgd" and not _weight_decay_of(arguments):
-        corrected["learning_rate"] = arguments.get("learning_rate", _training_default("learning_rate")) / steps
+        corrected["learning_rate"] = arguments.get("learning_rate", training_default("learning_rate")) / steps
     return corrected
 
 
 def _optimizer_of(arguments: dict[str, Any]) -> str:
-    return optimizer_in(arguments, _training_default)
+    return optimizer_in(arguments, training_default)
 
 
 def _weight_decay_of(arguments: dict[str, Any]) -> float:
-    return float(arguments.get("weight_decay", _training_default("weight_decay")))
+    return float(arguments.get("weight_decay", training_default("weight_decay")))
 
 
 def accumulation_export_note(trained: dict[str, Any], result: TrialResult | None, fmt: str) -> str | None:
@@ -158,7 +134,7 @@ def accumulation_export_note(trained: dict[str, Any], result: TrialResult | None
         return said + " (in your own loop Accelerator.backward divides by the accumulation steps: nothing to change)"
     corrected = for_the_trainer(trained, result)
     changes = [
-        f"{name} {corrected[name]:g} (was {trained.get(name, _training_default(name)):g})"
+        f"{name} {corrected[name]:g} (was {trained.get(name, training_default(name)):g})"
         for name in ("max_grad_norm", "learning_rate")
         if corrected.get(name) != trained.get(name)
     ]

@@ -1,11 +1,13 @@
 """The winner's arguments as text, one function a format: ``json``, ``cli`` (``HfArgumentParser``
 flags), ``python`` (a ``TrainingArguments(...)``, ``SFTConfig(...)`` or ``DPOConfig(...)`` call) and
 ``accelerate`` (an ``accelerate launch`` config). :func:`autotune.views.export.render` picks one; the TRL
-tools' formats are :mod:`autotune.views.sft_export`'s.
+tools' formats are :mod:`autotune.views.sft_export`'s. What they read of transformers' arguments class (the parser's
+arities, :func:`training_default`) is kept on disk, so a search's study note does not import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -74,6 +76,29 @@ def _parser_nargs_of_transformers() -> dict[str, Any]:
 
     parser = HfArgumentParser(TrainingArguments)
     return {action.dest: action.nargs for action in parser._actions if f"--{action.dest}" in action.option_strings}
+
+
+def training_default(name: str) -> Any:
+    """TrainingArguments' own default for ``name``, a field whose default is a number, a string, a bool or None.
+
+    Kept on disk per installed versions (:mod:`autotune.spec.derived_cache`): the study note at the end of
+    every search exports the winner, and for one that accumulated (its clipping, learning rate and optimizer)
+    importing the arguments class cost the search's parent 8 s of CPU (12 s against 3.6 s for a one-trial
+    search on a 2-core machine; transformers imports PEFT and bitsandbytes under it; docs/benchmarks.md "The
+    test suite"), as it did for the checkpointing field (issue 29).
+    """
+    return cached("training-defaults", {}, __file__, _training_defaults_of_transformers)[name]
+
+
+def _training_defaults_of_transformers() -> dict[str, Any]:
+    from transformers import TrainingArguments
+
+    defaults: dict[str, Any] = {}
+    for field in dataclasses.fields(TrainingArguments):
+        value = getattr(field.default, "value", field.default)  # an enum member (OptimizerNames, ...): its value
+        if value is None or isinstance(value, (str, int, float, bool)):
+            defaults[field.name] = value
+    return defaults
 
 
 def python_snippet(
